@@ -1,0 +1,120 @@
+"""Default configuration sections shared by every `configs/*.py`.
+
+Each section is owned by one stage of the pipeline and documents every field in a
+one-line comment. `configs/NAME.py` files call `base()` and override what they need,
+so a field added here is available (with its default) to every config.
+
+The config is an `ml_collections.ConfigDict`; it is locked after `base()` returns so
+that a typo on the command line (`--config.modle.num_layers=2`) is an error.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def data() -> ml_collections.ConfigDict:
+  """Data section: source, tokenizer, context length and position policy."""
+  c = ml_collections.ConfigDict()
+  c.source = 'synthetic'  # synthetic | stdlib | local_text | tfds
+  c.name = ''  # TFDS dataset name when source == 'tfds' (e.g. 'wiki40b/en', 'pg19').
+  c.text_feature = 'text'  # Feature holding the text in a TFDS dataset.
+  c.train_split = 'train'  # Split used for training.
+  c.eval_split = 'validation'  # Split used for periodic and offline evaluation.
+  c.data_dir = ''  # Where TFDS datasets are built/read; '' = $FLAX_POSEMB_DATA_DIR or ~/.cache/flax_posemb.
+  c.local_glob = ''  # Glob of .txt/.jsonl files when source == 'local_text'.
+  c.local_split_by = 'file'  # local_text document unit: file | line | paragraph.
+  c.tokenizer = 'byte'  # byte | sentencepiece (ignored by the synthetic source).
+  c.spm_model = ''  # SentencePiece model file; '' = train one on the corpus.
+  c.spm_vocab_size = 4096  # Vocabulary size when training a SentencePiece model.
+  c.seq_len = 128  # Tokens per training row (context length); must be <= model.max_len.
+  c.position_policy = 'natural'  # natural | packed | packed_reset | random_offset | length_schedule | resampled
+  c.schedule_seq_len = 32  # length_schedule: row length during the short phase.
+  c.schedule_fraction = 0.9  # length_schedule: fraction of num_train_steps at the short length.
+  c.resample_dist = 'uniform'  # resampled: uniform | full | comma-separated shares per length bucket.
+  c.length_dist = 'wikipedia'  # Synthetic document lengths: wikipedia | uniform | full | comma-separated shares.
+  c.min_doc_len = 2  # Documents shorter than this many tokens are dropped.
+  c.shuffle = True  # Shuffle documents (deterministically from `seed`).
+  c.num_workers = 0  # Grain worker processes (0 = in-process).
+  c.prefetch = 2  # Batches prefetched by the Grain iterator.
+  c.synthetic = ml_collections.ConfigDict()
+  c.synthetic.vocab_size = 64  # Tokens in the synthetic vocabulary.
+  c.synthetic.num_regimes = 4  # K: transition matrices cycled through by position.
+  c.synthetic.segment_len = 4  # S: positions per regime before switching (K*S <= smallest bucket).
+  c.synthetic.concentration = 0.1  # Dirichlet concentration of transition rows (lower = more predictable).
+  c.synthetic.seed = 1234  # Seed of the corpus itself (transition matrices), not of sampling.
+  c.synthetic.num_docs = 100_000  # Documents per split (procedural: costs no storage).
+  return c
+
+
+def model() -> ml_collections.ConfigDict:
+  """Model section: mirrors `flax_posemb.model.ModelConfig` field by field."""
+  c = ml_collections.ConfigDict()
+  c.vocab_size = 64  # Token vocabulary (must cover the data's token ids).
+  c.num_layers = 2  # Transformer blocks.
+  c.num_heads = 4  # Attention heads per block.
+  c.emb_dim = 64  # Model width (token and position embedding features).
+  c.mlp_dim = 256  # Hidden width of each block's MLP.
+  c.max_len = 128  # Rows in the position table (largest position id + 1).
+  c.dropout_rate = 0.0  # Dropout on embeddings, attention output and MLP output.
+  c.position_embedding = 'learned'  # learned | sinusoidal | rope | none
+  c.position_init = 'gpt2'  # Initializer name for a learned table (see flax_posemb.initializers.NAMES).
+  c.position_init_std = -1.0  # Std override for normal/truncated_normal/sinusoidal position inits; <0 = default.
+  c.token_init = 'gpt2'  # Initializer name for the token table.
+  c.token_init_std = -1.0  # Std override for the token initializer; <0 = default.
+  c.dtype = 'float32'  # Compute dtype (bfloat16 on accelerators); logits and loss stay float32.
+  c.param_dtype = 'float32'  # Parameter storage dtype.
+  c.attention_impl = 'xla'  # jax.nn.dot_product_attention implementation: xla | cudnn.
+  c.remat = False  # Rematerialize each block in the backward pass (saves memory).
+  c.check_positions = True  # Raise on position ids outside [0, max_len) (a host callback).
+  return c
+
+
+def optimizer() -> ml_collections.ConfigDict:
+  """Optimizer section: AdamW + warmup/cosine schedule (optax)."""
+  c = ml_collections.ConfigDict()
+  c.learning_rate = 3e-3  # Peak learning rate.
+  c.warmup_steps = 20  # Linear warmup steps from 0 to the peak.
+  c.end_lr_ratio = 0.1  # Cosine decays to learning_rate * end_lr_ratio at num_train_steps.
+  c.b1 = 0.9  # Adam beta1.
+  c.b2 = 0.95  # Adam beta2 (stated explicitly: it sets how fast rare rows' second moments decay).
+  c.eps = 1e-8  # Adam epsilon.
+  c.weight_decay = 0.1  # Decoupled weight decay on 2-D weights.
+  c.decay_position_table = True  # Apply weight decay to the position table (nanoGPT: yes; minGPT: no).
+  c.decay_token_table = True  # Apply weight decay to the token table.
+  c.grad_clip_norm = 1.0  # Global gradient-norm clip; <=0 disables.
+  c.row_lr_scale = False  # Scale each position row's update by (mean exposure / row exposure)**power, after Adam.
+  c.row_lr_power = 0.5  # Exponent of the per-row exposure scale.
+  c.row_lr_max = 10.0  # Upper bound of the per-row scale.
+  return c
+
+
+def evaluation() -> ml_collections.ConfigDict:
+  """Evaluation section: loss by position bucket (periodic eval and eval.py)."""
+  c = ml_collections.ConfigDict()
+  c.bucket_size = 16  # Width of position buckets (used unless `bucket_edges` is set).
+  c.bucket_edges = ''  # Comma-separated bucket edges, e.g. '0,128,256,512', or 'log2'.
+  c.num_windows = 64  # Evaluation windows (full-length documents) per evaluation.
+  c.batch_size = 32  # Windows per evaluation batch.
+  return c
+
+
+def base() -> ml_collections.ConfigDict:
+  """Full default config: training fields plus the four sections above."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # Seed for model init, dropout and data order (paired across arms).
+  c.num_train_steps = 200  # Optimizer steps.
+  c.batch_size = 32  # Global rows per optimizer step (split across devices and microbatches).
+  c.grad_accum_steps = 1  # Microbatches per optimizer step.
+  c.log_every_steps = 20  # Write metrics, statistics and a table snapshot every this many steps.
+  c.eval_every_steps = 100  # Periodic held-out evaluation; <=0 disables.
+  c.checkpoint_every_steps = 100  # Periodic checkpoint; one is always written at the end.
+  c.max_to_keep = 3  # Checkpoints kept (the step-0 checkpoint is always kept too).
+  c.collect_stats = True  # Per-position gradient statistics in the train step.
+  c.fsdp = False  # Shard large matrices over the 'data' mesh axis as well as the batch.
+  c.progress_bar = True  # tqdm progress bar with loss and tokens/s.
+  c.data = data()
+  c.model = model()
+  c.optimizer = optimizer()
+  c.eval = evaluation()
+  return c
