@@ -1,0 +1,283 @@
+"""GPT-2-style decoder-only language model with a swappable position embedding.
+
+`TransformerLM(ModelConfig(...))`: pre-LayerNorm blocks, causal self-attention
+through `jax.nn.dot_product_attention` restricted to equal segment ids (packed
+documents never see each other), GELU MLP, tied output head, dropout, and a
+precision policy (compute `dtype`, storage `param_dtype`; logits float32).
+
+Parameter paths (what the statistics and analysis code reads):
+  * position table: `params['pos_embed']['embedding']` `[max_len, emb_dim]`
+    (`POSITION_TABLE_PATH`, `position_table(params)`), present only for
+    `position_embedding='learned'`;
+  * token table: `params['token_embed']['embedding']` `[vocab_size, emb_dim]`;
+  * blocks `block_0 ... block_{L-1}`, final LayerNorm `ln_f`.
+
+The token+position sum, before dropout, passes through
+`self.perturb('embed_sum', x)`: `model.init` returns a `perturbations`
+collection with `embed_sum` zeros `[B, T, emb_dim]` (float32); differentiating
+the loss with respect to it gives per-(b, t) activation gradients in the same
+backward pass as the parameter gradients. For a learned table,
+`grad(table)[p] == sum over (b, t) with positions[b, t] == p of grad(embed_sum)[b, t]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from flax_posemb import embeddings
+from flax_posemb import initializers
+
+Array = jax.Array
+
+POSITION_TABLE_PATH: tuple[str, str] = ('pos_embed', 'embedding')
+POSITION_EMBEDDINGS: tuple[str, ...] = ('learned', 'sinusoidal', 'rope', 'none')
+ATTENTION_IMPLS: tuple[str, ...] = ('xla', 'cudnn')
+_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Model hyper-parameters; mirrors `defaults.model()` field by field (same defaults).
+
+  Std fields: a value < 0 means "the initializer's default".
+  """
+  vocab_size: int = 64
+  num_layers: int = 2
+  num_heads: int = 4
+  emb_dim: int = 64
+  mlp_dim: int = 256
+  max_len: int = 128
+  dropout_rate: float = 0.0
+  position_embedding: str = 'learned'
+  position_init: str = 'gpt2'
+  position_init_std: float = -1.0
+  token_init: str = 'gpt2'
+  token_init_std: float = -1.0
+  dtype: str = 'float32'
+  param_dtype: str = 'float32'
+  attention_impl: str = 'xla'
+  remat: bool = False
+  check_positions: bool = True
+
+  def __post_init__(self):
+    for f in ('vocab_size', 'num_layers', 'num_heads', 'emb_dim', 'mlp_dim', 'max_len'):
+      v = getattr(self, f)
+      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"ModelConfig.{f} must be a positive int, got {v!r}.")
+    if self.emb_dim % self.num_heads:
+      raise ValueError(f"emb_dim ({self.emb_dim}) must be divisible by num_heads "
+                       f"({self.num_heads}).")
+    if not 0.0 <= self.dropout_rate < 1.0:
+      raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}.")
+    if self.position_embedding not in POSITION_EMBEDDINGS:
+      raise ValueError(f"Unknown position_embedding {self.position_embedding!r}; valid: "
+                       f"{', '.join(POSITION_EMBEDDINGS)}.")
+    if self.position_embedding == 'rope' and (self.emb_dim // self.num_heads) % 2:
+      raise ValueError(f"rope needs an even head dim; emb_dim/num_heads = "
+                       f"{self.emb_dim // self.num_heads}.")
+    for f in ('dtype', 'param_dtype'):
+      if getattr(self, f) not in _DTYPES:
+        raise ValueError(f"ModelConfig.{f} must be one of {', '.join(_DTYPES)}, "
+                         f"got {getattr(self, f)!r}.")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"Unknown attention_impl {self.attention_impl!r}; valid: "
+                       f"{', '.join(ATTENTION_IMPLS)} ('xla' on CPU).")
+    if self.token_init == 'same_as_token':
+      raise ValueError("token_init cannot be 'same_as_token'; pick e.g. 'gpt2'.")
+    # Builds both initializers once so that bad names/overrides fail at config time.
+    self.token_initializer()
+    self.position_initializer()
+
+  @classmethod
+  def from_config(cls, cfg: Mapping[str, Any] | Any) -> 'ModelConfig':
+    """Builds from `config.model` (a ConfigDict or mapping); unknown keys are an error.
+
+    Args:
+      cfg: Mapping (or `ml_collections.ConfigDict`) with a subset of the fields.
+
+    Returns:
+      A `ModelConfig`; missing fields take the defaults above.
+    """
+    d = cfg.to_dict() if hasattr(cfg, 'to_dict') else dict(cfg)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+      raise ValueError(f"Unknown model config keys {unknown}; valid keys: {sorted(names)}.")
+    return cls(**d)
+
+  @property
+  def compute_dtype(self):
+    """jnp dtype of activations."""
+    return _DTYPES[self.dtype]
+
+  @property
+  def storage_dtype(self):
+    """jnp dtype of parameters."""
+    return _DTYPES[self.param_dtype]
+
+  @property
+  def head_dim(self) -> int:
+    """Features per attention head."""
+    return self.emb_dim // self.num_heads
+
+  def token_initializer(self) -> initializers.Initializer:
+    """The token table's initializer (`token_init` with `token_init_std`)."""
+    std = None if self.token_init_std < 0 else self.token_init_std
+    if std is not None and self.token_init not in initializers.STD_NAMES:
+      raise ValueError(f"token_init {self.token_init!r} takes no std; set token_init_std=-1.")
+    return initializers.get(self.token_init, **({} if std is None else {'std': std}))
+
+  def position_initializer(self) -> initializers.Initializer:
+    """The learned table's initializer, `same_as_token`/`sinusoidal` resolved."""
+    std = None if self.position_init_std < 0 else self.position_init_std
+    return initializers.resolve(self.position_init, token_init=self.token_initializer(),
+                                std=std)
+
+
+def position_table(params: Mapping[str, Any]) -> Array:
+  """Returns the learned position table `[max_len, emb_dim]` from `params`.
+
+  Args:
+    params: The model's `params` collection (not the full variables dict).
+
+  Raises:
+    KeyError: the model has no learned table (position_embedding != 'learned').
+  """
+  if 'params' in params and POSITION_TABLE_PATH[0] not in params:
+    params = params['params']
+  try:
+    return params[POSITION_TABLE_PATH[0]][POSITION_TABLE_PATH[1]]
+  except KeyError:
+    raise KeyError("No learned position table at params['pos_embed']['embedding']; the "
+                   "model's position_embedding is not 'learned'.") from None
+
+
+def _dense_init(std: float):
+  return nn.initializers.normal(std)
+
+
+class _Dense(nn.Module):
+  """Dense layer `[..., in] -> [..., features]`, kernel stored `[in, features]`."""
+  features: int
+  kernel_std: float
+  dtype: Any
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    kernel = self.param('kernel', _dense_init(self.kernel_std), (x.shape[-1], self.features),
+                        self.param_dtype)
+    bias = self.param('bias', nn.initializers.zeros, (self.features,), self.param_dtype)
+    y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+    return y + bias.astype(self.dtype)
+
+
+class Block(nn.Module):
+  """Pre-LN transformer block: `x + attn(ln(x))`, then `x + mlp(ln(x))`."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array | None, positions: Array,
+               deterministic: bool) -> Array:
+    """Applies the block.
+
+    Args:
+      x: `[B, T, D]` in the compute dtype.
+      mask: bool `[B, 1, T, T]` (True = may attend), or None for causal only.
+      positions: int `[B, T]` (used by RoPE).
+      deterministic: Disables dropout.
+
+    Returns:
+      `[B, T, D]`.
+    """
+    cfg = self.config
+    dt, pdt = cfg.compute_dtype, cfg.storage_dtype
+    b, t, d = x.shape
+    n, h = cfg.num_heads, cfg.head_dim
+    # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * num_layers).
+    resid_std = 0.02 / math.sqrt(2 * cfg.num_layers)
+
+    y = nn.LayerNorm(epsilon=1e-5, dtype=dt, param_dtype=pdt, name='ln_1')(x)
+    qkv = _Dense(3 * d, 0.02, dt, pdt, name='qkv')(y).reshape(b, t, 3, n, h)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    if cfg.position_embedding == 'rope':
+      q = embeddings.apply_rope(q, positions)
+      k = embeddings.apply_rope(k, positions)
+    a = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
+                                     implementation=cfg.attention_impl)
+    a = _Dense(d, resid_std, dt, pdt, name='attn_out')(a.reshape(b, t, d))
+    x = x + nn.Dropout(cfg.dropout_rate)(a, deterministic=deterministic)
+
+    y = nn.LayerNorm(epsilon=1e-5, dtype=dt, param_dtype=pdt, name='ln_2')(x)
+    y = _Dense(cfg.mlp_dim, 0.02, dt, pdt, name='mlp_in')(y)
+    y = nn.gelu(y, approximate=True)
+    y = _Dense(d, resid_std, dt, pdt, name='mlp_out')(y)
+    return x + nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+
+
+class TransformerLM(nn.Module):
+  """GPT-2-style decoder-only LM (see the module docstring for parameter paths).
+
+  Attributes:
+    config: A `ModelConfig`.
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, inputs: Array, positions: Array, segment_ids: Array | None = None,
+               deterministic: bool = True) -> Array:
+    """Computes next-token logits.
+
+    Args:
+      inputs: int32 token ids `[B, T]`.
+      positions: int32 position ids `[B, T]` (row of the position table per token).
+      segment_ids: int32 `[B, T]` document ids (0 = padding) or None (one
+        document per row). Attention is causal and restricted to equal ids.
+      deterministic: False enables dropout (needs `rngs={'dropout': key}`).
+
+    Returns:
+      float32 logits `[B, T, vocab_size]`.
+    """
+    cfg = self.config
+    if not isinstance(cfg, ModelConfig):
+      raise TypeError(f"TransformerLM needs a ModelConfig, got {type(cfg).__name__}; use "
+                      "ModelConfig.from_config(config.model).")
+    if inputs.ndim != 2 or positions.shape != inputs.shape:
+      raise ValueError(f"inputs and positions must both be [B, T]; got {inputs.shape} and "
+                       f"{positions.shape}.")
+    if segment_ids is not None and segment_ids.shape != inputs.shape:
+      raise ValueError(f"segment_ids must be [B, T] = {inputs.shape}, got {segment_ids.shape}.")
+    dt, pdt = cfg.compute_dtype, cfg.storage_dtype
+
+    tok = embeddings.TokenEmbedding(cfg.vocab_size, cfg.emb_dim, cfg.token_initializer(),
+                                    dtype=dt, param_dtype=pdt, name='token_embed')
+    # The sum is formed in float32 so embed_sum gradients (statistics) are float32.
+    x = tok(inputs).astype(jnp.float32)
+    if cfg.position_embedding == 'learned':
+      x = x + embeddings.LearnedPositionEmbedding(
+          cfg.max_len, cfg.emb_dim, cfg.position_initializer(), dtype=jnp.float32,
+          param_dtype=pdt, check_positions=cfg.check_positions, name='pos_embed')(positions)
+    elif cfg.position_embedding == 'sinusoidal':
+      std = (cfg.position_init_std if cfg.position_init_std >= 0
+             else cfg.token_initializer().expected_std(cfg.emb_dim))
+      x = x + embeddings.SinusoidalPositionEmbedding(cfg.emb_dim, scale=std,
+                                                     name='pos_embed')(positions)
+    x = self.perturb('embed_sum', x)
+    x = nn.Dropout(cfg.dropout_rate)(x.astype(dt), deterministic=deterministic)
+
+    mask = None
+    if segment_ids is not None:
+      mask = (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])  # [B,1,T,T]
+
+    block = nn.remat(Block, static_argnums=(4,)) if cfg.remat else Block
+    for i in range(cfg.num_layers):
+      x = block(cfg, name=f'block_{i}')(x, mask, positions, deterministic)
+    x = nn.LayerNorm(epsilon=1e-5, dtype=dt, param_dtype=pdt, name='ln_f')(x)
+    return tok.attend(x)
