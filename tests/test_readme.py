@@ -1,0 +1,31 @@
+"""The README is the user's truth: CI must run exactly its install and test commands."""
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _quickstart_commands() -> list[str]:
+  text = (ROOT / 'README.md').read_text()
+  section = text.split('## Quickstart', 1)[1]
+  block = re.search(r'```bash\n(.*?)```', section, re.S).group(1)
+  return [line.strip() for line in block.splitlines() if line.strip()]
+
+
+def test_quickstart_is_exactly_three_commands():
+  assert len(_quickstart_commands()) == 3
+
+
+def test_ci_runs_the_readme_install_and_test_commands_verbatim():
+  install, _, test = _quickstart_commands()
+  ci_lines = [l.strip() for l in (ROOT / '.ci' / 'run').read_text().splitlines()]
+  assert install in ci_lines
+  assert test in ci_lines
+  assert 'set -euo pipefail' in ci_lines
+
+
+def test_quickstart_main_command_uses_files_that_exist():
+  _, main, _ = _quickstart_commands()
+  for path in re.findall(r'(\S+\.py)', main):
+    assert (ROOT / path).exists(), path
