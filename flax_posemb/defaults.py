@@ -96,6 +96,9 @@ def evaluation() -> ml_collections.ConfigDict:
   c.bucket_edges = ''  # Comma-separated bucket edges, e.g. '0,128,256,512', or 'log2'.
   c.num_windows = 64  # Evaluation windows (full-length documents) per evaluation.
   c.batch_size = 32  # Windows per evaluation batch.
+  c.window_len = 0  # Evaluation window length in tokens; 0 = model.max_len (the table size).
+  c.position_policy = 'windows'  # windows (full-length documents, positions 0..T-1) | natural (training distribution).
+  c.seed = 0  # Seed that picks the evaluation documents (same texts across runs).
   return c
 
 

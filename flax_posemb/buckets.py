@@ -1,0 +1,239 @@
+"""Position buckets and the streaming statistics of loss by bucket (pure numpy).
+
+The evaluation step returns, for every window (row) of a batch, the summed loss and the
+number of scored tokens in each position bucket. `BucketAccumulator` folds those into
+float64 moment matrices, so memory does not grow with the number of windows, and turns
+them into per-bucket means with standard errors that respect the correlation of tokens
+within one window.
+
+Standard errors use the ratio (cluster) estimator with windows as clusters: for bucket i
+with per-window sums s_wi and counts c_wi, L_i = sum_w s_wi / sum_w c_wi and
+
+  Var(L_i) = n_i / (n_i - 1) * sum_w (s_wi - L_i c_wi)^2 / (sum_w c_wi)^2,
+
+n_i = windows with tokens in bucket i. When every window holds the same number of tokens
+in the bucket (the default full-length windows) this is exactly the spread of the
+per-window bucket means: std(m_wi, ddof=1) / sqrt(n_i). The same moments give the full
+covariance between buckets (they share windows), used for the standard errors of
+"last minus best" and of the degradation slope.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+Z95 = 1.959963984540054  # Two-sided 95% normal quantile.
+
+
+def make_edges(length: int, bucket_size: int = 0, edges: str | list[int] = '') -> np.ndarray:
+  """Bucket edges over positions [0, length).
+
+  Args:
+    length: window length T (number of positions).
+    bucket_size: width of uniform buckets (the last may be shorter); used when `edges` is empty.
+    edges: '' (uniform), 'log2' (0, 1, 2, 4, ..., T), or explicit increasing edges such as
+      '0,128,256,512' or a list of ints. The first edge must be 0; if the last is below `length`
+      the window's end is appended as a final edge.
+
+  Returns:
+    int64 array [num_buckets + 1] of strictly increasing edges, edges[0] = 0, edges[-1] = length.
+  """
+  if length < 1:
+    raise ValueError(f'window length must be >= 1, got {length}.')
+  if isinstance(edges, str):
+    spec = edges.strip()
+    if spec == 'log2':
+      out = [0]
+      e = 1
+      while e < length:
+        out.append(e)
+        e *= 2
+      out.append(length)
+      return np.asarray(out, np.int64)
+    if spec:
+      try:
+        edges = [int(x) for x in spec.split(',') if x.strip()]
+      except ValueError:
+        raise ValueError(f'bucket edges must be comma-separated integers or "log2", got {spec!r}.') from None
+    else:
+      edges = []
+  if len(edges) > 0:
+    out = [int(x) for x in edges]
+    if out[0] != 0:
+      raise ValueError(f'bucket edges must start at 0, got {out}. Fix: prepend 0.')
+    if any(b <= a for a, b in zip(out, out[1:])):
+      raise ValueError(f'bucket edges must increase strictly, got {out}.')
+    if out[-1] > length:
+      raise ValueError(
+          f'bucket edge {out[-1]} exceeds the evaluation window length {length}. '
+          f'Fix: use edges <= {length}.')
+    if out[-1] < length:
+      out.append(length)
+    return np.asarray(out, np.int64)
+  if bucket_size < 1:
+    raise ValueError(f'bucket_size must be >= 1 (or give bucket edges), got {bucket_size}.')
+  out = list(range(0, length, bucket_size)) + [length]
+  return np.asarray(out, np.int64)
+
+
+def bucket_of_position(edges: np.ndarray) -> np.ndarray:
+  """int32 array [edges[-1]]: the bucket index of every position."""
+  edges = np.asarray(edges)
+  return (np.searchsorted(edges, np.arange(edges[-1]), side='right') - 1).astype(np.int32)
+
+
+class BucketAccumulator:
+  """Streams per-window bucket sums into float64 moments (memory O(L + nb^2)).
+
+  Attributes:
+    edges: [nb + 1] bucket edges.
+    loss_sum, count: float64 [L] per-position loss sums and scored-token counts.
+  """
+
+  def __init__(self, edges: np.ndarray):
+    self.edges = np.asarray(edges, np.int64)
+    nb = len(self.edges) - 1
+    length = int(self.edges[-1])
+    self.loss_sum = np.zeros(length, np.float64)
+    self.count = np.zeros(length, np.float64)
+    self.s = np.zeros(nb)  # sum_w s_wi
+    self.c = np.zeros(nb)  # sum_w c_wi
+    self.ss = np.zeros((nb, nb))  # sum_w s_wi s_wj
+    self.sc = np.zeros((nb, nb))  # sum_w s_wi c_wj
+    self.cc = np.zeros((nb, nb))  # sum_w c_wi c_wj
+    self.nn = np.zeros((nb, nb))  # windows with tokens in both i and j
+    self.windows = 0  # windows with any scored token
+
+  def add(self, pos_loss_sum: np.ndarray, pos_count: np.ndarray, win_sum: np.ndarray,
+          win_count: np.ndarray) -> None:
+    """Adds one batch.
+
+    Args:
+      pos_loss_sum: [L] summed loss per position.
+      pos_count: [L] scored tokens per position.
+      win_sum: [B, nb] summed loss per window and bucket.
+      win_count: [B, nb] scored tokens per window and bucket.
+    """
+    s = np.asarray(win_sum, np.float64)
+    c = np.asarray(win_count, np.float64)
+    self.loss_sum += np.asarray(pos_loss_sum, np.float64)
+    self.count += np.asarray(pos_count, np.float64)
+    present = (c > 0).astype(np.float64)
+    self.s += s.sum(0)
+    self.c += c.sum(0)
+    self.ss += s.T @ s
+    self.sc += s.T @ c
+    self.cc += c.T @ c
+    self.nn += present.T @ present
+    self.windows += int((c.sum(1) > 0).sum())
+
+  def bucket_stats(self) -> tuple[np.ndarray, np.ndarray]:
+    """Per-bucket mean loss [nb] and covariance of the means [nb, nb] (nan where undefined)."""
+    with np.errstate(invalid='ignore', divide='ignore'):
+      loss = self.s / self.c
+      lz = np.where(self.c > 0, loss, 0.0)
+      resid = (self.ss - lz[None, :] * self.sc - lz[:, None] * self.sc.T
+               + lz[:, None] * lz[None, :] * self.cc)
+      factor = np.where(self.nn > 1, self.nn / (self.nn - 1), np.nan)
+      cov = factor * resid / np.outer(self.c, self.c)
+    return loss, cov
+
+  def overall(self) -> dict[str, Any]:
+    """Loss over all scored tokens with its window-clustered standard error."""
+    tokens = self.c.sum()
+    n = self.windows
+    if tokens <= 0:
+      return {'tokens': 0, 'windows': 0, 'loss': None, 'stderr': None, 'bits_per_token': None}
+    loss = self.s.sum() / tokens
+    resid = self.ss.sum() - 2 * loss * self.sc.sum() + loss**2 * self.cc.sum()
+    var = n / (n - 1) * resid / tokens**2 if n > 1 else math.nan
+    se = math.sqrt(max(var, 0.0)) if np.isfinite(var) else math.nan
+    return {'tokens': int(round(tokens)), 'windows': n, 'loss': float(loss),
+            'stderr': _num(se), 'bits_per_token': float(loss / math.log(2))}
+
+  def buckets(self, reference: dict[str, np.ndarray] | None = None) -> list[dict[str, Any]]:
+    """Per-bucket rows of results.json.
+
+    Args:
+      reference: optional {'bayes_loss': [>=L], 'filter_loss': [>=L]} per-position optimal losses
+        (synthetic corpus); each bucket then gets the token-weighted mean of both, `excess_loss`
+        and `recovered` = (filter - loss) / (filter - bayes).
+    """
+    loss, cov = self.bucket_stats()
+    rows = []
+    for i in range(len(self.edges) - 1):
+      a, b = int(self.edges[i]), int(self.edges[i + 1])
+      se = math.sqrt(cov[i, i]) if np.isfinite(cov[i, i]) and cov[i, i] >= 0 else math.nan
+      row: dict[str, Any] = {
+          'start': a, 'end': b, 'tokens': int(round(self.c[i])), 'windows': int(self.nn[i, i]),
+          'loss': _num(loss[i]), 'stderr': _num(se),
+          'ci95': [_num(loss[i] - Z95 * se), _num(loss[i] + Z95 * se)],
+          'bits_per_token': _num(loss[i] / math.log(2)),
+      }
+      if reference is not None:
+        w = self.count[a:b]
+        if w.sum() > 0:
+          bayes = float(np.dot(w, reference['bayes_loss'][a:b]) / w.sum())
+          filt = float(np.dot(w, reference['filter_loss'][a:b]) / w.sum())
+        else:
+          bayes = filt = math.nan
+        gap = filt - bayes
+        row['bayes_loss'] = _num(bayes)
+        row['filter_loss'] = _num(filt)
+        row['excess_loss'] = _num(loss[i] - bayes)
+        row['recovered'] = _num((filt - loss[i]) / gap) if abs(gap) > 1e-9 else None
+      rows.append(row)
+    return rows
+
+  def degradation(self) -> dict[str, Any]:
+    """Last bucket minus best bucket, and a weighted least-squares slope over the second half.
+
+    The slope fits loss against bucket midpoints for buckets whose midpoint lies in the second
+    half of the window, weighted by 1 / stderr^2 (equal weights if a stderr is undefined). Its
+    standard error is sqrt(a^T C a) with a the WLS coefficients and C the full covariance of the
+    bucket means (buckets share windows, so they are correlated).
+    """
+    loss, cov = self.bucket_stats()
+    valid = np.where(self.c > 0)[0]
+    out: dict[str, Any] = {'last_minus_best': None, 'last_minus_best_stderr': None,
+                           'best_bucket': None, 'slope': None, 'slope_stderr': None,
+                           'slope_buckets': []}
+    if len(valid) == 0:
+      return out
+    last = int(valid[-1])
+    best = int(valid[np.argmin(loss[valid])])
+    out['best_bucket'] = best
+    out['last_minus_best'] = float(loss[last] - loss[best])
+    var = cov[last, last] + cov[best, best] - 2 * cov[last, best]
+    out['last_minus_best_stderr'] = _num(math.sqrt(max(var, 0.0)) if np.isfinite(var) else math.nan)
+    mid = (self.edges[:-1] + self.edges[1:] - 1) / 2.0
+    half = self.edges[-1] / 2.0
+    sel = np.array([i for i in valid if mid[i] >= half], np.int64)
+    out['slope_buckets'] = [int(i) for i in sel]
+    if len(sel) < 2:
+      return out
+    x, y = mid[sel], loss[sel]
+    d = np.diag(cov)[sel]
+    w = 1.0 / d if np.all(np.isfinite(d)) and np.all(d > 0) else np.ones_like(x)
+    xw = np.sum(w * x) / np.sum(w)
+    a = w * (x - xw) / np.sum(w * (x - xw) ** 2)
+    out['slope'] = float(a @ y)
+    var = float(a @ cov[np.ix_(sel, sel)] @ a)
+    out['slope_stderr'] = _num(math.sqrt(max(var, 0.0)) if np.isfinite(var) else math.nan)
+    return out
+
+  def per_position(self) -> dict[str, np.ndarray]:
+    """Per-position vectors: position, loss_sum, count, loss (nan where unscored), all [L]."""
+    with np.errstate(invalid='ignore', divide='ignore'):
+      loss = np.where(self.count > 0, self.loss_sum / self.count, np.nan)
+    return {'position': np.arange(len(self.count)), 'loss_sum': self.loss_sum.copy(),
+            'count': self.count.copy(), 'loss': loss}
+
+
+def _num(x: float) -> float | None:
+  """A float for JSON: None instead of nan/inf."""
+  x = float(x)
+  return x if math.isfinite(x) else None

@@ -1,0 +1,319 @@
+"""Held-out loss by position bucket, the offset probe, and the evaluation of a workdir.
+
+One jitted function scores a batch and returns per-position sums and per-window bucket
+sums; `buckets.BucketAccumulator` streams those into float64 moments, so memory does not
+depend on the number of windows. Batches are sharded over every device along a 'data'
+mesh axis (the last batch is padded with masked rows).
+
+Loss is the float32 cross entropy of `targets[b, t]` from the logits, masked by
+`loss_mask`, and is attributed to the input position `positions[b, t]` (the row of the
+position table that `inputs[b, t]` used); with the default full-length windows that is
+also the number of tokens of context before the target, minus one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from flax_posemb import buckets as buckets_lib
+
+BATCH_KEYS = ('inputs', 'targets', 'positions', 'segment_ids', 'loss_mask')
+OFFSET_NOTE = (
+    'Offset probe: each text is scored with position ids shifted by K while its context '
+    'is unchanged. For a model trained with the natural policy, rows p+K seen with only p '
+    'tokens of context are off the training distribution (row p+K was trained with p+K '
+    'tokens of context); a model trained with random_offset is the control.')
+
+ApplyFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass
+class EvalOutput:
+  """Results of one evaluation.
+
+  Attributes:
+    results: the results.json dict (JSON-serializable).
+    per_position: {'position', 'loss_sum', 'count', 'loss', ['bayes_loss', 'filter_loss']}, each
+      [L]; for the offset probe also 'offset_loss' [num_offsets, L'] and 'offset_count'.
+  """
+  results: dict[str, Any]
+  per_position: dict[str, np.ndarray]
+
+
+def model_apply_fn(model) -> ApplyFn:
+  """(params, inputs [B,T], positions [B,T], segment_ids [B,T]) -> logits [B,T,V] for a TransformerLM."""
+  def apply(params, inputs, positions, segment_ids):
+    return model.apply({'params': params}, inputs, positions, segment_ids=segment_ids,
+                       deterministic=True)
+  return apply
+
+
+def make_mesh() -> jax.sharding.Mesh:
+  """A 1-D mesh over all devices with axis 'data'."""
+  return jax.make_mesh((jax.device_count(),), ('data',),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def make_eval_step(apply_fn: ApplyFn, edges: np.ndarray, mesh: jax.sharding.Mesh):
+  """Jitted (params, batch, offset) -> sums for one batch.
+
+  Args:
+    apply_fn: see `model_apply_fn`.
+    edges: [nb + 1] bucket edges over positions [0, L).
+    mesh: mesh with a 'data' axis; batch arrays are sharded along it, outputs replicated.
+
+  Returns:
+    A function of (params, batch dict of [B, T] arrays, offset int32 scalar) returning
+    {'loss_sum': [L], 'count': [L], 'win_sum': [B, nb], 'win_count': [B, nb]} (float32).
+    The model sees `positions + offset`; sums are indexed by the unshifted `positions`.
+  """
+  length = int(edges[-1])
+  nb = len(edges) - 1
+  bucket_of = jnp.asarray(buckets_lib.bucket_of_position(edges))
+  replicated = NamedSharding(mesh, P())
+
+  def step(params, batch, offset):
+    logits = apply_fn(params, batch['inputs'], batch['positions'] + offset, batch['segment_ids'])
+    mask = batch['loss_mask'].astype(jnp.float32)
+    loss = optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), batch['targets'])
+    loss = jnp.where(mask > 0, loss, 0.0) * mask
+    pos = jnp.clip(batch['positions'], 0, length - 1)
+    onehot = jax.nn.one_hot(bucket_of[pos], nb, dtype=jnp.float32)
+    return {
+        'loss_sum': jnp.zeros(length, jnp.float32).at[pos].add(loss),
+        'count': jnp.zeros(length, jnp.float32).at[pos].add(mask),
+        'win_sum': jnp.einsum('bt,btk->bk', loss, onehot),
+        'win_count': jnp.einsum('bt,btk->bk', mask, onehot),
+    }
+
+  return jax.jit(step, out_shardings=replicated)
+
+
+def _check_batch(batch: dict[str, np.ndarray], length: int, offsets: Sequence[int],
+                 max_len: int | None) -> dict[str, np.ndarray]:
+  missing = [k for k in BATCH_KEYS if k not in batch]
+  if missing:
+    raise ValueError(f'evaluation batch lacks keys {missing}; a batch needs {list(BATCH_KEYS)}.')
+  out = {k: np.asarray(batch[k]) for k in BATCH_KEYS}
+  shape = out['inputs'].shape
+  if any(v.shape != shape for v in out.values()) or len(shape) != 2:
+    shapes = {k: v.shape for k, v in out.items()}
+    raise ValueError(f'batch arrays must all be [B, T]; got {shapes}.')
+  scored = out['loss_mask'] > 0
+  if scored.any():
+    top = int(out['positions'][scored].max())
+    if top >= length:
+      raise ValueError(f'position id {top} is outside the evaluated range [0, {length}); '
+                       'use a window length / bucket edges that cover it.')
+    if max_len is not None and top + max(offsets) >= max_len:
+      raise ValueError(f'offset {max(offsets)} pushes position {top} past the position table '
+                       f'(max_len={max_len}); the largest valid offset is {max_len - 1 - top}.')
+  return out
+
+
+def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+  b = batch['inputs'].shape[0]
+  if b == rows:
+    return batch
+  if b > rows:
+    raise ValueError(f'batch of {b} rows is larger than the evaluation batch size {rows}.')
+  return {k: np.concatenate([v, np.zeros((rows - b,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
+
+
+def accumulate(apply_fn: ApplyFn, params, batches: Iterable[dict[str, np.ndarray]],
+               edges: np.ndarray, *, offsets: Sequence[int] = (0,), max_len: int | None = None,
+               mesh: jax.sharding.Mesh | None = None) -> list[buckets_lib.BucketAccumulator]:
+  """Streams batches through the jitted step, once per offset.
+
+  Args:
+    apply_fn: see `model_apply_fn`.
+    params: model parameters (replicated over the mesh).
+    batches: iterable of batch dicts ([B, T] arrays, see docs/DESIGN.md).
+    edges: [nb + 1] bucket edges; positions must lie in [0, edges[-1]).
+    offsets: position-id shifts K; each batch is scored once per K.
+    max_len: position-table size; an offset pushing a position past it is an error.
+    mesh: device mesh with a 'data' axis (default: all devices).
+
+  Returns:
+    One `BucketAccumulator` per offset.
+  """
+  mesh = mesh or make_mesh()
+  step = make_eval_step(apply_fn, edges, mesh)
+  params = jax.device_put(params, NamedSharding(mesh, P()))
+  data_sharding = NamedSharding(mesh, P('data'))
+  local_devices = max(1, jax.local_device_count())
+  accs = [buckets_lib.BucketAccumulator(edges) for _ in offsets]
+  rows = None
+  for batch in batches:
+    batch = _check_batch(batch, int(edges[-1]), offsets, max_len)
+    if rows is None:
+      rows = -(-batch['inputs'].shape[0] // local_devices) * local_devices
+    batch = _pad_rows(batch, rows)
+    dev = {k: jax.make_array_from_process_local_data(data_sharding, v) for k, v in batch.items()}
+    for acc, k in zip(accs, offsets):
+      out = jax.device_get(step(params, dev, jnp.int32(k)))
+      acc.add(out['loss_sum'], out['count'], out['win_sum'], out['win_count'])
+  if rows is None:
+    raise ValueError('no evaluation batches: the split produced no windows; '
+                     'check the split name and that its documents are long enough.')
+  return accs
+
+
+def summarize(acc: buckets_lib.BucketAccumulator, *, step: int | None = None,
+              reference: dict[str, np.ndarray] | None = None) -> EvalOutput:
+  """results.json dict and per-position vectors from one accumulator."""
+  per_position = acc.per_position()
+  length = len(per_position['position'])
+  if reference is not None:
+    reference = {k: np.asarray(reference[k], np.float64)[:length] for k in ('bayes_loss', 'filter_loss')}
+    per_position.update(reference)
+  results = {'step': step, 'buckets': acc.buckets(reference), 'overall': acc.overall(),
+             'degradation': acc.degradation()}
+  return EvalOutput(results, per_position)
+
+
+def _eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> dict[str, Any]:
+  ev = config.get('eval', ml_collections.ConfigDict())
+  s = {
+      'split': config.data.get('eval_split', 'validation'),
+      'policy': ev.get('position_policy', 'windows'),
+      'num_windows': ev.get('num_windows', 64),
+      'batch_size': ev.get('batch_size', 32),
+      'bucket_size': ev.get('bucket_size', 16),
+      'bucket_edges': ev.get('bucket_edges', ''),
+      'window_len': ev.get('window_len', 0) or config.model.max_len,
+      'seed': ev.get('seed', 0),
+  }
+  s.update({k: v for k, v in overrides.items() if v is not None})
+  if s['policy'] not in ('windows', 'natural'):
+    raise ValueError(f"evaluation position policy must be 'windows' or 'natural', got {s['policy']!r}.")
+  return s
+
+
+def check_compatible(model, params, window_len: int) -> None:
+  """Raises ValueError if `params` do not fit `model` or the window exceeds its position table."""
+  cfg = model.config
+  max_len = int(cfg.max_len)
+  if window_len > max_len:
+    raise ValueError(f'evaluation window of {window_len} tokens exceeds the model context / position '
+                     f'table (max_len={max_len}). Fix: evaluate with window_len <= {max_len}.')
+  x = jnp.zeros((1, 2), jnp.int32)
+  expected = jax.eval_shape(lambda: model.init(jax.random.key(0), x, x))['params']
+  flat_e = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(expected)}
+  flat_p = {jax.tree_util.keystr(k): np.shape(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
+  problems = [f'{k}: checkpoint {flat_p.get(k, "missing")} vs model {v}'
+              for k, v in flat_e.items() if flat_p.get(k) != tuple(v)]
+  problems += [f'{k}: in checkpoint, not in model' for k in flat_p if k not in flat_e]
+  if problems:
+    raise ValueError(
+        f'checkpoint parameters do not match the model config (max_len={max_len}, '
+        f'emb_dim={cfg.emb_dim}, num_layers={cfg.num_layers}, vocab_size={cfg.vocab_size}): '
+        + '; '.join(problems[:6]) + '. Fix: evaluate with the config saved in the checkpoint.')
+
+
+def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: int | None = None,
+                   offsets: Sequence[int] | None = None, mesh=None, **overrides) -> EvalOutput:
+  """Loss by position bucket of `model` on held-out windows (and the offset probe if `offsets`).
+
+  Args:
+    model: a `TransformerLM`.
+    params: its parameters (a pytree of arrays).
+    config: full run config (sections data, model, eval).
+    step: training step recorded in the results.
+    offsets: position-id shifts for the offset probe; texts are cut to window_len - max(offsets).
+    mesh: device mesh with a 'data' axis (default: all devices).
+    **overrides: split, policy ('windows' | 'natural'), num_windows, batch_size, bucket_size,
+      bucket_edges, window_len, seed (None = config value).
+
+  Returns:
+    `EvalOutput`; with offsets, results['offset_probe'] holds one bucket table per K.
+  """
+  from flax_posemb import data as data_lib  # pylint: disable=g-import-not-at-top
+  s = _eval_settings(config, overrides)
+  max_len = int(model.config.max_len)
+  check_compatible(model, params, s['window_len'])
+  offsets = sorted({int(k) for k in offsets}) if offsets else None
+  window = s['window_len']
+  if offsets:
+    if offsets[0] < 0:
+      raise ValueError(f'offsets must be >= 0, got {offsets}.')
+    window = s['window_len'] - offsets[-1]
+    if window < 1:
+      raise ValueError(f"offset {offsets[-1]} leaves no tokens in a window of {s['window_len']}; "
+                       f"the largest valid offset is {s['window_len'] - 1}.")
+    if window + offsets[-1] > max_len:
+      raise ValueError(f'offset {offsets[-1]} pushes positions past the position table '
+                       f'(max_len={max_len}); the largest valid offset is {max_len - window}.')
+  edges = buckets_lib.make_edges(window, s['bucket_size'], s['bucket_edges'])
+  batches = data_lib.make_eval_batches(
+      config.data, split=s['split'], window_len=window, num_windows=s['num_windows'],
+      batch_size=s['batch_size'], policy=s['policy'], seed=s['seed'])
+  reference = data_lib.reference_losses(config.data, window)
+  accs = accumulate(model_apply_fn(model), params, batches, edges, offsets=offsets or (0,),
+                    max_len=max_len, mesh=mesh)
+  out = summarize(accs[0], step=step, reference=reference)
+  out.results['settings'] = {k: s[k] for k in ('split', 'policy', 'num_windows', 'window_len')}
+  out.results['settings']['window_len'] = window
+  if offsets:
+    probes = [summarize(a, step=step, reference=reference) for a in accs]
+    out.results['offset_probe'] = {
+        'note': OFFSET_NOTE, 'window_len': window, 'offsets': offsets,
+        'by_offset': [dict(offset=k, **p.results) for k, p in zip(offsets, probes)]}
+    out.per_position['offsets'] = np.asarray(offsets)
+    out.per_position['offset_loss'] = np.stack([p.per_position['loss'] for p in probes])
+    out.per_position['offset_count'] = np.stack([p.per_position['count'] for p in probes])
+  return out
+
+
+def evaluate(model, params, config: ml_collections.ConfigDict, *, step: int | None = None,
+             **kwargs) -> dict[str, Any]:
+  """The results.json dict of `run_evaluation` (used by training for periodic evaluation)."""
+  return run_evaluation(model, params, config, step=step, **kwargs).results
+
+
+def format_table(results: dict[str, Any]) -> str:
+  """Plain-text bucket table of a results dict."""
+  def f(x, nd=4):
+    return '-' if x is None else f'{x:.{nd}f}'
+  synth = bool(results['buckets']) and 'bayes_loss' in results['buckets'][0]
+  head = f'{"bucket":>13} {"tokens":>8} {"loss":>8} {"stderr":>8}'
+  if synth:
+    head += f' {"bayes":>8} {"filter":>8} {"excess":>8} {"recov":>7}'
+  lines = [head]
+  for b in results['buckets']:
+    span = f"[{b['start']}, {b['end']})"
+    line = f"{span:>13} {b['tokens']:>8} {f(b['loss']):>8} {f(b['stderr']):>8}"
+    if synth:
+      line += (f" {f(b['bayes_loss']):>8} {f(b['filter_loss']):>8} {f(b['excess_loss']):>8}"
+               f" {f(b['recovered'], 3):>7}")
+    lines.append(line)
+  o, d = results['overall'], results['degradation']
+  lines.append(f"overall loss {f(o['loss'])} +- {f(o['stderr'])} "
+               f"({o['tokens']} tokens, {o['windows']} windows)")
+  lines.append(f"last - best bucket {f(d['last_minus_best'])} +- {f(d['last_minus_best_stderr'])}; "
+               f"second-half slope {f(d['slope'], 6)} +- {f(d['slope_stderr'], 6)} per position")
+  return '\n'.join(lines)
+
+
+def json_safe(x: Any) -> Any:
+  """Replaces nan/inf floats by None and numpy scalars by Python numbers, recursively."""
+  if isinstance(x, dict):
+    return {k: json_safe(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [json_safe(v) for v in x]
+  if isinstance(x, (np.integer,)):
+    return int(x)
+  if isinstance(x, (float, np.floating)):
+    return float(x) if math.isfinite(x) else None
+  return x

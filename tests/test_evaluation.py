@@ -1,0 +1,173 @@
+"""Loss by position bucket: exact bucket math, standard errors, offsets, compatibility."""
+
+import os
+
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flax_posemb import buckets as buckets_lib
+from flax_posemb import evaluation
+from flax_posemb.model import ModelConfig, TransformerLM
+
+T = 16
+
+
+def _model(max_len=T, **kw):
+  cfg = ModelConfig(vocab_size=11, num_layers=1, num_heads=2, emb_dim=16, mlp_dim=32,
+                    max_len=max_len, **kw)
+  model = TransformerLM(cfg)
+  x = jnp.zeros((1, 4), jnp.int32)
+  params = model.init(jax.random.key(0), x, x)['params']
+  return model, params
+
+
+def _batches():
+  """Two hand-built batches (5 and 2 rows): packed rows, padding and masked targets."""
+  rng = np.random.default_rng(0)
+  out = []
+  for rows in (5, 2):
+    inputs = rng.integers(0, 11, (rows, T)).astype(np.int32)
+    targets = rng.integers(0, 11, (rows, T)).astype(np.int32)
+    seg = np.ones((rows, T), np.int32)
+    pos = np.tile(np.arange(T, dtype=np.int32), (rows, 1))
+    seg[0, 10:] = 2  # second document in row 0: positions restart
+    pos[0, 10:] = np.arange(T - 10)
+    seg[1, 12:] = 0  # padding at the end of row 1
+    pos[1, 12:] = 0
+    mask = (seg > 0).astype(np.float32)
+    mask[-1, [3, 7]] = 0.0  # unscored targets inside a document
+    out.append({'inputs': inputs, 'targets': targets, 'positions': pos, 'segment_ids': seg,
+                'loss_mask': mask})
+  return out
+
+
+def test_bucket_losses_equal_naive_recomputation_from_logits():
+  model, params = _model()
+  edges = np.array([0, 3, 8, 16])
+  acc, = evaluation.accumulate(evaluation.model_apply_fn(model), params, _batches(), edges)
+  res = evaluation.summarize(acc).results
+  sums, counts = np.zeros(3), np.zeros(3)
+  pos_sum = np.zeros(T)
+  for b in _batches():
+    logits = np.asarray(model.apply({'params': params}, b['inputs'], b['positions'],
+                                    segment_ids=b['segment_ids']), np.float64)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp, b['targets'][..., None], -1)[..., 0]
+    for r in range(nll.shape[0]):
+      for t in range(T):
+        if b['loss_mask'][r, t] > 0:
+          p = b['positions'][r, t]
+          k = 0 if p < 3 else (1 if p < 8 else 2)
+          sums[k] += nll[r, t]
+          counts[k] += 1
+          pos_sum[p] += nll[r, t]
+  assert [x['tokens'] for x in res['buckets']] == counts.astype(int).tolist()
+  np.testing.assert_allclose([x['loss'] for x in res['buckets']], sums / counts, rtol=1e-5)
+  np.testing.assert_allclose(acc.loss_sum, pos_sum, rtol=1e-5)
+  assert res['overall']['tokens'] == int(counts.sum())
+  np.testing.assert_allclose(res['overall']['loss'], sums.sum() / counts.sum(), rtol=1e-5)
+  assert res['buckets'][0]['windows'] == 7  # padded rows are not windows
+  assert res['overall']['windows'] == 7
+
+
+def test_stderr_is_spread_of_window_means_over_sqrt_windows():
+  edges = np.array([0, 4, 8])
+  acc = buckets_lib.BucketAccumulator(edges)
+  means = np.array([[1.0, 2.0], [1.5, 2.5], [0.5, 3.5], [2.0, 2.0]])
+  acc.add(np.zeros(8), np.zeros(8), means * 4, np.full((4, 2), 4.0))
+  loss, cov = acc.bucket_stats()
+  np.testing.assert_allclose(loss, means.mean(0))
+  np.testing.assert_allclose(np.sqrt(np.diag(cov)), means.std(0, ddof=1) / 2.0)
+  rows = acc.buckets()
+  np.testing.assert_allclose(rows[1]['stderr'], means[:, 1].std(ddof=1) / 2.0)
+  lo, hi = rows[0]['ci95']
+  np.testing.assert_allclose(hi - lo, 2 * 1.959963984540054 * rows[0]['stderr'])
+  # Last minus best uses the paired covariance: the per-window differences' spread.
+  d = acc.degradation()
+  diff = means[:, 1] - means[:, 0]
+  np.testing.assert_allclose(d['last_minus_best'], diff.mean())
+  np.testing.assert_allclose(d['last_minus_best_stderr'], diff.std(ddof=1) / 2.0)
+
+
+def test_stderr_with_unequal_counts_is_the_ratio_estimator():
+  acc = buckets_lib.BucketAccumulator(np.array([0, 8]))
+  s = np.array([[3.0], [10.0], [1.0]])
+  c = np.array([[2.0], [5.0], [1.0]])
+  acc.add(np.zeros(8), np.zeros(8), s, c)
+  acc.add(np.zeros(8), np.zeros(8), np.zeros((2, 1)), np.zeros((2, 1)))  # empty windows
+  loss, cov = acc.bucket_stats()
+  ratio = s.sum() / c.sum()
+  expect = 3 / 2 * np.sum((s - ratio * c) ** 2) / c.sum() ** 2
+  np.testing.assert_allclose(loss[0], ratio)
+  np.testing.assert_allclose(cov[0, 0], expect)
+  assert acc.buckets()[0]['windows'] == 3
+
+
+def test_degradation_slope_recovers_a_linear_trend():
+  edges = np.arange(0, 80, 10)  # 7 buckets of 10 over 70 positions (last ends at 70)
+  acc = buckets_lib.BucketAccumulator(edges)
+  mid = (edges[:-1] + edges[1:] - 1) / 2
+  rng = np.random.default_rng(1)
+  noise = rng.normal(0, 0.01, (50, 1))
+  means = 2.0 + 0.003 * mid[None, :] + noise  # common per-window shift: slope stays exact
+  acc.add(np.zeros(70), np.zeros(70), means * 10, np.full(means.shape, 10.0))
+  d = acc.degradation()
+  assert d['slope_buckets'] == [4, 5, 6]  # midpoints >= 35
+  np.testing.assert_allclose(d['slope'], 0.003, rtol=1e-9)
+  assert d['slope_stderr'] < 1e-9  # a shift shared by all buckets does not blur the slope
+  np.testing.assert_allclose(d['last_minus_best'], 0.003 * 60)
+  assert d['best_bucket'] == 0
+
+
+def test_make_edges_variants_and_errors():
+  np.testing.assert_array_equal(buckets_lib.make_edges(40, 16), [0, 16, 32, 40])
+  np.testing.assert_array_equal(buckets_lib.make_edges(12, 0, 'log2'), [0, 1, 2, 4, 8, 12])
+  np.testing.assert_array_equal(buckets_lib.make_edges(512, 0, '0,128,256'), [0, 128, 256, 512])
+  with pytest.raises(ValueError, match='exceeds the evaluation window length 128'):
+    buckets_lib.make_edges(128, 0, '0,64,256')
+  with pytest.raises(ValueError, match='start at 0'):
+    buckets_lib.make_edges(128, 0, '16,64')
+  with pytest.raises(ValueError, match='increase strictly'):
+    buckets_lib.make_edges(128, 0, '0,64,32')
+  np.testing.assert_array_equal(buckets_lib.bucket_of_position(np.array([0, 2, 5])),
+                                [0, 0, 1, 1, 1])
+
+
+def test_offset_zero_equals_plain_and_offsets_shift_rows_only():
+  model, params = _model(max_len=24)
+  edges = np.array([0, 8, 16])
+  fn = evaluation.model_apply_fn(model)
+  plain, = evaluation.accumulate(fn, params, _batches(), edges, max_len=24)
+  zero, four = evaluation.accumulate(fn, params, _batches(), edges, offsets=(0, 4), max_len=24)
+  np.testing.assert_array_equal(plain.loss_sum, zero.loss_sum)
+  np.testing.assert_array_equal(plain.ss, zero.ss)
+  np.testing.assert_array_equal(plain.count, four.count)  # indexed by context, not by row
+  assert not np.allclose(plain.loss_sum, four.loss_sum)
+
+
+def test_offset_past_the_table_names_the_largest_valid_offset():
+  model, params = _model(max_len=20)
+  with pytest.raises(ValueError, match='largest valid offset is 4'):
+    evaluation.accumulate(evaluation.model_apply_fn(model), params, _batches(),
+                          np.array([0, 16]), offsets=(0, 5), max_len=20)
+
+
+def test_incompatible_checkpoint_is_a_clear_error():
+  model16, params16 = _model(max_len=16)
+  model32, _ = _model(max_len=32)
+  with pytest.raises(ValueError, match=r'max_len=32.*pos_embed.*\(16, 16\)'):
+    evaluation.check_compatible(model32, params16, 16)
+  with pytest.raises(ValueError, match='exceeds the model context'):
+    evaluation.check_compatible(model16, params16, 32)
+  evaluation.check_compatible(model16, params16, 16)
+
+
+def test_format_table_lists_every_bucket():
+  acc = buckets_lib.BucketAccumulator(np.array([0, 4, 8]))
+  acc.add(np.zeros(8), np.zeros(8), np.array([[4.0, 8.0], [6.0, 8.0]]), np.full((2, 2), 4.0))
+  text = evaluation.format_table(evaluation.summarize(acc).results)
+  assert '[0, 4)' in text and '[4, 8)' in text and 'overall loss 1.6250' in text
