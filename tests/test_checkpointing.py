@@ -1,0 +1,351 @@
+"""Tests of flax_posemb.checkpointing: exact round trips, refusals and recovery."""
+
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from flax_posemb import checkpointing
+
+LOGGER = 'flax_posemb.checkpointing'
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _params(max_len=8, dim=4):
+  k1, k2 = jax.random.split(jax.random.key(0))
+  return {
+      'pos_embed': {'embedding': jax.random.normal(k1, (max_len, dim))},
+      'token_embed': {'embedding': jax.random.normal(k2, (16, dim))},
+      'ln': {'scale': jnp.ones((dim,)), 'bias': jnp.zeros((dim,))},
+  }
+
+
+def _trained_state(params):
+  """AdamW state after one update, so moments and count are non-trivial."""
+  tx = optax.adamw(1e-2, b2=0.95, weight_decay=0.1)
+  opt_state = tx.init(params)
+  grads = jax.tree.map(lambda p: jnp.cos(p) + 0.5, params)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state
+
+
+def _stats():
+  return {
+      'count': np.array([2**40 + 1, 2**53 + 3, 0, 7], np.int64),  # not float-exact
+      'loss_sum': np.array([1.25, 3.5, 0.0, 1e-30], np.float64),
+      'steps': 12,
+  }
+
+
+def _data_iter():
+  ds = grain.MapDataset.range(40).shuffle(seed=3).map(lambda x: x * 10).batch(4)
+  return iter(ds)
+
+
+def _save(ckpt, step, params, opt_state, it, **kw):
+  return ckpt.save(step, params=params, opt_state=opt_state, data_iter=it,
+                   stats=kw.get('stats', _stats()),
+                   config=kw.get('config', {'seed': 0, 'step': step}))
+
+
+def _assert_trees_equal(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    assert np.asarray(x).dtype == np.asarray(y).dtype
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _abstract(tree):
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+      tree)
+
+
+def test_round_trip_is_exact_for_every_item(tmp_path):
+  params, opt_state = _trained_state(_params())
+  it = _data_iter()
+  for _ in range(3):
+    next(it)
+  with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
+    assert _save(ck, 3, params, opt_state, it, config={'model': {'max_len': 8},
+                                                       'lr': 3e-3})
+    ck.wait_until_finished()
+  expected_batches = [next(it) for _ in range(3)]
+
+  fresh = _data_iter()
+  with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
+    assert ck.latest_step() == 3 and ck.all_steps() == [3]
+    r = ck.restore(abstract_params=_abstract(params),
+                   abstract_opt_state=_abstract(opt_state), data_iter=fresh)
+  assert r['step'] == 3
+  _assert_trees_equal(r['params'], params)
+  _assert_trees_equal(r['opt_state'], opt_state)
+  assert type(r['opt_state'][0]).__name__ == 'ScaleByAdamState'
+  assert r['stats']['count'].dtype == np.int64
+  np.testing.assert_array_equal(r['stats']['count'], _stats()['count'])
+  np.testing.assert_array_equal(r['stats']['loss_sum'], _stats()['loss_sum'])
+  assert int(r['stats']['steps']) == 12
+  assert r['config'] == {'model': {'max_len': 8}, 'lr': 3e-3}
+  for want in expected_batches:  # the iterator continues exactly
+    np.testing.assert_array_equal(next(fresh), want)
+  layout = {p.name for p in (tmp_path / 'checkpoints' / '3').iterdir()}
+  assert set(checkpointing.ITEMS) <= layout
+
+
+@pytest.mark.parametrize('where', ['params', 'opt_state', 'stats'])
+def test_non_finite_state_is_never_saved(tmp_path, caplog, where):
+  params, opt_state = _trained_state(_params())
+  stats = _stats()
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    assert _save(ck, 0, params, opt_state, _data_iter())
+    ck.wait_until_finished()
+    if where == 'params':
+      params = dict(params, ln={'scale': params['ln']['scale'].at[1].set(jnp.nan),
+                                'bias': params['ln']['bias']})
+    elif where == 'opt_state':
+      opt_state = jax.tree.map(lambda x: x * jnp.inf if x.ndim == 2 else x,
+                               opt_state)
+    else:
+      stats = dict(stats, loss_sum=np.array([np.nan, 1.0]))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+      assert not _save(ck, 5, params, opt_state, _data_iter(), stats=stats)
+    ck.wait_until_finished()
+    assert ck.all_steps() == [0]
+  assert 'non-finite' in caplog.text and where in caplog.text
+  assert not (tmp_path / '5').exists()
+
+
+def test_max_to_keep_always_keeps_step_zero(tmp_path):
+  params, opt_state = _trained_state(_params())
+  it = _data_iter()
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=2) as ck:
+    for step in range(0, 60, 10):
+      assert _save(ck, step, params, opt_state, it)
+    ck.wait_until_finished()
+    assert ck.all_steps() == [0, 40, 50]
+  assert sorted(int(p.name) for p in tmp_path.iterdir()
+                if p.name.isdigit()) == [0, 40, 50]
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=2) as ck:
+    assert ck.all_steps() == [0, 40, 50]
+
+
+def test_existing_step_is_not_overwritten(tmp_path, caplog):
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=2) as ck:
+    assert _save(ck, 7, params, opt_state, None, config={'v': 1})
+    ck.wait_until_finished()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+      assert not _save(ck, 7, params, opt_state, None, config={'v': 2})
+    ck.wait_until_finished()
+  _, config, _ = checkpointing.restore_params(tmp_path)
+  assert config == {'v': 1}
+  assert 'not overwritten' in caplog.text
+
+
+def _truncate_params(step_dir):
+  for f in (step_dir / 'params').rglob('*'):
+    if f.is_file() and f.name != 'commit_success.txt':
+      f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def _garble_metadata(step_dir):
+  (step_dir / 'params' / '_METADATA').write_text('{"tree_metadata": gar')
+
+
+def _delete_stats(step_dir):
+  for f in sorted((step_dir / 'stats').rglob('*'), reverse=True):
+    f.rmdir() if f.is_dir() else f.unlink()
+
+
+def _delete_iter_state(step_dir):
+  (step_dir / 'data_iter' / 'process_0-of-1.json').unlink()
+
+
+@pytest.mark.parametrize('damage', [_truncate_params, _garble_metadata,
+                                    _delete_stats, _delete_iter_state])
+def test_corrupted_latest_falls_back_with_warning_and_is_kept(
+    tmp_path, caplog, damage):
+  params, opt_state = _trained_state(_params())
+  it = _data_iter()
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    _save(ck, 10, params, opt_state, it)
+    next(it)
+    later = jax.tree.map(lambda x: x + 1, params)
+    _save(ck, 20, later, opt_state, it)
+  damage(tmp_path / '20')
+
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+      r = ck.restore(abstract_params=_abstract(params),
+                     abstract_opt_state=_abstract(opt_state),
+                     data_iter=_data_iter())
+    assert r['step'] == 10
+    _assert_trees_equal(r['params'], params)
+    assert str(tmp_path / '20') in caplog.text
+    assert (tmp_path / '20').is_dir()  # never deleted
+    with pytest.raises(RuntimeError, match=str(tmp_path / '20')):
+      ck.restore(20, abstract_params=_abstract(params),
+                 abstract_opt_state=_abstract(opt_state),
+                 data_iter=_data_iter())
+
+
+def test_corrupted_latest_params_falls_back_in_params_only_restore(
+    tmp_path, caplog):
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
+    _save(ck, 1, params, opt_state, None)
+    _save(ck, 2, params, opt_state, None)
+  _truncate_params(tmp_path / 'checkpoints' / '2')
+  with caplog.at_level(logging.WARNING, logger=LOGGER):
+    _, _, step = checkpointing.restore_params(tmp_path)
+  assert step == 1
+  assert str(tmp_path / 'checkpoints' / '2') in caplog.text
+
+
+def test_checkpoint_of_another_model_shape_is_a_clear_error(tmp_path):
+  params, opt_state = _trained_state(_params(max_len=8))
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    _save(ck, 5, params, opt_state, None)
+  bigger, bigger_opt = _trained_state(_params(max_len=16))
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    with pytest.raises(checkpointing.CheckpointMismatchError) as e:
+      ck.restore(abstract_params=_abstract(bigger),
+                 abstract_opt_state=_abstract(bigger_opt), data_iter=None)
+  msg = str(e.value)
+  assert 'pos_embed/embedding' in msg and '(8, 4)' in msg and '(16, 4)' in msg
+  assert 'fresh --workdir' in msg
+  assert isinstance(e.value, ValueError)
+  extra = dict(params, head={'kernel': jnp.zeros((4, 16))})
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    with pytest.raises(checkpointing.CheckpointMismatchError, match='head/kernel'):
+      ck.restore(abstract_params=_abstract(extra),
+                 abstract_opt_state=_abstract(opt_state), data_iter=None)
+  assert (tmp_path / '5').is_dir()
+
+
+def test_params_only_restore_reads_shapes_from_metadata(tmp_path):
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
+    _save(ck, 0, _params(), opt_state, None, config={'init': True})
+    _save(ck, 4, params, opt_state, _data_iter(), config={'model': {'emb_dim': 4}})
+  for where in (tmp_path, tmp_path / 'checkpoints'):
+    restored, config, step = checkpointing.restore_params(where)
+    assert step == 4 and config == {'model': {'emb_dim': 4}}
+    _assert_trees_equal(restored, params)
+  restored, config, step = checkpointing.restore_params(tmp_path, step=0)
+  assert step == 0 and config == {'init': True}
+  _assert_trees_equal(restored, _params())
+  dev = jax.devices()[0]
+  restored, _, _ = checkpointing.restore_params(
+      tmp_path, sharding=jax.sharding.SingleDeviceSharding(dev))
+  assert restored['pos_embed']['embedding'].devices() == {dev}
+
+
+def test_missing_checkpoint_errors_name_the_directory(tmp_path):
+  with pytest.raises(FileNotFoundError, match='run train.py first') as e:
+    checkpointing.restore_params(tmp_path / 'nothing')
+  assert str(tmp_path / 'nothing') in str(e.value)
+  (tmp_path / 'checkpoints').mkdir()
+  with pytest.raises(FileNotFoundError, match='no checkpoint under'):
+    checkpointing.restore_params(tmp_path)
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=1) as ck:
+    with pytest.raises(FileNotFoundError, match='run train.py first'):
+      ck.restore(abstract_params=params, abstract_opt_state=opt_state,
+                 data_iter=None)
+    _save(ck, 3, params, opt_state, None)
+    with pytest.raises(FileNotFoundError, match=r'available steps: \[3\]'):
+      ck.restore(9, abstract_params=params, abstract_opt_state=opt_state,
+                 data_iter=None)
+
+
+def test_bad_arguments_are_clear_errors(tmp_path):
+  with pytest.raises(ValueError, match='max_to_keep'):
+    checkpointing.Checkpointer(tmp_path, max_to_keep=0)
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=1) as ck:
+    with pytest.raises(ValueError, match='stats/empty'):
+      _save(ck, 1, params, opt_state, None, stats={'empty': np.zeros((0,))})
+    with pytest.raises(TypeError, match='JSON'):
+      _save(ck, 1, params, opt_state, None, config={'f': object()})
+
+
+_MULTIDEVICE = textwrap.dedent('''
+    import os, sys
+    os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
+    import jax, jax.numpy as jnp, numpy as np, optax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from flax_posemb import checkpointing
+    assert jax.device_count() == 8, jax.devices()
+    src = sys.argv[1]
+    mesh = Mesh(np.array(jax.devices()), ('data',))
+    want = dict(np.load(os.path.join(src, 'want.npz')))
+
+    # Full restore onto the mesh: position table sharded by rows.
+    def sharding_for(path, x):
+      spec = P('data') if x.ndim == 2 and x.shape[0] % 8 == 0 else P()
+      return NamedSharding(mesh, spec)
+    params = {'pos_embed': {'embedding': jnp.zeros((8, 4))},
+              'token_embed': {'embedding': jnp.zeros((16, 4))},
+              'ln': {'scale': jnp.zeros((4,)), 'bias': jnp.zeros((4,))}}
+    opt_state = optax.adamw(1e-2).init(params)
+    abstract = lambda t: jax.tree_util.tree_map_with_path(
+        lambda p, x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                          sharding=sharding_for(p, x)), t)
+    with checkpointing.Checkpointer(os.path.join(src, 'checkpoints'),
+                                    max_to_keep=3) as ck:
+      r = ck.restore(abstract_params=abstract(params),
+                     abstract_opt_state=abstract(opt_state), data_iter=None)
+    table = r['params']['pos_embed']['embedding']
+    assert table.sharding.spec == P('data'), table.sharding
+    assert len(table.addressable_shards) == 8
+    np.testing.assert_array_equal(np.asarray(table), want['table'])
+    mu = r['opt_state'][0].mu['pos_embed']['embedding']
+    assert mu.sharding.spec == P('data')
+
+    # Params-only restore, replicated over the mesh.
+    rep = NamedSharding(mesh, P())
+    p2, cfg, step = checkpointing.restore_params(src, sharding=rep)
+    assert step == 1 and cfg == {'ok': 1}
+    t2 = p2['pos_embed']['embedding']
+    assert t2.sharding == rep
+    np.testing.assert_array_equal(np.asarray(t2), want['table'])
+
+    # Save sharded arrays from 8 devices for the 1-device parent to read.
+    with checkpointing.Checkpointer(os.path.join(src, 'checkpoints'),
+                                    max_to_keep=3) as ck:
+      assert ck.save(2, params=jax.tree.map(lambda x: x * 2, r['params']),
+                     opt_state=r['opt_state'], data_iter=None,
+                     stats={'n': 1}, config={'ok': 2})
+    print('MULTIDEVICE_OK')
+''')
+
+
+def test_restore_onto_8_forced_cpu_devices_and_back(tmp_path):
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
+    _save(ck, 1, params, opt_state, None, config={'ok': 1})
+  np.savez(tmp_path / 'want.npz',
+           table=np.asarray(params['pos_embed']['embedding']))
+  script = tmp_path / 'multidevice.py'
+  script.write_text(_MULTIDEVICE)
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             PYTHONPATH=os.pathsep.join([str(REPO),
+                                         os.environ.get('PYTHONPATH', '')]))
+  env.pop('XLA_FLAGS', None)
+  proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert 'MULTIDEVICE_OK' in proc.stdout, proc.stderr[-4000:]
+  restored, config, step = checkpointing.restore_params(tmp_path)
+  assert step == 2 and config == {'ok': 2}
+  np.testing.assert_array_equal(np.asarray(restored['pos_embed']['embedding']),
+                                2 * np.asarray(params['pos_embed']['embedding']))
