@@ -1,0 +1,288 @@
+"""Per-run measures read from a finished run's files (numpy only).
+
+Inputs, per the workdir contract (docs/DESIGN.md): ``stats/window_STEP.npz`` (per-position
+vectors of one logging window, plus ``cumulative_count``), ``tables/table_STEP.npy``
+(position-table snapshots, step 0 included), and the evaluation results dict
+(``buckets: [{start, end, loss, excess_loss?, recovered?}], overall, degradation``).
+
+Bucket edges come from the evaluation buckets; "early" is the first bucket, "late" the last.
+Gradient-signal measures use the windows of the second half of training (after the first
+transient; ``windows_from``), exposure uses the exact cumulative counts at the end, and
+update norms use all windows (every update moved the row).
+
+Vectors (``VECTORS``, one value per bucket, each a mean over the bucket's positions):
+``bucket_loss``, ``bucket_excess``, ``bucket_recovered`` (synthetic only), ``bucket_exposure``
+(cumulative real tokens per row), ``bucket_row_grad`` (RMS over steps of the table-gradient
+row norm), ``bucket_occ_signal`` (mean ``||g||`` per occurrence), ``bucket_downstream_signal``
+(``||g||`` per downstream target), ``bucket_update_rss`` (root of the summed squared row
+updates: the cumulative update norm), ``bucket_drift`` (``||table_end - table_0||`` per
+row), ``bucket_train_loss`` (training loss of targets at those positions),
+``bucket_row_norm`` (norm of the final table row).
+Scalars (``SCALARS``) are documented in ``_scalars``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+from typing import Any, Mapping
+
+import numpy as np
+
+VECTORS = ('bucket_loss', 'bucket_excess', 'bucket_recovered', 'bucket_exposure',
+           'bucket_row_grad', 'bucket_occ_signal', 'bucket_downstream_signal',
+           'bucket_update_rss', 'bucket_drift', 'bucket_train_loss', 'bucket_row_norm')
+SCALARS = ('final_loss', 'loss_early', 'loss_late', 'loss_late_minus_early', 'degradation',
+           'excess_early', 'excess_late', 'excess_late_minus_early', 'recovered_early',
+           'recovered_late', 'exposure_late_over_early', 'row_grad_late_over_early',
+           'occ_signal_late_over_early', 'downstream_signal_late_over_early',
+           'update_late_over_early', 'drift_late_over_early', 'row_norm_late_over_early', 'update_rss_late', 'drift_late',
+           'drift_mean', 'signal_loss_corr', 'train_seconds', 'tokens_per_step',
+           'train_tokens_per_second', 'rare_row_fraction', 'loss_rare_rows',
+           'loss_common_late_rows', 'excess_rare_rows', 'excess_common_late_rows')
+# Plus 'offset_penalty_K' for each offset K > 0 of the probe: overall loss at shift K minus
+# at shift 0 (same texts, same context; only the table rows differ).
+
+
+def _step_files(directory: str, prefix: str, ext: str) -> list[tuple[int, str]]:
+  out = []
+  for path in glob.glob(os.path.join(directory, f'{prefix}_*.{ext}')):
+    m = re.search(rf'{prefix}_(\d+)\.{ext}$', path)
+    if m:
+      out.append((int(m.group(1)), path))
+  return sorted(out)
+
+
+def load_windows(run_dir: str) -> list[dict[str, np.ndarray]]:
+  """All statistics windows of a run, in step order (``[max_len]`` vectors plus ``step``)."""
+  out = []
+  for _, path in _step_files(os.path.join(run_dir, 'stats'), 'window', 'npz'):
+    with np.load(path) as z:
+      out.append({k: np.asarray(z[k]) for k in z.files})
+  return out
+
+
+def load_tables(run_dir: str) -> dict[int, np.ndarray]:
+  """Position-table snapshots of a run: step -> ``[max_len, emb_dim]`` array."""
+  return {s: np.load(p) for s, p in _step_files(os.path.join(run_dir, 'tables'), 'table', 'npy')}
+
+
+def bucket_means(values: np.ndarray, edges: list[tuple[int, int]]) -> np.ndarray:
+  """Mean of finite ``values[start:end]`` per bucket; ``[len(edges)]`` (NaN if none)."""
+  out = []
+  for start, end in edges:
+    v = np.asarray(values[start:end], dtype=np.float64)
+    v = v[np.isfinite(v)]
+    out.append(float(v.mean()) if v.size else float('nan'))
+  return np.array(out)
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+  num = np.asarray(num, dtype=np.float64)
+  den = np.asarray(den, dtype=np.float64)
+  return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
+                     tables: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
+  """Per-position vectors (``[max_len]`` each) from statistics windows and snapshots.
+
+  Args:
+    windows: ``load_windows`` output.
+    num_steps: total optimizer steps of the run.
+    tables: ``load_tables`` output.
+
+  Returns:
+    Dict of per-position vectors named like the bucket vectors without ``bucket_``.
+  """
+  out: dict[str, np.ndarray] = {}
+  if windows:
+    late = [w for w in windows if int(w['step']) > num_steps // 2] or windows[-1:]
+    tot = {k: sum(np.asarray(w[k], dtype=np.float64) for w in late)
+           for k in ('count', 'loss_sum', 'loss_count', 'occ_norm', 'row_sq', 'downstream')}
+    late_steps = sum(int(w.get('num_steps', 1)) for w in late)
+    last = windows[-1]
+    out['exposure'] = np.asarray(last.get('cumulative_count', sum(w['count'] for w in windows)),
+                                 dtype=np.float64)
+    out['row_grad'] = np.sqrt(tot['row_sq'] / max(late_steps, 1))
+    out['occ_signal'] = _ratio(tot['occ_norm'], tot['count'])
+    out['downstream_signal'] = _ratio(tot['occ_norm'], tot['downstream'])
+    out['train_loss'] = _ratio(tot['loss_sum'], tot['loss_count'])
+    out['update_rss'] = np.sqrt(sum(np.asarray(w['update_sq'], np.float64) for w in windows))
+    out['scored_total'] = np.asarray(sum(np.asarray(w['loss_count'], np.float64)
+                                         for w in windows))
+  if tables:
+    steps = sorted(tables)
+    out['drift'] = np.linalg.norm(tables[steps[-1]].astype(np.float64)
+                                  - tables[steps[0]].astype(np.float64), axis=-1)
+    out['row_norm'] = np.linalg.norm(tables[steps[-1]].astype(np.float64), axis=-1)
+  return out
+
+
+def _corr(x: np.ndarray, y: np.ndarray) -> float:
+  ok = np.isfinite(x) & np.isfinite(y)
+  if ok.sum() < 3 or np.std(x[ok]) == 0 or np.std(y[ok]) == 0:
+    return float('nan')
+  return float(np.corrcoef(x[ok], y[ok])[0, 1])
+
+
+def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
+                 train_seconds: float = float('nan'),
+                 per_position: Mapping[str, np.ndarray] | None = None,
+                 rare_exposure: float = 100.0) -> dict[str, Any]:
+  """All measures of one finished run.
+
+  Args:
+    run_dir: the run's workdir.
+    eval_results: the evaluation results dict of the final step.
+    num_steps: optimizer steps of the run.
+    train_seconds: wall-clock seconds of training (from the sweep).
+    per_position: the evaluation's per-position vectors (``loss``, ``bayes_loss``, each
+      ``[L]``), for the rare-row measures.
+    rare_exposure: rows with fewer cumulative training tokens than this are "rare".
+
+  Returns:
+    ``{'scalars': {name: float}, 'vectors': {name: [per bucket]}, 'buckets': [[start, end]]}``.
+  """
+  buckets = eval_results['buckets']
+  edges = [(int(b['start']), int(b['end'])) for b in buckets]
+  get = lambda key: np.array([float(b.get(key, float('nan'))) for b in buckets])
+  vec: dict[str, np.ndarray] = {'bucket_loss': get('loss'), 'bucket_excess': get('excess_loss'),
+                                'bucket_recovered': get('recovered')}
+  pos = position_vectors(load_windows(run_dir), num_steps, load_tables(run_dir))
+  for name in ('exposure', 'row_grad', 'occ_signal', 'downstream_signal', 'update_rss',
+               'drift', 'train_loss', 'row_norm'):
+    vec[f'bucket_{name}'] = (bucket_means(pos[name], edges) if name in pos
+                             else np.full(len(edges), np.nan))
+  overall = eval_results.get('overall', {})
+  overall_loss = overall.get('loss') if isinstance(overall, Mapping) else overall
+  deg = eval_results.get('degradation', {})
+  deg = deg.get('last_minus_best', deg.get('value', float('nan'))) if isinstance(
+      deg, Mapping) else deg
+  late_over_early = lambda v: (float(v[-1] / v[0]) if v[0] and np.isfinite(v[0])
+                               else float('nan'))
+  s: dict[str, float] = {
+      'final_loss': float(overall_loss if overall_loss is not None else np.nanmean(get('loss'))),
+      'loss_early': float(vec['bucket_loss'][0]),
+      'loss_late': float(vec['bucket_loss'][-1]),
+      'degradation': float(deg) if deg is not None else float('nan'),
+      'excess_early': float(vec['bucket_excess'][0]),
+      'excess_late': float(vec['bucket_excess'][-1]),
+      'recovered_early': float(vec['bucket_recovered'][0]),
+      'recovered_late': float(vec['bucket_recovered'][-1]),
+      'update_rss_late': float(vec['bucket_update_rss'][-1]),
+      'drift_late': float(vec['bucket_drift'][-1]),
+      'drift_mean': float(np.nanmean(pos['drift'])) if 'drift' in pos else float('nan'),
+      'train_seconds': float(train_seconds),
+  }
+  s['loss_late_minus_early'] = s['loss_late'] - s['loss_early']
+  s['excess_late_minus_early'] = s['excess_late'] - s['excess_early']
+  for name, v in (('exposure', 'bucket_exposure'), ('row_grad', 'bucket_row_grad'),
+                  ('occ_signal', 'bucket_occ_signal'),
+                  ('downstream_signal', 'bucket_downstream_signal'),
+                  ('update', 'bucket_update_rss'), ('drift', 'bucket_drift'),
+                  ('row_norm', 'bucket_row_norm')):
+    s[f'{name}_late_over_early'] = late_over_early(vec[v])
+  s['signal_loss_corr'] = _corr(pos.get('occ_signal', np.array([])),
+                                pos.get('train_loss', np.array([])))
+  scored = float(pos['scored_total'].sum()) if 'scored_total' in pos else float('nan')
+  s['tokens_per_step'] = scored / num_steps if num_steps else float('nan')
+  s['train_tokens_per_second'] = (scored / train_seconds if train_seconds and
+                                  math.isfinite(train_seconds) else float('nan'))
+  s.update(_rare_rows(pos, per_position, rare_exposure))
+  probe = eval_results.get('offset_probe') or {}
+  by_offset = {int(p['offset']): p['overall']['loss'] for p in probe.get('by_offset', [])}
+  for k, loss in by_offset.items():
+    if k and 0 in by_offset and loss is not None and by_offset[0] is not None:
+      s[f'offset_penalty_{k}'] = float(loss) - float(by_offset[0])
+  return {'scalars': s, 'vectors': {k: [float(x) for x in v] for k, v in vec.items()},
+          'buckets': [list(e) for e in edges]}
+
+
+def _rare_rows(pos: Mapping[str, np.ndarray], per_position: Mapping[str, np.ndarray] | None,
+               rare_exposure: float) -> dict[str, float]:
+  """Held-out loss (and excess over Bayes) of rare vs common rows of the second half.
+
+  Where the late-position penalty sits: in every second-half row, or only in rows seen
+  fewer than ``rare_exposure`` times. NaN where a group is empty.
+  """
+  out = {k: float('nan') for k in ('rare_row_fraction', 'loss_rare_rows', 'loss_common_late_rows',
+                                   'excess_rare_rows', 'excess_common_late_rows')}
+  if per_position is None or 'exposure' not in pos or 'loss' not in per_position:
+    return out
+  loss = np.asarray(per_position['loss'], np.float64)
+  n = len(loss)
+  exposure = np.asarray(pos['exposure'], np.float64)[:n]
+  late = np.arange(n) >= n // 2
+  rare = late & (exposure < rare_exposure)
+  common = late & ~rare
+  out['rare_row_fraction'] = float(rare.sum() / max(late.sum(), 1))
+  mean = lambda v, m: float(np.nanmean(v[m])) if m.any() else float('nan')
+  out['loss_rare_rows'] = mean(loss, rare)
+  out['loss_common_late_rows'] = mean(loss, common)
+  if 'bayes_loss' in per_position:
+    excess = loss - np.asarray(per_position['bayes_loss'], np.float64)[:n]
+    out['excess_rare_rows'] = mean(excess, rare)
+    out['excess_common_late_rows'] = mean(excess, common)
+  return out
+
+
+def cosine_structure(table: np.ndarray) -> np.ndarray:
+  """Upper-triangle entries of the row cosine-similarity matrix; ``[P*(P-1)/2]``.
+
+  Zero rows (e.g. a 'zeros' init at step 0) have cosine 0 with every row.
+  """
+  t = np.asarray(table, dtype=np.float64)
+  norm = np.linalg.norm(t, axis=-1, keepdims=True)
+  u = np.where(norm > 0, t / np.where(norm > 0, norm, 1.0), 0.0)
+  cos = u @ u.T
+  return cos[np.triu_indices(cos.shape[0], k=1)]
+
+
+def structure_agreement(tables: Mapping[str, np.ndarray]) -> float:
+  """Mean pairwise Pearson correlation of cosine structures across arms (one step).
+
+  Args:
+    tables: arm -> ``[max_len, emb_dim]`` table at one step.
+
+  Returns:
+    Agreement in [-1, 1] (1: identical similarity structure); a structure with no variance
+    (all-zero table) counts as 0 against every other.
+  """
+  structs = [cosine_structure(t) for t in tables.values()]
+  vals = []
+  for i in range(len(structs)):
+    for j in range(i + 1, len(structs)):
+      c = _corr(structs[i], structs[j])
+      vals.append(0.0 if not math.isfinite(c) else c)
+  return float(np.mean(vals)) if vals else float('nan')
+
+
+def convergence_step(run_dirs: Mapping[str, str], threshold: float) -> dict[str, Any]:
+  """When the inits' tables reach a common cosine-similarity structure (one seed).
+
+  Args:
+    run_dirs: arm -> run directory (same seed, different inits).
+    threshold: agreement (``structure_agreement``) counted as converged.
+
+  Returns:
+    ``{'steps': [...], 'agreement': [...], 'converged_step': first step from which the
+    agreement stays >= threshold (NaN if never)}``.
+  """
+  snaps = {a: load_tables(d) for a, d in run_dirs.items()}
+  common = sorted(set.intersection(*(set(s) for s in snaps.values()))) if snaps else []
+  agreement = [structure_agreement({a: s[step] for a, s in snaps.items()}) for step in common]
+  converged = float('nan')
+  for i, step in enumerate(common):
+    if all(a >= threshold for a in agreement[i:]):
+      converged = float(step)
+      break
+  return {'steps': common, 'agreement': agreement, 'converged_step': converged}
+
+
+def load_json(path: str) -> Any:
+  with open(path) as f:
+    return json.load(f)

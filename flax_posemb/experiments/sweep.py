@@ -1,0 +1,208 @@
+"""The sweep runner: trains and evaluates every run of an experiment grid, resumably.
+
+Layout under the experiment workdir ``W``:
+
+* ``W/experiment.json``: the experiment config as run; ``W/budget.json``: measured scored
+  tokens per row per arm (reused on resume); ``W/manifest.json``: arm, seed, run key and
+  run directory of every run;
+* ``STORE/KEY/`` (``STORE`` = ``--run_store``, default ``W/runs``): one training workdir per
+  distinct resolved config (``spec.run_key``). Experiments given the same store share the
+  runs whose configs coincide. ``STORE/KEY/DONE.json`` is the completion marker, written
+  last and atomically: a run with it is skipped; a run without it is (re)started, and
+  training resumes from its latest checkpoint.
+* ``STORE/KEY/experiment_eval/``: ``results.json`` and ``per_position.npz`` of the final
+  evaluation (with the offset probe when the experiment asks for it).
+
+All runs execute in this one process, seed-major, so runs of the same shapes reuse JAX's
+compilation caches (in memory, and on disk through the persistent compilation cache).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Mapping
+
+import ml_collections
+import numpy as np
+
+from flax_posemb.experiments import budget as budget_lib
+from flax_posemb.experiments import measures, spec
+
+logger = logging.getLogger(__name__)
+DONE = 'DONE.json'
+EVAL_DIR = 'experiment_eval'
+
+# (training config, run dir) -> anything JSON-serializable (training's return value).
+TrainFn = Callable[[ml_collections.ConfigDict, str], Any]
+# (training config, run dir, offsets) -> (results dict, per-position dict of arrays).
+EvalFn = Callable[[ml_collections.ConfigDict, str, tuple[int, ...]],
+                  tuple[dict[str, Any], dict[str, np.ndarray]]]
+
+
+def default_train(config: ml_collections.ConfigDict, run_dir: str) -> Any:
+  """Trains with ``flax_posemb.training.train_and_evaluate`` (resumes from checkpoints)."""
+  from flax_posemb import training  # pylint: disable=g-import-not-at-top
+  return training.train_and_evaluate(config, run_dir)
+
+
+def default_evaluate(config: ml_collections.ConfigDict, run_dir: str,
+                     offsets: tuple[int, ...]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """Final evaluation of a run's latest checkpoint (params only) with the evaluation library.
+
+  Args:
+    config: the run's training config.
+    run_dir: its workdir.
+    offsets: offset-probe shifts (empty for none).
+
+  Returns:
+    ``(results dict, per-position vectors)`` of ``evaluation.run_evaluation``.
+  """
+  from flax_posemb import checkpointing, evaluation  # pylint: disable=g-import-not-at-top
+  from flax_posemb import model as model_lib  # pylint: disable=g-import-not-at-top
+  params, _, step = checkpointing.restore_params(run_dir)
+  model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model))
+  out = evaluation.run_evaluation(model, params, config, step=step)
+  results = out.results
+  if any(offsets):  # The probe shortens windows, so the full-window table is kept as well.
+    probe = evaluation.run_evaluation(model, params, config, step=step, offsets=list(offsets))
+    results['offset_probe'] = probe.results['offset_probe']
+  return evaluation.json_safe(results), out.per_position
+
+
+def _write_json(path: str, obj: Any) -> None:
+  tmp = f'{path}.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(obj, f, indent=1, sort_keys=False, default=_json_default)
+  os.replace(tmp, path)
+
+
+def _json_default(x: Any) -> Any:
+  if isinstance(x, np.generic):
+    return x.item()
+  if isinstance(x, np.ndarray):
+    return x.tolist()
+  if isinstance(x, ml_collections.ConfigDict):
+    return x.to_dict()
+  return str(x)
+
+
+def _nan_to_none(x: Any) -> Any:
+  if isinstance(x, dict):
+    return {k: _nan_to_none(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_nan_to_none(v) for v in x]
+  if isinstance(x, float) and not np.isfinite(x):
+    return None
+  return x
+
+
+def is_done(run_dir: str) -> bool:
+  return os.path.exists(os.path.join(run_dir, DONE))
+
+
+def execute_run(run: spec.Run, run_dir: str, offsets: tuple[int, ...], train_fn: TrainFn,
+                eval_fn: EvalFn) -> dict[str, Any]:
+  """Trains (or resumes), evaluates and marks one run done; returns its DONE record."""
+  os.makedirs(run_dir, exist_ok=True)
+  _write_json(os.path.join(run_dir, 'run.json'),
+              {'key': run.key, 'seed': run.seed, 'config': run.config.to_dict()})
+  t0 = time.perf_counter()
+  train_out = train_fn(run.config, run_dir)
+  train_seconds = time.perf_counter() - t0
+  t1 = time.perf_counter()
+  results, per_position = eval_fn(run.config, run_dir, tuple(offsets))
+  eval_seconds = time.perf_counter() - t1
+  eval_dir = os.path.join(run_dir, EVAL_DIR)
+  os.makedirs(eval_dir, exist_ok=True)
+  _write_json(os.path.join(eval_dir, 'results.json'), _nan_to_none(results))
+  np.savez(os.path.join(eval_dir, 'per_position.npz'),
+           **{k: np.asarray(v) for k, v in per_position.items()})
+  record = {'key': run.key, 'seed': run.seed, 'train_seconds': train_seconds,
+            'eval_seconds': eval_seconds,
+            'finished': datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            'train_result': _nan_to_none(train_out if isinstance(train_out, (dict, list))
+                                         else repr(train_out))}
+  _write_json(os.path.join(run_dir, DONE), record)
+  return record
+
+
+def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = False,
+              run_store: str = '', train_fn: TrainFn = default_train,
+              eval_fn: EvalFn = default_evaluate,
+              estimator: budget_lib.Estimator = budget_lib.estimate_scored_per_row,
+              max_runs: int = -1) -> dict[str, Any]:
+  """Runs (or resumes) every run of the experiment grid and measures each.
+
+  Args:
+    exp: experiment config (``spec.load``).
+    workdir: experiment workdir.
+    quick: two arms, one seed, the 'quick' scale.
+    run_store: directory of run workdirs (shared across experiments); '' = ``workdir/runs``.
+    train_fn: trains one run (default: ``training.train_and_evaluate``).
+    eval_fn: evaluates one run (default: ``evaluation.run_evaluation`` of its checkpoint).
+    estimator: scored targets per row of a config, for budget equalization.
+    max_runs: stop after training this many new runs (-1: all); finished runs are kept and
+      the next call continues.
+
+  Returns:
+    ``{'runs': [{arm, seed, key, run_dir, done, record, measures}], 'budget': {...},
+    'complete': bool}``.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  store = run_store or os.path.join(workdir, 'runs')
+  os.makedirs(store, exist_ok=True)
+  runs = spec.expand(exp, quick=quick)
+  runs, budget = budget_lib.equalize(runs, exp.budget, estimator,
+                                     os.path.join(workdir, 'budget.json'))
+  _write_json(os.path.join(workdir, 'experiment.json'),
+              {'experiment': exp.to_dict(), 'quick': quick})
+  manifest = [{'arm': r.arm, 'seed': r.seed, 'key': r.key,
+               'run_dir': os.path.relpath(os.path.join(store, r.key), workdir)} for r in runs]
+  _write_json(os.path.join(workdir, 'manifest.json'), manifest)
+  offsets = tuple(int(k) for k in exp.offsets)
+  trained = 0
+  rows = []
+  done_keys: dict[str, dict[str, Any]] = {}
+  for i, r in enumerate(runs):
+    run_dir = os.path.join(store, r.key)
+    label = f'[{i + 1}/{len(runs)}] {exp.name} arm={r.arm} seed={r.seed} ({r.key})'
+    if r.key in done_keys or is_done(run_dir):
+      logger.info('%s: already done, skipped', label)
+    elif max_runs >= 0 and trained >= max_runs:
+      logger.info('%s: not run (max_runs reached)', label)
+      rows.append({'arm': r.arm, 'seed': r.seed, 'key': r.key, 'run_dir': run_dir,
+                   'done': False})
+      continue
+    else:
+      logger.info('%s: training %d steps, batch %d', label, r.config.num_train_steps,
+                  r.config.batch_size)
+      rec = execute_run(r, run_dir, offsets, train_fn, eval_fn)
+      trained += 1
+      logger.info('%s: done in %.1f s (train) + %.1f s (eval)', label, rec['train_seconds'],
+                  rec['eval_seconds'])
+    if r.key not in done_keys:
+      done_keys[r.key] = measures.load_json(os.path.join(run_dir, DONE))
+    rec = done_keys[r.key]
+    results = measures.load_json(os.path.join(run_dir, EVAL_DIR, 'results.json'))
+    with np.load(os.path.join(run_dir, EVAL_DIR, 'per_position.npz')) as z:
+      per_position = {k: np.asarray(z[k]) for k in z.files}
+    m = measures.run_measures(run_dir, results, int(r.config.num_train_steps),
+                              rec['train_seconds'], per_position=per_position,
+                              rare_exposure=float(exp.rare_exposure))
+    rows.append({'arm': r.arm, 'seed': r.seed, 'key': r.key, 'run_dir': run_dir, 'done': True,
+                 'record': rec, 'measures': m, 'config': r.config})
+  return {'runs': rows, 'budget': budget.as_dict(), 'complete': all(x['done'] for x in rows),
+          'store': store}
+
+
+def seed_groups(rows: list[Mapping[str, Any]]) -> dict[int, dict[str, str]]:
+  """seed -> {arm: run_dir} over finished runs."""
+  out: dict[int, dict[str, str]] = {}
+  for x in rows:
+    if x['done']:
+      out.setdefault(x['seed'], {})[x['arm']] = x['run_dir']
+  return out

@@ -1,0 +1,238 @@
+"""Tests of the experiments runner: paired statistics, grid, budget, measures, --quick."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from flax_posemb.experiments import budget, measures, paired, spec
+
+CONFIGS = ('init_comparison', 'exposure', 'init_x_exposure')
+
+
+def _load(name: str, scale: str = 'cpu'):
+  return spec.load(os.path.join('configs', 'experiments', f'{name}.py:{scale}'))
+
+
+# --- paired statistics and the verdict rule ---------------------------------------------------
+
+
+def test_t_interval_matches_scipy_student_t():
+  x = np.array([0.3, -0.1, 0.5, 0.2, 0.4])
+  iv = paired.t_interval(x)
+  low, high = scipy_stats.t.interval(0.95, len(x) - 1, loc=x.mean(),
+                                     scale=scipy_stats.sem(x))
+  assert iv.n == 5
+  assert iv.mean == pytest.approx(x.mean())
+  assert (iv.low, iv.high) == pytest.approx((low, high))
+
+
+def test_t_interval_ignores_nan_and_is_undefined_below_two_values():
+  iv = paired.t_interval([1.0, float('nan'), 3.0])
+  assert iv.n == 2 and iv.mean == pytest.approx(2.0)
+  single = paired.t_interval([1.0])
+  assert single.n == 1 and math.isnan(single.low)
+  assert paired.verdict(single, 'greater') == paired.INCONCLUSIVE
+
+
+def test_paired_differences_use_only_shared_seeds_in_order():
+  seeds, d = paired.paired_differences({0: 1.0, 1: 2.0, 3: 5.0}, {1: 1.5, 0: 0.0, 2: 9.0})
+  assert seeds == [0, 1]
+  np.testing.assert_allclose(d, [1.0, 0.5])
+
+
+@pytest.mark.parametrize('low,high,direction,margin,expected', [
+    (0.1, 0.3, 'greater', 0.0, paired.SUPPORTED),
+    (-0.3, -0.1, 'greater', 0.0, paired.CONTRADICTED),
+    (-0.1, 0.3, 'greater', 0.0, paired.INCONCLUSIVE),
+    (-0.3, -0.1, 'less', 0.0, paired.SUPPORTED),
+    (0.1, 0.3, 'less', 0.0, paired.CONTRADICTED),
+    (-0.01, 0.01, 'equivalent', 0.02, paired.SUPPORTED),
+    (0.03, 0.05, 'equivalent', 0.02, paired.CONTRADICTED),
+    (-0.01, 0.05, 'equivalent', 0.02, paired.INCONCLUSIVE),
+])
+def test_verdict_rule(low, high, direction, margin, expected):
+  iv = paired.Interval((low + high) / 2, low, high, 5, 0.1)
+  assert paired.verdict(iv, direction, margin) == expected
+
+
+def test_verdict_rejects_bad_rules():
+  iv = paired.Interval(0.0, -1.0, 1.0, 5, 0.5)
+  with pytest.raises(ValueError, match='direction'):
+    paired.verdict(iv, 'bigger')
+  with pytest.raises(ValueError, match='margin'):
+    paired.verdict(iv, 'equivalent', 0.0)
+
+
+# --- experiment configs and the paired grid ---------------------------------------------------
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_grid_is_paired_across_arms(name):
+  exp = _load(name)
+  runs = spec.expand(exp)
+  arms = [a.name for a in exp.arms]
+  assert len(exp.seeds) >= 5
+  assert len(runs) == len(arms) * len(exp.seeds)
+  by_seed = {}
+  for r in runs:
+    assert r.config.seed == r.seed
+    by_seed.setdefault(r.seed, []).append(r.arm)
+  assert all(sorted(v) == sorted(arms) for v in by_seed.values())
+  assert len({r.key for r in runs}) == len(runs)  # No two runs are the same computation.
+  # Within a seed, two arms differ only in the keys their overrides name.
+  a, b = runs[0], runs[1]
+  def flat(d, prefix=''):
+    out = {}
+    for k, v in d.items():
+      out.update(flat(v, f'{prefix}{k}.') if isinstance(v, dict) else {f'{prefix}{k}': v})
+    return out
+  fa, fb = flat(a.config.to_dict()), flat(b.config.to_dict())
+  differing = {k for k in fa if fa[k] != fb[k]}
+  named = {k for arm_cfg in exp.arms[:2] for k, _ in arm_cfg.overrides}
+  assert differing <= named
+
+
+def test_accelerator_scale_uses_gpt2_small_shapes():
+  run = spec.expand(_load('init_comparison', 'accelerator'))[0]
+  m = run.config.model
+  assert (m.num_layers, m.num_heads, m.emb_dim, m.max_len) == (12, 12, 768, 1024)
+
+
+def test_same_as_token_is_distinct_from_gpt2_init():
+  run = spec.expand(_load('init_comparison'))[0]
+  assert run.config.model.token_init_std != pytest.approx(0.02)
+
+
+def test_quick_grid_is_two_arms_one_seed_and_shares_runs_across_experiments():
+  quick = {n: spec.expand(_load(n), quick=True) for n in CONFIGS}
+  assert all(len(r) == 2 and len({x.seed for x in r}) == 1 for r in quick.values())
+  # init_comparison's gpt2 (packed) is exposure's syn/packed: one run in a shared store.
+  assert quick['init_comparison'][0].key == quick['exposure'][0].key
+
+
+def test_unknown_override_key_is_a_clear_error():
+  exp = _load('init_comparison')
+  with pytest.raises(ValueError, match='modle.num_layers'):
+    spec.apply_overrides(spec.expand(exp)[0].config, (('modle.num_layers', 1),), 'arm x')
+
+
+def test_claim_naming_a_missing_arm_is_a_clear_error():
+  exp = _load('init_comparison')
+  exp.claims = exp.claims + (spec.claim('x', 'x', 'final_loss', 'nope', 'gpt2', 'less'),)
+  with pytest.raises(ValueError, match="'nope'"):
+    spec.validate(exp)
+
+
+# --- budget equalization (real data pipeline) ------------------------------------------------
+
+
+def test_budget_gives_padded_policies_more_rows_and_equal_scored_tokens(tmp_path):
+  exp = _load('exposure')
+  runs, b = budget.equalize(spec.expand(exp, quick=True), exp.budget,
+                            cache_path=str(tmp_path / 'budget.json'))
+  assert b.batch_size['syn/natural'] > b.batch_size['syn/packed']
+  for arm, rows in b.batch_size.items():
+    assert abs(rows * b.per_row[arm] - b.target_tokens_per_step) <= b.per_row[arm] / 2 + 1e-9
+  assert {r.arm: r.config.batch_size for r in runs} == b.batch_size
+  # The cache makes a resumed sweep reproduce the same sizes without measuring again.
+  def no_measuring(config, n):
+    raise AssertionError('estimator called despite the cache')
+  _, again = budget.equalize(spec.expand(exp, quick=True), exp.budget, no_measuring,
+                             str(tmp_path / 'budget.json'))
+  assert again.batch_size == b.batch_size
+
+
+# --- measures ---------------------------------------------------------------------------------
+
+
+def _write_tables(run_dir, tables):
+  os.makedirs(run_dir / 'tables', exist_ok=True)
+  for step, t in tables.items():
+    np.save(run_dir / 'tables' / f'table_{step}.npy', t)
+
+
+def test_cosine_convergence_step_is_first_step_of_lasting_agreement(tmp_path):
+  rng = np.random.default_rng(0)
+  final = rng.normal(size=(16, 8))
+  dirs = {}
+  for i, arm in enumerate(('a', 'b', 'c')):
+    d = tmp_path / arm
+    start = np.zeros((16, 8)) if arm == 'a' else rng.normal(size=(16, 8))
+    mid = rng.normal(size=(16, 8))  # Still disagreeing at step 10.
+    _write_tables(d, {0: start, 10: mid, 20: final * (1 + i), 30: final + 1e-3 * i})
+    dirs[arm] = str(d)
+  out = measures.convergence_step(dirs, threshold=0.9)
+  assert out['steps'] == [0, 10, 20, 30]
+  assert out['agreement'][0] < 0.5 and out['agreement'][2] == pytest.approx(1.0)
+  assert out['converged_step'] == 20
+
+
+def test_bucket_means_and_late_over_early_from_windows(tmp_path):
+  d = tmp_path / 'run'
+  os.makedirs(d / 'stats')
+  count = np.array([8, 8, 2, 0])
+  np.savez(d / 'stats' / 'window_10.npz', step=10, num_steps=10, count=count,
+           loss_sum=np.array([8., 8., 4., 0.]), loss_count=count,
+           occ_norm=np.array([8., 8., 6., 0.]), occ_sq=np.ones(4), row_sq=np.array([40., 40., 10., 0.]),
+           downstream=np.array([16., 16., 4., 0.]), update_sq=np.array([1., 1., 4., 0.]),
+           cumulative_count=count.astype(np.int64))
+  _write_tables(d, {0: np.zeros((4, 2)), 10: np.array([[1., 0], [1, 0], [0, 2], [0, 0]])})
+  results = {'buckets': [{'start': 0, 'end': 2, 'loss': 1.0}, {'start': 2, 'end': 4, 'loss': 2.0}],
+             'overall': {'loss': 1.2}, 'degradation': {'last_minus_best': 1.0}}
+  m = measures.run_measures(str(d), results, num_steps=10, train_seconds=2.0)
+  v, s = m['vectors'], m['scalars']
+  assert v['bucket_exposure'] == [8.0, 1.0]  # Mean over the bucket's rows (2 and 0).
+  assert v['bucket_occ_signal'] == [1.0, 3.0]  # Position 3 (never seen) is left out.
+  assert v['bucket_drift'] == [1.0, 1.0]
+  assert s['occ_signal_late_over_early'] == pytest.approx(3.0)
+  assert s['loss_late_minus_early'] == pytest.approx(1.0)
+  assert s['tokens_per_step'] == pytest.approx(1.8)
+
+
+# --- the whole pipeline: --quick ---------------------------------------------------------------
+
+
+def _training_available() -> bool:
+  try:
+    from flax_posemb import training  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  return hasattr(training, 'train_and_evaluate')
+
+
+@pytest.mark.skipif(not _training_available(),
+                    reason='flax_posemb.training.train_and_evaluate has not landed yet')
+def test_quick_runs_the_whole_pipeline_and_resumes(tmp_path):
+  from flax_posemb.experiments import runner, sweep  # pylint: disable=g-import-not-at-top
+  trained = []
+
+  def counting_train(config, run_dir):
+    trained.append(run_dir)
+    return sweep.default_train(config, run_dir)
+
+  workdir = str(tmp_path / 'exp')
+  path = os.path.join('configs', 'experiments', 'exposure.py')
+  summary = runner.run_experiment(path, workdir, quick=True, train_fn=counting_train,
+                                  command='test')
+  assert len(trained) == 2
+  report = open(os.path.join(workdir, 'REPORT.md')).read()
+  for needle in ('Token-embedding init', 'beta2', 'position table', 'Budget', 'syn/natural',
+                 '.png'):
+    assert needle in report
+  on_disk = json.load(open(os.path.join(workdir, 'summary.json')))
+  assert on_disk['claims'] and all(c['verdict'] == paired.INCONCLUSIVE  # One seed only.
+                                   for c in on_disk['claims'])
+  assert set(on_disk['arms']) == {'syn/packed', 'syn/natural'}
+  assert math.isfinite(summary['arms']['syn/packed']['scalars']['final_loss']['mean'])
+  for fig in on_disk['figures']:
+    assert os.path.getsize(os.path.join(workdir, fig)) > 0
+  # Resume: finished runs are skipped; a run without its marker is trained again.
+  os.remove(os.path.join(trained[1], sweep.DONE))
+  runner.run_experiment(path, workdir, quick=True, train_fn=counting_train, command='test')
+  assert trained[2:] == [trained[1]]
