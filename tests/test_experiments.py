@@ -195,6 +195,43 @@ def test_bucket_means_and_late_over_early_from_windows(tmp_path):
   assert s['tokens_per_step'] == pytest.approx(1.8)
 
 
+# --- aggregation and report -------------------------------------------------------------------
+
+
+def test_report_judges_claims_on_paired_differences_and_writes_files(tmp_path):
+  from flax_posemb.experiments import report  # pylint: disable=g-import-not-at-top
+  exp = _load('exposure')
+  runs = [r for r in spec.expand(exp) if r.arm in ('syn/packed', 'syn/natural')]
+  rng = np.random.default_rng(1)
+  seed_effect = {s: rng.normal(scale=5.0) for s in exp.seeds}  # Large, shared by both arms.
+  rows = []
+  for r in runs:
+    lift = (0.1 + 0.01 * r.seed) if r.arm == 'syn/natural' else 0.0
+    late = 2.0 + seed_effect[r.seed] + lift
+    scalars = {'excess_late': late, 'final_loss': 2.0 + seed_effect[r.seed]}
+    vectors = {k: [1.0, late] for k in measures.VECTORS}
+    rows.append({'arm': r.arm, 'seed': r.seed, 'key': r.key, 'run_dir': '', 'done': True,
+                 'config': r.config,
+                 'measures': {'scalars': scalars, 'vectors': vectors, 'buckets': [[0, 8], [8, 16]]}})
+  sweep_out = {'runs': rows, 'complete': True,
+               'budget': {'mode': 'real_tokens', 'reference': 'syn/packed',
+                          'target_tokens_per_step': 64.0, 'per_row': {'syn/packed': 32.0,
+                                                                      'syn/natural': 2.0},
+                          'batch_size': {'syn/packed': 2, 'syn/natural': 32}}}
+  summary = report.write(exp, sweep_out, str(tmp_path), 'python -m flax_posemb.experiments x')
+  claim = next(c for c in summary['claims'] if c['id'] == 'syn:excess_late')
+  # The seed effect (std 5) cancels in the paired difference: 0.10..0.14, clearly > 0.
+  np.testing.assert_allclose(claim['differences'], [0.1 + 0.01 * s for s in exp.seeds])
+  assert claim['verdict'] == paired.SUPPORTED
+  unpaired = paired.t_interval([x['measures']['scalars']['excess_late'] for x in rows
+                                if x['arm'] == 'syn/natural'])
+  assert unpaired.high - unpaired.low > 10 * (claim['interval']['high'] - claim['interval']['low'])
+  text = open(tmp_path / 'REPORT.md').read()
+  assert '**supported**' in text and 'Token-embedding init' in text
+  assert json.load(open(tmp_path / 'summary.json'))['claims']
+  assert all((tmp_path / f).stat().st_size > 0 for f in summary['figures'])
+
+
 # --- the whole pipeline: --quick ---------------------------------------------------------------
 
 
@@ -226,8 +263,8 @@ def test_quick_runs_the_whole_pipeline_and_resumes(tmp_path):
                  '.png'):
     assert needle in report
   on_disk = json.load(open(os.path.join(workdir, 'summary.json')))
-  assert on_disk['claims'] and all(c['verdict'] == paired.INCONCLUSIVE  # One seed only.
-                                   for c in on_disk['claims'])
+  assert on_disk['claims'] and all(  # One seed: no interval, never a verdict either way.
+      c['verdict'] in (paired.INCONCLUSIVE, paired.NOT_MEASURED) for c in on_disk['claims'])
   assert set(on_disk['arms']) == {'syn/packed', 'syn/natural'}
   assert math.isfinite(summary['arms']['syn/packed']['scalars']['final_loss']['mean'])
   for fig in on_disk['figures']:

@@ -28,6 +28,7 @@ from scipy import stats as scipy_stats
 SUPPORTED = 'supported'
 CONTRADICTED = 'contradicted'
 INCONCLUSIVE = 'inconclusive at this scale'
+NOT_MEASURED = 'not measured'  # No seed has a finite value of the metric for both arms.
 DIRECTIONS = ('greater', 'less', 'equivalent')
 
 
@@ -139,9 +140,11 @@ def judge(arm: Mapping[int, float], baseline: Mapping[int, float], direction: st
     level: confidence level.
 
   Returns:
-    ``{'seeds', 'differences', 'interval': {...}, 'verdict'}``.
+    ``{'seeds', 'differences', 'interval': {...}, 'verdict'}``; the verdict is
+    ``NOT_MEASURED`` when no seed has a finite difference.
   """
   seeds, d = paired_differences(arm, baseline)
   interval = t_interval(d, level)
-  return {'seeds': seeds, 'differences': [float(v) for v in d],
-          'interval': interval.as_dict(), 'verdict': verdict(interval, direction, margin)}
+  v = verdict(interval, direction, margin) if interval.n else NOT_MEASURED
+  return {'seeds': seeds, 'differences': [float(x) for x in d],
+          'interval': interval.as_dict(), 'verdict': v}
