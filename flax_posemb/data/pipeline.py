@@ -1,0 +1,341 @@
+"""Grain pipelines: training iterator, evaluation batches, config checks.
+
+Training (`make_train_iterator`) for one-document-per-row policies is a random-access
+chain: a shuffled, repeated document order (a new shuffle every epoch, from `seed`) ->
+the process-local rows of each global batch -> row building -> batching. `packed` and
+`packed_reset` pack each process's share of the document order (documents ``g`` with
+``g % process_count == process_index``) into full rows. The returned Grain iterator has
+``get_state()`` / ``set_state()``, so a restore continues exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Iterator
+
+import grain
+import numpy as np
+
+from flax_posemb.data import lengths as lengths_lib
+from flax_posemb.data import policies
+from flax_posemb.data import sources
+from flax_posemb.data import synthetic as synthetic_lib
+
+SOURCES = ('synthetic', 'stdlib', 'local_text', 'tfds')
+TOKENIZERS = ('byte', 'sentencepiece')
+_BIG = 2**62 // 64  # "Infinite" number of rows (Grain datasets are indexed lazily).
+_PACK_CHUNK = 256  # Documents per Grain element fed to the packer.
+
+
+def validate_config(data_config, max_len: int) -> None:
+  """Raises ValueError naming the problem and the fix for a bad data config.
+
+  Args:
+    data_config: the `config.data` ConfigDict.
+    max_len: rows of the model's position table (`config.model.max_len`).
+  """
+  c = data_config
+  if c.source not in SOURCES:
+    raise ValueError(f'Unknown data.source {c.source!r}; use one of {SOURCES}.')
+  if c.position_policy not in policies.POLICIES:
+    raise ValueError(f'Unknown data.position_policy {c.position_policy!r}; use one of '
+                     f'{policies.POLICIES}.')
+  t = int(c.seq_len)
+  if t < 1:
+    raise ValueError(f'data.seq_len must be >= 1, got {t}.')
+  if t > max_len:
+    raise ValueError(
+        f'data.seq_len={t} is longer than the position table (model.max_len={max_len}): '
+        'positions would index rows that do not exist. Lower data.seq_len or raise '
+        'model.max_len.')
+  if int(c.min_doc_len) < 2:
+    raise ValueError(f'data.min_doc_len must be >= 2 (one input/target pair), got '
+                     f'{c.min_doc_len}.')
+  if c.position_policy == 'length_schedule':
+    if not 1 <= int(c.schedule_seq_len) <= t:
+      raise ValueError(f'data.schedule_seq_len={c.schedule_seq_len} must be in [1, '
+                       f'data.seq_len={t}].')
+    if not 0.0 <= float(c.schedule_fraction) <= 1.0:
+      raise ValueError(f'data.schedule_fraction={c.schedule_fraction} must be in [0, 1].')
+  if c.position_policy == 'resampled':
+    lengths_lib.parse(c.resample_dist, t)
+  if c.source == 'synthetic':
+    lengths_lib.parse(c.length_dist, t)
+    corp = synthetic_lib.from_config(c)
+    if c.position_policy in policies.PACKED_POLICIES and t % corp.period:
+      raise ValueError(
+          f'Policy {c.position_policy!r} cannot be honoured on the synthetic source with '
+          f'seq_len={t}: documents wrapping into the next row restart at position 0, which '
+          f'keeps their dynamics only if num_regimes*segment_len={corp.period} divides '
+          'seq_len. Change data.seq_len or data.synthetic.segment_len/num_regimes.')
+    for split in (c.train_split, c.eval_split):
+      if split not in synthetic_lib.SPLIT_IDS:
+        raise ValueError(f'Synthetic split {split!r} unknown; use one of '
+                         f'{sorted(synthetic_lib.SPLIT_IDS)}.')
+  else:
+    if c.tokenizer not in TOKENIZERS:
+      raise ValueError(f'Unknown data.tokenizer {c.tokenizer!r}; use one of {TOKENIZERS}.')
+    if c.source == 'tfds' and not c.name:
+      raise ValueError("data.source='tfds' needs data.name (e.g. 'wiki40b/en', 'pg19').")
+    if c.source == 'local_text' and not c.local_glob:
+      raise ValueError("data.source='local_text' needs data.local_glob (e.g. "
+                       "'/path/docs/*.txt').")
+    if c.source == 'local_text' and c.local_split_by not in ('file', 'line', 'paragraph'):
+      raise ValueError(f'data.local_split_by={c.local_split_by!r}: use file | line | '
+                       'paragraph.')
+
+
+def make_source(data_config, split: str) -> sources.DocSource:
+  """The `DocSource` of `split` for this config."""
+  c = data_config
+  if c.source == 'synthetic':
+    dist = lengths_lib.parse(c.length_dist, int(c.seq_len))
+    return sources.SyntheticSource(synthetic_lib.from_config(c), split,
+                                   int(c.synthetic.num_docs), dist,
+                                   min_pairs=int(c.min_doc_len) - 1)
+  from flax_posemb.data import text_sources  # pylint: disable=g-import-not-at-top
+  return text_sources.make_text_source(c, split)
+
+
+def vocab_size(data_config) -> int:
+  """Token ids produced by this config are < this."""
+  if data_config.source == 'synthetic':
+    return int(data_config.synthetic.vocab_size)
+  from flax_posemb.data import text_sources  # pylint: disable=g-import-not-at-top
+  return int(text_sources.make_tokenizer(data_config).vocab_size)
+
+
+def reference_losses(data_config, length: int) -> dict[str, np.ndarray] | None:
+  """Per-position reference losses for the synthetic source, else None.
+
+  Returns:
+    {'bayes_loss': [length], 'filter_loss': [length]} float64; entry p is the expected loss
+    of the target at input position p (the token at position id p + 1) for a document
+    starting at position 0. None for real text.
+  """
+  if data_config.source != 'synthetic':
+    return None
+  return synthetic_lib.reference_losses(synthetic_lib.from_config(data_config), int(length))
+
+
+def _check_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  pos, t = batch['positions'], batch['positions'].shape[1]
+  if pos.size and (pos.min() < 0 or pos.max() >= t):
+    raise RuntimeError(f'Data pipeline bug: position ids in [{pos.min()}, {pos.max()}] '
+                       f'outside [0, {t}).')
+  return batch
+
+
+def _check_nonempty(src: sources.DocSource, min_tokens: int, max_pairs: int) -> None:
+  """Raises if the first documents (up to 1000) contain none with `min_tokens` tokens."""
+  n = len(src)
+  if n == 0:
+    raise ValueError('The corpus is empty (0 documents); check data.source / data.name / '
+                     'data.local_glob.')
+  for i in range(min(n, 1000)):
+    if len(src.doc(i, max_pairs=max_pairs)) >= min_tokens:
+      return
+  raise ValueError(f'None of the first {min(n, 1000)} documents has >= data.min_doc_len='
+                   f'{min_tokens} tokens; the corpus is (nearly) empty.')
+
+
+def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_steps: int,
+                        process_index: int = 0, process_count: int = 1
+                        ) -> grain.DatasetIterator:
+  """Infinite iterator of process-local training batches.
+
+  Args:
+    data_config: `config.data`.
+    batch_size: global rows per step; each process yields ``batch_size // process_count``.
+    seed: shuffle and policy randomness (offsets, resampled lengths).
+    num_train_steps: sets the switch step of `length_schedule`.
+    process_index: this process (`jax.process_index()`).
+    process_count: `jax.process_count()`.
+
+  Returns:
+    A Grain `DatasetIterator` of batch dicts, arrays ``[batch_size // process_count, T]``
+    (T = `schedule_seq_len` for the first ``schedule_fraction * num_train_steps`` batches of
+    `length_schedule`, else `seq_len`), with ``get_state()`` / ``set_state(state)``.
+  """
+  c = data_config
+  validate_config(c, max_len=int(c.seq_len))
+  if batch_size < 1 or batch_size % process_count:
+    raise ValueError(f'batch_size={batch_size} must be a positive multiple of '
+                     f'process_count={process_count}.')
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index={process_index} not in [0, {process_count}).')
+  src = make_source(c, c.train_split)
+  t, policy, b = int(c.seq_len), c.position_policy, batch_size // process_count
+  min_tokens = int(c.min_doc_len)
+  if not src.positional:
+    _check_nonempty(src, min_tokens, t)
+  order = DocOrder(len(src), seed, bool(c.shuffle))
+
+  if policy in policies.PACKED_POLICIES:
+    def fetch(i: int) -> np.ndarray | list[np.ndarray]:
+      g = np.arange(i * _PACK_CHUNK, (i + 1) * _PACK_CHUNK) * process_count + process_index
+      docs = order.take(g)
+      if src.positional:
+        return docs  # Generated by the packer for the position ids they occupy.
+      return [src.doc(int(d), max_pairs=t) for d in docs]
+
+    reset = policy == 'packed_reset'
+
+    def materialize(chunk, column: int) -> list[np.ndarray]:
+      if not src.positional:
+        return chunk
+      pairs = src.pairs_many(chunk, t)
+      starts = np.zeros_like(pairs) if reset else (
+          column + np.concatenate([[0], np.cumsum(pairs)[:-1]])) % t
+      return src.docs_many(chunk, starts, t)
+
+    ds = grain.MapDataset.range(_BIG).map(fetch)
+    ds = ds.to_iter_dataset(_read_options(c))
+    ds = policies.PackIterDataset(ds, materialize, t, reset=reset, min_tokens=min_tokens)
+  else:
+    target = (lengths_lib.parse(c.resample_dist, t) if policy == 'resampled' else None)
+
+    def make_row(i: int) -> dict[str, np.ndarray]:
+      g = (i // b) * batch_size + process_index * b + i % b  # Global row index.
+      d = int(order[g])
+      if policy == 'random_offset':
+        rng = np.random.default_rng([seed, g, 1])
+        if src.positional:
+          m = _num_pairs(src, d, t)
+          o = int(rng.integers(0, t - m + 1))
+          return policies.natural_row(src.doc(d, start=o, max_pairs=t), t, start=o)
+        toks = src.doc(d, max_pairs=t)
+        o = int(rng.integers(0, t - max(len(toks) - 1, 0) + 1))
+        return policies.natural_row(toks, t, start=o)
+      if policy == 'resampled':
+        rng = np.random.default_rng([seed, g, 2])
+        m = target.sample(*rng.random(2))
+        return policies.natural_row(src.doc(d, max_pairs=t, num_pairs=m), t)
+      return policies.natural_row(src.doc(d, max_pairs=t), t)
+
+    ds = grain.MapDataset.range(_BIG).map(make_row)
+    ds = ds.to_iter_dataset(_read_options(c))
+    if not src.positional:
+      ds = ds.filter(lambda r: r['segment_ids'].sum() >= min_tokens - 1)
+  ds = ds.batch(b, drop_remainder=True)
+  if policy == 'length_schedule':
+    num_short = int(float(c.schedule_fraction) * int(num_train_steps))
+    ds = policies.ScheduleCropIterDataset(ds, int(c.schedule_seq_len), num_short)
+  ds = ds.map(_check_batch)
+  if int(c.num_workers) > 0:
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(c.num_workers)))
+  return iter(ds)
+
+
+class DocOrder:
+  """Document index of global stream position ``g``: epoch ``g // n`` is a fresh
+  permutation of ``range(n)`` drawn from ``(seed, epoch)`` (identity if not shuffled)."""
+
+  def __init__(self, n: int, seed: int, shuffle: bool = True):
+    self.n, self.seed, self.shuffle = int(n), int(seed), shuffle
+
+  @functools.lru_cache(maxsize=2)
+  def _perm(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng([self.seed, epoch, 0x0D0C]).permutation(self.n)
+
+  def __getitem__(self, g: int) -> int:
+    epoch, i = divmod(int(g), self.n)
+    return int(self._perm(epoch)[i]) if self.shuffle else i
+
+  def take(self, gs: np.ndarray) -> np.ndarray:
+    """Vectorized lookup: ``[m]`` stream positions -> ``[m]`` document indices."""
+    gs = np.asarray(gs, np.int64)
+    if not self.shuffle:
+      return gs % self.n
+    out = np.empty_like(gs)
+    epochs = gs // self.n
+    for e in np.unique(epochs):
+      sel = epochs == e
+      out[sel] = self._perm(int(e))[gs[sel] % self.n]
+    return out
+
+
+def _num_pairs(src: sources.DocSource, index: int, max_pairs: int) -> int:
+  """Pairs of document `index` after truncation (cheap for the synthetic source)."""
+  if isinstance(src, sources.SyntheticSource):
+    return min(src.num_pairs(index), max_pairs)
+  return max(len(src.doc(index, max_pairs=max_pairs)) - 1, 0)
+
+
+def _read_options(c) -> grain.ReadOptions:
+  """One background reader thread builds elements ahead when `prefetch` > 0.
+
+  Rows are built in Python (GIL-bound), so more reader threads only add contention;
+  use `num_workers` (processes) to scale.
+  """
+  return grain.ReadOptions(num_threads=1 if int(c.prefetch) > 0 else 0,
+                           prefetch_buffer_size=max(int(c.prefetch), 1) * 16)
+
+
+def _stack(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  return {k: np.stack([r[k] for r in rows]) for k in policies.KEYS}
+
+
+def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: int,
+                      batch_size: int, policy: str = 'windows', seed: int = 0
+                      ) -> Iterator[dict[str, np.ndarray]]:
+  """Finite iterator of evaluation batches.
+
+  Args:
+    data_config: `config.data`.
+    split: split name (e.g. `data_config.eval_split`).
+    window_len: W, tokens per row.
+    num_windows: rows in total.
+    batch_size: rows per batch; the last batch is padded with empty rows
+      (``segment_ids == 0``, ``loss_mask == 0``) to keep the shape.
+    policy: 'windows': each row is the first W input tokens of one document with at least
+      W + 1 tokens (synthetic: a full-length document generated from position 0),
+      positions ``0..W-1``, loss on every target. 'natural': rows as the training
+      `natural` policy makes them (documents truncated to W pairs, padded).
+    seed: chooses the documents; the same (split, seed) gives the same windows.
+
+  Returns:
+    Iterator of batch dicts, arrays ``[batch_size, W]``.
+
+  Raises:
+    ValueError: unknown policy, or fewer suitable documents than `num_windows` (the
+      message says how many exist).
+  """
+  if policy not in ('windows', 'natural'):
+    raise ValueError(f"Unknown eval policy {policy!r}; use 'windows' or 'natural'.")
+  if window_len < 1 or num_windows < 1 or batch_size < 1:
+    raise ValueError(f'window_len, num_windows and batch_size must be >= 1; got '
+                     f'{window_len}, {num_windows}, {batch_size}.')
+  src = make_source(data_config, split)
+  w = int(window_len)
+  n = len(src)
+  order = np.random.default_rng([int(seed), 0xE7A1]).permutation(n)
+  rows = []
+  if src.positional and policy == 'windows':
+    if num_windows > n:
+      raise ValueError(f'Split {split!r} has only {n} synthetic documents but '
+                       f'num_windows={num_windows}; raise data.synthetic.num_docs.')
+    rows = [policies.natural_row(src.doc(int(d), max_pairs=w, num_pairs=w), w)
+            for d in order[:num_windows]]
+  else:
+    need = w + 1 if policy == 'windows' else int(data_config.min_doc_len)
+    for d in order:
+      toks = src.doc(int(d), max_pairs=w)
+      if len(toks) >= need:
+        rows.append(policies.natural_row(toks, w))
+        if len(rows) == num_windows:
+          break
+    if len(rows) < num_windows:
+      what = f'>= {w + 1} tokens' if policy == 'windows' else f'>= {need} tokens'
+      raise ValueError(
+          f'Split {split!r} has only {len(rows)} documents with {what} (of {n}), but '
+          f'num_windows={num_windows} were requested; lower eval window length / '
+          'num_windows or use a corpus with longer documents (wiki40b, pg19).')
+  return _batches(rows, batch_size, w)
+
+
+def _batches(rows, batch_size, w) -> Iterator[dict[str, Any]]:
+  for i in range(0, len(rows), batch_size):
+    chunk = rows[i:i + batch_size]
+    chunk += [policies.empty_row(w)] * (batch_size - len(chunk))
+    yield _stack(chunk)

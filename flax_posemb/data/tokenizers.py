@@ -1,0 +1,111 @@
+"""Tokenizers for real text behind one small interface.
+
+* `ByteTokenizer` (default, no files): ids 0..255 are UTF-8 bytes, id 256 (`SEP`) is the
+  document separator, ``vocab_size = 257``.
+* `SentencePieceTokenizer`: a SentencePiece model loaded from a file, or trained on the
+  corpus (unigram, byte fallback). Its BOS piece is the document separator.
+
+`encode_doc(text)` is ``[sep_id] + encode(text)``: every document starts with the separator.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Iterable, Protocol
+
+import numpy as np
+
+
+class Tokenizer(Protocol):
+  """Text <-> token ids."""
+
+  vocab_size: int  # Every id is < vocab_size.
+  sep_id: int  # Document separator prepended by `encode_doc`.
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`."""
+
+  def decode(self, ids) -> str:
+    """Text of token ids (separators dropped)."""
+
+  def encode_doc(self, text: str, max_tokens: int | None = None) -> list[int]:
+    """``[sep_id] + encode(text)``, truncated to `max_tokens` tokens."""
+
+
+class ByteTokenizer:
+  """UTF-8 bytes 0..255 plus separator 256."""
+
+  vocab_size = 257
+  sep_id = 256
+
+  def encode(self, text: str) -> list[int]:
+    return list(text.encode('utf-8'))
+
+  def decode(self, ids) -> str:
+    return bytes(int(i) for i in np.asarray(ids).ravel() if 0 <= int(i) < 256).decode(
+        'utf-8', errors='replace')
+
+  def encode_doc(self, text: str, max_tokens: int | None = None) -> list[int]:
+    if max_tokens is not None:
+      text = text[:max(int(max_tokens), 0)]  # A char is >= 1 byte: cheap pre-cut.
+    ids = [self.sep_id] + list(text.encode('utf-8'))
+    return ids if max_tokens is None else ids[:max_tokens]
+
+
+class SentencePieceTokenizer:
+  """A SentencePiece model (from a file or serialized bytes)."""
+
+  def __init__(self, model_file: str | None = None, model_proto: bytes | None = None):
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    if model_proto is None:
+      if not model_file or not os.path.exists(model_file):
+        raise FileNotFoundError(
+            f'SentencePiece model file {model_file!r} not found; set data.spm_model to an '
+            "existing .model file or to '' to train one on the corpus.")
+      with open(model_file, 'rb') as f:
+        model_proto = f.read()
+    self.model_proto = model_proto
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.vocab_size = int(self._sp.get_piece_size())
+    sep = self._sp.bos_id() if self._sp.bos_id() >= 0 else self._sp.eos_id()
+    if sep < 0:
+      raise ValueError('The SentencePiece model has neither a BOS nor an EOS piece to use as '
+                       'document separator; train it with bos_id >= 0.')
+    self.sep_id = int(sep)
+
+  def encode(self, text: str) -> list[int]:
+    return list(self._sp.encode(text))
+
+  def decode(self, ids) -> str:
+    return self._sp.decode([int(i) for i in np.asarray(ids).ravel() if int(i) != self.sep_id])
+
+  def encode_doc(self, text: str, max_tokens: int | None = None) -> list[int]:
+    if max_tokens is not None:
+      text = text[:max(int(max_tokens), 0) * 32]  # Pieces rarely exceed 32 chars.
+    ids = [self.sep_id] + self.encode(text)
+    return ids if max_tokens is None else ids[:max_tokens]
+
+  @classmethod
+  def train(cls, texts: Iterable[str], vocab_size: int,
+            save_path: str | None = None) -> 'SentencePieceTokenizer':
+    """Trains a unigram model with byte fallback on `texts` (and saves it to `save_path`)."""
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    buf = io.BytesIO()
+    texts = (t for t in texts if t.strip())
+    try:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=texts, model_writer=buf, vocab_size=int(vocab_size),
+          model_type='unigram', byte_fallback=True, character_coverage=0.9995,
+          unk_id=0, bos_id=1, eos_id=2, pad_id=-1, hard_vocab_limit=False,
+          max_sentence_length=1 << 16, input_sentence_size=200_000,
+          shuffle_input_sentence=True, minloglevel=2)
+    except RuntimeError as e:
+      raise ValueError(f'SentencePiece training failed ({e}); the corpus may be empty or too '
+                       'small for data.spm_vocab_size.') from e
+    proto = buf.getvalue()
+    if save_path:
+      os.makedirs(os.path.dirname(save_path) or '.', exist_ok=True)
+      with open(save_path, 'wb') as f:
+        f.write(proto)
+    return cls(model_proto=proto)
