@@ -89,19 +89,24 @@ class SyntheticSource(DocSource):
     u_bucket, u_len = self.corpus.doc_uniforms(self.split, index, 2).tolist()
     return max(self.length_dist.sample(u_bucket, u_len), self.min_pairs)
 
-  def docs_many(self, indices: np.ndarray, starts: np.ndarray,
-                max_pairs: int) -> list[np.ndarray]:
+  def docs_many(self, indices: np.ndarray, starts: np.ndarray, max_pairs: int,
+                num_pairs: int | None = None) -> list[np.ndarray]:
     """`doc` for many documents at once (vectorized; identical tokens).
 
     Args:
       indices: ``[n]`` document indices.
       starts: ``[n]`` start position ids.
       max_pairs: truncation.
+      num_pairs: generate exactly this many pairs (before truncation) instead of each
+        document's own length.
 
     Returns:
       List of n int32 token arrays.
     """
-    pairs = self.pairs_many(indices, max_pairs)
+    if num_pairs is None:
+      pairs = self.pairs_many(indices, max_pairs)
+    else:
+      pairs = np.full(len(indices), min(int(num_pairs), int(max_pairs)), np.int64)
     u = self.corpus.doc_uniforms_many(self.split, indices, int(pairs.max(initial=0)) + 3)
     return self.corpus.generate_many(u[:, 2:], starts, pairs + 1)
 

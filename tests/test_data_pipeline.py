@@ -1,0 +1,245 @@
+"""Grain pipeline and position policies on the synthetic corpus (and hand-made documents)."""
+
+import json
+
+import grain
+import numpy as np
+import pytest
+
+from configs import tiny
+from flax_posemb import data
+from flax_posemb.data import policies
+
+B = 8
+
+
+def _cfg(policy='natural', **kw):
+  cfg = tiny.get_config()
+  cfg.data.position_policy = policy
+  cfg.data.prefetch = 0
+  for k, v in kw.items():
+    setattr(cfg.data, k, v)
+  return cfg
+
+
+def _take(it, n):
+  return [next(it) for _ in range(n)]
+
+
+def _equal(a, b):
+  return all(np.array_equal(a[k], b[k]) for k in policies.KEYS)
+
+
+@pytest.mark.parametrize('policy', data.POLICIES)
+def test_batches_follow_the_contract_and_positions_stay_in_range(policy):
+  cfg = _cfg(policy)
+  it = data.make_train_iterator(cfg.data, batch_size=B, seed=0, num_train_steps=4)
+  for batch in _take(it, 6):
+    assert set(batch) == set(policies.KEYS)
+    t = batch['inputs'].shape[1]
+    for k in policies.KEYS:
+      assert batch[k].shape == (B, t)
+    assert batch['loss_mask'].dtype == np.float32 and batch['inputs'].dtype == np.int32
+    assert batch['positions'].min() >= 0 and batch['positions'].max() < t
+    assert batch['inputs'].max() < data.vocab_size(cfg.data)
+    np.testing.assert_array_equal(batch['loss_mask'] > 0, batch['segment_ids'] > 0)
+    real = batch['segment_ids'] > 0
+    # Shifted targets: wherever the next input is the same document, target = next input.
+    same = real[:, :-1] & (batch['segment_ids'][:, 1:] == batch['segment_ids'][:, :-1])
+    if policy != 'packed':  # packed has one segment per row, spanning documents.
+      np.testing.assert_array_equal(batch['targets'][:, :-1][same], batch['inputs'][:, 1:][same])
+
+
+@pytest.mark.parametrize('policy', data.POLICIES)
+def test_same_seed_same_batches_and_different_seed_different(policy):
+  cfg = _cfg(policy)
+  mk = lambda s: data.make_train_iterator(cfg.data, batch_size=B, seed=s, num_train_steps=4)
+  a, b, c = _take(mk(0), 3), _take(mk(0), 3), _take(mk(1), 3)
+  assert all(_equal(x, y) for x, y in zip(a, b))
+  assert not all(_equal(x, y) for x, y in zip(a, c))
+
+
+@pytest.mark.parametrize('policy', data.POLICIES)
+def test_restored_iterator_continues_exactly(policy):
+  cfg = _cfg(policy)
+  mk = lambda: data.make_train_iterator(cfg.data, batch_size=B, seed=3, num_train_steps=4)
+  it = mk()
+  for skip in (0, 1, 3):  # Crosses the length_schedule switch at step 3.
+    _take(it, skip)
+    state = json.loads(json.dumps(it.get_state()))  # Orbax stores it as JSON.
+    expected = _take(it, 3)
+    it2 = mk()
+    it2.set_state(state)
+    assert all(_equal(x, y) for x, y in zip(expected, _take(it2, 3)))
+
+
+@pytest.mark.parametrize('policy', ['natural', 'random_offset', 'resampled'])
+def test_process_shards_are_slices_of_the_global_batch(policy):
+  cfg = _cfg(policy)
+  full = _take(data.make_train_iterator(cfg.data, batch_size=B, seed=0, num_train_steps=4), 2)
+  parts = [_take(data.make_train_iterator(cfg.data, batch_size=B, seed=0, num_train_steps=4,
+                                          process_index=k, process_count=2), 2)
+           for k in range(2)]
+  for step in range(2):
+    for key in policies.KEYS:
+      np.testing.assert_array_equal(
+          full[step][key], np.concatenate([parts[0][step][key], parts[1][step][key]]))
+
+
+def test_packed_process_shards_differ_and_keep_local_batch_size():
+  cfg = _cfg('packed')
+  a, b = [next(data.make_train_iterator(cfg.data, batch_size=B, seed=0, num_train_steps=4,
+                                        process_index=k, process_count=2)) for k in range(2)]
+  assert a['inputs'].shape == (B // 2, cfg.data.seq_len)
+  assert not np.array_equal(a['inputs'], b['inputs'])
+
+
+def _exposure(policy, num_batches=150):
+  cfg = _cfg(policy)
+  it = data.make_train_iterator(cfg.data, batch_size=16, seed=0, num_train_steps=10)
+  counts = np.zeros(cfg.data.seq_len)
+  for _ in range(num_batches):
+    b = next(it)
+    np.add.at(counts, b['positions'][b['segment_ids'] > 0], 1)
+  return np.array([c.mean() for c in np.array_split(counts, 10)])
+
+
+@pytest.mark.parametrize('policy', ['natural', 'packed_reset'])
+def test_natural_and_packed_reset_exposure_decreases(policy):
+  dec = _exposure(policy)
+  assert dec[-1] <= dec[0] / 4, dec
+  assert np.all(np.diff(dec) <= 0.05 * dec[0]), dec
+
+
+def test_packed_exposure_is_flat():
+  dec = _exposure('packed', 20)
+  assert dec.max() / dec.min() <= 1.1, dec
+
+
+def test_random_offset_covers_late_positions():
+  dec = _exposure('random_offset')
+  assert dec[-1] >= 0.9 * dec[0], dec
+
+
+def test_length_schedule_switches_length_after_fraction_of_steps():
+  cfg = _cfg('length_schedule', schedule_seq_len=32, schedule_fraction=0.5)
+  it = data.make_train_iterator(cfg.data, batch_size=B, seed=0, num_train_steps=6)
+  shapes = [b['inputs'].shape[1] for b in _take(it, 6)]
+  assert shapes == [32, 32, 32, 128, 128, 128]
+
+
+def test_resampled_full_fills_every_row():
+  cfg = _cfg('resampled', resample_dist='full')
+  b = next(data.make_train_iterator(cfg.data, batch_size=B, seed=0, num_train_steps=4))
+  assert np.all(b['segment_ids'] == 1)
+  np.testing.assert_array_equal(b['positions'], np.tile(np.arange(128), (B, 1)))
+
+
+def test_packed_and_packed_reset_share_layout_and_differ_only_in_positions():
+  a = next(data.make_train_iterator(_cfg('packed').data, batch_size=B, seed=0,
+                                    num_train_steps=4))
+  r = next(data.make_train_iterator(_cfg('packed_reset').data, batch_size=B, seed=0,
+                                    num_train_steps=4))
+  np.testing.assert_array_equal(a['positions'], np.tile(np.arange(128), (B, 1)))
+  assert np.all(a['segment_ids'] == 1) and r['segment_ids'].max() > 1
+  # Document boundaries of packed_reset are where its positions restart.
+  starts = (r['positions'] == 0) & (r['segment_ids'] > 0)
+  assert np.all(r['segment_ids'][:, 0] == 1)
+  # Tokens agree at each document's first position (position-independent first token).
+  np.testing.assert_array_equal(a['inputs'][starts], r['inputs'][starts])
+
+
+def _pack(docs, seq_len, reset, chunk=2):
+  chunks = [docs[i:i + chunk] for i in range(0, len(docs), chunk)]
+  ds = grain.MapDataset.source(chunks).to_iter_dataset()
+  return iter(policies.PackIterDataset(ds, lambda ch, col: ch, seq_len, reset))
+
+
+HAND_DOCS = [np.array([10, 11, 12]), np.array([20, 21, 22, 23, 24, 25]), np.array([30]),
+             np.array([40, 41]), np.array([50, 51, 52, 53])]
+
+
+def test_packed_reset_segment_ids_positions_and_masks_on_hand_made_documents():
+  it = _pack(HAND_DOCS, 4, reset=True)
+  r1, r2 = next(it), next(it)
+  np.testing.assert_array_equal(r1['inputs'], [10, 11, 20, 21])
+  np.testing.assert_array_equal(r1['targets'], [11, 12, 21, 22])
+  np.testing.assert_array_equal(r1['positions'], [0, 1, 0, 1])
+  np.testing.assert_array_equal(r1['segment_ids'], [1, 1, 2, 2])
+  # Doc 2 continues with its in-document positions; doc [30] has no pair and is skipped.
+  np.testing.assert_array_equal(r2['inputs'], [22, 23, 24, 40])
+  np.testing.assert_array_equal(r2['targets'], [23, 24, 25, 41])
+  np.testing.assert_array_equal(r2['positions'], [2, 3, 4, 0])
+  np.testing.assert_array_equal(r2['segment_ids'], [1, 1, 1, 2])
+  for r in (r1, r2):
+    np.testing.assert_array_equal(r['loss_mask'], np.ones(4, np.float32))
+  with pytest.raises(StopIteration):  # 3 pairs left: no full row (packing never pads).
+    next(it)
+
+
+def test_packed_rows_equal_packed_reset_rows_except_positions_and_segments():
+  for a, r in zip(_take(_pack(HAND_DOCS, 4, False), 2), _take(_pack(HAND_DOCS, 4, True), 2)):
+    np.testing.assert_array_equal(a['inputs'], r['inputs'])
+    np.testing.assert_array_equal(a['targets'], r['targets'])
+    np.testing.assert_array_equal(a['positions'], np.arange(4))
+    np.testing.assert_array_equal(a['segment_ids'], np.ones(4))
+
+
+def test_natural_row_truncates_and_pads():
+  row = policies.natural_row(np.array([5, 6, 7]), 4)
+  np.testing.assert_array_equal(row['inputs'], [5, 6, 0, 0])
+  np.testing.assert_array_equal(row['targets'], [6, 7, 0, 0])
+  np.testing.assert_array_equal(row['segment_ids'], [1, 1, 0, 0])
+  np.testing.assert_array_equal(row['loss_mask'], [1, 1, 0, 0])
+  long = policies.natural_row(np.arange(10), 4, start=0)
+  np.testing.assert_array_equal(long['targets'], [1, 2, 3, 4])
+
+
+def test_eval_windows_are_full_length_deterministic_and_seeded():
+  cfg = _cfg()
+  mk = lambda seed: list(data.make_eval_batches(cfg.data, split='validation', window_len=64,
+                                                num_windows=10, batch_size=4, seed=seed))
+  a, b, c = mk(0), mk(0), mk(1)
+  assert len(a) == 3 and all(x['inputs'].shape == (4, 64) for x in a)
+  assert all(_equal(x, y) for x, y in zip(a, b))
+  assert not _equal(a[0], c[0])
+  np.testing.assert_array_equal(a[0]['positions'], np.tile(np.arange(64), (4, 1)))
+  assert a[0]['loss_mask'].min() == 1.0
+  assert a[-1]['loss_mask'].sum() == 2 * 64  # 10 windows: the last batch has 2 real rows.
+
+
+def test_eval_natural_rows_and_too_few_documents_error():
+  cfg = _cfg()
+  b = next(data.make_eval_batches(cfg.data, split='validation', window_len=128,
+                                  num_windows=8, batch_size=8, policy='natural'))
+  assert (b['segment_ids'] == 0).any()
+  cfg.data.synthetic.num_docs = 5
+  with pytest.raises(ValueError, match='only 5'):
+    list(data.make_eval_batches(cfg.data, split='validation', window_len=16, num_windows=6,
+                                batch_size=2))
+
+
+@pytest.mark.parametrize('field,value,match', [
+    ('source', 'wikipedia', 'Unknown data.source'),
+    ('position_policy', 'shuffled', 'Unknown data.position_policy'),
+    ('seq_len', 256, 'longer than the position table'),
+    ('min_doc_len', 1, 'min_doc_len'),
+    ('length_dist', 'zipf', 'length distribution'),
+])
+def test_bad_config_is_a_clear_error(field, value, match):
+  cfg = _cfg()
+  setattr(cfg.data, field, value)
+  with pytest.raises(ValueError, match=match):
+    data.validate_config(cfg.data, max_len=128)
+
+
+def test_packed_on_synthetic_needs_period_dividing_context():
+  cfg = _cfg('packed', seq_len=120)
+  with pytest.raises(ValueError, match='cannot be honoured'):
+    data.validate_config(cfg.data, max_len=128)
+
+
+def test_bad_batch_size_for_process_count():
+  with pytest.raises(ValueError, match='multiple of'):
+    data.make_train_iterator(_cfg().data, batch_size=3, seed=0, num_train_steps=1,
+                             process_count=2)
