@@ -14,7 +14,7 @@ also the number of tokens of context before the target, minus one.
 from __future__ import annotations
 
 import dataclasses
-import math
+import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -231,7 +231,9 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
     params: its parameters (a pytree of arrays).
     config: full run config (sections data, model, eval).
     step: training step recorded in the results.
-    offsets: position-id shifts for the offset probe; texts are cut to window_len - max(offsets).
+    offsets: position-id shifts K for the offset probe: the same texts cut to
+      window_len - max(offsets) tokens, scored once per K with position ids + K, reported by
+      context length. The main results are always the plain evaluation at window_len.
     mesh: device mesh with a 'data' axis (default: all devices).
     **overrides: split, policy ('windows' | 'natural'), num_windows, batch_size, bucket_size,
       bucket_edges, window_len, seed (None = config value).
@@ -255,18 +257,23 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
     if window + offsets[-1] > max_len:
       raise ValueError(f'offset {offsets[-1]} pushes positions past the position table '
                        f'(max_len={max_len}); the largest valid offset is {max_len - window}.')
-  edges = buckets_lib.make_edges(window, s['bucket_size'], s['bucket_edges'])
-  batches = data_lib.make_eval_batches(
-      config.data, split=s['split'], window_len=window, num_windows=s['num_windows'],
-      batch_size=s['batch_size'], policy=s['policy'], seed=s['seed'])
-  reference = data_lib.reference_losses(config.data, window)
-  accs = accumulate(model_apply_fn(model), params, batches, edges, offsets=offsets or (0,),
-                    max_len=max_len, mesh=mesh)
-  out = summarize(accs[0], step=step, reference=reference)
+  fn = model_apply_fn(model)
+
+  full_edges = buckets_lib.make_edges(s['window_len'], s['bucket_size'], s['bucket_edges'])
+
+  def passes(length, ks):
+    edges = np.asarray([e for e in full_edges if e < length] + [length])  # probe: clipped
+    batches = data_lib.make_eval_batches(
+        config.data, split=s['split'], window_len=length, num_windows=s['num_windows'],
+        batch_size=s['batch_size'], policy=s['policy'], seed=s['seed'])
+    accs = accumulate(fn, params, batches, edges, offsets=ks, max_len=max_len, mesh=mesh)
+    reference = data_lib.reference_losses(config.data, length)
+    return [summarize(a, step=step, reference=reference) for a in accs]
+
+  out, = passes(s['window_len'], (0,))
   out.results['settings'] = {k: s[k] for k in ('split', 'policy', 'num_windows', 'window_len')}
-  out.results['settings']['window_len'] = window
   if offsets:
-    probes = [summarize(a, step=step, reference=reference) for a in accs]
+    probes = passes(window, offsets)
     out.results['offset_probe'] = {
         'note': OFFSET_NOTE, 'window_len': window, 'offsets': offsets,
         'by_offset': [dict(offset=k, **p.results) for k, p in zip(offsets, probes)]}
@@ -282,38 +289,59 @@ def evaluate(model, params, config: ml_collections.ConfigDict, *, step: int | No
   return run_evaluation(model, params, config, step=step, **kwargs).results
 
 
-def format_table(results: dict[str, Any]) -> str:
-  """Plain-text bucket table of a results dict."""
-  def f(x, nd=4):
-    return '-' if x is None else f'{x:.{nd}f}'
-  synth = bool(results['buckets']) and 'bayes_loss' in results['buckets'][0]
-  head = f'{"bucket":>13} {"tokens":>8} {"loss":>8} {"stderr":>8}'
-  if synth:
-    head += f' {"bayes":>8} {"filter":>8} {"excess":>8} {"recov":>7}'
-  lines = [head]
-  for b in results['buckets']:
-    span = f"[{b['start']}, {b['end']})"
-    line = f"{span:>13} {b['tokens']:>8} {f(b['loss']):>8} {f(b['stderr']):>8}"
-    if synth:
-      line += (f" {f(b['bayes_loss']):>8} {f(b['filter_loss']):>8} {f(b['excess_loss']):>8}"
-               f" {f(b['recovered'], 3):>7}")
-    lines.append(line)
-  o, d = results['overall'], results['degradation']
-  lines.append(f"overall loss {f(o['loss'])} +- {f(o['stderr'])} "
-               f"({o['tokens']} tokens, {o['windows']} windows)")
-  lines.append(f"last - best bucket {f(d['last_minus_best'])} +- {f(d['last_minus_best_stderr'])}; "
-               f"second-half slope {f(d['slope'], 6)} +- {f(d['slope_stderr'], 6)} per position")
-  return '\n'.join(lines)
 
 
-def json_safe(x: Any) -> Any:
-  """Replaces nan/inf floats by None and numpy scalars by Python numbers, recursively."""
-  if isinstance(x, dict):
-    return {k: json_safe(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [json_safe(v) for v in x]
-  if isinstance(x, (np.integer,)):
-    return int(x)
-  if isinstance(x, (float, np.floating)):
-    return float(x) if math.isfinite(x) else None
-  return x
+
+
+def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | None = None,
+                     offsets: Sequence[int] | None = None, analyze: bool = False,
+                     **overrides) -> dict[str, Any]:
+  """Restores params + config of a run, evaluates, and writes the outputs.
+
+  Args:
+    workdir: training workdir with checkpoints/.
+    step: checkpoint step (None = latest).
+    output: output directory (default WORKDIR/eval/step_N).
+    offsets: offset probe shifts, or None.
+    analyze: also run the table analysis (`analysis.analyze_workdir`) into OUTPUT/analysis.
+    **overrides: see `run_evaluation`.
+
+  Returns:
+    {'results', 'per_position', 'files', 'out_dir', 'step', 'table' (text)}.
+  """
+  from flax_posemb import checkpointing  # pylint: disable=g-import-not-at-top
+  from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top  (matplotlib)
+  from flax_posemb import model as model_lib  # pylint: disable=g-import-not-at-top
+  mesh = make_mesh()
+  params, cfg, step = checkpointing.restore_params(workdir, step, sharding=NamedSharding(mesh, P()))
+  config = ml_collections.ConfigDict(cfg)
+  model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model))
+  out = run_evaluation(model, params, config, step=step, offsets=offsets, mesh=mesh, **overrides)
+  out.results['workdir'] = os.path.abspath(workdir)
+  out_dir = output or os.path.join(workdir, 'eval', f'step_{step}')
+  name = os.path.basename(os.path.normpath(workdir))
+  files = eval_report.write_outputs(out.results, out.per_position, out_dir, title=f'{name} step {step}')
+  text = eval_report.format_table(out.results)
+  if out.results.get('offset_probe'):
+    text += '\n\n' + eval_report.format_offsets(out.results['offset_probe'])
+  if analyze:
+    if 'pos_embed' not in params:
+      raise ValueError(f'--analyze needs a learned position table; this run uses '
+                       f'position_embedding={config.model.position_embedding!r}.')
+    from flax_posemb import analysis  # pylint: disable=g-import-not-at-top
+    table = np.asarray(jax.device_get(model_lib.position_table(params)))
+    initial = None
+    if not os.path.exists(os.path.join(workdir, 'tables', 'table_0.npy')) and step != 0:
+      try:
+        p0, _, _ = checkpointing.restore_params(workdir, 0)
+        initial = np.asarray(model_lib.position_table(p0))
+      except (FileNotFoundError, RuntimeError):
+        initial = None
+    s = _eval_settings(config, overrides)
+    summary = analysis.analyze_workdir(
+        workdir, table, os.path.join(out_dir, 'analysis'), step=step, initial=initial,
+        per_position=out.per_position, bucket_size=s['bucket_size'], bucket_edges=s['bucket_edges'])
+    files.update({f'analysis_{k}': v for k, v in summary['files'].items()})
+    text += f"\n\nposition probe R^2 {summary['probe']['r2']:.3f}; table analysis: {summary['files']['json']}"
+  return {'results': out.results, 'per_position': out.per_position, 'files': files,
+          'out_dir': out_dir, 'step': step, 'table': text}

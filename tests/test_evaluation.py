@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from flax_posemb import buckets as buckets_lib
+from flax_posemb import defaults
+from flax_posemb import eval_report
 from flax_posemb import evaluation
 from flax_posemb.model import ModelConfig, TransformerLM
 
@@ -52,9 +54,9 @@ def test_bucket_losses_equal_naive_recomputation_from_logits():
   res = evaluation.summarize(acc).results
   sums, counts = np.zeros(3), np.zeros(3)
   pos_sum = np.zeros(T)
+  apply = jax.jit(lambda p, x, pos, seg: model.apply({'params': p}, x, pos, segment_ids=seg))
   for b in _batches():
-    logits = np.asarray(model.apply({'params': params}, b['inputs'], b['positions'],
-                                    segment_ids=b['segment_ids']), np.float64)
+    logits = np.asarray(apply(params, b['inputs'], b['positions'], b['segment_ids']), np.float64)
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     nll = -np.take_along_axis(logp, b['targets'][..., None], -1)[..., 0]
     for r in range(nll.shape[0]):
@@ -169,5 +171,48 @@ def test_incompatible_checkpoint_is_a_clear_error():
 def test_format_table_lists_every_bucket():
   acc = buckets_lib.BucketAccumulator(np.array([0, 4, 8]))
   acc.add(np.zeros(8), np.zeros(8), np.array([[4.0, 8.0], [6.0, 8.0]]), np.full((2, 2), 4.0))
-  text = evaluation.format_table(evaluation.summarize(acc).results)
+  text = eval_report.format_table(evaluation.summarize(acc).results)
   assert '[0, 4)' in text and '[4, 8)' in text and 'overall loss 1.6250' in text
+
+
+def _synthetic_config(max_len=32):
+  c = defaults.base()
+  c.model.update(vocab_size=64, num_layers=1, num_heads=2, emb_dim=16, mlp_dim=32, max_len=max_len)
+  c.data.seq_len = max_len
+  c.data.synthetic.num_docs = 64
+  c.eval.update(num_windows=6, batch_size=4, bucket_size=8)
+  return c
+
+
+def test_run_evaluation_offsets_zero_equals_plain_on_synthetic_windows():
+  c = _synthetic_config()
+  model = TransformerLM(ModelConfig.from_config(c.model))
+  x = jnp.zeros((1, 4), jnp.int32)
+  params = model.init(jax.random.key(1), x, x)['params']
+  out = evaluation.run_evaluation(model, params, c, step=7, offsets=[0])
+  plain = out.results
+  probe = plain['offset_probe']['by_offset'][0]
+  assert plain['step'] == 7 and plain['settings']['window_len'] == 32
+  assert [b['loss'] for b in probe['buckets']] == [b['loss'] for b in plain['buckets']]
+  assert [b['stderr'] for b in probe['buckets']] == [b['stderr'] for b in plain['buckets']]
+  assert all(b['tokens'] == 6 * 8 and b['windows'] == 6 for b in plain['buckets'])
+  b = plain['buckets'][0]
+  assert b['bayes_loss'] <= b['filter_loss']
+  np.testing.assert_allclose(b['recovered'], (b['filter_loss'] - b['loss'])
+                             / (b['filter_loss'] - b['bayes_loss']))
+  # Offsets: a shorter window of the same texts, every K scored on identical tokens.
+  out = evaluation.run_evaluation(model, params, c, offsets=[0, 8])
+  probe = out.results['offset_probe']
+  assert probe['window_len'] == 24 and 'off the training distribution' in probe['note']
+  np.testing.assert_array_equal(out.per_position['offset_count'][0], out.per_position['offset_count'][1])
+  np.testing.assert_allclose(out.per_position['offset_loss'][0], out.per_position['loss'][:24],
+                             rtol=1e-5)  # causal: first 24 tokens score the same in longer windows
+
+
+def test_run_evaluation_offset_leaving_no_window_is_a_clear_error():
+  c = _synthetic_config()
+  model = TransformerLM(ModelConfig.from_config(c.model))
+  x = jnp.zeros((1, 4), jnp.int32)
+  params = model.init(jax.random.key(1), x, x)['params']
+  with pytest.raises(ValueError, match='largest valid offset is 31'):
+    evaluation.run_evaluation(model, params, c, offsets=[0, 32])

@@ -1,0 +1,172 @@
+"""Outputs of an evaluation: results.json, per-position npz, CSV, plots, text tables, comparison.
+
+File layout of one evaluation directory (default WORKDIR/eval/step_N/): results.json,
+per_position.npz (full per-position vectors), buckets.csv, loss_by_position.png and, with
+an offset probe, offsets.csv and offsets.png. A comparison of several runs writes
+comparison.json, comparison.csv and comparison.png.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from flax_posemb import plots
+
+
+def format_table(results: dict[str, Any]) -> str:
+  """Plain-text bucket table of a results dict."""
+  def f(x, nd=4):
+    return '-' if x is None else f'{x:.{nd}f}'
+  synth = bool(results['buckets']) and 'bayes_loss' in results['buckets'][0]
+  head = f'{"bucket":>13} {"tokens":>8} {"loss":>8} {"stderr":>8}'
+  if synth:
+    head += f' {"bayes":>8} {"filter":>8} {"excess":>8} {"recov":>7}'
+  lines = [head]
+  for b in results['buckets']:
+    span = f"[{b['start']}, {b['end']})"
+    line = f"{span:>13} {b['tokens']:>8} {f(b['loss']):>8} {f(b['stderr']):>8}"
+    if synth:
+      line += (f" {f(b['bayes_loss']):>8} {f(b['filter_loss']):>8} {f(b['excess_loss']):>8}"
+               f" {f(b['recovered'], 3):>7}")
+    lines.append(line)
+  o, d = results['overall'], results['degradation']
+  lines.append(f"overall loss {f(o['loss'])} +- {f(o['stderr'])} "
+               f"({o['tokens']} tokens, {o['windows']} windows)")
+  lines.append(f"last - best bucket {f(d['last_minus_best'])} +- {f(d['last_minus_best_stderr'])}; "
+               f"second-half slope {f(d['slope'], 6)} +- {f(d['slope_stderr'], 6)} per position")
+  return '\n'.join(lines)
+
+
+def json_safe(x: Any) -> Any:
+  """Replaces nan/inf floats by None and numpy scalars by Python numbers, recursively."""
+  if isinstance(x, dict):
+    return {k: json_safe(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [json_safe(v) for v in x]
+  if isinstance(x, (np.integer,)):
+    return int(x)
+  if isinstance(x, (float, np.floating)):
+    return float(x) if math.isfinite(x) else None
+  return x
+
+
+CSV_COLUMNS = ('start', 'end', 'tokens', 'windows', 'loss', 'stderr', 'ci95_lo', 'ci95_hi',
+               'bits_per_token', 'bayes_loss', 'filter_loss', 'excess_loss', 'recovered')
+
+
+def _csv_rows(rows: list[dict[str, Any]], prefix: dict[str, Any] | None = None) -> list[str]:
+  out = []
+  for r in rows:
+    r = dict(r, ci95_lo=r['ci95'][0], ci95_hi=r['ci95'][1])
+    vals = list((prefix or {}).values()) + ['' if r.get(k) is None else r[k] for k in CSV_COLUMNS]
+    out.append(','.join(str(v) for v in vals))
+  return out
+
+
+def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], out_dir: str,
+                  title: str = '') -> dict[str, str]:
+  """Writes results.json, per_position.npz, buckets.csv and loss_by_position.png (+ offsets).
+
+  Returns:
+    Paths by kind: 'json', 'npz', 'csv', 'plot' and, with an offset probe, 'offsets_csv',
+    'offsets_plot'.
+  """
+  os.makedirs(out_dir, exist_ok=True)
+  files = {'json': os.path.join(out_dir, 'results.json'),
+           'npz': os.path.join(out_dir, 'per_position.npz'),
+           'csv': os.path.join(out_dir, 'buckets.csv')}
+  with open(files['json'], 'w') as f:
+    json.dump(json_safe(results), f, indent=1)
+  np.savez(files['npz'], **per_position)
+  with open(files['csv'], 'w') as f:
+    f.write('\n'.join([','.join(CSV_COLUMNS)] + _csv_rows(results['buckets'])) + '\n')
+  files['plot'] = plots.loss_by_position(per_position, results,
+                                         os.path.join(out_dir, 'loss_by_position.png'), title)
+  probe = results.get('offset_probe')
+  if probe:
+    files['offsets_csv'] = os.path.join(out_dir, 'offsets.csv')
+    lines = [','.join(('offset',) + CSV_COLUMNS)]
+    for r in probe['by_offset']:
+      lines += _csv_rows(r['buckets'], {'offset': r['offset']})
+    with open(files['offsets_csv'], 'w') as f:
+      f.write('\n'.join(lines) + '\n')
+    files['offsets_plot'] = plots.offset_probe(probe, os.path.join(out_dir, 'offsets.png'))
+  return files
+
+
+def format_offsets(probe: dict[str, Any]) -> str:
+  """Text table: loss by context-length bucket (rows) for each offset K (columns)."""
+  ks = [r['offset'] for r in probe['by_offset']]
+  lines = [f'{"context":>13} ' + ' '.join(f'{"K=" + str(k):>16}' for k in ks)]
+  for i, b in enumerate(probe['by_offset'][0]['buckets']):
+    cells = []
+    for r in probe['by_offset']:
+      x = r['buckets'][i]
+      cells.append('-' if x['loss'] is None else f"{x['loss']:.4f}+-{x['stderr'] or 0:.4f}")
+    span = f"[{b['start']}, {b['end']})"
+    lines.append(f'{span:>13} ' + ' '.join(f'{c:>16}' for c in cells))
+  lines.append(probe['note'])
+  return '\n'.join(lines)
+
+
+def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: str) -> dict[str, Any]:
+  """One comparison table, CSV, JSON and plot of several runs' bucket losses.
+
+  Args:
+    labels: one name per run.
+    results: results.json dicts evaluated with the same bucket edges.
+    out_dir: output directory.
+
+  Returns:
+    {'files': {'json', 'csv', 'plot'}, 'table': text}.
+  """
+  spans = [[(b['start'], b['end']) for b in r['buckets']] for r in results]
+  for label, s in zip(labels[1:], spans[1:]):
+    if s != spans[0]:
+      raise ValueError(
+          f'runs {labels[0]!r} and {label!r} were evaluated on different windows / buckets '
+          f'(last bucket ends at {spans[0][-1][1]} vs {s[-1][1]}); compare runs of equal '
+          'context length, or pass the same --bucket_edges covering the shorter window.')
+  os.makedirs(out_dir, exist_ok=True)
+  files = {'json': os.path.join(out_dir, 'comparison.json'),
+           'csv': os.path.join(out_dir, 'comparison.csv')}
+  rows = []
+  for i, (a, b) in enumerate(spans[0]):
+    row = {'start': a, 'end': b}
+    for label, r in zip(labels, results):
+      row[label] = {k: r['buckets'][i].get(k) for k in ('loss', 'stderr', 'excess_loss', 'recovered')}
+    rows.append(row)
+  summary = {'runs': [{'label': l, 'step': r.get('step'), 'workdir': r.get('workdir'),
+                       'overall': r['overall'], 'degradation': r['degradation']}
+                      for l, r in zip(labels, results)], 'buckets': rows}
+  with open(files['json'], 'w') as f:
+    json.dump(json_safe(summary), f, indent=1)
+  head = ['start', 'end'] + [f'{l}_{k}' for l in labels for k in ('loss', 'stderr')]
+  lines = [','.join(head)]
+  for row in rows:
+    vals = [row['start'], row['end']] + [row[l][k] for l in labels for k in ('loss', 'stderr')]
+    lines.append(','.join('' if v is None else str(v) for v in vals))
+  with open(files['csv'], 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  files['plot'] = plots.comparison(labels, results, os.path.join(out_dir, 'comparison.png'))
+  width = max(16, max(len(l) for l in labels) + 1)
+  text = [f'{"bucket":>13} ' + ' '.join(f'{l:>{width}}' for l in labels)]
+  for row in rows:
+    span = f"[{row['start']}, {row['end']})"
+    cells = ['-' if row[l]['loss'] is None else f"{row[l]['loss']:.4f}+-{row[l]['stderr'] or 0:.4f}"
+             for l in labels]
+    text.append(f'{span:>13} ' + ' '.join(f'{c:>{width}}' for c in cells))
+  deg = [f"{l}: last-best {_fmt(r['degradation']['last_minus_best'])}"
+         f" +- {_fmt(r['degradation']['last_minus_best_stderr'])}" for l, r in zip(labels, results)]
+  text.append('; '.join(deg))
+  return {'files': files, 'table': '\n'.join(text)}
+
+
+def _fmt(x: float | None) -> str:
+  return '-' if x is None else f'{x:.4f}'

@@ -1,0 +1,273 @@
+"""Every matplotlib figure of the project (Agg backend; no computation here).
+
+Each function takes already-computed arrays / results dicts, writes one PNG and returns
+its path. Functions are independent of one another.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np  # pylint: disable=wrong-import-position
+
+
+def _save(fig, path: str | os.PathLike[str]) -> str:
+  path = os.fspath(path)
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def _bucket_arrays(results: dict[str, Any]) -> dict[str, np.ndarray]:
+  rows = results['buckets']
+  def col(k):
+    return np.array([np.nan if r.get(k) is None else r[k] for r in rows], np.float64)
+  out = {k: col(k) for k in ('start', 'end', 'loss', 'stderr', 'bayes_loss', 'filter_loss',
+                             'recovered') if rows and k in rows[0]}
+  if rows:
+    out['mid'] = (out['start'] + out['end'] - 1) / 2
+  return out
+
+
+def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any],
+                     path: str | os.PathLike[str], title: str = '') -> str:
+  """Per-position loss [L] (thin), bucket means with 95% intervals, and the synthetic bounds.
+
+  Args:
+    per_position: {'position' [L], 'loss' [L], optional 'bayes_loss' [L], 'filter_loss' [L]}.
+    results: results.json dict (its 'buckets').
+    path: output PNG.
+    title: figure title.
+  """
+  b = _bucket_arrays(results)
+  synth = 'recovered' in b
+  fig, axes = plt.subplots(2 if synth else 1, 1, figsize=(8, 6.5 if synth else 4.2), sharex=True,
+                           squeeze=False)
+  ax = axes[0, 0]
+  ax.plot(per_position['position'], per_position['loss'], lw=0.6, alpha=0.4, color='C0',
+          label='per position')
+  ax.errorbar(b['mid'], b['loss'], yerr=1.96 * b['stderr'], fmt='o-', color='C0', capsize=3,
+              label='bucket mean (95% CI)')
+  if 'bayes_loss' in per_position:
+    ax.plot(per_position['position'], per_position['bayes_loss'], color='k', lw=1,
+            label='Bayes (position known)')
+    ax.plot(per_position['position'], per_position['filter_loss'], color='gray', lw=1, ls='--',
+            label='filter (position unknown)')
+  ax.set_ylabel('loss (nats / token)')
+  ax.legend(fontsize=8)
+  ax.set_title(title or f"loss by position, step {results.get('step')}")
+  if synth:
+    ax2 = axes[1, 0]
+    ax2.plot(b['mid'], b['recovered'], 'o-', color='C2')
+    ax2.axhline(1.0, color='k', lw=0.8)
+    ax2.axhline(0.0, color='gray', lw=0.8, ls='--')
+    ax2.set_ylabel('recovered position value')
+  axes[-1, 0].set_xlabel('position (= context length - 1)')
+  return _save(fig, path)
+
+
+def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]],
+               path: str | os.PathLike[str]) -> str:
+  """Bucket loss (95% CI) of several runs on one axis; excess over Bayes below if available."""
+  arrays = [_bucket_arrays(r) for r in results]
+  synth = all('bayes_loss' in a for a in arrays)
+  fig, axes = plt.subplots(2 if synth else 1, 1, figsize=(8, 6.5 if synth else 4.2), sharex=True,
+                           squeeze=False)
+  for i, (label, a) in enumerate(zip(labels, arrays)):
+    axes[0, 0].errorbar(a['mid'], a['loss'], yerr=1.96 * a['stderr'], fmt='o-', capsize=3,
+                        color=f'C{i}', label=label)
+    if synth:
+      axes[1, 0].errorbar(a['mid'], a['loss'] - a['bayes_loss'], yerr=1.96 * a['stderr'],
+                          fmt='o-', capsize=3, color=f'C{i}')
+  if synth:
+    axes[0, 0].plot(arrays[0]['mid'], arrays[0]['bayes_loss'], 'k-', lw=1, label='Bayes')
+    axes[1, 0].axhline(0.0, color='k', lw=0.8)
+    axes[1, 0].set_ylabel('excess loss over Bayes')
+  axes[0, 0].set_ylabel('loss (nats / token)')
+  axes[0, 0].legend(fontsize=8)
+  axes[0, 0].set_title('loss by position bucket')
+  axes[-1, 0].set_xlabel('position (bucket midpoint)')
+  return _save(fig, path)
+
+
+def offset_probe(probe: dict[str, Any], path: str | os.PathLike[str]) -> str:
+  """Loss by context length for each position offset K (results['offset_probe'])."""
+  fig, ax = plt.subplots(figsize=(8, 4.2))
+  for i, r in enumerate(probe['by_offset']):
+    a = _bucket_arrays(r)
+    ax.errorbar(a['mid'], a['loss'], yerr=1.96 * a['stderr'], fmt='o-', capsize=3,
+                color=f'C{i}', label=f"K = {r['offset']}")
+  ax.set_xlabel('context length - 1 (position ids shifted by K)')
+  ax.set_ylabel('loss (nats / token)')
+  ax.set_title('offset probe: same texts, rows p + K')
+  ax.legend(fontsize=8)
+  return _save(fig, path)
+
+
+def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.ndarray,
+                   probe_edges: np.ndarray, probe_error: np.ndarray,
+                   path: str | os.PathLike[str], snapshot_drift: np.ndarray | None = None,
+                   snapshot_steps: Sequence[int] = ()) -> str:
+  """Four panels: row norm [L], drift from init [L] (and per snapshot [S, L]), PCA, probe error.
+
+  Args:
+    norms: [L] L2 norm of each row.
+    drift: [L] ||row - initial row|| or None.
+    pca_ratio: [k] explained-variance ratio of each principal component.
+    probe_edges: [nb + 1] bucket edges for `probe_error`.
+    probe_error: [nb] mean absolute error of the held-out linear position probe per bucket.
+    path: output PNG.
+    snapshot_drift: optional [S, L] ||row(step_s) - initial row|| for saved snapshots.
+    snapshot_steps: [S] steps of those snapshots.
+  """
+  fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+  pos = np.arange(len(norms))
+  axes[0, 0].plot(pos, norms)
+  axes[0, 0].set(title='row norm', xlabel='position', ylabel='||row||')
+  ax = axes[0, 1]
+  if snapshot_drift is not None and len(snapshot_drift):
+    cmap = plt.get_cmap('viridis')
+    for i, (s, d) in enumerate(zip(snapshot_steps, snapshot_drift)):
+      ax.plot(pos, d, lw=0.8, color=cmap(i / max(1, len(snapshot_drift) - 1)),
+              label=f'step {s}' if i in (0, len(snapshot_drift) - 1) else None)
+  if drift is not None:
+    ax.plot(pos, drift, 'k', lw=1.2, label='final')
+  ax.set(title='drift from the initial table', xlabel='position', ylabel='||row - row_0||')
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(fontsize=8)
+  k = np.arange(1, len(pca_ratio) + 1)
+  axes[1, 0].bar(k, pca_ratio)
+  axes[1, 0].plot(k, np.cumsum(pca_ratio), 'k.-', label='cumulative')
+  axes[1, 0].set(title='PCA explained variance', xlabel='component', ylabel='ratio')
+  axes[1, 0].legend(fontsize=8)
+  mid = (probe_edges[:-1] + probe_edges[1:] - 1) / 2
+  axes[1, 1].plot(mid, probe_error, 'o-')
+  axes[1, 1].set(title='linear position probe (held-out rows)', xlabel='position',
+                 ylabel='mean |predicted - true| position')
+  return _save(fig, path)
+
+
+def cosine_heatmap(sim: np.ndarray, path: str | os.PathLike[str], title: str = '') -> str:
+  """[L, L] cosine similarity between position rows."""
+  fig, ax = plt.subplots(figsize=(6, 5))
+  im = ax.imshow(sim, vmin=-1, vmax=1, cmap='RdBu_r', origin='lower', interpolation='nearest')
+  fig.colorbar(im, ax=ax)
+  ax.set(title=title or 'cosine similarity of position rows', xlabel='position', ylabel='position')
+  return _save(fig, path)
+
+
+def exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray],
+                      path: str | os.PathLike[str]) -> str:
+  """Per-position quantities against cumulative training exposure (log x), one panel each.
+
+  Args:
+    exposure: [L] cumulative number of training tokens seen at each position.
+    series: name -> [L] values (e.g. 'loss', 'recovered', 'drift'); nan entries are skipped.
+    path: output PNG.
+  """
+  names = list(series)
+  fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
+  pos = np.arange(len(exposure))
+  for ax, name in zip(axes[0], names):
+    y = np.asarray(series[name], np.float64)
+    ok = np.isfinite(y) & (exposure > 0)
+    sc = ax.scatter(exposure[ok], y[ok], c=pos[ok], s=10, cmap='viridis')
+    ax.set_xscale('log')
+    ax.set(xlabel='cumulative training exposure (tokens)', ylabel=name, title=f'{name} vs exposure')
+  fig.colorbar(sc, ax=axes[0, -1], label='position')
+  return _save(fig, path)
+
+
+# --- Experiment report figures (flax_posemb.experiments.report) -------------------------------
+
+
+def _interval_arrays(intervals: Sequence[dict[str, Any]]) -> tuple[np.ndarray, ...]:
+  get = lambda k: np.array([np.nan if iv.get(k) is None else iv[k] for iv in intervals],
+                           np.float64)
+  return get('mean'), get('low'), get('high')
+
+
+def experiment_profile(path: str | os.PathLike[str], bucket_labels: Sequence[str],
+                       series: dict[str, Sequence[dict[str, Any]]], *,
+                       differences: dict[str, Sequence[dict[str, Any]]] | None = None,
+                       baseline: str = '', title: str = '', ylabel: str = '') -> str:
+  """Per-bucket means over seeds with 95% bands per arm; right panel: paired differences.
+
+  Args:
+    path: PNG path.
+    bucket_labels: one label per bucket, e.g. '0-8'.
+    series: arm -> per-bucket intervals ({mean, low, high}).
+    differences: arm -> per-bucket intervals of (arm - baseline), or None/empty.
+    baseline: the baseline arm's name (panel title).
+    title: figure title.
+    ylabel: y-axis label.
+  """
+  two = bool(differences)
+  fig, axes = plt.subplots(1, 2 if two else 1, figsize=(11 if two else 6.5, 4), squeeze=False)
+  x = np.arange(len(bucket_labels))
+  ax = axes[0, 0]
+  for name, ivs in series.items():
+    mean, low, high = _interval_arrays(ivs)
+    ax.plot(x, mean, marker='o', ms=3, label=name)
+    ax.fill_between(x, low, high, alpha=0.2)
+  ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
+  ax.set_xlabel('position bucket')
+  ax.set_ylabel(ylabel)
+  ax.set_title(title, fontsize=9)
+  ax.legend(fontsize=7)
+  if two:
+    ax = axes[0, 1]
+    for name, ivs in differences.items():
+      mean, low, high = _interval_arrays(ivs)
+      ax.errorbar(x, mean, yerr=[mean - low, high - mean], marker='o', ms=3, capsize=2,
+                  label=name)
+    ax.axhline(0.0, color='k', lw=0.8)
+    ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
+    ax.set_xlabel('position bucket')
+    ax.set_title(f'paired difference vs {baseline} (95% CI)', fontsize=9)
+    ax.legend(fontsize=7)
+  return _save(fig, path)
+
+
+def experiment_metric_bars(path: str | os.PathLike[str], intervals: dict[str, dict[str, Any]],
+                           *, ylabel: str = '', title: str = '') -> str:
+  """One bar per arm: mean over seeds with its 95% interval."""
+  names = list(intervals)
+  mean, low, high = _interval_arrays([intervals[n] for n in names])
+  fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(names) + 2), 3.6))
+  x = np.arange(len(names))
+  err = np.nan_to_num(np.stack([mean - low, high - mean]))
+  ax.bar(x, mean, yerr=err, capsize=3, color='tab:blue', alpha=0.7)
+  finite = np.concatenate([v[np.isfinite(v)] for v in (mean, low, high)])
+  if finite.size:
+    pad = 0.1 * (finite.max() - finite.min()) + 1e-3
+    ax.set_ylim(finite.min() - pad, finite.max() + pad)
+  ax.set_xticks(x, names, rotation=45, ha='right', fontsize=7)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title, fontsize=9)
+  return _save(fig, path)
+
+
+def experiment_curve(path: str | os.PathLike[str], steps: Sequence[int],
+                     intervals: Sequence[dict[str, Any]], *, threshold: float | None = None,
+                     xlabel: str = '', ylabel: str = '', title: str = '') -> str:
+  """A curve over training steps with its 95% band (and an optional threshold line)."""
+  mean, low, high = _interval_arrays(intervals)
+  fig, ax = plt.subplots(figsize=(6, 3.6))
+  ax.plot(steps, mean, marker='o', ms=3)
+  ax.fill_between(steps, low, high, alpha=0.2)
+  if threshold is not None:
+    ax.axhline(threshold, color='k', ls='--', lw=0.8, label=f'threshold {threshold}')
+    ax.legend(fontsize=7)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title, fontsize=9)
+  return _save(fig, path)
