@@ -1,0 +1,230 @@
+"""Analysis of a learned position table: norms, drift, similarity, PCA, a position probe.
+
+Pure numpy functions of a table `[L, D]` (row p = position p), plus `analyze_workdir`,
+which reads a run's snapshots (`tables/table_STEP.npy`) and per-position training
+statistics (`stats/window_STEP.npz`, key `count`), writes `analysis.json` and plots, and
+relates loss, recovered position value and drift to cumulative exposure.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+from flax_posemb import buckets as buckets_lib
+from flax_posemb import plots
+
+
+def row_norms(table: np.ndarray) -> np.ndarray:
+  """[L] L2 norm of each row of `table` [L, D]."""
+  return np.linalg.norm(np.asarray(table, np.float64), axis=1)
+
+
+def drift(table: np.ndarray, initial: np.ndarray) -> np.ndarray:
+  """[L] ||table[p] - initial[p]|| for tables [L, D] of equal shape."""
+  table, initial = np.asarray(table, np.float64), np.asarray(initial, np.float64)
+  if table.shape != initial.shape:
+    raise ValueError(f'tables differ in shape: {table.shape} vs initial {initial.shape}.')
+  return np.linalg.norm(table - initial, axis=1)
+
+
+def cosine_similarity(table: np.ndarray) -> np.ndarray:
+  """[L, L] cosine similarity between rows of `table` [L, D] (0 for zero rows)."""
+  t = np.asarray(table, np.float64)
+  n = np.linalg.norm(t, axis=1, keepdims=True)
+  u = np.divide(t, n, out=np.zeros_like(t), where=n > 0)
+  return u @ u.T
+
+
+def pca_explained_variance(table: np.ndarray) -> np.ndarray:
+  """[min(L, D)] explained-variance ratios of the mean-centred rows of `table` [L, D]."""
+  t = np.asarray(table, np.float64)
+  s = np.linalg.svd(t - t.mean(0), compute_uv=False)
+  var = s**2
+  total = var.sum()
+  return var / total if total > 0 else var
+
+
+def position_probe(table: np.ndarray, folds: int = 5, ridge: float = 1e-3) -> dict[str, Any]:
+  """Held-out linear regression of the position from its row.
+
+  Rows are split into `folds` interleaved folds (p mod folds); each fold's positions are
+  predicted by a ridge regression (with intercept) fitted on the other folds.
+
+  Args:
+    table: [L, D] position table.
+    folds: number of folds (>= 2, <= L).
+    ridge: ridge strength relative to the mean eigenvalue of the training Gram matrix.
+
+  Returns:
+    {'prediction': [L], 'abs_error': [L], 'r2': float} on held-out rows.
+  """
+  x = np.asarray(table, np.float64)
+  num = x.shape[0]
+  if not 2 <= folds <= num:
+    raise ValueError(f'position probe needs 2 <= folds <= rows ({num}), got {folds}.')
+  y = np.arange(num, dtype=np.float64)
+  pred = np.zeros(num)
+  for f in range(folds):
+    test = (np.arange(num) % folds) == f
+    xt, yt = x[~test], y[~test]
+    mx, my = xt.mean(0), yt.mean()
+    xc = xt - mx
+    gram = xc.T @ xc
+    lam = ridge * max(np.trace(gram) / gram.shape[0], 1e-12)
+    w = np.linalg.solve(gram + lam * np.eye(gram.shape[0]), xc.T @ (yt - my))
+    pred[test] = (x[test] - mx) @ w + my
+  err = np.abs(pred - y)
+  r2 = 1.0 - np.sum((pred - y) ** 2) / np.sum((y - y.mean()) ** 2)
+  return {'prediction': pred, 'abs_error': err, 'r2': float(r2)}
+
+
+def _steps(pattern: str) -> list[tuple[int, str]]:
+  out = []
+  for path in glob.glob(pattern):
+    m = re.search(r'_(\d+)\.(npy|npz)$', path)
+    if m:
+      out.append((int(m.group(1)), path))
+  return sorted(out)
+
+
+def cumulative_exposure(workdir: str, upto_step: int | None = None) -> np.ndarray | None:
+  """[L] tokens seen per position over all logging windows up to `upto_step` (None if no stats)."""
+  files = [(s, p) for s, p in _steps(os.path.join(workdir, 'stats', 'window_*.npz'))
+           if upto_step is None or s <= upto_step]
+  if not files:
+    return None
+  total = None
+  for _, path in files:
+    with np.load(path) as z:
+      if 'count' not in z:
+        raise ValueError(f'{path} has no per-position "count" vector (keys: {sorted(z.files)}).')
+      c = np.asarray(z['count'], np.float64)
+    total = c if total is None else total + c
+  return total
+
+
+def analyze_table(table: np.ndarray, *, initial: np.ndarray | None = None,
+                  snapshots: list[tuple[int, np.ndarray]] = (), bucket_size: int = 16,
+                  bucket_edges: str = '') -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """Analysis of one table [L, D]; returns (JSON summary, per-position arrays)."""
+  table = np.asarray(table, np.float64)
+  num = table.shape[0]
+  edges = buckets_lib.make_edges(num, bucket_size, bucket_edges)
+  probe = position_probe(table, folds=min(5, num))
+  pca = pca_explained_variance(table)
+  arrays = {'norm': row_norms(table), 'probe_prediction': probe['prediction'],
+            'probe_abs_error': probe['abs_error'], 'pca_ratio': pca}
+  bucket_err = [float(probe['abs_error'][a:b].mean()) for a, b in zip(edges[:-1], edges[1:])]
+  summary: dict[str, Any] = {
+      'rows': num, 'features': int(table.shape[1]),
+      'norm_by_bucket': [float(arrays['norm'][a:b].mean()) for a, b in zip(edges[:-1], edges[1:])],
+      'pca_explained_variance': [float(v) for v in pca[:16]],
+      'pca_components_for_90pct': int(np.searchsorted(np.cumsum(pca), 0.9) + 1),
+      'probe': {'r2': probe['r2'], 'bucket_edges': edges.tolist(), 'abs_error_by_bucket': bucket_err},
+  }
+  if initial is not None:
+    arrays['drift'] = drift(table, initial)
+    summary['drift_by_bucket'] = [float(arrays['drift'][a:b].mean())
+                                  for a, b in zip(edges[:-1], edges[1:])]
+  if snapshots and initial is not None:
+    arrays['snapshot_steps'] = np.array([s for s, _ in snapshots])
+    arrays['snapshot_drift'] = np.stack([drift(t, initial) for _, t in snapshots])
+    summary['snapshot_mean_drift'] = {str(s): float(d.mean()) for s, d in
+                                      zip(arrays['snapshot_steps'], arrays['snapshot_drift'])}
+  if len(snapshots) > 1:
+    steps = [np.linalg.norm(np.asarray(b, np.float64) - np.asarray(a, np.float64), axis=1)
+             for (_, a), (_, b) in zip(snapshots, snapshots[1:])]
+    arrays['snapshot_step_change'] = np.stack(steps)
+  return summary, arrays
+
+
+def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int | None = None,
+                    initial: np.ndarray | None = None,
+                    per_position: dict[str, np.ndarray] | None = None, bucket_size: int = 16,
+                    bucket_edges: str = '') -> dict[str, Any]:
+  """Analyses `table` [L, D] of a run and writes analysis.json, analysis.npz and plots.
+
+  Args:
+    workdir: training workdir (reads tables/table_STEP.npy and stats/window_STEP.npz).
+    table: the position table to analyse [L, D].
+    output: directory for the outputs.
+    step: training step of `table` (limits snapshots and exposure to steps <= step).
+    initial: initial table [L, D]; default tables/table_0.npy if present.
+    per_position: evaluation vectors ('loss' [L'], optional 'bayes_loss', 'filter_loss'),
+      related to cumulative exposure when training statistics exist.
+    bucket_size: bucket width for summaries; bucket_edges: explicit edges or 'log2'.
+
+  Returns:
+    The analysis.json dict, with 'files' naming what was written.
+  """
+  snaps = [(s, p) for s, p in _steps(os.path.join(workdir, 'tables', 'table_*.npy'))
+           if step is None or s <= step]
+  if initial is None and snaps and snaps[0][0] == 0:
+    initial = np.load(snaps[0][1])
+  snapshots = [(s, np.load(p)) for s, p in snaps]
+  summary, arrays = analyze_table(table, initial=initial, snapshots=snapshots,
+                                  bucket_size=bucket_size, bucket_edges=bucket_edges)
+  summary['step'] = step
+  os.makedirs(output, exist_ok=True)
+  files = {
+      'table_plot': plots.table_analysis(
+          arrays['norm'], arrays.get('drift'), arrays['pca_ratio'],
+          np.asarray(summary['probe']['bucket_edges']), np.asarray(summary['probe']['abs_error_by_bucket']),
+          os.path.join(output, 'table_analysis.png'), arrays.get('snapshot_drift'),
+          arrays.get('snapshot_steps', ())),
+      'cosine_plot': plots.cosine_heatmap(cosine_similarity(table),
+                                          os.path.join(output, 'cosine_similarity.png')),
+  }
+  exposure = cumulative_exposure(workdir, step)
+  if exposure is not None:
+    num = min(len(exposure), table.shape[0])
+    arrays['exposure'] = exposure
+    series: dict[str, np.ndarray] = {}
+    if per_position is not None:
+      n = min(num, len(per_position['loss']))
+      series['loss'] = _pad(per_position['loss'][:n], num)
+      if 'bayes_loss' in per_position:
+        gap = per_position['filter_loss'][:n] - per_position['bayes_loss'][:n]
+        with np.errstate(invalid='ignore', divide='ignore'):
+          rec = np.where(np.abs(gap) > 1e-9, (per_position['filter_loss'][:n]
+                                              - per_position['loss'][:n]) / gap, np.nan)
+        series['recovered'] = _pad(rec, num)
+    if 'drift' in arrays:
+      series['drift'] = arrays['drift'][:num]
+    series['norm'] = arrays['norm'][:num]
+    files['exposure_plot'] = plots.exposure_relation(exposure[:num], series,
+                                                     os.path.join(output, 'exposure_relation.png'))
+    summary['exposure'] = {'total_tokens': float(exposure.sum()),
+                           'min_position_exposure': float(exposure[:num].min()),
+                           'max_position_exposure': float(exposure[:num].max())}
+    for name, y in series.items():
+      ok = np.isfinite(y) & (exposure[:num] > 0)
+      if ok.sum() > 2:
+        summary['exposure'][f'spearman_{name}'] = _spearman(np.log(exposure[:num][ok]), y[ok])
+  np.savez(os.path.join(output, 'analysis.npz'), **arrays)
+  files['arrays'] = os.path.join(output, 'analysis.npz')
+  files['json'] = os.path.join(output, 'analysis.json')
+  summary['files'] = files
+  with open(files['json'], 'w') as f:
+    json.dump(summary, f, indent=1)
+  return summary
+
+
+def _pad(x: np.ndarray, n: int) -> np.ndarray:
+  out = np.full(n, np.nan)
+  out[:len(x)] = x
+  return out
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float | None:
+  rx = np.argsort(np.argsort(x)).astype(np.float64)
+  ry = np.argsort(np.argsort(y)).astype(np.float64)
+  c = np.corrcoef(rx, ry)[0, 1]
+  return float(c) if math.isfinite(c) else None

@@ -1,0 +1,74 @@
+"""Table analysis: norms, drift, cosine similarity, PCA, the held-out position probe."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from flax_posemb import analysis
+
+
+def _helix(num=64, dim=8, noise=0.0, seed=0):
+  """A GPT-2-like table: low-rank helix plus a linear ramp (position is linearly decodable)."""
+  p = np.arange(num)[:, None]
+  freqs = np.array([[1, 2, 3]]) * 2 * np.pi / num
+  t = np.concatenate([np.sin(p * freqs), np.cos(p * freqs), p / num, np.zeros((num, dim - 7))], 1)
+  return t + noise * np.random.default_rng(seed).normal(size=t.shape)
+
+
+def test_norms_drift_and_cosine_similarity():
+  t = np.array([[3.0, 4.0], [0.0, 0.0], [-3.0, -4.0]])
+  np.testing.assert_allclose(analysis.row_norms(t), [5, 0, 5])
+  np.testing.assert_allclose(analysis.drift(t, np.zeros_like(t)), [5, 0, 5])
+  sim = analysis.cosine_similarity(t)
+  np.testing.assert_allclose(sim[0], [1, 0, -1])
+  with pytest.raises(ValueError, match='differ in shape'):
+    analysis.drift(t, np.zeros((4, 2)))
+
+
+def test_pca_explained_variance_sees_the_rank():
+  t = _helix()
+  ratio = analysis.pca_explained_variance(t)
+  np.testing.assert_allclose(ratio.sum(), 1.0)
+  assert ratio[:7].sum() > 0.999 and ratio[7] < 1e-12  # seven non-zero directions
+
+
+def test_position_probe_decodes_structure_not_noise():
+  good = analysis.position_probe(_helix())
+  assert good['r2'] > 0.99 and good['abs_error'].mean() < 1.0
+  noise = analysis.position_probe(np.random.default_rng(0).normal(size=(64, 8)))
+  assert noise['r2'] < 0.5  # held-out prediction: random rows carry no position
+  with pytest.raises(ValueError, match='folds'):
+    analysis.position_probe(_helix(), folds=1)
+
+
+def test_analyze_workdir_writes_plots_json_and_exposure_relation(tmp_path):
+  workdir = str(tmp_path / 'run')
+  os.makedirs(os.path.join(workdir, 'tables'))
+  os.makedirs(os.path.join(workdir, 'stats'))
+  init = _helix(noise=0.5, seed=1) * 0.1
+  final = _helix(noise=0.05, seed=2)
+  np.save(os.path.join(workdir, 'tables', 'table_0.npy'), init)
+  np.save(os.path.join(workdir, 'tables', 'table_10.npy'), (init + final) / 2)
+  np.save(os.path.join(workdir, 'tables', 'table_20.npy'), final)
+  count = np.linspace(100, 1, 64)
+  for step in (10, 20, 30):
+    np.savez(os.path.join(workdir, 'stats', f'window_{step}.npz'), count=count,
+             loss_sum=count * 2.0)
+  loss = np.linspace(2.0, 3.0, 64)
+  per_position = {'loss': loss, 'bayes_loss': np.full(64, 1.5), 'filter_loss': np.full(64, 3.5)}
+  out = str(tmp_path / 'out')
+  summary = analysis.analyze_workdir(workdir, final, out, step=20, per_position=per_position,
+                                     bucket_size=16)
+  assert summary['exposure']['total_tokens'] == pytest.approx(2 * count.sum())  # step 30 excluded
+  assert summary['exposure']['spearman_loss'] == pytest.approx(-1.0)  # rarer -> worse
+  assert summary['exposure']['spearman_recovered'] == pytest.approx(1.0)
+  assert list(summary['snapshot_mean_drift']) == ['0', '10', '20']
+  assert len(summary['probe']['abs_error_by_bucket']) == 4
+  for key in ('table_plot', 'cosine_plot', 'exposure_plot', 'arrays', 'json'):
+    assert os.path.getsize(summary['files'][key]) > 0
+  with open(summary['files']['json']) as f:
+    assert json.load(f)['rows'] == 64
+  arrays = np.load(summary['files']['arrays'])
+  np.testing.assert_allclose(arrays['drift'], analysis.drift(final, init))
