@@ -95,15 +95,22 @@ def _steps(pattern: str) -> list[tuple[int, str]]:
 
 
 def cumulative_exposure(workdir: str, upto_step: int | None = None) -> np.ndarray | None:
-  """[L] tokens seen per position over all logging windows up to `upto_step` (None if no stats)."""
+  """[L] tokens seen per position up to `upto_step` (None if the run has no statistics).
+
+  Uses the exact `cumulative_count` of the last window file at or before `upto_step` when
+  present (written by `stats.save_window`), else sums the windows' `count` vectors.
+  """
   files = [(s, p) for s, p in _steps(os.path.join(workdir, 'stats', 'window_*.npz'))
            if upto_step is None or s <= upto_step]
   if not files:
     return None
+  with np.load(files[-1][1]) as z:
+    if 'cumulative_count' in z.files:
+      return np.asarray(z['cumulative_count'], np.float64)
   total = None
   for _, path in files:
     with np.load(path) as z:
-      if 'count' not in z:
+      if 'count' not in z.files:
         raise ValueError(f'{path} has no per-position "count" vector (keys: {sorted(z.files)}).')
       c = np.asarray(z['count'], np.float64)
     total = c if total is None else total + c
