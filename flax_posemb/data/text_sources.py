@@ -1,0 +1,268 @@
+"""Real-text sources through TFDS (array_record + `as_data_source`; no TensorFlow needed).
+
+* ``local_text``: the user's ``.txt`` / ``.jsonl`` files (`data.local_glob`), one document
+  per file, line or blank-line paragraph (`data.local_split_by`; a ``.jsonl`` line's
+  `data.text_feature` field is its text, one document per line).
+* ``stdlib``: this Python's standard-library ``.py`` files, each split into documents at
+  top-level ``def`` / ``class`` / decorator lines (a mix of short and long documents).
+  Available on every machine without download.
+* ``tfds``: any prepared TFDS text dataset (`data.name`, feature `data.text_feature`).
+
+``local_text`` and ``stdlib`` are `GeneratorBasedBuilder`s built on first use into the data
+directory. Their builder config name carries a content hash of the input files (and the
+Python version for ``stdlib``), so changed files or another Python build a new dataset.
+Splits: a document goes to 'validation' when a hash of its key falls in the first
+`data.val_percent` percent, else to 'train' (deterministic).
+"""
+
+from __future__ import annotations
+
+import glob as glob_lib
+import hashlib
+import inspect
+import json
+import os
+import re
+import sys
+import sysconfig
+
+from etils import epath
+import tensorflow_datasets as tfds
+
+from flax_posemb.data import sources
+from flax_posemb.data import tokenizers
+
+LONG_DOC_CORPORA = ('wiki40b/en', 'pg19')
+
+
+def data_dir(data_config) -> str:
+  """`data.data_dir`, else $FLAX_POSEMB_DATA_DIR, else ~/.cache/flax_posemb."""
+  d = data_config.data_dir or os.environ.get('FLAX_POSEMB_DATA_DIR') or os.path.join(
+      os.path.expanduser('~'), '.cache', 'flax_posemb')
+  os.makedirs(d, exist_ok=True)
+  return d
+
+
+def _hash_percent(key: str) -> float:
+  """Deterministic score in [0, 100) of a document key (its split is by this score)."""
+  return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) / 2**32 * 100
+
+
+def _hash_files(paths: list[str], extra: str) -> str:
+  h = hashlib.sha1(extra.encode())
+  for p in paths:
+    h.update(p.encode())
+    with open(p, 'rb') as f:
+      h.update(f.read())
+  return h.hexdigest()[:12]
+
+
+def _split_text(text: str, split_by: str) -> list[str]:
+  if split_by == 'file':
+    return [text]
+  if split_by == 'line':
+    return text.split('\n')
+  return re.split(r'\n[ \t]*\n', text)
+
+
+_TOP_LEVEL = re.compile(r'(def |class |async def |@)')
+
+
+def split_python_source(text: str) -> list[str]:
+  """Splits a module at top-level def/class/decorator lines (decorators stay attached).
+
+  Returns:
+    Non-blank documents; their concatenation is `text` minus blank-only parts.
+  """
+  docs, cur, prev_decorator = [], [], False
+  for line in text.splitlines(keepends=True):
+    if _TOP_LEVEL.match(line) and not prev_decorator and cur:
+      docs.append(''.join(cur))
+      cur = []
+    cur.append(line)
+    if line.strip():
+      prev_decorator = line.startswith('@')
+  docs.append(''.join(cur))
+  return [d for d in docs if d.strip()]
+
+
+class TextBuilderConfig(tfds.core.BuilderConfig):
+  """Builder config of the text corpora: the documents to write."""
+
+  def __init__(self, *, name: str, files: tuple[str, ...], split_by: str,
+               text_field: str, val_percent: int, description: str = ''):
+    super().__init__(name=name, version=tfds.core.Version('1.0.0'), description=description)
+    self.files = files
+    self.split_by = split_by  # file | line | paragraph | python
+    self.text_field = text_field
+    self.val_percent = val_percent
+
+
+class _TextCorpus(tfds.core.GeneratorBasedBuilder):
+  """Documents from local files; splits by hashed document key."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  BUILDER_CONFIGS = []
+
+  # TFDS' default probes `importlib_resources` (not installed here); the file is enough.
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls) -> epath.Path:
+    return epath.Path(inspect.getfile(cls))
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self, description=self.builder_config.description,
+        features=tfds.features.FeaturesDict({'text': tfds.features.Text()}))
+
+  def _docs(self):
+    """Yields (key, text) of every document, in file order."""
+    cfg = self.builder_config
+    for path in cfg.files:
+      with open(path, 'r', encoding='utf-8', errors='replace') as f:
+        content = f.read()
+      if path.endswith('.jsonl'):
+        docs = []
+        for line in content.split('\n'):
+          if line.strip():
+            rec = json.loads(line)
+            docs.append(str(rec.get(cfg.text_field, '')) if isinstance(rec, dict) else str(rec))
+      elif cfg.split_by == 'python':
+        docs = split_python_source(content)
+      else:
+        docs = _split_text(content, cfg.split_by)
+      for i, doc in enumerate(docs):
+        yield f'{path}:{i}', doc
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    pct = self.builder_config.val_percent
+    scores = {key: _hash_percent(key) for key, _ in self._docs()}
+    val = {k for k, v in scores.items() if v < pct}
+    if pct > 0 and not val and len(scores) >= 2:  # Tiny corpus: still one validation doc.
+      val = {min(scores, key=scores.get)}
+    out = {}
+    if len(val) < len(scores):
+      out['train'] = self._generate_examples(val, False)
+    if val:
+      out['validation'] = self._generate_examples(val, True)
+    return out
+
+  def _generate_examples(self, val: set[str], validation: bool):
+    for key, doc in self._docs():
+      if (key in val) == validation:
+        yield key, {'text': doc}
+
+
+class LocalText(_TextCorpus):
+  """The user's .txt/.jsonl files (`data.local_glob`)."""
+
+
+class Stdlib(_TextCorpus):
+  """The Python standard library's .py files, split at top-level definitions."""
+
+
+def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
+  builder = builder_cls(config=config, data_dir=ddir)
+  if not builder.is_prepared():
+    builder.download_and_prepare(file_format='array_record')
+  return builder
+
+
+def stdlib_files() -> list[str]:
+  """Sorted .py files of this Python's standard library (no site-packages, no tests)."""
+  root = sysconfig.get_paths()['stdlib']
+  out = []
+  for dirpath, dirnames, filenames in os.walk(root):
+    dirnames[:] = sorted(d for d in dirnames if d not in (
+        'site-packages', 'dist-packages', '__pycache__', 'test', 'tests', 'idle_test'))
+    out += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith('.py')]
+  return out
+
+
+def _records(data_config, split: str):
+  """Random-access records (dicts with a text feature) of `split`."""
+  c = data_config
+  ddir = data_dir(c)
+  val_percent = int(c.val_percent)
+  if c.source in ('local_text', 'stdlib'):
+    if split not in ('train', 'validation'):
+      raise ValueError(f"Split {split!r} unknown for {c.source}; use 'train' or 'validation'.")
+    if c.source == 'local_text':
+      files = sorted(glob_lib.glob(os.path.expanduser(c.local_glob), recursive=True))
+      files = [f for f in files if os.path.isfile(f)]
+      if not files:
+        raise ValueError(f'data.local_glob={c.local_glob!r} matches no files; the corpus '
+                         'is empty.')
+      bad = [f for f in files if not f.endswith(('.txt', '.jsonl'))]
+      if bad:
+        raise ValueError(f'local_text reads .txt or .jsonl files only; got {bad[:3]}.')
+      h = _hash_files(files, f'{c.local_split_by}|{c.text_feature}|{val_percent}')
+      config = TextBuilderConfig(name=f'h{h}', files=tuple(files), split_by=c.local_split_by,
+                                 text_field=c.text_feature, val_percent=val_percent,
+                                 description=f'{len(files)} files from {c.local_glob}')
+      builder = _prepare(LocalText, config, ddir)
+    else:
+      files = stdlib_files()
+      ver = f'py{sys.version_info.major}{sys.version_info.minor}'
+      h = _hash_files(files, f'{ver}|{val_percent}')
+      config = TextBuilderConfig(
+          name=f'{ver}_{h}', files=tuple(files), split_by='python', text_field='text',
+          val_percent=val_percent,
+          description=f'Python {sys.version.split()[0]} stdlib, {len(files)} files')
+      builder = _prepare(Stdlib, config, ddir)
+    if split not in builder.info.splits:
+      raise ValueError(
+          f'{c.source} split {split!r} has no documents (corpus of '
+          f'{sum(s.num_examples for s in builder.info.splits.values())} documents, '
+          f'data.val_percent={val_percent}); the corpus is empty or too small, or change '
+          'data.val_percent.')
+    return builder.as_data_source(split=split), 'text'
+  return named_tfds_records(c.name, split, ddir), c.text_feature
+
+
+def named_tfds_records(name: str, split: str, ddir: str):
+  """`tfds.data_source(name)` with clear errors when unknown or not prepared."""
+  try:
+    return tfds.data_source(name, split=split, data_dir=ddir, download=False)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise ValueError(f'Unknown TFDS dataset {name!r} (data.name); see '
+                     'https://www.tensorflow.org/datasets/catalog.') from None
+  except Exception as e:  # Not prepared, wrong file format, unknown split.
+    raise ValueError(
+        f'TFDS dataset {name!r} split {split!r} is not readable as array_record in '
+        f'{ddir} ({type(e).__name__}: {str(e).splitlines()[0]}). Prepare it once with\n'
+        f'  pip install "flax_posemb[prepare]"  # brings TensorFlow/Beam for preparation\n'
+        f'  tfds build {name} --file_format=array_record --data_dir={ddir}\n'
+        f'For long-context studies use corpora with long documents ({", ".join(LONG_DOC_CORPORA)}); '
+        'lm1b is shuffled single sentences and useless for long context.') from e
+
+
+def make_tokenizer(data_config) -> tokenizers.Tokenizer:
+  """The configured tokenizer; a SentencePiece model is trained on the train split once and
+  cached in the data directory."""
+  c = data_config
+  if c.tokenizer == 'byte':
+    return tokenizers.ByteTokenizer()
+  if c.tokenizer != 'sentencepiece':
+    raise ValueError(f'Unknown data.tokenizer {c.tokenizer!r}; use byte | sentencepiece.')
+  if c.spm_model:
+    return tokenizers.SentencePieceTokenizer(model_file=c.spm_model)
+  records, feature = _records(c, c.train_split)
+  key = hashlib.sha1(f'{c.source}|{c.name}|{c.local_glob}|{c.local_split_by}|'
+                     f'{len(records)}|{c.spm_vocab_size}'.encode()).hexdigest()[:12]
+  path = os.path.join(data_dir(c), 'spm', f'{c.source}_{key}.model')
+  if os.path.exists(path):
+    return tokenizers.SentencePieceTokenizer(model_file=path)
+  src = sources.TextSource(records, tokenizers.ByteTokenizer(), feature)
+  texts = (src.text(i) for i in range(min(len(src), 50_000)))
+  return tokenizers.SentencePieceTokenizer.train(texts, int(c.spm_vocab_size), save_path=path)
+
+
+def make_text_source(data_config, split: str) -> sources.TextSource:
+  """`TextSource` of `split` for source local_text | stdlib | tfds."""
+  records, feature = _records(data_config, split)
+  if len(records) == 0:
+    raise ValueError(f'Split {split!r} of data.source={data_config.source!r} has no '
+                     'documents; the corpus is empty.')
+  return sources.TextSource(records, make_tokenizer(data_config), feature)

@@ -1,0 +1,167 @@
+"""Real-text sources (TFDS builders, named datasets via mock_data) and tokenizers."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from configs import tiny
+from flax_posemb import data
+from flax_posemb.data import text_sources
+from flax_posemb.data import tokenizers
+
+
+def _cfg(tmp_path, **kw):
+  cfg = tiny.get_config()
+  cfg.data.data_dir = str(tmp_path / 'data')
+  cfg.data.prefetch = 0
+  for k, v in kw.items():
+    setattr(cfg.data, k, v)
+  return cfg
+
+
+@pytest.mark.parametrize('policy', ['natural', 'packed', 'packed_reset', 'length_schedule'])
+def test_mock_lm1b_flows_through_the_whole_pipeline(tmp_path, policy):
+  cfg = _cfg(tmp_path, source='tfds', name='lm1b', position_policy=policy)
+  with tfds.testing.mock_data(num_examples=40):
+    data.validate_config(cfg.data, max_len=128)
+    it = data.make_train_iterator(cfg.data, batch_size=4, seed=0, num_train_steps=4)
+    batches = [next(it) for _ in range(3)]
+    state = it.get_state()
+    nxt = next(it)
+    it2 = data.make_train_iterator(cfg.data, batch_size=4, seed=0, num_train_steps=4)
+    it2.set_state(state)
+    again = next(it2)
+    ev = list(data.make_eval_batches(cfg.data, split='test', window_len=8, num_windows=5,
+                                     batch_size=4))
+  for b in batches:
+    assert b['inputs'].shape[0] == 4 and b['inputs'].max() < data.vocab_size(cfg.data)
+    assert (b['segment_ids'] > 0).any()
+    # Every document starts with the separator at its position 0.
+    first = (b['positions'] == 0) & (b['segment_ids'] > 0)
+    if policy != 'packed':
+      assert np.all(b['inputs'][first] == tokenizers.ByteTokenizer.sep_id)
+  assert all(np.array_equal(nxt[k], again[k]) for k in nxt)
+  assert len(ev) == 2 and ev[0]['inputs'].shape == (4, 8) and ev[0]['loss_mask'].min() == 1
+
+
+def test_unknown_or_unprepared_tfds_dataset_is_a_clear_error(tmp_path):
+  cfg = _cfg(tmp_path, source='tfds', name='no_such_dataset_xyz')
+  with pytest.raises(ValueError, match='Unknown TFDS dataset'):
+    data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1)
+  cfg.data.name = 'lm1b'
+  with pytest.raises(ValueError, match='tfds build lm1b --file_format=array_record'):
+    data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1)
+
+
+def test_tfds_source_needs_a_name(tmp_path):
+  cfg = _cfg(tmp_path, source='tfds', name='')
+  with pytest.raises(ValueError, match='needs data.name'):
+    data.validate_config(cfg.data, max_len=128)
+
+
+def _write(tmp_path, name, text):
+  p = tmp_path / 'corpus' / name
+  p.parent.mkdir(exist_ok=True)
+  p.write_text(text)
+  return p
+
+
+@pytest.mark.parametrize('split_by,expected', [('file', 2), ('line', 5), ('paragraph', 3)])
+def test_local_text_splits_documents_by_file_line_or_paragraph(tmp_path, split_by, expected):
+  _write(tmp_path, 'a.txt', 'one two\nthree\n\nfour')
+  _write(tmp_path, 'b.txt', 'five six')
+  cfg = _cfg(tmp_path, source='local_text', local_glob=str(tmp_path / 'corpus' / '*.txt'),
+             local_split_by=split_by, val_percent=0)
+  src = data.make_source(cfg.data, 'train')
+  texts = sorted(src.text(i) for i in range(len(src)))
+  assert len(texts) == expected, texts
+  assert 'five six' in texts
+
+
+def test_local_jsonl_reads_the_text_feature_and_rebuilds_when_files_change(tmp_path):
+  p = _write(tmp_path, 'a.jsonl', '\n'.join(json.dumps({'text': f'doc {i}'}) for i in range(30)))
+  cfg = _cfg(tmp_path, source='local_text', local_glob=str(p))
+  train, val = data.make_source(cfg.data, 'train'), data.make_source(cfg.data, 'validation')
+  assert len(train) + len(val) == 30
+  got = sorted([train.text(i) for i in range(len(train))] + [val.text(i) for i in range(len(val))])
+  assert got == sorted(f'doc {i}' for i in range(30))
+  p.write_text(json.dumps({'text': 'changed'}) + '\n' + json.dumps({'text': 'again'}))
+  assert sum(len(data.make_source(cfg.data, s)) for s in ('train', 'validation')) == 2
+  p.write_text(json.dumps({'text': 'alone'}))
+  with pytest.raises(ValueError, match="split 'validation' has no documents"):
+    data.make_source(cfg.data, 'validation')
+
+
+def test_empty_corpus_and_documents_without_tokens_are_clear_errors(tmp_path):
+  cfg = _cfg(tmp_path, source='local_text', local_glob=str(tmp_path / 'nothing' / '*.txt'))
+  with pytest.raises(ValueError, match='matches no files'):
+    data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1)
+  p = _write(tmp_path, 'empty.txt', '\n\n\n\n')
+  cfg.data.local_glob, cfg.data.local_split_by, cfg.data.val_percent = str(p), 'line', 0
+  with pytest.raises(ValueError, match='min_doc_len'):
+    data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1)
+
+
+def test_empty_lines_are_skipped_not_served(tmp_path):
+  p = _write(tmp_path, 'mixed.txt', '\n'.join(['', 'hello world', '', 'abc'] * 10))
+  cfg = _cfg(tmp_path, source='local_text', local_glob=str(p), local_split_by='line',
+             val_percent=0)
+  it = data.make_train_iterator(cfg.data, batch_size=4, seed=0, num_train_steps=2)
+  for _ in range(3):
+    b = next(it)
+    assert np.all((b['segment_ids'] > 0).sum(1) >= 1)
+
+
+def test_stdlib_corpus_builds_on_first_use_and_records_python_version(tmp_path):
+  cfg = _cfg(tmp_path, source='stdlib')
+  src = data.make_source(cfg.data, 'validation')
+  assert len(src) > 50
+  built = list((tmp_path / 'data' / 'stdlib').iterdir())
+  assert [d.name.startswith(f'py{sys.version_info.major}{sys.version_info.minor}_')
+          for d in built] == [True]
+  text = ''.join(src.text(i) for i in range(20))
+  assert 'def ' in text or 'class ' in text
+  b = next(iter(data.make_eval_batches(cfg.data, split='validation', window_len=64,
+                                       num_windows=4, batch_size=4)))
+  assert b['loss_mask'].min() == 1.0
+
+
+def test_split_python_source_keeps_decorators_with_their_definition():
+  docs = text_sources.split_python_source('import x\n\n@a\n@b\ndef f():\n  pass\nclass C:\n  y = 1\n')
+  assert docs == ['import x\n\n', '@a\n@b\ndef f():\n  pass\n', 'class C:\n  y = 1\n']
+
+
+def test_byte_tokenizer_round_trip_and_separator():
+  tok = tokenizers.ByteTokenizer()
+  ids = tok.encode_doc('héllo')
+  assert ids[0] == tok.sep_id == 256 and tok.vocab_size == 257
+  assert tok.decode(ids) == 'héllo'
+  assert tok.encode_doc('abcdef', max_tokens=3) == [256, 97, 98]
+
+
+def test_sentencepiece_trained_on_the_corpus_is_cached_and_round_trips(tmp_path):
+  words = ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta', 'theta']
+  rng = np.random.default_rng(0)
+  text = '\n'.join(' '.join(rng.choice(words, 12)) for _ in range(300))
+  p = _write(tmp_path, 'w.txt', text)
+  cfg = _cfg(tmp_path, source='local_text', local_glob=str(p), local_split_by='line',
+             tokenizer='sentencepiece', spm_vocab_size=300)
+  tok = text_sources.make_tokenizer(cfg.data)
+  assert data.vocab_size(cfg.data) == tok.vocab_size <= 300
+  ids = tok.encode_doc('alpha beta gamma')
+  assert ids[0] == tok.sep_id and tok.decode(ids) == 'alpha beta gamma'
+  assert len(list((tmp_path / 'data' / 'spm').iterdir())) == 1
+  b = next(data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1))
+  assert b['inputs'].max() < tok.vocab_size
+  cfg.data.spm_model = str(tmp_path / 'missing.model')
+  with pytest.raises(FileNotFoundError, match='spm_model'):
+    text_sources.make_tokenizer(cfg.data)
+
+
+def test_unknown_tokenizer_is_a_clear_error(tmp_path):
+  cfg = _cfg(tmp_path, source='stdlib', tokenizer='wordpiece')
+  with pytest.raises(ValueError, match='Unknown data.tokenizer'):
+    data.validate_config(cfg.data, max_len=128)
