@@ -7,11 +7,14 @@ directory appears under its final name only once every item is complete)::
 
   WORKDIR/checkpoints/
     STEP/                       e.g. 0/, 100/, 200/ (no zero padding)
-      _CHECKPOINT_METADATA      Orbax step metadata (commit time, item handlers)
+      _CHECKPOINT_METADATA      Orbax step metadata (commit time, item handlers, and
+                                custom_metadata['flax_posemb_items']: items written)
       params/                   Orbax PyTree (OCDBT + _METADATA): the model params
       opt_state/                Orbax PyTree: the optax state (Adam moments, count)
       data_iter/                Grain iterator state: process_I-of-N.json per process
-      stats/                    Orbax PyTree of numpy arrays (int64 counts kept exact)
+                                (absent if saved with data_iter=None)
+      stats/                    Orbax PyTree of numpy arrays (int64 counts kept exact;
+                                absent if saved with empty stats)
       config/metadata           JSON: the resolved config dict of the run
 
 Retention: the latest `max_to_keep` steps plus step 0 (the initial table, which the
@@ -55,6 +58,7 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_SUBDIR = 'checkpoints'  # WORKDIR/checkpoints holds the step directories.
 ITEMS = ('params', 'opt_state', 'data_iter', 'stats', 'config')
+_ITEMS_KEY = 'flax_posemb_items'  # Step custom metadata: the items written.
 
 PyTree = Any
 _T = TypeVar('_T')
@@ -243,6 +247,7 @@ class Checkpointer:
         enable_async_checkpointing=async_save,
         create=not read_only,
         read_only=read_only,
+        save_interval_steps=0 if read_only else 1,
         # Orphaned *.orbax-checkpoint-tmp-* dirs of a killed save are removed;
         # finalized step directories are never touched by this.
         cleanup_tmp_directories=not read_only,
@@ -276,9 +281,11 @@ class Checkpointer:
         updates); 0 is the initial state.
       params: model params, PyTree of jax.Arrays (any shapes/shardings).
       opt_state: optax state, PyTree of jax.Arrays.
-      data_iter: Grain iterator positioned at the next batch, or None to skip.
+      data_iter: Grain iterator positioned at the next batch, or None (not
+        stored; restore it with data_iter=None).
       stats: dict (possibly nested) of numpy arrays / Python ints; e.g. int64
-        cumulative counts `[max_len]`. No zero-size arrays.
+        cumulative counts `[max_len]`. No zero-size arrays. Empty or None:
+        not stored, restored as {}.
       config: ConfigDict or JSON-serializable dict.
       force: save even where Orbax's save-decision policy would skip; an
         existing step is still never overwritten.
@@ -307,13 +314,15 @@ class Checkpointer:
     items = dict(
         params=ocp.args.StandardSave(params),
         opt_state=ocp.args.StandardSave(opt_state),
-        stats=ocp.args.StandardSave(stats),
         config=ocp.args.JsonSave(_config_to_dict(config)),
     )
+    if stats:  # Orbax refuses an empty tree; an absent item restores as {}.
+      items['stats'] = ocp.args.StandardSave(stats)
     if data_iter is not None:
       items['data_iter'] = grain.checkpoint.CheckpointSave(data_iter)
-    saved = self._manager.save(step, args=ocp.args.Composite(**items),
-                               force=force)
+    saved = self._manager.save(
+        step, args=ocp.args.Composite(**items), force=force,
+        custom_metadata={_ITEMS_KEY: sorted(items)})
     if not saved:
       logger.warning('Orbax skipped the checkpoint of step %d (latest on disk: '
                      '%s).', step, self.latest_step())
@@ -330,8 +339,18 @@ class Checkpointer:
                               f'{self.step_dir(step)}')
     return getattr(tree, 'tree', tree)
 
+  def _saved_items(self, step: int) -> list[str] | None:
+    """Items written at `step` (from its step metadata), None if unknown."""
+    try:
+      custom = self._manager.metadata(step).custom_metadata or {}
+    except Exception:  # pylint: disable=broad-except
+      return None
+    items = custom.get(_ITEMS_KEY)
+    return list(items) if items is not None else None
+
   def _restore_step(self, step: int, abstract_params: PyTree,
                     abstract_opt_state: PyTree, data_iter: Any) -> dict[str, Any]:
+    saved = self._saved_items(step)
     _check_same_tree('params', self._item_tree(step, 'params'),
                      abstract_params, self.step_dir(step))
     _check_same_tree('opt_state', self._item_tree(step, 'opt_state'),
@@ -339,17 +358,20 @@ class Checkpointer:
     items = dict(
         params=ocp.args.StandardRestore(_abstract(abstract_params)),
         opt_state=ocp.args.StandardRestore(_abstract(abstract_opt_state)),
-        stats=ocp.args.StandardRestore(),
         config=ocp.args.JsonRestore(),
     )
+    if saved is None or 'stats' in saved:  # A missing stats dir is then damage.
+      items['stats'] = ocp.args.StandardRestore()
     if data_iter is not None:
-      if not (self.step_dir(step) / 'data_iter').exists():
-        raise FileNotFoundError(
-            f'{self.step_dir(step)} has no data_iter item (it was saved '
-            'without a data iterator); pass data_iter=None to restore it.')
+      if saved is not None and 'data_iter' not in saved:
+        raise CallerError(
+            f'{self.step_dir(step)} was saved without a data iterator; pass '
+            'data_iter=None to restore it (the data order then restarts).')
       items['data_iter'] = grain.checkpoint.CheckpointRestore(data_iter)
     r = self._manager.restore(step, args=ocp.args.Composite(**items))
-    stats = jax.tree.map(np.asarray, dict(r['stats'] or {}))
+    stats = {}
+    if 'stats' in items:
+      stats = jax.tree.map(np.asarray, dict(r['stats'] or {}))
     return dict(step=step, params=r['params'], opt_state=r['opt_state'],
                 stats=stats, config=dict(r['config'] or {}))
 

@@ -66,7 +66,8 @@ def _assert_trees_equal(a, b):
 
 def _abstract(tree):
   return jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                     sharding=getattr(x, 'sharding', None)),
       tree)
 
 
@@ -75,10 +76,17 @@ def test_round_trip_is_exact_for_every_item(tmp_path):
   it = _data_iter()
   for _ in range(3):
     next(it)
+  host_params = jax.device_get(params)
+  host_opt_state = jax.device_get(opt_state)
   with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
     assert _save(ck, 3, params, opt_state, it, config={'model': {'max_len': 8},
                                                        'lr': 3e-3})
+    # The async save must not read the device buffers after save() returns
+    # (the train step donates them).
+    for x in jax.tree.leaves((params, opt_state)):
+      x.delete()
     ck.wait_until_finished()
+  params, opt_state = host_params, host_opt_state
   expected_batches = [next(it) for _ in range(3)]
 
   fresh = _data_iter()
@@ -136,6 +144,20 @@ def test_max_to_keep_always_keeps_step_zero(tmp_path):
                 if p.name.isdigit()) == [0, 40, 50]
   with checkpointing.Checkpointer(tmp_path, max_to_keep=2) as ck:
     assert ck.all_steps() == [0, 40, 50]
+
+
+def test_empty_stats_and_no_data_iter_round_trip(tmp_path):
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=2) as ck:
+    assert ck.save(1, params=params, opt_state=opt_state, data_iter=None,
+                   stats=None, config={'a': 1})
+    ck.wait_until_finished()
+    r = ck.restore(abstract_params=_abstract(params),
+                   abstract_opt_state=_abstract(opt_state), data_iter=None)
+    assert r['stats'] == {} and r['config'] == {'a': 1}
+    with pytest.raises(ValueError, match='without a data iterator'):
+      ck.restore(abstract_params=_abstract(params),
+                 abstract_opt_state=_abstract(opt_state), data_iter=_data_iter())
 
 
 def test_existing_step_is_not_overwritten(tmp_path, caplog):
