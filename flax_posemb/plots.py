@@ -271,3 +271,26 @@ def experiment_curve(path: str | os.PathLike[str], steps: Sequence[int],
   ax.set_ylabel(ylabel)
   ax.set_title(title, fontsize=9)
   return _save(fig, path)
+
+
+def data_exposure(report: dict[str, Any], path: str | os.PathLike[str]) -> str:
+  """Real-token count per position and source document-length shares (data exposure report).
+
+  Args:
+    report: `flax_posemb.data.report.exposure` dict ('counts' [T], 'doc_lengths' buckets).
+    path: output PNG.
+  """
+  counts = np.asarray(report['counts'], np.float64)
+  fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+  a.plot(np.arange(len(counts)), counts, lw=1)
+  a.set_xlabel('position id')
+  a.set_ylabel('real tokens seen')
+  a.set_ylim(bottom=0)
+  a.set_title(f"{report['source']} / {report['policy']}: exposure per position")
+  hist = report['doc_lengths']
+  b.bar([h['bucket'] for h in hist], [100 * h['token_share'] for h in hist])
+  b.set_xlabel('document length bucket (pairs)')
+  b.set_ylabel('token share (%)')
+  b.set_title('source document lengths')
+  b.tick_params(axis='x', labelrotation=30)
+  return _save(fig, path)
