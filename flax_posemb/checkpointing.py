@@ -185,7 +185,7 @@ def _config_to_dict(config: Any) -> dict[str, Any]:
   return config
 
 
-def _registry(with_data_iter: bool = True) -> ocp.handlers.CheckpointHandlerRegistry:
+def _registry() -> ocp.handlers.CheckpointHandlerRegistry:
   """Handlers for the five items, for both saving and restoring."""
   reg = ocp.handlers.DefaultCheckpointHandlerRegistry()
   for item in ('params', 'opt_state', 'stats'):
@@ -195,10 +195,9 @@ def _registry(with_data_iter: bool = True) -> ocp.handlers.CheckpointHandlerRegi
   h = ocp.JsonCheckpointHandler()
   reg.add('config', ocp.args.JsonSave, h)
   reg.add('config', ocp.args.JsonRestore, h)
-  if with_data_iter:
-    h = grain.checkpoint.CheckpointHandler()
-    reg.add('data_iter', grain.checkpoint.CheckpointSave, h)
-    reg.add('data_iter', grain.checkpoint.CheckpointRestore, h)
+  h = grain.checkpoint.CheckpointHandler()  # Grain's own Orbax handler.
+  reg.add('data_iter', grain.checkpoint.CheckpointSave, h)
+  reg.add('data_iter', grain.checkpoint.CheckpointRestore, h)
   return reg
 
 
