@@ -51,6 +51,7 @@ FIELDS = ('count', 'loss_sum', 'loss_count', 'occ_norm', 'occ_sq', 'row_sq',
           'downstream', 'update_sq')
 INT_FIELDS = ('count', 'loss_count')
 # Fields produced per microbatch (before the step's row_sq / update_sq are known).
+LOSS_FIELDS = ('loss_sum', 'loss_count')  # Kept even with collect_stats=False.
 OCCURRENCE_FIELDS = ('count', 'loss_sum', 'loss_count', 'occ_norm', 'occ_sq',
                      'downstream')
 
@@ -95,6 +96,28 @@ def downstream_targets(segment_ids: jax.Array, loss_mask: jax.Array) -> jax.Arra
   return out[:, ::-1]
 
 
+def loss_stats(token_loss: jax.Array, batch: Mapping[str, jax.Array],
+               max_len: int) -> Stats:
+  """Loss of the scored targets by input position (no gradients needed).
+
+  Args:
+    token_loss: ``[B, T]`` per-token loss (any value where ``loss_mask`` is 0).
+    batch: dict with ``positions`` (int ``[B, T]``) and ``loss_mask`` (float ``[B, T]``).
+    max_len: rows in the position table.
+
+  Returns:
+    Dict ``loss_sum`` (float32 ``[max_len]``) and ``loss_count`` (int32 ``[max_len]``).
+  """
+  pos = batch['positions'].reshape(-1)
+  mask = batch['loss_mask'].astype(jnp.float32).reshape(-1)
+  loss = jnp.where(mask > 0, token_loss.astype(jnp.float32).reshape(-1), 0.0) * mask
+  return {
+      'loss_sum': jax.ops.segment_sum(loss, pos, num_segments=max_len),
+      'loss_count': jax.ops.segment_sum((mask > 0).astype(jnp.int32), pos,
+                                        num_segments=max_len),
+  }
+
+
 def occurrence_stats(g: jax.Array, token_loss: jax.Array,
                      batch: Mapping[str, jax.Array], max_len: int) -> Stats:
   """Scatter one (micro)batch's per-occurrence quantities onto table rows.
@@ -112,12 +135,10 @@ def occurrence_stats(g: jax.Array, token_loss: jax.Array,
   """
   pos = batch['positions'].reshape(-1)
   real = (batch['segment_ids'] > 0).reshape(-1)
-  mask = batch['loss_mask'].astype(jnp.float32).reshape(-1)
   g = g.astype(jnp.float32).reshape(pos.shape[0], -1)
   g = jnp.where(real[:, None], g, 0.0)
   sq = jnp.sum(g * g, axis=-1)
   down = downstream_targets(batch['segment_ids'], batch['loss_mask']).reshape(-1)
-  loss = jnp.where(mask > 0, token_loss.astype(jnp.float32).reshape(-1), 0.0) * mask
   realf = real.astype(jnp.float32)
 
   def scatter(x):
@@ -125,8 +146,7 @@ def occurrence_stats(g: jax.Array, token_loss: jax.Array,
 
   return {
       'count': scatter(real.astype(jnp.int32)),
-      'loss_sum': scatter(loss),
-      'loss_count': scatter((mask > 0).astype(jnp.int32)),
+      **loss_stats(token_loss, batch, max_len),
       'occ_norm': scatter(jnp.sqrt(sq)),
       'occ_sq': scatter(sq),
       'downstream': scatter(down * realf),
