@@ -9,7 +9,8 @@ A length distribution is named by a spec string:
 * ``'uniform'``: lengths uniform on ``[1, seq_len]``;
 * ``'full'``: every document is ``seq_len`` long;
 * ``'a,b,c,...'``: token shares for ``n`` buckets whose upper edges are
-  ``seq_len / 2**(n-1), ..., seq_len / 2, seq_len`` (shares are normalized).
+  ``seq_len / 2**(n-1), ..., seq_len / 2, seq_len`` (shares are normalized; in a context
+  too short for ``n`` distinct buckets, empty buckets merge into the next one).
 
 Within a bucket ``(lo, hi]`` lengths are uniform integers. Token shares are turned into
 document probabilities by dividing by the bucket's mean length.
@@ -74,7 +75,7 @@ def parse(spec: str, seq_len: int) -> LengthDist:
     The `LengthDist`.
 
   Raises:
-    ValueError: unknown spec, bad shares, or a context too short for the buckets.
+    ValueError: unknown spec or bad shares.
   """
   spec = str(spec).strip()
   if seq_len < 1:
@@ -95,11 +96,17 @@ def parse(spec: str, seq_len: int) -> LengthDist:
     if any(s < 0 for s in shares) or sum(shares) <= 0:
       raise ValueError(f'Length shares must be >= 0 and not all zero, got {spec!r}.')
   n = len(shares)
-  edges = [0] + [int(round(seq_len / 2**(n - 1 - i))) for i in range(n)]
-  if any(edges[i + 1] <= edges[i] for i in range(n)):
-    raise ValueError(
-        f'seq_len={seq_len} is too short for {n} length buckets halving down to '
-        f'seq_len/2**{n - 1}; use fewer shares or a longer context.')
+  raw = [0] + [max(1, int(round(seq_len / 2**(n - 1 - i)))) for i in range(n)]
+  edges, merged, pending = [0], [], 0.0
+  for b in range(n):  # Short contexts: empty buckets merge into the next one.
+    pending += shares[b]
+    if raw[b + 1] > edges[-1]:
+      edges.append(raw[b + 1])
+      merged.append(pending)
+      pending = 0.0
+  merged[-1] += pending
+  shares = merged
+  n = len(shares)
   shares_arr = np.asarray(shares, np.float64) / sum(shares)
   means = np.array([(edges[b] + 1 + edges[b + 1]) / 2 for b in range(n)])
   probs = shares_arr / means

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Iterator
 
+from absl import flags
 import grain
 import numpy as np
 
@@ -223,6 +224,8 @@ def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_st
     ds = policies.ScheduleCropIterDataset(ds, int(c.schedule_seq_len), num_short)
   ds = ds.map(_check_batch)
   if int(c.num_workers) > 0:
+    if not flags.FLAGS.is_parsed():  # Grain workers read absl flags (a library caller
+      flags.FLAGS.mark_as_parsed()  # outside app.run has not parsed any).
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(c.num_workers)))
   return iter(ds)
 
