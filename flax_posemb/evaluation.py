@@ -14,6 +14,7 @@ also the number of tokens of context before the target, minus one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -26,6 +27,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from flax_posemb import buckets as buckets_lib
+from flax_posemb import data as data_lib
 
 BATCH_KEYS = ('inputs', 'targets', 'positions', 'segment_ids', 'loss_mask')
 OFFSET_NOTE = (
@@ -50,6 +52,7 @@ class EvalOutput:
   per_position: dict[str, np.ndarray]
 
 
+@functools.lru_cache(maxsize=16)
 def model_apply_fn(model) -> ApplyFn:
   """(params, inputs [B,T], positions [B,T], segment_ids [B,T]) -> logits [B,T,V] for a TransformerLM."""
   def apply(params, inputs, positions, segment_ids):
@@ -65,6 +68,12 @@ def make_mesh() -> jax.sharding.Mesh:
 
 
 def make_eval_step(apply_fn: ApplyFn, edges: np.ndarray, mesh: jax.sharding.Mesh):
+  """Cached `_make_eval_step`: periodic evaluations of one model compile once."""
+  return _make_eval_step(apply_fn, tuple(int(e) for e in edges), mesh)
+
+
+@functools.lru_cache(maxsize=32)
+def _make_eval_step(apply_fn: ApplyFn, edges: tuple[int, ...], mesh: jax.sharding.Mesh):
   """Jitted (params, batch, offset) -> sums for one batch.
 
   Args:
@@ -79,7 +88,7 @@ def make_eval_step(apply_fn: ApplyFn, edges: np.ndarray, mesh: jax.sharding.Mesh
   """
   length = int(edges[-1])
   nb = len(edges) - 1
-  bucket_of = jnp.asarray(buckets_lib.bucket_of_position(edges))
+  bucket_of = jnp.asarray(buckets_lib.bucket_of_position(np.asarray(edges)))
   replicated = NamedSharding(mesh, P())
 
   def step(params, batch, offset):
@@ -241,7 +250,6 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
   Returns:
     `EvalOutput`; with offsets, results['offset_probe'] holds one bucket table per K.
   """
-  from flax_posemb import data as data_lib  # pylint: disable=g-import-not-at-top
   s = _eval_settings(config, overrides)
   max_len = int(model.config.max_len)
   check_compatible(model, params, s['window_len'])
