@@ -135,6 +135,24 @@ def test_resampled_full_fills_every_row():
   np.testing.assert_array_equal(b['positions'], np.tile(np.arange(128), (B, 1)))
 
 
+def test_resampled_with_given_shares_draws_lengths_from_those_buckets():
+  cfg = _cfg('resampled', resample_dist='0,0,0,0,1,0')  # Only the (32, 64] bucket.
+  it = data.make_train_iterator(cfg.data, batch_size=B, seed=0, num_train_steps=4)
+  lengths = np.concatenate([(b['segment_ids'] > 0).sum(1) for b in _take(it, 4)])
+  assert lengths.min() > 32 and lengths.max() <= 64
+
+
+def test_interleaved_iterators_do_not_interfere():
+  cfg = _cfg()
+  mk = lambda s: data.make_train_iterator(cfg.data, batch_size=B, seed=s, num_train_steps=4)
+  a, b, fresh = mk(0), mk(1), mk(0)
+  for _ in range(3):
+    next(a)
+    next(b)
+  _take(fresh, 3)
+  assert _equal(next(a), next(fresh))
+
+
 def test_packed_and_packed_reset_share_layout_and_differ_only_in_positions():
   a = next(data.make_train_iterator(_cfg('packed').data, batch_size=B, seed=0,
                                     num_train_steps=4))

@@ -10,7 +10,6 @@ the process-local rows of each global batch -> row building -> batching. `packed
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Iterator
 
 from absl import flags
@@ -163,6 +162,8 @@ def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_st
   if batch_size < 1 or batch_size % process_count:
     raise ValueError(f'batch_size={batch_size} must be a positive multiple of '
                      f'process_count={process_count}.')
+  if seed < 0:
+    raise ValueError(f'seed must be >= 0, got {seed}.')
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index={process_index} not in [0, {process_count}).')
   src = make_source(c, c.train_split)
@@ -236,10 +237,16 @@ class DocOrder:
 
   def __init__(self, n: int, seed: int, shuffle: bool = True):
     self.n, self.seed, self.shuffle = int(n), int(seed), shuffle
+    self._cache: dict[int, np.ndarray] = {}  # Two epochs: the current and the next.
 
-  @functools.lru_cache(maxsize=2)
   def _perm(self, epoch: int) -> np.ndarray:
-    return np.random.default_rng([self.seed, epoch, 0x0D0C]).permutation(self.n)
+    perm = self._cache.get(epoch)
+    if perm is None:
+      perm = np.random.default_rng([self.seed, epoch, 0x0D0C]).permutation(self.n)
+      if len(self._cache) >= 2:
+        self._cache.pop(min(self._cache))
+      self._cache[epoch] = perm
+    return perm
 
   def __getitem__(self, g: int) -> int:
     epoch, i = divmod(int(g), self.n)
