@@ -216,3 +216,35 @@ def test_run_evaluation_offset_leaving_no_window_is_a_clear_error():
   params = model.init(jax.random.key(1), x, x)['params']
   with pytest.raises(ValueError, match='largest valid offset is 31'):
     evaluation.run_evaluation(model, params, c, offsets=[0, 32])
+
+
+_SHARDED_SCRIPT = '''
+import json, sys
+import jax
+sys.path.insert(0, sys.argv[1])
+import test_evaluation as te
+from flax_posemb import evaluation
+assert jax.device_count() == 4, jax.devices()
+model, params = te._model()
+acc, = evaluation.accumulate(evaluation.model_apply_fn(model), params, te._batches(),
+                             [0, 3, 8, 16])
+print(json.dumps({'loss_sum': acc.loss_sum.tolist(), 'ss': acc.ss.tolist(), 'windows': acc.windows}))
+'''
+
+
+def test_sharded_over_four_devices_matches_one_device():
+  import json
+  import subprocess
+  import sys
+  here = os.path.dirname(os.path.abspath(__file__))
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=4')
+  proc = subprocess.run([sys.executable, '-c', _SHARDED_SCRIPT, here], capture_output=True,
+                        text=True, env=env, timeout=300, cwd=os.path.dirname(here))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  got = json.loads(proc.stdout.strip().splitlines()[-1])
+  model, params = _model()
+  acc, = evaluation.accumulate(evaluation.model_apply_fn(model), params, _batches(),
+                               np.array([0, 3, 8, 16]))
+  assert got['windows'] == acc.windows == 7  # 5- and 2-row batches padded to 8 rows
+  np.testing.assert_allclose(got['loss_sum'], acc.loss_sum, rtol=1e-5)
+  np.testing.assert_allclose(got['ss'], acc.ss, rtol=1e-5)
