@@ -209,7 +209,7 @@ def derived(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 def window_path(workdir: str, step: int) -> str:
   """Path of the statistics window file ending at ``step``."""
-  return os.path.join(workdir, 'stats', f'window_{step:08d}.npz')
+  return os.path.join(workdir, 'stats', f'window_{step}.npz')
 
 
 def save_window(path: str, stats: Mapping[str, Any], *, step: int, first_step: int,

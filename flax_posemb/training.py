@@ -1,318 +1,323 @@
-"""The train state, the jitted train step with per-position statistics, and sharding.
+"""The training loop: ``train_and_evaluate(config, workdir)``.
 
-One compiled step (``make_train_step``) takes ``(state, batch, rng)`` and returns the new
-state and a metrics dict. It differentiates the optimizer loss (the mean token loss over
-the ``loss_mask`` targets of the whole global batch) with respect to ``params`` and the
-model's ``perturbations['embed_sum']`` in **one** backward pass. The perturbation gradient
-is the gradient of the mean loss; multiplied by the step's number of scored targets ``N``
-it is ``g(b, t)``, the gradient of the **sum-reduced** loss that ``flax_posemb.stats``
-documents. Under gradient accumulation the batch is cut into ``grad_accum_steps``
-microbatches (row ``i`` goes to microbatch ``i % grad_accum_steps``), each microbatch loss is
-divided by the *global* ``N``, and gradients and per-position sums are added over
-microbatches; ``row_sq`` squares the per-row sum of ``g`` over the whole step.
+Writes into ``workdir`` (docs/DESIGN.md):
 
-Statistics are accumulated on device in ``TrainState.window`` (a dict of ``[max_len]``
-vectors, see ``stats.FIELDS``) until the loop writes and resets it at each log step.
-With ``collect_stats=False`` only ``loss_sum``/``loss_count`` are accumulated (no gradient
-statistics); the loss and the update are bit-identical either way (tested): both modes
-take the same joint gradient and read the token losses the same way, so XLA compiles the
-loss and the update identically.
+* ``config.json`` — the resolved config;
+* ``metrics.jsonl`` — one JSON object per log step (``step``, ``loss`` = mean train loss
+  over the steps of the logging window, ``last_loss``, ``learning_rate``, ``grad_norm``,
+  ``tokens``, ``tokens_per_sec``, ``elapsed``), and one ``{'step', 'eval'}`` row per periodic
+  evaluation (``eval`` is ``evaluation.evaluate``'s results dict: ``overall``, ``buckets``);
+* ``stats/window_STEP.npz`` — per-position statistics of each logging window
+  (``flax_posemb.stats`` documents the fields; readable with numpy alone);
+* ``tables/table_STEP.npy`` — the position table at step 0 and every log step;
+* ``checkpoints/`` — Orbax (``flax_posemb.checkpointing``): periodic, at the end, and on
+  SIGTERM; the ``stats`` item holds the exact int64 ``cumulative_count`` and the partial
+  window so resumption is exact;
+* ``tensorboard/`` — tensorboardX scalars.
 
-Sharding: a 1-D ``jax.sharding.Mesh`` with axis ``'data'`` over all devices (all hosts);
-the batch is sharded along it, parameters are replicated, or with ``fsdp=True`` matrices
-with at least ``FSDP_MIN_SIZE`` elements are sharded along their largest divisible axis
-(the Adam moments follow). XLA inserts the cross-device reductions, so the statistics are
-global-batch figures on any number of devices.
+Re-running on a workdir with checkpoints resumes from the latest readable one, logs so,
+and drops ``metrics.jsonl`` rows, window files and table snapshots after the restored step.
+A non-finite loss stops the run with ``NonFiniteLossError`` (nothing is saved after it).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import glob
+import json
+import os
+import re
+import signal
+import time
+from typing import Any, Callable, Sequence
 
-import flax.struct
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from absl import logging
 
+from flax_posemb import checkpointing
+from flax_posemb import data as data_lib
 from flax_posemb import model as model_lib
-from flax_posemb import optim
 from flax_posemb import stats as stats_lib
+from flax_posemb.train_step import (TrainState, global_batch, init_state, make_mesh,
+                                    make_model, make_train_step, check_batch_layout,
+                                    zero_window)
 
-BATCH_KEYS = ('inputs', 'targets', 'positions', 'segment_ids', 'loss_mask')
-FSDP_MIN_SIZE = 2 ** 14  # Matrices with at least this many elements are sharded under fsdp.
-
-PyTree = Any
-
-
-@flax.struct.dataclass
-class TrainState:
-  """Everything the step updates.
-
-  Attributes:
-    step: int32 scalar, optimizer steps done.
-    params: model parameters.
-    opt_state: optax state.
-    window: per-position statistics summed since the last log step (``stats.FIELDS`` ->
-      ``[max_len]``; only ``stats.LOSS_FIELDS`` when statistics are off).
-  """
-  step: jax.Array
-  params: PyTree
-  opt_state: PyTree
-  window: dict[str, jax.Array]
+Hook = Callable[[int, dict[str, float]], None]
 
 
-def make_mesh(devices: Any = None) -> Mesh:
-  """1-D mesh with axis ``'data'`` over ``devices`` (default: all devices of all hosts)."""
-  devices = jax.devices() if devices is None else list(devices)
-  return Mesh(np.asarray(devices), ('data',))
+class NonFiniteLossError(FloatingPointError):
+  """The training loss or gradient norm became NaN/inf."""
 
 
-def param_sharding(shape: tuple[int, ...], mesh: Mesh, fsdp: bool) -> NamedSharding:
-  """Sharding of one parameter (or optimizer moment) of ``shape``.
-
-  Args:
-    shape: array shape.
-    mesh: mesh with axis ``'data'``.
-    fsdp: shard large matrices along their largest axis divisible by the device count.
-
-  Returns:
-    A ``NamedSharding`` (replicated unless fsdp applies).
-  """
-  n = mesh.shape['data']
-  if fsdp and n > 1 and len(shape) >= 2 and int(np.prod(shape)) >= FSDP_MIN_SIZE:
-    for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
-      if shape[axis] % n == 0:
-        spec = [None] * len(shape)
-        spec[axis] = 'data'
-        return NamedSharding(mesh, P(*spec))
-  return NamedSharding(mesh, P())
+def _to_host(x: jax.Array) -> np.ndarray:
+  if getattr(x, 'is_fully_addressable', True):
+    return np.asarray(jax.device_get(x))
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def tree_shardings(tree: PyTree, mesh: Mesh, fsdp: bool) -> PyTree:
-  """``param_sharding`` for every leaf of a tree of arrays / ShapeDtypeStructs."""
-  return jax.tree.map(lambda x: param_sharding(tuple(x.shape), mesh, fsdp), tree)
+def _step_of(path: str) -> int:
+  return int(re.search(r'_(\d+)\.(npy|npz)$', path).group(1))
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Sharding of ``[B, T]`` batch arrays: rows over ``'data'``."""
-  return NamedSharding(mesh, P('data'))
+def truncate_outputs(workdir: str, step: int) -> None:
+  """Drops metrics rows, window files and table snapshots written after ``step``."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if os.path.exists(path):
+    with open(path) as f:
+      rows = [line for line in f if line.strip()]
+    keep = []
+    for line in rows:
+      try:
+        if json.loads(line)['step'] <= step:
+          keep.append(line)
+      except (ValueError, KeyError):
+        continue  # A half-written last line of a killed run.
+    with open(path + '.tmp', 'w') as f:
+      f.writelines(keep)
+    os.replace(path + '.tmp', path)
+  for pattern in ('stats/window_*.npz', 'tables/table_*.npy'):
+    for p in glob.glob(os.path.join(workdir, pattern)):
+      if _step_of(p) > step:
+        os.remove(p)
 
 
-def check_batch_layout(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
-  """Raises a clear ValueError if the batch cannot be split over devices/microbatches."""
-  b, a, n = int(config.batch_size), int(config.grad_accum_steps), mesh.size
-  if a < 1:
-    raise ValueError(f'grad_accum_steps must be >= 1, got {a}.')
-  if b < 1 or b % (a * n):
-    raise ValueError(
-        f'batch_size={b} must be a positive multiple of grad_accum_steps * device count = '
-        f'{a} * {n} = {a * n} (each microbatch is split evenly over the devices). Set '
-        f'--config.batch_size to a multiple of {a * n}.')
-  if b % jax.process_count():
-    raise ValueError(f'batch_size={b} must be divisible by the process count '
-                     f'{jax.process_count()}.')
+def _validate(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
+  for key in ('num_train_steps', 'log_every_steps', 'checkpoint_every_steps', 'batch_size'):
+    if int(config[key]) < 1:
+      raise ValueError(f'{key} must be >= 1, got {config[key]}.')
+  mcfg = model_lib.ModelConfig.from_config(config.model)
+  data_lib.validate_config(config.data, max_len=mcfg.max_len)
+  vocab = data_lib.vocab_size(config.data)
+  if vocab > mcfg.vocab_size:
+    raise ValueError(f'The data has token ids up to {vocab - 1} but model.vocab_size='
+                     f'{mcfg.vocab_size}. Set --config.model.vocab_size={vocab}.')
+  return mcfg
 
 
-def token_losses(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """Float32 cross entropy ``[B, T]`` of integer ``targets`` ``[B, T]`` under ``logits`` ``[B, T, V]``."""
-  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+class _Preemption:
+  """Turns SIGTERM into a flag the loop checks after each step."""
+
+  def __init__(self):
+    self.requested = False
+    self._old = None
+
+  def __enter__(self):
+    try:
+      self._old = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # Not the main thread: no handler.
+      self._old = None
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._old is not None:
+      signal.signal(signal.SIGTERM, self._old)
+
+  def agreed(self) -> bool:
+    if jax.process_count() == 1:
+      return self.requested
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    flags = multihost_utils.process_allgather(np.int32(self.requested))
+    return bool(np.max(flags))
 
 
-def zero_window(max_len: int, collect_stats: bool) -> dict[str, jax.Array]:
-  """Empty window accumulators: all ``stats.FIELDS``, or only ``stats.LOSS_FIELDS`` when
-  statistics are off (loss by position is always kept)."""
-  fields = stats_lib.FIELDS if collect_stats else stats_lib.LOSS_FIELDS
-  return {k: v for k, v in stats_lib.zeros(max_len).items() if k in fields}
-
-
-def make_model(config: ml_collections.ConfigDict) -> model_lib.TransformerLM:
-  """The ``TransformerLM`` of ``config.model`` (unknown keys are an error)."""
-  return model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model))
-
-
-def _has_table(model: model_lib.TransformerLM) -> bool:
-  return model.config.position_embedding == 'learned'
-
-
-def init_state(model: model_lib.TransformerLM, config: ml_collections.ConfigDict,
-               mesh: Mesh, rng: jax.Array
-               ) -> tuple[TrainState, optax.GradientTransformation, Any]:
-  """Initial sharded state.
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       hooks: Sequence[Hook] = ()) -> dict[str, Any]:
+  """Trains (or resumes) a run in ``workdir``; see the module docstring for outputs.
 
   Args:
-    model: the model.
-    config: full config.
-    mesh: mesh with axis ``'data'``.
-    rng: PRNG key for parameter init.
+    config: full config (``defaults.base()`` fields).
+    workdir: run directory (created if missing).
+    hooks: callables ``hook(step, metrics)`` run on the host after each step's metrics
+      (``loss``, ``grad_norm``, ``learning_rate``, ``tokens``, ...) are read back.
 
   Returns:
-    ``(state, tx, state_shardings)``: the state, the optimizer and a ``TrainState`` of
-    shardings (for jit and for restoring checkpoints onto this mesh).
+    Dict ``step`` (last step done), ``loss`` (last logged window loss), ``resumed_from``
+    (restored step or None), ``preempted`` (bool), ``eval`` (last evaluation results or None).
+
+  Raises:
+    NonFiniteLossError: the loss became NaN/inf (the last good checkpoint is kept).
+    checkpointing.CheckpointMismatchError: ``workdir`` holds another model's checkpoint.
+    ValueError: bad config values (named in the message).
   """
-  seq = int(config.data.seq_len)
-  dummy = jnp.zeros((1, seq), jnp.int32)
+  mcfg = _validate(config)
+  mesh = make_mesh()
+  check_batch_layout(config, mesh)
+  lead = jax.process_index() == 0
+  model = make_model(config)
+  init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
+  state, tx, shardings = init_state(model, config, mesh, init_rng)
+  train_step = make_train_step(model, tx, config, mesh, shardings)
+  num_steps, max_len = int(config.num_train_steps), mcfg.max_len
+  has_table = mcfg.position_embedding == 'learned'
+  data_iter = data_lib.make_train_iterator(
+      config.data, batch_size=int(config.batch_size), seed=int(config.seed),
+      num_train_steps=num_steps, process_index=jax.process_index(),
+      process_count=jax.process_count())
 
-  def init_params(key):
-    return model.init(key, dummy, jnp.arange(seq, dtype=jnp.int32)[None],
-                      segment_ids=dummy + 1)['params']
+  os.makedirs(workdir, exist_ok=True)
+  ckpt = checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir),
+                                    max_to_keep=int(config.max_to_keep))
+  host = dict(cumulative_count=np.zeros(max_len, np.int64), window_first_step=1,
+              loss_sum=0.0, loss_steps=0, tokens=0, elapsed=0.0)
+  resumed_from = None
+  if ckpt.latest_step() is not None:
+    r = ckpt.restore(abstract_params=state.params, abstract_opt_state=state.opt_state,
+                     data_iter=data_iter)
+    resumed_from = int(r['step'])
+    saved = r['stats']
+    window = {k: np.asarray(saved['window'][k]) for k in state.window}
+    state = TrainState(step=jax.device_put(np.int32(resumed_from), shardings.step),
+                       params=r['params'], opt_state=r['opt_state'],
+                       window=jax.device_put(window, shardings.window))
+    for k in host:
+      host[k] = np.asarray(saved[k]).item() if np.ndim(saved[k]) == 0 else np.asarray(
+          saved[k])
+    logging.info('Resuming from the checkpoint of step %d in %s.', resumed_from,
+                 ckpt.directory)
+    print(f'Resuming from the checkpoint of step {resumed_from} in {ckpt.directory}.',
+          flush=True)
+    if lead:
+      truncate_outputs(workdir, resumed_from)
+  elif lead:
+    truncate_outputs(workdir, 0)
 
-  abstract = jax.eval_shape(init_params, rng)
-  p_sh = tree_shardings(abstract, mesh, config.fsdp)
-  tx = optim.make_optimizer(config, abstract)
-  abstract_opt = jax.eval_shape(tx.init, abstract)
-  o_sh = tree_shardings(abstract_opt, mesh, config.fsdp)
-  max_len = model.config.max_len
-  window = zero_window(max_len, config.collect_stats)
-  repl = NamedSharding(mesh, P())
-  shardings = TrainState(step=repl, params=p_sh, opt_state=o_sh,
-                         window=jax.tree.map(lambda _: repl, window))
-  params = jax.jit(init_params, out_shardings=p_sh)(rng)
-  opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
-  state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), repl), params=params,
-                     opt_state=opt_state, window=jax.device_put(window, repl))
-  return state, tx, shardings
+  def save(step: int) -> bool:
+    payload = dict(host, window={k: _to_host(v) for k, v in state.window.items()})
+    return ckpt.save(step, params=state.params, opt_state=state.opt_state,
+                     data_iter=data_iter, stats=payload, config=config.to_dict())
 
+  def snapshot(step: int) -> None:
+    if has_table:
+      table = _to_host(model_lib.position_table(state.params))
+      if lead:
+        os.makedirs(os.path.join(workdir, 'tables'), exist_ok=True)
+        np.save(os.path.join(workdir, 'tables', f'table_{step}.npy'), table)
 
-def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransformation,
-                    config: ml_collections.ConfigDict, mesh: Mesh, state_shardings: Any
-                    ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
-  """The jitted train step ``(state, batch, rng) -> (state, metrics)``; state is donated.
+  if lead:
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+  start = resumed_from or 0
+  if resumed_from is None:
+    snapshot(0)
+    save(0)
 
-  Args:
-    model: the model.
-    tx: optimizer from ``optim.make_optimizer``.
-    config: full config (``grad_accum_steps``, ``collect_stats``, ``optimizer``).
-    mesh: mesh with axis ``'data'``.
-    state_shardings: ``TrainState`` of shardings from ``init_state``.
+  writer = None
+  if lead:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    writer = SummaryWriter(os.path.join(workdir, 'tensorboard'), purge_step=start + 1)
+  bar = None
+  if lead and config.progress_bar:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    bar = tqdm(total=num_steps, initial=start, desc='train', dynamic_ncols=True)
 
-  Returns:
-    A function of ``state``, ``batch`` (dict of global ``[B, T]`` arrays, ``BATCH_KEYS``)
-    and ``rng`` (PRNG key of this step, used for dropout) returning the new state and
-    ``metrics``: float32 scalars ``loss`` (mean over scored targets), ``grad_norm``
-    (global norm before clipping), ``learning_rate`` (of this update), ``tokens`` (real
-    input tokens), ``targets`` (scored targets), ``finite`` (1.0 if loss and grad norm are
-    finite).
-  """
-  accum = int(config.grad_accum_steps)
-  collect = bool(config.collect_stats)
-  row_scale = bool(config.optimizer.row_lr_scale)
-  max_len, dim = model.config.max_len, model.config.emb_dim
-  deterministic = model.config.dropout_rate == 0.0
-  schedule = optim.make_schedule(config)
-  has_table = _has_table(model)
-  data_sh = NamedSharding(mesh, P(None, 'data'))
+  last = dict(loss=float('nan'), grad_norm=float('nan'), learning_rate=float('nan'))
+  result = dict(step=start, loss=None, resumed_from=resumed_from, preempted=False, eval=None)
+  window_time = [time.time(), 0]  # wall clock at window start, tokens in window
+  t0 = time.time()
+  elapsed0 = float(host['elapsed'])
 
-  def loss_fn(params, pert, mb, key, denom):
-    variables = {'params': params}
-    if pert is not None:
-      variables['perturbations'] = pert
-    logits = model.apply(variables, mb['inputs'], mb['positions'],
-                         segment_ids=mb['segment_ids'], deterministic=deterministic,
-                         rngs={'dropout': key})
-    tl = token_losses(logits, mb['targets'])
-    return jnp.sum(tl * mb['loss_mask'].astype(jnp.float32)) / denom, tl
+  def absorb(step: int, m: Any) -> None:
+    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    if not m['finite'] > 0:
+      raise NonFiniteLossError(
+          f'Non-finite training loss at step {step} (loss={m["loss"]}, grad_norm='
+          f'{m["grad_norm"]}). Stopped without saving; the last good checkpoint is step '
+          f'{ckpt.latest_step()} in {ckpt.directory}. Lower optimizer.learning_rate, '
+          'raise optimizer.warmup_steps or check the data.')
+    host['loss_sum'] += m['loss']
+    host['loss_steps'] += 1
+    host['tokens'] += int(m['tokens'])
+    window_time[1] += m['tokens']
+    last.update(m)
+    for hook in hooks:
+      hook(step, m)
 
-  def micro(params, mb, key, denom):
-    # The perturbation is taken in both modes so that the compiled loss and parameter
-    # gradients are the same computation whether or not the statistics are collected.
-    pert = {'embed_sum': jnp.zeros(mb['inputs'].shape + (dim,), jnp.float32)}
-    (_, tl), (grads, gpert) = jax.value_and_grad(
-        loss_fn, argnums=(0, 1), has_aux=True)(params, pert, mb, key, denom)
-    loss = jnp.sum(tl * mb['loss_mask'].astype(jnp.float32)) / denom
-    if not collect:
-      # Loss by position is kept in both modes: with the same consumers of the token
-      # losses, XLA compiles the loss identically whether or not statistics are on.
-      return loss, grads, stats_lib.loss_stats(tl, mb, max_len)
-    g = gpert['embed_sum'] * denom  # gradient of the sum-reduced loss
-    return loss, grads, stats_lib.occurrence_stats(g, tl, mb, max_len)
+  def log(step: int) -> None:
+    nonlocal state
+    now = time.time()
+    host['elapsed'] = elapsed0 + now - t0
+    row = dict(step=step, loss=host['loss_sum'] / max(host['loss_steps'], 1),
+               last_loss=last['loss'], learning_rate=last['learning_rate'],
+               grad_norm=last['grad_norm'], tokens=int(host['tokens']),
+               tokens_per_sec=window_time[1] / max(now - window_time[0], 1e-9),
+               elapsed=host['elapsed'])
+    window = {k: _to_host(v) for k, v in state.window.items()}
+    host['cumulative_count'] = host['cumulative_count'] + window.get(
+        'count', np.zeros(max_len, np.int64)).astype(np.int64)
+    if lead:
+      stats_lib.save_window(stats_lib.window_path(workdir, step), window, step=step,
+                            first_step=int(host['window_first_step']),
+                            cumulative_count=host['cumulative_count'])
+      with open(os.path.join(workdir, 'metrics.jsonl'), 'a') as f:
+        f.write(json.dumps(row) + '\n')
+      for k in ('loss', 'learning_rate', 'grad_norm', 'tokens_per_sec'):
+        writer.add_scalar(f'train/{k}', row[k], step)
+      if bar is not None:
+        bar.set_postfix(loss=f'{row["loss"]:.4f}', tok_s=f'{row["tokens_per_sec"]:.0f}')
+    snapshot(step)
+    state = state.replace(window=jax.device_put(zero_window(max_len, config.collect_stats),
+                                                shardings.window))
+    host.update(window_first_step=step + 1, loss_sum=0.0, loss_steps=0)
+    window_time[:] = [now, 0]
+    result['loss'] = row['loss']
 
-  def step_fn(state, batch, rng):
-    batch = {k: batch[k] for k in BATCH_KEYS}
-    b = batch['inputs'].shape[0]
-    real = batch['segment_ids'] > 0
-    n_targets = jnp.sum(batch['loss_mask'].astype(jnp.float32))
-    denom = jnp.maximum(n_targets, 1.0)
-    if accum == 1:
-      loss, grads, occ = micro(state.params, batch, jax.random.fold_in(rng, 0), denom)
-    else:
-      def split(x):
-        x = x.reshape((b // accum, accum) + x.shape[1:]).swapaxes(0, 1)
-        return jax.lax.with_sharding_constraint(x, data_sh)
-      mbs = jax.tree.map(split, batch)
-      zero_g = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-      fields = stats_lib.OCCURRENCE_FIELDS if collect else stats_lib.LOSS_FIELDS
-      zero_occ = {k: v for k, v in stats_lib.zeros(max_len).items() if k in fields}
-      if collect:
-        zero_occ['g_sum'] = jnp.zeros((max_len, dim), jnp.float32)
+  def evaluate(step: int) -> None:
+    from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
+    res = evaluation.evaluate(model, state.params, config, step=step)
+    res = json.loads(json.dumps(res, default=float))
+    result['eval'] = res
+    if lead:
+      with open(os.path.join(workdir, 'metrics.jsonl'), 'a') as f:
+        f.write(json.dumps(dict(step=step, eval=res)) + '\n')
+      overall = res.get('overall', {})
+      if isinstance(overall, dict) and 'loss' in overall:
+        writer.add_scalar('eval/loss', overall['loss'], step)
 
-      def body(carry, xs):
-        i, mb = xs
-        loss, grads, occ = micro(state.params, mb, jax.random.fold_in(rng, i), denom)
-        c_loss, c_grads, c_occ = carry
-        c_grads = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), c_grads, grads)
-        return (c_loss + loss, c_grads, stats_lib.add(c_occ, occ)), None
-
-      (loss, grads, occ), _ = jax.lax.scan(
-          body, (jnp.zeros((), jnp.float32), zero_g, zero_occ),
-          (jnp.arange(accum), mbs))
-      grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-
-    grad_norm = optax.global_norm(grads)
-    extra = {}
-    if row_scale:
-      extra['position_counts'] = jax.ops.segment_sum(
-          real.reshape(-1).astype(jnp.float32), batch['positions'].reshape(-1),
-          num_segments=max_len)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
-    params = optax.apply_updates(state.params, updates)
-    if collect:
-      old = model_lib.position_table(state.params) if has_table else None
-      new = model_lib.position_table(params) if has_table else None
-      window = stats_lib.add(state.window, stats_lib.finish_step(occ, old, new))
-    else:
-      window = stats_lib.add(state.window, occ)
-    metrics = {
-        'loss': loss,
-        'grad_norm': grad_norm,
-        'learning_rate': jnp.asarray(schedule(state.step), jnp.float32),
-        'tokens': jnp.sum(real.astype(jnp.float32)),
-        'targets': n_targets,
-        'finite': (jnp.isfinite(loss) & jnp.isfinite(grad_norm)).astype(jnp.float32),
-    }
-    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
-                           window=window)
-    return new_state, metrics
-
-  repl = NamedSharding(mesh, P())
-  b_sh = {k: batch_sharding(mesh) for k in BATCH_KEYS}
-  return jax.jit(step_fn, in_shardings=(state_shardings, b_sh, repl),
-                 out_shardings=(state_shardings, repl), donate_argnums=(0,))
-
-
-def global_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-  """Assembles the process-local ``[B / process_count, T]`` rows into global arrays.
-
-  Args:
-    batch: this process's rows of each ``BATCH_KEYS`` array.
-    mesh: mesh with axis ``'data'``.
-
-  Returns:
-    Dict of global ``[B, T]`` jax arrays sharded by ``batch_sharding``.
-  """
-  missing = [k for k in BATCH_KEYS if k not in batch]
-  if missing:
-    raise KeyError(f'batch lacks {missing}; a batch must hold {list(BATCH_KEYS)} '
-                   '(docs/DESIGN.md).')
-  sh = batch_sharding(mesh)
-  if jax.process_count() == 1:
-    return {k: jax.device_put(np.asarray(batch[k]), sh) for k in BATCH_KEYS}
-  return {k: jax.make_array_from_process_local_data(sh, np.asarray(batch[k]))
-          for k in BATCH_KEYS}
-
-
-def reset_window(state: TrainState) -> TrainState:
-  """The state with zeroed statistics accumulators (same shardings)."""
-  return state.replace(window=jax.tree.map(jnp.zeros_like, state.window))
+  pending = None
+  try:
+    with _Preemption() as preempt:
+      for step in range(start + 1, num_steps + 1):
+        batch = global_batch(next(data_iter), mesh)
+        state, metrics = train_step(state, batch, jax.random.fold_in(dropout_rng, step))
+        if pending is not None:  # Read the previous step back while this one runs.
+          absorb(*pending)
+        pending = (step, metrics)
+        if bar is not None:
+          bar.update(1)
+        stop = preempt.agreed()
+        is_log = step % int(config.log_every_steps) == 0 or step == num_steps
+        is_eval = int(config.eval_every_steps) > 0 and (
+            step % int(config.eval_every_steps) == 0)
+        is_ckpt = step % int(config.checkpoint_every_steps) == 0 or step == num_steps
+        if is_log or is_eval or is_ckpt or stop:
+          absorb(*pending)
+          pending = None
+        if is_log:
+          log(step)
+        if is_eval:
+          evaluate(step)
+        if is_ckpt or stop:
+          save(step)
+        result['step'] = step
+        if stop:
+          ckpt.wait_until_finished()
+          logging.warning('SIGTERM received: saved the checkpoint of step %d; exiting.', step)
+          print(f'SIGTERM: saved the checkpoint of step {step} in {ckpt.directory}.',
+                flush=True)
+          result['preempted'] = True
+          break
+      if pending is not None:
+        absorb(*pending)
+  finally:
+    if bar is not None:
+      bar.close()
+    if writer is not None:
+      writer.close()
+    ckpt.close()
+  return result
