@@ -92,9 +92,33 @@ class PackIterDataset(grain.IterDataset):
     return f'PackIterDataset(seq_len={self._args[1]}, reset={self._args[2]})'
 
 
+def flatten_docs(docs: list[np.ndarray], min_tokens: int = 2) -> dict[str, np.ndarray]:
+  """Concatenates documents' pairs into one stream.
+
+  Args:
+    docs: token arrays; those with fewer than ``max(min_tokens, 2)`` tokens are dropped.
+    min_tokens: see above.
+
+  Returns:
+    {'inputs', 'targets', 'doc_pos'} int32 arrays ``[P]`` (P = total pairs); `doc_pos` is
+    each pair's position within its document (0 where a document starts).
+  """
+  docs = [np.asarray(d) for d in docs if len(d) >= max(min_tokens, 2)]
+  if not docs:
+    z = np.zeros((0,), np.int32)
+    return {'inputs': z, 'targets': z, 'doc_pos': z}
+  pairs = np.array([len(d) - 1 for d in docs])
+  starts = np.cumsum(pairs) - pairs
+  return {'inputs': np.concatenate([d[:-1] for d in docs]).astype(np.int32),
+          'targets': np.concatenate([d[1:] for d in docs]).astype(np.int32),
+          'doc_pos': (np.arange(pairs.sum()) - np.repeat(starts, pairs)).astype(np.int32)}
+
+
 class _PackIterator(grain.DatasetIterator):
-  """State: the parent state before the current chunk, the row column the chunk started
-  at, and the cursor (next document) and offset (pairs emitted) within the chunk."""
+  """Cuts rows from the stream of chunks. Stream pair ``i`` lands in row column
+  ``i mod T``, so a chunk's first document starts at column ``(column of the previous chunk
+  + its pairs) mod T``. State: the parent state before the current chunk, that chunk's
+  column and the read position inside it."""
 
   def __init__(self, parent, materialize, seq_len, reset, min_tokens):
     super().__init__(parent)
@@ -102,62 +126,56 @@ class _PackIterator(grain.DatasetIterator):
     self._seq_len = seq_len
     self._reset = reset
     self._min_tokens = min_tokens
-    self._docs = None  # Token arrays of the current chunk.
+    self._flat = None  # Flattened current chunk.
     self._chunk_state = None
     self._chunk_col = 0
-    self._cursor = 0  # Index of the current document in the chunk.
-    self._offset = 0  # Pairs of the current document already emitted.
+    self._pos = 0  # Next pair of the current chunk.
 
   def _load_chunk(self, column: int) -> None:
     self._chunk_state = self._parent.get_state()
     self._chunk_col = column
-    self._docs = self._materialize(next(self._parent), column)
-    self._cursor, self._offset = 0, 0
+    self._flat = flatten_docs(self._materialize(next(self._parent), column), self._min_tokens)
+    self._pos = 0
 
   def __next__(self) -> dict[str, np.ndarray]:
     t = self._seq_len
-    row = empty_row(t)
-    filled, seg = 0, 0
-    while filled < t:
-      if self._docs is None or self._cursor >= len(self._docs):
-        self._load_chunk(filled)
-      tokens = self._docs[self._cursor]
-      if len(tokens) < self._min_tokens:
-        self._cursor += 1
+    parts, need = [], t
+    while need:
+      if self._flat is None:
+        self._load_chunk(0)
+      n = len(self._flat['inputs'])
+      if self._pos >= n:
+        self._load_chunk((self._chunk_col + n) % t)
         continue
-      offset, n_pairs = self._offset, len(tokens) - 1
-      take = min(t - filled, n_pairs - offset)
-      sl = slice(filled, filled + take)
-      row['inputs'][sl] = tokens[offset:offset + take]
-      row['targets'][sl] = tokens[offset + 1:offset + take + 1]
-      seg += 1
-      if self._reset:
-        row['positions'][sl] = np.arange(offset, offset + take)
-        row['segment_ids'][sl] = seg
-      else:
-        row['positions'][sl] = np.arange(filled, filled + take)
-        row['segment_ids'][sl] = 1
-      row['loss_mask'][sl] = 1.0
-      filled += take
-      if offset + take < n_pairs:
-        self._offset = offset + take
-      else:
-        self._cursor, self._offset = self._cursor + 1, 0
+      take = min(need, n - self._pos)
+      parts.append({k: v[self._pos:self._pos + take] for k, v in self._flat.items()})
+      self._pos += take
+      need -= take
+    row = {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k].copy()
+           for k in parts[0]}
+    doc_pos = row.pop('doc_pos')
+    if self._reset:
+      row['positions'] = doc_pos
+      starts = doc_pos == 0
+      starts[0] = True
+      row['segment_ids'] = np.cumsum(starts, dtype=np.int32)
+    else:
+      row['positions'] = np.arange(t, dtype=np.int32)
+      row['segment_ids'] = np.ones((t,), np.int32)
+    row['loss_mask'] = np.ones((t,), np.float32)
     return row
 
   def get_state(self) -> dict[str, Any]:
-    if self._docs is None:
-      return {'parent': self._parent.get_state(), 'column': 0, 'cursor': -1, 'offset': 0}
-    return {'parent': self._chunk_state, 'column': self._chunk_col, 'cursor': self._cursor,
-            'offset': self._offset}
+    if self._flat is None:
+      return {'parent': self._parent.get_state(), 'column': 0, 'pos': -1}
+    return {'parent': self._chunk_state, 'column': self._chunk_col, 'pos': self._pos}
 
   def set_state(self, state: dict[str, Any]) -> None:
     self._parent.set_state(state['parent'])
-    self._docs = None
-    if state['cursor'] < 0:
-      return
-    self._load_chunk(int(state['column']))
-    self._cursor, self._offset = int(state['cursor']), int(state['offset'])
+    self._flat = None
+    if state['pos'] >= 0:
+      self._load_chunk(int(state['column']))
+      self._pos = int(state['pos'])
 
   def __str__(self) -> str:
     return 'PackIterator'

@@ -110,22 +110,23 @@ class SyntheticCorpus:
       List of n int32 arrays, array j ``[num_tokens[j]]``.
     """
     n = len(starts)
-    num_tokens = np.asarray(num_tokens)
+    num_tokens = np.asarray(num_tokens, np.int64)
     order = np.argsort(-num_tokens, kind='stable')  # Longest first: active docs = prefix.
-    u = uniforms[order]
-    st = np.asarray(starts, np.int64)[order]
     lens = num_tokens[order]
+    length = max(int(lens.max(initial=0)), 1)
+    u = uniforms[order, :length]
     v, s, k = self.vocab_size, self.segment_len, self.num_regimes
-    x = np.zeros((n, max(int(lens.max(initial=0)), 1)), np.int64)
+    steps = np.arange(length)
+    # Row index into the flattened [K*V, V] CDF is regime * V + previous token.
+    regime_base = (((np.asarray(starts, np.int64)[order][:, None] + steps) // s) % k) * v
+    active = (lens[None, :] > steps[:, None]).sum(1)  # [length] docs still generating.
+    cdf = self.cdf.reshape(k * v, v)
+    x = np.zeros((n, length), np.int64)
     x[:, 0] = np.minimum((u[:, 0] * v).astype(np.int64), v - 1)
-    cdf = self.cdf
-    for j in range(1, x.shape[1]):
-      a = int(np.searchsorted(-lens, -j, side='left'))  # Docs with lens > j.
-      if a == 0:
-        break
-      r = ((st[:a] + j) // s) % k
-      c = cdf[r, x[:a, j - 1]]  # [a, V]
-      x[:a, j] = np.minimum((c <= u[:a, j, None]).sum(-1), v - 1)
+    for j in range(1, length):
+      a = active[j]
+      # cdf[..., -1] == 1 > u, so the count is <= V - 1 (same rule as `generate`).
+      x[:a, j] = (cdf[regime_base[:a, j] + x[:a, j - 1]] <= u[:a, j, None]).sum(-1)
     out = [None] * n
     for i, o in enumerate(order):
       out[o] = x[i, :lens[i]].astype(np.int32)
@@ -152,9 +153,7 @@ class SyntheticCorpus:
     append = out.append
     br = bisect.bisect_right
     for j in range(1, n):
-      x = br(cdfs[((start + j) // s) % k][x], u[j])
-      if x >= v:
-        x = v - 1
+      x = br(cdfs[((start + j) // s) % k][x], u[j])  # <= V-1: cdf[-1] == 1 > u.
       append(x)
     return np.asarray(out, np.int32)
 
