@@ -261,3 +261,24 @@ def test_bad_batch_size_for_process_count():
   with pytest.raises(ValueError, match='multiple of'):
     data.make_train_iterator(_cfg().data, batch_size=3, seed=0, num_train_steps=1,
                              process_count=2)
+
+
+@pytest.mark.parametrize('policy', data.POLICIES)
+def test_synthetic_tokens_follow_the_dynamics_of_their_position_ids(policy):
+  """Every target is drawn from the matrix of its position id (+1), in every policy."""
+  from flax_posemb.data import synthetic  # pylint: disable=g-import-not-at-top
+  cfg = _cfg(policy)
+  corp = synthetic.from_config(cfg.data)
+  it = data.make_train_iterator(cfg.data, batch_size=16, seed=0, num_train_steps=2)
+  nll, nll_wrong = [], []
+  for b in _take(it, 4):
+    m = b['loss_mask'] > 0
+    x, y, p = b['inputs'][m], b['targets'][m], b['positions'][m]
+    with np.errstate(divide='ignore'):
+      nll.append(-np.log(corp.matrices[corp.regime(p + 1), x, y]))
+      nll_wrong.append(-np.log(corp.matrices[corp.regime(p + 1 + corp.segment_len), x, y]))
+  nll, nll_wrong = np.concatenate(nll), np.concatenate(nll_wrong)
+  bayes = corp.bayes_loss(cfg.data.seq_len).mean()
+  assert np.isfinite(nll).all()
+  assert abs(nll.mean() - bayes) < 0.2, (nll.mean(), bayes)
+  assert np.mean(nll_wrong) > bayes + 1.0
