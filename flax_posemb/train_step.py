@@ -260,7 +260,7 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
           (jnp.arange(accum), mbs))
       grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
 
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     extra = {}
     if row_scale:
       extra['position_counts'] = jax.ops.segment_sum(

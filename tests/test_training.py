@@ -1,0 +1,278 @@
+"""Train step statistics, the loop's outputs, resume, preemption, NaN stop, train.py."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ROOT, SUBPROCESS_ENV, tiny_config
+
+from flax_posemb import checkpointing, stats, train_step, training
+
+
+def hand_batch(b=4, t=32, vocab=64, seed=0):
+  """Rows: one document + padding, two packed documents, a shifted document, full row."""
+  rng = np.random.default_rng(seed)
+  seg = np.ones((b, t), np.int32)
+  pos = np.tile(np.arange(t, dtype=np.int32), (b, 1))
+  seg[0, 11:] = 0
+  pos[0, 11:] = 0
+  seg[1, 9:] = 2
+  pos[1, 9:] = np.arange(t - 9)
+  pos[2] = np.arange(t) // 2  # repeated position ids within a row
+  mask = (seg > 0).astype(np.float32)
+  mask[0, 10] = 0.0
+  mask[1, 8] = 0.0
+  return dict(inputs=rng.integers(0, vocab, (b, t)).astype(np.int32),
+              targets=rng.integers(0, vocab, (b, t)).astype(np.int32),
+              positions=pos, segment_ids=seg, loss_mask=mask)
+
+
+def build(config):
+  mesh = train_step.make_mesh(jax.devices()[:1])
+  model = train_step.make_model(config)
+  state, tx, sh = train_step.init_state(model, config, mesh, jax.random.key(0))
+  return mesh, model, state, train_step.make_train_step(model, tx, config, mesh, sh)
+
+
+def test_step_statistics_equal_per_example_computation():
+  c = tiny_config()
+  c.batch_size, c.grad_accum_steps = 4, 2
+  c.optimizer.warmup_steps = 0
+  mesh, model, state, step = build(c)
+  batch = hand_batch()
+  params0 = jax.device_get(state.params)
+  new_state, metrics = step(state, train_step.global_batch(batch, mesh), jax.random.key(1))
+  got = jax.device_get(new_state.window)
+  params1 = jax.device_get(new_state.params)
+
+  def sum_loss(params, pert, b):
+    logits = model.apply({'params': params, 'perturbations': pert}, b['inputs'],
+                         b['positions'], segment_ids=b['segment_ids'])
+    tl = train_step.token_losses(logits, b['targets'])
+    return jnp.sum(tl * b['loss_mask']), tl
+
+  def per_example(x):
+    xb = jax.tree.map(lambda a: a[None], x)
+    zero = jnp.zeros((1, 32, c.model.emb_dim))
+    return jax.grad(lambda p: sum_loss(params0, {'embed_sum': p}, xb)[0])(zero)[0]
+
+  g = np.asarray(jax.vmap(per_example)(batch), np.float64)
+  zero = {'embed_sum': jnp.zeros((4, 32, c.model.emb_dim))}
+  total, tl = sum_loss(params0, zero, batch)
+  table_grad = jax.grad(lambda p: sum_loss(p, zero, batch)[0])(params0)
+  tl = np.asarray(tl, np.float64)
+  want = {k: np.zeros(32) for k in stats.FIELDS}
+  for b in range(4):
+    for t in range(32):
+      p = batch['positions'][b, t]
+      if batch['segment_ids'][b, t] > 0:
+        n = np.linalg.norm(g[b, t])
+        same = batch['segment_ids'][b] == batch['segment_ids'][b, t]
+        want['count'][p] += 1
+        want['occ_norm'][p] += n
+        want['occ_sq'][p] += n * n
+        want['downstream'][p] += np.sum(batch['loss_mask'][b, t:] * same[t:])
+      if batch['loss_mask'][b, t] > 0:
+        want['loss_count'][p] += 1
+        want['loss_sum'][p] += tl[b, t]
+  want['row_sq'] = np.sum(np.asarray(table_grad['pos_embed']['embedding'], np.float64) ** 2, -1)
+  delta = (np.asarray(params1['pos_embed']['embedding'], np.float64)
+           - np.asarray(params0['pos_embed']['embedding'], np.float64))
+  want['update_sq'] = np.sum(delta ** 2, -1)
+  for k in stats.FIELDS:
+    w = want[k]
+    np.testing.assert_allclose(got[k], w, rtol=1e-5, atol=1e-6 * np.max(np.abs(w)),
+                               err_msg=k)
+  assert float(metrics['loss']) == pytest.approx(float(total) / batch['loss_mask'].sum(),
+                                                 rel=1e-6)
+  assert got['count'].dtype == np.int32 and np.all(want['update_sq'][:16] > 0)
+
+
+@pytest.mark.parametrize('accum', [1, 2])
+def test_stats_on_off_give_identical_loss_and_params(accum):
+  out = {}
+  for collect in (True, False):
+    c = tiny_config()
+    c.batch_size, c.grad_accum_steps, c.collect_stats = 4, accum, collect
+    mesh, _, state, step = build(c)
+    losses = []
+    for i in range(3):
+      state, m = step(state, train_step.global_batch(hand_batch(seed=i), mesh),
+                      jax.random.key(i))
+      losses.append(float(m['loss']))
+    out[collect] = (losses, jax.device_get(state.params))
+  assert out[True][0] == out[False][0]
+  for a, b in zip(jax.tree.leaves(out[True][1]), jax.tree.leaves(out[False][1])):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('decay', [False, True])
+def test_absent_rows_get_zero_gradient_and_only_decay_moves_them(decay):
+  c = tiny_config()
+  c.batch_size = 4
+  c.optimizer.warmup_steps = 0
+  c.optimizer.decay_position_table = decay
+  mesh, _, state, step = build(c)
+  batch = hand_batch()
+  absent = np.setdiff1d(np.arange(32), batch['positions'][batch['segment_ids'] > 0])
+  assert len(absent) == 0 or absent.min() >= 23
+  batch['positions'] = np.minimum(batch['positions'], 19)  # rows 20..31 absent
+  before = np.asarray(jax.device_get(state.params['pos_embed']['embedding']))
+  state, _ = step(state, train_step.global_batch(batch, mesh), jax.random.key(0))
+  w = jax.device_get(state.window)
+  after = np.asarray(jax.device_get(state.params['pos_embed']['embedding']))
+  assert np.all(w['row_sq'][20:] == 0) and np.all(w['count'][20:] == 0)
+  assert np.all(w['row_sq'][:20] > 0)
+  if decay:
+    assert np.all(w['update_sq'][20:] > 0)  # weight decay shrinks unused rows
+  else:
+    assert np.all(w['update_sq'][20:] == 0)
+    np.testing.assert_array_equal(before[20:], after[20:])
+
+
+def read_metrics(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_run_writes_metrics_windows_tables_and_checkpoints(tiny_run):
+  workdir, config, result = tiny_run
+  rows = read_metrics(workdir)
+  train_rows = [r for r in rows if 'loss' in r]
+  assert [r['step'] for r in train_rows] == [5, 10, 15, 20]
+  assert [r['step'] for r in rows if 'eval' in r] == [10, 20]
+  assert {'learning_rate', 'grad_norm', 'tokens_per_sec', 'elapsed'} <= set(train_rows[0])
+  assert train_rows[-1]['loss'] < train_rows[0]['loss']
+  assert 'overall' in rows[-1]['eval'] and 'buckets' in rows[-1]['eval']
+  cum = np.zeros(32, np.int64)
+  for s in (5, 10, 15, 20):
+    with np.load(os.path.join(workdir, 'stats', f'window_{s}.npz')) as z:
+      cum += z['count']
+      np.testing.assert_array_equal(z['cumulative_count'], cum)
+      assert int(z['num_steps']) == 5 and np.all(z['occ_sq'] >= 0)
+  assert sorted(os.listdir(os.path.join(workdir, 'tables'))) == sorted(
+      f'table_{s}.npy' for s in (0, 5, 10, 15, 20))
+  ck = checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir), max_to_keep=2,
+                                  read_only=True)
+  assert ck.all_steps() == [0, 10, 20]
+  ck.close()
+  assert json.load(open(os.path.join(workdir, 'config.json')))['num_train_steps'] == 20
+  assert result['step'] == 20 and not result['preempted']
+
+
+KILL_SCRIPT = textwrap.dedent('''
+    import os, signal, sys, time
+    sys.path.insert(0, {tests!r})
+    import conftest
+    from flax_posemb import training
+    workdir = sys.argv[1]
+    def hook(step, metrics):
+      if step == 13:  # checkpoint 10 is written asynchronously: wait for it, then die.
+        while not os.path.isdir(os.path.join(workdir, 'checkpoints', '10')):
+          time.sleep(0.05)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    training.train_and_evaluate(conftest.tiny_config(), workdir, hooks=[hook])
+''')
+
+
+def test_resume_after_kill9_equals_uninterrupted_run(tiny_run, tmp_path, capsys):
+  ref_dir, _, _ = tiny_run
+  workdir = str(tmp_path / 'killed')
+  proc = subprocess.run([sys.executable, '-c', KILL_SCRIPT.format(tests=str(ROOT / 'tests')),
+                         workdir], env=SUBPROCESS_ENV, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+  result = training.train_and_evaluate(tiny_config(), workdir)
+  assert result['resumed_from'] == 10
+  assert 'Resuming from the checkpoint of step 10' in capsys.readouterr().out
+  a, b = read_metrics(ref_dir), read_metrics(workdir)
+  for k in ('step', 'loss', 'last_loss', 'grad_norm', 'learning_rate', 'tokens'):
+    assert [r.get(k) for r in a] == [r.get(k) for r in b], k
+  assert [r.get('eval') for r in a] == [r.get('eval') for r in b]
+  pa, _, _ = checkpointing.restore_params(ref_dir, step=20)
+  pb, _, _ = checkpointing.restore_params(workdir, step=20)
+  for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  for s in (15, 20):
+    with np.load(os.path.join(ref_dir, 'stats', f'window_{s}.npz')) as za, np.load(
+        os.path.join(workdir, 'stats', f'window_{s}.npz')) as zb:
+      for k in stats.FIELDS + ('cumulative_count',):
+        np.testing.assert_array_equal(za[k], zb[k], err_msg=k)
+
+
+def test_sigterm_mid_run_leaves_restorable_checkpoint(tmp_path):
+  workdir = str(tmp_path / 'term')
+
+  def hook(step, metrics):
+    if step == 7:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  result = training.train_and_evaluate(tiny_config(), workdir, hooks=[hook])
+  assert result['preempted'] and result['step'] in (7, 8)
+  params, config, step = checkpointing.restore_params(workdir)
+  assert step == result['step'] and config['num_train_steps'] == 20
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
+
+
+def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
+  workdir = str(tmp_path / 'nan')
+  c = tiny_config()
+  c.optimizer.learning_rate, c.optimizer.grad_clip_norm = 1e30, 0.0
+  c.optimizer.warmup_steps = 0
+  with pytest.raises(training.NonFiniteLossError, match='Non-finite training loss at step'):
+    training.train_and_evaluate(c, workdir)
+  params, _, step = checkpointing.restore_params(workdir)
+  assert step == 0
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
+
+
+def run_cli(*args, timeout=600):
+  return subprocess.run([sys.executable, str(ROOT / 'train.py'), *args], cwd=str(ROOT),
+                        env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def snapshot_files(workdir):
+  out = {}
+  for root, _, files in os.walk(workdir):
+    for f in files:
+      p = os.path.join(root, f)
+      st = os.stat(p)
+      out[p] = (st.st_size, st.st_mtime_ns)
+  return out
+
+
+@pytest.mark.slow
+def test_train_py_tiny_end_to_end_resume_and_bad_inputs(tmp_path):
+  workdir = str(tmp_path / 'cli')
+  args = ['--config', 'configs/tiny.py', '--workdir', workdir, '--config.num_train_steps=6',
+          '--config.log_every_steps=3', '--config.eval_every_steps=6',
+          '--config.checkpoint_every_steps=3', '--config.eval.num_windows=8',
+          '--config.progress_bar=False']
+  proc = run_cli(*args)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'finished at step 6' in proc.stdout
+  rows = read_metrics(workdir)
+  assert [r['step'] for r in rows] == [3, 6, 6]
+  assert os.path.exists(os.path.join(workdir, 'stats', 'window_6.npz'))
+  # Same command again: resumes from the latest checkpoint and has nothing left to do.
+  proc = run_cli(*args)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'Resuming from the checkpoint of step 6' in proc.stdout
+  assert read_metrics(workdir) == rows
+  # A different model shape on the same workdir: clear error, nothing touched.
+  before = snapshot_files(workdir)
+  proc = run_cli(*args, '--config.model.emb_dim=32')
+  assert proc.returncode != 0
+  assert 'different model' in proc.stderr and 'fresh --workdir' in proc.stderr
+  assert snapshot_files(workdir) == before
+  # Unknown config key.
+  proc = run_cli(*args[:4], '--config.modle.num_layers=3')
+  assert proc.returncode != 0 and 'modle' in proc.stderr
