@@ -148,7 +148,8 @@ def accumulate(apply_fn: ApplyFn, params, batches: Iterable[dict[str, np.ndarray
   Args:
     apply_fn: see `model_apply_fn`.
     params: model parameters (replicated over the mesh).
-    batches: iterable of batch dicts ([B, T] arrays, see docs/DESIGN.md).
+    batches: iterable of batch dicts ([B, T] arrays, see docs/DESIGN.md), the same global
+      batches on every process (each process feeds its own block of rows to its devices).
     edges: [nb + 1] bucket edges; positions must lie in [0, edges[-1]).
     offsets: position-id shifts K; each batch is scored once per K.
     max_len: position-table size; an offset pushing a position past it is an error.
@@ -161,15 +162,19 @@ def accumulate(apply_fn: ApplyFn, params, batches: Iterable[dict[str, np.ndarray
   step = make_eval_step(apply_fn, edges, mesh)
   params = jax.device_put(params, NamedSharding(mesh, P()))
   data_sharding = NamedSharding(mesh, P('data'))
-  local_devices = max(1, jax.local_device_count())
+  num_devices, num_proc, proc = jax.device_count(), jax.process_count(), jax.process_index()
   accs = [buckets_lib.BucketAccumulator(edges) for _ in offsets]
   rows = None
   for batch in batches:
     batch = _check_batch(batch, int(edges[-1]), offsets, max_len)
-    if rows is None:
-      rows = -(-batch['inputs'].shape[0] // local_devices) * local_devices
+    if rows is None:  # global rows: a multiple of the device count, fixed for one compile
+      rows = -(-batch['inputs'].shape[0] // num_devices) * num_devices
     batch = _pad_rows(batch, rows)
-    dev = {k: jax.make_array_from_process_local_data(data_sharding, v) for k, v in batch.items()}
+    # Every process reads the same windows; each feeds its own contiguous block of rows.
+    per = rows // num_proc
+    dev = {k: jax.make_array_from_process_local_data(data_sharding, v[proc * per:(proc + 1) * per],
+                                                     v.shape)
+           for k, v in batch.items()}
     for acc, k in zip(accs, offsets):
       out = jax.device_get(step(params, dev, jnp.int32(k)))
       acc.add(out['loss_sum'], out['count'], out['win_sum'], out['win_count'])
