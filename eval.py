@@ -9,6 +9,7 @@ the plot path. See flax_posemb.evaluation.evaluate_workdir.
 """
 
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -50,18 +51,24 @@ def main(argv):
     output = FLAGS.output
     if output and len(workdirs) > 1:
       output = os.path.join(output, label.replace(os.sep, '_'))
-    run = evaluation.evaluate_workdir(
-        workdir, step=FLAGS.step, output=output, offsets=offsets, analyze=FLAGS.analyze,
-        split=FLAGS.split, policy=FLAGS.position_policy, num_windows=FLAGS.num_windows,
-        batch_size=FLAGS.batch_size, bucket_size=FLAGS.bucket_size,
-        bucket_edges=FLAGS.buckets or FLAGS.bucket_edges)
+    try:
+      run = evaluation.evaluate_workdir(
+          workdir, step=FLAGS.step, output=output, offsets=offsets, analyze=FLAGS.analyze,
+          split=FLAGS.split, policy=FLAGS.position_policy, num_windows=FLAGS.num_windows,
+          batch_size=FLAGS.batch_size, bucket_size=FLAGS.bucket_size,
+          bucket_edges=FLAGS.buckets or FLAGS.bucket_edges)
+    except (ValueError, FileNotFoundError) as e:  # bad input: the message names the fix
+      sys.exit(f'eval.py: {workdir}: {e}')
     runs.append(run)
     print(f"== {label} (step {run['step']})\n{run['table']}")
     print(f"results: {run['files']['json']}")
     print(f"plot: {run['files']['plot']}")
   if len(runs) > 1:
     out_dir = FLAGS.output or os.path.join(os.path.dirname(os.path.abspath(workdirs[0])), 'compare')
-    comp = eval_report.compare(labels, [r['results'] for r in runs], out_dir)
+    try:
+      comp = eval_report.compare(labels, [r['results'] for r in runs], out_dir)
+    except ValueError as e:
+      sys.exit(f'eval.py: {e}')
     print(f"== comparison\n{comp['table']}")
     print(f"comparison: {comp['files']['json']}")
     print(f"plot: {comp['files']['plot']}")
