@@ -17,6 +17,7 @@ Splits: a document goes to 'validation' when a hash of its key falls in the firs
 
 from __future__ import annotations
 
+import fcntl
 import glob as glob_lib
 import hashlib
 import inspect
@@ -163,10 +164,20 @@ class Stdlib(_TextCorpus):
 
 
 def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
+  """Builds the dataset once; a file lock keeps concurrent processes from racing."""
   builder = builder_cls(config=config, data_dir=ddir)
-  if not builder.is_prepared():
-    builder.download_and_prepare(file_format='array_record')
-  return builder
+  if builder.is_prepared():
+    return builder
+  lock = os.path.join(ddir, f'.{builder.name}_{config.name}.lock')
+  with open(lock, 'w') as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      builder = builder_cls(config=config, data_dir=ddir)
+      if not builder.is_prepared():
+        builder.download_and_prepare(file_format='array_record')
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+  return builder_cls(config=config, data_dir=ddir)
 
 
 def stdlib_files() -> list[str]:
