@@ -54,11 +54,26 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
                               'meets_target_ge_1.1': bool(lib['ratio_to_fastest_peer'] >= 1.1)}
   if 'eval' in s and 'eval_over_train' in s['eval']:
     out['eval_over_train'] = s['eval']['eval_over_train']
-  if train and 'data' in s:
-    rates = _pipeline_rates(s['data'])
-    if rates:
-      out['pipeline_over_train'] = {k: v / train for k, v in rates.items()}
+  if 'data' in s:
+    ratios = {}
+    for k, v in _pipeline_rates(s['data']).items():
+      ref = _train_rate_for(s, k.split('/')[1] if k.startswith('shapes/') else '')
+      if ref:
+        ratios[k] = v / ref
+    if ratios:
+      out['pipeline_over_train'] = ratios
   return out
+
+
+def _train_rate_for(s: dict[str, Any], shape_name: str) -> float | None:
+  """Train tokens/s (stats on) measured on the shape called `shape_name`, if any suite did."""
+  tr = s.get('train', {}).get('shapes', {})
+  if shape_name in tr:
+    return tr[shape_name]['rows'][0]['tokens_per_s']
+  ac = s.get('accel', {})
+  if ac.get('rows') and ac.get('shape', {}).get('name') == shape_name:
+    return ac['rows'][0]['tokens_per_s']
+  return None
 
 
 def _fmt_rate(x: float) -> str:
@@ -112,7 +127,8 @@ def markdown(result: dict[str, Any]) -> str:
   if 'eval_over_train' in summ:
     rows.append(f"| eval tokens/s / train tokens/s | {summ['eval_over_train']:.1f}x | >= 3x |")
   for k, v in summ.get('pipeline_over_train', {}).items():
-    rows.append(f'| input pipeline {k} / train tokens/s | {v:.1f}x | >= 10x |')
+    k = k.removeprefix('shapes/').replace('/rows/', ' ')
+    rows.append(f'| input pipeline {k} / train tokens/s (same shape) | {v:.1f}x | >= 10x |')
   if rows:
     lines += ['| ratio (same run) | measured | target |', '|---|---|---|', *rows, '']
   sc = s.get('scaling', {})

@@ -30,9 +30,15 @@ class Runner:
   note: str = ''
 
 
+_CACHE: dict[Any, Runner] = {}
+
+
 def library_train(shape: common.Shape, collect_stats: bool, seed: int = 0,
                   **overrides) -> Runner:
   """`flax_posemb.training.make_train_step` on a synthetic full batch.
+
+  Runners are cached per arguments within a process, so suites that time the same step
+  share one compilation (the state simply keeps training).
 
   Args:
     shape: model and batch shape.
@@ -40,6 +46,14 @@ def library_train(shape: common.Shape, collect_stats: bool, seed: int = 0,
     seed: init / batch seed.
     **overrides: dotted config overrides, e.g. `{'model.check_positions': False}`.
   """
+  key = (shape, collect_stats, seed, tuple(sorted(overrides.items())))
+  if key not in _CACHE:
+    _CACHE[key] = _library_train(shape, collect_stats, seed, **overrides)
+  return _CACHE[key]
+
+
+def _library_train(shape: common.Shape, collect_stats: bool, seed: int,
+                   **overrides) -> Runner:
   from flax_posemb import training
   config = common.model_config(shape, collect_stats=collect_stats, **overrides)
   mesh = training.make_mesh()

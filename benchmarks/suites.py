@@ -126,7 +126,7 @@ def run_side_by_side(opts: Options) -> dict[str, Any]:
     r['kind'] = 'library'
   builders = _peer_builders(shape, opts)
   wanted = [p for p in opts.peers.split(',') if p]
-  if 'reference' in wanted:
+  if 'reference' in wanted and not opts.mini:
     wanted += ['reference_out_in', 'reference_causal']
   skipped = {}
   for name in dict.fromkeys(wanted):
