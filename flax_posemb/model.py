@@ -10,7 +10,9 @@ Parameter paths (what the statistics and analysis code reads):
     (`POSITION_TABLE_PATH`, `position_table(params)`), present only for
     `position_embedding='learned'`;
   * token table: `params['token_embed']['embedding']` `[vocab_size, emb_dim]`;
-  * blocks `block_0 ... block_{L-1}`, final LayerNorm `ln_f`.
+  * blocks `block_0 ... block_{L-1}` (LayerNorms `ln_1`, `ln_2`; Dense layers
+    `qkv`, `attn_out`, `mlp_in`, `mlp_out` with `kernel` stored (out, in), i.e.
+    `[features_out, features_in]`, and `bias`), final LayerNorm `ln_f`.
 
 The token+position sum, before dropout, passes through
 `self.perturb('embed_sum', x)`: `model.init` returns a `perturbations`
@@ -164,7 +166,13 @@ def _dense_init(std: float):
 
 
 class _Dense(nn.Module):
-  """Dense layer `[..., in] -> [..., features]`, kernel stored `[in, features]`."""
+  """Dense layer `[..., in] -> [..., features]`, kernel stored `[features, in]` (out, in).
+
+  The (out, in) layout was timed against Flax's (in, out) on the jitted
+  forward+backward of a 4-layer, width-256, 256-token, batch-16 model on 2 CPU
+  cores: ~9% less CPU time per step (1.92-1.98 s vs 2.12-2.17 s, two runs each,
+  under load from other jobs), in line with a peer's 13-15%.
+  """
   features: int
   kernel_std: float
   dtype: Any
@@ -172,10 +180,10 @@ class _Dense(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    kernel = self.param('kernel', _dense_init(self.kernel_std), (x.shape[-1], self.features),
+    kernel = self.param('kernel', _dense_init(self.kernel_std), (self.features, x.shape[-1]),
                         self.param_dtype)
     bias = self.param('bias', nn.initializers.zeros, (self.features,), self.param_dtype)
-    y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+    y = jnp.einsum('...i,oi->...o', x.astype(self.dtype), kernel.astype(self.dtype))
     return y + bias.astype(self.dtype)
 
 
