@@ -63,10 +63,10 @@ def test_step_statistics_equal_per_example_computation():
     zero = jnp.zeros((1, 32, c.model.emb_dim))
     return jax.grad(lambda p: sum_loss(params0, {'embed_sum': p}, xb)[0])(zero)[0]
 
-  g = np.asarray(jax.vmap(per_example)(batch), np.float64)
+  g = np.asarray(jax.jit(jax.vmap(per_example))(batch), np.float64)
   zero = {'embed_sum': jnp.zeros((4, 32, c.model.emb_dim))}
-  total, tl = sum_loss(params0, zero, batch)
-  table_grad = jax.grad(lambda p: sum_loss(p, zero, batch)[0])(params0)
+  (total, tl), table_grad = jax.jit(jax.value_and_grad(
+      lambda p: sum_loss(p, zero, batch), has_aux=True))(params0)
   tl = np.asarray(tl, np.float64)
   want = {k: np.zeros(32) for k in stats.FIELDS}
   for b in range(4):
