@@ -7,11 +7,9 @@ The peak is the best bf16 FLOP/s of a large square matmul in the same process (a
 measured about 790 TFLOP/s this way). Parameters are float32, compute bfloat16, logits
 and loss float32 (`model.dtype='bfloat16'`).
 
-On a device machine that has jax/flax/optax but not ml-collections/grain/tfds, install the
-wheels the repo carries first (the core imports ml_collections for its config):
-
-  pip install --no-deps --no-index --find-links .whl ml_collections absl-py
-  python -m benchmarks.run --suite accel --out $OUT/accel.json
+On a device machine that has jax/flax/optax but not ml-collections/grain/tfds, use
+`benchmarks/accel.sh` (it installs ml-collections from wheels carried in `.whl/`, see its
+header, then runs `python -m benchmarks.run --suite accel`).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ _CACHE: dict[Any, Runner] = {}
 
 def library_train(shape: common.Shape, collect_stats: bool, seed: int = 0,
                   **overrides) -> Runner:
-  """`flax_posemb.training.make_train_step` on a synthetic full batch.
+  """`flax_posemb.train_step.make_train_step` on a synthetic full batch.
 
   Runners are cached per arguments within a process, so suites that time the same step
   share one compilation (the state simply keeps training).
@@ -54,7 +54,8 @@ def library_train(shape: common.Shape, collect_stats: bool, seed: int = 0,
 
 def _library_train(shape: common.Shape, collect_stats: bool, seed: int,
                    **overrides) -> Runner:
-  from flax_posemb import training
+  # train_step holds the jitted step without the loop's data/Orbax imports.
+  from flax_posemb import train_step as training
   config = common.model_config(shape, collect_stats=collect_stats, **overrides)
   mesh = training.make_mesh()
   model = training.make_model(config)
@@ -78,7 +79,7 @@ def _library_train(shape: common.Shape, collect_stats: bool, seed: int,
 def library_eval(shape: common.Shape, seed: int = 0, **overrides) -> Runner:
   """`flax_posemb.evaluation.make_eval_step` (loss by position and bucket) on one batch."""
   from flax_posemb import evaluation
-  from flax_posemb import training
+  from flax_posemb import train_step as training
   config = common.model_config(shape, collect_stats=False, **overrides)
   mesh = training.make_mesh()
   model = training.make_model(config)
