@@ -58,6 +58,14 @@ def test_out_of_range_positions_raise_under_jit_of_grad():
     jax.block_until_ready(g(params, jnp.array([[-3, 1]], jnp.int32)))
 
 
+def test_out_of_range_positions_raise_under_vmap():
+  mod, params = _learned()
+  f = jax.jit(jax.vmap(lambda pos: mod.apply(params, pos)))
+  assert f(jnp.array([[0, 1], [2, 7]], jnp.int32)).shape == (2, 2, 4)
+  with pytest.raises(Exception, match='Position id 9'):
+    jax.block_until_ready(f(jnp.array([[0, 1], [2, 9]], jnp.int32)))
+
+
 def test_check_positions_false_does_not_raise():
   mod, params = _learned(check=False)
   out = jax.jit(mod.apply)(params, jnp.array([[0, 8]], jnp.int32))

@@ -52,6 +52,7 @@ def test_from_config_rejects_unknown_keys():
     ({'position_init': 'normal'}, 'position_init_std'),
     ({'token_init': 'same_as_token'}, 'token_init'),
     ({'num_layers': 0}, 'positive'),
+    ({'position_embedding': 'rope', 'position_init': 'nope'}, 'valid names'),
 ])
 def test_bad_config_values_raise_clear_errors(bad, match):
   with pytest.raises(ValueError, match=match):
