@@ -65,7 +65,7 @@ def model() -> ml_collections.ConfigDict:
   c.token_init_std = -1.0  # Std override for the token initializer; <0 = default.
   c.dtype = 'float32'  # Compute dtype (bfloat16 on accelerators); logits and loss stay float32.
   c.param_dtype = 'float32'  # Parameter storage dtype.
-  c.attention_impl = 'xla'  # jax.nn.dot_product_attention implementation: xla | cudnn.
+  c.attention_impl = 'xla'  # jax.nn.dot_product_attention implementation: xla | cudnn (cudnn needs bf16/fp16 dtype).
   c.remat = False  # Rematerialize each block in the backward pass (saves memory).
   c.check_positions = True  # Raise on position ids outside [0, max_len) (a host callback).
   return c

@@ -91,6 +91,9 @@ class ModelConfig:
     if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError(f"Unknown attention_impl {self.attention_impl!r}; valid: "
                        f"{', '.join(ATTENTION_IMPLS)} ('xla' on CPU).")
+    if self.attention_impl == 'cudnn' and self.dtype == 'float32':
+      raise ValueError("attention_impl='cudnn' (cuDNN flash attention) needs dtype "
+                       "'bfloat16' or 'float16'; set model.dtype='bfloat16' or use 'xla'.")
     if self.token_init == 'same_as_token':
       raise ValueError("token_init cannot be 'same_as_token'; pick e.g. 'gpt2'.")
     # Builds the initializers once so that bad names/overrides fail at config time

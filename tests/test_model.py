@@ -49,6 +49,7 @@ def test_from_config_rejects_unknown_keys():
     ({'position_init': 'nope'}, 'valid names'),
     ({'dtype': 'fp16'}, 'bfloat16'),
     ({'attention_impl': 'flash'}, 'xla'),
+    ({'attention_impl': 'cudnn', 'dtype': 'float32'}, 'bfloat16'),
     ({'position_init': 'normal'}, 'position_init_std'),
     ({'token_init': 'same_as_token'}, 'token_init'),
     ({'num_layers': 0}, 'positive'),
