@@ -15,9 +15,10 @@ Writes into ``workdir`` (docs/DESIGN.md):
   window so resumption is exact;
 * ``tensorboard/`` — tensorboardX scalars.
 
-Re-running on a workdir with checkpoints resumes from the latest readable one, logs so,
-and drops ``metrics.jsonl`` rows, window files and table snapshots after the restored step.
-A non-finite loss stops the run with ``NonFiniteLossError`` (nothing is saved after it).
+Re-running on a workdir with checkpoints resumes from the latest one, logs so, and drops ``metrics.jsonl`` rows, window files and table snapshots after the restored step.
+A truncated or corrupted latest checkpoint stops the run with an error naming it (nothing
+is overwritten). A non-finite loss stops the run with ``NonFiniteLossError`` (nothing is
+saved after it).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class NonFiniteLossError(FloatingPointError):
 
 
 def _to_host(x: jax.Array) -> np.ndarray:
+  if getattr(x, 'is_fully_replicated', False):
+    return np.asarray(x.addressable_data(0))
   if getattr(x, 'is_fully_addressable', True):
     return np.asarray(jax.device_get(x))
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
@@ -142,6 +145,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   Raises:
     NonFiniteLossError: the loss became NaN/inf (the last good checkpoint is kept).
+    RuntimeError: the latest checkpoint is unreadable (named; nothing is changed).
     checkpointing.CheckpointMismatchError: ``workdir`` holds another model's checkpoint.
     ValueError: bad config values (named in the message).
   """
@@ -170,6 +174,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     r = ckpt.restore(abstract_params=state.params, abstract_opt_state=state.opt_state,
                      data_iter=data_iter)
     resumed_from = int(r['step'])
+    unreadable = [s for s in ckpt.all_steps() if s > resumed_from]
+    if unreadable:
+      ckpt.close()
+      dirs = ', '.join(str(ckpt.step_dir(s)) for s in unreadable)
+      raise RuntimeError(
+          f'The latest checkpoint(s) {dirs} are truncated or corrupted; the newest readable '
+          f'one is step {resumed_from}. Nothing was changed. Move the bad directories aside '
+          f'(e.g. mv {ckpt.step_dir(unreadable[-1])} /tmp/) and re-run to resume from step '
+          f'{resumed_from}, or use a fresh --workdir.')
     saved = r['stats']
     window = {k: np.asarray(saved['window'][k]) for k in state.window}
     state = TrainState(step=jax.device_put(np.int32(resumed_from), shardings.step),

@@ -234,6 +234,21 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
 
 
+def test_corrupted_latest_checkpoint_stops_with_its_name(tiny_run, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'corrupt')
+  shutil.copytree(tiny_run[0], workdir)
+  bad = os.path.join(workdir, 'checkpoints', '20')
+  for root, _, files in os.walk(os.path.join(bad, 'params')):
+    for f in files:
+      with open(os.path.join(root, f), 'r+b') as fh:
+        fh.truncate(7)
+  before = snapshot_files(workdir)
+  with pytest.raises(RuntimeError, match=f'{bad}.*truncated or corrupted.*step 10'):
+    training.train_and_evaluate(tiny_config(), workdir)
+  assert snapshot_files(workdir) == before
+
+
 def run_cli(*args, timeout=600):
   return subprocess.run([sys.executable, str(ROOT / 'train.py'), *args], cwd=str(ROOT),
                         env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=timeout)
