@@ -232,20 +232,44 @@ def test_report_judges_claims_on_paired_differences_and_writes_files(tmp_path):
   assert all((tmp_path / f).stat().st_size > 0 for f in summary['figures'])
 
 
+# --- run sharing across experiments -------------------------------------------------------
+
+
+def test_coinciding_arms_of_different_experiments_are_one_run_after_budgeting(tmp_path):
+  """Shared store: init_comparison gpt2 = exposure syn/packed; init_x_exposure gpt2/decay =
+  exposure syn/packed_reset, at every seed, with batch sizes set by the real estimator."""
+  def keys(name, arms):
+    exp = _load(name)
+    runs = [r for r in spec.expand(exp) if r.arm in arms]
+    runs, _ = budget.equalize(runs, exp.budget, cache_path=str(tmp_path / f'{name}.json'))
+    return {(r.arm, r.seed): r.key for r in runs}
+  ic = keys('init_comparison', ('gpt2', 'zeros'))
+  ex = keys('exposure', ('syn/packed', 'syn/packed_reset'))
+  ix = keys('init_x_exposure', ('gpt2/decay', 'gpt2/no_decay'))
+  for s in _load('exposure').seeds:
+    assert ic[('gpt2', s)] == ex[('syn/packed', s)]
+    assert ix[('gpt2/decay', s)] == ex[('syn/packed_reset', s)]
+    assert ic[('zeros', s)] != ex[('syn/packed', s)]
+    assert ix[('gpt2/no_decay', s)] != ex[('syn/packed_reset', s)]
+
+
+def test_suite_file_expands_to_the_three_experiments_with_the_scale():
+  paths = spec.expand_paths(['configs/experiments/all.py:accelerator'])
+  assert [os.path.basename(p) for p in paths] == [
+      f'{n}.py:accelerator' for n in ('init_comparison', 'exposure', 'init_x_exposure')]
+  assert spec.load(paths[0]).scale == 'accelerator'
+
+
+def test_cpu_scale_runs_without_the_host_callback_guard():
+  """The guard's host callback would keep every train step out of the compilation cache."""
+  for name in CONFIGS:
+    assert not spec.expand(_load(name))[0].config.model.check_positions
+
+
 # --- the whole pipeline: --quick ---------------------------------------------------------------
 
 
-def _training_available() -> bool:
-  try:
-    from flax_posemb import training  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return False
-  return hasattr(training, 'train_and_evaluate')
-
-
-@pytest.mark.skipif(not _training_available(),
-                    reason='flax_posemb.training.train_and_evaluate has not landed yet')
-def test_quick_runs_the_whole_pipeline_and_resumes(tmp_path):
+def test_quick_suite_runs_the_whole_pipeline_shares_runs_and_resumes(tmp_path):
   from flax_posemb.experiments import runner, sweep  # pylint: disable=g-import-not-at-top
   trained = []
 
@@ -253,23 +277,31 @@ def test_quick_runs_the_whole_pipeline_and_resumes(tmp_path):
     trained.append(run_dir)
     return sweep.default_train(config, run_dir)
 
-  workdir = str(tmp_path / 'exp')
-  path = os.path.join('configs', 'experiments', 'exposure.py')
-  summary = runner.run_experiment(path, workdir, quick=True, train_fn=counting_train,
-                                  command='test')
-  assert len(trained) == 2
-  report = open(os.path.join(workdir, 'REPORT.md')).read()
+  workdir, reports = str(tmp_path / 'exp'), str(tmp_path / 'docs')
+  paths = [os.path.join('configs', 'experiments', f'{n}.py') for n in ('init_comparison',
+                                                                      'exposure')]
+  summaries = runner.run_suite(paths, workdir, quick=True, report_dir=reports,
+                               train_fn=counting_train, command='test')
+  # init_comparison's gpt2 is exposure's syn/packed: 3 distinct runs for 4 arms.
+  assert len(trained) == 3
+  assert set(summaries) == {'init_comparison', 'exposure'}
+  out = os.path.join(reports, 'exposure')
+  report = open(os.path.join(out, 'REPORT.md')).read()
   for needle in ('Token-embedding init', 'beta2', 'position table', 'Budget', 'syn/natural',
                  '.png'):
     assert needle in report
-  on_disk = json.load(open(os.path.join(workdir, 'summary.json')))
+  on_disk = json.load(open(os.path.join(out, 'summary.json')))
   assert on_disk['claims'] and all(  # One seed: no interval, never a verdict either way.
       c['verdict'] in (paired.INCONCLUSIVE, paired.NOT_MEASURED) for c in on_disk['claims'])
   assert set(on_disk['arms']) == {'syn/packed', 'syn/natural'}
-  assert math.isfinite(summary['arms']['syn/packed']['scalars']['final_loss']['mean'])
+  assert math.isfinite(summaries['exposure']['arms']['syn/packed']['scalars']['final_loss']['mean'])
   for fig in on_disk['figures']:
-    assert os.path.getsize(os.path.join(workdir, fig)) > 0
+    assert os.path.getsize(os.path.join(out, fig)) > 0
+  index = open(os.path.join(reports, 'README.md')).read()
+  assert 'init_comparison/REPORT.md' in index and 'exposure/REPORT.md' in index
   # Resume: finished runs are skipped; a run without its marker is trained again.
-  os.remove(os.path.join(trained[1], sweep.DONE))
-  runner.run_experiment(path, workdir, quick=True, train_fn=counting_train, command='test')
-  assert trained[2:] == [trained[1]]
+  os.remove(os.path.join(trained[-1], sweep.DONE))
+  runner.run_experiment(paths[1], os.path.join(workdir, 'exposure'), quick=True,
+                        run_store=os.path.join(workdir, 'store'), train_fn=counting_train,
+                        command='test')
+  assert trained[3:] == [trained[2]]

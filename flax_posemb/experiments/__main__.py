@@ -1,4 +1,10 @@
-"""CLI: python -m flax_posemb.experiments CONFIG[:scale] --workdir DIR [--quick] ..."""
+"""CLI: python -m flax_posemb.experiments CONFIG[:scale] [CONFIG ...] --workdir DIR [--quick] ...
+
+One experiment config: its runs in WORKDIR/runs (or --run_store), its report in WORKDIR (or
+--report_dir). Several configs, or a suite file such as configs/experiments/all.py: all of
+them in this one process, experiment NAME in WORKDIR/NAME, runs shared in WORKDIR/store (or
+--run_store), reports in REPORT_DIR/NAME plus an index REPORT_DIR/README.md.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,14 @@ import argparse
 import logging
 import os
 
-from flax_posemb.experiments import runner
+from flax_posemb.experiments import runner, spec
 
 
 def main(argv: list[str] | None = None) -> None:
   p = argparse.ArgumentParser(prog='python -m flax_posemb.experiments', description=__doc__)
-  p.add_argument('config', help='configs/experiments/NAME.py, optionally :cpu or :accelerator')
+  p.add_argument('config', nargs='+',
+                 help='configs/experiments/NAME.py (or a suite such as all.py), optionally '
+                 ':cpu or :accelerator')
   p.add_argument('--workdir', required=True, help='experiment workdir (resumed if it exists)')
   p.add_argument('--quick', action='store_true', help='two tiny arms, one seed, a few steps')
   p.add_argument('--run_store', default='', help='run workdirs shared across experiments')
@@ -21,14 +29,24 @@ def main(argv: list[str] | None = None) -> None:
       os.path.expanduser('~'), '.cache', 'flax_posemb', 'jax_cache'),
                  help="JAX persistent compilation cache ('' disables)")
   args = p.parse_args(argv)
-  logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
+  logging.basicConfig(level=logging.WARNING, format='%(asctime)s %(message)s')
+  logging.getLogger('flax_posemb.experiments').setLevel(logging.INFO)
   runner.enable_compilation_cache(args.compilation_cache)
-  summary = runner.run_experiment(args.config, args.workdir, quick=args.quick,
-                                  run_store=args.run_store, report_dir=args.report_dir,
-                                  max_runs=args.max_runs)
-  for c in summary['claims']:
-    print(f"{c['verdict']:>28}  {c['id']}: {c['text']}")
-  print(os.path.join(args.report_dir or args.workdir, 'REPORT.md'))
+  paths = spec.expand_paths(args.config)
+  if len(paths) == 1:
+    summaries = {'': runner.run_experiment(
+        paths[0], args.workdir, quick=args.quick, run_store=args.run_store,
+        report_dir=args.report_dir, max_runs=args.max_runs)}
+  else:
+    summaries = runner.run_suite(paths, args.workdir, quick=args.quick,
+                                 run_store=args.run_store, report_dir=args.report_dir,
+                                 max_runs=args.max_runs)
+  for name, summary in summaries.items():
+    for c in summary['claims']:
+      print(f"{c['verdict']:>28}  {c['id']}: {c['text']}")
+    print(os.path.join(args.report_dir or args.workdir, name, 'REPORT.md'))
+  if len(summaries) > 1:
+    print(os.path.join(args.report_dir or args.workdir, 'README.md'))
 
 
 if __name__ == '__main__':

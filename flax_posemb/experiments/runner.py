@@ -1,4 +1,4 @@
-"""One call from an experiment config to its REPORT.md: sweep, then report."""
+"""One call from experiment configs to their reports: sweep, then report (one or a suite)."""
 
 from __future__ import annotations
 
@@ -50,3 +50,80 @@ def run_experiment(config_path: str, workdir: str, *, quick: bool = False,
   summary = report.write(exp, out, report_dir or workdir, command)
   logger.info('report: %s', os.path.join(report_dir or workdir, 'REPORT.md'))
   return summary
+
+
+def run_suite(config_paths: list[str], workdir: str, *, quick: bool = False,
+              run_store: str = '', report_dir: str = '', max_runs: int = -1,
+              command: str = '', **sweep_kwargs: Any) -> dict[str, dict[str, Any]]:
+  """Runs several experiments in this one process, sharing one run store, plus an index.
+
+  One process keeps JAX's in-memory caches warm across experiments; runs whose resolved
+  configs coincide across experiments are trained once (``spec.run_key``).
+
+  Args:
+    config_paths: experiment configs and/or suite files (``spec.expand_paths``).
+    workdir: each experiment uses ``workdir/NAME``.
+    quick: as in ``run_experiment``.
+    run_store: shared run directory; '' = ``workdir/store``.
+    report_dir: each report goes to ``report_dir/NAME``, the index to
+      ``report_dir/README.md`` ('' = ``workdir``).
+    max_runs: new runs to train over the whole suite (-1: all).
+    command: command line recorded in the reports ('' = this process's argv).
+    **sweep_kwargs: passed to ``sweep.run_sweep``.
+
+  Returns:
+    Experiment name -> summary dict.
+  """
+  paths = spec.expand_paths(config_paths)
+  store = run_store or os.path.join(workdir, 'store')
+  out_root = report_dir or workdir
+  command = command or 'python -m flax_posemb.experiments ' + ' '.join(
+      shlex.quote(a) for a in sys.argv[1:])
+  summaries: dict[str, dict[str, Any]] = {}
+  for path in paths:
+    name = spec.load(path).name
+    before = _count_done(store)
+    summaries[name] = run_experiment(
+        path, os.path.join(workdir, name), quick=quick, run_store=store,
+        report_dir=os.path.join(out_root, name), max_runs=max_runs, command=command,
+        **sweep_kwargs)
+    if max_runs >= 0:
+      max_runs = max(0, max_runs - (_count_done(store) - before))
+  write_index(summaries, out_root, command)
+  return summaries
+
+
+def _count_done(store: str) -> int:
+  if not os.path.isdir(store):
+    return 0
+  return sum(sweep.is_done(os.path.join(store, d)) for d in os.listdir(store))
+
+
+def write_index(summaries: dict[str, dict[str, Any]], out_dir: str, command: str) -> str:
+  """Writes ``out_dir/README.md``: one section per experiment, its verdict counts and link.
+
+  Args:
+    summaries: experiment name -> summary dict (``report.aggregate`` + figures).
+    out_dir: directory holding ``NAME/REPORT.md`` per experiment.
+    command: the command that produced them.
+
+  Returns:
+    The index path.
+  """
+  lines = ['# Experiments', '', f'Produced by `{command}` (one process, one shared run '
+           'store: arms whose resolved configs coincide across experiments are one run).', '']
+  for name, s in summaries.items():
+    counts: dict[str, int] = {}
+    for c in s['claims']:
+      counts[c['verdict']] = counts.get(c['verdict'], 0) + 1
+    verdicts = ', '.join(f'{n} {v}' for v, n in counts.items()) or 'no claims'
+    partial = '' if s.get('complete', True) else ' **(partial sweep)**'
+    lines += [f'## [{s["title"]}]({name}/REPORT.md){partial}', '', s['question'], '',
+              f'Verdicts: {verdicts}. Data: [`summary.json`]({name}/summary.json).', '']
+    if s.get('figures'):
+      lines += [f'![{name}]({name}/{s["figures"][0]})', '']
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, 'README.md')
+  with open(path, 'w') as f:
+    f.write('\n'.join(lines))
+  return path

@@ -35,7 +35,7 @@ from flax_posemb.experiments import paired, scales
 
 # Fields that do not change what a run computes: excluded from its identity (run key).
 _NON_SEMANTIC = ('progress_bar', 'checkpoint_every_steps', 'max_to_keep', 'data.num_workers',
-                 'data.prefetch', 'data.data_dir')
+                 'data.prefetch', 'data.data_dir', 'model.check_positions')
 
 
 def new(name: str, title: str, question: str, scale: str = 'cpu') -> ml_collections.ConfigDict:
@@ -135,6 +135,41 @@ class Run:
     return run_key(self.config)
 
 
+def _module(path: str):
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'experiment config {path!r} not found; pass a file such as '
+                            'configs/experiments/init_comparison.py.')
+  module_spec = importlib.util.spec_from_file_location('_experiment_config', path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module
+
+
+def expand_paths(paths: Iterable[str]) -> list[str]:
+  """Experiment config paths, with suite files replaced by the experiments they list.
+
+  A suite file (e.g. ``configs/experiments/all.py``) defines ``EXPERIMENTS``, a tuple of
+  experiment config file names relative to the suite file's directory; a ``:scale`` suffix
+  on the suite is passed on to each of them.
+
+  Args:
+    paths: ``configs/experiments/NAME.py[:scale]`` entries.
+
+  Returns:
+    Experiment config paths (``path[:scale]``), in order, without duplicates.
+  """
+  out: list[str] = []
+  for entry in paths:
+    path, _, arg = entry.partition(':')
+    module = _module(path)
+    members = [entry]
+    if hasattr(module, 'EXPERIMENTS'):
+      files = [os.path.join(os.path.dirname(path), m) for m in module.EXPERIMENTS]
+      members = [f'{m}:{arg}' if arg else m for m in files]
+    out += [m for m in members if m not in out]
+  return out
+
+
 def load(path_and_arg: str) -> ml_collections.ConfigDict:
   """Loads ``get_config([arg])`` from ``configs/experiments/NAME.py[:arg]``.
 
@@ -145,14 +180,10 @@ def load(path_and_arg: str) -> ml_collections.ConfigDict:
     The experiment config, validated.
   """
   path, _, arg = path_and_arg.partition(':')
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'experiment config {path!r} not found; pass a file such as '
-                            'configs/experiments/init_comparison.py.')
-  module_spec = importlib.util.spec_from_file_location('_experiment_config', path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  module = _module(path)
   if not hasattr(module, 'get_config'):
-    raise ValueError(f'{path} defines no get_config().')
+    raise ValueError(f'{path} defines no get_config() (a suite of experiments defines '
+                     'EXPERIMENTS; run it through python -m flax_posemb.experiments).')
   exp = module.get_config(arg) if arg else module.get_config()
   validate(exp)
   return exp
