@@ -14,9 +14,11 @@ microbatches; ``row_sq`` squares the per-row sum of ``g`` over the whole step.
 Statistics are accumulated on device in ``TrainState.window`` (a dict of ``[max_len]``
 vectors, see ``stats.FIELDS``) until the loop writes and resets it at each log step.
 With ``collect_stats=False`` only ``loss_sum``/``loss_count`` are accumulated (no gradient
-statistics); the loss and the update are bit-identical either way (tested): both modes
-take the same joint gradient and read the token losses the same way, so XLA compiles the
-loss and the update identically.
+statistics); the loss and the update are bit-identical either way (tested on CPU, with and
+without accumulation): both modes take the same joint gradient (the ``embed_sum``
+cotangent is an intermediate of the backward pass anyway) and read the token losses the
+same way, so XLA compiles the loss and the update identically. Without this care XLA fuses
+the loss reduction differently and the loss differs in the last bit.
 
 Sharding: a 1-D ``jax.sharding.Mesh`` with axis ``'data'`` over all devices (all hosts);
 the batch is sharded along it, parameters are replicated, or with ``fsdp=True`` matrices
