@@ -72,8 +72,8 @@ def get_config(scale: str = 'cpu'):
                  'the random_offset control (worse late rows)', f'offset_penalty_{k}',
                  'txt/natural', 'txt/random_offset', 'greater'),
       spec.claim('natural_costs_more', 'natural rows are mostly padding: more wall-clock per '
-                 'scored token than packed_reset', 'train_seconds', 'syn/natural',
-                 'syn/packed_reset', 'greater'),
+                 'step (same scored tokens per step) than packed_reset', 'step_seconds',
+                 'syn/natural', 'syn/packed_reset', 'greater'),
   ]
   c.claims = tuple(cl)
   syn = tuple(f'syn/{p}' for p in POLICIES)

@@ -40,7 +40,7 @@ SCALARS = ('final_loss', 'loss_early', 'loss_late', 'loss_late_minus_early', 'de
            'recovered_late', 'exposure_late_over_early', 'row_grad_late_over_early',
            'occ_signal_late_over_early', 'downstream_signal_late_over_early',
            'update_late_over_early', 'drift_late_over_early', 'row_norm_late_over_early', 'update_rss_late', 'drift_late',
-           'drift_mean', 'signal_loss_corr', 'train_seconds', 'tokens_per_step',
+           'drift_mean', 'signal_loss_corr', 'train_seconds', 'step_seconds', 'tokens_per_step',
            'train_tokens_per_second', 'rare_row_fraction', 'loss_rare_rows',
            'loss_common_late_rows', 'excess_rare_rows', 'excess_common_late_rows')
 # Plus 'offset_penalty_K' for each offset K > 0 of the probe: overall loss at shift K minus
@@ -122,6 +122,31 @@ def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
   return out
 
 
+def step_seconds(run_dir: str) -> float:
+  """Steady-state wall-clock seconds per training step, from ``metrics.jsonl``.
+
+  Uses the ``elapsed`` of the training rows after the first (the first logging window
+  includes compilation): ``(elapsed_last - elapsed_first) / (step_last - step_first)``.
+  NaN with fewer than two training rows. A run resumed mid-way adds its restart to
+  ``elapsed``; sweeps rarely resume, and the value is wall-clock on a possibly shared
+  machine, so treat it as indicative.
+  """
+  path = os.path.join(run_dir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return float('nan')
+  rows = []
+  with open(path) as f:
+    for line in f:
+      line = line.strip()
+      if line:
+        row = json.loads(line)
+        if 'elapsed' in row and 'eval' not in row:
+          rows.append((int(row['step']), float(row['elapsed'])))
+  if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
+    return float('nan')
+  return (rows[-1][1] - rows[0][1]) / (rows[-1][0] - rows[0][0])
+
+
 def _corr(x: np.ndarray, y: np.ndarray) -> float:
   ok = np.isfinite(x) & np.isfinite(y)
   if ok.sum() < 3 or np.std(x[ok]) == 0 or np.std(y[ok]) == 0:
@@ -177,6 +202,7 @@ def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
       'drift_late': float(vec['bucket_drift'][-1]),
       'drift_mean': float(np.nanmean(pos['drift'])) if 'drift' in pos else float('nan'),
       'train_seconds': float(train_seconds),
+      'step_seconds': step_seconds(run_dir),
   }
   s['loss_late_minus_early'] = s['loss_late'] - s['loss_early']
   s['excess_late_minus_early'] = s['excess_late'] - s['excess_early']

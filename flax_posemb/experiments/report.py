@@ -19,7 +19,7 @@ from flax_posemb.experiments import measures, paired, scales, sweep
 # Per-arm scalars shown in the arm table of the report (others are in summary.json).
 TABLE_SCALARS = ('final_loss', 'loss_late_minus_early', 'excess_late', 'recovered_late',
                  'exposure_late_over_early', 'update_late_over_early', 'drift_late',
-                 'tokens_per_step', 'train_seconds')
+                 'tokens_per_step', 'train_seconds', 'step_seconds')
 
 
 def _finite(x: float) -> bool:
@@ -240,7 +240,11 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
             else '> 0' if c['direction'] == 'greater' else '< 0')
     lines.append(f'| {c["text"]} | `{c["metric"]}` | {c["arm"]} - {c["baseline"] or "0"} | {pred} | '
                  f'{fmt_interval(c["interval"])} | {c["interval"]["n"]} | **{c["verdict"]}** |')
-  lines += ['', '## Arms', '', '| arm | ' + ' | '.join(TABLE_SCALARS) + ' |',
+  lines += ['', '## Arms', '', 'Wall-clock cost: `train_seconds` is the whole training of a '
+            'run (compilation included; runs of a shape already compiled load it from the '
+            'persistent cache), `step_seconds` the steady-state seconds per step (logging '
+            'windows after the first). Both are wall-clock on the machine that ran the sweep.',
+            '', '| arm | ' + ' | '.join(TABLE_SCALARS) + ' |',
             '|---|' + '---|' * len(TABLE_SCALARS)]
   for a, v in summary['arms'].items():
     cells = [fmt_interval(v['scalars'].get(k, {}), 3) for k in TABLE_SCALARS]
