@@ -63,9 +63,30 @@ def measure(runner: steps.Runner, shape: common.Shape, opts: Options,
   return dict(_MEASURED[key])
 
 
+def interleaved(runners: list[steps.Runner], opts: Options, per_round: int = 2
+                ) -> list[list[float]]:
+  """Times runners round-robin (`per_round` steps each per round) until each has `opts.steps`.
+
+  Interleaving spreads every implementation over the same stretch of time, so load
+  changes on a shared machine hit all of them alike instead of whichever ran last.
+  """
+  for r in runners:
+    common.time_calls(r.call, 0, opts.warmup)
+  out: list[list[float]] = [[] for _ in runners]
+  while len(out[0]) < opts.steps:
+    for r, ts in zip(runners, out):
+      ts += common.time_calls(r.call, min(per_round, opts.steps - len(ts)), 0)
+  return out
+
+
 def _measure(runner: steps.Runner, shape: common.Shape, opts: Options,
              peak: float) -> dict[str, Any]:
   t = common.summarize(common.time_calls(runner.call, opts.steps, opts.warmup))
+  return _row(runner, shape, t, peak)
+
+
+def _row(runner: steps.Runner, shape: common.Shape, t: dict[str, Any],
+         peak: float) -> dict[str, Any]:
   fpt = common.flops_per_token(shape, runner.n_params_no_pos)
   tps = shape.tokens / t['median_s']
   out = {'name': runner.name, **t, 'tokens_per_s': tps,
@@ -131,18 +152,19 @@ def _peer_builders(shape: common.Shape, opts: Options) -> dict[str, Any]:
 def run_side_by_side(opts: Options) -> dict[str, Any]:
   """The library's step next to peers on the same shape; ratios to the fastest peer.
 
+  All implementations are timed interleaved (`interleaved`), so their ratios come from
+  the same stretch of machine time.
+
   Peers that are not installed (the `bench` extra) or fail are listed under `skipped`
   with the reason, never an error.
   """
   shape = opts.main_shape
   peak = get_peak(opts)['flops_per_s']
-  rows = [measure(steps.library_train(shape, cs), shape, opts, peak) for cs in (True, False)]
+  runners = [(steps.library_train(shape, cs), 'library', None) for cs in (True, False)]
   if not opts.mini:  # diagnosis: the position-range host callback's share of the step
     nocheck = steps.library_train(shape, True, **{'model.check_positions': False})
     nocheck.name = 'flax_posemb (stats on, check_positions off)'
-    rows.append(measure(nocheck, shape, opts, peak))
-  for r in rows:
-    r['kind'] = 'library'
+    runners.append((nocheck, 'library', None))
   builders = _peer_builders(shape, opts)
   wanted = [p for p in opts.peers.split(',') if p]
   if 'reference' in wanted and not opts.mini:
@@ -153,15 +175,20 @@ def run_side_by_side(opts: Options) -> dict[str, Any]:
       skipped[name] = f'unknown peer; valid: {sorted(builders)}'
       continue
     try:
-      row = measure(builders[name](), shape, opts, peak)
-      row['kind'] = 'peer'
-      row['peer'] = name
-      rows.append(row)
+      runners.append((builders[name](), 'peer', name))
     except ImportError as e:
       skipped[name] = f'not installed ({e}); pip install -e ".[bench]"'
     except Exception as e:  # pylint: disable=broad-except
       skipped[name] = f'failed: {type(e).__name__}: {e}'.splitlines()[0][:300]
       traceback.print_exc()
+  times = interleaved([r for r, _, _ in runners], opts)
+  rows = []
+  for (runner, kind, peer), ts in zip(runners, times):
+    row = _row(runner, shape, common.summarize(ts), peak)
+    row['kind'] = kind
+    if peer:
+      row['peer'] = peer
+    rows.append(row)
   peers = [r for r in rows if r['kind'] == 'peer']
   best = max(peers, key=lambda r: r['tokens_per_s']) if peers else None
   for r in rows:
