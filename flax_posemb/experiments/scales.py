@@ -12,11 +12,11 @@ weight decay on the position table, and the corpus.
   seconds (tests, ``--quick``). Its numbers mean nothing.
 * ``cpu``: a 2-layer width-32 model, context 64, a 16-token synthetic vocabulary, 500 steps
   of 320 scored tokens: sized so
-  that the three experiments (145 distinct runs in a shared store) finish in about 25-35
-  minutes on 2 CPU cores. Measured user+sys CPU per run at 300 steps with warm compilation
-  caches: packed/packed_reset 3.6 s, natural/random_offset 26.6 s (71 rows of 64 per step:
-  ~94% padding), length_schedule 10.7 s (synthetic), real-text arms 4.5-4.9 s; a shape's
-  first run adds ~10-15 s of compilation.
+  that the three experiments (145 distinct runs in a shared store) finish in about 35
+  minutes on 2 CPU cores. Measured user+sys CPU per run (500 steps, warm compilation cache,
+  shared machine): packed / packed_reset 7.4-7.9 s, natural / random_offset 55-59 s (71 rows
+  of 64 per step: ~94% padding), length_schedule 20 s (synthetic), real-text arms 5.8-8.0 s;
+  a config's first run adds ~8-14 s of compilation. Predicted total ~2100 s CPU.
 * ``accelerator``: GPT-2-small shapes (12 layers, 12 heads, width 768, context 1024,
   bfloat16 compute), for one accelerator.
 """
