@@ -13,6 +13,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 
 flags.DEFINE_multi_string('workdir', None, 'Training workdir(s); several give a comparison.')
 flags.DEFINE_integer('step', None, 'Checkpoint step (default: latest).')
@@ -34,6 +35,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
   from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
   from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
   if FLAGS.buckets and FLAGS.bucket_edges:

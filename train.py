@@ -9,6 +9,7 @@ let jax.distributed.initialize() detect a cluster); each process reads its own d
 
 from absl import app
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
 config_flags.DEFINE_config_file('config', None, 'Config file (configs/NAME.py).',
@@ -26,6 +27,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
   import jax  # pylint: disable=g-import-not-at-top
   if FLAGS.cpu_collectives:
     jax.config.update('jax_cpu_collectives_implementation', FLAGS.cpu_collectives)

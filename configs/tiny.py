@@ -16,7 +16,7 @@ def get_config():
   config.checkpoint_every_steps = 100  # Checkpoints at 100, 200 and the end.
   config.data.source = 'synthetic'  # Procedural corpus with a known optimal loss per position.
   config.data.seq_len = 128  # Context length = table size.
-  config.data.position_policy = 'natural'  # One document per row: late positions are rare.
+  config.data.position_policy = 'packed_reset'  # Natural exposure (late positions rare), no padding.
   config.model.vocab_size = 64  # = data.synthetic.vocab_size.
   config.model.max_len = 128  # Position table rows.
   config.model.num_layers = 2  # Two blocks.

@@ -121,4 +121,5 @@ def base() -> ml_collections.ConfigDict:
   c.model = model()
   c.optimizer = optimizer()
   c.eval = evaluation()
+  c.lock()  # A misspelled field in a config file is an error, not a new field.
   return c
