@@ -72,9 +72,16 @@ class CheckpointMismatchError(CallerError):
   """The stored params/opt_state tree differs from the one the caller expects."""
 
 
+def _absolute(path: str | os.PathLike[str]) -> epath.Path:
+  """Orbax needs absolute paths: a local relative path (`runs/tiny`) is resolved here."""
+  if '://' in str(path):  # gs://, s3:// ... are absolute already.
+    return epath.Path(path)
+  return epath.Path(os.path.abspath(os.fspath(path)))
+
+
 def checkpoint_dir(workdir: str | os.PathLike[str]) -> epath.Path:
   """Returns `WORKDIR/checkpoints`, the directory a `Checkpointer` manages."""
-  return epath.Path(workdir) / CHECKPOINT_SUBDIR
+  return _absolute(workdir) / CHECKPOINT_SUBDIR
 
 
 # ------------------------------------------------------------------ helpers
@@ -236,7 +243,7 @@ class Checkpointer:
     if not isinstance(max_to_keep, int) or max_to_keep < 1:
       raise ValueError(f'max_to_keep must be an int >= 1, got {max_to_keep!r}. '
                        'Set --config.max_to_keep to a positive number.')
-    self.directory = epath.Path(directory)
+    self.directory = _absolute(directory)
     policy = ocp.checkpoint_managers.AnyPreservationPolicy([
         ocp.checkpoint_managers.LatestN(n=max_to_keep),
         ocp.checkpoint_managers.CustomSteps([0]),  # the initial table
@@ -464,7 +471,7 @@ class Checkpointer:
 
 def _resolve_dir(path: str | os.PathLike[str]) -> epath.Path:
   """WORKDIR/checkpoints if it exists, else `path` itself if it holds steps."""
-  path = epath.Path(path)
+  path = _absolute(path)
   sub = path / CHECKPOINT_SUBDIR
   if sub.is_dir():
     return sub

@@ -371,3 +371,15 @@ def test_restore_onto_8_forced_cpu_devices_and_back(tmp_path):
   assert step == 2 and config == {'ok': 2}
   np.testing.assert_array_equal(np.asarray(restored['pos_embed']['embedding']),
                                 2 * np.asarray(params['pos_embed']['embedding']))
+
+
+def test_relative_workdir_saves_and_restores(tmp_path, monkeypatch):
+  # The README runs `train.py --workdir runs/tiny`; Orbax itself rejects relative paths.
+  monkeypatch.chdir(tmp_path)
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(checkpointing.checkpoint_dir('runs/rel'), max_to_keep=2) as ckpt:
+    assert _save(ckpt, 3, params, opt_state, _data_iter())
+    ckpt.wait_until_finished()
+  restored, _, step = checkpointing.restore_params('runs/rel')
+  assert step == 3
+  _assert_trees_equal(jax.device_get(params), restored)
