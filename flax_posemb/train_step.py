@@ -39,6 +39,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from flax_posemb import embeddings
 from flax_posemb import model as model_lib
 from flax_posemb import optim
 from flax_posemb import stats as stats_lib
@@ -294,12 +295,16 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
                  out_shardings=(state_shardings, repl), donate_argnums=(0,))
 
 
-def global_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+def global_batch(batch: dict[str, np.ndarray], mesh: Mesh,
+                 max_len: int | None = None) -> dict[str, jax.Array]:
   """Assembles the process-local ``[B / process_count, T]`` rows into global arrays.
 
   Args:
     batch: this process's rows of each ``BATCH_KEYS`` array.
     mesh: mesh with axis ``'data'``.
+    max_len: position-table rows; when given, every position id is checked on the host
+      (a clear ``ValueError`` naming the bad id), so the compiled step can run without the
+      model's in-graph guard (``model.check_positions``).
 
   Returns:
     Dict of global ``[B, T]`` jax arrays sharded by ``batch_sharding``.
@@ -308,6 +313,8 @@ def global_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Arra
   if missing:
     raise KeyError(f'batch lacks {missing}; a batch must hold {list(BATCH_KEYS)} '
                    '(docs/DESIGN.md).')
+  if max_len is not None:
+    embeddings.check_position_range(np.asarray(batch['positions']), max_len)
   sh = batch_sharding(mesh)
   if jax.process_count() == 1:
     return {k: jax.device_put(np.asarray(batch[k]), sh) for k in BATCH_KEYS}

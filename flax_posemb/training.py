@@ -296,7 +296,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   try:
     with _Preemption() as preempt:
       for step in range(start + 1, num_steps + 1):
-        batch = global_batch(next(data_iter), mesh)
+        batch = global_batch(next(data_iter), mesh, model.config.max_len)
         state, metrics = train_step(state, batch, jax.random.fold_in(dropout_rng, step))
         if pending is not None:  # Read the previous step back while this one runs.
           absorb(*pending)

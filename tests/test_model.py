@@ -34,8 +34,13 @@ def _init(cfg, inputs, positions, segment_ids=None):
 def test_model_config_mirrors_defaults_model_exactly():
   section = defaults.model().to_dict()
   fields = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+  # One deliberate difference: a ModelConfig built by hand keeps the in-graph position
+  # guard on; training and eval configs turn it off because they check every batch's
+  # positions on the host (train_step.global_batch, evaluation._check_batch).
+  assert fields.pop('check_positions') is True
+  assert section.pop('check_positions') is False
   assert fields == section
-  assert ModelConfig.from_config(defaults.model()) == ModelConfig()
+  assert ModelConfig.from_config(defaults.model()) == ModelConfig(check_positions=False)
 
 
 def test_from_config_rejects_unknown_keys():

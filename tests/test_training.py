@@ -291,3 +291,16 @@ def test_train_py_tiny_end_to_end_resume_and_bad_inputs(tmp_path):
   # Unknown config key.
   proc = run_cli(*args[:4], '--config.modle.num_layers=3')
   assert proc.returncode != 0 and 'modle' in proc.stderr
+
+
+def test_batch_positions_past_the_table_are_a_host_error_before_the_step():
+  mesh = train_step.make_mesh()
+  batch = {k: np.zeros((2, 4), np.int32) for k in train_step.BATCH_KEYS}
+  batch['loss_mask'] = np.ones((2, 4), np.float32)
+  batch['positions'] = np.array([[0, 1, 2, 3], [4, 5, 6, 8]], np.int32)
+  train_step.global_batch(batch, mesh, max_len=9)  # fits
+  with pytest.raises(ValueError, match=r'8.*\[0, 8\)'):
+    train_step.global_batch(batch, mesh, max_len=8)
+  batch['positions'][0, 0] = -1
+  with pytest.raises(ValueError, match='-1'):
+    train_step.global_batch(batch, mesh, max_len=9)
