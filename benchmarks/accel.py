@@ -39,8 +39,8 @@ def run_accel(opts: Options, force: bool = False) -> dict[str, Any]:
   builders = {
       'stats_on': lambda: steps.library_train(shape, True),
       'stats_off': lambda: steps.library_train(shape, False),
-      'stats_on_no_position_check': lambda: steps.library_train(
-          shape, True, **{'model.check_positions': False}),
+      'stats_on_position_guard': lambda: steps.library_train(
+          shape, True, **{'model.check_positions': True}),
       'reference': lambda: steps.reference_train(shape, kernel_layout='out_in'),
   }
   if backend == 'gpu':
