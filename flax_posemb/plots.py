@@ -213,11 +213,15 @@ def experiment_profile(path: str | os.PathLike[str], bucket_labels: Sequence[str
   two = bool(differences)
   fig, axes = plt.subplots(1, 2 if two else 1, figsize=(11 if two else 6.5, 4), squeeze=False)
   x = np.arange(len(bucket_labels))
+  # One colour per arm in both panels (the baseline has no difference series).
+  cycle = plt.rcParams['axes.prop_cycle'].by_key()['color']
+  names = list(dict.fromkeys([*series, *(differences or {})]))
+  color = {n: cycle[i % len(cycle)] for i, n in enumerate(names)}
   ax = axes[0, 0]
   for name, ivs in series.items():
     mean, low, high = _interval_arrays(ivs)
-    ax.plot(x, mean, marker='o', ms=3, label=name)
-    ax.fill_between(x, low, high, alpha=0.2)
+    ax.plot(x, mean, marker='o', ms=3, label=name, color=color[name])
+    ax.fill_between(x, low, high, alpha=0.2, color=color[name])
   ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
   ax.set_xlabel('position bucket')
   ax.set_ylabel(ylabel)
@@ -228,7 +232,7 @@ def experiment_profile(path: str | os.PathLike[str], bucket_labels: Sequence[str
     for name, ivs in differences.items():
       mean, low, high = _interval_arrays(ivs)
       ax.errorbar(x, mean, yerr=[mean - low, high - mean], marker='o', ms=3, capsize=2,
-                  label=name)
+                  label=name, color=color[name])
     ax.axhline(0.0, color='k', lw=0.8)
     ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
     ax.set_xlabel('position bucket')
