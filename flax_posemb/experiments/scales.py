@@ -58,7 +58,7 @@ def base_config(scale: str) -> ml_collections.ConfigDict:
   c.optimizer.decay_position_table = True
   # The position-id guard is a host callback, and JAX never stores executables with host
   # callbacks in the persistent compilation cache: with it on, every run of a sweep would
-  # recompile its train step. The data pipelines' position ids are validated by their tests.
+  # recompile its train step. The training loop checks every batch's position ids on the host.
   c.model.check_positions = False
   if scale == 'quick':
     c.num_train_steps = 4
