@@ -23,13 +23,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import data as data_lib
+from flax_posemb import model as model_lib
+from flax_posemb import train_step
 
-BATCH_KEYS = ('inputs', 'targets', 'positions', 'segment_ids', 'loss_mask')
+BATCH_KEYS = train_step.BATCH_KEYS  # the batch contract of docs/DESIGN.md
 OFFSET_NOTE = (
     'Offset probe: each text is scored with position ids shifted by K while its context '
     'is unchanged. For a model trained with the natural policy, rows p+K seen with only p '
@@ -61,12 +62,6 @@ def model_apply_fn(model) -> ApplyFn:
   return apply
 
 
-def make_mesh() -> jax.sharding.Mesh:
-  """A 1-D mesh over all devices with axis 'data'."""
-  return jax.make_mesh((jax.device_count(),), ('data',),
-                       axis_types=(jax.sharding.AxisType.Auto,))
-
-
 def make_eval_step(apply_fn: ApplyFn, edges: np.ndarray, mesh: jax.sharding.Mesh):
   """Cached `_make_eval_step`: periodic evaluations of one model compile once."""
   return _make_eval_step(apply_fn, tuple(int(e) for e in edges), mesh)
@@ -94,8 +89,7 @@ def _make_eval_step(apply_fn: ApplyFn, edges: tuple[int, ...], mesh: jax.shardin
   def step(params, batch, offset):
     logits = apply_fn(params, batch['inputs'], batch['positions'] + offset, batch['segment_ids'])
     mask = batch['loss_mask'].astype(jnp.float32)
-    loss = optax.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), batch['targets'])
+    loss = train_step.token_losses(logits, batch['targets'])  # the training loss, float32
     loss = jnp.where(mask > 0, loss, 0.0) * mask
     pos = jnp.clip(batch['positions'], 0, length - 1)
     onehot = jax.nn.one_hot(bucket_of[pos], nb, dtype=jnp.float32)
@@ -158,7 +152,7 @@ def accumulate(apply_fn: ApplyFn, params, batches: Iterable[dict[str, np.ndarray
   Returns:
     One `BucketAccumulator` per offset.
   """
-  mesh = mesh or make_mesh()
+  mesh = mesh or train_step.make_mesh()
   step = make_eval_step(apply_fn, edges, mesh)
   params = jax.device_put(params, NamedSharding(mesh, P()))
   data_sharding = NamedSharding(mesh, P('data'))
@@ -324,11 +318,10 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
   """
   from flax_posemb import checkpointing  # pylint: disable=g-import-not-at-top
   from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top  (matplotlib)
-  from flax_posemb import model as model_lib  # pylint: disable=g-import-not-at-top
-  mesh = make_mesh()
+  mesh = train_step.make_mesh()
   params, cfg, step = checkpointing.restore_params(workdir, step, sharding=NamedSharding(mesh, P()))
   config = ml_collections.ConfigDict(cfg)
-  model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model))
+  model = train_step.make_model(config)
   out = run_evaluation(model, params, config, step=step, offsets=offsets, mesh=mesh, **overrides)
   out.results['workdir'] = os.path.abspath(workdir)
   out_dir = output or os.path.join(workdir, 'eval', f'step_{step}')
