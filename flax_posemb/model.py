@@ -14,12 +14,13 @@ Parameter paths (what the statistics and analysis code reads):
     `qkv`, `attn_out`, `mlp_in`, `mlp_out` with `kernel` stored (out, in), i.e.
     `[features_out, features_in]`, and `bias`), final LayerNorm `ln_f`.
 
-The token+position sum, before dropout, passes through
-`self.perturb('embed_sum', x)`: `model.init` returns a `perturbations`
-collection with `embed_sum` zeros `[B, T, emb_dim]` (float32); differentiating
-the loss with respect to it gives per-(b, t) activation gradients in the same
-backward pass as the parameter gradients. For a learned table,
-`grad(table)[p] == sum over (b, t) with positions[b, t] == p of grad(embed_sum)[b, t]`.
+`embed_delta` (optional, float32 `[B, T, emb_dim]`, normally zeros) is added to the
+token+position sum before dropout. It is an explicit input rather than a Flax
+`perturb` collection, so it works at any batch size, under `nnx.bridge` and in the
+NNX model alike: the gradient of the loss with respect to it is the per-(b, t)
+gradient of the embedding sum, taken in the same backward pass as the parameter
+gradients (`flax_posemb.stats.value_and_grad_with_position_stats`). For a learned
+table, `grad(table)[p] == sum over (b, t) with positions[b, t] == p of grad(embed_delta)[b, t]`.
 """
 
 from __future__ import annotations
@@ -46,26 +47,32 @@ _DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.floa
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Model hyper-parameters; mirrors `defaults.model()` field by field (same defaults).
+  """Model hyper-parameters: the one source of the model's defaults.
 
-  Std fields: a value < 0 means "the initializer's default".
+  `defaults.model()` (the `config.model` section of every `configs/*.py`) is built from
+  these fields, so each default is written once, here. Std fields: a value < 0 means
+  "the initializer's default".
   """
-  vocab_size: int = 64
-  num_layers: int = 2
-  num_heads: int = 4
-  emb_dim: int = 64
-  mlp_dim: int = 256
-  max_len: int = 128
-  dropout_rate: float = 0.0
-  position_embedding: str = 'learned'
+  vocab_size: int = 64  # Token vocabulary (must cover the data's token ids).
+  num_layers: int = 2  # Transformer blocks.
+  num_heads: int = 4  # Attention heads per block.
+  emb_dim: int = 64  # Model width (token and position embedding features).
+  mlp_dim: int = 256  # Hidden width of each block's MLP.
+  max_len: int = 128  # Rows in the position table (largest position id + 1).
+  dropout_rate: float = 0.0  # Dropout on embeddings, attention output and MLP output.
+  position_embedding: str = 'learned'  # learned | sinusoidal | rope | none
+  # Initializer of a learned table: a name in initializers.NAMES.
   position_init: str = 'gpt2'
-  position_init_std: float = -1.0
-  token_init: str = 'gpt2'
-  token_init_std: float = -1.0
-  dtype: str = 'float32'
-  param_dtype: str = 'float32'
-  attention_impl: str = 'xla'
-  remat: bool = False
+  position_init_std: float = -1.0  # Std override (normal/truncated_normal/sinusoidal); <0 = default.
+  token_init: str = 'gpt2'  # Initializer name for the token table.
+  token_init_std: float = -1.0  # Std override for the token initializer; <0 = default.
+  dtype: str = 'float32'  # Compute dtype (bfloat16 on accelerators); logits and loss stay float32.
+  param_dtype: str = 'float32'  # Parameter storage dtype.
+  attention_impl: str = 'xla'  # jax.nn.dot_product_attention implementation: xla | cudnn (bf16/fp16).
+  remat: bool = False  # Rematerialize each block in the backward pass (saves memory).
+  # In-graph guard on position ids, for library users. train.py/eval.py check every batch on
+  # the host instead (sharding.global_batch) and turn it off (defaults.model()): it costs ~5-15%
+  # of a small CPU step.
   check_positions: bool = True
 
   def __post_init__(self):
@@ -249,7 +256,7 @@ class TransformerLM(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Array, positions: Array, segment_ids: Array | None = None,
-               deterministic: bool = True) -> Array:
+               deterministic: bool = True, embed_delta: Array | None = None) -> Array:
     """Computes next-token logits.
 
     Args:
@@ -258,6 +265,7 @@ class TransformerLM(nn.Module):
       segment_ids: int32 `[B, T]` document ids (0 = padding) or None (one
         document per row). Attention is causal and restricted to equal ids.
       deterministic: False enables dropout (needs `rngs={'dropout': key}`).
+      embed_delta: float32 `[B, T, emb_dim]` added to the token+position sum, or None.
 
     Returns:
       float32 logits `[B, T, vocab_size]`.
@@ -286,7 +294,8 @@ class TransformerLM(nn.Module):
              else cfg.token_initializer().expected_std(cfg.emb_dim))
       x = x + embeddings.SinusoidalPositionEmbedding(cfg.emb_dim, scale=std,
                                                      name='pos_embed')(positions)
-    x = self.perturb('embed_sum', x)
+    if embed_delta is not None:
+      x = x + embed_delta
     x = nn.Dropout(cfg.dropout_rate)(x.astype(dt), deterministic=deterministic)
 
     mask = None
