@@ -54,14 +54,15 @@ def library_train(shape: common.Shape, collect_stats: bool, seed: int = 0,
 
 def _library_train(shape: common.Shape, collect_stats: bool, seed: int,
                    **overrides) -> Runner:
-  # train_step holds the jitted step without the loop's data/Orbax imports.
+  # train_step and sharding hold the jitted step without the loop's data/Orbax imports.
+  from flax_posemb import sharding
   from flax_posemb import train_step as training
   config = common.model_config(shape, collect_stats=collect_stats, **overrides)
-  mesh = training.make_mesh()
+  mesh = sharding.make_mesh()
   model = training.make_model(config)
   state, tx, shardings = training.init_state(model, config, mesh, jax.random.key(seed))
   step = training.make_train_step(model, tx, config, mesh, shardings)
-  batch = training.global_batch(common.synthetic_batch(shape, seed), mesh)
+  batch = sharding.global_batch(common.synthetic_batch(shape, seed), mesh)
   rng = jax.random.key(seed + 1)
   box = [state]
 
@@ -79,14 +80,15 @@ def _library_train(shape: common.Shape, collect_stats: bool, seed: int,
 def library_eval(shape: common.Shape, seed: int = 0, **overrides) -> Runner:
   """`flax_posemb.evaluation.make_eval_step` (loss by position and bucket) on one batch."""
   from flax_posemb import evaluation
+  from flax_posemb import sharding
   from flax_posemb import train_step as training
   config = common.model_config(shape, collect_stats=False, **overrides)
-  mesh = training.make_mesh()
+  mesh = sharding.make_mesh()
   model = training.make_model(config)
   state, _, _ = training.init_state(model, config, mesh, jax.random.key(seed))
   edges = np.arange(0, shape.seq_len + 1, max(1, shape.seq_len // 8))
   step = evaluation.make_eval_step(evaluation.model_apply_fn(model), edges, mesh)
-  batch = training.global_batch(common.synthetic_batch(shape, seed), mesh)
+  batch = sharding.global_batch(common.synthetic_batch(shape, seed), mesh)
   params, off = state.params, jnp.int32(0)
   n = sum(int(x.size) for x in jax.tree.leaves(params))
   return Runner('flax_posemb eval', lambda: step(params, batch, off), n,

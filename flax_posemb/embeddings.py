@@ -27,10 +27,13 @@ Dtype = Any
 
 
 def _range_message(num_positions: int, lo: int, hi: int, num_bad: int) -> str:
-  bad = hi if hi >= num_positions else lo
+  if lo < 0:
+    return (f"Position id {lo} is negative ({num_bad} ids outside the position table "
+            f"[0, {num_positions}); min {lo}, max {hi}). Position ids index table rows and "
+            f"must be >= 0: check how the data (or a position offset) produces them.")
   return (
-      f"Position id {bad} is outside the position table [0, {num_positions}) "
-      f"({num_bad} out-of-range ids; min {lo}, max {hi}). Positions must be >= 0 and "
+      f"Position id {hi} is outside the position table [0, {num_positions}) "
+      f"({num_bad} out-of-range ids; min {lo}, max {hi}). Positions must be "
       f"< num_positions (model.max_len = {num_positions}): raise model.max_len to "
       f"at least {hi + 1} or shorten data.seq_len / the position offsets.")
 

@@ -28,9 +28,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import data as data_lib
 from flax_posemb import model as model_lib
+from flax_posemb import embeddings
+from flax_posemb import sharding
 from flax_posemb import train_step
-
-BATCH_KEYS = train_step.BATCH_KEYS  # the batch contract of docs/DESIGN.md
+from flax_posemb.batch import BATCH_KEYS
 OFFSET_NOTE = (
     'Offset probe: each text is scored with position ids shifted by K while its context '
     'is unchanged. For a model trained with the natural policy, rows p+K seen with only p '
@@ -122,6 +123,9 @@ def _check_batch(batch: dict[str, np.ndarray], length: int, offsets: Sequence[in
     if max_len is not None and top + max(offsets) >= max_len:
       raise ValueError(f'offset {max(offsets)} pushes position {top} past the position table '
                        f'(max_len={max_len}); the largest valid offset is {max_len - 1 - top}.')
+  if max_len is not None:  # Every id the model sees, scored or not, shifted by each offset.
+    for k in {min(offsets), max(offsets)}:
+      embeddings.check_position_range(out['positions'] + k, max_len)
   return out
 
 
@@ -152,7 +156,7 @@ def accumulate(apply_fn: ApplyFn, params, batches: Iterable[dict[str, np.ndarray
   Returns:
     One `BucketAccumulator` per offset.
   """
-  mesh = mesh or train_step.make_mesh()
+  mesh = mesh or sharding.make_mesh()
   step = make_eval_step(apply_fn, edges, mesh)
   params = jax.device_put(params, NamedSharding(mesh, P()))
   data_sharding = NamedSharding(mesh, P('data'))
@@ -318,7 +322,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
   """
   from flax_posemb import checkpointing  # pylint: disable=g-import-not-at-top
   from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top  (matplotlib)
-  mesh = train_step.make_mesh()
+  mesh = sharding.make_mesh()
   params, cfg, step = checkpointing.restore_params(workdir, step, sharding=NamedSharding(mesh, P()))
   config = ml_collections.ConfigDict(cfg)
   model = train_step.make_model(config)

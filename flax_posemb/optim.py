@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-# Parameter paths (see docs/DESIGN.md and model.POSITION_TABLE_PATH).
-POSITION_TABLE_PATH = ('pos_embed', 'embedding')
+from flax_posemb.model import POSITION_TABLE_PATH
+
 TOKEN_TABLE_PATH = ('token_embed', 'embedding')
 
 

@@ -1,77 +1,176 @@
-"""Per-position learning-signal statistics of a position table (pure functions).
+"""Per-position learning-signal statistics: one pytree type and the function that fills it.
 
-Everything here is a pure function of one backward pass: the gradient of the
-**sum-reduced** token loss with respect to the token+position embedding sum,
-``g[b, t] = d(sum of masked token losses) / d(embed_sum[b, t])`` (``[B, T, D]``, read from
-the model's ``perturb('embed_sum', ...)`` hook), the per-token loss, the batch, and the
-position table before and after the optimizer update. Nothing loops over positions:
-every vector is a scatter-add over ``positions`` (``jax.ops.segment_sum``).
+Everything here is a function of one backward pass: ``g[b, t]``, the gradient of the
+**sum-reduced** token loss with respect to the token+position embedding sum (``[B, T, D]``;
+the gradient with respect to the model's ``embed_delta`` input, which is added to that sum),
+the per-token loss, the batch, and the position table before and after the optimizer
+update. Nothing loops over positions: every vector is a scatter-add over ``positions``
+(``jax.ops.segment_sum``).
 
-Vectors over table rows ``p`` (all ``[max_len]``), per step and summed over a logging
-window (and over microbatches under gradient accumulation):
+``PositionStats`` holds vectors over table rows ``p`` (all ``[num_positions]``), per step or
+summed over a logging window (and over microbatches under gradient accumulation):
 
 * ``count``      (int32)   real input tokens (``segment_ids > 0``) at position id ``p``.
 * ``loss_sum``   (float32) sum of the loss of targets scored (``loss_mask``) at input ``p``.
 * ``loss_count`` (int32)   number of targets scored at input position ``p``.
 * ``occ_norm``   (float32) sum over occurrences at ``p`` of ``||g(b, t)||``.
 * ``occ_sq``     (float32) sum over occurrences at ``p`` of ``||g(b, t)||**2``.
-* ``row_sq``     (float32) ``||sum over occurrences at p of g(b, t)||**2``, over the whole
-  global batch of one optimizer step (microbatch sums are added before squaring). This is
-  the squared norm of row ``p`` of the table gradient of the sum-reduced loss; summed over
-  the steps of a window.
+* ``row_sq``     (float32) ``||sum over occurrences at p of g(b, t)||**2`` over one optimizer
+  step's whole global batch (microbatch sums are added before squaring): the squared norm
+  of row ``p`` of the table gradient of the sum-reduced loss; summed over a window's steps.
 * ``downstream`` (float32) sum over occurrences at ``p`` of the number of loss-bearing
   targets at or after ``t`` in the same segment (the losses ``g(b, t)`` aggregates in a
   causal model).
-* ``update_sq``  (float32) ``||new_table[p] - old_table[p]||**2``: the change the
-  optimizer made to row ``p`` (Adam rescaling, weight decay and clipping included).
+* ``update_sq``  (float32) ``||new_table[p] - old_table[p]||**2``: the change the optimizer
+  made to row ``p`` (Adam rescaling, weight decay and clipping included).
+
+With statistics off (``collect=False``) only ``LOSS_FIELDS`` are kept (they need no
+gradient); the other fields are ``None``. A ``PositionStats`` reads like a dict of its
+present fields (``stats['count']``, ``dict(stats)``), so ``np.savez(path, **stats)`` works.
 
 Derived quantities (``derived``): ``coherence = row_sq / (count * occ_sq)`` (1/count for
-random directions, 1 for perfectly aligned ones; over a window it is a ratio of window
-sums), ``signal_per_occurrence = occ_norm / count``, ``signal_per_downstream =
-occ_norm / downstream``, ``mean_loss = loss_sum / loss_count``. Undefined entries are NaN.
+random directions, 1 for perfectly aligned ones; over a window a ratio of window sums),
+``signal_per_occurrence = occ_norm / count``, ``signal_per_downstream = occ_norm /
+downstream``, ``mean_loss = loss_sum / loss_count``. Undefined entries are NaN.
 
 Segments are assumed contiguous within a row (as every position policy produces them):
 ``downstream`` resets where ``segment_ids`` changes.
 
-Window files (``save_window``) are plain ``.npz``: ``np.load(path)`` gives the fields above
-plus ``step`` (last step of the window), ``first_step``, ``num_steps`` and
+Window files (``PositionStats.save``) are plain ``.npz``: ``np.load(path)`` gives the present
+fields plus ``step`` (last step of the window), ``first_step``, ``num_steps`` and
 ``cumulative_count`` (int64 exact count of each position since step 0).
 """
 
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_posemb import sharding
+
 FIELDS = ('count', 'loss_sum', 'loss_count', 'occ_norm', 'occ_sq', 'row_sq',
           'downstream', 'update_sq')
 INT_FIELDS = ('count', 'loss_count')
-# Fields produced per microbatch (before the step's row_sq / update_sq are known).
-LOSS_FIELDS = ('loss_sum', 'loss_count')  # Kept even with collect_stats=False.
-OCCURRENCE_FIELDS = ('count', 'loss_sum', 'loss_count', 'occ_norm', 'occ_sq',
-                     'downstream')
+LOSS_FIELDS = ('count', 'loss_sum', 'loss_count')  # Kept with statistics off (no gradient).
+WINDOW_GLOB = 'window_*.npz'  # Finished window files; temporary files never match it.
 
-Stats = dict[str, jax.Array]
+Array = jax.Array
+PyTree = Any
 
 
-def zeros(max_len: int) -> Stats:
-  """All-zero statistics.
+@flax.struct.dataclass
+class PositionStats(collections.abc.Mapping):
+  """Per-position statistics, ``[num_positions]`` each (see the module docstring).
 
-  Args:
-    max_len: rows in the position table.
-
-  Returns:
-    Dict of ``FIELDS``, each ``[max_len]`` (int32 for counts, float32 otherwise).
+  A pytree (jit, ``jax.device_put``, ``jax.tree.map`` and Orbax take it as is) and a read-only
+  mapping of its present fields. ``row_grad`` (``[num_positions, D]``, the per-row sum of
+  ``g``) exists only between microbatches, until ``finish`` squares it into ``row_sq``.
   """
-  return {k: jnp.zeros((max_len,), jnp.int32 if k in INT_FIELDS else jnp.float32)
-          for k in FIELDS}
+  count: Array
+  loss_sum: Array
+  loss_count: Array
+  occ_norm: Array | None = None
+  occ_sq: Array | None = None
+  row_sq: Array | None = None
+  downstream: Array | None = None
+  update_sq: Array | None = None
+  row_grad: Array | None = None
+
+  @classmethod
+  def zeros(cls, num_positions: int, *, collect: bool = True) -> PositionStats:
+    """All-zero statistics: every field, or only ``LOSS_FIELDS`` when ``collect`` is False."""
+    fields = FIELDS if collect else LOSS_FIELDS
+    return cls(**{k: jnp.zeros((num_positions,), jnp.int32 if k in INT_FIELDS else jnp.float32)
+                  for k in fields})
+
+  @classmethod
+  def from_mapping(cls, fields: Mapping[str, Any]) -> PositionStats:
+    """Statistics from a dict of fields (e.g. a restored checkpoint item or a window file)."""
+    return cls(**{k: fields[k] for k in FIELDS if k in fields})
+
+  @property
+  def collects_gradients(self) -> bool:
+    """Whether the gradient fields are present (``collect=True``)."""
+    return self.occ_norm is not None
+
+  def __getitem__(self, key: str) -> Array:
+    if key not in FIELDS or getattr(self, key) is None:
+      raise KeyError(key)
+    return getattr(self, key)
+
+  def __iter__(self) -> Iterator[str]:
+    return (k for k in FIELDS if getattr(self, k) is not None)
+
+  def __len__(self) -> int:
+    return sum(1 for _ in self)
+
+  def __add__(self, other: PositionStats) -> PositionStats:
+    """Field-wise sum; both sides must hold the same fields."""
+    mine = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+    theirs = [f.name for f in dataclasses.fields(other) if getattr(other, f.name) is not None]
+    if mine != theirs:
+      raise ValueError(f'Cannot add statistics with fields {mine} and {theirs}.')
+    return jax.tree.map(jnp.add, self, other)
+
+  def psum(self, axis_name: str) -> PositionStats:
+    """Sum over a named mesh axis (inside ``shard_map``/``pmap``; under ``jax.jit`` on
+    global arrays XLA inserts the reduction itself)."""
+    return jax.lax.psum(self, axis_name)
+
+  def finish(self) -> PositionStats:
+    """Squares the accumulated ``row_grad`` into ``row_sq`` (after the step's last microbatch)."""
+    if self.row_grad is None:
+      return self
+    return self.replace(row_sq=jnp.sum(jnp.square(self.row_grad), axis=-1), row_grad=None)
+
+  def to_numpy(self) -> dict[str, np.ndarray]:
+    """Host copies of the present fields; counts as exact int64."""
+    out = {k: sharding.to_host(v) for k, v in self.items()}
+    return {k: v.astype(np.int64) if k in INT_FIELDS else v for k, v in out.items()}
+
+  def save(self, path: str, *, step: int, first_step: int,
+           cumulative_count: np.ndarray) -> None:
+    """Writes one window file (plain ``.npz``) atomically.
+
+    The bytes go to a hidden temporary name that ``WINDOW_GLOB`` never matches, and are
+    renamed into place only when complete, so a kill or a full disk leaves no file that a
+    reader could take for a result.
+
+    Args:
+      path: destination (``window_path``).
+      step: last optimizer step of the window.
+      first_step: first optimizer step of the window.
+      cumulative_count: ``[num_positions]`` int64 exact count of each position up to ``step``.
+    """
+    directory, name = os.path.split(path)
+    os.makedirs(directory or '.', exist_ok=True)
+    tmp = os.path.join(directory, f'.{name}.tmp')
+    with open(tmp, 'wb') as f:
+      np.savez(f, step=np.int64(step), first_step=np.int64(first_step),
+               num_steps=np.int64(step - first_step + 1),
+               cumulative_count=np.asarray(cumulative_count, np.int64), **self.to_numpy())
+    os.replace(tmp, path)
 
 
-def downstream_targets(segment_ids: jax.Array, loss_mask: jax.Array) -> jax.Array:
+def window_path(workdir: str, step: int) -> str:
+  """Path of the statistics window file ending at ``step``."""
+  return os.path.join(workdir, 'stats', f'window_{step}.npz')
+
+
+def update_sq(old_table: Array, new_table: Array) -> Array:
+  """``[P]`` squared norm of each row's change between two ``[P, D]`` tables (float32)."""
+  delta = new_table.astype(jnp.float32) - old_table.astype(jnp.float32)
+  return jnp.sum(delta * delta, axis=-1)
+
+
+def downstream_targets(segment_ids: Array, loss_mask: Array) -> Array:
   """Loss-bearing targets at or after each token within its (contiguous) segment.
 
   Args:
@@ -96,104 +195,154 @@ def downstream_targets(segment_ids: jax.Array, loss_mask: jax.Array) -> jax.Arra
   return out[:, ::-1]
 
 
-def loss_stats(token_loss: jax.Array, batch: Mapping[str, jax.Array],
-               max_len: int) -> Stats:
-  """Loss of the scored targets by input position (no gradients needed).
+def loss_stats(token_loss: Array, batch: Mapping[str, Array],
+               num_positions: int) -> PositionStats:
+  """Statistics that need no gradient: ``count``, ``loss_sum``, ``loss_count``.
 
   Args:
     token_loss: ``[B, T]`` per-token loss (any value where ``loss_mask`` is 0).
-    batch: dict with ``positions`` (int ``[B, T]``) and ``loss_mask`` (float ``[B, T]``).
-    max_len: rows in the position table.
-
-  Returns:
-    Dict ``loss_sum`` (float32 ``[max_len]``) and ``loss_count`` (int32 ``[max_len]``).
+    batch: ``positions``, ``segment_ids`` (int ``[B, T]``) and ``loss_mask`` (float ``[B, T]``).
+    num_positions: rows in the position table.
   """
   pos = batch['positions'].reshape(-1)
   mask = batch['loss_mask'].astype(jnp.float32).reshape(-1)
   loss = jnp.where(mask > 0, token_loss.astype(jnp.float32).reshape(-1), 0.0) * mask
-  return {
-      'loss_sum': jax.ops.segment_sum(loss, pos, num_segments=max_len),
-      'loss_count': jax.ops.segment_sum((mask > 0).astype(jnp.int32), pos,
-                                        num_segments=max_len),
-  }
+
+  def scatter(x):
+    return jax.ops.segment_sum(x, pos, num_segments=num_positions)
+
+  return PositionStats(count=scatter((batch['segment_ids'] > 0).reshape(-1).astype(jnp.int32)),
+                       loss_sum=scatter(loss), loss_count=scatter((mask > 0).astype(jnp.int32)))
 
 
-def occurrence_stats(g: jax.Array, token_loss: jax.Array,
-                     batch: Mapping[str, jax.Array], max_len: int) -> Stats:
-  """Scatter one (micro)batch's per-occurrence quantities onto table rows.
+def occurrence_stats(g: Array, token_loss: Array, batch: Mapping[str, Array],
+                     num_positions: int) -> PositionStats:
+  """Scatters one (micro)batch's per-occurrence quantities onto table rows.
 
   Args:
     g: ``[B, T, D]`` gradient of the sum-reduced loss w.r.t. the embedding sum.
     token_loss: ``[B, T]`` per-token loss (any value where ``loss_mask`` is 0).
-    batch: dict with ``positions``, ``segment_ids`` (int ``[B, T]``) and ``loss_mask``
-      (float ``[B, T]``).
-    max_len: rows in the position table.
+    batch: ``positions``, ``segment_ids`` (int ``[B, T]``) and ``loss_mask`` (float ``[B, T]``).
+    num_positions: rows in the position table.
 
   Returns:
-    Dict of ``OCCURRENCE_FIELDS`` (each ``[max_len]``) plus ``g_sum`` ``[max_len, D]``
-    float32 (sum of ``g`` over occurrences at each row, squared later into ``row_sq``).
+    Statistics without ``row_sq``/``update_sq`` and with ``row_grad`` ``[num_positions, D]``
+    (call ``finish`` once the step's microbatches are summed).
   """
   pos = batch['positions'].reshape(-1)
   real = (batch['segment_ids'] > 0).reshape(-1)
-  g = g.astype(jnp.float32).reshape(pos.shape[0], -1)
-  g = jnp.where(real[:, None], g, 0.0)
+  g = jnp.where(real[:, None], g.astype(jnp.float32).reshape(pos.shape[0], -1), 0.0)
   sq = jnp.sum(g * g, axis=-1)
   down = downstream_targets(batch['segment_ids'], batch['loss_mask']).reshape(-1)
-  realf = real.astype(jnp.float32)
 
   def scatter(x):
-    return jax.ops.segment_sum(x, pos, num_segments=max_len)
+    return jax.ops.segment_sum(x, pos, num_segments=num_positions)
 
-  return {
-      'count': scatter(real.astype(jnp.int32)),
-      **loss_stats(token_loss, batch, max_len),
-      'occ_norm': scatter(jnp.sqrt(sq)),
-      'occ_sq': scatter(sq),
-      'downstream': scatter(down * realf),
-      'g_sum': scatter(g),
-  }
+  return loss_stats(token_loss, batch, num_positions).replace(
+      occ_norm=scatter(jnp.sqrt(sq)), occ_sq=scatter(sq),
+      downstream=scatter(down * real.astype(jnp.float32)), row_grad=scatter(g))
 
 
-def add(a: Mapping[str, jax.Array], b: Mapping[str, jax.Array]) -> Stats:
-  """Field-wise sum of two statistics dicts with the same keys (any shapes)."""
-  return {k: a[k] + b[k] for k in a}
+class _WidthProbe:
+  """Stands in for ``embed_delta`` in one abstract trace to learn the width ``D`` of the
+  embedding sum it is added to (JAX arrays defer ``x + probe`` to ``probe.__radd__``)."""
+
+  def __init__(self):
+    self.shape = None
+
+  def __radd__(self, x):
+    self.shape = tuple(x.shape)
+    return x
+
+  __add__ = __radd__
 
 
-def finish_step(occ: Mapping[str, jax.Array], old_table: jax.Array | None,
-                new_table: jax.Array | None) -> Stats:
-  """Complete one optimizer step's statistics.
+def _embed_width(token_loss_fn, params, batch, args) -> int:
+  probe = _WidthProbe()
+  try:
+    jax.eval_shape(lambda p, b, a: token_loss_fn(p, probe, b, *a), params, batch, args)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError('Could not infer the embedding width from token_loss_fn (it must add '
+                     'embed_delta to the [B, T, D] embedding sum with `+`); pass '
+                     'embed_dim=D.') from e
+  if probe.shape is None or len(probe.shape) != 3:
+    raise ValueError('token_loss_fn never added embed_delta to a [B, T, D] embedding sum; '
+                     'add it with `x = x + embed_delta`, or pass embed_dim=D.')
+  return probe.shape[-1]
+
+
+def value_and_grad_with_position_stats(
+    token_loss_fn: Callable[..., Array], num_positions: int, *, collect: bool = True,
+    embed_dim: int | None = None, finish: bool = True) -> Callable[..., tuple]:
+  """Loss, parameter gradients and per-position statistics of any model, in one backward pass.
+
+  Example (any model whose embedding sum takes ``embed_delta``)::
+
+    def token_loss_fn(params, embed_delta, batch):
+      x = params['wte'][batch['inputs']] + params['wpe'][batch['positions']] + embed_delta
+      logits = my_model(params, x, batch['segment_ids'])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
+
+    f = jax.jit(value_and_grad_with_position_stats(token_loss_fn, num_positions=1024))
+    loss, grads, stats = f(params, batch)
 
   Args:
-    occ: ``occurrence_stats`` output summed over the step's microbatches (with ``g_sum``
-      ``[max_len, D]``).
-    old_table: ``[max_len, D]`` position table before the update, or None (no learned
-      table: ``update_sq`` is zero).
-    new_table: ``[max_len, D]`` position table after the update, or None.
+    token_loss_fn: ``(params, embed_delta, batch, *args) -> [B, T]`` float32 token losses.
+      ``embed_delta`` (float32 ``[B, T, D]``, zeros) must be added to the token+position
+      embedding sum; ``batch`` holds ``positions``, ``segment_ids`` (int ``[B, T]``, 0 =
+      padding), ``loss_mask`` (float ``[B, T]``) and whatever the model needs. ``params``
+      is any pytree (linen params, or an NNX model's state from ``nnx.split``).
+    num_positions: rows of the position table (every ``positions`` id must be below it).
+    collect: False keeps only ``LOSS_FIELDS`` (loss, gradients and update are unchanged).
+    embed_dim: width ``D`` of ``embed_delta``; None infers it from one abstract trace.
+    finish: False leaves ``row_grad`` unsquared, for summing microbatches (then call
+      ``stats.finish()``).
 
   Returns:
-    Dict of ``FIELDS``, each ``[max_len]``.
+    ``f(params, batch, *args, denominator=None) -> (loss, grads, stats)``: ``loss`` the mean
+    token loss over the ``loss_mask`` targets (or their sum divided by ``denominator``, e.g.
+    a global batch's target count under gradient accumulation), ``grads`` its gradient with
+    respect to ``params``, ``stats`` a ``PositionStats`` (a mapping of ``[num_positions]``
+    arrays: ``count``, ``loss_sum``, ``loss_count``, and with ``collect`` also ``occ_norm``,
+    ``occ_sq``, ``row_sq``, ``downstream``; ``update_sq`` needs the optimizer and is absent).
   """
-  out = {k: occ[k] for k in OCCURRENCE_FIELDS}
-  out['row_sq'] = jnp.sum(jnp.square(occ['g_sum']), axis=-1)
-  if old_table is None:
-    out['update_sq'] = jnp.zeros_like(out['row_sq'])
-  else:
-    delta = new_table.astype(jnp.float32) - old_table.astype(jnp.float32)
-    out['update_sq'] = jnp.sum(delta * delta, axis=-1)
-  return out
+  def f(params, batch, *args, denominator=None):
+    mask = batch['loss_mask'].astype(jnp.float32)
+    denom = jnp.maximum(jnp.sum(mask), 1.0) if denominator is None else denominator
+    shape = batch['positions'].shape
+    width = embed_dim or _embed_width(token_loss_fn, params, batch, args)
+
+    def mean_loss(p, delta):
+      tl = token_loss_fn(p, delta, batch, *args)
+      return jnp.sum(tl * mask) / denom, tl
+
+    # The embed_delta gradient is taken in both modes so that the loss and the parameter
+    # gradients compile identically whether or not statistics are collected.
+    (_, tl), (grads, g_delta) = jax.value_and_grad(mean_loss, argnums=(0, 1), has_aux=True)(
+        params, jnp.zeros(shape + (width,), jnp.float32))
+    loss = jnp.sum(tl * mask) / denom
+    if not collect:
+      return loss, grads, loss_stats(tl, batch, num_positions)
+    stats = occurrence_stats(g_delta * denom, tl, batch, num_positions)
+    return loss, grads, stats.finish() if finish else stats
+
+  return f
 
 
 def derived(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:
-  """Ratios documented in the module docstring, NaN where undefined.
+  """Ratios documented in the module docstring, NaN where undefined (or not collected).
 
   Args:
-    stats: dict with ``FIELDS`` (each ``[max_len]``), e.g. ``np.load`` of a window file.
+    stats: mapping with (some of) ``FIELDS``, each ``[P]``: a ``PositionStats``, or
+      ``np.load`` of a window file.
 
   Returns:
-    Dict ``coherence``, ``signal_per_occurrence``, ``signal_per_downstream``,
-    ``mean_loss``, each ``[max_len]`` float64.
+    Dict ``coherence``, ``signal_per_occurrence``, ``signal_per_downstream``, ``mean_loss``,
+    each ``[P]`` float64.
   """
-  s = {k: np.asarray(stats[k], np.float64) for k in FIELDS}
+  size = len(np.asarray(stats['count']))
+  s = {k: np.asarray(stats[k], np.float64) if k in stats else np.full(size, np.nan)
+       for k in FIELDS}
 
   def div(a, b):
     with np.errstate(divide='ignore', invalid='ignore'):
@@ -205,30 +354,3 @@ def derived(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:
       'signal_per_downstream': div(s['occ_norm'], s['downstream']),
       'mean_loss': div(s['loss_sum'], s['loss_count']),
   }
-
-
-def window_path(workdir: str, step: int) -> str:
-  """Path of the statistics window file ending at ``step``."""
-  return os.path.join(workdir, 'stats', f'window_{step}.npz')
-
-
-def save_window(path: str, stats: Mapping[str, Any], *, step: int, first_step: int,
-                cumulative_count: np.ndarray) -> None:
-  """Write one window's statistics as a plain ``.npz`` (atomically).
-
-  Args:
-    path: destination file.
-    stats: dict of ``FIELDS`` ``[max_len]`` summed over steps ``first_step..step``.
-    step: last optimizer step of the window (1-based step count after the update).
-    first_step: first optimizer step of the window.
-    cumulative_count: ``[max_len]`` int64 exact count of each position up to ``step``.
-  """
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  arrays = {k: np.asarray(stats[k]) for k in FIELDS}
-  arrays['count'] = arrays['count'].astype(np.int64)
-  arrays['loss_count'] = arrays['loss_count'].astype(np.int64)
-  tmp = path + '.tmp.npz'
-  np.savez(tmp, step=np.int64(step), first_step=np.int64(first_step),
-           num_steps=np.int64(step - first_step + 1),
-           cumulative_count=np.asarray(cumulative_count, np.int64), **arrays)
-  os.replace(tmp, path)

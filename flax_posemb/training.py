@@ -11,14 +11,15 @@ Writes into ``workdir`` (docs/DESIGN.md):
   (``flax_posemb.stats`` documents the fields; readable with numpy alone);
 * ``tables/table_STEP.npy`` — the position table at step 0 and every log step;
 * ``checkpoints/`` — Orbax (``flax_posemb.checkpointing``): periodic, at the end, and on
-  SIGTERM; the ``stats`` item holds the exact int64 ``cumulative_count`` and the partial
-  window so resumption is exact;
+  SIGTERM; the ``stats`` item holds the partial window and the host counters (exact int64
+  ``cumulative_count``) so resumption is exact;
 * ``tensorboard/`` — tensorboardX scalars.
 
-Re-running on a workdir with checkpoints resumes from the latest one, logs so, and drops ``metrics.jsonl`` rows, window files and table snapshots after the restored step.
-A truncated or corrupted latest checkpoint stops the run with an error naming it (nothing
-is overwritten). A non-finite loss stops the run with ``NonFiniteLossError`` (nothing is
-saved after it).
+Re-running on a workdir with checkpoints resumes from the latest one, logs so, and drops
+``metrics.jsonl`` rows, window files and table snapshots after the restored step. A
+truncated or corrupted latest checkpoint stops the run with an error naming it (nothing is
+overwritten). A non-finite loss stops the run with ``NonFiniteLossError`` (nothing is saved
+after it).
 """
 
 from __future__ import annotations
@@ -39,55 +40,43 @@ from absl import logging
 from flax_posemb import checkpointing
 from flax_posemb import data as data_lib
 from flax_posemb import model as model_lib
+from flax_posemb import sharding
 from flax_posemb import stats as stats_lib
-from flax_posemb.train_step import (TrainState, global_batch, init_state, make_mesh,
-                                    make_model, make_train_step, check_batch_layout,
-                                    zero_window)
+from flax_posemb import train_step as step_lib
 
 Hook = Callable[[int, dict[str, float]], None]
+_OUTPUTS = {'stats': stats_lib.WINDOW_GLOB, 'tables': 'table_*.npy'}
 
 
 class NonFiniteLossError(FloatingPointError):
   """The training loss or gradient norm became NaN/inf."""
 
 
-def _to_host(x: jax.Array) -> np.ndarray:
-  if getattr(x, 'is_fully_replicated', False):
-    return np.asarray(x.addressable_data(0))
-  if getattr(x, 'is_fully_addressable', True):
-    return np.asarray(jax.device_get(x))
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-def _step_of(path: str) -> int:
-  return int(re.search(r'_(\d+)\.(npy|npz)$', path).group(1))
-
-
 def truncate_outputs(workdir: str, step: int) -> None:
   """Drops metrics rows, window files and table snapshots written after ``step``."""
   path = os.path.join(workdir, 'metrics.jsonl')
   if os.path.exists(path):
-    with open(path) as f:
-      rows = [line for line in f if line.strip()]
     keep = []
-    for line in rows:
-      try:
-        if json.loads(line)['step'] <= step:
-          keep.append(line)
-      except (ValueError, KeyError):
-        continue  # A half-written last line of a killed run.
+    with open(path) as f:
+      for line in f:
+        try:
+          if json.loads(line)['step'] <= step:
+            keep.append(line)
+        except (ValueError, KeyError):
+          continue  # A half-written last line of a killed run.
     with open(path + '.tmp', 'w') as f:
       f.writelines(keep)
     os.replace(path + '.tmp', path)
-  for pattern in ('stats/window_*.npz', 'tables/table_*.npy'):
-    for p in glob.glob(os.path.join(workdir, pattern)):
-      if _step_of(p) > step:
+  for sub, pattern in _OUTPUTS.items():
+    for p in glob.glob(os.path.join(workdir, sub, pattern)):
+      if int(re.search(r'_(\d+)\.np[yz]$', p).group(1)) > step:
         os.remove(p)
 
 
-def _validate(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
-  for key in ('num_train_steps', 'log_every_steps', 'checkpoint_every_steps', 'batch_size'):
+def validate(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
+  """Checks the config before anything is built; returns the model config."""
+  for key in ('num_train_steps', 'log_every_steps', 'checkpoint_every_steps', 'batch_size',
+              'max_to_keep'):
     if int(config[key]) < 1:
       raise ValueError(f'{key} must be >= 1, got {config[key]}.')
   mcfg = model_lib.ModelConfig.from_config(config.model)
@@ -99,12 +88,123 @@ def _validate(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
   return mcfg
 
 
-class _Preemption:
-  """Turns SIGTERM into a flag the loop checks after each step."""
+class StatsLog:
+  """Host side of the statistics and metrics: windows, counters, metrics rows, TensorBoard.
 
-  def __init__(self):
-    self.requested = False
-    self._old = None
+  The device sums ``PositionStats`` between log steps (``TrainState.stats``); at each log
+  step ``flush`` reads them once, adds the exact int64 cumulative counts, writes the window
+  file and the metrics row. ``counters`` (with the device window) is the checkpoint's
+  ``stats`` item, so a resumed run continues the same window.
+  """
+
+  def __init__(self, workdir: str, num_positions: int, lead: bool, start: int):
+    self.workdir, self.lead = workdir, lead
+    self.counters = dict(cumulative_count=np.zeros(num_positions, np.int64),
+                         window_first_step=1, loss_sum=0.0, loss_steps=0, tokens=0,
+                         elapsed=0.0)
+    self.last: dict[str, float] = {}
+    self._writer = None
+    if lead:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._writer = SummaryWriter(os.path.join(workdir, 'tensorboard'), purge_step=start + 1)
+    self._clock = (time.time(), 0.0)  # window start, tokens in window
+    self._t0, self._elapsed0 = time.time(), 0.0
+
+  def restore(self, saved: dict[str, Any]) -> None:
+    """Loads the counters of a checkpoint's ``stats`` item."""
+    for k in self.counters:
+      v = np.asarray(saved[k])
+      self.counters[k] = v.item() if v.ndim == 0 else v
+    self._elapsed0 = float(self.counters['elapsed'])
+
+  def add_step(self, metrics: dict[str, float]) -> None:
+    """Accounts one step's metrics (already on the host)."""
+    self.counters['loss_sum'] += metrics['loss']
+    self.counters['loss_steps'] += 1
+    self.counters['tokens'] += int(metrics['tokens'])
+    self._clock = (self._clock[0], self._clock[1] + metrics['tokens'])
+    self.last = metrics
+
+  def flush(self, step: int, window: stats_lib.PositionStats) -> dict[str, Any]:
+    """Writes the window file and metrics row of the window ending at ``step``."""
+    c, now = self.counters, time.time()
+    c['elapsed'] = self._elapsed0 + now - self._t0
+    row = dict(step=step, loss=c['loss_sum'] / max(c['loss_steps'], 1),
+               last_loss=self.last.get('loss'), learning_rate=self.last.get('learning_rate'),
+               grad_norm=self.last.get('grad_norm'), tokens=int(c['tokens']),
+               tokens_per_sec=self._clock[1] / max(now - self._clock[0], 1e-9),
+               elapsed=c['elapsed'])
+    fields = window.to_numpy()
+    c['cumulative_count'] = c['cumulative_count'] + fields['count']
+    if self.lead:
+      window.save(stats_lib.window_path(self.workdir, step), step=step,
+                  first_step=int(c['window_first_step']),
+                  cumulative_count=c['cumulative_count'])
+      self.write({'step': step, **row})
+      for k in ('loss', 'learning_rate', 'grad_norm', 'tokens_per_sec'):
+        self._writer.add_scalar(f'train/{k}', row[k], step)
+    c.update(window_first_step=step + 1, loss_sum=0.0, loss_steps=0)
+    self._clock = (now, 0.0)
+    return row
+
+  def write(self, row: dict[str, Any]) -> None:
+    """Appends one row to metrics.jsonl (and eval loss to TensorBoard)."""
+    if not self.lead:
+      return
+    with open(os.path.join(self.workdir, 'metrics.jsonl'), 'a') as f:
+      f.write(json.dumps(row, default=float) + '\n')
+    overall = row.get('eval', {}).get('overall', {})
+    if isinstance(overall, dict) and 'loss' in overall:
+      self._writer.add_scalar('eval/loss', overall['loss'], row['step'])
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+
+
+def restore_or_init(ckpt: checkpointing.Checkpointer, state: step_lib.TrainState,
+                    shardings: step_lib.TrainState, data_iter: Any
+                    ) -> tuple[step_lib.TrainState, int | None, dict[str, Any]]:
+  """The latest checkpoint's state (and data position), or ``state`` unchanged.
+
+  Returns:
+    ``(state, resumed_from, counters)``: ``resumed_from`` is None for a fresh run;
+    ``counters`` are the ``StatsLog`` counters saved with the checkpoint ({} if fresh).
+
+  Raises:
+    RuntimeError: a checkpoint newer than the newest readable one exists (named).
+    ValueError: the checkpoint's statistics do not match ``collect_stats``.
+  """
+  if ckpt.latest_step() is None:
+    return state, None, {}
+  r = ckpt.restore(abstract_params=state.params, abstract_opt_state=state.opt_state,
+                   data_iter=data_iter)
+  step = int(r['step'])
+  unreadable = [s for s in ckpt.all_steps() if s > step]
+  if unreadable:
+    dirs = ', '.join(str(ckpt.step_dir(s)) for s in unreadable)
+    raise RuntimeError(
+        f'The latest checkpoint(s) {dirs} are truncated or corrupted; the newest readable '
+        f'one is step {step}. Nothing was changed. Move the bad directories aside '
+        f'(e.g. mv {ckpt.step_dir(unreadable[-1])} /tmp/) and re-run to resume from step '
+        f'{step}, or use a fresh --workdir.')
+  window = stats_lib.PositionStats.from_mapping(r['stats']['window'])
+  if set(window) != set(state.stats):
+    raise ValueError(f'The checkpoint of step {step} holds statistics {sorted(window)} but '
+                     f'this config collects {sorted(state.stats)}; resume with the '
+                     'collect_stats value the run was started with.')
+  window = jax.tree.map(lambda v, z: np.asarray(v, z.dtype), window, state.stats)
+  return step_lib.TrainState(
+      step=jax.device_put(np.int32(step), shardings.step), params=r['params'],
+      opt_state=r['opt_state'], stats=jax.device_put(window, shardings.stats)), step, r['stats']
+
+
+class _Preemption:
+  """SIGTERM as a flag the loop checks after each step; on several hosts, Orbax's
+  preemption sync point (JAX's preemption service) makes every host stop at the same step."""
+
+  def __init__(self, ckpt: checkpointing.Checkpointer):
+    self.requested, self._ckpt, self._old = False, ckpt, None
 
   def __enter__(self):
     try:
@@ -121,12 +221,10 @@ class _Preemption:
     if self._old is not None:
       signal.signal(signal.SIGTERM, self._old)
 
-  def agreed(self) -> bool:
+  def reached(self, step: int) -> bool:
     if jax.process_count() == 1:
       return self.requested
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    flags = multihost_utils.process_allgather(np.int32(self.requested))
-    return bool(np.max(flags))
+    return self._ckpt.reached_preemption(step)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -149,188 +247,136 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     checkpointing.CheckpointMismatchError: ``workdir`` holds another model's checkpoint.
     ValueError: bad config values (named in the message).
   """
-  mcfg = _validate(config)
-  mesh = make_mesh()
-  check_batch_layout(config, mesh)
+  mcfg = validate(config)
+  mesh = sharding.make_mesh()
+  sharding.check_batch_layout(config, mesh)
   lead = jax.process_index() == 0
-  model = make_model(config)
+  model = step_lib.make_model(config)
   init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
-  state, tx, shardings = init_state(model, config, mesh, init_rng)
-  train_step = make_train_step(model, tx, config, mesh, shardings)
-  num_steps, max_len = int(config.num_train_steps), mcfg.max_len
-  has_table = mcfg.position_embedding == 'learned'
+  state, tx, shardings = step_lib.init_state(model, config, mesh, init_rng)
+  train_step = step_lib.make_train_step(model, tx, config, mesh, shardings)
+  num_steps = int(config.num_train_steps)
   data_iter = data_lib.make_train_iterator(
       config.data, batch_size=int(config.batch_size), seed=int(config.seed),
       num_train_steps=num_steps, process_index=jax.process_index(),
       process_count=jax.process_count())
-
   os.makedirs(workdir, exist_ok=True)
   ckpt = checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir),
                                     max_to_keep=int(config.max_to_keep))
-  host = dict(cumulative_count=np.zeros(max_len, np.int64), window_first_step=1,
-              loss_sum=0.0, loss_steps=0, tokens=0, elapsed=0.0)
-  resumed_from = None
-  if ckpt.latest_step() is not None:
-    r = ckpt.restore(abstract_params=state.params, abstract_opt_state=state.opt_state,
-                     data_iter=data_iter)
-    resumed_from = int(r['step'])
-    unreadable = [s for s in ckpt.all_steps() if s > resumed_from]
-    if unreadable:
-      ckpt.close()
-      dirs = ', '.join(str(ckpt.step_dir(s)) for s in unreadable)
-      raise RuntimeError(
-          f'The latest checkpoint(s) {dirs} are truncated or corrupted; the newest readable '
-          f'one is step {resumed_from}. Nothing was changed. Move the bad directories aside '
-          f'(e.g. mv {ckpt.step_dir(unreadable[-1])} /tmp/) and re-run to resume from step '
-          f'{resumed_from}, or use a fresh --workdir.')
-    saved = r['stats']
-    window = {k: np.asarray(saved['window'][k]) for k in state.window}
-    state = TrainState(step=jax.device_put(np.int32(resumed_from), shardings.step),
-                       params=r['params'], opt_state=r['opt_state'],
-                       window=jax.device_put(window, shardings.window))
-    for k in host:
-      host[k] = np.asarray(saved[k]).item() if np.ndim(saved[k]) == 0 else np.asarray(
-          saved[k])
-    logging.info('Resuming from the checkpoint of step %d in %s.', resumed_from,
-                 ckpt.directory)
-    print(f'Resuming from the checkpoint of step {resumed_from} in {ckpt.directory}.',
-          flush=True)
+  try:
+    state, resumed_from, counters = restore_or_init(ckpt, state, shardings, data_iter)
+    log = StatsLog(workdir, mcfg.max_len, lead, resumed_from or 0)
+    if resumed_from is not None:
+      log.restore(counters)
+      logging.info('Resuming from the checkpoint of step %d in %s.', resumed_from,
+                   ckpt.directory)
+      print(f'Resuming from the checkpoint of step {resumed_from} in {ckpt.directory}.',
+            flush=True)
     if lead:
-      truncate_outputs(workdir, resumed_from)
-  elif lead:
-    truncate_outputs(workdir, 0)
+      truncate_outputs(workdir, resumed_from or 0)
+      with open(os.path.join(workdir, 'config.json'), 'w') as f:
+        f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    loop = _Loop(config, workdir, model, mesh, ckpt, log, data_iter, hooks)
+    # A fresh buffer per window: the step donates its state.
+    loop.zero_stats = lambda: jax.device_put(stats_lib.PositionStats.zeros(
+        mcfg.max_len, collect=bool(config.collect_stats)), shardings.stats)
+    return loop.run(state, train_step, dropout_rng, resumed_from)
+  finally:
+    ckpt.close()
 
-  def save(step: int) -> bool:
-    payload = dict(host, window={k: _to_host(v) for k, v in state.window.items()})
-    return ckpt.save(step, params=state.params, opt_state=state.opt_state,
-                     data_iter=data_iter, stats=payload, config=config.to_dict())
 
-  def snapshot(step: int) -> None:
-    if has_table:
-      table = _to_host(model_lib.position_table(state.params))
-      if lead:
-        os.makedirs(os.path.join(workdir, 'tables'), exist_ok=True)
-        np.save(os.path.join(workdir, 'tables', f'table_{step}.npy'), table)
+class _Loop:
+  """The step loop and what happens at log, eval and checkpoint steps."""
 
-  if lead:
-    with open(os.path.join(workdir, 'config.json'), 'w') as f:
-      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-  start = resumed_from or 0
-  if resumed_from is None:
-    snapshot(0)
-    save(0)
+  def __init__(self, config, workdir, model, mesh, ckpt, log, data_iter, hooks):
+    self.config, self.workdir, self.model, self.mesh = config, workdir, model, mesh
+    self.ckpt, self.log, self.data_iter, self.hooks = ckpt, log, data_iter, hooks
+    self.lead = jax.process_index() == 0
 
-  writer = None
-  if lead:
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-    writer = SummaryWriter(os.path.join(workdir, 'tensorboard'), purge_step=start + 1)
-  bar = None
-  if lead and config.progress_bar:
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-    bar = tqdm(total=num_steps, initial=start, desc='train', dynamic_ncols=True)
+  def save(self, state: step_lib.TrainState, step: int) -> None:
+    payload = dict(self.log.counters, window=state.stats.to_numpy())
+    self.ckpt.save(step, params=state.params, opt_state=state.opt_state,
+                   data_iter=self.data_iter, stats=payload, config=self.config.to_dict())
 
-  last = dict(loss=float('nan'), grad_norm=float('nan'), learning_rate=float('nan'))
-  result = dict(step=start, loss=None, resumed_from=resumed_from, preempted=False, eval=None)
-  window_time = [time.time(), 0]  # wall clock at window start, tokens in window
-  t0 = time.time()
-  elapsed0 = float(host['elapsed'])
+  def snapshot(self, state: step_lib.TrainState, step: int) -> None:
+    if self.model.config.position_embedding != 'learned':
+      return
+    table = sharding.to_host(model_lib.position_table(state.params))
+    if self.lead:
+      os.makedirs(os.path.join(self.workdir, 'tables'), exist_ok=True)
+      np.save(os.path.join(self.workdir, 'tables', f'table_{step}.npy'), table)
 
-  def absorb(step: int, m: Any) -> None:
-    m = {k: float(v) for k, v in jax.device_get(m).items()}
+  def absorb(self, step: int, metrics: Any) -> None:
+    m = {k: float(v) for k, v in jax.device_get(metrics).items()}
     if not m['finite'] > 0:
       raise NonFiniteLossError(
           f'Non-finite training loss at step {step} (loss={m["loss"]}, grad_norm='
           f'{m["grad_norm"]}). Stopped without saving; the last good checkpoint is step '
-          f'{ckpt.latest_step()} in {ckpt.directory}. Lower optimizer.learning_rate, '
-          'raise optimizer.warmup_steps or check the data.')
-    host['loss_sum'] += m['loss']
-    host['loss_steps'] += 1
-    host['tokens'] += int(m['tokens'])
-    window_time[1] += m['tokens']
-    last.update(m)
-    for hook in hooks:
+          f'{self.ckpt.latest_step()} in {self.ckpt.directory}. Lower '
+          'optimizer.learning_rate, raise optimizer.warmup_steps or check the data.')
+    self.log.add_step(m)
+    for hook in self.hooks:
       hook(step, m)
 
-  def log(step: int) -> None:
-    nonlocal state
-    now = time.time()
-    host['elapsed'] = elapsed0 + now - t0
-    row = dict(step=step, loss=host['loss_sum'] / max(host['loss_steps'], 1),
-               last_loss=last['loss'], learning_rate=last['learning_rate'],
-               grad_norm=last['grad_norm'], tokens=int(host['tokens']),
-               tokens_per_sec=window_time[1] / max(now - window_time[0], 1e-9),
-               elapsed=host['elapsed'])
-    window = {k: _to_host(v) for k, v in state.window.items()}
-    host['cumulative_count'] = host['cumulative_count'] + window.get(
-        'count', np.zeros(max_len, np.int64)).astype(np.int64)
-    if lead:
-      stats_lib.save_window(stats_lib.window_path(workdir, step), window, step=step,
-                            first_step=int(host['window_first_step']),
-                            cumulative_count=host['cumulative_count'])
-      with open(os.path.join(workdir, 'metrics.jsonl'), 'a') as f:
-        f.write(json.dumps(row) + '\n')
-      for k in ('loss', 'learning_rate', 'grad_norm', 'tokens_per_sec'):
-        writer.add_scalar(f'train/{k}', row[k], step)
-      if bar is not None:
-        bar.set_postfix(loss=f'{row["loss"]:.4f}', tok_s=f'{row["tokens_per_sec"]:.0f}')
-    snapshot(step)
-    state = state.replace(window=jax.device_put(zero_window(max_len, config.collect_stats),
-                                                shardings.window))
-    host.update(window_first_step=step + 1, loss_sum=0.0, loss_steps=0)
-    window_time[:] = [now, 0]
-    result['loss'] = row['loss']
-
-  def evaluate(step: int) -> None:
+  def evaluate(self, state: step_lib.TrainState, step: int) -> dict[str, Any]:
     from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
-    res = evaluation.evaluate(model, state.params, config, step=step)
+    res = evaluation.evaluate(self.model, state.params, self.config, step=step)
     res = json.loads(json.dumps(res, default=float))
-    result['eval'] = res
-    if lead:
-      with open(os.path.join(workdir, 'metrics.jsonl'), 'a') as f:
-        f.write(json.dumps(dict(step=step, eval=res)) + '\n')
-      overall = res.get('overall', {})
-      if isinstance(overall, dict) and 'loss' in overall:
-        writer.add_scalar('eval/loss', overall['loss'], step)
+    self.log.write(dict(step=step, eval=res))
+    return res
 
-  pending = None
-  try:
-    with _Preemption() as preempt:
-      for step in range(start + 1, num_steps + 1):
-        batch = global_batch(next(data_iter), mesh, model.config.max_len)
-        state, metrics = train_step(state, batch, jax.random.fold_in(dropout_rng, step))
-        if pending is not None:  # Read the previous step back while this one runs.
-          absorb(*pending)
-        pending = (step, metrics)
-        if bar is not None:
-          bar.update(1)
-        stop = preempt.agreed()
-        is_log = step % int(config.log_every_steps) == 0 or step == num_steps
-        is_eval = int(config.eval_every_steps) > 0 and (
-            step % int(config.eval_every_steps) == 0)
-        is_ckpt = step % int(config.checkpoint_every_steps) == 0 or step == num_steps
-        if is_log or is_eval or is_ckpt or stop:
-          absorb(*pending)
-          pending = None
-        if is_log:
-          log(step)
-        if is_eval:
-          evaluate(step)
-        if is_ckpt or stop:
-          save(step)
-        result['step'] = step
-        if stop:
-          ckpt.wait_until_finished()
-          logging.warning('SIGTERM received: saved the checkpoint of step %d; exiting.', step)
-          print(f'SIGTERM: saved the checkpoint of step {step} in {ckpt.directory}.',
-                flush=True)
-          result['preempted'] = True
-          break
-      if pending is not None:
-        absorb(*pending)
-  finally:
-    if bar is not None:
-      bar.close()
-    if writer is not None:
-      writer.close()
-    ckpt.close()
-  return result
+  def run(self, state, train_step, dropout_rng, resumed_from) -> dict[str, Any]:
+    c, start = self.config, resumed_from or 0
+    num_steps = int(c.num_train_steps)
+    if resumed_from is None:
+      self.snapshot(state, 0)
+      self.save(state, 0)
+    result = dict(step=start, loss=None, resumed_from=resumed_from, preempted=False, eval=None)
+    bar = None
+    if self.lead and c.progress_bar:
+      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+      bar = tqdm(total=num_steps, initial=start, desc='train', dynamic_ncols=True)
+    pending = None
+    try:
+      with _Preemption(self.ckpt) as preempt:
+        for step in range(start + 1, num_steps + 1):
+          batch = sharding.global_batch(next(self.data_iter), self.mesh,
+                                        self.model.config.max_len)
+          state, metrics = train_step(state, batch, jax.random.fold_in(dropout_rng, step))
+          if pending is not None:  # Read the previous step back while this one runs.
+            self.absorb(*pending)
+          pending = (step, metrics)
+          stop = preempt.reached(step)
+          is_log = step % int(c.log_every_steps) == 0 or step == num_steps
+          is_eval = int(c.eval_every_steps) > 0 and step % int(c.eval_every_steps) == 0
+          is_ckpt = step % int(c.checkpoint_every_steps) == 0 or step == num_steps or stop
+          if is_log or is_eval or is_ckpt:
+            self.absorb(*pending)
+            pending = None
+          if is_log:
+            result['loss'] = self.log.flush(step, state.stats)['loss']
+            self.snapshot(state, step)
+            state = state.replace(stats=self.zero_stats())
+            if bar is not None:
+              bar.set_postfix(loss=f'{result["loss"]:.4f}')
+          if is_eval:
+            result['eval'] = self.evaluate(state, step)
+          if is_ckpt:
+            self.save(state, step)
+          result['step'] = step
+          if bar is not None:
+            bar.update(1)
+          if stop:
+            self.ckpt.wait_until_finished()
+            logging.warning('SIGTERM received: saved the checkpoint of step %d; exiting.', step)
+            print(f'SIGTERM: saved the checkpoint of step {step} in {self.ckpt.directory}.',
+                  flush=True)
+            result['preempted'] = True
+            break
+        if pending is not None:
+          self.absorb(*pending)
+    finally:
+      if bar is not None:
+        bar.close()
+      self.log.close()
+    return result

@@ -17,7 +17,7 @@ EIGHT_DEVICES = textwrap.dedent('''
     import jax, numpy as np
     import conftest
     from test_training import hand_batch
-    from flax_posemb import train_step, training
+    from flax_posemb import sharding, train_step, training
     assert jax.device_count() == 8, jax.devices()
     out = {{}}
     batch = {{k: np.concatenate([v, v[::-1]]) for k, v in hand_batch().items()}}  # 8 rows
@@ -27,7 +27,7 @@ EIGHT_DEVICES = textwrap.dedent('''
       c.batch_size, c.fsdp, c.grad_accum_steps = 8, fsdp, accum
       c.optimizer.warmup_steps = 0
       c.model.mlp_dim = 512  # 32 x 512 matrices reach FSDP_MIN_SIZE
-      mesh = train_step.make_mesh(jax.devices()[:n])
+      mesh = sharding.make_mesh(jax.devices()[:n])
       model = train_step.make_model(c)
       state, tx, sh = train_step.init_state(model, c, mesh, jax.random.key(0))
       step = train_step.make_train_step(model, tx, c, mesh, sh)
@@ -35,8 +35,8 @@ EIGHT_DEVICES = textwrap.dedent('''
         k = state.params['block_0']['mlp_in']['kernel']
         out['fsdp_spec'] = str(k.sharding.spec)
       for i in range(2):
-        state, m = step(state, train_step.global_batch(batch, mesh), jax.random.key(i))
-      w = jax.device_get(state.window)
+        state, m = step(state, sharding.global_batch(batch, mesh), jax.random.key(i))
+      w = jax.device_get(state.stats)
       out[name] = dict(loss=float(m['loss']), **{{k: np.asarray(v).tolist() for k, v in w.items()}},
                        table=np.asarray(state.params['pos_embed']['embedding']).tolist())
     c = conftest.tiny_config()

@@ -29,3 +29,14 @@ def test_quickstart_main_command_uses_files_that_exist():
   _, main, _ = _quickstart_commands()
   for path in re.findall(r'(\S+\.py)', main):
     assert (ROOT / path).exists(), path
+
+
+def _python_blocks() -> list[str]:
+  return re.findall(r'```python\n(.*?)```', (ROOT / 'README.md').read_text(), re.S)
+
+
+def test_readme_python_examples_run():
+  blocks = _python_blocks()
+  assert len(blocks) >= 3
+  for block in blocks:
+    exec(compile(block, 'README.md', 'exec'), {})  # pylint: disable=exec-used

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, SUBPROCESS_ENV, tiny_config
 
-from flax_posemb import checkpointing, stats, train_step, training
+from flax_posemb import checkpointing, sharding, stats, train_step, training
 
 
 def hand_batch(b=4, t=32, vocab=64, seed=0):
@@ -35,7 +35,7 @@ def hand_batch(b=4, t=32, vocab=64, seed=0):
 
 
 def build(config):
-  mesh = train_step.make_mesh(jax.devices()[:1])
+  mesh = sharding.make_mesh(jax.devices()[:1])
   model = train_step.make_model(config)
   state, tx, sh = train_step.init_state(model, config, mesh, jax.random.key(0))
   return mesh, model, state, train_step.make_train_step(model, tx, config, mesh, sh)
@@ -48,23 +48,23 @@ def test_step_statistics_equal_per_example_computation():
   mesh, model, state, step = build(c)
   batch = hand_batch()
   params0 = jax.device_get(state.params)
-  new_state, metrics = step(state, train_step.global_batch(batch, mesh), jax.random.key(1))
-  got = jax.device_get(new_state.window)
+  new_state, metrics = step(state, sharding.global_batch(batch, mesh), jax.random.key(1))
+  got = jax.device_get(new_state.stats)
   params1 = jax.device_get(new_state.params)
 
-  def sum_loss(params, pert, b):
-    logits = model.apply({'params': params, 'perturbations': pert}, b['inputs'],
-                         b['positions'], segment_ids=b['segment_ids'])
+  def sum_loss(params, delta, b):
+    logits = model.apply({'params': params}, b['inputs'], b['positions'],
+                         segment_ids=b['segment_ids'], embed_delta=delta)
     tl = train_step.token_losses(logits, b['targets'])
     return jnp.sum(tl * b['loss_mask']), tl
 
   def per_example(x):
     xb = jax.tree.map(lambda a: a[None], x)
     zero = jnp.zeros((1, 32, c.model.emb_dim))
-    return jax.grad(lambda p: sum_loss(params0, {'embed_sum': p}, xb)[0])(zero)[0]
+    return jax.grad(lambda p: sum_loss(params0, p, xb)[0])(zero)[0]
 
   g = np.asarray(jax.jit(jax.vmap(per_example))(batch), np.float64)
-  zero = {'embed_sum': jnp.zeros((4, 32, c.model.emb_dim))}
+  zero = jnp.zeros((4, 32, c.model.emb_dim))
   (total, tl), table_grad = jax.jit(jax.value_and_grad(
       lambda p: sum_loss(p, zero, batch), has_aux=True))(params0)
   tl = np.asarray(tl, np.float64)
@@ -104,7 +104,7 @@ def test_stats_on_off_give_identical_loss_and_params(accum):
     mesh, _, state, step = build(c)
     losses = []
     for i in range(3):
-      state, m = step(state, train_step.global_batch(hand_batch(seed=i), mesh),
+      state, m = step(state, sharding.global_batch(hand_batch(seed=i), mesh),
                       jax.random.key(i))
       losses.append(float(m['loss']))
     out[collect] = (losses, jax.device_get(state.params))
@@ -125,8 +125,8 @@ def test_absent_rows_get_zero_gradient_and_only_decay_moves_them(decay):
   assert len(absent) == 0 or absent.min() >= 23
   batch['positions'] = np.minimum(batch['positions'], 19)  # rows 20..31 absent
   before = np.asarray(jax.device_get(state.params['pos_embed']['embedding']))
-  state, _ = step(state, train_step.global_batch(batch, mesh), jax.random.key(0))
-  w = jax.device_get(state.window)
+  state, _ = step(state, sharding.global_batch(batch, mesh), jax.random.key(0))
+  w = jax.device_get(state.stats)
   after = np.asarray(jax.device_get(state.params['pos_embed']['embedding']))
   assert np.all(w['row_sq'][20:] == 0) and np.all(w['count'][20:] == 0)
   assert np.all(w['row_sq'][:20] > 0)
@@ -294,13 +294,13 @@ def test_train_py_tiny_end_to_end_resume_and_bad_inputs(tmp_path):
 
 
 def test_batch_positions_past_the_table_are_a_host_error_before_the_step():
-  mesh = train_step.make_mesh()
-  batch = {k: np.zeros((2, 4), np.int32) for k in train_step.BATCH_KEYS}
+  mesh = sharding.make_mesh()
+  batch = {k: np.zeros((2, 4), np.int32) for k in sharding.BATCH_KEYS}
   batch['loss_mask'] = np.ones((2, 4), np.float32)
   batch['positions'] = np.array([[0, 1, 2, 3], [4, 5, 6, 8]], np.int32)
-  train_step.global_batch(batch, mesh, max_len=9)  # fits
+  sharding.global_batch(batch, mesh, max_len=9)  # fits
   with pytest.raises(ValueError, match=r'8.*\[0, 8\)'):
-    train_step.global_batch(batch, mesh, max_len=8)
+    sharding.global_batch(batch, mesh, max_len=8)
   batch['positions'][0, 0] = -1
   with pytest.raises(ValueError, match='-1'):
-    train_step.global_batch(batch, mesh, max_len=9)
+    sharding.global_batch(batch, mesh, max_len=9)

@@ -30,10 +30,12 @@ from typing import Any, Callable
 import grain
 import numpy as np
 
+from flax_posemb.batch import BATCH_KEYS
+
 POLICIES = ('natural', 'packed', 'packed_reset', 'random_offset', 'length_schedule',
             'resampled')
 PACKED_POLICIES = ('packed', 'packed_reset')
-KEYS = ('inputs', 'targets', 'positions', 'segment_ids', 'loss_mask')
+KEYS = BATCH_KEYS
 
 
 def empty_row(seq_len: int) -> dict[str, np.ndarray]:

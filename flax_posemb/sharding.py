@@ -1,0 +1,111 @@
+"""Meshes, shardings and the host-to-device boundary of batches.
+
+A 1-D ``jax.sharding.Mesh`` with axis ``'data'`` spans all devices (all hosts). Batches are
+sharded along it; parameters are replicated or, with ``fsdp=True``, matrices with at least
+``FSDP_MIN_SIZE`` elements are sharded along their largest divisible axis (the Adam moments
+follow). XLA inserts the cross-device reductions, so per-position statistics are
+global-batch figures on any number of devices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from flax_posemb import embeddings
+from flax_posemb.batch import BATCH_KEYS
+
+FSDP_MIN_SIZE = 2 ** 14  # Matrices with at least this many elements are sharded under fsdp.
+
+PyTree = Any
+
+
+def make_mesh(devices: Any = None) -> Mesh:
+  """1-D mesh with axis ``'data'`` over ``devices`` (default: all devices of all hosts)."""
+  devices = jax.devices() if devices is None else list(devices)
+  return Mesh(np.asarray(devices), ('data',))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """Sharding of an array copied to every device of ``mesh``."""
+  return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Sharding of ``[B, T]`` batch arrays: rows over ``'data'``."""
+  return NamedSharding(mesh, P('data'))
+
+
+def param_sharding(shape: tuple[int, ...], mesh: Mesh, fsdp: bool) -> NamedSharding:
+  """Sharding of one parameter (or optimizer moment) of ``shape``: replicated unless fsdp
+  applies, then split along the largest axis divisible by the device count."""
+  n = mesh.shape['data']
+  if fsdp and n > 1 and len(shape) >= 2 and int(np.prod(shape)) >= FSDP_MIN_SIZE:
+    for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
+      if shape[axis] % n == 0:
+        spec = [None] * len(shape)
+        spec[axis] = 'data'
+        return NamedSharding(mesh, P(*spec))
+  return replicated(mesh)
+
+
+def tree_shardings(tree: PyTree, mesh: Mesh, fsdp: bool) -> PyTree:
+  """``param_sharding`` for every leaf of a tree of arrays / ShapeDtypeStructs."""
+  return jax.tree.map(lambda x: param_sharding(tuple(x.shape), mesh, fsdp), tree)
+
+
+def check_batch_layout(config: Any, mesh: Mesh) -> None:
+  """Raises a clear ValueError if the batch cannot be split over devices/microbatches."""
+  b, a, n = int(config.batch_size), int(config.grad_accum_steps), mesh.size
+  if a < 1:
+    raise ValueError(f'grad_accum_steps must be >= 1, got {a}.')
+  if b < 1 or b % (a * n):
+    raise ValueError(
+        f'batch_size={b} must be a positive multiple of grad_accum_steps * device count = '
+        f'{a} * {n} = {a * n} (each microbatch is split evenly over the devices). Set '
+        f'--config.batch_size to a multiple of {a * n}.')
+  if b % jax.process_count():
+    raise ValueError(f'batch_size={b} must be divisible by the process count '
+                     f'{jax.process_count()}.')
+
+
+def global_batch(batch: dict[str, np.ndarray], mesh: Mesh,
+                 max_len: int | None = None) -> dict[str, jax.Array]:
+  """Assembles the process-local ``[B / process_count, T]`` rows into global arrays.
+
+  This is where batches cross from host to device, so it is where every position id is
+  checked (scored or not): the compiled steps then need no in-graph guard.
+
+  Args:
+    batch: this process's rows of each ``BATCH_KEYS`` array (other keys are dropped).
+    mesh: mesh with axis ``'data'``.
+    max_len: position-table rows; when given, an id outside ``[0, max_len)`` raises a
+      ``ValueError`` naming it.
+
+  Returns:
+    Dict of global ``[B, T]`` jax arrays sharded by ``batch_sharding``.
+  """
+  missing = [k for k in BATCH_KEYS if k not in batch]
+  if missing:
+    raise KeyError(f'batch lacks {missing}; a batch must hold {list(BATCH_KEYS)} '
+                   '(docs/DESIGN.md).')
+  if max_len is not None:
+    embeddings.check_position_range(np.asarray(batch['positions']), max_len)
+  sh = batch_sharding(mesh)
+  if jax.process_count() == 1:
+    return {k: jax.device_put(np.asarray(batch[k]), sh) for k in BATCH_KEYS}
+  return {k: jax.make_array_from_process_local_data(sh, np.asarray(batch[k]))
+          for k in BATCH_KEYS}
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+  """A numpy copy of ``x``; replicated arrays are read from one local shard."""
+  if getattr(x, 'is_fully_replicated', False):
+    return np.asarray(x.addressable_data(0))
+  if getattr(x, 'is_fully_addressable', True):
+    return np.asarray(jax.device_get(x))
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
