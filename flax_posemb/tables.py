@@ -10,7 +10,7 @@ files and fail with the same messages:
     file holds one tensor).
 
 A leading `file:` is accepted and ignored. Relative paths are relative to the working
-directory. Every bad input raises `ValueError` naming the file and the fix.
+directory. Every bad input raises `TableError` (a `ValueError`) naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ EXTENSIONS: tuple[str, ...] = ('.npy', '.npz', '.safetensors')
 _SPEC_RE = re.compile(r'^(.*?(?:\.npy|\.npz|\.safetensors))(?::(.*))?$')
 
 
+class TableError(ValueError):
+  """A table spec that cannot be loaded; the message names the file and the fix."""
+
+
 def is_file_spec(name: str) -> bool:
   """Whether an initializer name is a `file:PATH[:KEY]` table spec."""
   return isinstance(name, str) and name.startswith(FILE_PREFIX)
@@ -36,18 +40,18 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
   """Splits `[file:]PATH[:KEY]` into `(PATH, KEY or None)`.
 
   Raises:
-    ValueError: the path does not end in .npy, .npz or .safetensors, or a .npy has a key.
+    TableError: the path does not end in .npy, .npz or .safetensors, or a .npy has a key.
   """
   body = spec[len(FILE_PREFIX):] if is_file_spec(spec) else spec
   m = _SPEC_RE.match(body)
   if not body or m is None:
-    raise ValueError(f'Table spec {spec!r}: expected PATH.npy, PATH.npz[:KEY] or '
+    raise TableError(f'Table spec {spec!r}: expected PATH.npy, PATH.npz[:KEY] or '
                      f'PATH.safetensors[:KEY] (e.g. file:gpt2.safetensors:wpe.weight).')
   path, key = m.group(1), m.group(2)
   if key == '':
     key = None
   if path.endswith('.npy') and key is not None:
-    raise ValueError(f'Table spec {spec!r}: a .npy file holds one array and takes no '
+    raise TableError(f'Table spec {spec!r}: a .npy file holds one array and takes no '
                      f':KEY; use {FILE_PREFIX}{path}.')
   return path, key
 
@@ -63,12 +67,12 @@ def load_table(spec: str) -> np.ndarray:
     `ModelConfig` validates it and the model initializes from it without re-reading).
 
   Raises:
-    ValueError: bad spec, missing file, missing key (the message lists the available
+    TableError: bad spec, missing file, missing key (the message lists the available
       keys), unreadable file, or an array that is not 2-D.
   """
   path, key = parse_spec(spec)
   if not os.path.isfile(path):
-    raise ValueError(f'Table file not found: {path!r} (from {spec!r}; relative paths are '
+    raise TableError(f'Table file not found: {path!r} (from {spec!r}; relative paths are '
                      f'relative to the working directory {os.getcwd()!r}).')
   st = os.stat(path)
   # The file's identity is part of the cache key, so a rewritten file is read again.
@@ -88,15 +92,15 @@ def _load(path: str, key: str | None, mtime_ns: int, size: int, spec: str) -> np
       from safetensors import safe_open  # pylint: disable=g-import-not-at-top
       with safe_open(path, framework='numpy') as f:
         table = f.get_tensor(_pick_key(spec, path, key, list(f.keys())))
-  except ValueError:
+  except TableError:
     raise
   except Exception as e:  # A corrupt or foreign file: its reader's message, with the path.
-    raise ValueError(f'Cannot read table {spec!r}: {type(e).__name__}: {e}') from None
+    raise TableError(f'Cannot read table {spec!r}: {type(e).__name__}: {e}') from None
   table = np.asarray(table)
   if table.ndim != 2:
-    raise ValueError(f'Table {spec!r} must be 2-D [rows, features], got shape {table.shape}.')
+    raise TableError(f'Table {spec!r} must be 2-D [rows, features], got shape {table.shape}.')
   if not np.issubdtype(table.dtype, np.floating) and table.dtype.name != 'bfloat16':
-    raise ValueError(f'Table {spec!r} must hold floating-point values, got {table.dtype}.')
+    raise TableError(f'Table {spec!r} must hold floating-point values, got {table.dtype}.')
   table.flags.writeable = False
   return table
 
@@ -105,9 +109,9 @@ def _pick_key(spec: str, path: str, key: str | None, keys: list[str]) -> str:
   if key is None:
     if len(keys) == 1:
       return keys[0]
-    raise ValueError(f'Table file {spec!r} holds {len(keys)} arrays; name one as '
+    raise TableError(f'Table file {spec!r} holds {len(keys)} arrays; name one as '
                      f'PATH:KEY. Available keys: {", ".join(sorted(keys)) or "(none)"}.')
   if key not in keys:
-    raise ValueError(f'Table file {path!r} has no key {key!r} (from {spec!r}). Available keys: '
+    raise TableError(f'Table file {path!r} has no key {key!r} (from {spec!r}). Available keys: '
                      f'{", ".join(sorted(keys)) or "(none)"}.')
   return key
