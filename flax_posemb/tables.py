@@ -68,7 +68,7 @@ def load_table(spec: str) -> np.ndarray:
 
   Raises:
     TableError: bad spec, missing file, missing key (the message lists the available
-      keys), unreadable file, or an array that is not 2-D.
+      keys), unreadable file, or an array that is not 2-D, not float, or not finite.
   """
   path, key = parse_spec(spec)
   if not os.path.isfile(path):
@@ -101,6 +101,9 @@ def _load(path: str, key: str | None, mtime_ns: int, size: int, spec: str) -> np
     raise TableError(f'Table {spec!r} must be 2-D [rows, features], got shape {table.shape}.')
   if not np.issubdtype(table.dtype, np.floating) and table.dtype.name != 'bfloat16':
     raise TableError(f'Table {spec!r} must hold floating-point values, got {table.dtype}.')
+  bad = int(np.size(table) - np.count_nonzero(np.isfinite(np.asarray(table, np.float32))))
+  if bad:
+    raise TableError(f'Table {spec!r} has {bad} non-finite (NaN/inf) values.')
   table.flags.writeable = False
   return table
 

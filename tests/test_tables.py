@@ -48,6 +48,8 @@ def files(tmp_path):
   np.savez(tmp_path / 'one.npz', only=t)
   save_file({'wpe.weight': t, 'wte.weight': _table(5, WIDTH, 1)}, str(tmp_path / 'gpt2.safetensors'))
   np.save(tmp_path / 'cube.npy', np.zeros((2, 3, 4), np.float32))
+  np.save(tmp_path / 'ints.npy', np.zeros((ROWS, WIDTH), np.int32))
+  np.save(tmp_path / 'nan.npy', np.where(np.eye(ROWS, WIDTH) > 0, np.nan, t))
   return t, tmp_path
 
 
@@ -138,6 +140,8 @@ def test_position_init_resize_from_config(files):
     ('many.npz', 'holds 2 arrays.*Available keys: wpe, wte'),
     ('gpt2.safetensors:wpe', 'Available keys: wpe.weight, wte.weight'),
     ('cube.npy', r'2-D.*\(2, 3, 4\)'),
+    ('ints.npy', 'floating-point'),
+    ('nan.npy', f'{WIDTH} non-finite'),
     ('t.npy:key', 'takes no'),
     ('t.txt', 'expected PATH.npy'),
 ])
