@@ -2,10 +2,11 @@
 
   python eval.py --workdir runs/tiny
   python eval.py --workdir runs/a --workdir runs/b --offsets 0,16,64 --analyze
+  python eval.py --analyze --table gpt2.safetensors:wpe.weight --output out/wpe  # any table, no run
 
 Restores only params + config from each run's latest (or --step) Orbax checkpoint onto the
 available devices; writes WORKDIR/eval/step_N/ (or --output) and prints the bucket table and
-the plot path. See flax_posemb.evaluation.evaluate_workdir.
+the plot path (flax_posemb.evaluation.evaluate_workdir); --table: analysis.write_table_analysis.
 """
 
 import os
@@ -28,18 +29,21 @@ flags.DEFINE_enum('position_policy', None, ['windows', 'natural'],
                   'windows: full-length documents at positions 0..T-1; natural: training rows.')
 flags.DEFINE_string('output', None, 'Output directory (default WORKDIR/eval/step_N).')
 flags.DEFINE_bool('analyze', False, 'Also analyse the position table (norms, drift, PCA, probe).')
-flags.mark_flag_as_required('workdir')
+flags.DEFINE_string('table', None, 'With --analyze --output and no --workdir: analyse this '
+                    'table file, PATH.npy, PATH.npz[:KEY] or PATH.safetensors[:KEY].')
 FLAGS = flags.FLAGS
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if FLAGS.buckets and FLAGS.bucket_edges:
+    raise app.UsageError('Give either --buckets log2 or --bucket_edges, not both.')
+  if FLAGS.table is not None or not FLAGS.workdir:
+    return analyze_table_file()  # Before importing jax: a table needs only numpy.
   logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
   from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
   from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
-  if FLAGS.buckets and FLAGS.bucket_edges:
-    raise app.UsageError('Give either --buckets log2 or --bucket_edges, not both.')
   try:
     offsets = [int(k) for k in FLAGS.offsets.split(',')] if FLAGS.offsets else None
   except ValueError:
@@ -62,8 +66,7 @@ def main(argv):
     except (ValueError, FileNotFoundError) as e:  # bad input: the message names the fix
       sys.exit(f'eval.py: {workdir}: {e}')
     runs.append(run)
-    print(f"== {label} (step {run['step']})\n{run['table']}")
-    print(f"results: {run['files']['json']}")
+    print(f"== {label} (step {run['step']})\n{run['table']}\nresults: {run['files']['json']}")
     print(f"plot: {run['files']['plot']}")
   if len(runs) > 1:
     out_dir = FLAGS.output or os.path.join(os.path.dirname(os.path.abspath(workdirs[0])), 'compare')
@@ -71,9 +74,25 @@ def main(argv):
       comp = eval_report.compare(labels, [r['results'] for r in runs], out_dir)
     except ValueError as e:
       sys.exit(f'eval.py: {e}')
-    print(f"== comparison\n{comp['table']}")
-    print(f"comparison: {comp['files']['json']}")
+    print(f"== comparison\n{comp['table']}\ncomparison: {comp['files']['json']}")
     print(f"plot: {comp['files']['plot']}")
+
+
+def analyze_table_file():
+  """--table: bad input is one line on stderr and exit code 2, never a traceback."""
+  from flax_posemb import analysis  # pylint: disable=g-import-not-at-top
+  try:
+    if FLAGS.table is None or FLAGS.workdir or not (FLAGS.analyze and FLAGS.output):
+      raise ValueError('--table PATH needs --analyze and --output DIR, and no --workdir; '
+                       'without --table, give --workdir RUN.')
+    summary = analysis.write_table_analysis(
+        FLAGS.table, FLAGS.output, bucket_size=FLAGS.bucket_size or 16,
+        bucket_edges=FLAGS.buckets or FLAGS.bucket_edges or '')
+  except ValueError as e:
+    sys.stderr.write(f'eval.py: {e}\n')
+    sys.exit(2)
+  print(f"position probe R^2 {summary['probe']['r2']:.3f}\nresults: {summary['files']['json']}\n"
+        f"plots: {summary['files']['table_plot']} {summary['files']['cosine_plot']}")
 
 
 if __name__ == '__main__':

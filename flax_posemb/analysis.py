@@ -3,7 +3,9 @@
 Pure numpy functions of a table `[L, D]` (row p = position p), plus `analyze_workdir`,
 which reads a run's snapshots (`tables/table_STEP.npy`) and per-position training
 statistics (`stats/window_STEP.npz`, key `count`), writes `analysis.json` and plots, and
-relates loss, recovered position value and drift to cumulative exposure.
+relates loss, recovered position value and drift to cumulative exposure; and
+`write_table_analysis`, the same analysis (less drift and exposure) of any table, e.g. one
+read by `flax_posemb.tables.load_table` (`eval.py --analyze --table`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import plots
+from flax_posemb import tables
 
 
 def row_norms(table: np.ndarray) -> np.ndarray:
@@ -49,6 +52,28 @@ def pca_explained_variance(table: np.ndarray) -> np.ndarray:
   var = s**2
   total = var.sum()
   return var / total if total > 0 else var
+
+
+def cosine_by_offset(table: np.ndarray, offsets=None) -> dict[int, float]:
+  """Mean cosine similarity of rows p and p + k, for each offset k.
+
+  A trained table's neighbours are similar and the similarity decays with k; a random
+  (untrained) one is ~0 at every k. O(L * D) per offset, unlike the [L, L] matrix.
+
+  Args:
+    table: [L, D] position table.
+    offsets: offsets k (1 <= k < L); default 1, 2, 4, ... < L.
+
+  Returns:
+    {k: mean over p of cos(table[p], table[p + k])} (zero rows count as 0).
+  """
+  t = np.asarray(table, np.float64)
+  num = t.shape[0]
+  n = np.linalg.norm(t, axis=1, keepdims=True)
+  u = np.divide(t, n, out=np.zeros_like(t), where=n > 0)
+  if offsets is None:
+    offsets = [2**i for i in range(max(num - 1, 1).bit_length()) if 2**i < num]
+  return {int(k): float(np.mean(np.sum(u[:-k] * u[k:], axis=1))) for k in offsets}
 
 
 RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
@@ -146,6 +171,7 @@ def analyze_table(table: np.ndarray, *, initial: np.ndarray | None = None,
       'pca_explained_variance': [float(v) for v in pca[:16]],
       'pca_components_for_90pct': int(np.searchsorted(np.cumsum(pca), 0.9) + 1),
       'probe': {'r2': probe['r2'], 'ridge': probe['ridge'], 'bucket_edges': edges.tolist(), 'abs_error_by_bucket': bucket_err},
+      'cosine_by_offset': {str(k): v for k, v in cosine_by_offset(table).items()},
   }
   if initial is not None:
     arrays['drift'] = drift(table, initial)
@@ -190,16 +216,7 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
   summary, arrays = analyze_table(table, initial=initial, snapshots=snapshots,
                                   bucket_size=bucket_size, bucket_edges=bucket_edges)
   summary['step'] = step
-  os.makedirs(output, exist_ok=True)
-  files = {
-      'table_plot': plots.table_analysis(
-          arrays['norm'], arrays.get('drift'), arrays['pca_ratio'],
-          np.asarray(summary['probe']['bucket_edges']), np.asarray(summary['probe']['abs_error_by_bucket']),
-          os.path.join(output, 'table_analysis.png'), arrays.get('snapshot_drift'),
-          arrays.get('snapshot_steps', ())),
-      'cosine_plot': plots.cosine_heatmap(cosine_similarity(table),
-                                          os.path.join(output, 'cosine_similarity.png')),
-  }
+  files = _table_plots(table, summary, arrays, output)
   exposure = cumulative_exposure(workdir, step)
   if exposure is not None:
     num = min(len(exposure), table.shape[0])
@@ -229,6 +246,64 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
   np.savez(os.path.join(output, 'analysis.npz'), **arrays)
   files['arrays'] = os.path.join(output, 'analysis.npz')
   files['json'] = os.path.join(output, 'analysis.json')
+  summary['files'] = files
+  with open(files['json'], 'w') as f:
+    json.dump(summary, f, indent=1)
+  return summary
+
+
+def _table_plots(table: np.ndarray, summary: dict[str, Any], arrays: dict[str, np.ndarray],
+                 output: str) -> dict[str, str]:
+  """Writes table_analysis.png and cosine_similarity.png of `analyze_table`'s results."""
+  os.makedirs(output, exist_ok=True)
+  return {
+      'table_plot': plots.table_analysis(
+          arrays['norm'], arrays.get('drift'), arrays['pca_ratio'],
+          np.asarray(summary['probe']['bucket_edges']), np.asarray(summary['probe']['abs_error_by_bucket']),
+          os.path.join(output, 'table_analysis.png'), arrays.get('snapshot_drift'),
+          arrays.get('snapshot_steps', ())),
+      'cosine_plot': plots.cosine_heatmap(cosine_similarity(table),
+                                          os.path.join(output, 'cosine_similarity.png')),
+  }
+
+
+def write_table_analysis(table: np.ndarray | str, output: str, *, source: str = '',
+                         bucket_size: int = 16, bucket_edges: str = '') -> dict[str, Any]:
+  """Analyses a table without a training run; writes table_analysis.json and plots.
+
+  Norms, cosine structure, PCA and the held-out position probe, as `analyze_workdir`;
+  drift and exposure need a run's snapshots and statistics, so they are omitted (listed
+  under 'skipped').
+
+  Args:
+    table: [L, D] position table (any float dtype), or a file spec read with
+      `tables.load_table` (`PATH.npy`, `PATH.npz[:KEY]`, `PATH.safetensors[:KEY]`).
+    output: output directory (created).
+    source: where the table came from (recorded in the JSON; default: the spec).
+    bucket_size: bucket width for summaries; bucket_edges: explicit edges or 'log2'.
+
+  Returns:
+    The table_analysis.json dict: 'source', 'rows', 'features', 'norm_by_bucket',
+    'cosine_by_offset', 'pca_explained_variance', 'pca_components_for_90pct', 'probe',
+    'skipped', and 'files' (json, table_plot, cosine_plot paths).
+
+  Raises:
+    ValueError: `table` is not 2-D with at least 2 rows (the probe needs 2 folds), or
+      the spec cannot be loaded (missing file or key, see `tables.load_table`).
+  """
+  if isinstance(table, str):
+    source = source or table
+    table = tables.load_table(table)
+  table = np.asarray(table)
+  if table.ndim != 2 or table.shape[0] < 2 or table.shape[1] < 1:
+    raise ValueError(f'table analysis needs a [rows >= 2, features >= 1] table, got {table.shape}.')
+  table = table.astype(np.float64)
+  summary, arrays = analyze_table(table, bucket_size=bucket_size, bucket_edges=bucket_edges)
+  summary = {'source': source, **summary,
+             'skipped': {'drift': 'needs the initial table and snapshots of a training run',
+                         'exposure': "needs a training run's per-position statistics"}}
+  files = _table_plots(table, summary, arrays, output)
+  files['json'] = os.path.join(output, 'table_analysis.json')
   summary['files'] = files
   with open(files['json'], 'w') as f:
     json.dump(summary, f, indent=1)

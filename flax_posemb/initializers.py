@@ -18,6 +18,11 @@ deviation of one draw, used to scale the `sinusoidal` init to the token table).
 embedding's initializer, so a model must resolve them with
 `resolve(name, token_init=...)`; `get('same_as_token')` without `token_init`
 raises. Sources are listed in `shared/REFERENCES.md`.
+
+A table that was not drawn here (a GPT-2 `wpe`, a BERT table) is `from_array(table)`,
+or through `resolve` the name `'file:PATH[:KEY]'` (`.npy`, `.npz`, `.safetensors`; read
+by `flax_posemb.tables.load_table`), with a rule for a different number of rows
+(`RESIZE_RULES`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from flax_posemb import tables
 
 Array = jax.Array
 InitFn = Callable[..., Array]
@@ -242,7 +249,8 @@ STD_NAMES: tuple[str, ...] = ('bert', 'gpt2', 'gpt2_openai', 'normal', 'sinusoid
 
 def _builder(name: str) -> Callable[..., Initializer]:
   if name not in _BUILDERS:
-    raise ValueError(f"Unknown initializer {name!r}; valid names: {', '.join(NAMES)}.")
+    raise ValueError(f"Unknown initializer {name!r}; valid names: {', '.join(NAMES)} "
+                     f"(or a table file, 'file:PATH.npy|.npz[:KEY]|.safetensors:KEY').")
   return _BUILDERS[name]
 
 
@@ -272,29 +280,44 @@ def get(name: str, **overrides: Any) -> Initializer:
   return builder(**overrides)
 
 
-def resolve(name: str, *, token_init: Initializer, std: float | None = None) -> Initializer:
+def resolve(name: str, *, token_init: Initializer, std: float | None = None,
+            resize: str = 'error', shape: tuple[int, ...] | None = None) -> Initializer:
   """Resolves a position-table initializer name against the token initializer.
 
   `same_as_token` becomes `token_init` itself; `sinusoidal` without `std` is scaled
-  to `token_init`'s realized std; every other name is `get(name, std=std)` (or
+  to `token_init`'s realized std; `file:PATH[:KEY]` is `from_array` of that file's
+  table (`tables.load_table`); every other name is `get(name, std=std)` (or
   `get(name)` when `std` is None).
 
   Args:
-    name: One of `NAMES`.
+    name: One of `NAMES`, or `'file:PATH.npy'`, `'file:PATH.npz[:KEY]'`,
+      `'file:PATH.safetensors[:KEY]'`.
     token_init: The token embedding's initializer (an `Initializer`).
     std: Optional std override (`None` = the entry's default).
+    resize: Row rule for a file table, one of `RESIZE_RULES` (see `from_array`).
+    shape: The `[num_positions, features]` shape the initializer will be called
+      with, if known: a file table is checked against it now, so that a mismatch
+      fails when the config is built rather than at model init.
 
   Returns:
     An `Initializer` for a `[num_positions, features]` table.
 
   Raises:
-    ValueError: unknown name, or a std given for an entry that takes none.
+    ValueError: unknown name, a std given for an entry that takes none, an unknown
+      resize rule, or a file table that cannot be read or does not fit `shape`.
   """
-  _builder(name)
+  _check_resize(resize)
+  if not tables.is_file_spec(name):
+    _builder(name)
   if std is not None and name not in STD_NAMES:
     raise ValueError(
         f"Initializer {name!r} takes no std (got std={std}); std applies to "
         f"{', '.join(STD_NAMES)}. Set the std override to -1 (default).")
+  if tables.is_file_spec(name):
+    table = tables.load_table(name)
+    if shape is not None:
+      _check_fit(table.shape, tuple(shape), resize)
+    return from_array(table, resize=resize, name=name)
   if name == 'same_as_token':
     return same_as_token(token_init)
   if name == 'sinusoidal' and std is None:
@@ -302,6 +325,117 @@ def resolve(name: str, *, token_init: Initializer, std: float | None = None) -> 
       raise ValueError("'sinusoidal' needs std= when token_init is not a registry Initializer.")
     return _LazySinusoidal(token_init)
   return get(name, **({} if std is None else {'std': std}))
+
+
+# ---- Tables from elsewhere ---------------------------------------------------------
+
+# How a table with a different number of rows than requested is fitted (never the width):
+#   error:       rows must match exactly.
+#   truncate:    keep the first rows; only when the table has at least as many rows.
+#   interpolate: resample rows linearly, first and last rows kept (as ViT/DeiT resize their
+#                position tables); new row i is old position i * (R - 1) / (rows - 1), so
+#                the positional scale is stretched or compressed, not extended.
+RESIZE_RULES: tuple[str, ...] = ('error', 'truncate', 'interpolate')
+
+
+def _check_resize(resize: str) -> None:
+  if resize not in RESIZE_RULES:
+    raise ValueError(f"Unknown table resize rule {resize!r}; valid: {', '.join(RESIZE_RULES)} "
+                     "(model.position_init_resize).")
+
+
+def _check_fit(have: tuple[int, ...], want: tuple[int, ...], resize: str) -> None:
+  """Raises ValueError unless a `have` table can fill `want` under `resize`."""
+  if len(want) != 2:
+    raise ValueError(f"A table initializer fills a [rows, features] shape, got {want}.")
+  (rows, width), (want_rows, want_width) = have, want
+  if width != want_width:
+    raise ValueError(
+        f"Table shape {have} does not fit the requested shape {want}: the table's width is "
+        f"{width} features, the model's is {want_width} (model.emb_dim). No resize rule "
+        f"changes the width: set model.emb_dim={width}, or use a table with {want_width} "
+        f"columns.")
+  if rows == want_rows or resize == 'interpolate':
+    return
+  if resize == 'error':
+    raise ValueError(
+        f"Table shape {have} does not fit the requested shape {want}: the table has {rows} "
+        f"rows, the model asks for {want_rows} (model.max_len). Fix: set "
+        f"model.max_len={rows}, or pick a row rule (model.position_init_resize): "
+        + (f"'truncate' keeps the first {want_rows} rows, " if rows > want_rows else '')
+        + f"'interpolate' resamples the {rows} rows linearly to {want_rows}.")
+  if rows < want_rows:  # truncate
+    raise ValueError(
+        f"Table shape {have} does not fit the requested shape {want}: resize 'truncate' only "
+        f"drops rows, and the table has {rows} rows, fewer than the {want_rows} asked for. "
+        f"Fix: set model.max_len<={rows}, or use resize 'interpolate'.")
+
+
+def fit_rows(table: np.ndarray, rows: int, resize: str = 'error') -> np.ndarray:
+  """Fits `table` `[R, D]` to `[rows, D]` under a row rule (see `RESIZE_RULES`).
+
+  Args:
+    table: `[R, D]` table.
+    rows: Rows wanted.
+    resize: `'error'`, `'truncate'` or `'interpolate'`.
+
+  Returns:
+    `[rows, D]`: `table` itself or its first rows (same dtype), or for `'interpolate'`
+    with `R != rows` a float64 linear resampling.
+
+  Raises:
+    ValueError: the rule does not allow going from `R` to `rows` rows.
+  """
+  _check_resize(resize)
+  _check_fit(table.shape, (rows, table.shape[1]), resize)
+  have = table.shape[0]
+  if have == rows:
+    return table
+  if resize == 'truncate':
+    return table[:rows]
+  x = np.arange(rows) * ((have - 1) / (rows - 1)) if rows > 1 else np.zeros(1)
+  lo = np.minimum(np.floor(x).astype(np.int64), have - 1)
+  hi = np.minimum(lo + 1, have - 1)
+  w = (x - lo)[:, None]
+  t = np.asarray(table, np.float64)
+  return (1.0 - w) * t[lo] + w * t[hi]
+
+
+def from_array(array, *, resize: str = 'error', name: str = 'from_array') -> Initializer:
+  """An initializer that returns a given table (e.g. a pretrained GPT-2 `wpe`).
+
+  Args:
+    array: `[R, D]` table (NumPy or JAX, any float dtype); copied, so later changes to
+      `array` do not reach the initializer.
+    resize: What to do when called with `R' != R` rows (`RESIZE_RULES`): `'error'`
+      (default), `'truncate'` (first `R'` rows, needs `R' <= R`) or `'interpolate'`
+      (linear resampling of the rows, see `fit_rows`). A different width `D` is
+      always an error.
+    name: The `Initializer`'s name (`resolve` passes the `file:` spec).
+
+  Returns:
+    An `Initializer` `(key, shape, dtype) -> Array[shape]` (the key is ignored) whose
+    `expected_std` is the std of the table's entries.
+
+  Raises:
+    ValueError: `array` is not 2-D or `resize` is unknown (at once); at call time, a
+      `shape` that the table cannot fill, naming both shapes and the fix.
+  """
+  _check_resize(resize)
+  table = np.asarray(array)
+  if table.ndim != 2:
+    raise ValueError(f"from_array needs a 2-D [rows, features] table, got shape {table.shape}.")
+  if table.flags.writeable:
+    table = table.copy()
+    table.flags.writeable = False
+  std = float(np.std(np.asarray(table, np.float64)))
+
+  def init(key, shape, dtype=jnp.float32):
+    del key  # Deterministic.
+    _check_fit(table.shape, tuple(shape), resize)
+    return jnp.asarray(fit_rows(table, shape[0], resize), dtype)
+  return Initializer(name, init, lambda f: std,
+                     (('shape', table.shape), ('resize', resize)))
 
 
 def _LazySinusoidal(token_init: Initializer) -> Initializer:  # pylint: disable=invalid-name

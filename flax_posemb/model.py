@@ -61,8 +61,10 @@ class ModelConfig:
   max_len: int = 128  # Rows in the position table (largest position id + 1).
   dropout_rate: float = 0.0  # Dropout on embeddings, attention output and MLP output.
   position_embedding: str = 'learned'  # learned | sinusoidal | rope | none
-  # Initializer of a learned table: a name in initializers.NAMES.
+  # Initializer of a learned table: a name in initializers.NAMES, or a table file
+  # 'file:PATH.npy' | 'file:PATH.npz[:KEY]' | 'file:PATH.safetensors:KEY' (see flax_posemb.tables).
   position_init: str = 'gpt2'
+  position_init_resize: str = 'error'  # File table with rows != max_len: error | truncate | interpolate.
   position_init_std: float = -1.0  # Std override (normal/truncated_normal/sinusoidal); <0 = default.
   token_init: str = 'gpt2'  # Initializer name for the token table.
   token_init_std: float = -1.0  # Std override for the token initializer; <0 = default.
@@ -108,7 +110,7 @@ class ModelConfig:
     self.token_initializer()
     if self.position_embedding == 'learned':
       self.position_initializer()
-    elif self.position_init not in initializers.NAMES:
+    elif self.position_init not in initializers.NAMES and not self.position_init.startswith('file:'):
       raise ValueError(f"Unknown position_init {self.position_init!r}; valid names: "
                        f"{', '.join(initializers.NAMES)}.")
 
@@ -155,7 +157,8 @@ class ModelConfig:
     """The learned table's initializer, `same_as_token`/`sinusoidal` resolved."""
     std = None if self.position_init_std < 0 else self.position_init_std
     return initializers.resolve(self.position_init, token_init=self.token_initializer(),
-                                std=std)
+                                std=std, resize=self.position_init_resize,
+                                shape=(self.max_len, self.emb_dim))
 
 
 def position_table(params: Mapping[str, Any]) -> Array:

@@ -140,6 +140,10 @@ def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.nd
               label=f'step {s}' if i in (0, len(snapshot_drift) - 1) else None)
   if drift is not None:
     ax.plot(pos, drift, 'k', lw=1.2, label='final')
+  elif snapshot_drift is None or not len(snapshot_drift):
+    # A table from elsewhere has no initial table: say so rather than show blank axes.
+    ax.text(0.5, 0.5, 'no initial table\n(drift needs a training run)', ha='center',
+            va='center', transform=ax.transAxes, color='gray')
   ax.set(title='drift from the initial table', xlabel='position', ylabel='||row - row_0||')
   if ax.get_legend_handles_labels()[0]:
     ax.legend(fontsize=8)
