@@ -15,7 +15,7 @@ Attribute paths mirror the linen parameter paths: `model.token_embed.embedding`,
 `model.pos_embed.embedding` (learned tables only), `model.block_0 ...
 model.block_{L-1}` (also `model.blocks`) with `ln_1`, `qkv`, `attn_out`, `ln_2`,
 `mlp_in`, `mlp_out` (`kernel` stored (out, in), `bias`), and `model.ln_f`, so
-`nnx.state(model, nnx.Param).to_pure_dict()` has exactly the linen `params` tree
+`nnx.to_pure_dict(nnx.state(model, nnx.Param))` has exactly the linen `params` tree
 (`to_linen_params`).
 
 Dropout: every `nnx.Dropout` forks the `dropout` stream of the `rngs` given at
@@ -255,7 +255,7 @@ def _apply_block(block: Block, x: Array, mask: Array | None, positions: Array,
 
 
 # `cfg.remat`: recompute each block's activations in the backward pass (static flag 4).
-_remat_block = nnx.remat(_apply_block, static_argnums=(4,))
+_remat_block = nnx.remat(_apply_block, static_argnums=(4,), graph_updates=False)
 
 
 class TransformerLM(nnx.Module):
@@ -333,7 +333,7 @@ class TransformerLM(nnx.Module):
 
 def to_linen_params(model: TransformerLM) -> dict[str, Any]:
   """The model's parameters as a linen `TransformerLM` `params` dict (same paths/shapes)."""
-  return nnx.state(model, nnx.Param).to_pure_dict()
+  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
 def _path_str(path) -> str:
