@@ -251,6 +251,14 @@ def test_dropout_differs_from_deterministic_and_is_reproducible_from_rngs():
                                       rngs=nnx.Rngs(dropout=7)))
   assert not np.allclose(c, m1(inputs, positions, deterministic=False,
                                rngs=nnx.Rngs(dropout=8)))
+  # Dropout acts on the embedding sum too: its dropped entries get exactly zero gradient.
+  def zero_grad_fraction(deterministic):
+    g = jax.grad(lambda delta: m1(inputs, positions, deterministic=deterministic,
+                                  rngs=nnx.Rngs(dropout=7), embed_delta=delta).sum())(
+                                      jnp.zeros((2, T, D)))
+    return float(np.mean(np.asarray(g) == 0.0))
+  assert zero_grad_fraction(True) == 0.0
+  assert 0.1 < zero_grad_fraction(False) < 0.3  # rate 0.2 of 384 entries.
 
 
 def test_remat_checkpoints_blocks_and_gives_the_same_loss_and_grads():
