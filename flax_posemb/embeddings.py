@@ -1,4 +1,14 @@
-"""Position and token embedding modules (Flax linen).
+"""Position and token embeddings: pure functions and their Flax linen modules.
+
+Pure functions (shared with the NNX modules in `flax_posemb.nnx`):
+
+* `lookup_positions`: rows of a learned table, behind the range guard
+  `check_position_range`;
+* `lookup_tokens` / `attend`: token rows and the tied output head;
+* `sinusoidal_encoding`: fixed Vaswani sinusoid at explicit positions;
+* `apply_rope`: rotary embedding (RoPE) applied to queries and keys.
+
+Linen modules:
 
 * `LearnedPositionEmbedding`: a trainable `[num_positions, features]` table
   looked up at explicit integer positions, with an out-of-range guard.
@@ -80,6 +90,87 @@ def _check_integer(name: str, x) -> None:
                     f"cast with .astype(np.int32).")
 
 
+def lookup_positions(table: Array, positions: Array, *, check_positions: bool = True,
+                     dtype: Dtype | None = None) -> Array:
+  """Rows of a learned position table at explicit positions, behind the range guard.
+
+  Args:
+    table: `[num_positions, features]`.
+    positions: Integer array `[...]` (typically `[B, T]`) of row ids.
+    check_positions: Raise on ids outside `[0, num_positions)` (see
+      `check_position_range`); if False such ids read clamped rows.
+    dtype: Output dtype (None = the table's).
+
+  Returns:
+    `[..., features]` in `dtype`.
+
+  Raises:
+    TypeError: `positions` is not an integer array.
+    ValueError: (eagerly) an id is out of range; under `jax.jit` a
+      `JaxRuntimeError` carrying the same message.
+  """
+  _check_integer('positions', positions)
+  if check_positions:
+    check_position_range(positions, table.shape[0])
+  out = jnp.take(table, positions, axis=0, mode='clip')
+  return out.astype(dtype or table.dtype)
+
+
+def lookup_tokens(table: Array, ids: Array, dtype: Dtype | None = None) -> Array:
+  """Token rows; ids past the table give NaN rows (a too-small vocabulary shows as NaN loss).
+
+  Args:
+    table: `[num_embeddings, features]`.
+    ids: Integer array `[...]`.
+    dtype: Output dtype (None = the table's).
+
+  Returns:
+    `[..., features]` in `dtype`.
+  """
+  _check_integer('token ids', ids)
+  out = jnp.take(table, ids, axis=0, mode='fill', fill_value=jnp.nan)
+  return out.astype(dtype or table.dtype)
+
+
+def attend(x: Array, table: Array, dtype: Dtype | None = None) -> Array:
+  """Tied output head: `x @ table.T` in `dtype`, accumulated and returned in float32.
+
+  Args:
+    x: `[..., features]`.
+    table: Token table `[num_embeddings, features]`.
+    dtype: Compute dtype (None = the table's).
+
+  Returns:
+    float32 logits `[..., num_embeddings]`.
+  """
+  dt = dtype or table.dtype
+  return jnp.einsum('...d,vd->...v', x.astype(dt), table.astype(dt),
+                    preferred_element_type=jnp.float32)
+
+
+def sinusoidal_encoding(positions: Array, features: int, *, scale: float = 1.0,
+                        max_wavelength: float = 10_000.0,
+                        dtype: Dtype = jnp.float32) -> Array:
+  """Fixed Vaswani sinusoid at explicit positions, scaled to RMS `scale`.
+
+  Column `2i` is `sin(p / max_wavelength**(2i/features))`, column `2i+1` the cos.
+
+  Args:
+    positions: Integer array `[...]` (any non-negative value is valid).
+    features: Encoding width.
+    scale: RMS of the entries (the raw sinusoid's is ~0.71).
+    max_wavelength: Base of the wavelength progression.
+    dtype: Output dtype.
+
+  Returns:
+    `[..., features]` in `dtype`.
+  """
+  _check_integer('positions', positions)
+  enc = initializers.sinusoid_at(jnp.asarray(positions), features, max_wavelength)
+  # RMS over a full period of each column is 1/sqrt(2) (odd widths: per column).
+  return (enc * (scale * np.sqrt(2.0))).astype(dtype)
+
+
 class LearnedPositionEmbedding(nn.Module):
   """Learned absolute position table (GPT-2 `wpe`, BERT `position_embeddings`).
 
@@ -130,10 +221,8 @@ class LearnedPositionEmbedding(nn.Module):
     _check_integer('positions', positions)
     table = self.param('embedding', self.embedding_init,
                        (self.num_positions, self.features), self.param_dtype)
-    if self.check_positions:
-      check_position_range(positions, self.num_positions)
-    out = jnp.take(table, positions, axis=0, mode='clip')
-    return out.astype(self.dtype or self.param_dtype)
+    return lookup_positions(table, positions, check_positions=self.check_positions,
+                            dtype=self.dtype or self.param_dtype)
 
 
 class TokenEmbedding(nn.Module):
@@ -168,9 +257,7 @@ class TokenEmbedding(nn.Module):
     Returns:
       `[..., features]` in `dtype` (param dtype if None).
     """
-    _check_integer('token ids', ids)
-    out = jnp.take(self.embedding, ids, axis=0, mode='fill', fill_value=jnp.nan)
-    return out.astype(self.dtype or self.param_dtype)
+    return lookup_tokens(self.embedding, ids, self.dtype or self.param_dtype)
 
   def attend(self, x: Array) -> Array:
     """Tied output head: `x @ embedding.T` in `dtype`, accumulated and returned in float32.
@@ -181,9 +268,7 @@ class TokenEmbedding(nn.Module):
     Returns:
       float32 logits `[..., num_embeddings]`.
     """
-    dt = self.dtype or self.param_dtype
-    return jnp.einsum('...d,vd->...v', x.astype(dt), self.embedding.astype(dt),
-                      preferred_element_type=jnp.float32)
+    return attend(x, self.embedding, self.dtype or self.param_dtype)
 
 
 class SinusoidalPositionEmbedding(nn.Module):
@@ -215,10 +300,8 @@ class SinusoidalPositionEmbedding(nn.Module):
     Returns:
       `[..., features]` in `dtype`.
     """
-    _check_integer('positions', positions)
-    enc = initializers.sinusoid_at(jnp.asarray(positions), self.features, self.max_wavelength)
-    # RMS over a full period of each column is 1/sqrt(2) (odd widths: per column).
-    return (enc * (self.scale * np.sqrt(2.0))).astype(self.dtype)
+    return sinusoidal_encoding(positions, self.features, scale=self.scale,
+                               max_wavelength=self.max_wavelength, dtype=self.dtype)
 
 
 def apply_rope(x: Array, positions: Array, max_wavelength: float = 10_000.0) -> Array:

@@ -21,6 +21,10 @@ NNX model alike: the gradient of the loss with respect to it is the per-(b, t)
 gradient of the embedding sum, taken in the same backward pass as the parameter
 gradients (`flax_posemb.stats.value_and_grad_with_position_stats`). For a learned
 table, `grad(table)[p] == sum over (b, t) with positions[b, t] == p of grad(embed_delta)[b, t]`.
+
+The maths lives in pure functions (`flax_posemb.layers`, `flax_posemb.embeddings`)
+that the NNX twin of this model (`flax_posemb.nnx.TransformerLM`) calls too; the
+modules here only own the linen parameters.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import jax.numpy as jnp
 
 from flax_posemb import embeddings
 from flax_posemb import initializers
+from flax_posemb import layers
 
 Array = jax.Array
 
@@ -179,6 +184,12 @@ def position_table(params: Mapping[str, Any]) -> Array:
                    "model's position_embedding is not 'learned'.") from None
 
 
+def sinusoid_scale(cfg: ModelConfig) -> float:
+  """RMS of the fixed sinusoid: `position_init_std`, or the token init's realized std."""
+  return (cfg.position_init_std if cfg.position_init_std >= 0
+          else cfg.token_initializer().expected_std(cfg.emb_dim))
+
+
 def _dense_init(std: float):
   return nn.initializers.normal(std)
 
@@ -202,8 +213,7 @@ class _Dense(nn.Module):
     kernel = self.param('kernel', _dense_init(self.kernel_std), (self.features, x.shape[-1]),
                         self.param_dtype)
     bias = self.param('bias', nn.initializers.zeros, (self.features,), self.param_dtype)
-    y = jnp.einsum('...i,oi->...o', x.astype(self.dtype), kernel.astype(self.dtype))
-    return y + bias.astype(self.dtype)
+    return layers.dense(x, kernel, bias, self.dtype)
 
 
 class Block(nn.Module):
@@ -226,27 +236,29 @@ class Block(nn.Module):
     """
     cfg = self.config
     dt, pdt = cfg.compute_dtype, cfg.storage_dtype
-    b, t, d = x.shape
-    n, h = cfg.num_heads, cfg.head_dim
-    # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * num_layers).
-    resid_std = 0.02 / math.sqrt(2 * cfg.num_layers)
+    d = x.shape[-1]
+    resid_std = layers.resid_std(cfg.num_layers)
 
-    y = nn.LayerNorm(epsilon=1e-5, dtype=dt, param_dtype=pdt, name='ln_1')(x)
-    qkv = _Dense(3 * d, 0.02, dt, pdt, name='qkv')(y).reshape(b, t, 3, n, h)
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    if cfg.position_embedding == 'rope':
-      q = embeddings.apply_rope(q, positions)
-      k = embeddings.apply_rope(k, positions)
-    a = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
-                                     implementation=cfg.attention_impl)
-    a = _Dense(d, resid_std, dt, pdt, name='attn_out')(a.reshape(b, t, d))
-    x = x + nn.Dropout(cfg.dropout_rate)(a, deterministic=deterministic)
+    def dense(features, std, name):
+      return _Dense(features, std, dt, pdt, name=name)
 
-    y = nn.LayerNorm(epsilon=1e-5, dtype=dt, param_dtype=pdt, name='ln_2')(x)
-    y = _Dense(cfg.mlp_dim, 0.02, dt, pdt, name='mlp_in')(y)
-    y = nn.gelu(y, approximate=True)
-    y = _Dense(d, resid_std, dt, pdt, name='mlp_out')(y)
-    return x + nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+    def layer_norm(name):
+      return nn.LayerNorm(epsilon=layers.LAYER_NORM_EPSILON, dtype=dt, param_dtype=pdt,
+                          name=name)
+
+    # Created in this order so the dropout modules keep their names (Dropout_0 for the
+    # attention output, Dropout_1 for the MLP) and hence their dropout masks.
+    drop_attn, drop_mlp = nn.Dropout(cfg.dropout_rate), nn.Dropout(cfg.dropout_rate)
+    return layers.block(
+        x, mask, positions,
+        ln_1=layer_norm('ln_1'), qkv=dense(3 * d, layers.DENSE_STD, 'qkv'),
+        attn_out=dense(d, resid_std, 'attn_out'), ln_2=layer_norm('ln_2'),
+        mlp_in=dense(cfg.mlp_dim, layers.DENSE_STD, 'mlp_in'),
+        mlp_out=dense(d, resid_std, 'mlp_out'),
+        drop_attn=lambda y: drop_attn(y, deterministic=deterministic),
+        drop_mlp=lambda y: drop_mlp(y, deterministic=deterministic),
+        num_heads=cfg.num_heads, rope=cfg.position_embedding == 'rope',
+        implementation=cfg.attention_impl)
 
 
 class TransformerLM(nn.Module):
@@ -277,36 +289,28 @@ class TransformerLM(nn.Module):
     if not isinstance(cfg, ModelConfig):
       raise TypeError(f"TransformerLM needs a ModelConfig, got {type(cfg).__name__}; use "
                       "ModelConfig.from_config(config.model).")
-    if inputs.ndim != 2 or positions.shape != inputs.shape:
-      raise ValueError(f"inputs and positions must both be [B, T]; got {inputs.shape} and "
-                       f"{positions.shape}.")
-    if segment_ids is not None and segment_ids.shape != inputs.shape:
-      raise ValueError(f"segment_ids must be [B, T] = {inputs.shape}, got {segment_ids.shape}.")
+    layers.check_lm_inputs(inputs, positions, segment_ids)
     dt, pdt = cfg.compute_dtype, cfg.storage_dtype
 
     tok = embeddings.TokenEmbedding(cfg.vocab_size, cfg.emb_dim, cfg.token_initializer(),
                                     dtype=dt, param_dtype=pdt, name='token_embed')
-    # The sum is formed in float32 so embed_sum gradients (statistics) are float32.
-    x = tok(inputs).astype(jnp.float32)
+    pos_rows = None
     if cfg.position_embedding == 'learned':
-      x = x + embeddings.LearnedPositionEmbedding(
+      pos_rows = embeddings.LearnedPositionEmbedding(
           cfg.max_len, cfg.emb_dim, cfg.position_initializer(), dtype=jnp.float32,
           param_dtype=pdt, check_positions=cfg.check_positions, name='pos_embed')(positions)
     elif cfg.position_embedding == 'sinusoidal':
-      std = (cfg.position_init_std if cfg.position_init_std >= 0
-             else cfg.token_initializer().expected_std(cfg.emb_dim))
-      x = x + embeddings.SinusoidalPositionEmbedding(cfg.emb_dim, scale=std,
-                                                     name='pos_embed')(positions)
-    if embed_delta is not None:
-      x = x + embed_delta
+      pos_rows = embeddings.SinusoidalPositionEmbedding(
+          cfg.emb_dim, scale=sinusoid_scale(cfg), name='pos_embed')(positions)
+    # The sum is formed in float32 so embed_delta gradients (statistics) are float32.
+    x = layers.embedding_sum(tok(inputs), pos_rows, embed_delta)
     x = nn.Dropout(cfg.dropout_rate)(x.astype(dt), deterministic=deterministic)
 
-    mask = None
-    if segment_ids is not None:
-      mask = (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])  # [B,1,T,T]
+    mask = layers.segment_mask(segment_ids)
 
     block = nn.remat(Block, static_argnums=(4,)) if cfg.remat else Block
     for i in range(cfg.num_layers):
       x = block(cfg, name=f'block_{i}')(x, mask, positions, deterministic)
-    x = nn.LayerNorm(epsilon=1e-5, dtype=dt, param_dtype=pdt, name='ln_f')(x)
+    x = nn.LayerNorm(epsilon=layers.LAYER_NORM_EPSILON, dtype=dt, param_dtype=pdt,
+                     name='ln_f')(x)
     return tok.attend(x)
