@@ -134,7 +134,7 @@ def cumulative_exposure(workdir: str, upto_step: int | None = None) -> np.ndarra
   """[L] tokens seen per position up to `upto_step` (None if the run has no statistics).
 
   Uses the exact `cumulative_count` of the last window file at or before `upto_step` when
-  present (written by `stats.save_window`), else sums the windows' `count` vectors.
+  present (written by `stats.PositionStats.save`), else sums the windows' `count` vectors.
   """
   files = [(s, p) for s, p in _steps(os.path.join(workdir, 'stats', 'window_*.npz'))
            if upto_step is None or s <= upto_step]

@@ -325,6 +325,9 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
   mesh = sharding.make_mesh()
   params, cfg, step = checkpointing.restore_params(workdir, step, sharding=NamedSharding(mesh, P()))
   config = ml_collections.ConfigDict(cfg)
+  if str(config.model.get('position_init', '')).startswith('file:'):
+    # The checkpoint's params hold the table; the file it was initialized from may be gone.
+    config.model.position_init = 'zeros'
   model = train_step.make_model(config)
   out = run_evaluation(model, params, config, step=step, offsets=offsets, mesh=mesh, **overrides)
   out.results['workdir'] = os.path.abspath(workdir)
@@ -335,7 +338,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
   if out.results.get('offset_probe'):
     text += '\n\n' + eval_report.format_offsets(out.results['offset_probe'])
   if analyze:
-    if 'pos_embed' not in params:
+    if model_lib.POSITION_TABLE_PATH[0] not in params:
       raise ValueError(f'--analyze needs a learned position table; this run uses '
                        f'position_embedding={config.model.position_embedding!r}.')
     from flax_posemb import analysis  # pylint: disable=g-import-not-at-top

@@ -248,3 +248,20 @@ def test_sharded_over_four_devices_matches_one_device():
   assert got['windows'] == acc.windows == 7  # 5- and 2-row batches padded to 8 rows
   np.testing.assert_allclose(got['loss_sum'], acc.loss_sum, rtol=1e-5)
   np.testing.assert_allclose(got['ss'], acc.ss, rtol=1e-5)
+
+
+@pytest.mark.parametrize('where,value,match', [
+    ('scored', -1, 'negative'),        # a negative id on a scored token
+    ('unscored', 40, r'40 is outside the position table \[0, 16\)'),  # past the table, masked
+])
+def test_every_position_id_the_model_sees_is_checked_on_the_host(where, value, match):
+  model, params = _model()
+  batch = _batches()[1]
+  if where == 'scored':
+    batch['positions'][0, 2] = value
+  else:
+    batch['positions'][1, 14] = value  # padding, loss_mask 0
+    assert batch['loss_mask'][1, 14] == 0
+  with pytest.raises(ValueError, match=match):
+    evaluation.accumulate(evaluation.model_apply_fn(model), params, [batch],
+                          np.array([0, 8, 16]), max_len=T)

@@ -195,6 +195,21 @@ def test_bucket_means_and_late_over_early_from_windows(tmp_path):
   assert s['tokens_per_step'] == pytest.approx(1.8)
 
 
+def test_measures_of_a_run_without_gradient_statistics_are_nan_not_errors(tmp_path):
+  d = tmp_path / 'run'
+  os.makedirs(d / 'stats')
+  count = np.array([8, 8, 2, 0])
+  np.savez(d / 'stats' / 'window_10.npz', step=10, num_steps=10, count=count,  # LOSS_FIELDS
+           loss_sum=np.array([8., 8., 4., 0.]), loss_count=count,
+           cumulative_count=count.astype(np.int64))
+  _write_tables(d, {0: np.zeros((4, 2)), 10: np.ones((4, 2))})
+  results = {'buckets': [{'start': 0, 'end': 2, 'loss': 1.0}, {'start': 2, 'end': 4, 'loss': 2.0}],
+             'overall': {'loss': 1.2}, 'degradation': {'last_minus_best': 1.0}}
+  v = measures.run_measures(str(d), results, num_steps=10, train_seconds=2.0)['vectors']
+  assert v['bucket_exposure'] == [8.0, 1.0] and v['bucket_train_loss'] == [1.0, 2.0]
+  assert all(np.isnan(x) for x in v['bucket_occ_signal'])
+
+
 # --- aggregation and report -------------------------------------------------------------------
 
 

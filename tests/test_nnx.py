@@ -179,7 +179,7 @@ def test_out_of_range_positions_raise_eagerly_and_under_jit():
   inputs, positions = _batch(2)
   with pytest.raises(ValueError, match=f'Position id {T} is outside'):
     model(inputs, positions + 1)
-  with pytest.raises(Exception, match='Position id -1 is outside'):
+  with pytest.raises(Exception, match='Position id -1 is negative'):
     jax.block_until_ready(nnx.jit(lambda m, i, p: m(i, p))(model, inputs, positions - 1))
   with pytest.raises(TypeError, match='integer'):
     model(inputs, positions.astype(jnp.float32))

@@ -304,3 +304,32 @@ def test_batch_positions_past_the_table_are_a_host_error_before_the_step():
   batch['positions'][0, 0] = -1
   with pytest.raises(ValueError, match='-1'):
     sharding.global_batch(batch, mesh, max_len=9)
+
+
+@pytest.mark.slow
+def test_cli_train_eval_resume_with_statistics_off_and_a_table_file(tmp_path):
+  table = np.random.default_rng(0).normal(0, 0.02, (128, 64)).astype(np.float32)
+  np.save(tmp_path / 'table.npy', table)
+  workdir = str(tmp_path / 'off')
+  args = ['--config', 'configs/tiny.py', '--workdir', workdir, '--config.num_train_steps=4',
+          '--config.log_every_steps=2', '--config.eval_every_steps=4',
+          '--config.checkpoint_every_steps=2', '--config.eval.num_windows=8',
+          '--config.progress_bar=False', '--config.collect_stats=False',
+          f'--config.model.position_init=file:{tmp_path / "table.npy"}']
+  proc = run_cli(*args)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  np.testing.assert_array_equal(np.load(os.path.join(workdir, 'tables', 'table_0.npy')), table)
+  with np.load(os.path.join(workdir, 'stats', 'window_4.npz')) as z:
+    assert set(stats.LOSS_FIELDS) <= set(z.files) and 'occ_norm' not in z.files
+    assert int(z['count'].sum()) > 0
+  os.remove(tmp_path / 'table.npy')  # eval reads the table from the checkpoint
+  proc = subprocess.run([sys.executable, str(ROOT / 'eval.py'), '--workdir', workdir],
+                        cwd=str(ROOT), env=SUBPROCESS_ENV, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert os.path.exists(os.path.join(workdir, 'eval', 'step_4', 'results.json'))
+  np.save(tmp_path / 'table.npy', table)
+  proc = run_cli(*[a.replace('num_train_steps=4', 'num_train_steps=6') for a in args])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'Resuming from the checkpoint of step 4' in proc.stdout
+  assert [r['step'] for r in read_metrics(workdir) if 'loss' in r] == [2, 4, 6]

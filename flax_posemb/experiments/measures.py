@@ -101,7 +101,9 @@ def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
   out: dict[str, np.ndarray] = {}
   if windows:
     late = [w for w in windows if int(w['step']) > num_steps // 2] or windows[-1:]
-    tot = {k: sum(np.asarray(w[k], dtype=np.float64) for w in late)
+    # A run with collect_stats=False has only stats.LOSS_FIELDS: its gradient vectors are NaN.
+    nan = np.full(np.shape(windows[0]['count']), np.nan)
+    tot = {k: sum(np.asarray(w.get(k, nan), dtype=np.float64) for w in late)
            for k in ('count', 'loss_sum', 'loss_count', 'occ_norm', 'row_sq', 'downstream')}
     late_steps = sum(int(w.get('num_steps', 1)) for w in late)
     last = windows[-1]
@@ -111,7 +113,8 @@ def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
     out['occ_signal'] = _ratio(tot['occ_norm'], tot['count'])
     out['downstream_signal'] = _ratio(tot['occ_norm'], tot['downstream'])
     out['train_loss'] = _ratio(tot['loss_sum'], tot['loss_count'])
-    out['update_rss'] = np.sqrt(sum(np.asarray(w['update_sq'], np.float64) for w in windows))
+    out['update_rss'] = np.sqrt(sum(np.asarray(w.get('update_sq', nan), np.float64)
+                                    for w in windows))
     out['scored_total'] = np.asarray(sum(np.asarray(w['loss_count'], np.float64)
                                          for w in windows))
   if tables:
