@@ -90,7 +90,7 @@ def global_batch(batch: dict[str, np.ndarray], mesh: Mesh,
   """
   missing = [k for k in BATCH_KEYS if k not in batch]
   if missing:
-    raise KeyError(f'batch lacks {missing}; a batch must hold {list(BATCH_KEYS)} '
+    raise ValueError(f'batch lacks {missing}; a batch must hold {list(BATCH_KEYS)} '
                    '(docs/DESIGN.md).')
   if max_len is not None:
     embeddings.check_position_range(np.asarray(batch['positions']), max_len)

@@ -109,6 +109,43 @@ def init_state(model: model_lib.TransformerLM, config: ml_collections.ConfigDict
   return state, tx, shardings
 
 
+def accumulated(value_and_grad: Callable[..., tuple], accum: int, mesh: Mesh
+                ) -> Callable[..., tuple]:
+  """``value_and_grad`` summed over ``accum`` microbatches (row ``i`` in microbatch
+  ``i % accum``), gradients in float32; statistics still unfinished.
+
+  Args:
+    value_and_grad: ``value_and_grad_with_position_stats(..., finish=False)``.
+    accum: microbatches per step.
+    mesh: mesh with axis ``'data'`` (each microbatch stays split over it).
+
+  Returns:
+    ``f(params, batch, rng, denom) -> (loss, grads, stats)``.
+  """
+  micro_sh = NamedSharding(mesh, P(None, 'data'))
+
+  def one(params, mb, key, denom):
+    loss, grads, st = value_and_grad(params, mb, key, denominator=denom)
+    return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads), st
+
+  def f(params, batch, rng, denom):
+    if accum == 1:
+      return value_and_grad(params, batch, jax.random.fold_in(rng, 0), denominator=denom)
+    b = batch['inputs'].shape[0]
+    micro = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
+        x.reshape((b // accum, accum) + x.shape[1:]).swapaxes(0, 1), micro_sh), batch)
+
+    def body(carry, xs):
+      i, mb = xs
+      out = one(params, mb, jax.random.fold_in(rng, i), denom)
+      return jax.tree.map(jnp.add, carry, out), None
+
+    shapes = jax.eval_shape(one, params, jax.tree.map(lambda x: x[0], micro), rng, denom)
+    zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    return jax.lax.scan(body, zero, (jnp.arange(accum), micro))[0]
+  return f
+
+
 def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransformation,
                     config: ml_collections.ConfigDict, mesh: Mesh, state_shardings: TrainState
                     ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
@@ -129,34 +166,13 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
     input tokens), ``targets`` (scored targets), ``finite`` (1.0 if loss and grad norm are
     finite).
   """
-  accum = int(config.grad_accum_steps)
   cfg = model.config
-  value_and_grad = stats_lib.value_and_grad_with_position_stats(
+  gradients = accumulated(stats_lib.value_and_grad_with_position_stats(
       token_loss_fn(model), cfg.max_len, collect=bool(config.collect_stats),
-      embed_dim=cfg.emb_dim, finish=False)
+      embed_dim=cfg.emb_dim, finish=False), int(config.grad_accum_steps), mesh)
   schedule = optim.make_schedule(config)
   has_table = cfg.position_embedding == 'learned'
   row_scale = bool(config.optimizer.row_lr_scale)
-  micro_sh = NamedSharding(mesh, P(None, 'data'))
-
-  def gradients(params, batch, rng, denom):
-    if accum == 1:
-      return value_and_grad(params, batch, jax.random.fold_in(rng, 0), denominator=denom)
-    b = batch['inputs'].shape[0]
-    micro = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
-        x.reshape((b // accum, accum) + x.shape[1:]).swapaxes(0, 1), micro_sh), batch)
-
-    def one(i, mb):
-      loss, grads, st = value_and_grad(params, mb, jax.random.fold_in(rng, i), denominator=denom)
-      return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads), st
-
-    def body(carry, xs):
-      return jax.tree.map(jnp.add, carry, one(*xs)), None
-
-    first = (0, jax.tree.map(lambda x: x[0], micro))
-    zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(one, *first))
-    out, _ = jax.lax.scan(body, zero, (jnp.arange(accum), micro))
-    return out
 
   def step_fn(state, batch, rng):
     batch = {k: batch[k] for k in BATCH_KEYS}
