@@ -94,6 +94,15 @@ def evaluation() -> ml_collections.ConfigDict:
   return c
 
 
+# Fields that do not change what a run computes: the experiments' run identity ignores them.
+NON_SEMANTIC = ('progress_bar', 'checkpoint_every_steps', 'max_to_keep', 'data.num_workers',
+                'data.prefetch', 'data.data_dir', 'model.check_positions', 'allow_config_change')
+# What a resumed run may change besides: how it logs and how it is evaluated. Anything else
+# (including num_train_steps, which shapes the learning-rate schedule) needs
+# allow_config_change=True.
+RESUME_MAY_CHANGE = NON_SEMANTIC + ('log_every_steps', 'eval_every_steps', 'eval')
+
+
 def base() -> ml_collections.ConfigDict:
   """Full default config: training fields plus the four sections above."""
   c = ml_collections.ConfigDict()
@@ -108,6 +117,8 @@ def base() -> ml_collections.ConfigDict:
   c.collect_stats = True  # Per-position gradient statistics in the train step.
   c.fsdp = False  # Shard large matrices over the 'data' mesh axis as well as the batch.
   c.progress_bar = True  # tqdm progress bar with loss and tokens/s.
+  c.allow_config_change = False  # Resume even if the config changed in meaning (recorded in metrics.jsonl).
+  c.divergence_loss = -1.0  # Stop (exit 3, nothing saved) when a step's loss exceeds this; <0 = 3 * ln(model.vocab_size).
   c.data = data()
   c.model = model()
   c.optimizer = optimizer()

@@ -24,11 +24,12 @@ after it).
 
 from __future__ import annotations
 
-import glob
+import contextlib
 import json
+import math
 import os
-import re
 import signal
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -43,34 +44,13 @@ from flax_posemb import model as model_lib
 from flax_posemb import sharding
 from flax_posemb import stats as stats_lib
 from flax_posemb import train_step as step_lib
+from flax_posemb import workdir as workdir_lib
 
 Hook = Callable[[int, dict[str, float]], None]
-_OUTPUTS = {'stats': stats_lib.WINDOW_GLOB, 'tables': 'table_*.npy'}
 
 
 class NonFiniteLossError(FloatingPointError):
   """The training loss or gradient norm became NaN/inf."""
-
-
-def truncate_outputs(workdir: str, step: int) -> None:
-  """Drops metrics rows, window files and table snapshots written after ``step``."""
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if os.path.exists(path):
-    keep = []
-    with open(path) as f:
-      for line in f:
-        try:
-          if json.loads(line)['step'] <= step:
-            keep.append(line)
-        except (ValueError, KeyError):
-          continue  # A half-written last line of a killed run.
-    with open(path + '.tmp', 'w') as f:
-      f.writelines(keep)
-    os.replace(path + '.tmp', path)
-  for sub, pattern in _OUTPUTS.items():
-    for p in glob.glob(os.path.join(workdir, sub, pattern)):
-      if int(re.search(r'_(\d+)\.np[yz]$', p).group(1)) > step:
-        os.remove(p)
 
 
 def validate(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
@@ -85,7 +65,16 @@ def validate(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
   if vocab > mcfg.vocab_size:
     raise ValueError(f'The data has token ids up to {vocab - 1} but model.vocab_size='
                      f'{mcfg.vocab_size}. Set --config.model.vocab_size={vocab}.')
+  if not math.isfinite(float(config.divergence_loss)):
+    raise ValueError(f'divergence_loss must be finite, got {config.divergence_loss}.')
   return mcfg
+
+
+def divergence_bound(config: ml_collections.ConfigDict) -> float:
+  """Loss above which training stops as diverged: ``divergence_loss``, or three times the
+  loss of a uniform guess over the vocabulary (a freshly initialized model starts near one)."""
+  bound = float(config.divergence_loss)
+  return bound if bound >= 0 else 3.0 * math.log(int(config.model.vocab_size))
 
 
 class StatsLog:
@@ -151,15 +140,22 @@ class StatsLog:
     """Appends one row to metrics.jsonl (and eval loss to TensorBoard)."""
     if not self.lead:
       return
-    with open(os.path.join(self.workdir, 'metrics.jsonl'), 'a') as f:
-      f.write(json.dumps(row, default=float) + '\n')
+    workdir_lib.append_row(self.workdir, row)
     overall = row.get('eval', {}).get('overall', {})
     if isinstance(overall, dict) and 'loss' in overall:
       self._writer.add_scalar('eval/loss', overall['loss'], row['step'])
 
-  def close(self) -> None:
-    if self._writer is not None:
+  def close(self, *, failing: bool = False) -> None:
+    """Flushes TensorBoard; while another error propagates (e.g. a full disk), a flush
+    failure is logged rather than raised, so the first error is the one reported."""
+    if self._writer is None:
+      return
+    try:
       self._writer.close()
+    except Exception as e:  # pylint: disable=broad-except
+      if not failing:
+        raise
+      logging.warning('TensorBoard flush failed too: %s', e)
 
 
 def restore_or_init(ckpt: checkpointing.Checkpointer, state: step_lib.TrainState,
@@ -200,11 +196,12 @@ def restore_or_init(ckpt: checkpointing.Checkpointer, state: step_lib.TrainState
 
 
 class _Preemption:
-  """SIGTERM as a flag the loop checks after each step; on several hosts, Orbax's
-  preemption sync point (JAX's preemption service) makes every host stop at the same step."""
+  """SIGTERM as a flag, installed before setup so an early signal is not lost; the loop checks
+  it after each step. On several hosts Orbax's preemption sync point (JAX's preemption
+  service) makes every host stop at the same step."""
 
-  def __init__(self, ckpt: checkpointing.Checkpointer):
-    self.requested, self._ckpt, self._old = False, ckpt, None
+  def __init__(self):
+    self.requested, self.ckpt, self._old = False, None, None
 
   def __enter__(self):
     try:
@@ -222,9 +219,9 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._old)
 
   def reached(self, step: int) -> bool:
-    if jax.process_count() == 1:
+    if jax.process_count() == 1 or self.ckpt is None:
       return self.requested
-    return self._ckpt.reached_preemption(step)
+    return self.ckpt.reached_preemption(step)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -251,19 +248,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   mesh = sharding.make_mesh()
   sharding.check_batch_layout(config, mesh)
   lead = jax.process_index() == 0
-  model = step_lib.make_model(config)
-  init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
-  state, tx, shardings = step_lib.init_state(model, config, mesh, init_rng)
-  train_step = step_lib.make_train_step(model, tx, config, mesh, shardings)
-  num_steps = int(config.num_train_steps)
-  data_iter = data_lib.make_train_iterator(
-      config.data, batch_size=int(config.batch_size), seed=int(config.seed),
-      num_train_steps=num_steps, process_index=jax.process_index(),
-      process_count=jax.process_count())
   os.makedirs(workdir, exist_ok=True)
-  ckpt = checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir),
-                                    max_to_keep=int(config.max_to_keep))
-  try:
+  with contextlib.ExitStack() as stack:
+    if lead:
+      stack.enter_context(workdir_lib.Lock(workdir))
+    preempt = stack.enter_context(_Preemption())
+    ckpt = stack.enter_context(checkpointing.Checkpointer(
+        checkpointing.checkpoint_dir(workdir), max_to_keep=int(config.max_to_keep)))
+    preempt.ckpt = ckpt
+    changes = {}
+    if lead:  # Before anything is restored or written: refuse what would lose work.
+      if ckpt.latest_step() is None:
+        workdir_lib.check_fresh_start(workdir)
+      else:
+        changes = workdir_lib.check_resume_config(workdir, config)
+    model = step_lib.make_model(config)
+    init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
+    state, tx, shardings = step_lib.init_state(model, config, mesh, init_rng)
+    data_iter = data_lib.make_train_iterator(
+        config.data, batch_size=int(config.batch_size), seed=int(config.seed),
+        num_train_steps=int(config.num_train_steps), process_index=jax.process_index(),
+        process_count=jax.process_count())
     state, resumed_from, counters = restore_or_init(ckpt, state, shardings, data_iter)
     log = StatsLog(workdir, mcfg.max_len, lead, resumed_from or 0)
     if resumed_from is not None:
@@ -273,16 +278,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       print(f'Resuming from the checkpoint of step {resumed_from} in {ckpt.directory}.',
             flush=True)
     if lead:
-      truncate_outputs(workdir, resumed_from or 0)
-      with open(os.path.join(workdir, 'config.json'), 'w') as f:
-        f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+      workdir_lib.truncate_outputs(workdir, resumed_from or 0)
+      workdir_lib.write_config(workdir, config)
+      if changes:
+        log.write({'step': resumed_from, 'config_change': changes})
     loop = _Loop(config, workdir, model, mesh, ckpt, log, data_iter, hooks)
     # A fresh buffer per window: the step donates its state.
     loop.zero_stats = lambda: jax.device_put(stats_lib.PositionStats.zeros(
         mcfg.max_len, collect=bool(config.collect_stats)), shardings.stats)
-    return loop.run(state, train_step, dropout_rng, resumed_from)
-  finally:
-    ckpt.close()
+    return loop.run(state, step_lib.make_train_step(model, tx, config, mesh, shardings),
+                    dropout_rng, resumed_from, preempt)
 
 
 class _Loop:
@@ -292,6 +297,7 @@ class _Loop:
     self.config, self.workdir, self.model, self.mesh = config, workdir, model, mesh
     self.ckpt, self.log, self.data_iter, self.hooks = ckpt, log, data_iter, hooks
     self.lead = jax.process_index() == 0
+    self.divergence = divergence_bound(config)
 
   def save(self, state: step_lib.TrainState, step: int) -> None:
     payload = dict(self.log.counters, window=state.stats.to_numpy())
@@ -303,14 +309,16 @@ class _Loop:
       return
     table = sharding.to_host(model_lib.position_table(state.params))
     if self.lead:
-      os.makedirs(os.path.join(self.workdir, 'tables'), exist_ok=True)
-      np.save(os.path.join(self.workdir, 'tables', f'table_{step}.npy'), table)
+      with workdir_lib.atomic_write(os.path.join(self.workdir, 'tables', f'table_{step}.npy')) as f:
+        np.save(f, table)
 
   def absorb(self, step: int, metrics: Any) -> None:
     m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    if not m['finite'] > 0:
+    if not (m['finite'] > 0 and m['loss'] <= self.divergence):
+      what = 'Non-finite' if not m['finite'] > 0 else (
+          f'Diverged (above divergence_loss={self.divergence:.3g})')
       raise NonFiniteLossError(
-          f'Non-finite training loss at step {step} (loss={m["loss"]}, grad_norm='
+          f'{what} training loss at step {step} (loss={m["loss"]}, grad_norm='
           f'{m["grad_norm"]}). Stopped without saving; the last good checkpoint is step '
           f'{self.ckpt.latest_step()} in {self.ckpt.directory}. Lower '
           'optimizer.learning_rate, raise optimizer.warmup_steps or check the data.')
@@ -325,7 +333,7 @@ class _Loop:
     self.log.write(dict(step=step, eval=res))
     return res
 
-  def run(self, state, train_step, dropout_rng, resumed_from) -> dict[str, Any]:
+  def run(self, state, train_step, dropout_rng, resumed_from, preempt) -> dict[str, Any]:
     c, start = self.config, resumed_from or 0
     num_steps = int(c.num_train_steps)
     if resumed_from is None:
@@ -338,45 +346,54 @@ class _Loop:
       bar = tqdm(total=num_steps, initial=start, desc='train', dynamic_ncols=True)
     pending = None
     try:
-      with _Preemption(self.ckpt) as preempt:
-        for step in range(start + 1, num_steps + 1):
-          batch = sharding.global_batch(next(self.data_iter), self.mesh,
-                                        self.model.config.max_len)
-          state, metrics = train_step(state, batch, jax.random.fold_in(dropout_rng, step))
-          if pending is not None:  # Read the previous step back while this one runs.
-            self.absorb(*pending)
-          pending = (step, metrics)
-          stop = preempt.reached(step)
-          is_log = step % int(c.log_every_steps) == 0 or step == num_steps
-          is_eval = int(c.eval_every_steps) > 0 and step % int(c.eval_every_steps) == 0
-          is_ckpt = step % int(c.checkpoint_every_steps) == 0 or step == num_steps or stop
-          if is_log or is_eval or is_ckpt:
-            self.absorb(*pending)
-            pending = None
-          if is_log:
-            result['loss'] = self.log.flush(step, state.stats)['loss']
-            self.snapshot(state, step)
-            state = state.replace(stats=self.zero_stats())
-            if bar is not None:
-              bar.set_postfix(loss=f'{result["loss"]:.4f}')
-          if is_eval:
-            result['eval'] = self.evaluate(state, step)
-          if is_ckpt:
-            self.save(state, step)
-          result['step'] = step
-          if bar is not None:
-            bar.update(1)
-          if stop:
-            self.ckpt.wait_until_finished()
-            logging.warning('SIGTERM received: saved the checkpoint of step %d; exiting.', step)
-            print(f'SIGTERM: saved the checkpoint of step {step} in {self.ckpt.directory}.',
-                  flush=True)
-            result['preempted'] = True
-            break
-        if pending is not None:
+      for step in range(start + 1, num_steps + 1):
+        if step == start + 1 and preempt.requested:  # SIGTERM during setup: nothing to add.
+          self.stopped(result, start)
+          break
+        batch = sharding.global_batch(next(self.data_iter), self.mesh, self.model.config.max_len)
+        state, metrics = train_step(state, batch, jax.random.fold_in(dropout_rng, step))
+        if pending is not None:  # Read the previous step back while this one runs.
           self.absorb(*pending)
+        pending = (step, metrics)
+        stop = preempt.reached(step)
+        due = dict(log=step % int(c.log_every_steps) == 0 or step == num_steps,
+                   eval=int(c.eval_every_steps) > 0 and step % int(c.eval_every_steps) == 0,
+                   ckpt=stop or step % int(c.checkpoint_every_steps) == 0 or step == num_steps)
+        if any(due.values()):
+          self.absorb(*pending)
+          pending = None
+          state = self.step_end(state, step, result, due, bar)
+        result['step'] = step
+        if bar is not None:
+          bar.update(1)
+        if stop:
+          self.stopped(result, step)
+          break
+      if pending is not None:
+        self.absorb(*pending)
     finally:
       if bar is not None:
         bar.close()
-      self.log.close()
+      self.log.close(failing=sys.exc_info()[0] is not None)
     return result
+
+  def step_end(self, state, step, result, due, bar) -> step_lib.TrainState:
+    """Log, evaluate and checkpoint after ``step`` (whatever is ``due``)."""
+    if due['log']:
+      result['loss'] = self.log.flush(step, state.stats)['loss']
+      self.snapshot(state, step)
+      state = state.replace(stats=self.zero_stats())
+      if bar is not None:
+        bar.set_postfix(loss=f'{result["loss"]:.4f}')
+    if due['eval']:
+      result['eval'] = self.evaluate(state, step)
+    if due['ckpt']:
+      self.save(state, step)
+    return state
+
+  def stopped(self, result: dict[str, Any], step: int) -> None:
+    self.ckpt.wait_until_finished()
+    logging.warning('SIGTERM received: saved the checkpoint of step %d; exiting.', step)
+    print(f'SIGTERM: saved the checkpoint of step {step} in {self.ckpt.directory}.',
+          flush=True)
+    result['preempted'] = True

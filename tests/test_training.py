@@ -282,11 +282,11 @@ def test_train_py_tiny_end_to_end_resume_and_bad_inputs(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'Resuming from the checkpoint of step 6' in proc.stdout
   assert read_metrics(workdir) == rows
-  # A different model shape on the same workdir: clear error, nothing touched.
+  # A different model shape on the same workdir: the change is named, nothing touched.
   before = snapshot_files(workdir)
   proc = run_cli(*args, '--config.model.emb_dim=32')
   assert proc.returncode != 0
-  assert 'different model' in proc.stderr and 'fresh --workdir' in proc.stderr
+  assert 'model.emb_dim: 64 -> 32' in proc.stderr and 'fresh --workdir' in proc.stderr
   assert snapshot_files(workdir) == before
   # Unknown config key.
   proc = run_cli(*args[:4], '--config.modle.num_layers=3')
@@ -329,7 +329,13 @@ def test_cli_train_eval_resume_with_statistics_off_and_a_table_file(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert os.path.exists(os.path.join(workdir, 'eval', 'step_4', 'results.json'))
   np.save(tmp_path / 'table.npy', table)
-  proc = run_cli(*[a.replace('num_train_steps=4', 'num_train_steps=6') for a in args])
+  longer = [a.replace('num_train_steps=4', 'num_train_steps=6') for a in args]
+  proc = run_cli(*longer)  # num_train_steps shapes the schedule: a change of meaning
+  assert proc.returncode != 0 and 'num_train_steps: 4 -> 6' in proc.stderr
+  proc = run_cli(*longer, '--config.allow_config_change=True')
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'Resuming from the checkpoint of step 4' in proc.stdout
-  assert [r['step'] for r in read_metrics(workdir) if 'loss' in r] == [2, 4, 6]
+  rows = read_metrics(workdir)
+  assert [r['step'] for r in rows if 'loss' in r] == [2, 4, 6]
+  assert {'step': 4, 'config_change': {'num_train_steps': [4, 6]}} in rows
+  assert json.load(open(os.path.join(workdir, 'config.json')))['num_train_steps'] == 6

@@ -31,11 +31,11 @@ from typing import Any, Iterable, Mapping
 
 import ml_collections
 
+from flax_posemb import defaults
 from flax_posemb.experiments import paired, scales
 
 # Fields that do not change what a run computes: excluded from its identity (run key).
-_NON_SEMANTIC = ('progress_bar', 'checkpoint_every_steps', 'max_to_keep', 'data.num_workers',
-                 'data.prefetch', 'data.data_dir', 'model.check_positions')
+_NON_SEMANTIC = defaults.NON_SEMANTIC
 
 
 def new(name: str, title: str, question: str, scale: str = 'cpu') -> ml_collections.ConfigDict:

@@ -1,0 +1,211 @@
+"""What lives in a training workdir, apart from checkpoints: the lock, the run's config,
+and the outputs that a resume truncates.
+
+* ``.lock`` — held (``fcntl.flock``) by the one training process that writes the workdir;
+  it records the holder's host and pid for the message a second process gets. The kernel
+  releases the lock when its holder dies, even by ``kill -9``, so a lock is never stale on a
+  local filesystem; on a filesystem without working ``flock`` the recorded pid is checked.
+* ``config.json`` — the resolved config of the run. A resume compares the new config with
+  it (``config_changes``) and refuses changes of meaning unless ``allow_config_change``.
+* ``metrics.jsonl``, ``stats/window_STEP.npz``, ``tables/table_STEP.npy`` — outputs indexed
+  by step; ``truncate_outputs`` drops those after the restored step. Every file is written
+  under a hidden temporary name and renamed (``atomic_write``), so a kill or a full disk never
+  leaves a partial file under a result's name; leftovers of any kind are removed, never read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import glob
+import json
+import os
+import re
+import socket
+from typing import Any, Callable, Iterator
+
+from flax_posemb import defaults
+
+LOCK_FILE = '.lock'
+CONFIG_FILE = 'config.json'
+METRICS_FILE = 'metrics.jsonl'
+# Step-indexed outputs: subdirectory -> name pattern (group 1 = step).
+OUTPUTS = {'stats': re.compile(r'^window_(\d+)\.npz$'), 'tables': re.compile(r'^table_(\d+)\.npy$')}
+
+
+class WorkdirError(ValueError):
+  """The workdir cannot be used as asked (locked, config changed, outputs without checkpoints)."""
+
+
+@contextlib.contextmanager
+def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
+  """Opens a hidden temporary beside ``path``; renames it to ``path`` only if the block ends
+  without an exception (the temporary is removed otherwise)."""
+  directory, name = os.path.split(path)
+  os.makedirs(directory or '.', exist_ok=True)
+  tmp = os.path.join(directory, f'.{name}.tmp')
+  try:
+    with open(tmp, mode) as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+class Lock:
+  """Exclusive lock on a workdir for one training process (see the module docstring)."""
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, LOCK_FILE)
+    self._fd = None
+
+  def __enter__(self) -> 'Lock':
+    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      os.close(fd)
+      if e.errno not in (errno.EAGAIN, errno.EACCES):
+        raise
+      raise WorkdirError(
+          f'{os.path.dirname(self.path)} is in use by another training process '
+          f'({self._holder()}). Wait for it to finish or stop it; two processes must not '
+          'write one workdir.') from None
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({'host': socket.gethostname(), 'pid': os.getpid()}).encode())
+    os.fsync(fd)
+    self._fd = fd
+    return self
+
+  def _holder(self) -> str:
+    try:
+      with open(self.path) as f:
+        h = json.load(f)
+      return f"host {h['host']}, pid {h['pid']}"
+    except (OSError, ValueError, KeyError):
+      return 'holder unknown'
+
+  def __exit__(self, *exc) -> None:
+    if self._fd is not None:
+      with contextlib.suppress(OSError):
+        os.remove(self.path)
+      os.close(self._fd)
+      self._fd = None
+
+
+def _flat(d: dict[str, Any], prefix: str = '') -> dict[str, Any]:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
+def _may_change(key: str) -> bool:
+  return any(key == f or key.startswith(f + '.') for f in defaults.RESUME_MAY_CHANGE)
+
+
+def saved_config(workdir: str) -> dict[str, Any] | None:
+  """The run's ``config.json``, or None if absent."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
+  """Fields whose value changes the run's meaning, ``{'a.b': [saved, new]}`` (dotted keys)."""
+  old, new = _flat(saved), _flat(json.loads(config.to_json_best_effort()))
+  return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
+          if old.get(k) != new.get(k) and not _may_change(k)}
+
+
+def check_resume_config(workdir: str, config: Any) -> dict[str, list[Any]]:
+  """Raises ``WorkdirError`` listing meaningful changes since the run's ``config.json``,
+  unless ``config.allow_config_change``; returns the changes (empty if none)."""
+  saved = saved_config(workdir)
+  changes = {} if saved is None else config_changes(saved, config)
+  if changes and not config.get('allow_config_change', False):
+    listed = '; '.join(f'{k}: {a!r} -> {b!r}' for k, a, b in
+                       ((k, *v) for k, v in list(changes.items())[:8]))
+    raise WorkdirError(
+        f'{workdir} holds a run with another config ({listed}). Nothing was changed. Resume '
+        'with the original values, use a fresh --workdir, or pass '
+        '--config.allow_config_change=True to continue with the new values (recorded in '
+        'metrics.jsonl).')
+  return changes
+
+
+def write_config(workdir: str, config: Any) -> None:
+  """Writes ``config.json`` (atomically)."""
+  with atomic_write(os.path.join(workdir, CONFIG_FILE), 'w') as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+
+def step_outputs(workdir: str) -> list[tuple[int, str]]:
+  """``(step, path)`` of every finished step-indexed output file."""
+  out = []
+  for sub, pattern in OUTPUTS.items():
+    for path in glob.glob(os.path.join(workdir, sub, '*')):
+      m = pattern.match(os.path.basename(path))
+      if m:
+        out.append((int(m.group(1)), path))
+  return sorted(out)
+
+
+def check_fresh_start(workdir: str) -> None:
+  """Refuses to start over on a workdir that has trained outputs but no checkpoints (a
+  missing ``checkpoints/`` would otherwise wipe them)."""
+  trained = [p for s, p in step_outputs(workdir) if s > 0]
+  if trained or _metric_rows(workdir):
+    raise WorkdirError(
+        f'{workdir} has outputs of a trained run ({METRICS_FILE}, {len(trained)} window/table '
+        'files) but no checkpoint to resume from. Nothing was changed. Restore its '
+        "checkpoints/ directory, use a fresh --workdir, or delete the old outputs.")
+
+
+def _metric_rows(workdir: str) -> list[str]:
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [line for line in f if line.strip()]
+
+
+def truncate_outputs(workdir: str, step: int) -> None:
+  """Drops metrics rows and output files after ``step``, half-written lines and leftover
+  temporaries of any name (a killed run's)."""
+  rows = _metric_rows(workdir)
+  if rows:
+    keep = []
+    for line in rows:
+      try:
+        if json.loads(line)['step'] <= step:
+          keep.append(line)
+      except (ValueError, KeyError, TypeError):
+        continue  # A half-written last line of a killed run.
+    with atomic_write(os.path.join(workdir, METRICS_FILE), 'w') as f:
+      f.writelines(keep)
+  for s, path in step_outputs(workdir):
+    if s > step:
+      os.remove(path)
+  for sub, pattern in OUTPUTS.items():
+    for path in glob.glob(os.path.join(workdir, sub, '*')) + glob.glob(
+        os.path.join(workdir, sub, '.*')):
+      name = os.path.basename(path)
+      if re.match(r'^\.?(window|table)_', name) and not pattern.match(name):
+        os.remove(path)  # e.g. window_5.npz.tmp.npz, .table_5.npy.tmp
+
+
+def append_row(workdir: str, row: dict[str, Any], default: Callable[[Any], Any] = float):
+  """Appends one JSON row to ``metrics.jsonl``."""
+  with open(os.path.join(workdir, METRICS_FILE), 'a') as f:
+    f.write(json.dumps(row, default=default) + '\n')

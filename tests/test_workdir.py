@@ -1,0 +1,155 @@
+"""The workdir's guarantees: one writer, no partial outputs, no silent config change, no
+silent restart over a trained run (flax_posemb.workdir and the loop that uses it)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from conftest import ROOT, SUBPROCESS_ENV, tiny_config
+
+from flax_posemb import checkpointing, data as data_lib, training, workdir
+
+
+def test_second_writer_is_refused_with_the_holder_named(tmp_path):
+  with workdir.Lock(str(tmp_path)):
+    with pytest.raises(workdir.WorkdirError, match=f'pid {os.getpid()}.*two processes'):
+      with workdir.Lock(str(tmp_path)):
+        pass
+  with workdir.Lock(str(tmp_path)):  # released on exit
+    pass
+
+
+def test_lock_of_a_killed_holder_is_not_stale(tmp_path):
+  script = textwrap.dedent('''
+      import sys, time
+      from flax_posemb import workdir
+      with workdir.Lock(sys.argv[1]):
+        print('LOCKED', flush=True)
+        time.sleep(60)
+  ''')
+  proc = subprocess.Popen([sys.executable, '-c', script, str(tmp_path)], env=SUBPROCESS_ENV,
+                          stdout=subprocess.PIPE, text=True)
+  try:
+    assert proc.stdout.readline().strip() == 'LOCKED'
+    with pytest.raises(workdir.WorkdirError, match=f'pid {proc.pid}'):
+      workdir.Lock(str(tmp_path)).__enter__()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    with workdir.Lock(str(tmp_path)):  # the kernel released it
+      pass
+  finally:
+    proc.kill()
+
+
+def test_atomic_write_leaves_no_file_when_the_writer_fails(tmp_path):
+  path = str(tmp_path / 'tables' / 'table_5.npy')
+  with pytest.raises(OSError):
+    with workdir.atomic_write(path) as f:
+      f.write(b'partial')
+      raise OSError(28, 'No space left on device')
+  assert os.listdir(tmp_path / 'tables') == []
+
+
+def test_resume_cleans_leftovers_of_a_killed_write(tmp_path):
+  wd = str(tmp_path / 'w')
+  os.makedirs(os.path.join(wd, 'stats'))
+  os.makedirs(os.path.join(wd, 'tables'))
+  junk = [os.path.join(wd, 'stats', 'window_5.npz.tmp.npz'),
+          os.path.join(wd, 'stats', '.window_5.npz.tmp'),
+          os.path.join(wd, 'tables', '.table_5.npy.tmp')]
+  for p in junk:
+    open(p, 'w').close()
+  c = tiny_config()
+  c.num_train_steps, c.eval_every_steps = 5, 0
+  assert training.train_and_evaluate(c, wd)['step'] == 5
+  assert not any(os.path.exists(p) for p in junk)
+  assert os.path.exists(os.path.join(wd, 'stats', 'window_5.npz'))
+
+
+def test_outputs_without_checkpoints_are_never_wiped(tmp_path):
+  wd = str(tmp_path / 'w')
+  c = tiny_config()
+  c.num_train_steps, c.eval_every_steps = 5, 0
+  training.train_and_evaluate(c, wd)
+  os.rename(os.path.join(wd, 'checkpoints'), str(tmp_path / 'moved'))
+  with open(os.path.join(wd, 'metrics.jsonl')) as f:
+    before = f.read()
+  with pytest.raises(workdir.WorkdirError, match='no checkpoint to resume from'):
+    training.train_and_evaluate(c, wd)
+  with open(os.path.join(wd, 'metrics.jsonl')) as f:
+    assert f.read() == before
+  assert os.path.exists(os.path.join(wd, 'stats', 'window_5.npz'))
+
+
+def test_resume_with_another_policy_names_the_change_not_corruption(tmp_path):
+  wd = str(tmp_path / 'w')
+  c = tiny_config()
+  c.num_train_steps, c.eval_every_steps = 5, 0
+  training.train_and_evaluate(c, wd)
+  c.data.position_policy = 'packed'
+  c.optimizer.learning_rate = 1e-2
+  with pytest.raises(workdir.WorkdirError) as e:
+    training.train_and_evaluate(c, wd)
+  msg = str(e.value)
+  assert "data.position_policy: 'natural' -> 'packed'" in msg
+  assert 'optimizer.learning_rate' in msg and 'corrupt' not in msg
+  assert json.load(open(os.path.join(wd, 'config.json')))['data']['position_policy'] == 'natural'
+
+
+def test_log_and_eval_settings_may_change_on_resume(tmp_path):
+  wd = str(tmp_path / 'w')
+  c = tiny_config()
+  c.num_train_steps, c.eval_every_steps, c.log_every_steps = 10, 0, 5
+  c.checkpoint_every_steps = 5
+  training.train_and_evaluate(c, wd)
+  c.eval.num_windows, c.log_every_steps, c.progress_bar = 4, 2, False
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 10
+
+
+def test_diverged_finite_loss_stops_before_it_is_saved(tmp_path):
+  wd = str(tmp_path / 'w')
+  c = tiny_config()
+  c.divergence_loss = 0.5  # below the initial loss: the first step "diverges"
+  with pytest.raises(training.NonFiniteLossError, match='Diverged .*step 1'):
+    training.train_and_evaluate(c, wd)
+  assert checkpointing.restore_params(wd)[2] == 0
+  assert training.divergence_bound(tiny_config()) == pytest.approx(3 * np.log(64))
+
+
+def test_sigterm_during_setup_leaves_a_resumable_workdir(tmp_path, monkeypatch):
+  real = data_lib.make_train_iterator
+
+  def make_iterator_then_sigterm(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.1)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(data_lib, 'make_train_iterator', make_iterator_then_sigterm)
+  wd = str(tmp_path / 'w')
+  result = training.train_and_evaluate(tiny_config(), wd)
+  assert result['preempted'] and result['step'] == 0
+  assert checkpointing.restore_params(wd)[2] == 0
+  monkeypatch.setattr(data_lib, 'make_train_iterator', real)
+  c = tiny_config()
+  c.num_train_steps, c.eval_every_steps = 3, 0
+  c.allow_config_change = True
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 0
+
+
+def test_a_failing_tensorboard_flush_does_not_hide_the_first_error(tmp_path):
+  log = training.StatsLog(str(tmp_path), 4, True, 0)
+
+  class Broken:
+    def close(self):
+      raise OSError(28, 'No space left on device')
+
+  log._writer = Broken()  # pylint: disable=protected-access
+  log.close(failing=True)  # logged, not raised
+  with pytest.raises(OSError):
+    log.close(failing=False)
