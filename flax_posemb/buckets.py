@@ -20,10 +20,12 @@ covariance between buckets (they share windows), used for the standard errors of
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
 import numpy as np
+import scipy.stats
 
 Z95 = 1.959963984540054  # Two-sided 95% normal quantile.
 
@@ -106,9 +108,14 @@ class BucketAccumulator:
     self.cc = np.zeros((nb, nb))  # sum_w c_wi c_wj
     self.nn = np.zeros((nb, nb))  # windows with tokens in both i and j
     self.windows = 0  # windows with any scored token
+    # Per-window sums of the windows with a scored token (O(W nb)): saved with every
+    # evaluation so that two runs on the same windows can be compared pairwise.
+    self._ids: list[np.ndarray] = []
+    self._sums: list[np.ndarray] = []
+    self._counts: list[np.ndarray] = []
 
   def add(self, pos_loss_sum: np.ndarray, pos_count: np.ndarray, win_sum: np.ndarray,
-          win_count: np.ndarray) -> None:
+          win_count: np.ndarray, window_ids: np.ndarray | None = None) -> None:
     """Adds one batch.
 
     Args:
@@ -116,9 +123,17 @@ class BucketAccumulator:
       pos_count: [L] scored tokens per position.
       win_sum: [B, nb] summed loss per window and bucket.
       win_count: [B, nb] scored tokens per window and bucket.
+      window_ids: [B] uint64 identity of each window's text and positions (``window_ids``),
+        or None (then windows are numbered in arrival order).
     """
     s = np.asarray(win_sum, np.float64)
     c = np.asarray(win_count, np.float64)
+    real = c.sum(1) > 0
+    if window_ids is None:
+      window_ids = np.arange(self.windows, self.windows + len(c), dtype=np.uint64)
+    self._ids.append(np.asarray(window_ids, np.uint64)[real])
+    self._sums.append(s[real])
+    self._counts.append(c[real])
     self.loss_sum += np.asarray(pos_loss_sum, np.float64)
     self.count += np.asarray(pos_count, np.float64)
     present = (c > 0).astype(np.float64)
@@ -225,6 +240,15 @@ class BucketAccumulator:
     out['slope_stderr'] = _num(math.sqrt(max(var, 0.0)) if np.isfinite(var) else math.nan)
     return out
 
+  def per_window(self) -> dict[str, np.ndarray]:
+    """``window_id`` [W] (uint64), ``win_sum`` and ``win_count`` [W, nb], ``edges`` [nb + 1]:
+    what ``paired_difference`` needs (the contents of ``windows.npz``)."""
+    nb = len(self.edges) - 1
+    cat = lambda xs, shape: np.concatenate(xs) if xs else np.zeros(shape)  # noqa: E731
+    return {'window_id': cat(self._ids, (0,)).astype(np.uint64),
+            'win_sum': cat(self._sums, (0, nb)), 'win_count': cat(self._counts, (0, nb)),
+            'edges': self.edges.copy()}
+
   def per_position(self) -> dict[str, np.ndarray]:
     """Per-position vectors: position, loss_sum, count, loss (nan where unscored), all [L]."""
     with np.errstate(invalid='ignore', divide='ignore'):
@@ -237,3 +261,75 @@ def _num(x: float) -> float | None:
   """A float for JSON: None instead of nan/inf."""
   x = float(x)
   return x if math.isfinite(x) else None
+
+
+def window_ids(inputs: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+  """[B] uint64 identity of each window (row): a hash of its tokens, positions and scored
+  targets, so two evaluations pair up exactly when they scored the same text at the same rows.
+  """
+  out = np.empty(len(inputs), np.uint64)
+  for i in range(len(inputs)):
+    h = hashlib.blake2b(digest_size=8)
+    for a in (inputs[i], positions[i], loss_mask[i]):
+      h.update(np.ascontiguousarray(a).tobytes())
+    out[i] = np.frombuffer(h.digest(), np.uint64)[0]
+  return out
+
+
+def paired_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
+                      names: tuple[str, str] = ('A', 'B')) -> list[dict[str, Any]]:
+  """Per-bucket loss difference A - B over the windows both evaluations scored, with the
+  paired (window-clustered) standard error and a t interval.
+
+  With per-window sums s, counts c and bucket means L = sum s / sum c, each window
+  contributes ``r_w = (s_A - L_A c_A) / C_A - (s_B - L_B c_B) / C_B`` (C = sum of counts), and
+  ``Var(L_A - L_B) = n / (n - 1) * sum_w r_w^2``: the delta-method variance of a difference of
+  ratio estimators on shared clusters. When every window has equal counts in both runs this is
+  the spread of the per-window differences of means over sqrt(n). A - A gives 0 +- 0.
+
+  Args:
+    a, b: ``BucketAccumulator.per_window()`` dicts (``windows.npz`` contents).
+    names: labels used in error messages.
+
+  Returns:
+    One dict per bucket: ``start``, ``end``, ``windows``, ``loss_a``, ``loss_b``, ``diff``,
+    ``stderr``, ``ci95`` (t quantile, n - 1 degrees of freedom), ``unpaired_stderr``
+    (``sqrt(se_A^2 + se_B^2)``, what the pairing saves).
+
+  Raises:
+    ValueError: different bucket edges or window sets (named, with the fix).
+  """
+  if not np.array_equal(a['edges'], b['edges']):
+    raise ValueError(f'{names[0]} and {names[1]} were evaluated with different bucket edges '
+                     f'({list(a["edges"])} vs {list(b["edges"])}); evaluate both with the same '
+                     '--bucket_size/--bucket_edges.')
+  ia, ib = np.asarray(a['window_id']), np.asarray(b['window_id'])
+  if len(np.unique(ia)) != len(ia) or set(ia.tolist()) != set(ib.tolist()):
+    only_a, only_b = len(set(ia.tolist()) - set(ib.tolist())), len(set(ib.tolist()) - set(ia.tolist()))
+    raise ValueError(
+        f'{names[0]} and {names[1]} were evaluated on different windows ({only_a} only in '
+        f'{names[0]}, {only_b} only in {names[1]}, of {len(ia)} and {len(ib)}); a paired '
+        'comparison needs the same texts: evaluate both with the same data, split, window '
+        'length, --window_start, --num_windows and eval seed.')
+  order = np.argsort(ib)[np.searchsorted(np.sort(ib), ia)]
+  sa, ca = np.asarray(a['win_sum'], np.float64), np.asarray(a['win_count'], np.float64)
+  sb, cb = np.asarray(b['win_sum'], np.float64)[order], np.asarray(b['win_count'], np.float64)[order]
+  rows = []
+  for i in range(len(a['edges']) - 1):
+    present = (ca[:, i] > 0) | (cb[:, i] > 0)
+    n, ta, tb = int(present.sum()), ca[:, i].sum(), cb[:, i].sum()
+    row = {'start': int(a['edges'][i]), 'end': int(a['edges'][i + 1]), 'windows': n}
+    if n < 2 or ta <= 0 or tb <= 0:
+      rows.append(dict(row, loss_a=None, loss_b=None, diff=None, stderr=None,
+                       ci95=[None, None], unpaired_stderr=None))
+      continue
+    la, lb = sa[:, i].sum() / ta, sb[:, i].sum() / tb
+    ra, rb = (sa[:, i] - la * ca[:, i]) / ta, (sb[:, i] - lb * cb[:, i]) / tb
+    factor = n / (n - 1)
+    se = math.sqrt(factor * np.sum((ra - rb) ** 2))
+    unpaired = math.sqrt(factor * (np.sum(ra ** 2) + np.sum(rb ** 2)))
+    q = float(scipy.stats.t.ppf(0.975, n - 1))
+    rows.append(dict(row, loss_a=float(la), loss_b=float(lb), diff=float(la - lb),
+                     stderr=se, ci95=[float(la - lb - q * se), float(la - lb + q * se)],
+                     unpaired_stderr=unpaired))
+  return rows

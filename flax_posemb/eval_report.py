@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from flax_posemb import buckets as buckets_lib
 from flax_posemb import plots
 
 
@@ -56,6 +57,9 @@ def json_safe(x: Any) -> Any:
   return x
 
 
+# Every file an evaluation directory can hold (removed before a new evaluation writes there).
+OUTPUT_FILES = ('results.json', 'per_position.npz', 'windows.npz', 'buckets.csv',
+                'loss_by_position.png', 'offsets.csv', 'offsets.png')
 CSV_COLUMNS = ('start', 'end', 'tokens', 'windows', 'loss', 'stderr', 'ci95_lo', 'ci95_hi',
                'bits_per_token', 'bayes_loss', 'filter_loss', 'excess_loss', 'recovered')
 
@@ -70,13 +74,20 @@ def _csv_rows(rows: list[dict[str, Any]], prefix: dict[str, Any] | None = None) 
 
 
 def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], out_dir: str,
-                  title: str = '') -> dict[str, str]:
-  """Writes results.json, per_position.npz, buckets.csv and loss_by_position.png (+ offsets).
+                  title: str = '', per_window: dict[str, np.ndarray] | None = None
+                  ) -> dict[str, str]:
+  """Writes results.json, per_position.npz, windows.npz, buckets.csv and loss_by_position.png
+  (+ offsets) into a fresh ``out_dir`` (files of an earlier evaluation there are removed first,
+  so nothing stale is left beside them).
 
   Returns:
-    Paths by kind: 'json', 'npz', 'csv', 'plot' and, with an offset probe, 'offsets_csv',
-    'offsets_plot'.
+    Paths by kind: 'json', 'npz', 'windows', 'csv', 'plot' and, with an offset probe,
+    'offsets_csv', 'offsets_plot'.
   """
+  if os.path.isdir(out_dir):
+    for name in OUTPUT_FILES:
+      if os.path.exists(os.path.join(out_dir, name)):
+        os.remove(os.path.join(out_dir, name))
   os.makedirs(out_dir, exist_ok=True)
   files = {'json': os.path.join(out_dir, 'results.json'),
            'npz': os.path.join(out_dir, 'per_position.npz'),
@@ -84,6 +95,9 @@ def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], 
   with open(files['json'], 'w') as f:
     json.dump(json_safe(results), f, indent=1)
   np.savez(files['npz'], **per_position)
+  if per_window is not None:
+    files['windows'] = os.path.join(out_dir, 'windows.npz')
+    np.savez(files['windows'], **per_window)
   with open(files['csv'], 'w') as f:
     f.write('\n'.join([','.join(CSV_COLUMNS)] + _csv_rows(results['buckets'])) + '\n')
   files['plot'] = plots.loss_by_position(per_position, results,
@@ -115,16 +129,23 @@ def format_offsets(probe: dict[str, Any]) -> str:
   return '\n'.join(lines)
 
 
-def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: str) -> dict[str, Any]:
-  """One comparison table, CSV, JSON and plot of several runs' bucket losses.
+def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: str,
+            per_window: Sequence[dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
+  """Comparison of several runs: each run's bucket losses, and with ``per_window`` the paired
+  difference of every run minus the first over their shared windows.
 
   Args:
     labels: one name per run.
     results: results.json dicts evaluated with the same bucket edges.
     out_dir: output directory.
+    per_window: each run's ``windows.npz`` contents (``BucketAccumulator.per_window``), or
+      None (then no paired differences).
 
   Returns:
-    {'files': {'json', 'csv', 'plot'}, 'table': text}.
+    {'files': {'json', 'csv', 'plot'}, 'table': text, 'paired': [{'label', 'minus', 'buckets'}]}.
+
+  Raises:
+    ValueError: different buckets, or (paired) different windows.
   """
   spans = [[(b['start'], b['end']) for b in r['buckets']] for r in results]
   for label, s in zip(labels[1:], spans[1:]):
@@ -133,6 +154,10 @@ def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: s
           f'runs {labels[0]!r} and {label!r} were evaluated on different windows / buckets '
           f'(last bucket ends at {spans[0][-1][1]} vs {s[-1][1]}); compare runs of equal '
           'context length, or pass the same --bucket_edges covering the shorter window.')
+  paired = []
+  if per_window is not None:
+    paired = [{'label': l, 'minus': labels[0], 'buckets': buckets_lib.paired_difference(
+        w, per_window[0], (l, labels[0]))} for l, w in zip(labels[1:], per_window[1:])]
   os.makedirs(out_dir, exist_ok=True)
   files = {'json': os.path.join(out_dir, 'comparison.json'),
            'csv': os.path.join(out_dir, 'comparison.csv')}
@@ -144,28 +169,42 @@ def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: s
     rows.append(row)
   summary = {'runs': [{'label': l, 'step': r.get('step'), 'workdir': r.get('workdir'),
                        'overall': r['overall'], 'degradation': r['degradation']}
-                      for l, r in zip(labels, results)], 'buckets': rows}
+                      for l, r in zip(labels, results)], 'buckets': rows, 'paired': paired}
   with open(files['json'], 'w') as f:
     json.dump(json_safe(summary), f, indent=1)
   head = ['start', 'end'] + [f'{l}_{k}' for l in labels for k in ('loss', 'stderr')]
+  head += [f'{p["label"]}_minus_{p["minus"]}_{k}' for p in paired for k in ('diff', 'stderr')]
   lines = [','.join(head)]
-  for row in rows:
+  for i, row in enumerate(rows):
     vals = [row['start'], row['end']] + [row[l][k] for l in labels for k in ('loss', 'stderr')]
+    vals += [p['buckets'][i][k] for p in paired for k in ('diff', 'stderr')]
     lines.append(','.join('' if v is None else str(v) for v in vals))
   with open(files['csv'], 'w') as f:
     f.write('\n'.join(lines) + '\n')
-  files['plot'] = plots.comparison(labels, results, os.path.join(out_dir, 'comparison.png'))
+  files['plot'] = plots.comparison(labels, results, os.path.join(out_dir, 'comparison.png'),
+                                   paired=paired)
+  return {'files': files, 'table': _comparison_table(labels, results, rows, paired),
+          'paired': paired}
+
+
+def _comparison_table(labels, results, rows, paired) -> str:
   width = max(16, max(len(l) for l in labels) + 1)
-  text = [f'{"bucket":>13} ' + ' '.join(f'{l:>{width}}' for l in labels)]
-  for row in rows:
+  diffs = [f'{p["label"]}-{p["minus"]}' for p in paired]
+  text = [f'{"bucket":>13} ' + ' '.join(f'{l:>{width}}' for l in labels + diffs)]
+  for i, row in enumerate(rows):
     span = f"[{row['start']}, {row['end']})"
     cells = ['-' if row[l]['loss'] is None else f"{row[l]['loss']:.4f}+-{row[l]['stderr'] or 0:.4f}"
              for l in labels]
+    cells += ['-' if p['buckets'][i]['diff'] is None else
+              f"{p['buckets'][i]['diff']:+.4f}+-{p['buckets'][i]['stderr']:.4f}" for p in paired]
     text.append(f'{span:>13} ' + ' '.join(f'{c:>{width}}' for c in cells))
   deg = [f"{l}: last-best {_fmt(r['degradation']['last_minus_best'])}"
          f" +- {_fmt(r['degradation']['last_minus_best_stderr'])}" for l, r in zip(labels, results)]
   text.append('; '.join(deg))
-  return {'files': files, 'table': '\n'.join(text)}
+  if paired:
+    text.append('differences: paired over the shared windows (+- stderr; 95% t intervals in '
+                'comparison.json)')
+  return '\n'.join(text)
 
 
 def _fmt(x: float | None) -> str:

@@ -49,9 +49,11 @@ class EvalOutput:
     results: the results.json dict (JSON-serializable).
     per_position: {'position', 'loss_sum', 'count', 'loss', ['bayes_loss', 'filter_loss']}, each
       [L]; for the offset probe also 'offset_loss' [num_offsets, L'] and 'offset_count'.
+    per_window: `BucketAccumulator.per_window()` of the plain evaluation (windows.npz).
   """
   results: dict[str, Any]
   per_position: dict[str, np.ndarray]
+  per_window: dict[str, np.ndarray] | None = None
 
 
 @functools.lru_cache(maxsize=16)
@@ -173,9 +175,10 @@ def accumulate(apply_fn: ApplyFn, params, batches: Iterable[dict[str, np.ndarray
     dev = {k: jax.make_array_from_process_local_data(data_sharding, v[proc * per:(proc + 1) * per],
                                                      v.shape)
            for k, v in batch.items()}
+    ids = buckets_lib.window_ids(batch['inputs'], batch['positions'], batch['loss_mask'])
     for acc, k in zip(accs, offsets):
       out = jax.device_get(step(params, dev, jnp.int32(k)))
-      acc.add(out['loss_sum'], out['count'], out['win_sum'], out['win_count'])
+      acc.add(out['loss_sum'], out['count'], out['win_sum'], out['win_count'], ids)
   if rows is None:
     raise ValueError('no evaluation batches: the split produced no windows; '
                      'check the split name and that its documents are long enough.')
@@ -192,7 +195,7 @@ def summarize(acc: buckets_lib.BucketAccumulator, *, step: int | None = None,
     per_position.update(reference)
   results = {'step': step, 'buckets': acc.buckets(reference), 'overall': acc.overall(),
              'degradation': acc.degradation()}
-  return EvalOutput(results, per_position)
+  return EvalOutput(results, per_position, acc.per_window())
 
 
 def _eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -287,7 +290,12 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
     probes = passes(window, offsets)
     out.results['offset_probe'] = {
         'note': OFFSET_NOTE, 'window_len': window, 'offsets': offsets,
-        'by_offset': [dict(offset=k, **p.results) for k, p in zip(offsets, probes)]}
+        'by_offset': [dict(offset=k, **p.results) for k, p in zip(offsets, probes)],
+        # The same windows at every K: K - K0 per bucket with a paired interval.
+        'paired_vs_first': [
+            {'offset': k, 'minus_offset': offsets[0], 'buckets': buckets_lib.paired_difference(
+                p.per_window, probes[0].per_window, (f'K={k}', f'K={offsets[0]}'))}
+            for k, p in zip(offsets[1:], probes[1:])]}
     out.per_position['offsets'] = np.asarray(offsets)
     out.per_position['offset_loss'] = np.stack([p.per_position['loss'] for p in probes])
     out.per_position['offset_count'] = np.stack([p.per_position['count'] for p in probes])

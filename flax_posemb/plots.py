@@ -75,12 +75,14 @@ def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any
 
 
 def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]],
-               path: str | os.PathLike[str]) -> str:
-  """Bucket loss (95% CI) of several runs on one axis; excess over Bayes below if available."""
+               path: str | os.PathLike[str], paired: Sequence[dict[str, Any]] = ()) -> str:
+  """Bucket loss (95% CI) of several runs; excess over Bayes if available; and, with
+  ``paired`` differences (``eval_report.compare``), a panel of each run minus the first with
+  its paired 95% interval."""
   arrays = [_bucket_arrays(r) for r in results]
   synth = all('bayes_loss' in a for a in arrays)
-  fig, axes = plt.subplots(2 if synth else 1, 1, figsize=(8, 6.5 if synth else 4.2), sharex=True,
-                           squeeze=False)
+  n = 1 + int(synth) + int(bool(paired))
+  fig, axes = plt.subplots(n, 1, figsize=(8, 2.2 + 2.2 * n), sharex=True, squeeze=False)
   for i, (label, a) in enumerate(zip(labels, arrays)):
     axes[0, 0].errorbar(a['mid'], a['loss'], yerr=1.96 * a['stderr'], fmt='o-', capsize=3,
                         color=f'C{i}', label=label)
@@ -91,6 +93,19 @@ def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]],
     axes[0, 0].plot(arrays[0]['mid'], arrays[0]['bayes_loss'], 'k-', lw=1, label='Bayes')
     axes[1, 0].axhline(0.0, color='k', lw=0.8)
     axes[1, 0].set_ylabel('excess loss over Bayes')
+  if paired:
+    ax = axes[-1, 0]
+    for j, p in enumerate(paired):
+      rows = [r for r in p['buckets'] if r['diff'] is not None]
+      mid = np.array([(r['start'] + r['end'] - 1) / 2 for r in rows])
+      diff = np.array([r['diff'] for r in rows])
+      lo = diff - np.array([r['ci95'][0] for r in rows])
+      hi = np.array([r['ci95'][1] for r in rows]) - diff
+      ax.errorbar(mid, diff, yerr=[lo, hi], fmt='o-', capsize=3, color=f'C{j + 1}',
+                  label=f"{p['label']} - {p['minus']}")
+    ax.axhline(0.0, color='k', lw=0.8)
+    ax.set_ylabel('paired difference (nats)')
+    ax.legend(fontsize=8)
   axes[0, 0].set_ylabel('loss (nats / token)')
   axes[0, 0].legend(fontsize=8)
   axes[0, 0].set_title('loss by position bucket')

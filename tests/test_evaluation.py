@@ -207,6 +207,13 @@ def test_run_evaluation_offsets_zero_equals_plain_on_synthetic_windows():
   np.testing.assert_array_equal(out.per_position['offset_count'][0], out.per_position['offset_count'][1])
   np.testing.assert_allclose(out.per_position['offset_loss'][0], out.per_position['loss'][:24],
                              rtol=1e-5)  # causal: first 24 tokens score the same in longer windows
+  # K - 0 per bucket, paired over the same windows.
+  k8, = probe['paired_vs_first']
+  assert (k8['offset'], k8['minus_offset']) == (8, 0)
+  for d, b8, b0 in zip(k8['buckets'], probe['by_offset'][1]['buckets'],
+                       probe['by_offset'][0]['buckets']):
+    assert d['diff'] == pytest.approx(b8['loss'] - b0['loss'], abs=1e-9)
+    assert d['stderr'] <= d['unpaired_stderr']
 
 
 def test_run_evaluation_offset_leaving_no_window_is_a_clear_error():
@@ -265,3 +272,56 @@ def test_every_position_id_the_model_sees_is_checked_on_the_host(where, value, m
   with pytest.raises(ValueError, match=match):
     evaluation.accumulate(evaluation.model_apply_fn(model), params, [batch],
                           np.array([0, 8, 16]), max_len=T)
+
+
+def _accumulate_windows(shift=0.0, seed=0, n=40, nb=3):
+  """Synthetic per-window sums: a common per-window difficulty plus run-specific noise."""
+  rng = np.random.default_rng(seed)
+  edges = np.array([0, 4, 8, 12])
+  acc = buckets_lib.BucketAccumulator(edges)
+  difficulty = np.random.default_rng(99).normal(0, 1.0, (n, 1))
+  counts = np.full((n, nb), 4.0)
+  means = 2.0 + difficulty + shift + rng.normal(0, 0.05, (n, nb))
+  acc.add(np.zeros(12), np.zeros(12), means * counts, counts,
+          np.arange(n, dtype=np.uint64) + 1000)
+  return acc
+
+
+def test_per_window_sums_give_exactly_the_bucket_means():
+  acc = _accumulate_windows()
+  w = acc.per_window()
+  means = w['win_sum'].sum(0) / w['win_count'].sum(0)
+  np.testing.assert_allclose(means, [b['loss'] for b in acc.buckets()], rtol=1e-12)
+
+
+def test_a_minus_a_is_zero_with_zero_stderr_and_pairing_narrows_the_interval():
+  a, b = _accumulate_windows(), _accumulate_windows(shift=0.1, seed=1)
+  same = buckets_lib.paired_difference(a.per_window(), a.per_window())
+  assert all(r['diff'] == 0.0 and r['stderr'] == 0.0 for r in same)
+  diff = buckets_lib.paired_difference(b.per_window(), a.per_window())
+  for r in diff:
+    assert r['diff'] == pytest.approx(0.1, abs=0.05)
+    assert r['stderr'] < r['unpaired_stderr'] / 5  # the shared difficulty cancels
+    assert r['ci95'][0] < r['diff'] < r['ci95'][1]
+  # Window order does not matter: pairing is by window identity.
+  pw = a.per_window()
+  rev = {k: (v[::-1] if k != 'edges' else v) for k, v in pw.items()}
+  assert buckets_lib.paired_difference(b.per_window(), rev)[0]['diff'] == diff[0]['diff']
+
+
+def test_paired_difference_refuses_runs_on_different_windows():
+  a = _accumulate_windows()
+  w = a.per_window()
+  other = dict(w, window_id=w['window_id'] + 1)
+  with pytest.raises(ValueError, match='different windows'):
+    buckets_lib.paired_difference(w, other, ('a', 'b'))
+
+
+def test_window_ids_depend_on_text_positions_and_scoring():
+  x = np.arange(8, dtype=np.int32).reshape(2, 4)
+  pos = np.tile(np.arange(4, dtype=np.int32), (2, 1))
+  mask = np.ones((2, 4), np.float32)
+  ids = buckets_lib.window_ids(x, pos, mask)
+  assert ids[0] != ids[1]
+  assert buckets_lib.window_ids(x, pos + 1, mask)[0] != ids[0]
+  assert (buckets_lib.window_ids(x, pos, mask) == ids).all()
