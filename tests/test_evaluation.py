@@ -213,7 +213,7 @@ def test_run_evaluation_offsets_zero_equals_plain_on_synthetic_windows():
   for d, b8, b0 in zip(k8['buckets'], probe['by_offset'][1]['buckets'],
                        probe['by_offset'][0]['buckets']):
     assert d['diff'] == pytest.approx(b8['loss'] - b0['loss'], abs=1e-9)
-    assert d['stderr'] <= d['unpaired_stderr']
+    assert d['stderr'] > 0 and d['ci95'][0] < d['diff'] < d['ci95'][1]
 
 
 def test_run_evaluation_offset_leaving_no_window_is_a_clear_error():
