@@ -39,13 +39,21 @@ def _bucket_arrays(results: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any],
                      path: str | os.PathLike[str], title: str = '') -> str:
+  """Writes ``loss_by_position_figure`` to ``path`` (PNG) and returns the path."""
+  return _save(loss_by_position_figure(per_position, results, title), path)
+
+
+def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[str, Any],
+                            title: str = ''):
   """Per-position loss [L] (thin), bucket means with 95% intervals, and the synthetic bounds.
 
   Args:
     per_position: {'position' [L], 'loss' [L], optional 'bayes_loss' [L], 'filter_loss' [L]}.
     results: results.json dict (its 'buckets').
-    path: output PNG.
     title: figure title.
+
+  Returns:
+    The matplotlib figure (TensorBoard takes it as an image).
   """
   b = _bucket_arrays(results)
   synth = 'recovered' in b
@@ -71,7 +79,7 @@ def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any
     ax2.axhline(0.0, color='gray', lw=0.8, ls='--')
     ax2.set_ylabel('recovered position value')
   axes[-1, 0].set_xlabel('position (= context length - 1)')
-  return _save(fig, path)
+  return fig
 
 
 def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]],

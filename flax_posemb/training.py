@@ -137,13 +137,46 @@ class StatsLog:
     return row
 
   def write(self, row: dict[str, Any]) -> None:
-    """Appends one row to metrics.jsonl (and eval loss to TensorBoard)."""
+    """Appends one row to metrics.jsonl."""
+    if self.lead:
+      workdir_lib.append_row(self.workdir, row)
+
+  def write_eval(self, step: int, results: dict[str, Any], per_position: dict[str, Any],
+                 title: str) -> None:
+    """Metrics row, console line and TensorBoard (overall and per-bucket loss, `recovered`,
+    degradation, the loss-by-position figure) of one periodic evaluation."""
+    self.write(dict(step=step, eval=results))
+    o, d = results['overall'], results['degradation']
+    logging.info('eval step %d: loss %.4f +- %.4f; last - best bucket %s', step, o['loss'],
+                 o['stderr'] or 0.0, d['last_minus_best'])
     if not self.lead:
       return
-    workdir_lib.append_row(self.workdir, row)
-    overall = row.get('eval', {}).get('overall', {})
-    if isinstance(overall, dict) and 'loss' in overall:
-      self._writer.add_scalar('eval/loss', overall['loss'], row['step'])
+    w = self._writer
+    w.add_scalar('eval/loss', o['loss'], step)
+    for k in ('last_minus_best', 'slope'):
+      if d.get(k) is not None:
+        w.add_scalar(f'eval/degradation/{k}', d[k], step)
+    for b in results['buckets']:
+      for k in ('loss', 'excess_loss', 'recovered'):
+        if b.get(k) is not None:
+          w.add_scalar(f'eval_bucket_{k}/{b["start"]:05d}-{b["end"]:05d}', b[k], step)
+    from flax_posemb import plots  # pylint: disable=g-import-not-at-top  (matplotlib)
+    w.add_figure('eval/loss_by_position', plots.loss_by_position_figure(
+        per_position, results, title), step)
+    self.last_eval = results
+
+  def write_hparams(self, config: ml_collections.ConfigDict) -> None:
+    """The config as TensorBoard hparams, with the last evaluation's loss as its metric."""
+    if not self.lead:
+      return
+    flat = workdir_lib.flat_config(config)
+    hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v)
+               for k, v in flat.items()}
+    ev = getattr(self, 'last_eval', None) or {}
+    metrics = {'hparam/eval_loss': (ev.get('overall') or {}).get('loss') or float('nan'),
+               'hparam/last_minus_best': (ev.get('degradation') or {}).get('last_minus_best')
+               or float('nan')}
+    self._writer.add_hparams(hparams, metrics, name='hparams', global_step=0)
 
   def close(self, *, failing: bool = False) -> None:
     """Flushes TensorBoard; while another error propagates (e.g. a full disk), a flush
@@ -328,9 +361,11 @@ class _Loop:
 
   def evaluate(self, state: step_lib.TrainState, step: int) -> dict[str, Any]:
     from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
-    res = evaluation.evaluate(self.model, state.params, self.config, step=step)
-    res = json.loads(json.dumps(res, default=float))
-    self.log.write(dict(step=step, eval=res))
+    out = evaluation.run_evaluation(self.model, state.params, self.config, step=step)
+    res = json.loads(json.dumps(out.results, default=float))
+    d = self.config.data
+    self.log.write_eval(step, res, out.per_position,
+                        f'{d.position_policy}, {self.config.model.position_init} init, step {step}')
     return res
 
   def run(self, state, train_step, dropout_rng, resumed_from, preempt) -> dict[str, Any]:
@@ -371,6 +406,7 @@ class _Loop:
           break
       if pending is not None:
         self.absorb(*pending)
+      self.log.write_hparams(c)
     finally:
       if bar is not None:
         bar.close()

@@ -108,6 +108,11 @@ def _flat(d: dict[str, Any], prefix: str = '') -> dict[str, Any]:
   return out
 
 
+def flat_config(config: Any) -> dict[str, Any]:
+  """``{'a.b': value}`` of a ConfigDict (JSON values)."""
+  return _flat(json.loads(config.to_json_best_effort()))
+
+
 def _may_change(key: str) -> bool:
   return any(key == f or key.startswith(f + '.') for f in defaults.RESUME_MAY_CHANGE)
 
@@ -123,7 +128,7 @@ def saved_config(workdir: str) -> dict[str, Any] | None:
 
 def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
   """Fields whose value changes the run's meaning, ``{'a.b': [saved, new]}`` (dotted keys)."""
-  old, new = _flat(saved), _flat(json.loads(config.to_json_best_effort()))
+  old, new = _flat(saved), flat_config(config)
   return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
           if old.get(k) != new.get(k) and not _may_change(k)}
 

@@ -339,3 +339,33 @@ def test_cli_train_eval_resume_with_statistics_off_and_a_table_file(tmp_path):
   assert [r['step'] for r in rows if 'loss' in r] == [2, 4, 6]
   assert {'step': 4, 'config_change': {'num_train_steps': [4, 6]}} in rows
   assert json.load(open(os.path.join(workdir, 'config.json')))['num_train_steps'] == 6
+
+
+def read_events(directory):
+  """(tag, step, kind) of every summary value in the event files under ``directory``."""
+  import glob as glob_lib  # pylint: disable=g-import-not-at-top
+  import struct  # pylint: disable=g-import-not-at-top
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  out = []
+  for path in glob_lib.glob(os.path.join(directory, '**', 'events.out.tfevents.*'),
+                            recursive=True):
+    data = open(path, 'rb').read()
+    i = 0
+    while i < len(data):  # TFRecord framing: length, crc, payload, crc
+      n, = struct.unpack('<Q', data[i:i + 8])
+      event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+      i += 12 + n + 4
+      for v in event.summary.value:
+        out.append((v.tag, event.step, v.WhichOneof('value'), os.path.relpath(path, directory)))
+  return out
+
+
+def test_tensorboard_gets_bucket_scalars_the_figure_and_hparams(tiny_run):
+  events = read_events(os.path.join(tiny_run[0], 'tensorboard'))
+  tags = {t for t, _, _, _ in events}
+  assert {'eval/loss', 'eval/degradation/last_minus_best', 'train/loss'} <= tags
+  buckets = sorted(t for t in tags if t.startswith('eval_bucket_loss/'))
+  assert len(buckets) == 4  # 32 positions, buckets of 8
+  assert sorted(s for t, s, _, _ in events if t == buckets[-1]) == [10, 20]
+  assert any(t == 'eval/loss_by_position' and kind == 'image' for t, _, kind, _ in events)
+  assert any(t.startswith('_hparams_') for t in tags)
