@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 import numpy as np
+import scipy.stats
 
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import plots
@@ -234,15 +235,17 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
     if 'drift' in arrays:
       series['drift'] = arrays['drift'][:num]
     series['norm'] = arrays['norm'][:num]
-    files['exposure_plot'] = plots.exposure_relation(exposure[:num], series,
-                                                     os.path.join(output, 'exposure_relation.png'))
     summary['exposure'] = {'total_tokens': float(exposure.sum()),
                            'min_position_exposure': float(exposure[:num].min()),
                            'max_position_exposure': float(exposure[:num].max())}
+    rho = {}
     for name, y in series.items():
       ok = np.isfinite(y) & (exposure[:num] > 0)
       if ok.sum() > 2:
-        summary['exposure'][f'spearman_{name}'] = _spearman(np.log(exposure[:num][ok]), y[ok])
+        rho[name] = _spearman(exposure[:num][ok], y[ok])
+        summary['exposure'][f'spearman_{name}'] = rho[name]
+    files['exposure_plot'] = plots.exposure_relation(
+        exposure[:num], series, os.path.join(output, 'exposure_relation.png'), rho=rho)
   np.savez(os.path.join(output, 'analysis.npz'), **arrays)
   files['arrays'] = os.path.join(output, 'analysis.npz')
   files['json'] = os.path.join(output, 'analysis.json')
@@ -261,7 +264,7 @@ def _table_plots(table: np.ndarray, summary: dict[str, Any], arrays: dict[str, n
           arrays['norm'], arrays.get('drift'), arrays['pca_ratio'],
           np.asarray(summary['probe']['bucket_edges']), np.asarray(summary['probe']['abs_error_by_bucket']),
           os.path.join(output, 'table_analysis.png'), arrays.get('snapshot_drift'),
-          arrays.get('snapshot_steps', ())),
+          arrays.get('snapshot_steps', ()), probe_r2=summary['probe']['r2']),
       'cosine_plot': plots.cosine_heatmap(cosine_similarity(table),
                                           os.path.join(output, 'cosine_similarity.png')),
   }
@@ -317,7 +320,6 @@ def _pad(x: np.ndarray, n: int) -> np.ndarray:
 
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> float | None:
-  rx = np.argsort(np.argsort(x)).astype(np.float64)
-  ry = np.argsort(np.argsort(y)).astype(np.float64)
-  c = np.corrcoef(rx, ry)[0, 1]
+  """Spearman rank correlation (ties get average ranks), None where undefined."""
+  c = scipy.stats.spearmanr(x, y).statistic
   return float(c) if math.isfinite(c) else None

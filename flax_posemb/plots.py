@@ -43,42 +43,68 @@ def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any
   return _save(loss_by_position_figure(per_position, results, title), path)
 
 
+def _log_buckets(b: dict[str, np.ndarray]) -> bool:
+  """Whether bucket widths grow geometrically (log2 buckets): then x is drawn on a log axis."""
+  w = b['end'] - b['start'] if 'end' in b else np.array([])
+  return len(w) >= 4 and w[-1] >= 4 * max(w[1], 1)
+
+
+def _bucket_x(b: dict[str, np.ndarray], log: bool) -> np.ndarray:
+  # On a log axis position 0 cannot be drawn: x is position + 1 there.
+  return np.sqrt((b['start'] + 1) * b['end']) if log else b['mid']
+
+
 def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[str, Any],
                             title: str = ''):
-  """Per-position loss [L] (thin), bucket means with 95% intervals, and the synthetic bounds.
+  """Loss by position bucket with 95% intervals; on the synthetic corpus the Bayes (position
+  known) and filter (position unknown) bounds per bucket and, below, the share of the value
+  of position information each bucket's rows recover, with its interval.
 
   Args:
     per_position: {'position' [L], 'loss' [L], optional 'bayes_loss' [L], 'filter_loss' [L]}.
-    results: results.json dict (its 'buckets').
-    title: figure title.
+    results: results.json dict (its 'buckets', 'step').
+    title: figure title (default names the step); callers name the run (policy, init, step).
 
   Returns:
     The matplotlib figure (TensorBoard takes it as an image).
   """
   b = _bucket_arrays(results)
   synth = 'recovered' in b
+  log = _log_buckets(b)
+  x = _bucket_x(b, log)
   fig, axes = plt.subplots(2 if synth else 1, 1, figsize=(8, 6.5 if synth else 4.2), sharex=True,
                            squeeze=False)
   ax = axes[0, 0]
-  ax.plot(per_position['position'], per_position['loss'], lw=0.6, alpha=0.4, color='C0',
-          label='per position')
-  ax.errorbar(b['mid'], b['loss'], yerr=1.96 * b['stderr'], fmt='o-', color='C0', capsize=3,
-              label='bucket mean (95% CI)')
-  if 'bayes_loss' in per_position:
-    ax.plot(per_position['position'], per_position['bayes_loss'], color='k', lw=1,
-            label='Bayes (position known)')
-    ax.plot(per_position['position'], per_position['filter_loss'], color='gray', lw=1, ls='--',
-            label='filter (position unknown)')
+  if not synth:  # On the synthetic corpus per-position loss is a regime sawtooth: buckets only.
+    pos = np.asarray(per_position['position']) + (1 if log else 0)
+    ax.plot(pos, per_position['loss'], lw=0.6, alpha=0.35, color='C0', label='per position')
+  ax.errorbar(x, b['loss'], yerr=1.96 * b['stderr'], fmt='o-', color='C0', capsize=3,
+              label='model, bucket mean (95% CI)')
+  if synth:
+    ax.plot(x, b['bayes_loss'], 'k.-', lw=1, label='Bayes (position known)')
+    ax.plot(x, b['filter_loss'], '.--', color='gray', lw=1, label='filter (position unknown)')
   ax.set_ylabel('loss (nats / token)')
   ax.legend(fontsize=8)
-  ax.set_title(title or f"loss by position, step {results.get('step')}")
+  ax.set_title(title or f"loss by position, step {results.get('step')}", fontsize=10)
   if synth:
     ax2 = axes[1, 0]
-    ax2.plot(b['mid'], b['recovered'], 'o-', color='C2')
+    gap = b['filter_loss'] - b['bayes_loss']
+    with np.errstate(invalid='ignore', divide='ignore'):
+      se = b['stderr'] / np.abs(gap)
+    ax2.errorbar(x, b['recovered'], yerr=1.96 * se, fmt='o-', color='C2', capsize=3,
+                 label='recovered (95% CI)')
     ax2.axhline(1.0, color='k', lw=0.8)
     ax2.axhline(0.0, color='gray', lw=0.8, ls='--')
-    ax2.set_ylabel('recovered position value')
-  axes[-1, 0].set_xlabel('position (= context length - 1)')
+    ax2.text(1.0, 1.0, '1 = Bayes: all of the position value ', va='bottom', ha='right',
+             fontsize=7, transform=ax2.get_yaxis_transform())
+    ax2.text(1.0, 0.0, 'position-blind filter = 0 ', va='bottom', ha='right', fontsize=7,
+             color='gray', transform=ax2.get_yaxis_transform())
+    ax2.set_ylabel('share of the position value\nrecovered by the rows')
+    ax2.legend(fontsize=8, loc='best')
+  if log:
+    axes[-1, 0].set_xscale('log')
+  axes[-1, 0].set_xlabel('position + 1 (log scale; = context length)' if log
+                         else 'position (= context length - 1)')
   return fig
 
 
@@ -89,23 +115,27 @@ def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]],
   its paired 95% interval."""
   arrays = [_bucket_arrays(r) for r in results]
   synth = all('bayes_loss' in a for a in arrays)
+  log = _log_buckets(arrays[0])
+  for a in arrays:
+    a['x'] = _bucket_x(a, log)
   n = 1 + int(synth) + int(bool(paired))
   fig, axes = plt.subplots(n, 1, figsize=(8, 2.2 + 2.2 * n), sharex=True, squeeze=False)
   for i, (label, a) in enumerate(zip(labels, arrays)):
-    axes[0, 0].errorbar(a['mid'], a['loss'], yerr=1.96 * a['stderr'], fmt='o-', capsize=3,
+    axes[0, 0].errorbar(a['x'], a['loss'], yerr=1.96 * a['stderr'], fmt='o-', capsize=3,
                         color=f'C{i}', label=label)
     if synth:
-      axes[1, 0].errorbar(a['mid'], a['loss'] - a['bayes_loss'], yerr=1.96 * a['stderr'],
+      axes[1, 0].errorbar(a['x'], a['loss'] - a['bayes_loss'], yerr=1.96 * a['stderr'],
                           fmt='o-', capsize=3, color=f'C{i}')
   if synth:
-    axes[0, 0].plot(arrays[0]['mid'], arrays[0]['bayes_loss'], 'k-', lw=1, label='Bayes')
+    axes[0, 0].plot(arrays[0]['x'], arrays[0]['bayes_loss'], 'k-', lw=1, label='Bayes')
     axes[1, 0].axhline(0.0, color='k', lw=0.8)
     axes[1, 0].set_ylabel('excess loss over Bayes')
   if paired:
     ax = axes[-1, 0]
     for j, p in enumerate(paired):
       rows = [r for r in p['buckets'] if r['diff'] is not None]
-      mid = np.array([(r['start'] + r['end'] - 1) / 2 for r in rows])
+      mid = _bucket_x({k: np.array([r[k] for r in rows], np.float64) for k in ('start', 'end')}
+                      | {'mid': np.array([(r['start'] + r['end'] - 1) / 2 for r in rows])}, log)
       diff = np.array([r['diff'] for r in rows])
       lo = diff - np.array([r['ci95'][0] for r in rows])
       hi = np.array([r['ci95'][1] for r in rows]) - diff
@@ -117,18 +147,24 @@ def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]],
   axes[0, 0].set_ylabel('loss (nats / token)')
   axes[0, 0].legend(fontsize=8)
   axes[0, 0].set_title('loss by position bucket')
-  axes[-1, 0].set_xlabel('position (bucket midpoint)')
+  if log:
+    axes[-1, 0].set_xscale('log')
+  axes[-1, 0].set_xlabel('position + 1 (log scale)' if log else 'position (bucket midpoint)')
   return _save(fig, path)
 
 
 def offset_probe(probe: dict[str, Any], path: str | os.PathLike[str]) -> str:
   """Loss by context length for each position offset K (results['offset_probe'])."""
   fig, ax = plt.subplots(figsize=(8, 4.2))
+  log = _log_buckets(_bucket_arrays(probe['by_offset'][0]))
   for i, r in enumerate(probe['by_offset']):
     a = _bucket_arrays(r)
-    ax.errorbar(a['mid'], a['loss'], yerr=1.96 * a['stderr'], fmt='o-', capsize=3,
+    ax.errorbar(_bucket_x(a, log), a['loss'], yerr=1.96 * a['stderr'], fmt='o-', capsize=3,
                 color=f'C{i}', label=f"K = {r['offset']}")
-  ax.set_xlabel('context length - 1 (position ids shifted by K)')
+  if log:
+    ax.set_xscale('log')
+  ax.set_xlabel('context length' + (' (log scale)' if log else ' - 1') +
+                ' (position ids shifted by K)')
   ax.set_ylabel('loss (nats / token)')
   ax.set_title('offset probe: same texts, rows p + K')
   ax.legend(fontsize=8)
@@ -138,7 +174,7 @@ def offset_probe(probe: dict[str, Any], path: str | os.PathLike[str]) -> str:
 def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.ndarray,
                    probe_edges: np.ndarray, probe_error: np.ndarray,
                    path: str | os.PathLike[str], snapshot_drift: np.ndarray | None = None,
-                   snapshot_steps: Sequence[int] = ()) -> str:
+                   snapshot_steps: Sequence[int] = (), probe_r2: float | None = None) -> str:
   """Four panels: row norm [L], drift from init [L] (and per snapshot [S, L]), PCA, probe error.
 
   Args:
@@ -150,6 +186,8 @@ def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.nd
     path: output PNG.
     snapshot_drift: optional [S, L] ||row(step_s) - initial row|| for saved snapshots.
     snapshot_steps: [S] steps of those snapshots.
+    probe_r2: held-out R^2 of the probe, printed on its panel (a low R^2 means the rows barely
+      encode position linearly, whatever the error profile looks like).
   """
   fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
   pos = np.arange(len(norms))
@@ -157,12 +195,15 @@ def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.nd
   axes[0, 0].set(title='row norm', xlabel='position', ylabel='||row||')
   ax = axes[0, 1]
   if snapshot_drift is not None and len(snapshot_drift):
+    # One colour per snapshot on a step colour bar: every line is identified, none twice.
+    steps = np.asarray(snapshot_steps, np.float64)
+    norm = matplotlib.colors.Normalize(steps.min(), max(steps.max(), steps.min() + 1))
     cmap = plt.get_cmap('viridis')
-    for i, (s, d) in enumerate(zip(snapshot_steps, snapshot_drift)):
-      ax.plot(pos, d, lw=0.8, color=cmap(i / max(1, len(snapshot_drift) - 1)),
-              label=f'step {s}' if i in (0, len(snapshot_drift) - 1) else None)
-  if drift is not None:
-    ax.plot(pos, drift, 'k', lw=1.2, label='final')
+    for s, d in zip(steps, snapshot_drift):
+      ax.plot(pos, d, lw=0.8, color=cmap(norm(s)))
+    fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label='step')
+  elif drift is not None:
+    ax.plot(pos, drift, 'k', lw=1.2, label='evaluated table')
   elif snapshot_drift is None or not len(snapshot_drift):
     # A table from elsewhere has no initial table: say so rather than show blank axes.
     ax.text(0.5, 0.5, 'no initial table\n(drift needs a training run)', ha='center',
@@ -177,8 +218,13 @@ def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.nd
   axes[1, 0].legend(fontsize=8)
   mid = (probe_edges[:-1] + probe_edges[1:] - 1) / 2
   axes[1, 1].plot(mid, probe_error, 'o-')
-  axes[1, 1].set(title='linear position probe (held-out rows)', xlabel='position',
+  r2 = '' if probe_r2 is None else f' R^2 = {probe_r2:.2f}'
+  axes[1, 1].set(title=f'linear position probe (held-out rows){r2}', xlabel='position',
                  ylabel='mean |predicted - true| position')
+  if probe_r2 is not None and probe_r2 < 0.5:
+    axes[1, 1].text(0.5, 0.9, 'low R^2: position is barely linearly decodable from these rows;\n'
+                    'the error profile is not a ranking of positions', ha='center', va='top',
+                    transform=axes[1, 1].transAxes, fontsize=7, color='C3')
   return _save(fig, path)
 
 
@@ -192,13 +238,16 @@ def cosine_heatmap(sim: np.ndarray, path: str | os.PathLike[str], title: str = '
 
 
 def exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray],
-                      path: str | os.PathLike[str]) -> str:
-  """Per-position quantities against cumulative training exposure (log x), one panel each.
+                      path: str | os.PathLike[str], rho: dict[str, float | None] | None = None
+                      ) -> str:
+  """Per-position quantities against cumulative training exposure (log x), one panel each,
+  with the Spearman rank correlation printed on each panel.
 
   Args:
     exposure: [L] cumulative number of training tokens seen at each position.
     series: name -> [L] values (e.g. 'loss', 'recovered', 'drift'); nan entries are skipped.
     path: output PNG.
+    rho: name -> Spearman correlation of the series with exposure (None: not shown).
   """
   names = list(series)
   fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
@@ -209,6 +258,10 @@ def exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray],
     sc = ax.scatter(exposure[ok], y[ok], c=pos[ok], s=10, cmap='viridis')
     ax.set_xscale('log')
     ax.set(xlabel='cumulative training exposure (tokens)', ylabel=name, title=f'{name} vs exposure')
+    r = (rho or {}).get(name)
+    if r is not None:
+      ax.text(0.03, 0.95, f'Spearman rho = {r:+.2f}', transform=ax.transAxes, va='top',
+              fontsize=8, bbox=dict(facecolor='white', alpha=0.7, lw=0))
   fig.colorbar(sc, ax=axes[0, -1], label='position')
   return _save(fig, path)
 
@@ -320,7 +373,7 @@ def data_exposure(report: dict[str, Any], path: str | os.PathLike[str]) -> str:
   a.set_title(f"{report['source']} / {report['policy']}: exposure per position")
   hist = report['doc_lengths']
   b.bar([h['bucket'] for h in hist], [100 * h['token_share'] for h in hist])
-  b.set_xlabel('document length bucket (pairs)')
+  b.set_xlabel('document length bucket ((input, target) pairs = tokens - 1)')
   b.set_ylabel('token share (%)')
   b.set_title('source document lengths')
   b.tick_params(axis='x', labelrotation=30)
