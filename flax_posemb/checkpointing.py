@@ -48,6 +48,8 @@ Typical use::
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -290,6 +292,64 @@ def _registry() -> ocp.handlers.CheckpointHandlerRegistry:
   return reg
 
 
+class _TolerantLoop(asyncio.SelectorEventLoop):
+  """An event loop that drops callbacks scheduled after it was closed.
+
+  Orbax runs each restore in a fresh loop (``asyncio_utils.run_sync``) and closes it as
+  soon as the restore coroutine ends. When one TensorStore read fails (a damaged step),
+  ``asyncio.gather`` ends the restore at once while the other reads are still in flight;
+  each of them, completing later on a TensorStore thread, calls
+  ``loop.call_soon_threadsafe`` on the closed loop, and its "Event loop is closed"
+  traceback is printed (nobody awaits those reads any more), or the abandoned coroutine
+  is garbage-collected mid-read ("Exception ignored in <coroutine ...>"). This loop lets
+  the abandoned reads finish before it closes (bounded; their results and errors are
+  discarded: they belong to a restore that already failed), and, as a backstop, drops
+  callbacks that still arrive after it closed.
+  """
+
+  DRAIN_TIMEOUT_S = 60.0
+
+  def close(self):
+    if not self.is_closed() and not self.is_running():
+      pending = [t for t in asyncio.all_tasks(self) if not t.done()]
+      if pending:
+        try:
+          self.run_until_complete(asyncio.wait(pending, timeout=self.DRAIN_TIMEOUT_S))
+        except Exception:  # pylint: disable=broad-except
+          pass
+        for t in pending:
+          if t.done() and not t.cancelled():
+            t.exception()  # retrieved: no "exception was never retrieved" noise
+    super().close()
+
+  def call_soon_threadsafe(self, callback, *args, context=None):
+    try:
+      return super().call_soon_threadsafe(callback, *args, context=context)
+    except RuntimeError:
+      if self.is_closed():
+        return None
+      raise
+
+
+class _TolerantPolicy(asyncio.DefaultEventLoopPolicy):
+  def new_event_loop(self):
+    return _TolerantLoop()
+
+
+@contextlib.contextmanager
+def _tolerant_event_loops():
+  """New event loops created meanwhile (Orbax's restore loops) are `_TolerantLoop`s."""
+  old = asyncio.get_event_loop_policy()
+  if isinstance(old, _TolerantPolicy) or type(old) is not asyncio.DefaultEventLoopPolicy:
+    yield  # nested, or a custom policy (uvloop...) that we leave alone
+    return
+  asyncio.set_event_loop_policy(_TolerantPolicy())
+  try:
+    yield
+  finally:
+    asyncio.set_event_loop_policy(old)
+
+
 def _describe(e: BaseException) -> str:
   msg = str(e).strip().splitlines()
   return f'{type(e).__name__}: {msg[0] if msg else ""}'[:300]
@@ -504,7 +564,7 @@ class Checkpointer:
       if got != want and _json_digest(text.encode()) != want:
         raise _Damage(f'{path} fails the checksum written at save time')
     try:
-      self._manager.restore(step, args=ocp.args.Composite(
+      self._restore_items(step, args=ocp.args.Composite(
           data_iter=grain.checkpoint.CheckpointRestore(data_iter)))
     except Exception as e:  # pylint: disable=broad-except
       if not want:
@@ -534,7 +594,7 @@ class Checkpointer:
                  config=ocp.args.JsonRestore())
     if 'stats' in saved:
       items['stats'] = ocp.args.StandardRestore()
-    r = self._manager.restore(step, args=ocp.args.Composite(**items))
+    r = self._restore_items(step, args=ocp.args.Composite(**items))
     stats = jax.tree.map(np.asarray, dict(r['stats'] or {})) if 'stats' in items else {}
     config = dict(r['config'] or {})
     for item, value in (('params', r['params']), ('opt_state', r['opt_state']),
@@ -679,7 +739,7 @@ class Checkpointer:
     if tree is None:
       raise FileNotFoundError(f'item params is missing in {self.step_dir(step)}')
     integrity = self.step_metadata(step).get('integrity', {})
-    r = self._manager.restore(step, args=ocp.args.Composite(
+    r = self._restore_items(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(_abstract(tree, sharding)),
         config=ocp.args.JsonRestore()))
     config = dict(r['config'] or {})
@@ -687,6 +747,10 @@ class Checkpointer:
     if integrity.get('config') and _json_digest(config) != integrity['config']:
       raise _Damage('config fails the checksum written at save time')
     return r['params'], config, step
+
+  def _restore_items(self, step: int, args: Any) -> Any:
+    with _tolerant_event_loops():
+      return self._manager.restore(step, args=args)
 
   def reached_preemption(self, step: int) -> bool:
     """Whether every host has reached JAX's preemption sync point (multi-host SIGTERM)."""
