@@ -26,6 +26,11 @@ the files are readable but were written for another config (shapes, tree, data p
 fail their digest or hold non-finite values. A step deleted while it is being read (a
 running trainer with a small ``max_to_keep``) is neither: the newest step is read instead.
 
+Divergence: ``save(..., metrics={'loss': x})`` stores the metrics with the step and refuses
+(returns False, warning) a non-finite loss or one above ``divergence_factor`` (default 10)
+times the lowest loss saved in the directory, so a finite-but-diverged state (loss 2.9e12)
+never becomes the "last good" checkpoint; ``divergence(x)`` gives the reason beforehand.
+
 On-disk layout::
 
   WORKDIR/checkpoints/STEP/     e.g. 0/, 100/ (no zero padding)
