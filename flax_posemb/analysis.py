@@ -10,17 +10,16 @@ read by `flax_posemb.tables.load_table` (`eval.py --analyze --table`).
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
-import re
 from typing import Any
 
 import numpy as np
 import scipy.stats
 
 from flax_posemb import buckets as buckets_lib
+from flax_posemb import outputs
 from flax_posemb import plots
 from flax_posemb import tables
 
@@ -122,13 +121,8 @@ def position_probe(table: np.ndarray, folds: int = 5,
   return {'prediction': pred, 'abs_error': np.abs(pred - y), 'r2': float(r2), 'ridge': lam_rel}
 
 
-def _steps(pattern: str) -> list[tuple[int, str]]:
-  out = []
-  for path in glob.glob(pattern):
-    m = re.search(r'_(\d+)\.(npy|npz)$', path)
-    if m:
-      out.append((int(m.group(1)), path))
-  return sorted(out)
+_steps = outputs.step_files  # exact PREFIX_<int>.EXT names only
+load_npz = outputs.load_npz  # ValueError naming a truncated / garbled file
 
 
 def cumulative_exposure(workdir: str, upto_step: int | None = None) -> np.ndarray | None:
@@ -141,15 +135,15 @@ def cumulative_exposure(workdir: str, upto_step: int | None = None) -> np.ndarra
            if upto_step is None or s <= upto_step]
   if not files:
     return None
-  with np.load(files[-1][1]) as z:
-    if 'cumulative_count' in z.files:
-      return np.asarray(z['cumulative_count'], np.float64)
+  last = load_npz(files[-1][1])
+  if 'cumulative_count' in last:
+    return np.asarray(last['cumulative_count'], np.float64)
   total = None
   for _, path in files:
-    with np.load(path) as z:
-      if 'count' not in z.files:
-        raise ValueError(f'{path} has no per-position "count" vector (keys: {sorted(z.files)}).')
-      c = np.asarray(z['count'], np.float64)
+    z = load_npz(path)
+    if 'count' not in z:
+      raise ValueError(f'{path} has no per-position "count" vector (keys: {sorted(z)}).')
+    c = np.asarray(z['count'], np.float64)
     total = c if total is None else total + c
   return total
 
@@ -212,8 +206,8 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
   snaps = [(s, p) for s, p in _steps(os.path.join(workdir, 'tables', 'table_*.npy'))
            if step is None or s <= step]
   if initial is None and snaps and snaps[0][0] == 0:
-    initial = np.load(snaps[0][1])
-  snapshots = [(s, np.load(p)) for s, p in snaps]
+    initial = outputs.load_npy(snaps[0][1])
+  snapshots = [(s, outputs.load_npy(p)) for s, p in snaps]
   summary, arrays = analyze_table(table, initial=initial, snapshots=snapshots,
                                   bucket_size=bucket_size, bucket_edges=bucket_edges)
   summary['step'] = step

@@ -8,6 +8,29 @@ atomically (temporary directories are never listed), refuses to overwrite a step
 returns False), lists the items of a step (``item_metadata``) and signals multi-host
 preemption (``reached_preemption``).
 
+Integrity: at save time every leaf of ``params`` and ``opt_state`` gets a 64-bit digest of its
+bytes, computed on the device by one jitted pass (two position-weighted sums mod 2**32, one
+of a murmur-mixed word; any change confined to one 32-bit word always changes the first), and
+``stats``, ``config`` and the data-iterator state get a BLAKE2b digest on the host. The
+digests go into the step's Orbax metadata (``custom_metadata['integrity']``, written with the
+step, so a step never exists without them). Restore recomputes them on the restored values
+(independent of the sharding, exact integer arithmetic) and checks finiteness; a mismatch or
+NaN/inf is ``CheckpointDamagedError``. Orbax/TensorStore keep a crc32c only for OCDBT tree
+nodes and the zarr3 shard index, not for the array bytes (a flipped data byte is read back
+silently), hence this digest. Steps written before digests existed are restored with
+finiteness checked only.
+
+Failures are classified: ``CheckpointMismatchError`` (a ``CallerError``/``ValueError``) when
+the files are readable but were written for another config (shapes, tree, data pipeline);
+``CheckpointDamagedError`` (a ``RuntimeError``) when files are missing, truncated, garbled,
+fail their digest or hold non-finite values. A step deleted while it is being read (a
+running trainer with a small ``max_to_keep``) is neither: the newest step is read instead.
+
+Divergence: ``save(..., metrics={'loss': x})`` stores the metrics with the step and refuses
+(returns False, warning) a non-finite loss or one above ``divergence_factor`` (default 10)
+times the lowest loss saved in the directory, so a finite-but-diverged state (loss 2.9e12)
+never becomes the "last good" checkpoint; ``divergence(x)`` gives the reason beforehand.
+
 On-disk layout::
 
   WORKDIR/checkpoints/STEP/     e.g. 0/, 100/ (no zero padding)
@@ -30,10 +53,14 @@ Typical use::
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grain
@@ -41,6 +68,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax import lax
 from etils import epath
 
 logger = logging.getLogger(__name__)
@@ -57,7 +85,46 @@ class CallerError(ValueError):
 
 
 class CheckpointMismatchError(CallerError):
-  """The stored params/opt_state tree differs from the one the caller expects."""
+  """The checkpoint is readable but was written for another config: the stored
+  params/opt_state tree or shapes differ, or the data pipeline state does not fit."""
+
+
+class CheckpointDamagedError(RuntimeError):
+  """Files of a checkpoint are missing, truncated or garbled, fail their digest, or hold
+  NaN/inf. ``steps`` lists the damaged steps (their directories are left on disk)."""
+
+  def __init__(self, message: str, steps: Sequence[int] = ()):
+    super().__init__(message)
+    self.steps = list(steps)
+
+
+class _Damage(Exception):
+  """Internal: a readable step whose values fail the digest or finiteness check."""
+
+
+@dataclasses.dataclass
+class RestoreInfo:
+  """Which step a restore actually read, and why it is not the one asked for.
+
+  Attributes:
+    step: the step restored.
+    requested: the step asked for (None = the latest).
+    fell_back_from: damaged newer steps skipped, ``{'step', 'directory', 'reason'}`` each.
+    vanished: steps deleted while they were read (a running trainer replaced them); the
+      newest step at the time was read instead.
+  """
+  step: int
+  requested: int | None
+  fell_back_from: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+  vanished: list[int] = dataclasses.field(default_factory=list)
+
+  def to_json(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+DIGEST_VERSION = 1  # custom_metadata['integrity']['version']
+DIVERGENCE_FACTOR = 10.0  # save(metrics={'loss'}) refuses loss > this x the best saved loss
+MAX_VANISHED_RETRIES = 5  # steps deleted under a reader before it gives up
 
 
 def _absolute(path: str | os.PathLike[str]) -> epath.Path:
@@ -108,15 +175,86 @@ def _abstract(tree: PyTree, sharding: Any = None) -> PyTree:
                       f'with the structure of the stored params: {e}') from e
 
 
+def _path(name: str, p) -> str:
+  return f'{name}/{jax.tree_util.keystr(p, simple=True, separator="/")}'
+
+
+def _mix32(x: jax.Array) -> jax.Array:
+  """murmur3's 32-bit finalizer (uint32 in, uint32 out)."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x85EBCA6B)
+  x = x ^ (x >> 13)
+  x = x * jnp.uint32(0xC2B2AE35)
+  return x ^ (x >> 16)
+
+
+def _words(x: jax.Array) -> jax.Array:
+  """The bytes of ``x`` as a flat uint32 vector (one word per element of <= 4 bytes)."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32).reshape(-1)
+  size = jnp.dtype(x.dtype).itemsize
+  if size >= 4:  # 8-byte types bitcast to [..., 2] words
+    return lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
+  return lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16}[size]).astype(
+      jnp.uint32).reshape(-1)
+
+
+@jax.jit
+def _inspect_leaves(leaves: list[jax.Array]) -> tuple[jax.Array, jax.Array]:
+  """([n] bool all-finite, [n, 2] uint32 digest) of each leaf; integer sums mod 2**32 are
+  exact, so the digest does not depend on the sharding or the reduction order."""
+  finite, digest = [], []
+  for x in leaves:
+    finite.append(jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact)
+                  else jnp.bool_(True))
+    u = _words(x)
+    i = jnp.arange(u.size, dtype=jnp.uint32)
+    a = jnp.sum(u * (i * jnp.uint32(2) + jnp.uint32(1)), dtype=jnp.uint32)  # odd weights
+    b = jnp.sum(_mix32(u + i * jnp.uint32(0x9E3779B9)), dtype=jnp.uint32)
+    digest.append(jnp.stack([a, b]))
+  if not leaves:
+    return jnp.zeros((0,), bool), jnp.zeros((0, 2), jnp.uint32)
+  return jnp.stack(finite), jnp.stack(digest)
+
+
+def _inspect_arrays(name: str, tree: PyTree) -> tuple[list[str], dict[str, str]]:
+  """(paths of non-finite leaves, {path: digest hex}) of a PyTree of jax/numpy arrays,
+  computed on the device; only the small results are copied to the host."""
+  flat = jax.tree_util.tree_leaves_with_path(tree)
+  if not flat:
+    return [], {}
+  finite, digest = jax.device_get(_inspect_leaves([jnp.asarray(x) for _, x in flat]))
+  paths = [_path(name, p) for p, _ in flat]
+  return ([p for p, ok in zip(paths, finite) if not ok],
+          {p: f'{int(d[0]):08x}{int(d[1]):08x}' for p, d in zip(paths, digest)})
+
+
+def _blake(data: bytes) -> str:
+  return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _inspect_host(name: str, tree: PyTree) -> tuple[list[str], dict[str, str]]:
+  """As `_inspect_arrays` for host numpy trees (stats: int64 kept exact), with BLAKE2b."""
+  bad, digests = [], {}
+  for p, x in jax.tree_util.tree_leaves_with_path(tree):
+    a = np.ascontiguousarray(x)
+    if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
+      bad.append(_path(name, p))
+    digests[_path(name, p)] = _blake(f'{a.dtype.str}{a.shape}'.encode() + a.tobytes())
+  return bad, digests
+
+
+def _json_digest(value: Any) -> str:
+  if isinstance(value, bytes):
+    return _blake(value)
+  return _blake(json.dumps(value, sort_keys=True).encode())
+
+
 def _nonfinite_paths(name: str, tree: PyTree) -> list[str]:
   """Paths (prefixed by ``name``) of floating leaves holding NaN or inf."""
-  leaves = [(p, x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
-            if jnp.issubdtype(np.asarray(x).dtype if not hasattr(x, 'dtype') else x.dtype,
-                              jnp.inexact)]
-  flags = jax.device_get([jnp.all(jnp.isfinite(x)) if isinstance(x, jax.Array)
-                          else np.all(np.isfinite(x)) for _, x in leaves])
-  return [f'{name}/{jax.tree_util.keystr(p, simple=True, separator="/")}'
-          for (p, _), ok in zip(leaves, flags) if not ok]
+  return _inspect_arrays(name, tree)[0]
 
 
 def _stats_to_numpy(stats: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -159,6 +297,64 @@ def _registry() -> ocp.handlers.CheckpointHandlerRegistry:
   return reg
 
 
+class _TolerantLoop(asyncio.SelectorEventLoop):
+  """An event loop that drops callbacks scheduled after it was closed.
+
+  Orbax runs each restore in a fresh loop (``asyncio_utils.run_sync``) and closes it as
+  soon as the restore coroutine ends. When one TensorStore read fails (a damaged step),
+  ``asyncio.gather`` ends the restore at once while the other reads are still in flight;
+  each of them, completing later on a TensorStore thread, calls
+  ``loop.call_soon_threadsafe`` on the closed loop, and its "Event loop is closed"
+  traceback is printed (nobody awaits those reads any more), or the abandoned coroutine
+  is garbage-collected mid-read ("Exception ignored in <coroutine ...>"). This loop lets
+  the abandoned reads finish before it closes (bounded; their results and errors are
+  discarded: they belong to a restore that already failed), and, as a backstop, drops
+  callbacks that still arrive after it closed.
+  """
+
+  DRAIN_TIMEOUT_S = 60.0
+
+  def close(self):
+    if not self.is_closed() and not self.is_running():
+      pending = [t for t in asyncio.all_tasks(self) if not t.done()]
+      if pending:
+        try:
+          self.run_until_complete(asyncio.wait(pending, timeout=self.DRAIN_TIMEOUT_S))
+        except Exception:  # pylint: disable=broad-except
+          pass
+        for t in pending:
+          if t.done() and not t.cancelled():
+            t.exception()  # retrieved: no "exception was never retrieved" noise
+    super().close()
+
+  def call_soon_threadsafe(self, callback, *args, context=None):
+    try:
+      return super().call_soon_threadsafe(callback, *args, context=context)
+    except RuntimeError:
+      if self.is_closed():
+        return None
+      raise
+
+
+class _TolerantPolicy(asyncio.DefaultEventLoopPolicy):
+  def new_event_loop(self):
+    return _TolerantLoop()
+
+
+@contextlib.contextmanager
+def _tolerant_event_loops():
+  """New event loops created meanwhile (Orbax's restore loops) are `_TolerantLoop`s."""
+  old = asyncio.get_event_loop_policy()
+  if isinstance(old, _TolerantPolicy) or type(old) is not asyncio.DefaultEventLoopPolicy:
+    yield  # nested, or a custom policy (uvloop...) that we leave alone
+    return
+  asyncio.set_event_loop_policy(_TolerantPolicy())
+  try:
+    yield
+  finally:
+    asyncio.set_event_loop_policy(old)
+
+
 def _describe(e: BaseException) -> str:
   msg = str(e).strip().splitlines()
   return f'{type(e).__name__}: {msg[0] if msg else ""}'[:300]
@@ -169,11 +365,13 @@ class Checkpointer:
 
   Items per step: ``params`` and ``opt_state`` (PyTrees of jax.Arrays, any sharding),
   ``data_iter`` (a Grain iterator, optional), ``stats`` (dict of numpy arrays, optional) and
-  ``config`` (JSON dict).
+  ``config`` (JSON dict); the step's Orbax metadata holds their digests (``integrity``) and
+  the ``metrics`` passed to ``save``.
   """
 
   def __init__(self, directory: str | os.PathLike[str], *, max_to_keep: int,
-               async_save: bool = True, read_only: bool = False):
+               async_save: bool = True, read_only: bool = False,
+               divergence_factor: float | None = DIVERGENCE_FACTOR):
     """Opens (creating unless ``read_only``) a checkpoint directory.
 
     Args:
@@ -181,11 +379,17 @@ class Checkpointer:
       max_to_keep: most recent steps kept (>= 1); step 0 is kept in addition.
       async_save: write in a background thread after the device-to-host copy.
       read_only: never write or delete.
+      divergence_factor: ``save(metrics={'loss': x})`` refuses x > factor * the lowest loss
+        saved in this directory (None: no divergence rule).
     """
     if not isinstance(max_to_keep, int) or max_to_keep < 1:
       raise ValueError(f'max_to_keep must be an int >= 1, got {max_to_keep!r}. '
                        'Set --config.max_to_keep to a positive number.')
     self.directory = _absolute(directory)
+    self._read_only = read_only
+    self.divergence_factor = divergence_factor
+    self._losses: dict[int, float] | None = None  # step -> saved loss, read lazily
+    self.last_restore: RestoreInfo | None = None
     policy = ocp.checkpoint_managers.AnyPreservationPolicy([
         ocp.checkpoint_managers.LatestN(n=max_to_keep),
         ocp.checkpoint_managers.CustomSteps([0]),  # the initial table
@@ -205,12 +409,57 @@ class Checkpointer:
     """The highest finalized step, or None."""
     return self._manager.latest_step()
 
+  def reload(self) -> None:
+    """Re-lists the steps on disk when opened ``read_only`` (another process, e.g. a running
+    trainer, writes here); a writer's own list is authoritative (it includes steps whose
+    asynchronous save is still in flight)."""
+    if self._read_only:
+      self._manager.reload()
+
   def step_dir(self, step: int) -> epath.Path:
     """Directory of one step's checkpoint."""
     return self.directory / str(int(step))
 
+  def step_metadata(self, step: int) -> dict[str, Any]:
+    """The ``custom_metadata`` of a step: ``integrity`` digests and ``metrics`` (may be {})."""
+    return dict(self._manager.metadata(int(step)).custom_metadata or {})
+
+  def saved_losses(self) -> dict[int, float]:
+    """Step -> ``metrics['loss']`` of the kept steps saved with metrics."""
+    if self._losses is None:
+      self._losses = {}
+      for s in self.all_steps():
+        try:
+          loss = self.step_metadata(s).get('metrics', {}).get('loss')
+        except Exception:  # pylint: disable=broad-except  (a damaged step: no loss)
+          loss = None
+        if isinstance(loss, (int, float)) and np.isfinite(loss):
+          self._losses[s] = float(loss)
+    return self._losses
+
+  def divergence(self, loss: float | None) -> str | None:
+    """Why a checkpoint with training loss ``loss`` must not be saved, or None if it may.
+
+    The rule: a non-finite loss, or a loss above ``divergence_factor`` times the lowest
+    loss saved in this directory (a cross entropy that grew tenfold has diverged; a
+    spike below that still gets saved). Steps saved without metrics do not count.
+    """
+    if loss is None:
+      return None
+    loss = float(loss)
+    if not np.isfinite(loss):
+      return f'the training loss is {loss}'
+    if self.divergence_factor is None or not self.saved_losses():
+      return None
+    best_step, best = min(self.saved_losses().items(), key=lambda kv: kv[1])
+    if loss > self.divergence_factor * max(best, 1e-6):
+      return (f'the training loss {loss:.4g} is more than {self.divergence_factor:g}x the '
+              f'lowest saved loss ({best:.4g} at step {best_step}): the run has diverged')
+    return None
+
   def save(self, step: int, *, params: PyTree, opt_state: PyTree, data_iter: Any,
-           stats: Mapping[str, Any] | None, config: Any) -> bool:
+           stats: Mapping[str, Any] | None, config: Any,
+           metrics: Mapping[str, float] | None = None) -> bool:
     """Saves the state after ``step`` updates (asynchronously if opened so).
 
     Args:
@@ -221,30 +470,52 @@ class Checkpointer:
       stats: dict (possibly nested) of numpy arrays / Python ints; no zero-size arrays;
         empty or None is not stored (restored as {}).
       config: ConfigDict or JSON-serializable dict.
+      metrics: optional scalars stored with the step (``step_metadata``); ``loss`` (the
+        training loss of the window ending at ``step``) enables the divergence rule
+        (see ``divergence``).
 
     Returns:
       True if a checkpoint was written (or started); False if the state held non-finite
-      values or the step already exists (a warning says which).
+      values, the loss diverged, or the step already exists (a warning says which).
     """
     step, stats = int(step), _stats_to_numpy(stats)
-    bad = (_nonfinite_paths('params', params) + _nonfinite_paths('opt_state', opt_state)
-           + _nonfinite_paths('stats', stats))
+    # Digests and finiteness on the device, before Orbax's copy: the caller may donate
+    # these buffers as soon as save returns; only the small results come to the host.
+    bad_p, dig_p = _inspect_arrays('params', params)
+    bad_o, dig_o = _inspect_arrays('opt_state', opt_state)
+    bad_s, dig_s = _inspect_host('stats', stats)
+    bad = bad_p + bad_o + bad_s
     if bad:
       logger.warning('Not saving the checkpoint of step %d: non-finite values in %s%s. The '
                      'last good checkpoint (step %s) is left as it is.', step,
                      ', '.join(bad[:5]), ' ...' if len(bad) > 5 else '', self.latest_step())
       return False
+    metrics = {k: float(v) for k, v in (metrics or {}).items()}
+    reason = self.divergence(metrics.get('loss'))
+    if reason:
+      logger.warning('Not saving the checkpoint of step %d: %s. The last good checkpoint '
+                     '(step %s) is left as it is.', step, reason, self.latest_step())
+      return False
+    config = _config_to_dict(config)
+    integrity = dict(version=DIGEST_VERSION, params=dig_p, opt_state=dig_o, stats=dig_s,
+                     config=_json_digest(config))
     items = dict(params=ocp.args.StandardSave(params),
                  opt_state=ocp.args.StandardSave(opt_state),
-                 config=ocp.args.JsonSave(_config_to_dict(config)))
+                 config=ocp.args.JsonSave(config))
     if stats:  # Orbax refuses an empty tree.
       items['stats'] = ocp.args.StandardSave(stats)
     if data_iter is not None:
       items['data_iter'] = grain.checkpoint.CheckpointSave(data_iter)
-    saved = self._manager.save(step, args=ocp.args.Composite(**items))
+      integrity['data_iter'] = _json_digest(data_iter.get_state())
+    custom = dict(integrity=integrity)
+    if metrics:
+      custom['metrics'] = metrics
+    saved = self._manager.save(step, args=ocp.args.Composite(**items), custom_metadata=custom)
     if not saved:
       logger.warning('A checkpoint of step %d already exists at %s (or is older than the '
                      'latest); it is not overwritten.', step, self.step_dir(step))
+    elif 'loss' in metrics:
+      self.saved_losses()[step] = metrics['loss']
     return bool(saved)
 
   def saved_items(self, step: int) -> list[str]:
@@ -257,91 +528,234 @@ class Checkpointer:
     tree = self._manager.item_metadata(step).get(item)
     return getattr(tree, 'tree', tree)
 
+  def _verify(self, step: int, item: str, restored: PyTree, stored: PyTree | None,
+              integrity: Mapping[str, Any]) -> None:
+    """Raises _Damage if ``restored`` holds NaN/inf or differs from its save-time digest.
+    Leaves restored in another dtype than stored (a caller's cast) skip the digest."""
+    if item == 'stats':
+      bad, got = _inspect_host(item, restored)
+    else:
+      bad, got = _inspect_arrays(item, restored)
+    if bad:
+      raise _Damage(f'non-finite values in {", ".join(bad[:5])}')
+    want = integrity.get(item)
+    if not want:
+      return  # saved before digests existed
+    dtypes = {}
+    if stored is not None:
+      dtypes = {_path(item, p): np.dtype(x.dtype)
+                for p, x in jax.tree_util.tree_leaves_with_path(stored) if hasattr(x, 'dtype')}
+    kinds = {_path(item, p): np.dtype(x.dtype)
+             for p, x in jax.tree_util.tree_leaves_with_path(restored)}
+    cast = {p for p in kinds if p in dtypes and dtypes[p] != kinds[p]}
+    wrong = [p for p in sorted(set(want) | set(got))
+             if p not in cast and want.get(p) != got.get(p)]
+    if wrong:
+      raise _Damage(f'{", ".join(wrong[:5])} fail{"s" if len(wrong) == 1 else ""} the '
+                    'checksum written at save time (the bytes on disk changed)')
+
+  def _restore_data_iter(self, step: int, data_iter: Any, integrity: Mapping[str, Any]):
+    """Restores the Grain state; a garbled file is damage, a state that does not fit this
+    pipeline (verified bytes) is CheckpointMismatchError."""
+    path = (self.step_dir(step) / 'data_iter' /
+            f'process_{jax.process_index()}-of-{jax.process_count()}.json')
+    text = path.read_text()  # OSError: damage
+    want = integrity.get('data_iter')
+    if want:
+      try:
+        got = _json_digest(json.loads(text))
+      except ValueError:
+        got = None
+      if got != want and _json_digest(text.encode()) != want:
+        raise _Damage(f'{path} fails the checksum written at save time')
+    try:
+      self._restore_items(step, args=ocp.args.Composite(
+          data_iter=grain.checkpoint.CheckpointRestore(data_iter)))
+    except Exception as e:  # pylint: disable=broad-except
+      if not want:
+        raise  # unverified bytes: damage
+      raise CheckpointMismatchError(
+          f'The data iterator state in {path} does not fit the data pipeline of this config '
+          f'({_describe(e)}). Resume with the data settings the run was started with, or '
+          'use a fresh --workdir.') from e
+
   def _restore_step(self, step: int, abstract_params: PyTree, abstract_opt_state: PyTree,
                     data_iter: Any) -> dict[str, Any]:
+    stored_trees = {}
     for item, want in (('params', abstract_params), ('opt_state', abstract_opt_state)):
       stored = self.item_tree(step, item)
       if stored is None:
         raise FileNotFoundError(f'item {item!r} is missing or unreadable in '
                                 f'{self.step_dir(step)}')
       _check_same_tree(item, stored, want, self.step_dir(step))
+      stored_trees[item] = stored
     saved = self.saved_items(step)
+    integrity = self.step_metadata(step).get('integrity', {})
+    if data_iter is not None and 'data_iter' not in saved:
+      raise CallerError(f'{self.step_dir(step)} was saved without a data iterator; pass '
+                        'data_iter=None to restore it (the data order then restarts).')
     items = dict(params=ocp.args.StandardRestore(_abstract(abstract_params)),
                  opt_state=ocp.args.StandardRestore(_abstract(abstract_opt_state)),
                  config=ocp.args.JsonRestore())
     if 'stats' in saved:
       items['stats'] = ocp.args.StandardRestore()
-    if data_iter is not None:
-      if 'data_iter' not in saved:
-        raise CallerError(f'{self.step_dir(step)} was saved without a data iterator; pass '
-                          'data_iter=None to restore it (the data order then restarts).')
-      items['data_iter'] = grain.checkpoint.CheckpointRestore(data_iter)
-    r = self._manager.restore(step, args=ocp.args.Composite(**items))
+    r = self._restore_items(step, args=ocp.args.Composite(**items))
     stats = jax.tree.map(np.asarray, dict(r['stats'] or {})) if 'stats' in items else {}
+    config = dict(r['config'] or {})
+    for item, value in (('params', r['params']), ('opt_state', r['opt_state']),
+                        ('stats', stats)):
+      self._verify(step, item, value, stored_trees.get(item), integrity)
+    if integrity.get('config') and _json_digest(config) != integrity['config']:
+      raise _Damage('config fails the checksum written at save time')
+    if data_iter is not None:
+      self._restore_data_iter(step, data_iter, integrity)
     return dict(step=step, params=r['params'], opt_state=r['opt_state'], stats=stats,
-                config=dict(r['config'] or {}))
+                config=config)
 
   def restore(self, step: int | None = None, *, abstract_params: PyTree,
-              abstract_opt_state: PyTree, data_iter: Any) -> dict[str, Any]:
-    """Restores a step (the latest readable one by default).
+              abstract_opt_state: PyTree, data_iter: Any, fallback: bool = True
+              ) -> dict[str, Any]:
+    """Restores a step (the latest readable one by default), verifying its digests and
+    finiteness.
 
     Args:
       step: step to restore; None = the latest, falling back to earlier steps (with a
-        warning naming each unreadable directory, which is left on disk).
+        warning naming each damaged directory, which is left on disk).
       abstract_params: PyTree of ``jax.ShapeDtypeStruct`` (or arrays) with ``.sharding``;
         the restored params take these shapes, dtypes and shardings (any mesh).
       abstract_opt_state: the same for the optax state.
       data_iter: Grain iterator whose state is set in place, or None.
+      fallback: with step None, whether to fall back past a damaged latest step; False
+        raises CheckpointDamagedError naming it (what a resuming trainer wants: it must
+        not silently continue from an older step).
 
     Returns:
-      dict ``step``, ``params``, ``opt_state``, ``stats`` (dict of numpy arrays), ``config``.
+      dict ``step``, ``params``, ``opt_state``, ``stats`` (dict of numpy arrays), ``config``,
+      ``restore_info`` (`RestoreInfo`: the damaged steps skipped).
 
     Raises:
       FileNotFoundError: no checkpoint (or not the requested step).
-      CheckpointMismatchError: the stored tree or shapes differ (another model).
-      RuntimeError: every candidate checkpoint is unreadable.
+      CheckpointMismatchError: the checkpoint was written for another config (model
+        shapes, data pipeline); never counted as damage, never fallen back from.
+      CheckpointDamagedError: the requested step (or, with step None, every step; or the
+        latest with fallback=False) is damaged.
     """
-    return self.first_readable(step, lambda s: self._restore_step(
-        s, abstract_params, abstract_opt_state, data_iter))
+    r, info = self._first_readable(step, lambda s: self._restore_step(
+        s, abstract_params, abstract_opt_state, data_iter), fallback=fallback)
+    r['restore_info'] = info
+    return r
 
   def first_readable(self, step: int | None, fn: Callable[[int], _T]) -> _T:
-    """``fn(step)``, or for step None ``fn`` of the latest step it can read.
+    """``fn(step)``, or for step None ``fn`` of the latest step it can read (see
+    ``_first_readable``; ``last_restore`` then says which step and why)."""
+    return self._first_readable(step, fn)[0]
 
-    Exceptions other than ``CallerError`` count as a damaged checkpoint: with step None a
-    warning names the directory (left on disk) and the previous step is tried.
+  def _first_readable(self, step: int | None, fn: Callable[[int], _T], *,
+                      fallback: bool = True) -> tuple[_T, RestoreInfo]:
+    """``fn(step)``, or for step None ``fn`` of the newest step it can read.
+
+    ``CallerError`` (incl. CheckpointMismatchError) propagates. Any other failure of a
+    step that still exists and is still the newest is damage: for step None (and
+    ``fallback``) a warning names the directory (left on disk) and the previous step is
+    tried; otherwise CheckpointDamagedError. A step that disappeared, or was superseded by
+    a newer one, while it was read (a running trainer deleting old steps) is not damage:
+    the newest step is read instead (at most MAX_VANISHED_RETRIES times).
     """
+    self.reload()
     steps = self.all_steps()
     if not steps:
       raise FileNotFoundError(f'no checkpoint under {self.directory}; run train.py first.')
     if step is not None and int(step) not in steps:
       raise FileNotFoundError(f'no checkpoint of step {step} under {self.directory}; '
                               f'available steps: {steps}.')
-    candidates = [int(step)] if step is not None else steps[::-1]
-    bad = []
-    for s in candidates:
+    requested = None if step is None else int(step)
+    damaged: list[dict[str, Any]] = []
+    vanished: list[int] = []
+    tried: set[int] = set()
+    while True:
+      if requested is not None:
+        s = requested
+      else:
+        left = [x for x in steps if x not in tried]
+        if not left:
+          break
+        s = left[-1]
+      tried.add(s)
       try:
-        return fn(s)
+        out = fn(s)
       except CallerError:
         raise
       except Exception as e:  # pylint: disable=broad-except
-        bad.append(f'{self.step_dir(s)} ({_describe(e)})')
-        if s != candidates[-1]:
-          logger.warning('Checkpoint %s is truncated or corrupted (%s); falling back to the '
-                         'previous checkpoint. The bad directory is left on disk for '
-                         'inspection.', self.step_dir(s), _describe(e))
-    raise RuntimeError('No readable checkpoint: ' + '; '.join(bad) + '. Inspect or move '
-                       'these directories, or use a fresh --workdir.')
+        self.reload()
+        steps = self.all_steps()
+        gone = s not in steps or not self.step_dir(s).exists()
+        superseded = requested is None and any(x > s for x in steps if x not in tried)
+        if gone or superseded:
+          vanished.append(s)
+          if requested is not None:
+            raise FileNotFoundError(
+                f'the checkpoint of step {s} in {self.directory} was deleted while it was '
+                f'read (a training run keeping only its newest steps writes there); '
+                f'available steps now: {steps}.') from e
+          if len(vanished) > MAX_VANISHED_RETRIES:
+            raise CheckpointDamagedError(
+                f'The newest checkpoint under {self.directory} was deleted while it was read '
+                f'{len(vanished)} times (steps {vanished}); a training run is replacing it '
+                'faster than it can be read. Retry, or raise --config.max_to_keep.',
+                vanished) from e
+          logger.warning('Checkpoint %s was deleted or superseded while it was read (a '
+                         'running training run keeps only its newest steps); reading the '
+                         'newest one instead.', self.step_dir(s))
+          continue
+        reason = str(e) if isinstance(e, _Damage) else _describe(e)
+        damaged.append(dict(step=s, directory=str(self.step_dir(s)), reason=reason))
+        if requested is not None:
+          raise CheckpointDamagedError(
+              f'The checkpoint {self.step_dir(s)} is damaged: {reason}. It is left on disk; '
+              f'restore another step (available: {steps}), move it aside, or use a fresh '
+              '--workdir.', [s]) from e
+        older = [x for x in steps if x < s]
+        if not fallback:
+          raise CheckpointDamagedError(
+              f'The latest checkpoint {self.step_dir(s)} is damaged: {reason}. Nothing was '
+              f'changed. Move it aside (e.g. mv {self.step_dir(s)} /tmp/) and re-run to '
+              + (f'resume from the previous checkpoint (step {older[-1]}), ' if older else '')
+              + 'or use a fresh --workdir.', [s]) from e
+        if older:
+          logger.warning('Checkpoint %s is damaged (%s); falling back to the previous '
+                         'checkpoint. The damaged directory is left on disk for inspection.',
+                         self.step_dir(s), reason)
+        continue
+      info = RestoreInfo(step=s, requested=requested, fell_back_from=damaged,
+                         vanished=vanished)
+      self.last_restore = info
+      return out, info
+    raise CheckpointDamagedError(
+        'No readable checkpoint: ' + '; '.join(f"{d['directory']} ({d['reason']})"
+                                               for d in damaged)
+        + '. Inspect or move these directories, or use a fresh --workdir.',
+        [d['step'] for d in damaged])
 
   def restore_params_only(self, step: int, sharding: Any = None
                           ) -> tuple[PyTree, dict[str, Any], int]:
-    """``(params, config, step)`` of one step, shapes and dtypes from the stored metadata."""
+    """``(params, config, step)`` of one step, shapes and dtypes from the stored metadata;
+    digests and finiteness verified (`_Damage` otherwise)."""
     tree = self.item_tree(step, 'params')
     if tree is None:
       raise FileNotFoundError(f'item params is missing in {self.step_dir(step)}')
-    r = self._manager.restore(step, args=ocp.args.Composite(
+    integrity = self.step_metadata(step).get('integrity', {})
+    r = self._restore_items(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(_abstract(tree, sharding)),
         config=ocp.args.JsonRestore()))
-    return r['params'], dict(r['config'] or {}), step
+    config = dict(r['config'] or {})
+    self._verify(step, 'params', r['params'], tree, integrity)
+    if integrity.get('config') and _json_digest(config) != integrity['config']:
+      raise _Damage('config fails the checksum written at save time')
+    return r['params'], config, step
+
+  def _restore_items(self, step: int, args: Any) -> Any:
+    with _tolerant_event_loops():
+      return self._manager.restore(step, args=args)
 
   def reached_preemption(self, step: int) -> bool:
     """Whether every host has reached JAX's preemption sync point (multi-host SIGTERM)."""
@@ -380,14 +794,32 @@ def restore_params(workdir_or_ckpt_dir: str | os.PathLike[str], step: int | None
 
   Args:
     workdir_or_ckpt_dir: a training workdir (holding ``checkpoints/``) or that directory.
-    step: step to restore; None = latest readable (falls back past a damaged latest).
+    step: step to restore; None = the newest readable one: a damaged newest step is
+      skipped with a warning naming it; a step deleted while it is read (a running
+      trainer) is replaced by the new newest one, never by an older one.
     sharding: one ``jax.sharding.Sharding`` for every leaf, a PyTree of shardings matching
       params, or None for the first local device.
 
   Returns:
     ``(params, config, step)``: params as stored (e.g. ``params['pos_embed']['embedding']``
     ``[max_len, emb_dim]``), the run's config dict and the restored step.
+
+  Raises:
+    FileNotFoundError: no checkpoint, or the requested step is absent (or was deleted).
+    CheckpointDamagedError: the requested step (or every step) is damaged.
   """
+  params, config, info = restore_params_with_info(workdir_or_ckpt_dir, step, sharding)
+  return params, config, info.step
+
+
+def restore_params_with_info(workdir_or_ckpt_dir: str | os.PathLike[str],
+                             step: int | None = None,
+                             sharding: jax.sharding.Sharding | PyTree | None = None,
+                             ) -> tuple[PyTree, dict[str, Any], RestoreInfo]:
+  """``restore_params`` returning ``(params, config, RestoreInfo)``: which step was read,
+  the damaged newer steps skipped and the steps deleted under the reader."""
   with Checkpointer(_resolve_dir(workdir_or_ckpt_dir), max_to_keep=1, async_save=False,
                     read_only=True) as ckpt:
-    return ckpt.first_readable(step, lambda s: ckpt.restore_params_only(s, sharding))
+    (params, config, _), info = ckpt._first_readable(  # pylint: disable=protected-access
+        step, lambda s: ckpt.restore_params_only(s, sharding))
+    return params, config, info

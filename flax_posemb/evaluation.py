@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -326,12 +327,21 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
     **overrides: see `run_evaluation`.
 
   Returns:
-    {'results', 'per_position', 'files', 'out_dir', 'step', 'table' (text)}.
+    {'results', 'per_position', 'files', 'out_dir', 'step', 'table' (text, preceded by the
+    note when the step is not simply the one asked for), 'note', 'checkpoint'}: 'step' is
+    the step actually evaluated (also results['step']); results['checkpoint'] and
+    'checkpoint' are `checkpointing.RestoreInfo.to_json()` (step, requested,
+    fell_back_from, vanished). With step None the newest step at the time is evaluated: a
+    step deleted while it is read is replaced by the new newest one, never an older one;
+    a damaged newest step is skipped with a warning and named in the note.
   """
   from flax_posemb import checkpointing  # pylint: disable=g-import-not-at-top
   from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top  (matplotlib)
   mesh = sharding.make_mesh()
-  params, cfg, step = checkpointing.restore_params(workdir, step, sharding=NamedSharding(mesh, P()))
+  params, cfg, info = checkpointing.restore_params_with_info(
+      workdir, step, sharding=NamedSharding(mesh, P()))
+  step = info.step
+  note = checkpoint_note(info)
   config = ml_collections.ConfigDict(cfg)
   if str(config.model.get('position_init', '')).startswith('file:'):
     # The checkpoint's params hold the table; the file it was initialized from may be gone.
@@ -339,10 +349,14 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
   model = train_step.make_model(config)
   out = run_evaluation(model, params, config, step=step, offsets=offsets, mesh=mesh, **overrides)
   out.results['workdir'] = os.path.abspath(workdir)
+  out.results['step'] = step
+  out.results['checkpoint'] = info.to_json()
   out_dir = output or os.path.join(workdir, 'eval', f'step_{step}')
   name = os.path.basename(os.path.normpath(workdir))
   files = eval_report.write_outputs(out.results, out.per_position, out_dir, title=f'{name} step {step}')
   text = eval_report.format_table(out.results)
+  if note:
+    text = note + '\n' + text
   if out.results.get('offset_probe'):
     text += '\n\n' + eval_report.format_offsets(out.results['offset_probe'])
   if analyze:
@@ -356,7 +370,8 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
       try:
         p0, _, _ = checkpointing.restore_params(workdir, 0)
         initial = np.asarray(model_lib.position_table(p0))
-      except (FileNotFoundError, RuntimeError):
+      except (FileNotFoundError, checkpointing.CheckpointDamagedError) as e:
+        logging.warning('No initial table for the drift analysis: %s', e)
         initial = None
     s = _eval_settings(config, overrides)
     summary = analysis.analyze_workdir(
@@ -365,4 +380,21 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
     files.update({f'analysis_{k}': v for k, v in summary['files'].items()})
     text += f"\n\nposition probe R^2 {summary['probe']['r2']:.3f}; table analysis: {summary['files']['json']}"
   return {'results': out.results, 'per_position': out.per_position, 'files': files,
-          'out_dir': out_dir, 'step': step, 'table': text}
+          'out_dir': out_dir, 'step': step, 'table': text, 'note': note,
+          'checkpoint': info.to_json()}
+
+
+def checkpoint_note(info) -> str:
+  """One line saying which checkpoint was evaluated when it is not simply the one asked
+  for ('' otherwise): damaged newer steps skipped, steps deleted while read."""
+  parts = []
+  if info.fell_back_from:
+    parts.append('skipped damaged ' + '; '.join(
+        f"step {d['step']} ({d['reason']})" for d in info.fell_back_from))
+  if info.vanished:
+    parts.append('step(s) ' + ', '.join(str(s) for s in info.vanished)
+                 + ' deleted by a running training while being read')
+  if not parts:
+    return ''
+  return f'evaluated checkpoint step {info.step}: ' + '; '.join(parts) + '.'
+

@@ -75,3 +75,36 @@ def test_analyze_workdir_writes_plots_json_and_exposure_relation(tmp_path):
     assert json.load(f)['rows'] == 64
   arrays = np.load(summary['files']['arrays'])
   np.testing.assert_allclose(arrays['drift'], analysis.drift(final, init))
+
+
+def _window(workdir, step, count):
+  os.makedirs(os.path.join(workdir, 'stats'), exist_ok=True)
+  np.savez(os.path.join(workdir, 'stats', f'window_{step}.npz'), step=np.int64(step),
+           count=np.asarray(count, np.int64), cumulative_count=np.asarray(count, np.int64) * step)
+
+
+def test_window_readers_ignore_temporary_files(tmp_path):
+  from flax_posemb.experiments import measures  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path)
+  _window(workdir, 5, [1, 2])
+  _window(workdir, 10, [3, 4])
+  stats = tmp_path / 'stats'
+  (stats / 'window_15.npz.tmp.npz').write_bytes(b'PK\x03\x04half')  # an old killed writer
+  (stats / '.window_15.npz.tmp').write_bytes(b'PK\x03\x04half')  # the current temp name
+  (stats / 'window_x.npz').write_bytes(b'')
+  np.testing.assert_array_equal(analysis.cumulative_exposure(workdir), [30, 40])
+  assert [int(w['step']) for w in measures.load_windows(workdir)] == [5, 10]
+
+
+def test_truncated_window_file_is_a_clear_error_naming_it(tmp_path):
+  from flax_posemb.experiments import measures  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path)
+  _window(workdir, 5, [1, 2])
+  _window(workdir, 10, [3, 4])
+  path = tmp_path / 'stats' / 'window_10.npz'
+  path.write_bytes(path.read_bytes()[:40])
+  with pytest.raises(ValueError, match='window_10.npz is damaged'):
+    analysis.cumulative_exposure(workdir)
+  with pytest.raises(ValueError, match='window_10.npz is damaged'):
+    measures.load_windows(workdir)
+  assert analysis.cumulative_exposure(workdir, upto_step=5) is not None

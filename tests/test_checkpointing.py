@@ -383,3 +383,135 @@ def test_relative_workdir_saves_and_restores(tmp_path, monkeypatch):
   restored, _, step = checkpointing.restore_params('runs/rel')
   assert step == 3
   _assert_trees_equal(jax.device_get(params), restored)
+
+
+# --- Integrity: digests, finiteness, classification, steps deleted under a reader ---------
+
+
+def _flip_params_byte(step_dir):
+  """Flips one bit in the middle of the largest params data file: Orbax/TensorStore read
+  such a flip back silently (zstd frames carry no checksum) -- 4 values change."""
+  f = max((x for x in (step_dir / 'params').rglob('*') if x.is_file()),
+          key=lambda x: x.stat().st_size)
+  b = bytearray(f.read_bytes())
+  b[len(b) // 2] ^= 0x10
+  f.write_bytes(bytes(b))
+
+
+def test_flipped_params_byte_names_the_damaged_step_and_falls_back(tmp_path, caplog):
+  params, opt_state = _trained_state(_params(max_len=64, dim=8))
+  with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
+    _save(ck, 1, params, opt_state, _data_iter())
+    _save(ck, 2, params, opt_state, _data_iter())
+  _flip_params_byte(tmp_path / 'checkpoints' / '2')
+  step_dir = str(tmp_path / 'checkpoints' / '2')
+  with pytest.raises(checkpointing.CheckpointDamagedError, match='checksum') as e:
+    checkpointing.restore_params(tmp_path, step=2)
+  assert step_dir in str(e.value) and e.value.steps == [2]
+  with caplog.at_level(logging.WARNING, logger=LOGGER):
+    _, _, info = checkpointing.restore_params_with_info(tmp_path)
+  assert info.step == 1 and [d['step'] for d in info.fell_back_from] == [2]
+  assert step_dir in caplog.text and 'damaged' in caplog.text
+  with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
+    with pytest.raises(checkpointing.CheckpointDamagedError, match=step_dir):
+      ck.restore(2, abstract_params=_abstract(params),
+                 abstract_opt_state=_abstract(opt_state), data_iter=_data_iter())
+    r = ck.restore(abstract_params=_abstract(params),
+                   abstract_opt_state=_abstract(opt_state), data_iter=_data_iter())
+    assert r['step'] == 1 and r['restore_info'].fell_back_from[0]['step'] == 2
+    with pytest.raises(checkpointing.CheckpointDamagedError, match='previous checkpoint'):
+      ck.restore(abstract_params=_abstract(params), abstract_opt_state=_abstract(opt_state),
+                 data_iter=_data_iter(), fallback=False)
+
+
+def test_params_replaced_by_other_valid_bytes_fail_the_checksum(tmp_path):
+  """Decodable bytes of other values (no format error at all) are still caught."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    _save(ck, 1, params, opt_state, None)
+    _save(ck, 2, jax.tree.map(lambda x: x * 2, params), opt_state, None)
+  shutil.rmtree(tmp_path / '1' / 'params')
+  shutil.copytree(tmp_path / '2' / 'params', tmp_path / '1' / 'params')
+  with pytest.raises(checkpointing.CheckpointDamagedError, match='pos_embed/embedding'):
+    checkpointing.restore_params(tmp_path, step=1)
+
+
+def test_checkpoint_holding_nan_is_refused_on_restore(tmp_path, monkeypatch):
+  params, opt_state = _trained_state(_params())
+  bad = jax.tree.map(lambda x: x, params)
+  bad['ln']['scale'] = bad['ln']['scale'].at[0].set(jnp.nan)
+  # A NaN written by a version without the save-time check (or by another tool).
+  monkeypatch.setattr(checkpointing, '_inspect_arrays',
+                      lambda name, tree: ([], {}))
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    assert _save(ck, 3, bad, opt_state, None)
+  monkeypatch.undo()
+  with pytest.raises(checkpointing.CheckpointDamagedError, match='non-finite.*ln/scale'):
+    checkpointing.restore_params(tmp_path, step=3)
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    with pytest.raises(checkpointing.CheckpointDamagedError, match=str(tmp_path / '3')):
+      ck.restore(abstract_params=_abstract(params), abstract_opt_state=_abstract(opt_state),
+                 data_iter=None)
+
+
+def test_another_models_checkpoint_is_a_mismatch_not_damage(tmp_path, caplog):
+  params, opt_state = _trained_state(_params(max_len=8))
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    _save(ck, 1, params, opt_state, None)
+    _save(ck, 2, params, opt_state, None)
+  bigger, bigger_opt = _trained_state(_params(max_len=16))
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+      with pytest.raises(checkpointing.CheckpointMismatchError) as e:
+        ck.restore(abstract_params=_abstract(bigger),
+                   abstract_opt_state=_abstract(bigger_opt), data_iter=None)
+  assert not isinstance(e.value, checkpointing.CheckpointDamagedError)
+  assert 'damaged' not in caplog.text and 'corrupt' not in str(e.value)
+
+
+def test_step_deleted_while_read_is_replaced_by_the_new_latest(tmp_path, monkeypatch,
+                                                                caplog):
+  """A trainer with max_to_keep=1 saves step 7 and deletes step 5 between the reader's
+  listing and its restore: the reader reads step 7, never falls back to step 0."""
+  params, opt_state = _trained_state(_params())
+  writer = checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=1,
+                                      async_save=False)
+  _save(writer, 0, _params(), opt_state, None)
+  _save(writer, 5, params, opt_state, None)
+  real = checkpointing.Checkpointer.restore_params_only
+  calls = []
+
+  def racing(self, step, sharding=None):
+    calls.append(step)
+    if step == 5:  # the trainer moves on while the reader holds step 5's listing
+      _save(writer, 7, jax.tree.map(lambda x: x + 1, params), opt_state, None)
+      writer.wait_until_finished()
+      assert not (tmp_path / 'checkpoints' / '5').exists()
+    return real(self, step, sharding)
+
+  monkeypatch.setattr(checkpointing.Checkpointer, 'restore_params_only', racing)
+  with caplog.at_level(logging.WARNING, logger=LOGGER):
+    restored, _, info = checkpointing.restore_params_with_info(tmp_path)
+  writer.close()
+  assert calls == [5, 7]
+  assert info.step == 7 and info.vanished == [5] and info.fell_back_from == []
+  _assert_trees_equal(restored, jax.tree.map(lambda x: x + 1, params))
+  assert 'deleted or superseded' in caplog.text
+
+
+def test_diverged_loss_is_not_saved_as_last_good(tmp_path, caplog):
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    assert ck.save(1, params=params, opt_state=opt_state, data_iter=None, stats=None,
+                   config={}, metrics={'loss': 3.7})
+    assert ck.save(2, params=params, opt_state=opt_state, data_iter=None, stats=None,
+                   config={}, metrics={'loss': 5.0})  # a spike, kept
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+      assert not ck.save(3, params=params, opt_state=opt_state, data_iter=None,
+                         stats=None, config={}, metrics={'loss': 2.9e12})
+    assert 'diverged' in caplog.text and ck.all_steps() == [1, 2]
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:  # rule survives restarts
+    assert ck.divergence(2.9e12) and ck.divergence(float('nan'))
+    assert ck.divergence(4.0) is None
+    assert ck.step_metadata(2)['metrics'] == {'loss': 5.0}

@@ -112,3 +112,62 @@ def test_comparison_of_different_windows_is_a_clear_error(runs, tmp_path):
   from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match='different windows'):
     eval_report.compare(['a', 'b'], [a, b], str(tmp_path / 'compare'))
+
+
+def _copy_run(tiny_run, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(tiny_run[0], workdir, ignore=shutil.ignore_patterns('eval'))
+  return workdir
+
+
+def test_eval_reads_the_new_latest_when_the_step_is_deleted_mid_read(tiny_run, tmp_path,
+                                                                     monkeypatch):
+  """A trainer (max_to_keep=1) replaces step 20 by step 30 between eval's listing and its
+  read: eval evaluates step 30 and says so; it never falls back to step 0 or 10."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  workdir = _copy_run(tiny_run, tmp_path)
+  ckpt_dir = os.path.join(workdir, 'checkpoints')
+  real = checkpointing.Checkpointer.restore_params_only
+  calls = []
+
+  def racing(self, step, sharding=None):
+    calls.append(step)
+    if step == 20:
+      shutil.copytree(os.path.join(ckpt_dir, '20'), os.path.join(ckpt_dir, '30'))
+      shutil.rmtree(os.path.join(ckpt_dir, '20'))
+    return real(self, step, sharding)
+
+  monkeypatch.setattr(checkpointing.Checkpointer, 'restore_params_only', racing)
+  run = evaluation.evaluate_workdir(workdir, output=str(tmp_path / 'out'))
+  assert calls == [20, 30]
+  assert run['step'] == 30 and run['results']['step'] == 30
+  ck = run['results']['checkpoint']
+  assert ck['step'] == 30 and ck['requested'] is None and ck['vanished'] == [20]
+  assert ck['fell_back_from'] == []
+  saved = json.load(open(run['files']['json']))
+  assert saved['step'] == 30 and saved['checkpoint']['vanished'] == [20]
+  assert 'evaluated checkpoint step 30' in run['table']
+
+
+def test_eval_cli_names_a_damaged_latest_and_the_step_it_evaluated(tiny_run, tmp_path):
+  workdir = _copy_run(tiny_run, tmp_path)
+  params = os.path.join(workdir, 'checkpoints', '20', 'params')
+  for base, _, files in os.walk(os.path.join(params, 'ocdbt.process_0', 'd')):
+    for name in files:  # truncated data files: reads fail mid-restore
+      path = os.path.join(base, name)
+      data = open(path, 'rb').read()
+      open(path, 'wb').write(data[:len(data) // 2])
+  out = str(tmp_path / 'out')
+  r = subprocess.run([sys.executable, str(ROOT / 'eval.py'), '--workdir', workdir,
+                      '--output', out], capture_output=True, text=True, env=SUBPROCESS_ENV,
+                     timeout=600)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert '(step 10)' in r.stdout and 'skipped damaged step 20' in r.stdout
+  assert 'Event loop is closed' not in r.stderr and 'Traceback' not in r.stderr
+  assert 'Exception ignored' not in r.stderr
+  saved = json.load(open(os.path.join(out, 'results.json')))
+  assert saved['step'] == 10
+  assert [d['step'] for d in saved['checkpoint']['fell_back_from']] == [20]
+  with pytest.raises(checkpointing.CheckpointDamagedError, match='checkpoints/20'):
+    evaluation.evaluate_workdir(workdir, step=20, output=out)

@@ -23,14 +23,14 @@ Scalars (``SCALARS``) are documented in ``_scalars``.
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
-import re
 from typing import Any, Mapping
 
 import numpy as np
+
+from flax_posemb import outputs
 
 VECTORS = ('bucket_loss', 'bucket_excess', 'bucket_recovered', 'bucket_exposure',
            'bucket_row_grad', 'bucket_occ_signal', 'bucket_downstream_signal',
@@ -48,26 +48,24 @@ SCALARS = ('final_loss', 'loss_early', 'loss_late', 'loss_late_minus_early', 'de
 
 
 def _step_files(directory: str, prefix: str, ext: str) -> list[tuple[int, str]]:
-  out = []
-  for path in glob.glob(os.path.join(directory, f'{prefix}_*.{ext}')):
-    m = re.search(rf'{prefix}_(\d+)\.{ext}$', path)
-    if m:
-      out.append((int(m.group(1)), path))
-  return sorted(out)
+  """(step, path) of the files named exactly ``PREFIX_<int>.EXT`` (temporary files of a
+  killed writer, e.g. ``window_5.npz.tmp.npz`` or ``.window_5.npz.tmp``, are skipped)."""
+  return outputs.step_files(os.path.join(directory, f'{prefix}_*.{ext}'))
 
 
 def load_windows(run_dir: str) -> list[dict[str, np.ndarray]]:
-  """All statistics windows of a run, in step order (``[max_len]`` vectors plus ``step``)."""
-  out = []
-  for _, path in _step_files(os.path.join(run_dir, 'stats'), 'window', 'npz'):
-    with np.load(path) as z:
-      out.append({k: np.asarray(z[k]) for k in z.files})
-  return out
+  """All statistics windows of a run, in step order (``[max_len]`` vectors plus ``step``).
+
+  Raises:
+    ValueError: a window file is truncated or garbled (named; see `flax_posemb.outputs.load_npz`).
+  """
+  return [outputs.load_npz(path)
+          for _, path in _step_files(os.path.join(run_dir, 'stats'), 'window', 'npz')]
 
 
 def load_tables(run_dir: str) -> dict[int, np.ndarray]:
   """Position-table snapshots of a run: step -> ``[max_len, emb_dim]`` array."""
-  return {s: np.load(p) for s, p in _step_files(os.path.join(run_dir, 'tables'), 'table', 'npy')}
+  return {s: outputs.load_npy(p) for s, p in _step_files(os.path.join(run_dir, 'tables'), 'table', 'npy')}
 
 
 def bucket_means(values: np.ndarray, edges: list[tuple[int, int]]) -> np.ndarray:

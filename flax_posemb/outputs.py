@@ -1,0 +1,66 @@
+"""Readers of a run's step-numbered output files (numpy only).
+
+``stats/window_STEP.npz`` and ``tables/table_STEP.npy`` are written atomically under
+hidden temporary names (``stats.PositionStats.save``). Readers list only names that are
+exactly ``PREFIX_<int>.EXT``, so leftovers of a killed writer (``.window_5.npz.tmp``, or the
+``window_5.npz.tmp.npz`` of older versions) are never taken for results, and read ``.npz``
+files through `load_npz`, which names a damaged file.
+
+Policy: a damaged window file is an error, not skipped -- dropping a window would silently
+change cumulative counts and the late/early window means.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import zipfile
+
+import numpy as np
+
+
+def step_files(pattern: str) -> list[tuple[int, str]]:
+  """Sorted ``(step, path)`` of the files matching ``DIR/PREFIX_*.EXT`` whose name is
+  exactly ``PREFIX_<int>.EXT``; any other name is skipped."""
+  name = os.path.basename(pattern)
+  if name.count('*') != 1:
+    raise ValueError(f'pattern must hold one "*" for the step: {pattern!r}')
+  prefix, ext = name.split('*')
+  exact = re.compile(re.escape(prefix) + r'(\d+)' + re.escape(ext))
+  out = []
+  for path in glob.glob(pattern):
+    m = exact.fullmatch(os.path.basename(path))
+    if m:
+      out.append((int(m.group(1)), path))
+  return sorted(out)
+
+
+def load_npy(path: str) -> np.ndarray:
+  """One ``.npy`` array (a table snapshot); a truncated file is a ValueError naming it."""
+  try:
+    return np.load(path, allow_pickle=False)
+  except (OSError, ValueError, EOFError) as e:
+    if isinstance(e, FileNotFoundError):
+      raise
+    raise ValueError(f'{path} is damaged ({type(e).__name__}: {e}); it is not a complete '
+                     '.npy file. Move it aside (the analysis then uses the remaining '
+                     'snapshots) or resume training from a checkpoint before its step.') from e
+
+
+def load_npz(path: str) -> dict[str, np.ndarray]:
+  """All arrays of one ``.npz`` file.
+
+  Raises:
+    ValueError: the file is truncated or garbled (the message names it and what to do).
+  """
+  try:
+    with np.load(path, allow_pickle=False) as z:
+      return {k: np.asarray(z[k]) for k in z.files}
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
+    if isinstance(e, FileNotFoundError):
+      raise
+    raise ValueError(
+        f'{path} is damaged ({type(e).__name__}: {e}); it is not a complete .npz file. '
+        'Move it aside and resume training from a checkpoint before its step (resuming '
+        'drops and rewrites later window files), or leave this run out.') from e
