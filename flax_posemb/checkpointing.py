@@ -26,10 +26,9 @@ the files are readable but were written for another config (shapes, tree, data p
 fail their digest or hold non-finite values. A step deleted while it is being read (a
 running trainer with a small ``max_to_keep``) is neither: the newest step is read instead.
 
-Divergence: ``save(..., metrics={'loss': x})`` stores the metrics with the step and refuses
-(returns False, warning) a non-finite loss or one above ``divergence_factor`` (default 10)
-times the lowest loss saved in the directory, so a finite-but-diverged state (loss 2.9e12)
-never becomes the "last good" checkpoint; ``divergence(x)`` gives the reason beforehand.
+Divergence is the training loop's to judge (``divergence_loss``): it stops before saving a
+diverged state, so no such state becomes the "last good" checkpoint. ``save(metrics=...)``
+stores scalars with the step (``step_metadata``) for the record.
 
 On-disk layout::
 
@@ -123,7 +122,6 @@ class RestoreInfo:
 
 
 DIGEST_VERSION = 1  # custom_metadata['integrity']['version']
-DIVERGENCE_FACTOR = 10.0  # save(metrics={'loss'}) refuses loss > this x the best saved loss
 MAX_VANISHED_RETRIES = 5  # steps deleted under a reader before it gives up
 
 
@@ -370,8 +368,7 @@ class Checkpointer:
   """
 
   def __init__(self, directory: str | os.PathLike[str], *, max_to_keep: int,
-               async_save: bool = True, read_only: bool = False,
-               divergence_factor: float | None = DIVERGENCE_FACTOR):
+               async_save: bool = True, read_only: bool = False):
     """Opens (creating unless ``read_only``) a checkpoint directory.
 
     Args:
@@ -379,16 +376,12 @@ class Checkpointer:
       max_to_keep: most recent steps kept (>= 1); step 0 is kept in addition.
       async_save: write in a background thread after the device-to-host copy.
       read_only: never write or delete.
-      divergence_factor: ``save(metrics={'loss': x})`` refuses x > factor * the lowest loss
-        saved in this directory (None: no divergence rule).
     """
     if not isinstance(max_to_keep, int) or max_to_keep < 1:
       raise ValueError(f'max_to_keep must be an int >= 1, got {max_to_keep!r}. '
                        'Set --config.max_to_keep to a positive number.')
     self.directory = _absolute(directory)
     self._read_only = read_only
-    self.divergence_factor = divergence_factor
-    self._losses: dict[int, float] | None = None  # step -> saved loss, read lazily
     self.last_restore: RestoreInfo | None = None
     policy = ocp.checkpoint_managers.AnyPreservationPolicy([
         ocp.checkpoint_managers.LatestN(n=max_to_keep),
@@ -424,39 +417,6 @@ class Checkpointer:
     """The ``custom_metadata`` of a step: ``integrity`` digests and ``metrics`` (may be {})."""
     return dict(self._manager.metadata(int(step)).custom_metadata or {})
 
-  def saved_losses(self) -> dict[int, float]:
-    """Step -> ``metrics['loss']`` of the kept steps saved with metrics."""
-    if self._losses is None:
-      self._losses = {}
-      for s in self.all_steps():
-        try:
-          loss = self.step_metadata(s).get('metrics', {}).get('loss')
-        except Exception:  # pylint: disable=broad-except  (a damaged step: no loss)
-          loss = None
-        if isinstance(loss, (int, float)) and np.isfinite(loss):
-          self._losses[s] = float(loss)
-    return self._losses
-
-  def divergence(self, loss: float | None) -> str | None:
-    """Why a checkpoint with training loss ``loss`` must not be saved, or None if it may.
-
-    The rule: a non-finite loss, or a loss above ``divergence_factor`` times the lowest
-    loss saved in this directory (a cross entropy that grew tenfold has diverged; a
-    spike below that still gets saved). Steps saved without metrics do not count.
-    """
-    if loss is None:
-      return None
-    loss = float(loss)
-    if not np.isfinite(loss):
-      return f'the training loss is {loss}'
-    if self.divergence_factor is None or not self.saved_losses():
-      return None
-    best_step, best = min(self.saved_losses().items(), key=lambda kv: kv[1])
-    if loss > self.divergence_factor * max(best, 1e-6):
-      return (f'the training loss {loss:.4g} is more than {self.divergence_factor:g}x the '
-              f'lowest saved loss ({best:.4g} at step {best_step}): the run has diverged')
-    return None
-
   def save(self, step: int, *, params: PyTree, opt_state: PyTree, data_iter: Any,
            stats: Mapping[str, Any] | None, config: Any,
            metrics: Mapping[str, float] | None = None) -> bool:
@@ -470,13 +430,12 @@ class Checkpointer:
       stats: dict (possibly nested) of numpy arrays / Python ints; no zero-size arrays;
         empty or None is not stored (restored as {}).
       config: ConfigDict or JSON-serializable dict.
-      metrics: optional scalars stored with the step (``step_metadata``); ``loss`` (the
-        training loss of the window ending at ``step``) enables the divergence rule
-        (see ``divergence``).
+      metrics: optional scalars stored with the step (``step_metadata``), e.g. the training
+        loss of the window ending at ``step``.
 
     Returns:
       True if a checkpoint was written (or started); False if the state held non-finite
-      values, the loss diverged, or the step already exists (a warning says which).
+      values or the step already exists (a warning says which).
     """
     step, stats = int(step), _stats_to_numpy(stats)
     # Digests and finiteness on the device, before Orbax's copy: the caller may donate
@@ -491,11 +450,6 @@ class Checkpointer:
                      ', '.join(bad[:5]), ' ...' if len(bad) > 5 else '', self.latest_step())
       return False
     metrics = {k: float(v) for k, v in (metrics or {}).items()}
-    reason = self.divergence(metrics.get('loss'))
-    if reason:
-      logger.warning('Not saving the checkpoint of step %d: %s. The last good checkpoint '
-                     '(step %s) is left as it is.', step, reason, self.latest_step())
-      return False
     config = _config_to_dict(config)
     integrity = dict(version=DIGEST_VERSION, params=dig_p, opt_state=dig_o, stats=dig_s,
                      config=_json_digest(config))
@@ -514,8 +468,6 @@ class Checkpointer:
     if not saved:
       logger.warning('A checkpoint of step %d already exists at %s (or is older than the '
                      'latest); it is not overwritten.', step, self.step_dir(step))
-    elif 'loss' in metrics:
-      self.saved_losses()[step] = metrics['loss']
     return bool(saved)
 
   def saved_items(self, step: int) -> list[str]:

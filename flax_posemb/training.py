@@ -17,7 +17,7 @@ Writes into ``workdir`` (docs/DESIGN.md):
 
 Re-running on a workdir with checkpoints resumes from the latest one, logs so, and drops
 ``metrics.jsonl`` rows, window files and table snapshots after the restored step. A
-truncated or corrupted latest checkpoint stops the run with an error naming it (nothing is
+damaged latest checkpoint stops the run with an error naming it (nothing is
 overwritten). A non-finite loss stops the run with ``NonFiniteLossError`` (nothing is saved
 after it).
 """
@@ -201,27 +201,22 @@ def restore_or_init(ckpt: checkpointing.Checkpointer, state: step_lib.TrainState
     ``counters`` are the ``StatsLog`` counters saved with the checkpoint ({} if fresh).
 
   Raises:
-    RuntimeError: a checkpoint newer than the newest readable one exists (named).
-    ValueError: the checkpoint's statistics do not match ``collect_stats``.
+    checkpointing.CheckpointDamagedError: the latest checkpoint is damaged (named).
+    checkpointing.CheckpointMismatchError: it was written for another model or statistics.
   """
   if ckpt.latest_step() is None:
     return state, None, {}
+  # No fallback: a damaged latest step stops the run (CheckpointDamagedError names it and
+  # says how to resume from the previous one) instead of training over it.
   r = ckpt.restore(abstract_params=state.params, abstract_opt_state=state.opt_state,
-                   data_iter=data_iter)
+                   data_iter=data_iter, fallback=False)
   step = int(r['step'])
-  unreadable = [s for s in ckpt.all_steps() if s > step]
-  if unreadable:
-    dirs = ', '.join(str(ckpt.step_dir(s)) for s in unreadable)
-    raise RuntimeError(
-        f'The latest checkpoint(s) {dirs} are truncated or corrupted; the newest readable '
-        f'one is step {step}. Nothing was changed. Move the bad directories aside '
-        f'(e.g. mv {ckpt.step_dir(unreadable[-1])} /tmp/) and re-run to resume from step '
-        f'{step}, or use a fresh --workdir.')
   window = stats_lib.PositionStats.from_mapping(r['stats']['window'])
   if set(window) != set(state.stats):
-    raise ValueError(f'The checkpoint of step {step} holds statistics {sorted(window)} but '
-                     f'this config collects {sorted(state.stats)}; resume with the '
-                     'collect_stats value the run was started with.')
+    raise checkpointing.CheckpointMismatchError(
+        f'The checkpoint of step {step} holds statistics {sorted(window)} but this config '
+        f'collects {sorted(state.stats)}; resume with the collect_stats value the run was '
+        'started with.')
   window = jax.tree.map(lambda v, z: np.asarray(v, z.dtype), window, state.stats)
   return step_lib.TrainState(
       step=jax.device_put(np.int32(step), shardings.step), params=r['params'],
@@ -272,10 +267,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     (restored step or None), ``preempted`` (bool), ``eval`` (last evaluation results or None).
 
   Raises:
-    NonFiniteLossError: the loss became NaN/inf (the last good checkpoint is kept).
-    RuntimeError: the latest checkpoint is unreadable (named; nothing is changed).
+    NonFiniteLossError: the loss became NaN/inf or diverged (the last good checkpoint is kept).
+    checkpointing.CheckpointDamagedError: the latest checkpoint is damaged (named; nothing is
+      changed).
     checkpointing.CheckpointMismatchError: ``workdir`` holds another model's checkpoint.
-    ValueError: bad config values (named in the message).
+    ValueError: bad config values, or a workdir that cannot be used as asked
+      (``workdir.WorkdirError``; named in the message).
   """
   mcfg = validate(config)
   mesh = sharding.make_mesh()
@@ -334,8 +331,10 @@ class _Loop:
 
   def save(self, state: step_lib.TrainState, step: int) -> None:
     payload = dict(self.log.counters, window=state.stats.to_numpy())
+    metrics = {'loss': self.log.last['loss']} if 'loss' in self.log.last else {}
     self.ckpt.save(step, params=state.params, opt_state=state.opt_state,
-                   data_iter=self.data_iter, stats=payload, config=self.config.to_dict())
+                   data_iter=self.data_iter, stats=payload, config=self.config.to_dict(),
+                   metrics=metrics)
 
   def snapshot(self, state: step_lib.TrainState, step: int) -> None:
     if self.model.config.position_embedding != 'learned':

@@ -244,7 +244,8 @@ def test_corrupted_latest_checkpoint_stops_with_its_name(tiny_run, tmp_path):
       with open(os.path.join(root, f), 'r+b') as fh:
         fh.truncate(7)
   before = snapshot_files(workdir)
-  with pytest.raises(RuntimeError, match=f'{bad}.*truncated or corrupted.*step 10'):
+  with pytest.raises(checkpointing.CheckpointDamagedError,
+                     match=f'latest checkpoint {bad} is damaged.*Nothing was changed.*step 10'):
     training.train_and_evaluate(tiny_config(), workdir)
   assert snapshot_files(workdir) == before
 
