@@ -282,3 +282,75 @@ def test_synthetic_tokens_follow_the_dynamics_of_their_position_ids(policy):
   assert np.isfinite(nll).all()
   assert abs(nll.mean() - bayes) < 0.2, (nll.mean(), bayes)
   assert np.mean(nll_wrong) > bayes + 1.0
+
+
+def _long_doc_cfg(tmp_path, policy, t=16):
+  """local_text corpus: one document of 10*T tokens and three short ones, no shuffling."""
+  corpus = tmp_path / 'corpus'
+  corpus.mkdir(exist_ok=True)
+  rng = np.random.default_rng(0)
+  (corpus / 'long.txt').write_text(''.join(chr(c) for c in rng.integers(97, 123, 10 * t - 1)))
+  for i, n in enumerate((3, 7, 11)):
+    (corpus / f'short{i}.txt').write_text('ABCDEFGHIJKLMNOP'[:n])
+  cfg = _cfg(policy, source='local_text', local_glob=str(corpus / '*.txt'), val_percent=0,
+             data_dir=str(tmp_path / 'data'), seq_len=t, shuffle=False)
+  cfg.model.max_len = t
+  return cfg
+
+
+def _corpus_docs(cfg):
+  src = data.make_source(cfg.data, 'train')
+  return [src.doc(i, max_pairs=None) for i in range(len(src))]
+
+
+@pytest.mark.parametrize('policy', ['packed', 'packed_reset', 'natural_chunked'])
+def test_a_document_of_ten_contexts_contributes_all_its_tokens(tmp_path, policy):
+  t = 16
+  cfg = _long_doc_cfg(tmp_path, policy, t)
+  docs = _corpus_docs(cfg)
+  assert max(len(d) for d in docs) == 10 * t  # [SEP] + 10T - 1 bytes.
+  stream_in = np.concatenate([d[:-1] for d in docs])
+  stream_tg = np.concatenate([d[1:] for d in docs])
+  doc_pos = np.concatenate([np.arange(len(d) - 1) for d in docs])
+  total = len(stream_in)
+  it = data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=4,
+                                max_len=4 * t if policy == 'packed_reset' else None)
+  rows = [r for b in _take(it, 20) for r in (
+      {k: v[i] for k, v in b.items()} for i in range(2))]
+  real = lambda key: np.concatenate([r[key][r['segment_ids'] > 0] for r in rows])
+  got_in, got_tg, got_pos = real('inputs'), real('targets'), real('positions')
+  # The first epoch of the stream is every pair of every document, in order.
+  np.testing.assert_array_equal(got_in[:total], stream_in)
+  np.testing.assert_array_equal(got_tg[:total], stream_tg)
+  if policy == 'packed':
+    np.testing.assert_array_equal(got_pos[:total], np.arange(total) % t)
+  elif policy == 'packed_reset':  # In-document positions up to the table (4T), then restart.
+    np.testing.assert_array_equal(got_pos[:total], doc_pos % (4 * t))
+    assert got_pos.max() == 4 * t - 1
+  else:  # natural_chunked: every T-piece restarts at 0 and is its own row.
+    np.testing.assert_array_equal(got_pos[:total], doc_pos % t)
+    long_rows = [r for r in rows[:len(rows)] if r['segment_ids'].sum() == t]
+    assert len(long_rows) >= 9
+
+
+def test_packed_reset_without_max_len_restarts_positions_at_the_row_length(tmp_path):
+  cfg = _long_doc_cfg(tmp_path, 'packed_reset')
+  b = next(data.make_train_iterator(cfg.data, batch_size=8, seed=0, num_train_steps=4))
+  assert b['positions'].max() == 15
+  with pytest.raises(ValueError, match='longer than the position table'):
+    data.make_train_iterator(cfg.data, batch_size=8, seed=0, num_train_steps=4, max_len=8)
+
+
+@pytest.mark.parametrize('policy', ['packed', 'packed_reset', 'natural_chunked', 'natural'])
+def test_long_documents_resume_exactly_mid_document(tmp_path, policy):
+  cfg = _long_doc_cfg(tmp_path, policy)
+  mk = lambda: data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=4,
+                                        max_len=32 if policy == 'packed_reset' else None)
+  it = mk()
+  for skip in (0, 1, 2, 5):  # Lands inside the 10T document and across epochs.
+    _take(it, skip)
+    state = json.loads(json.dumps(it.get_state()))
+    expected = _take(it, 4)
+    it2 = mk()
+    it2.set_state(state)
+    assert all(_equal(x, y) for x, y in zip(expected, _take(it2, 4)))

@@ -44,3 +44,22 @@ def test_cli_prints_and_writes_json_and_png(tmp_path):
   assert 'policy=packed_reset' in out.stdout and 'decile' in out.stdout
   assert json.loads(js.read_text())['policy'] == 'packed_reset'
   assert png.stat().st_size > 1000
+
+
+def test_policy_shares_count_what_window_policies_drop():
+  cfg = tiny.get_config()
+  t = cfg.data.seq_len
+  cfg.data.schedule_seq_len, cfg.data.schedule_fraction = t // 4, 0.5
+  shares = report.policy_shares(np.array([10 * t, t // 2]), cfg.data)
+  for p in ('packed', 'packed_reset', 'natural_chunked'):
+    assert shares[p]['token_share'] == 1.0
+  np.testing.assert_allclose(shares['natural']['token_share'], 1.5 / 10.5)
+  np.testing.assert_allclose(shares['random_offset']['token_share'], 1.5 / 10.5)
+  np.testing.assert_allclose(shares['length_schedule']['token_share'],
+                             0.5 * 0.5 / 10.5 + 0.5 * 1.5 / 10.5)
+  assert shares['packed']['last_over_first'] == 1.0
+  np.testing.assert_allclose(shares['natural']['last_over_first'], 0.5)  # 1 of 2 docs.
+  # Wrapped at T: the 10T document fills every position 10 times, the short one the first half.
+  np.testing.assert_allclose(shares['natural_chunked']['last_over_first'], 10 / 11)
+  st = report.length_stats(np.array([10 * t, t // 2]), t)
+  assert st['docs_longer_than_context'] == 0.5 and st['max'] == 10 * t

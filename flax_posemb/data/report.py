@@ -21,11 +21,23 @@ def _length_buckets(seq_len: int, n: int = 6) -> list[tuple[int, int]]:
   return [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
 
 
-def _hist(lengths: np.ndarray, seq_len: int) -> list[dict[str, Any]]:
-  """Documents and token share per length bucket; lengths ``[n]`` in pairs."""
+def _hist(lengths: np.ndarray, seq_len: int, beyond: bool = False) -> list[dict[str, Any]]:
+  """Documents and token share per length bucket; lengths ``[n]`` in pairs.
+
+  `beyond`: add buckets past the context, (T, 2T], (2T, 4T], (4T, 16T], (16T, inf).
+  """
   total = max(int(lengths.sum()), 1)
   out = []
-  for lo, hi in _length_buckets(seq_len):
+  buckets = _length_buckets(seq_len)
+  if beyond:
+    t = seq_len
+    buckets += [(t, 2 * t), (2 * t, 4 * t), (4 * t, 16 * t), (16 * t, None)]
+  for lo, hi in buckets:
+    if hi is None:
+      sel = lengths > lo
+      out.append({'bucket': f'({lo},inf)', 'docs': int(sel.sum()),
+                  'token_share': float(lengths[sel].sum() / total)})
+      continue
     sel = (lengths > lo) & (lengths <= hi)
     out.append({'bucket': f'({lo},{hi}]', 'docs': int(sel.sum()),
                 'token_share': float(lengths[sel].sum() / total)})
@@ -41,6 +53,68 @@ def _segment_lengths(batch: dict[str, np.ndarray]) -> list[int]:
   return out
 
 
+def policy_shares(doc_pairs: np.ndarray, data_config, seed: int = 0) -> dict[str, Any]:
+  """What each policy makes of documents of these (untruncated) lengths.
+
+  Args:
+    doc_pairs: ``[n]`` untruncated document lengths (pairs) of a corpus sample.
+    data_config: `config.data` (seq_len, min_doc_len, schedule_*, resample_dist).
+    seed: draws of `resampled` lengths.
+
+  Returns:
+    {policy: {'token_share': share of the sample's pairs that reach a row (1 - dropped),
+    'last_over_first': expected real tokens in the last tenth of positions over the first
+    tenth (None where it depends on the run: random_offset, resampled)}}. Analytic: it
+    assumes every document is read once (one epoch) with `data.position_policy`'s rules
+    and ``max_len = seq_len`` for `packed_reset`.
+  """
+  from flax_posemb.data import lengths as lengths_lib  # pylint: disable=g-import-not-at-top
+  c = data_config
+  t = int(c.seq_len)
+  n = np.asarray(doc_pairs, np.int64)
+  n = n[n + 1 >= int(c.min_doc_len)]  # Shorter documents are skipped by every policy.
+  total = max(int(np.asarray(doc_pairs).sum()), 1)
+  used = lambda cap: float(np.minimum(n, cap).sum() / total)
+
+  def ratio(counts):
+    d = np.array([x.mean() for x in np.array_split(counts.astype(np.float64), 10)])
+    return float(d[-1] / d[0]) if d[0] else None
+
+  p = np.arange(t)
+  srt = np.sort(n)
+  alive = lambda q: len(srt) - np.searchsorted(srt, q, side='right')  # #{n > q}.
+  natural = alive(p)
+  wrapped = sum(alive(p + k * t) for k in range(int(srt[-1] // t) + 1)) if len(srt) else p * 0
+  f = float(c.schedule_fraction)
+  ts = int(c.schedule_seq_len)
+  rng = np.random.default_rng([seed, 0x5A])
+  target = lengths_lib.parse(c.resample_dist, t)
+  m = target.sample_many(rng.random((len(n), 16)).ravel(), rng.random((len(n), 16)).ravel())
+  resampled = float(np.minimum(np.repeat(n, 16), m).sum() / 16 / total)
+  return {
+      'packed': {'token_share': used(np.inf), 'last_over_first': 1.0},
+      'packed_reset': {'token_share': used(np.inf), 'last_over_first': ratio(wrapped)},
+      'natural_chunked': {'token_share': used(np.inf), 'last_over_first': ratio(wrapped)},
+      'natural': {'token_share': used(t), 'last_over_first': ratio(natural)},
+      'random_offset': {'token_share': used(t), 'last_over_first': None},
+      'length_schedule': {'token_share': f * used(ts) + (1 - f) * used(t),
+                          'last_over_first': ratio(natural)},
+      'resampled': {'token_share': resampled, 'last_over_first': None},
+  }
+
+
+def length_stats(doc_pairs: np.ndarray, seq_len: int) -> dict[str, Any]:
+  """Untruncated document lengths (pairs): count, mean, quantiles, share beyond the context."""
+  n = np.asarray(doc_pairs, np.int64)
+  if not len(n):
+    return {'docs': 0}
+  q = lambda x: float(np.quantile(n, x))
+  return {'docs': int(len(n)), 'pairs': int(n.sum()), 'mean': float(n.mean()),
+          'median': q(0.5), 'p90': q(0.9), 'p99': q(0.99), 'max': int(n.max()),
+          'docs_longer_than_context': float((n > seq_len).mean()),
+          'pairs_past_context': float(np.maximum(n - seq_len, 0).sum() / max(n.sum(), 1))}
+
+
 def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dict[str, Any]:
   """Exposure of the training iterator of `config` (the full config: data + batch fields).
 
@@ -48,13 +122,16 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
     config: full config (`config.data`, `config.batch_size`, `config.seed`,
       `config.num_train_steps`).
     num_batches: batches drawn from the training iterator.
-    num_source_docs: documents sampled from the source for its length distribution.
+    num_source_docs: documents sampled from the source for its length distribution
+      (0 = every document).
 
   Returns:
     JSON-serializable dict: 'counts' (real tokens per position, ``[seq_len]``), 'deciles'
     (mean count per decile of positions, ``[10]``), 'last_over_first', padding fraction,
-    'segment_lengths' (per row segment, bucketed) and 'doc_lengths' (source documents,
-    truncated to the context, bucketed).
+    'segment_lengths' (per row segment, bucketed), 'doc_lengths' (sampled source documents,
+    untruncated, bucketed up to and past the context), 'doc_length_stats' (quantiles) and
+    'policies' (per policy: share of the sample's tokens it uses, analytic late/early
+    exposure; see `policy_shares`).
   """
   c = config.data
   pipeline.validate_config(c, max_len=int(config.model.max_len))
@@ -72,8 +149,10 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
   deciles = np.array([x.mean() for x in np.array_split(counts.astype(np.float64), 10)])
   src = pipeline.make_source(c, c.train_split)
   order = pipeline.DocOrder(len(src), int(config.seed), True)
-  doc_lens = np.array([max(len(src.doc(order[i], max_pairs=t)) - 1, 0)
-                       for i in range(min(num_source_docs, len(src)))])
+  k = len(src) if num_source_docs <= 0 else min(num_source_docs, len(src))
+  doc_lens = np.array([max(len(src.doc(order[i], max_pairs=None)) - 1, 0) for i in range(k)],
+                      np.int64)
+  shares = policy_shares(doc_lens, c, int(config.seed))
   return {
       'source': c.source, 'name': c.name, 'policy': c.position_policy, 'seq_len': t,
       'batch_size': int(config.batch_size), 'num_batches': int(num_batches),
@@ -82,8 +161,11 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
       'counts': counts.tolist(), 'deciles': deciles.tolist(),
       'last_over_first': float(deciles[-1] / deciles[0]) if deciles[0] else None,
       'segment_lengths': _hist(np.asarray(seg_lens), t),
-      'doc_lengths': _hist(doc_lens, t),
+      'doc_lengths': _hist(doc_lens, t, beyond=True),
+      'doc_length_stats': length_stats(doc_lens, t),
       'mean_doc_pairs': float(doc_lens.mean()) if len(doc_lens) else 0.0,
+      'policies': shares,
+      'token_share': shares[c.position_policy]['token_share'],
   }
 
 
@@ -95,16 +177,37 @@ def format_report(rep: dict[str, Any]) -> str:
            f"{rep['batch_size']}",
            f"real tokens {rep['real_tokens']} of {rep['token_slots']} slots "
            f"(padding {100 * rep['padding_fraction']:.1f}%)",
+           f"measured late/early exposure (last/first decile): "
+           f"{_fmt(rep['last_over_first'])}",
            'real tokens per position, mean per decile of positions:']
   edges = np.linspace(0, t, 11).astype(int)
   first = rep['deciles'][0] or 1.0
   for i, d in enumerate(rep['deciles']):
     bar = '#' * int(round(40 * d / max(max(rep['deciles']), 1e-9)))
     lines.append(f'  [{edges[i]:5d},{edges[i + 1]:5d})  {d:10.1f}  {d / first:5.2f}x  {bar}')
-  for key, title in (('doc_lengths', 'source document lengths (pairs, truncated to context)'),
+  st = rep.get('doc_length_stats', {})
+  if st.get('docs'):
+    lines.append(
+        f"source documents (sample of {st['docs']}, untruncated, pairs): mean "
+        f"{st['mean']:.0f}, median {st['median']:.0f}, p90 {st['p90']:.0f}, p99 "
+        f"{st['p99']:.0f}, max {st['max']}; {100 * st['docs_longer_than_context']:.1f}% of "
+        f"documents are longer than the context; {100 * st['pairs_past_context']:.1f}% of all "
+        'pairs lie past the first context of their document')
+  for key, title in (('doc_lengths', 'source document lengths (pairs, untruncated)'),
                      ('segment_lengths', 'row segments (pairs)')):
     lines.append(f'{title}:')
     for h in rep[key]:
-      lines.append(f"  {h['bucket']:>12s}  docs {h['docs']:7d}  token share "
+      lines.append(f"  {h['bucket']:>14s}  docs {h['docs']:7d}  token share "
                    f"{100 * h['token_share']:5.1f}%")
+  if 'policies' in rep:
+    lines.append('per policy (analytic, one epoch of the sample): share of corpus tokens used, '
+                 'late/early exposure')
+    for name, v in rep['policies'].items():
+      mark = '*' if name == rep['policy'] else ' '
+      lines.append(f"  {mark} {name:16s} tokens used {100 * v['token_share']:6.2f}%  "
+                   f"late/early {_fmt(v['last_over_first'])}")
   return '\n'.join(lines)
+
+
+def _fmt(x) -> str:
+  return 'n/a' if x is None else f'{x:.3f}'

@@ -2,7 +2,8 @@
 
 A `DocSource` returns a document's tokens by index. Synthetic documents are generated for
 the position id they start at (``start``); real-text documents ignore it. Every source
-truncates to ``max_pairs + 1`` tokens (``max_pairs`` input/target pairs).
+truncates to ``max_pairs + 1`` tokens (``max_pairs`` input/target pairs);
+``max_pairs=None`` returns the whole document (the streaming policies).
 
 Real text is encoded as ``[SEP] + tokens(text)`` (see `tokenizers`), so the first real
 token is predicted from the separator and, in `packed` rows, documents are visibly
@@ -32,19 +33,19 @@ class DocSource(abc.ABC):
     """Number of documents."""
 
   @abc.abstractmethod
-  def doc(self, index: int, *, start: int = 0, max_pairs: int,
+  def doc(self, index: int, *, start: int = 0, max_pairs: int | None,
           num_pairs: int | None = None) -> np.ndarray:
     """Tokens of document `index`.
 
     Args:
       index: document index in ``[0, len(self))``.
       start: position id of the first token (synthetic only).
-      max_pairs: truncate to ``max_pairs + 1`` tokens.
+      max_pairs: truncate to ``max_pairs + 1`` tokens; None: the whole document.
       num_pairs: synthetic only: generate exactly this many pairs (ignore the length
         distribution); real text: crop to at most this many pairs.
 
     Returns:
-      ``[n]`` int32 tokens, ``n <= max_pairs + 1``.
+      ``[n]`` int32 tokens, ``n <= max_pairs + 1`` (when given).
     """
 
 
@@ -80,7 +81,7 @@ class SyntheticSource(DocSource):
   def doc(self, index, *, start=0, max_pairs, num_pairs=None):
     if num_pairs is None:
       num_pairs = self.num_pairs(index)
-    m = min(int(num_pairs), int(max_pairs))
+    m = int(num_pairs) if max_pairs is None else min(int(num_pairs), int(max_pairs))
     u = self.corpus.doc_uniforms(self.split, index, m + 3)
     return self.corpus.generate(u[2:], int(start))
 
@@ -110,11 +111,11 @@ class SyntheticSource(DocSource):
     u = self.corpus.doc_uniforms_many(self.split, indices, int(pairs.max(initial=0)) + 3)
     return self.corpus.generate_many(u[:, 2:], starts, pairs + 1)
 
-  def pairs_many(self, indices: np.ndarray, max_pairs: int) -> np.ndarray:
-    """Pairs of many documents after truncation to `max_pairs`, ``[n]`` int64."""
+  def pairs_many(self, indices: np.ndarray, max_pairs: int | None) -> np.ndarray:
+    """Pairs of many documents after truncation to `max_pairs` (None: none), ``[n]`` int64."""
     u = self.corpus.doc_uniforms_many(self.split, indices, 2)
     m = np.maximum(self.length_dist.sample_many(u[:, 0], u[:, 1]), self.min_pairs)
-    return np.minimum(m, int(max_pairs))
+    return m if max_pairs is None else np.minimum(m, int(max_pairs))
 
 
 class TextSource(DocSource):
@@ -154,6 +155,9 @@ class TextSource(DocSource):
 
   def doc(self, index, *, start=0, max_pairs, num_pairs=None):
     del start
-    m = int(max_pairs) if num_pairs is None else min(int(num_pairs), int(max_pairs))
+    caps = [int(x) for x in (max_pairs, num_pairs) if x is not None]
+    if not caps:
+      return np.asarray(self.tokenizer.encode_doc(self.text(index)), np.int32)
+    m = min(caps)
     tokens = self.tokenizer.encode_doc(self.text(index), max_tokens=m + 1)
     return np.asarray(tokens[:m + 1], np.int32)

@@ -229,24 +229,123 @@ def _records(data_config, split: str):
           f'data.val_percent={val_percent}); the corpus is empty or too small, or change '
           'data.val_percent.')
     return builder.as_data_source(split=split), 'text'
-  return named_tfds_records(c.name, split, ddir), c.text_feature
+  if c.source == 'long_text':
+    from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
+    return long_text.records(c, split, ddir), 'text'
+  return tfds_records(c.name, split, ddir, c.text_feature)
+
+
+def prepare_hint(name: str, ddir: str) -> str:
+  """The commands that prepare TFDS dataset `name` as array_record into `ddir`."""
+  return (f'Prepare it once (on any machine; TensorFlow is needed only there) with\n'
+          f'  pip install "flax_posemb[prepare]"  # brings TensorFlow/Beam for preparation\n'
+          f'  tfds build {name.split(":")[0]} --file_format=array_record --data_dir={ddir}\n'
+          f'(prepared on another machine: copy its {name.split(":")[0].split("/")[0]}/ '
+          f'directory into {ddir}). For '
+          f'long-context studies use corpora with long documents '
+          f'({", ".join(LONG_DOC_CORPORA)}); lm1b is shuffled single sentences and useless '
+          'for long context.')
+
+
+def find_builder_dir(name: str, ddir: str) -> str | None:
+  """The prepared directory ``ddir/NAME[/CONFIG]/VERSION`` of `name`, or None.
+
+  `name` is ``NAME``, ``NAME/CONFIG`` or either with ``:VERSION``; without a config, a
+  dataset with exactly one prepared config is found too. The highest prepared version wins.
+  """
+  base, _, version = name.partition(':')
+  root = os.path.join(ddir, *base.split('/'))
+  pattern = version or '*'
+  cands = glob_lib.glob(os.path.join(root, pattern, 'dataset_info.json'))
+  if not cands and '/' not in base:
+    cands = glob_lib.glob(os.path.join(root, '*', pattern, 'dataset_info.json'))
+    if len({os.path.dirname(os.path.dirname(x)) for x in cands}) > 1:
+      configs = sorted({os.path.basename(os.path.dirname(os.path.dirname(x))) for x in cands})
+      raise ValueError(f'TFDS dataset {base!r} has several prepared configs in {ddir}: '
+                       f'{configs}; name one in data.name (e.g. {base}/{configs[0]}).')
+
+  def key(path):
+    try:
+      return tuple(int(x) for x in os.path.basename(os.path.dirname(path)).split('.'))
+    except ValueError:
+      return (-1,)
+
+  cands = [x for x in cands if key(x) != (-1,)]
+  return os.path.dirname(max(cands, key=key)) if cands else None
+
+
+def string_features(features) -> list[str]:
+  """Names of the top-level text/string features of a TFDS `FeaturesDict`."""
+  out = []
+  for k, f in features.items():
+    if isinstance(f, tfds.features.Text) or str(getattr(f, 'dtype', '')) in (
+        "<dtype: 'string'>", 'object', 'string') or getattr(f, 'np_dtype', None) == object:
+      out.append(k)
+  return out
+
+
+def pick_text_feature(features, wanted: str, name: str) -> str:
+  """`wanted` if the dataset has it, else its only string feature, else its only string
+  feature named like '*text*'; else a clear error listing the string features."""
+  if features is None or wanted in features:
+    return wanted
+  texts = string_features(features)
+  named = [k for k in texts if 'text' in k.lower()]
+  for cands in (texts, named):
+    if len(cands) == 1:
+      return cands[0]  # E.g. pg19's 'book_text' (next to 'book_title', 'url', ...).
+  raise ValueError(
+      f'TFDS dataset {name!r} has no feature {wanted!r} (data.text_feature); its string '
+      f'features are {texts} (all features: {sorted(features)}). Set '
+      f'--config.data.text_feature to one of them.')
+
+
+def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
+  """Random-access records of a prepared TFDS dataset and its text feature.
+
+  Reads the builder directory under `ddir` directly (`tfds.builder_from_directory`), so a
+  dataset prepared elsewhere with ``tfds build NAME --file_format=array_record`` is read
+  without TensorFlow (TFDS registers wiki40b, c4, pg19, ... only when TensorFlow imports).
+  Falls back to `tfds.data_source` for registered datasets.
+
+  Returns:
+    (records, feature): records[i] is a dict; `feature` the key of its text (`text_feature`
+    if present, else the dataset's only string feature, e.g. pg19's 'book_text').
+
+  Raises:
+    ValueError: not prepared (the message gives the prepare command), not array_record,
+      unknown split (lists the splits) or no usable text feature (lists them).
+  """
+  path = find_builder_dir(name, ddir)
+  if path is None:
+    try:
+      records = tfds.data_source(name, split=split, data_dir=ddir, download=False)
+    except Exception as e:  # Unknown without TensorFlow, not prepared, wrong format.
+      msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+      raise ValueError(
+          f'TFDS dataset {name!r} (data.name) is not prepared in {ddir} (no '
+          f'{os.path.join(ddir, *name.split(":")[0].split("/"))}/<version>/dataset_info.json;'
+          f' TFDS said: {msg}). {prepare_hint(name, ddir)}') from None
+    info = getattr(records, 'dataset_info', None)
+    return records, pick_text_feature(getattr(info, 'features', None), text_feature, name)
+  builder = tfds.builder_from_directory(path)
+  fmt = getattr(builder.info, 'file_format', None)
+  fmt = str(getattr(fmt, 'value', fmt) or '')
+  if fmt and 'array_record' not in fmt.lower():
+    raise ValueError(f'TFDS dataset {name!r} in {path} is stored as {fmt}, which has no '
+                     f'random access without TensorFlow; rebuild it as array_record. '
+                     f'{prepare_hint(name, ddir)}')
+  if split not in builder.info.splits:
+    raise ValueError(f'TFDS dataset {name!r} has no split {split!r}; its splits are '
+                     f'{sorted(builder.info.splits)} (set data.train_split / '
+                     'data.eval_split).')
+  feature = pick_text_feature(builder.info.features, text_feature, name)
+  return builder.as_data_source(split=split), feature
 
 
 def named_tfds_records(name: str, split: str, ddir: str):
-  """`tfds.data_source(name)` with clear errors when unknown or not prepared."""
-  try:
-    return tfds.data_source(name, split=split, data_dir=ddir, download=False)
-  except tfds.core.registered.DatasetNotFoundError:
-    raise ValueError(f'Unknown TFDS dataset {name!r} (data.name); see '
-                     'https://www.tensorflow.org/datasets/catalog.') from None
-  except Exception as e:  # Not prepared, wrong file format, unknown split.
-    raise ValueError(
-        f'TFDS dataset {name!r} split {split!r} is not readable as array_record in '
-        f'{ddir} ({type(e).__name__}: {str(e).splitlines()[0]}). Prepare it once with\n'
-        f'  pip install "flax_posemb[prepare]"  # brings TensorFlow/Beam for preparation\n'
-        f'  tfds build {name} --file_format=array_record --data_dir={ddir}\n'
-        f'For long-context studies use corpora with long documents ({", ".join(LONG_DOC_CORPORA)}); '
-        'lm1b is shuffled single sentences and useless for long context.') from e
+  """Records of prepared TFDS dataset `name` (see `tfds_records`)."""
+  return tfds_records(name, split, ddir)[0]
 
 
 def make_tokenizer(data_config) -> tokenizers.Tokenizer:
