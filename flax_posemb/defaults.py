@@ -90,6 +90,7 @@ def evaluation() -> ml_collections.ConfigDict:
   c.batch_size = 32  # Windows per evaluation batch.
   c.window_len = 0  # Evaluation window length in tokens; 0 = model.max_len (the table size).
   c.position_policy = 'windows'  # windows (full-length documents, positions 0..T-1) | natural (training distribution).
+  c.window_start = 'first'  # windows: first (a document's first T tokens) | random (a uniform start inside it: deep, long real context).
   c.seed = 0  # Seed that picks the evaluation documents (same texts across runs).
   return c
 

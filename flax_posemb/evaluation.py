@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+from absl import logging
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -199,6 +200,23 @@ def summarize(acc: buckets_lib.BucketAccumulator, *, step: int | None = None,
   return EvalOutput(results, per_position, acc.per_window())
 
 
+MIN_BUCKET_WINDOWS = 30  # Fewer windows than this make a bucket's interval unreliable.
+
+
+def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
+  """Warnings for buckets with no scored token or fewer than ``MIN_BUCKET_WINDOWS`` windows."""
+  out = []
+  for b in rows:
+    span = f"[{b['start']}, {b['end']})"
+    if not b['tokens']:
+      out.append(f'bucket {span} is empty: no window reaches it; use longer documents or '
+                 'smaller bucket edges.')
+    elif b['windows'] < MIN_BUCKET_WINDOWS:
+      out.append(f"bucket {span} has only {b['windows']} windows (< {MIN_BUCKET_WINDOWS}): "
+                 'its interval is unreliable; raise --num_windows.')
+  return out
+
+
 def _eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> dict[str, Any]:
   ev = config.get('eval', ml_collections.ConfigDict())
   s = {
@@ -210,6 +228,7 @@ def _eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any])
       'bucket_edges': ev.get('bucket_edges', ''),
       'window_len': ev.get('window_len', 0) or config.model.max_len,
       'seed': ev.get('seed', 0),
+      'window_start': ev.get('window_start', 'first'),
   }
   s.update({k: v for k, v in overrides.items() if v is not None})
   if s['policy'] not in ('windows', 'natural'):
@@ -280,13 +299,18 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
     edges = np.asarray([e for e in full_edges if e < length] + [length])  # probe: clipped
     batches = data_lib.make_eval_batches(
         config.data, split=s['split'], window_len=length, num_windows=s['num_windows'],
-        batch_size=s['batch_size'], policy=s['policy'], seed=s['seed'])
+        batch_size=s['batch_size'], policy=s['policy'], seed=s['seed'],
+        window_start=s['window_start'])
     accs = accumulate(fn, params, batches, edges, offsets=ks, max_len=max_len, mesh=mesh)
     reference = data_lib.reference_losses(config.data, length)
     return [summarize(a, step=step, reference=reference) for a in accs]
 
   out, = passes(s['window_len'], (0,))
-  out.results['settings'] = {k: s[k] for k in ('split', 'policy', 'num_windows', 'window_len')}
+  out.results['settings'] = {k: s[k] for k in ('split', 'policy', 'num_windows', 'window_len',
+                                               'window_start', 'seed')}
+  out.results['warnings'] = thin_buckets(out.results['buckets'])
+  for w in out.results['warnings']:
+    logging.warning('%s', w)
   if offsets:
     probes = passes(window, offsets)
     out.results['offset_probe'] = {

@@ -298,7 +298,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     data_iter = data_lib.make_train_iterator(
         config.data, batch_size=int(config.batch_size), seed=int(config.seed),
         num_train_steps=int(config.num_train_steps), process_index=jax.process_index(),
-        process_count=jax.process_count())
+        process_count=jax.process_count(), max_len=mcfg.max_len)
     state, resumed_from, counters = restore_or_init(ckpt, state, shardings, data_iter)
     log = StatsLog(workdir, mcfg.max_len, lead, resumed_from or 0)
     if resumed_from is not None:

@@ -309,9 +309,12 @@ def _stack(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
   return {k: np.stack([r[k] for r in rows]) for k in policies.KEYS}
 
 
+WINDOW_STARTS = ('first', 'random')
+
+
 def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: int,
-                      batch_size: int, policy: str = 'windows', seed: int = 0
-                      ) -> Iterator[dict[str, np.ndarray]]:
+                      batch_size: int, policy: str = 'windows', seed: int = 0,
+                      window_start: str = 'first') -> Iterator[dict[str, np.ndarray]]:
   """Finite iterator of evaluation batches.
 
   Args:
@@ -325,7 +328,13 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
       W + 1 tokens (synthetic: a full-length document generated from position 0),
       positions ``0..W-1``, loss on every target. 'natural': rows as the training
       `natural` policy makes them (documents truncated to W pairs, padded).
-    seed: chooses the documents; the same (split, seed) gives the same windows.
+    seed: chooses the documents (and random starts); the same (split, seed, window_start)
+      gives the same windows.
+    window_start: 'windows' policy only. 'first': the document's first W + 1 tokens.
+      'random': W + 1 consecutive tokens from a uniformly drawn start inside the document
+      (deep inside long documents, where real context is long); positions are still
+      ``0..W-1``, so context = position. Text sources only (synthetic documents are
+      generated for the positions they occupy).
 
   Returns:
     Iterator of batch dicts, arrays ``[batch_size, W]``.
@@ -336,6 +345,8 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
   """
   if policy not in ('windows', 'natural'):
     raise ValueError(f"Unknown eval policy {policy!r}; use 'windows' or 'natural'.")
+  if window_start not in WINDOW_STARTS:
+    raise ValueError(f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS}.')
   if window_len < 1 or num_windows < 1 or batch_size < 1:
     raise ValueError(f'window_len, num_windows and batch_size must be >= 1; got '
                      f'{window_len}, {num_windows}, {batch_size}.')
@@ -344,6 +355,11 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
   n = len(src)
   order = np.random.default_rng([int(seed), 0xE7A1]).permutation(n)
   rows = []
+  deep = policy == 'windows' and window_start == 'random'
+  if deep and src.positional:
+    raise ValueError("window_start='random' needs a text source: synthetic documents are "
+                     'generated for the positions they occupy, so a window cut from inside '
+                     "one would not match its reference losses. Use window_start='first'.")
   if src.positional and policy == 'windows':
     if num_windows > n:
       raise ValueError(f'Split {split!r} has only {n} synthetic documents but '
@@ -352,9 +368,13 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
             for d in order[:num_windows]]
   else:
     need = w + 1 if policy == 'windows' else int(data_config.min_doc_len)
+    starts = np.random.default_rng([int(seed), 0x5EED])
     for d in order:
-      toks = src.doc(int(d), max_pairs=w)
+      toks = src.doc(int(d), max_pairs=None if deep else w)
       if len(toks) >= need:
+        if deep:  # one draw per document, in document order: reproducible
+          first = int(starts.integers(0, len(toks) - w)) if len(toks) > w + 1 else 0
+          toks = toks[first:first + w + 1]
         rows.append(policies.natural_row(toks, w))
         if len(rows) == num_windows:
           break

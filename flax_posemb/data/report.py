@@ -136,9 +136,11 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
   c = config.data
   pipeline.validate_config(c, max_len=int(config.model.max_len))
   t = int(c.seq_len)
+  max_len = int(config.model.max_len)
   it = pipeline.make_train_iterator(c, batch_size=int(config.batch_size), seed=int(config.seed),
-                                    num_train_steps=int(config.num_train_steps))
-  counts = np.zeros(t, np.int64)
+                                    num_train_steps=int(config.num_train_steps), max_len=max_len)
+  # packed_reset keeps in-document positions up to the table; every other policy stays < T.
+  counts = np.zeros(max_len if c.position_policy == 'packed_reset' else t, np.int64)
   slots, seg_lens = 0, []
   for _ in range(num_batches):
     b = next(it)

@@ -59,7 +59,8 @@ def _pipeline_mean(config: ml_collections.ConfigDict, num_batches: int) -> float
   from flax_posemb.data import pipeline  # pylint: disable=g-import-not-at-top
   it = pipeline.make_train_iterator(config.data, batch_size=int(config.batch_size),
                                     seed=int(config.seed),
-                                    num_train_steps=int(config.num_train_steps))
+                                    num_train_steps=int(config.num_train_steps),
+                                    max_len=int(config.model.max_len))
   total, rows = 0.0, 0
   for _ in range(num_batches):
     batch = next(it)
