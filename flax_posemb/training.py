@@ -40,6 +40,7 @@ from absl import logging
 from flax_posemb import checkpointing
 from flax_posemb import data as data_lib
 from flax_posemb import model as model_lib
+from flax_posemb import optim as optim_lib
 from flax_posemb import sharding
 from flax_posemb import stats as stats_lib
 from flax_posemb import train_step as step_lib
@@ -85,7 +86,34 @@ def validate(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
   if vocab > mcfg.vocab_size:
     raise ValueError(f'The data has token ids up to {vocab - 1} but model.vocab_size='
                      f'{mcfg.vocab_size}. Set --config.model.vocab_size={vocab}.')
+  optim_lib.validate(config)
+  if int(config.eval_every_steps) > 0:
+    _validate_eval(config, mcfg)
   return mcfg
+
+
+def _validate_eval(config: ml_collections.ConfigDict, mcfg: model_lib.ModelConfig) -> None:
+  """The periodic evaluation's settings, and enough evaluation documents, checked at startup
+  (not at the first eval step, after a checkpoint interval of training)."""
+  from flax_posemb import buckets as buckets_lib  # pylint: disable=g-import-not-at-top
+  from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
+  s = evaluation._eval_settings(config, {})  # pylint: disable=protected-access
+  if not 1 <= int(s['window_len']) <= mcfg.max_len:
+    raise ValueError(f"eval.window_len={s['window_len']} must be in [1, model.max_len="
+                     f'{mcfg.max_len}]; 0 means model.max_len.')
+  try:
+    buckets_lib.make_edges(int(s['window_len']), int(s['bucket_size']), s['bucket_edges'])
+  except ValueError as e:
+    raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
+  try:  # Builds (and drops) the evaluation windows: fails now if there are too few.
+    data_lib.make_eval_batches(
+        config.data, split=s['split'], window_len=int(s['window_len']),
+        num_windows=int(s['num_windows']), batch_size=int(s['batch_size']),
+        policy=s['policy'], seed=int(s['seed']))
+  except ValueError as e:
+    raise ValueError(f'Periodic evaluation (eval.*, every eval_every_steps='
+                     f'{config.eval_every_steps}) cannot run: {e} Or set '
+                     '--config.eval_every_steps=0.') from None
 
 
 class StatsLog:

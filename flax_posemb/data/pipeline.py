@@ -23,6 +23,7 @@ from flax_posemb.data import synthetic as synthetic_lib
 
 SOURCES = ('synthetic', 'stdlib', 'local_text', 'tfds')
 TOKENIZERS = ('byte', 'sentencepiece')
+DECODE_ERROR_MODES = ('replace', 'skip', 'error')  # data.on_decode_error
 _BIG = 2**62 // 64  # "Infinite" number of rows (Grain datasets are indexed lazily).
 _PACK_CHUNK = 256  # Documents per Grain element fed to the packer.
 
@@ -73,6 +74,9 @@ def validate_config(data_config, max_len: int) -> None:
         raise ValueError(f'Synthetic split {split!r} unknown; use one of '
                          f'{sorted(synthetic_lib.SPLIT_IDS)}.')
   else:
+    if c.get('on_decode_error', 'replace') not in DECODE_ERROR_MODES:
+      raise ValueError(f'Unknown data.on_decode_error {c.on_decode_error!r}; use one of '
+                       f'{DECODE_ERROR_MODES}.')
     if c.tokenizer not in TOKENIZERS:
       raise ValueError(f'Unknown data.tokenizer {c.tokenizer!r}; use one of {TOKENIZERS}.')
     if c.source == 'tfds' and not c.name:
