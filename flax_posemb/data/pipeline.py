@@ -10,6 +10,9 @@ the process-local rows of each global batch -> row building -> batching. `packed
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from typing import Any, Iterator
 
 from absl import flags
@@ -231,8 +234,30 @@ def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_st
   if int(c.num_workers) > 0:
     if not flags.FLAGS.is_parsed():  # Grain workers read absl flags (a library caller
       flags.FLAGS.mark_as_parsed()  # outside app.run has not parsed any).
-    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(c.num_workers)))
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(c.num_workers)),
+                        worker_init_fn=exit_with_parent)
   return iter(ds)
+
+
+def exit_with_parent(worker_index: int = 0, worker_count: int = 1,
+                     interval: float = 1.0) -> None:
+  """Grain ``worker_init_fn``: the worker ends itself when its parent process is gone.
+
+  A parent killed by SIGKILL (OOM killer, ``kill -9``, a scheduler) cannot stop its Grain
+  workers, which then keep running, reparented, holding memory. Grain has no option for
+  this; ``PR_SET_PDEATHSIG`` is unsuitable because it fires when the parent *thread* that
+  started the worker exits (Grain starts workers from helper threads). So a daemon thread
+  polls ``os.getppid()`` every ``interval`` seconds and exits the worker when it changed.
+  """
+  del worker_index, worker_count
+  parent = os.getppid()
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(interval)
+    os._exit(0)  # pylint: disable=protected-access
+
+  threading.Thread(target=watch, name='exit_with_parent', daemon=True).start()
 
 
 class DocOrder:
