@@ -129,14 +129,18 @@ def _one_line(e: BaseException) -> str:
 def _flag_error_message(e: BaseException, argv: Sequence[str]) -> str:
   """One message for an exception raised while parsing flags (config overrides included)."""
   msg = _one_line(e)
+  if isinstance(e, UserError):
+    return msg
   if isinstance(e, (AttributeError, KeyError)):  # ml_collections: unknown config field.
-    key = msg.strip('"\'')
-    args = [a for a in argv if a.startswith('--') and '.' in a.split('=')[0]
-            and re.search(rf'\.{re.escape(key)}(=|$)', a.split('=')[0] + '=')]
-    where = f' ({args[0]})' if args else ''
-    return (f'unknown config field {key!r}{where}; the fields and their defaults are listed '
-            'in flax_posemb/defaults.py (check the spelling and the section, e.g. '
-            '--config.model.num_layers).')
+    found = re.search(r"'([A-Za-z_][\w]*)\\*'", msg)
+    key = found.group(1) if found else msg
+    args = [a for a in argv if a.startswith('--') and re.search(
+        rf'\.{re.escape(key)}(\.|=|$)', a.split('=')[0])]
+    where = f' in {args[0]}' if args else ''
+    hint = re.search(r'Did you mean "([\w.]+)"', msg)
+    hint = f'did you mean {hint.group(1)!r}? ' if hint else ''
+    return (f'unknown config field {key!r}{where}; {hint}the fields and their defaults are '
+            'listed in flax_posemb/defaults.py.')
   from absl import flags  # pylint: disable=g-import-not-at-top
   if isinstance(e, flags.Error):
     return f'{msg} (see --helpshort).'
@@ -148,7 +152,15 @@ def parse_flags(prog: str) -> Callable[[list[str]], list[str]]:
   def parser(argv: list[str]) -> list[str]:
     from absl import flags  # pylint: disable=g-import-not-at-top
     try:
-      return flags.FLAGS(argv)
+      rest = flags.FLAGS(argv)
+      for name in flags.FLAGS:
+        # config_flags keeps a config file's load error for later (any access raises it).
+        value = flags.FLAGS[name].value
+        error = vars(value).get('_error') if type(value).__name__ == '_ErrorConfig' else None
+        if error is not None:
+          raise UserError(f'--{name}: cannot load the config file: '
+                          + ' '.join(str(error).split()))
+      return rest
     except SystemExit:
       raise
     except Exception as e:  # pylint: disable=broad-except
