@@ -158,8 +158,9 @@ def parse_flags(prog: str) -> Callable[[list[str]], list[str]]:
         value = flags.FLAGS[name].value
         error = vars(value).get('_error') if type(value).__name__ == '_ErrorConfig' else None
         if error is not None:
-          raise UserError(f'--{name}: cannot load the config file: '
-                          + ' '.join(str(error).split()))
+          detail = [l.strip() for l in str(error).splitlines() if l.strip()][-1]
+          raise UserError(f'--{name}: cannot load the config file ({detail}); pass an '
+                          'existing config file such as configs/tiny.py.')
       return rest
     except SystemExit:
       raise

@@ -105,15 +105,15 @@ def _validate_eval(config: ml_collections.ConfigDict, mcfg: model_lib.ModelConfi
     buckets_lib.make_edges(int(s['window_len']), int(s['bucket_size']), s['bucket_edges'])
   except ValueError as e:
     raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
-  try:  # Builds (and drops) the evaluation windows: fails now if there are too few.
-    data_lib.make_eval_batches(
-        config.data, split=s['split'], window_len=int(s['window_len']),
-        num_windows=int(s['num_windows']), batch_size=int(s['batch_size']),
-        policy=s['policy'], seed=int(s['seed']))
-  except ValueError as e:
-    raise ValueError(f'Periodic evaluation (eval.*, every eval_every_steps='
-                     f'{config.eval_every_steps}) cannot run: {e} Or set '
-                     '--config.eval_every_steps=0.') from None
+  for key in ('num_windows', 'batch_size'):
+    if int(s[key]) < 1:
+      raise ValueError(f'eval.{key} must be >= 1, got {s[key]}.')
+  # Builds (and drops) the evaluation windows: too few documents fail now, not at step
+  # eval_every_steps.
+  data_lib.make_eval_batches(
+      config.data, split=s['split'], window_len=int(s['window_len']),
+      num_windows=int(s['num_windows']), batch_size=int(s['batch_size']),
+      policy=s['policy'], seed=int(s['seed']))
 
 
 class StatsLog:

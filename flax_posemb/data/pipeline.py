@@ -44,6 +44,12 @@ def validate_config(data_config, max_len: int) -> None:
   if c.position_policy not in policies.POLICIES:
     raise ValueError(f'Unknown data.position_policy {c.position_policy!r}; use one of '
                      f'{policies.POLICIES}.')
+  if c.get('on_decode_error', 'replace') not in DECODE_ERROR_MODES:
+    raise ValueError(f'Unknown data.on_decode_error {c.on_decode_error!r}; use one of '
+                     f'{DECODE_ERROR_MODES}.')
+  for key in ('num_workers', 'prefetch'):
+    if int(c.get(key, 0)) < 0:
+      raise ValueError(f'data.{key} must be >= 0, got {c[key]}.')
   t = int(c.seq_len)
   if t < 1:
     raise ValueError(f'data.seq_len must be >= 1, got {t}.')
@@ -77,9 +83,6 @@ def validate_config(data_config, max_len: int) -> None:
         raise ValueError(f'Synthetic split {split!r} unknown; use one of '
                          f'{sorted(synthetic_lib.SPLIT_IDS)}.')
   else:
-    if c.get('on_decode_error', 'replace') not in DECODE_ERROR_MODES:
-      raise ValueError(f'Unknown data.on_decode_error {c.on_decode_error!r}; use one of '
-                       f'{DECODE_ERROR_MODES}.')
     if c.tokenizer not in TOKENIZERS:
       raise ValueError(f'Unknown data.tokenizer {c.tokenizer!r}; use one of {TOKENIZERS}.')
     if c.source == 'tfds' and not c.name:
@@ -353,7 +356,8 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
   if src.positional and policy == 'windows':
     if num_windows > n:
       raise ValueError(f'Split {split!r} has only {n} synthetic documents but '
-                       f'num_windows={num_windows}; raise data.synthetic.num_docs.')
+                       f'num_windows={num_windows}; raise data.synthetic.num_docs or lower '
+                       'eval.num_windows.')
     rows = [policies.natural_row(src.doc(int(d), max_pairs=w, num_pairs=w), w)
             for d in order[:num_windows]]
   else:
