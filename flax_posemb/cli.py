@@ -207,7 +207,8 @@ def exit_early_on_sigterm(prog: str, workdir: str, remove: bool = True
   Yields ``started()``, to call once the training loop runs (it has its own SIGTERM
   handler that saves a checkpoint; a SIGTERM after the loop only lets the run finish).
   Before that, SIGTERM raises ``Preempted``: if this process created ``workdir``, it is
-  removed again (unless ``remove`` is False: multi-host runs share it); then the process exits ``EXIT_PREEMPTED`` with a message.
+  removed again (unless ``remove`` is False: multi-host runs share it); then the process
+  exits ``EXIT_PREEMPTED`` with a message.
   """
   created = not os.path.exists(workdir)
   state = {'started': False, 'signalled': False}

@@ -249,7 +249,8 @@ def exit_with_parent(worker_index: int = 0, worker_count: int = 1,
   A parent killed by SIGKILL (OOM killer, ``kill -9``, a scheduler) cannot stop its Grain
   workers, which then keep running, reparented, holding memory. Grain has no option for
   this; ``PR_SET_PDEATHSIG`` is unsuitable because it fires when the parent *thread* that
-  started the worker exits (Grain's mp_prefetch makes its worker iterators in a thread pool). So a daemon thread
+  started the worker exits (Grain's mp_prefetch makes its worker iterators in a thread
+  pool). So a daemon thread
   polls ``os.getppid()`` every ``interval`` seconds and exits the worker when it changed.
   """
   del worker_index, worker_count
