@@ -7,23 +7,24 @@
 Restores only params + config from each run's latest (or --step) Orbax checkpoint onto the
 available devices; writes WORKDIR/eval/step_N/ (or --output) and prints the bucket table and
 the plot path (flax_posemb.evaluation.evaluate_workdir); --table: analysis.write_table_analysis.
+Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback; --debug shows it).
 """
 
 import os
-import sys
 
-from absl import app
 from absl import flags
 from absl import logging
 
+from flax_posemb import cli
+
 flags.DEFINE_multi_string('workdir', None, 'Training workdir(s); several give a comparison.')
-flags.DEFINE_integer('step', None, 'Checkpoint step (default: latest).')
+flags.DEFINE_integer('step', None, 'Checkpoint step (default: latest).', lower_bound=0)
 flags.DEFINE_string('split', None, 'Data split (default: config.data.eval_split).')
-flags.DEFINE_integer('bucket_size', None, 'Width of uniform position buckets.')
+flags.DEFINE_integer('bucket_size', None, 'Width of uniform position buckets.', lower_bound=1)
 flags.DEFINE_enum('buckets', None, ['log2'], 'Bucket scheme: log2 = 0, 1, 2, 4, ..., T.')
 flags.DEFINE_string('bucket_edges', None, 'Explicit bucket edges, e.g. 0,128,256,512.')
-flags.DEFINE_integer('num_windows', None, 'Evaluation windows (documents).')
-flags.DEFINE_integer('batch_size', None, 'Windows per evaluation batch.')
+flags.DEFINE_integer('num_windows', None, 'Evaluation windows (documents).', lower_bound=1)
+flags.DEFINE_integer('batch_size', None, 'Windows per evaluation batch.', lower_bound=1)
 flags.DEFINE_string('offsets', None, 'Offset probe: comma-separated position shifts, e.g. 0,16,64.')
 flags.DEFINE_enum('position_policy', None, ['windows', 'natural'],
                   'windows: full-length documents at positions 0..T-1; natural: training rows.')
@@ -31,23 +32,29 @@ flags.DEFINE_string('output', None, 'Output directory (default WORKDIR/eval/step
 flags.DEFINE_bool('analyze', False, 'Also analyse the position table (norms, drift, PCA, probe).')
 flags.DEFINE_string('table', None, 'With --analyze --output and no --workdir: analyse this '
                     'table file, PATH.npy, PATH.npz[:KEY] or PATH.safetensors[:KEY].')
+cli.define_debug_flag()
 FLAGS = flags.FLAGS
 
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    raise cli.UserError(f'unexpected arguments {argv[1:]}; every option is a --flag.')
   if FLAGS.buckets and FLAGS.bucket_edges:
-    raise app.UsageError('Give either --buckets log2 or --bucket_edges, not both.')
+    raise cli.UserError('give either --buckets log2 or --bucket_edges, not both.')
   if FLAGS.table is not None or not FLAGS.workdir:
     return analyze_table_file()  # Before importing jax: a table needs only numpy.
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
-  from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
-  from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
   try:
     offsets = [int(k) for k in FLAGS.offsets.split(',')] if FLAGS.offsets else None
   except ValueError:
-    raise app.UsageError(f'--offsets must be comma-separated integers, got {FLAGS.offsets!r}.')
+    raise cli.UserError(f'--offsets must be comma-separated integers >= 0, e.g. 0,16,64; got '
+                        f'{FLAGS.offsets!r}.') from None
+  if offsets and min(offsets) < 0:
+    raise cli.UserError(f'--offsets must be >= 0, got {FLAGS.offsets!r}.')
+  for w in (w for w in FLAGS.workdir if not os.path.isdir(w)):
+    raise cli.UserError(f'--workdir {w} is not a directory; give a training workdir.')
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
+  from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
+  from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
   workdirs = FLAGS.workdir
   labels = [os.path.basename(os.path.normpath(w)) for w in workdirs]
   if len(set(labels)) < len(labels):
@@ -64,16 +71,13 @@ def main(argv):
           batch_size=FLAGS.batch_size, bucket_size=FLAGS.bucket_size,
           bucket_edges=FLAGS.buckets or FLAGS.bucket_edges)
     except (ValueError, FileNotFoundError) as e:  # bad input: the message names the fix
-      sys.exit(f'eval.py: {workdir}: {e}')
+      raise cli.UserError(f'{workdir}: {e}') from e
     runs.append(run)
     print(f"== {label} (step {run['step']})\n{run['table']}\nresults: {run['files']['json']}")
     print(f"plot: {run['files']['plot']}")
   if len(runs) > 1:
     out_dir = FLAGS.output or os.path.join(os.path.dirname(os.path.abspath(workdirs[0])), 'compare')
-    try:
-      comp = eval_report.compare(labels, [r['results'] for r in runs], out_dir)
-    except ValueError as e:
-      sys.exit(f'eval.py: {e}')
+    comp = eval_report.compare(labels, [r['results'] for r in runs], out_dir)
     print(f"== comparison\n{comp['table']}\ncomparison: {comp['files']['json']}")
     print(f"plot: {comp['files']['plot']}")
 
@@ -81,19 +85,15 @@ def main(argv):
 def analyze_table_file():
   """--table: bad input is one line on stderr and exit code 2, never a traceback."""
   from flax_posemb import analysis  # pylint: disable=g-import-not-at-top
-  try:
-    if FLAGS.table is None or FLAGS.workdir or not (FLAGS.analyze and FLAGS.output):
-      raise ValueError('--table PATH needs --analyze and --output DIR, and no --workdir; '
-                       'without --table, give --workdir RUN.')
-    summary = analysis.write_table_analysis(
-        FLAGS.table, FLAGS.output, bucket_size=FLAGS.bucket_size or 16,
-        bucket_edges=FLAGS.buckets or FLAGS.bucket_edges or '')
-  except ValueError as e:
-    sys.stderr.write(f'eval.py: {e}\n')
-    sys.exit(2)
+  if FLAGS.table is None or FLAGS.workdir or not (FLAGS.analyze and FLAGS.output):
+    raise cli.UserError('--table PATH needs --analyze and --output DIR, and no --workdir; '
+                        'without --table, give --workdir RUN.')
+  summary = analysis.write_table_analysis(
+      FLAGS.table, FLAGS.output, bucket_size=FLAGS.bucket_size or 16,
+      bucket_edges=FLAGS.buckets or FLAGS.bucket_edges or '')
   print(f"position probe R^2 {summary['probe']['r2']:.3f}\nresults: {summary['files']['json']}\n"
         f"plots: {summary['files']['table_plot']} {summary['files']['cosine_plot']}")
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main, 'eval.py')

@@ -5,12 +5,16 @@
 Re-running the same command on a workdir with checkpoints resumes from the latest one.
 Multi-host: pass --coordinator_address/--num_processes/--process_id (or --distributed to
 let jax.distributed.initialize() detect a cluster); each process reads its own data rows.
+
+Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, nothing written), 3 the
+loss became non-finite, 75 preempted by SIGTERM (re-run the same command to resume).
 """
 
-from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
+
+from flax_posemb import cli
 
 config_flags.DEFINE_config_file('config', None, 'Config file (configs/NAME.py).',
                                 lock_config=True)
@@ -20,26 +24,37 @@ flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-
 flags.DEFINE_integer('num_processes', None, 'Processes in a multi-host run.')
 flags.DEFINE_integer('process_id', None, 'This process (0 .. num_processes-1).')
 flags.DEFINE_string('cpu_collectives', None, "CPU collectives for multi-process CPU runs, e.g. 'gloo'.")
+cli.define_debug_flag()
 flags.mark_flags_as_required(['config', 'workdir'])
 FLAGS = flags.FLAGS
+PROG = 'train.py'
 
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    raise cli.UserError(f'unexpected arguments {argv[1:]}; config values are set with '
+                        '--config.KEY=VALUE.')
+  cli.check_output_dir(FLAGS.workdir)  # The config is checked first in train_and_evaluate.
   logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
-  import jax  # pylint: disable=g-import-not-at-top
-  if FLAGS.cpu_collectives:
-    jax.config.update('jax_cpu_collectives_implementation', FLAGS.cpu_collectives)
-  if FLAGS.distributed or FLAGS.coordinator_address:
-    jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
-                               num_processes=FLAGS.num_processes,
-                               process_id=FLAGS.process_id)
-  from flax_posemb import training  # pylint: disable=g-import-not-at-top
-  result = training.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  state = 'preempted at' if result['preempted'] else 'finished at'
-  print(f"Training {state} step {result['step']}; last window loss {result['loss']}.")
+  multi = FLAGS.distributed or FLAGS.coordinator_address
+  with cli.exit_early_on_sigterm(PROG, FLAGS.workdir, remove=not multi) as started:
+    import jax  # pylint: disable=g-import-not-at-top
+    if FLAGS.cpu_collectives:
+      jax.config.update('jax_cpu_collectives_implementation', FLAGS.cpu_collectives)
+    if multi:
+      jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
+                                 num_processes=FLAGS.num_processes,
+                                 process_id=FLAGS.process_id)
+    from flax_posemb import training  # pylint: disable=g-import-not-at-top
+    result = training.train_and_evaluate(FLAGS.config, FLAGS.workdir,
+                                         hooks=[lambda step, metrics: started()])
+  if result['preempted']:
+    print(f"Training preempted at step {result['step']} (checkpoint saved); re-run the same "
+          f'command to resume. Exit code {cli.EXIT_PREEMPTED}.', flush=True)
+    return cli.EXIT_PREEMPTED
+  print(f"Training finished at step {result['step']}; last window loss {result['loss']}.")
+  return cli.EXIT_OK
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main, PROG)

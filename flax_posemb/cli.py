@@ -12,14 +12,24 @@ Exit codes (documented in the README, "What happens when things go wrong"):
 
 Set ``FLAX_POSEMB_DEBUG=1`` (or pass ``--debug`` to a CLI that defines it) to get the
 traceback of a user error too.
+
+``run(main, prog)`` is ``absl.app.run`` with these rules applied to flag parsing too (an
+unknown ``--config.key``, a value of the wrong type, a missing or broken config file), and
+``main`` returning an exit code. ``Preempted`` / ``exit_early_on_sigterm`` cover a SIGTERM that
+arrives before the training loop has its own handler.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import re
+import shutil
+import signal
 import sys
-from typing import Callable
+import traceback
+from typing import Callable, Iterator, Sequence
 
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
@@ -43,8 +53,28 @@ def debug_enabled() -> bool:
 def _user_error_types() -> tuple[type[BaseException], ...]:
   # ValueError covers config validation, data and the library's own caller errors
   # (checkpointing.CallerError, the position guard); FileNotFoundError a missing workdir,
-  # dataset or table file.
-  return (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
+  # dataset or table file; the other OSErrors a path the user gave that cannot be used.
+  # (A full disk or an I/O error is not the user's input: it keeps its traceback.)
+  return (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+          PermissionError, FileExistsError)
+
+
+def _own_runtime_error(e: BaseException) -> bool:
+  """A plain RuntimeError raised by flax_posemb itself: its message is written for users
+  (e.g. "No readable checkpoint: ..."). RuntimeErrors of JAX/XLA or other libraries are
+  not, and keep their traceback."""
+  if type(e) is not RuntimeError:  # pylint: disable=unidiomatic-typecheck
+    return False
+  frames = traceback.extract_tb(e.__traceback__)
+  here = os.path.dirname(os.path.abspath(__file__))
+  return bool(frames) and os.path.abspath(frames[-1].filename).startswith(here + os.sep)
+
+
+def define_debug_flag() -> None:
+  """Defines ``--debug`` (show the traceback of user errors) in the calling CLI."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_bool('debug', False, 'Show the traceback of user errors too (or set '
+                    'FLAX_POSEMB_DEBUG=1).')
 
 
 def fail(prog: str, message: str, code: int = EXIT_USER_ERROR) -> None:
@@ -74,7 +104,131 @@ def guarded(prog: str) -> Callable[[Callable[..., int | None]], Callable[..., in
       except _user_error_types() as e:
         if debug_enabled():
           raise
-        fail(prog, str(e), EXIT_USER_ERROR)
+        fail(prog, _one_line(e), EXIT_USER_ERROR)
+      except RuntimeError as e:
+        if debug_enabled() or not _own_runtime_error(e):
+          raise
+        fail(prog, _one_line(e), EXIT_USER_ERROR)
+      except Exception as e:  # absl's app.UsageError: bad positional arguments, flag combos.
+        if type(e).__name__ != 'UsageError' or debug_enabled():
+          raise
+        fail(prog, f'{e} (see --helpshort).', EXIT_USER_ERROR)
       return None
     return inner
   return wrap
+
+
+def _one_line(e: BaseException) -> str:
+  """The message of ``e`` (multi-line messages are kept: they are one message)."""
+  text = str(e).strip()
+  if isinstance(e, KeyError) and text.startswith(("'", '"')):
+    text = text[1:-1]
+  return text or type(e).__name__
+
+
+def _flag_error_message(e: BaseException, argv: Sequence[str]) -> str:
+  """One message for an exception raised while parsing flags (config overrides included)."""
+  msg = _one_line(e)
+  if isinstance(e, UserError):
+    return msg
+  if isinstance(e, (AttributeError, KeyError)):  # ml_collections: unknown config field.
+    found = re.search(r"'([A-Za-z_][\w]*)\\*'", msg)
+    key = found.group(1) if found else msg
+    args = [a for a in argv if a.startswith('--') and re.search(
+        rf'\.{re.escape(key)}(\.|=|$)', a.split('=')[0])]
+    where = f' in {args[0]}' if args else ''
+    hint = re.search(r'Did you mean "([\w.]+)"', msg)
+    hint = f'did you mean {hint.group(1)!r}? ' if hint else ''
+    return (f'unknown config field {key!r}{where}; {hint}the fields and their defaults are '
+            'listed in flax_posemb/defaults.py.')
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  if isinstance(e, flags.Error):
+    return f'{msg} (see --helpshort).'
+  return f'bad flags or config file: {type(e).__name__}: {msg}'
+
+
+def parse_flags(prog: str) -> Callable[[list[str]], list[str]]:
+  """An ``app.run`` flags_parser: flag and config-file errors are one message, exit 2."""
+  def parser(argv: list[str]) -> list[str]:
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    try:
+      rest = flags.FLAGS(argv)
+      for name in flags.FLAGS:
+        # config_flags keeps a config file's load error for later (any access raises it).
+        value = flags.FLAGS[name].value
+        error = vars(value).get('_error') if type(value).__name__ == '_ErrorConfig' else None
+        if error is not None:
+          detail = [l.strip() for l in str(error).splitlines() if l.strip()][-1]
+          raise UserError(f'--{name}: cannot load the config file ({detail}); pass an '
+                          'existing config file such as configs/tiny.py.')
+      return rest
+    except SystemExit:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      if os.environ.get('FLAX_POSEMB_DEBUG', '') not in ('', '0') or '--debug' in argv:
+        raise
+      fail(prog, _flag_error_message(e, argv))
+    return []
+  return parser
+
+
+def run(main: Callable[[list[str]], int | None], prog: str) -> None:
+  """``app.run(main)`` with one-message errors for flags and ``main`` (see ``guarded``);
+  ``main``'s return value is the exit code."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  app.run(guarded(prog)(main), flags_parser=parse_flags(prog))
+
+
+def check_output_dir(path: str, what: str = '--workdir') -> None:
+  """Raises UserError unless ``path`` is (or can be created as) a writable directory."""
+  if not path:
+    raise UserError(f'{what} is empty; give a directory path.')
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UserError(f'{what} {path} exists and is not a directory; give a directory path.')
+  parent = os.path.abspath(path)
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise UserError(f'{what} {path} cannot be created: {parent} is a file, not a directory.')
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise UserError(f'{what} {path}: {parent} is not writable; choose another directory.')
+
+
+class Preempted(BaseException):
+  """SIGTERM before the training loop installed its own handler (a BaseException, so that
+  no ``except Exception`` on the way swallows it)."""
+
+
+@contextlib.contextmanager
+def exit_early_on_sigterm(prog: str, workdir: str, remove: bool = True
+                          ) -> Iterator[Callable[[], None]]:
+  """SIGTERM during setup (model, data, compilation): stop at once, leave nothing behind.
+
+  Yields ``started()``, to call once the training loop runs (it has its own SIGTERM
+  handler that saves a checkpoint; a SIGTERM after the loop only lets the run finish).
+  Before that, SIGTERM raises ``Preempted``: if this process created ``workdir``, it is
+  removed again (unless ``remove`` is False: multi-host runs share it); then the process
+  exits ``EXIT_PREEMPTED`` with a message.
+  """
+  created = not os.path.exists(workdir)
+  state = {'started': False, 'signalled': False}
+
+  def handle(signum, frame):
+    del signum, frame
+    state['signalled'] = True
+    if not state['started']:
+      raise Preempted()
+
+  old = signal.signal(signal.SIGTERM, handle)
+  try:
+    yield lambda: state.update(started=True)
+  except Preempted:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # A second SIGTERM: let cleanup finish.
+    removed = ''
+    if remove and created and os.path.isdir(workdir):
+      shutil.rmtree(workdir, ignore_errors=True)
+      removed = f'; removed {workdir}, which this run had created'
+    fail(prog, f'SIGTERM before the first training step: stopped during setup{removed}. '
+         'Re-run the same command to start (or resume) the run.', EXIT_PREEMPTED)
+  finally:
+    signal.signal(signal.SIGTERM, old)

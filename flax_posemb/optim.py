@@ -19,6 +19,7 @@ The chain, in order (``make_optimizer``):
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -31,6 +32,45 @@ from flax_posemb.model import POSITION_TABLE_PATH
 TOKEN_TABLE_PATH = ('token_embed', 'embedding')
 
 
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises ValueError naming the field and the fix for a bad ``optimizer`` section.
+
+  Runs before anything is built (``training.validate``): a NaN, infinite or negative value
+  would otherwise surface as a non-finite loss a few steps into training, blamed on the
+  learning rate, or (``grad_clip_norm=nan``) silently switch a feature off.
+  """
+  o = config.optimizer
+
+  def num(key: str) -> float:
+    try:
+      v = float(o[key])
+    except (TypeError, ValueError):
+      raise ValueError(f'optimizer.{key} must be a number, got {o[key]!r}.') from None
+    if not math.isfinite(v):
+      raise ValueError(f'optimizer.{key} must be finite, got {o[key]}; set '
+                       f'--config.optimizer.{key}=VALUE.')
+    return v
+
+  if not num('learning_rate') > 0:
+    raise ValueError(f'optimizer.learning_rate must be > 0, got {o.learning_rate}.')
+  if num('warmup_steps') < 0 or int(o.warmup_steps) != o.warmup_steps:
+    raise ValueError(f'optimizer.warmup_steps must be an int >= 0, got {o.warmup_steps}.')
+  if num('end_lr_ratio') < 0:
+    raise ValueError(f'optimizer.end_lr_ratio must be >= 0 (a fraction of the peak learning '
+                     f'rate), got {o.end_lr_ratio}.')
+  for key in ('b1', 'b2'):
+    if not 0.0 <= num(key) < 1.0:
+      raise ValueError(f'optimizer.{key} must be in [0, 1), got {o[key]}.')
+  for key in ('eps', 'weight_decay'):
+    if num(key) < 0:
+      raise ValueError(f'optimizer.{key} must be >= 0, got {o[key]}.')
+  num('grad_clip_norm')  # <= 0 disables clipping; NaN must not do so silently.
+  if o.row_lr_scale:
+    num('row_lr_power')
+    if not num('row_lr_max') > 0:
+      raise ValueError(f'optimizer.row_lr_max must be > 0, got {o.row_lr_max}.')
+
+
 def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   """Linear warmup from 0 to ``optimizer.learning_rate``, cosine decay to the end ratio.
 
@@ -40,11 +80,8 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   Returns:
     A schedule mapping the step count (scalar int) to a scalar learning rate.
   """
+  validate(config)
   o = config.optimizer
-  if o.learning_rate <= 0:
-    raise ValueError(f'optimizer.learning_rate must be > 0, got {o.learning_rate}.')
-  if o.warmup_steps < 0:
-    raise ValueError(f'optimizer.warmup_steps must be >= 0, got {o.warmup_steps}.')
   decay_steps = max(int(config.num_train_steps), int(o.warmup_steps) + 1)
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=o.learning_rate, warmup_steps=int(o.warmup_steps),
@@ -149,18 +186,13 @@ def make_optimizer(config: ml_collections.ConfigDict, params: Any
     position_counts=counts)`` with ``counts`` ``[max_len]`` when ``row_lr_scale`` is on
     (the argument is ignored otherwise).
   """
+  validate(config)
   o = config.optimizer
-  if not 0.0 <= o.b1 < 1.0 or not 0.0 <= o.b2 < 1.0:
-    raise ValueError(f'optimizer.b1/b2 must be in [0, 1), got {o.b1}, {o.b2}.')
-  if o.weight_decay < 0:
-    raise ValueError(f'optimizer.weight_decay must be >= 0, got {o.weight_decay}.')
   parts = []
   if o.grad_clip_norm > 0:
     parts.append(optax.clip_by_global_norm(o.grad_clip_norm))
   parts.append(optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps))
   if o.row_lr_scale:
-    if o.row_lr_max <= 0:
-      raise ValueError(f'optimizer.row_lr_max must be > 0, got {o.row_lr_max}.')
     parts.append(scale_position_rows(o.row_lr_power, o.row_lr_max))
   if o.weight_decay > 0:
     parts.append(optax.add_decayed_weights(o.weight_decay, decay_mask(params, config)))

@@ -41,6 +41,7 @@ from absl import logging
 from flax_posemb import checkpointing
 from flax_posemb import data as data_lib
 from flax_posemb import model as model_lib
+from flax_posemb import optim as optim_lib
 from flax_posemb import sharding
 from flax_posemb import stats as stats_lib
 from flax_posemb import train_step as step_lib
@@ -67,6 +68,9 @@ def validate(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
                      f'{mcfg.vocab_size}. Set --config.model.vocab_size={vocab}.')
   if not math.isfinite(float(config.divergence_loss)):
     raise ValueError(f'divergence_loss must be finite, got {config.divergence_loss}.')
+  optim_lib.validate(config)
+  if int(config.eval_every_steps) > 0:
+    _validate_eval(config, mcfg)
   return mcfg
 
 
@@ -75,6 +79,30 @@ def divergence_bound(config: ml_collections.ConfigDict) -> float:
   loss of a uniform guess over the vocabulary (a freshly initialized model starts near one)."""
   bound = float(config.divergence_loss)
   return bound if bound >= 0 else 3.0 * math.log(int(config.model.vocab_size))
+
+
+def _validate_eval(config: ml_collections.ConfigDict, mcfg: model_lib.ModelConfig) -> None:
+  """The periodic evaluation's settings, and enough evaluation documents, checked at startup
+  (not at the first eval step, after a checkpoint interval of training)."""
+  from flax_posemb import buckets as buckets_lib  # pylint: disable=g-import-not-at-top
+  from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
+  s = evaluation._eval_settings(config, {})  # pylint: disable=protected-access
+  if not 1 <= int(s['window_len']) <= mcfg.max_len:
+    raise ValueError(f"eval.window_len={s['window_len']} must be in [1, model.max_len="
+                     f'{mcfg.max_len}]; 0 means model.max_len.')
+  try:
+    buckets_lib.make_edges(int(s['window_len']), int(s['bucket_size']), s['bucket_edges'])
+  except ValueError as e:
+    raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
+  for key in ('num_windows', 'batch_size'):
+    if int(s[key]) < 1:
+      raise ValueError(f'eval.{key} must be >= 1, got {s[key]}.')
+  # Builds (and drops) the evaluation windows: too few documents fail now, not at step
+  # eval_every_steps.
+  data_lib.make_eval_batches(
+      config.data, split=s['split'], window_len=int(s['window_len']),
+      num_windows=int(s['num_windows']), batch_size=int(s['batch_size']),
+      policy=s['policy'], seed=int(s['seed']), window_start=s['window_start'])
 
 
 class StatsLog:

@@ -5,28 +5,42 @@
 
 Prints the measured exposure of the configured policy, the untruncated document-length
 distribution and, per policy, the share of corpus tokens it uses.
+
+Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback; --debug shows it).
 """
 
 import json
+import os
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from flax_posemb import cli
 from flax_posemb.data import report
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/NAME.py).')
-_NUM_BATCHES = flags.DEFINE_integer('num_batches', 100, 'Training batches to count.')
+_NUM_BATCHES = flags.DEFINE_integer('num_batches', 100, 'Training batches to count.',
+                                    lower_bound=1)
 _NUM_DOCS = flags.DEFINE_integer('num_source_docs', 2000, 'Source documents sampled for the '
-                                 'length distribution and policy shares (0 = all).')
+                                 'length distribution and policy shares (0 = all).',
+                                 lower_bound=0)
 _JSON = flags.DEFINE_string('json', '', 'Write the report as JSON here.')
 _PNG = flags.DEFINE_string('png', '', 'Write a plot of exposure per position here.')
+cli.define_debug_flag()
+PROG = 'python -m flax_posemb.data'
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise cli.UserError(f'unexpected arguments {argv[1:]}; config values are set with '
+                        '--config.KEY=VALUE.')
   if _CONFIG.value is None:
-    raise app.UsageError('--config is required, e.g. --config configs/tiny.py')
+    raise cli.UserError('--config is required, e.g. --config configs/tiny.py')
+  for flag, path in (('--json', _JSON.value), ('--png', _PNG.value)):
+    if path:  # Checked before the report is computed.
+      if os.path.isdir(path):
+        raise cli.UserError(f'{flag} {path} is a directory; give a file path.')
+      cli.check_output_dir(os.path.dirname(os.path.abspath(path)), f'the directory of {flag}')
   rep = report.exposure(_CONFIG.value, _NUM_BATCHES.value, _NUM_DOCS.value)
   print(report.format_report(rep))
   if _JSON.value:
@@ -38,4 +52,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main, PROG)

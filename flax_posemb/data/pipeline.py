@@ -12,6 +12,9 @@ Grain iterator has ``get_state()`` / ``set_state()``, so a restore continues exa
 from __future__ import annotations
 
 import functools
+import os
+import threading
+import time
 from typing import Any, Iterator
 
 from absl import flags
@@ -25,6 +28,7 @@ from flax_posemb.data import synthetic as synthetic_lib
 
 SOURCES = ('synthetic', 'stdlib', 'local_text', 'tfds', 'long_text')
 TOKENIZERS = ('byte', 'sentencepiece')
+DECODE_ERROR_MODES = ('replace', 'skip', 'error')  # data.on_decode_error
 _BIG = 2**62 // 64  # "Infinite" number of rows (Grain datasets are indexed lazily).
 _PACK_CHUNK = 256  # Documents per Grain element fed to the packer.
 
@@ -42,6 +46,12 @@ def validate_config(data_config, max_len: int) -> None:
   if c.position_policy not in policies.POLICIES:
     raise ValueError(f'Unknown data.position_policy {c.position_policy!r}; use one of '
                      f'{policies.POLICIES}.')
+  if c.get('on_decode_error', 'replace') not in DECODE_ERROR_MODES:
+    raise ValueError(f'Unknown data.on_decode_error {c.on_decode_error!r}; use one of '
+                     f'{DECODE_ERROR_MODES}.')
+  for key in ('num_workers', 'prefetch'):
+    if int(c.get(key, 0)) < 0:
+      raise ValueError(f'data.{key} must be >= 0, got {c[key]}.')
   t = int(c.seq_len)
   if t < 1:
     raise ValueError(f'data.seq_len must be >= 1, got {t}.')
@@ -237,7 +247,8 @@ def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_st
   if int(c.num_workers) > 0:
     if not flags.FLAGS.is_parsed():  # Grain workers read absl flags (a library caller
       flags.FLAGS.mark_as_parsed()  # outside app.run has not parsed any).
-    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(c.num_workers)))
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(c.num_workers)),
+                        worker_init_fn=exit_with_parent)
   return iter(ds)
 
 
@@ -252,6 +263,28 @@ class _WholeDocs:
 
   def __getitem__(self, j: int) -> np.ndarray:
     return self._src.doc(int(self._indices[j]), max_pairs=None)
+
+
+def exit_with_parent(worker_index: int = 0, worker_count: int = 1,
+                     interval: float = 1.0) -> None:
+  """Grain ``worker_init_fn``: the worker ends itself when its parent process is gone.
+
+  A parent killed by SIGKILL (OOM killer, ``kill -9``, a scheduler) cannot stop its Grain
+  workers, which then keep running, reparented, holding memory. Grain has no option for
+  this; ``PR_SET_PDEATHSIG`` is unsuitable because it fires when the parent *thread* that
+  started the worker exits (Grain's mp_prefetch makes its worker iterators in a thread
+  pool). So a daemon thread
+  polls ``os.getppid()`` every ``interval`` seconds and exits the worker when it changed.
+  """
+  del worker_index, worker_count
+  parent = os.getppid()
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(interval)
+    os._exit(0)  # pylint: disable=protected-access
+
+  threading.Thread(target=watch, name='exit_with_parent', daemon=True).start()
 
 
 class DocOrder:
@@ -363,7 +396,8 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
   if src.positional and policy == 'windows':
     if num_windows > n:
       raise ValueError(f'Split {split!r} has only {n} synthetic documents but '
-                       f'num_windows={num_windows}; raise data.synthetic.num_docs.')
+                       f'num_windows={num_windows}; raise data.synthetic.num_docs or lower '
+                       'eval.num_windows.')
     rows = [policies.natural_row(src.doc(int(d), max_pairs=w, num_pairs=w), w)
             for d in order[:num_windows]]
   else:

@@ -133,6 +133,9 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
     'policies' (per policy: share of the sample's tokens it uses, analytic late/early
     exposure; see `policy_shares`).
   """
+  if int(num_batches) < 1:
+    raise ValueError(f'num_batches must be >= 1 (a report on no batches says nothing), got '
+                     f'{num_batches}.')
   c = config.data
   pipeline.validate_config(c, max_len=int(config.model.max_len))
   t = int(c.seq_len)
@@ -168,7 +171,19 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
       'mean_doc_pairs': float(doc_lens.mean()) if len(doc_lens) else 0.0,
       'policies': shares,
       'token_share': shares[c.position_policy]['token_share'],
+      'decode_errors': _decode_errors(src),
   }
+
+
+def _decode_errors(src) -> dict[str, Any] | None:
+  """Documents of invalid UTF-8 (data.on_decode_error): at the corpus build, and met while
+  reading records here (TFDS datasets); None for the synthetic source."""
+  if not hasattr(src, 'decode_errors'):
+    return None
+  out = dict(src.build_decode_errors or {'mode': src.on_decode_error, 'documents': 0,
+                                          'files': []})
+  out['documents'] += int(src.decode_errors)
+  return out
 
 
 def format_report(rep: dict[str, Any]) -> str:
@@ -187,6 +202,11 @@ def format_report(rep: dict[str, Any]) -> str:
   for i, d in enumerate(rep['deciles']):
     bar = '#' * int(round(40 * d / max(max(rep['deciles']), 1e-9)))
     lines.append(f'  [{edges[i]:5d},{edges[i + 1]:5d})  {d:10.1f}  {d / first:5.2f}x  {bar}')
+  bad = rep.get('decode_errors')
+  if bad and bad['documents']:
+    lines.append(f"invalid UTF-8: {bad['documents']} document(s) "
+                 f"({'replaced by U+FFFD' if bad['mode'] == 'replace' else 'dropped'}, "
+                 f"data.on_decode_error={bad['mode']}); files: {', '.join(bad['files'][:5])}")
   st = rep.get('doc_length_stats', {})
   if st.get('docs'):
     lines.append(

@@ -129,11 +129,31 @@ class TextSource(DocSource):
   """
 
   def __init__(self, records: Sequence[Any], tokenizer: tokenizers_lib.Tokenizer,
-               feature: str = 'text'):
+               feature: str = 'text', on_decode_error: str = 'replace'):
+    if on_decode_error not in ('replace', 'skip', 'error'):
+      raise ValueError(f'on_decode_error must be replace | skip | error, got '
+                       f'{on_decode_error!r}.')
     self.records = records
     self.tokenizer = tokenizer
     self.feature = feature
+    self.on_decode_error = on_decode_error
+    #: Documents of invalid UTF-8 met by `text` in this process (replaced or skipped).
+    self.decode_errors = 0
+    #: What the corpus build found (`text_sources`: files, documents), or None.
+    self.build_decode_errors: dict[str, Any] | None = None
     self._len = len(records)
+
+  def _decode(self, raw: bytes, index: int) -> str:
+    try:
+      return raw.decode('utf-8')
+    except UnicodeDecodeError as e:
+      if self.on_decode_error == 'error':
+        raise ValueError(
+            f'Document {index} is not valid UTF-8 ({e.reason} at byte {e.start}); '
+            'data.on_decode_error=error refuses it. Fix the data, or set '
+            'data.on_decode_error=replace (U+FFFD) or skip (drop the document).') from None
+      self.decode_errors += 1
+      return '' if self.on_decode_error == 'skip' else raw.decode('utf-8', errors='replace')
 
   def __len__(self) -> int:
     return self._len
@@ -146,11 +166,10 @@ class TextSource(DocSource):
         raise KeyError(f'Text feature {self.feature!r} not in record keys {sorted(rec)}; '
                        'set data.text_feature.')
       rec = rec[self.feature]
-    if isinstance(rec, (bytes, np.bytes_)):
-      rec = bytes(rec).decode('utf-8', errors='replace')
-    elif isinstance(rec, np.ndarray):
+    if isinstance(rec, np.ndarray):
       rec = rec.item()
-      rec = rec.decode('utf-8', errors='replace') if isinstance(rec, bytes) else str(rec)
+    if isinstance(rec, (bytes, np.bytes_)):  # A skipped document is '' (dropped as too short).
+      rec = self._decode(bytes(rec), int(index))
     return str(rec)
 
   def doc(self, index, *, start=0, max_pairs, num_pairs=None):

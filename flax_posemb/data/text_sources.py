@@ -13,6 +13,12 @@ directory. Their builder config name carries a content hash of the input files (
 Python version for ``stdlib``), so changed files or another Python build a new dataset.
 Splits: a document goes to 'validation' when a hash of its key falls in the first
 `data.val_percent` percent, else to 'train' (deterministic).
+
+Invalid UTF-8 (`data.on_decode_error`): 'replace' stores U+FFFD for the bad bytes, 'skip'
+drops the document, 'error' refuses to build, naming the file, document and byte. The build
+records how many documents (and which files) were affected in the dataset's metadata; every
+load logs a warning when there were any, and `TextSource.build_decode_errors` carries them
+(the exposure report prints them).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import re
 import sys
 import sysconfig
 
+from absl import logging
 from etils import epath
 import tensorflow_datasets as tfds
 
@@ -34,6 +41,8 @@ from flax_posemb.data import sources
 from flax_posemb.data import tokenizers
 
 LONG_DOC_CORPORA = ('wiki40b/en', 'pg19')
+_BUILD_FORMAT = 'utf8v1'  # In the builder config hash: bump when the stored documents change.
+_ESCAPED = re.compile('[\udc80-\udcff]')  # Undecodable bytes under errors='surrogateescape'.
 
 
 def data_dir(data_config) -> str:
@@ -56,6 +65,23 @@ def _hash_files(paths: list[str], extra: str) -> str:
     with open(p, 'rb') as f:
       h.update(f.read())
   return h.hexdigest()[:12]
+
+
+def _refuse_invalid_utf8(paths: list[str]) -> None:
+  """data.on_decode_error=error: raises ValueError naming the first file that is not valid
+  UTF-8 (checked before the build starts, so a refused corpus leaves nothing behind)."""
+  for p in paths:
+    with open(p, 'rb') as f:
+      raw = f.read()
+    try:
+      raw.decode('utf-8')
+    except UnicodeDecodeError as e:
+      line = raw[:e.start].count(b'\n') + 1
+      raise ValueError(
+          f'{p} is not valid UTF-8 ({e.reason}, byte 0x{raw[e.start]:02x} at offset {e.start}, '
+          f'line {line}); data.on_decode_error=error refuses it. Fix or remove the file, or '
+          'set --config.data.on_decode_error=replace (U+FFFD, counted) or skip (drop the '
+          'document, counted).') from None
 
 
 def _split_text(text: str, split_by: str) -> list[str]:
@@ -91,12 +117,14 @@ class TextBuilderConfig(tfds.core.BuilderConfig):
   """Builder config of the text corpora: the documents to write."""
 
   def __init__(self, *, name: str, files: tuple[str, ...], split_by: str,
-               text_field: str, val_percent: int, description: str = ''):
+               text_field: str, val_percent: int, description: str = '',
+               on_decode_error: str = 'replace'):
     super().__init__(name=name, version=tfds.core.Version('1.0.0'), description=description)
     self.files = files
     self.split_by = split_by  # file | line | paragraph | python
     self.text_field = text_field
     self.val_percent = val_percent
+    self.on_decode_error = on_decode_error  # replace | skip | error
 
 
 class _TextCorpus(tfds.core.GeneratorBasedBuilder):
@@ -114,14 +142,16 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self, description=self.builder_config.description,
-        features=tfds.features.FeaturesDict({'text': tfds.features.Text()}))
+        features=tfds.features.FeaturesDict({'text': tfds.features.Text()}),
+        metadata=tfds.core.MetadataDict())
 
-  def _docs(self):
-    """Yields (key, text) of every document, in file order."""
+  def _docs(self, bad: list[str] | None = None):
+    """Yields (key, text) of every document, in file order; appends the keys of documents
+    with invalid UTF-8 to `bad` (they are replaced, skipped or refused: on_decode_error)."""
     cfg = self.builder_config
     for path in cfg.files:
-      with open(path, 'r', encoding='utf-8', errors='replace') as f:
-        content = f.read()
+      with open(path, 'rb') as f:
+        content = f.read().decode('utf-8', errors='surrogateescape')  # Lossless.
       if path.endswith('.jsonl'):
         docs = []
         for line in content.split('\n'):
@@ -133,12 +163,31 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
       else:
         docs = _split_text(content, cfg.split_by)
       for i, doc in enumerate(docs):
-        yield f'{path}:{i}', doc
+        key = f'{path}:{i}'
+        escaped = _ESCAPED.search(doc)
+        if escaped:
+          if bad is not None:
+            bad.append(key)
+          mode = getattr(cfg, 'on_decode_error', 'replace')
+          if mode == 'error':
+            raise ValueError(
+                f'{path} is not valid UTF-8 (document {i} of the file, byte '
+                f'0x{ord(escaped.group()) - 0xDC00:02x}); data.on_decode_error=error refuses '
+                'it. Fix or remove the file, or set --config.data.on_decode_error=replace '
+                '(U+FFFD, counted) or skip (drop the document, counted).')
+          if mode == 'skip':
+            continue
+          doc = doc.encode('utf-8', 'surrogateescape').decode('utf-8', errors='replace')
+        yield key, doc
 
   def _split_generators(self, dl_manager):
     del dl_manager
     pct = self.builder_config.val_percent
-    scores = {key: _hash_percent(key) for key, _ in self._docs()}
+    bad: list[str] = []
+    scores = {key: _hash_percent(key) for key, _ in self._docs(bad)}
+    self.info.metadata['decode_errors'] = {
+        'mode': getattr(self.builder_config, 'on_decode_error', 'replace'),
+        'documents': len(bad), 'files': sorted({k.rsplit(':', 1)[0] for k in bad})[:20]}
     val = {k for k, v in scores.items() if v < pct}
     if pct > 0 and not val and len(scores) >= 2:  # Tiny corpus: still one validation doc.
       val = {min(scores, key=scores.get)}
@@ -167,6 +216,7 @@ def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
   """Builds the dataset once; a file lock keeps concurrent processes from racing."""
   builder = builder_cls(config=config, data_dir=ddir)
   if builder.is_prepared():
+    _warn_decode_errors(builder)
     return builder
   lock = os.path.join(ddir, f'.{builder.name}_{config.name}.lock')
   with open(lock, 'w') as f:
@@ -177,7 +227,32 @@ def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
         builder.download_and_prepare(file_format='array_record')
     finally:
       fcntl.flock(f, fcntl.LOCK_UN)
-  return builder_cls(config=config, data_dir=ddir)
+  builder = builder_cls(config=config, data_dir=ddir)
+  _warn_decode_errors(builder)
+  return builder
+
+
+def decode_errors(builder) -> dict | None:
+  """What the build of `builder` found: {'mode', 'documents', 'files'}, or None."""
+  meta = builder.info.metadata
+  return dict(meta['decode_errors']) if meta and 'decode_errors' in meta else None
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_decode_errors(builder) -> None:
+  """Logs (once per dataset and process) the documents the build found invalid UTF-8 in."""
+  found = decode_errors(builder)
+  if not found or not found['documents'] or builder.builder_config.name in _WARNED:
+    return
+  _WARNED.add(builder.builder_config.name)
+  what = ('replaced the invalid bytes by U+FFFD' if found['mode'] == 'replace'
+          else 'dropped them')
+  logging.warning('%s: %d document(s) are not valid UTF-8 (files: %s); '
+                  'data.on_decode_error=%s %s. Use data.on_decode_error=error to refuse such '
+                  'files.', builder.name, found['documents'], ', '.join(found['files'][:5]),
+                  found['mode'], what)
 
 
 def stdlib_files() -> list[str]:
@@ -192,10 +267,12 @@ def stdlib_files() -> list[str]:
 
 
 def _records(data_config, split: str):
-  """Random-access records (dicts with a text feature) of `split`."""
+  """(records, text feature, build decode errors or None): random-access records (dicts
+  with a text feature) of `split`."""
   c = data_config
   ddir = data_dir(c)
   val_percent = int(c.val_percent)
+  mode = c.get('on_decode_error', 'replace')  # Configs saved before the field: replace.
   if c.source in ('local_text', 'stdlib'):
     if split not in ('train', 'validation'):
       raise ValueError(f"Split {split!r} unknown for {c.source}; use 'train' or 'validation'.")
@@ -208,18 +285,22 @@ def _records(data_config, split: str):
       bad = [f for f in files if not f.endswith(('.txt', '.jsonl'))]
       if bad:
         raise ValueError(f'local_text reads .txt or .jsonl files only; got {bad[:3]}.')
-      h = _hash_files(files, f'{c.local_split_by}|{c.text_feature}|{val_percent}')
+      h = _hash_files(files, f'{c.local_split_by}|{c.text_feature}|{val_percent}|'
+                      f'{_BUILD_FORMAT}|{mode}')
+      if mode == 'error':
+        _refuse_invalid_utf8(files)
       config = TextBuilderConfig(name=f'h{h}', files=tuple(files), split_by=c.local_split_by,
                                  text_field=c.text_feature, val_percent=val_percent,
-                                 description=f'{len(files)} files from {c.local_glob}')
+                                 description=f'{len(files)} files from {c.local_glob}',
+                                 on_decode_error=mode)
       builder = _prepare(LocalText, config, ddir)
     else:
       files = stdlib_files()
       ver = f'py{sys.version_info.major}{sys.version_info.minor}'
-      h = _hash_files(files, f'{ver}|{val_percent}')
+      h = _hash_files(files, f'{ver}|{val_percent}|{_BUILD_FORMAT}|{mode}')
       config = TextBuilderConfig(
           name=f'{ver}_{h}', files=tuple(files), split_by='python', text_field='text',
-          val_percent=val_percent,
+          val_percent=val_percent, on_decode_error=mode,
           description=f'Python {sys.version.split()[0]} stdlib, {len(files)} files')
       builder = _prepare(Stdlib, config, ddir)
     if split not in builder.info.splits:
@@ -228,11 +309,11 @@ def _records(data_config, split: str):
           f'{sum(s.num_examples for s in builder.info.splits.values())} documents, '
           f'data.val_percent={val_percent}); the corpus is empty or too small, or change '
           'data.val_percent.')
-    return builder.as_data_source(split=split), 'text'
+    return builder.as_data_source(split=split), 'text', decode_errors(builder)
   if c.source == 'long_text':
     from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
-    return long_text.records(c, split, ddir), 'text'
-  return tfds_records(c.name, split, ddir, c.text_feature)
+    return long_text.records(c, split, ddir), 'text', None
+  return (*tfds_records(c.name, split, ddir, c.text_feature), None)
 
 
 def prepare_hint(name: str, ddir: str) -> str:
@@ -358,21 +439,25 @@ def make_tokenizer(data_config) -> tokenizers.Tokenizer:
     raise ValueError(f'Unknown data.tokenizer {c.tokenizer!r}; use byte | sentencepiece.')
   if c.spm_model:
     return tokenizers.SentencePieceTokenizer(model_file=c.spm_model)
-  records, feature = _records(c, c.train_split)
+  records, feature, _ = _records(c, c.train_split)
   key = hashlib.sha1(f'{c.source}|{c.name}|{c.local_glob}|{c.local_split_by}|'
                      f'{len(records)}|{c.spm_vocab_size}'.encode()).hexdigest()[:12]
   path = os.path.join(data_dir(c), 'spm', f'{c.source}_{key}.model')
   if os.path.exists(path):
     return tokenizers.SentencePieceTokenizer(model_file=path)
-  src = sources.TextSource(records, tokenizers.ByteTokenizer(), feature)
+  src = sources.TextSource(records, tokenizers.ByteTokenizer(), feature,
+                           on_decode_error=c.get('on_decode_error', 'replace'))
   texts = (src.text(i) for i in range(min(len(src), 50_000)))
   return tokenizers.SentencePieceTokenizer.train(texts, int(c.spm_vocab_size), save_path=path)
 
 
 def make_text_source(data_config, split: str) -> sources.TextSource:
   """`TextSource` of `split` for source local_text | stdlib | tfds."""
-  records, feature = _records(data_config, split)
+  records, feature, found = _records(data_config, split)
   if len(records) == 0:
     raise ValueError(f'Split {split!r} of data.source={data_config.source!r} has no '
                      'documents; the corpus is empty.')
-  return sources.TextSource(records, make_tokenizer(data_config), feature)
+  src = sources.TextSource(records, make_tokenizer(data_config), feature,
+                           on_decode_error=data_config.get('on_decode_error', 'replace'))
+  src.build_decode_errors = found
+  return src

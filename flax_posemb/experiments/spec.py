@@ -185,6 +185,9 @@ def load(path_and_arg: str) -> ml_collections.ConfigDict:
     raise ValueError(f'{path} defines no get_config() (a suite of experiments defines '
                      'EXPERIMENTS; run it through python -m flax_posemb.experiments).')
   exp = module.get_config(arg) if arg else module.get_config()
+  if 'arms' not in exp:
+    raise ValueError(f'{path} is not an experiment config (its get_config() defines no arms); '
+                     'pass configs/experiments/NAME.py. Training configs go to train.py.')
   validate(exp)
   return exp
 

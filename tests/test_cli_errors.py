@@ -1,0 +1,250 @@
+"""What the CLIs do when things go wrong: one message and exit 2 for bad input (no traceback,
+nothing written), 75 when preempted, 3 for a non-finite loss; SIGTERM during setup leaves
+nothing; invalid UTF-8 is counted, dropped or refused (data.on_decode_error); Grain workers
+end with their parent."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import ROOT, SUBPROCESS_ENV
+
+from flax_posemb import cli
+
+TRAIN = [str(ROOT / 'train.py'), '--config', 'configs/tiny.py', '--workdir', 'WD']
+EVAL = [str(ROOT / 'eval.py')]
+DATA = ['-m', 'flax_posemb.data', '--config', 'configs/tiny.py', '--num_batches', '1']
+EXPERIMENTS = ['-m', 'flax_posemb.experiments']
+# Small enough to compile and train in seconds (train.py flags).
+TINY = ['--config.model.num_layers=1', '--config.model.emb_dim=32', '--config.model.mlp_dim=64',
+        '--config.model.num_heads=2', '--config.data.seq_len=32', '--config.model.max_len=32',
+        '--config.batch_size=8', '--config.eval_every_steps=0', '--config.progress_bar=False',
+        '--config.eval.bucket_size=8']
+
+# (argv, a fragment the one-line message must contain). Every one fails before a model is built.
+BAD_INPUTS = [
+    (TRAIN + ['--config.modle.num_layers=2'], "unknown config field 'modle' in "
+                                             "--config.modle.num_layers=2; did you mean 'model'"),
+    (TRAIN + ['--config.batch_size=abc'], 'batch_size'),
+    (TRAIN[:3], '--workdir'),
+    (TRAIN[:1] + ['--config', 'configs/nope.py', '--workdir', 'WD'],
+     '--config: cannot load the config file'),
+    (TRAIN + ['stray'], "unexpected arguments ['stray']"),
+    (TRAIN + ['--config.max_to_keep=0'], 'max_to_keep must be >= 1'),
+    (TRAIN + ['--config.optimizer.learning_rate=nan'], 'optimizer.learning_rate must be finite'),
+    (TRAIN + ['--config.optimizer.learning_rate=-1'], 'optimizer.learning_rate must be > 0'),
+    (TRAIN + ['--config.optimizer.grad_clip_norm=inf'], 'optimizer.grad_clip_norm'),
+    (TRAIN + ['--config.optimizer.eps=-1'], 'optimizer.eps must be >= 0'),
+    (TRAIN + ['--config.data.synthetic.num_docs=10'], 'lower eval.num_windows'),
+    (TRAIN + ['--config.eval.bucket_edges=abc'], 'eval.bucket'),
+    (TRAIN + ['--config.data.source=nope'], 'data.source'),
+    (TRAIN + ['--config.data.source=local_text', '--config.data.local_glob=DIR/none/*.txt',
+              '--config.model.vocab_size=257'], 'matches no files'),
+    (TRAIN + ['--config.data.source=local_text', '--config.data.local_glob=DIR/none/*.txt'],
+     'Set --config.model.vocab_size=257'),
+    (TRAIN + ['--config.data.on_decode_error=ignore'], 'data.on_decode_error'),
+    (TRAIN + ['--config.data.num_workers=-1'], 'data.num_workers must be >= 0'),
+    (TRAIN[:3] + ['--workdir', 'DIR/file'], 'not a directory'),
+    (TRAIN[:3] + ['--workdir', 'DIR/file/sub'], 'is a file'),
+    (EVAL, '--workdir'),
+    (EVAL + ['--workdir', 'DIR/missing'], 'not a directory'),
+    (EVAL + ['--workdir', 'DIR'], 'no checkpoint'),
+    (EVAL + ['--workdir', 'DIR', '--num_windows', '0'], 'num_windows'),
+    (EVAL + ['--workdir', 'DIR', '--batch_size', '-3'], 'batch_size'),
+    (EVAL + ['--workdir', 'DIR', '--offsets', 'a,b'], '--offsets'),
+    (EVAL + ['--workdir', 'DIR', '--offsets', '-5'], '--offsets must be >= 0'),
+    (EVAL + ['--workdir', 'DIR', '--buckets', 'log2', '--bucket_edges', '0,8'], 'not both'),
+    (EVAL + ['--workdir', 'DIR', 'stray'], 'unexpected arguments'),
+    (DATA[:4] + ['--num_batches', '0'], 'num_batches'),
+    (DATA + ['--config.nope=1'], "unknown config field 'nope'"),
+    (DATA + ['--config.data.source=nope'], 'data.source'),
+    (DATA + ['--json', 'DIR/file/x.json'], 'not a directory'),
+    (DATA[:2], '--config is required'),
+    (EXPERIMENTS, 'required'),
+    (EXPERIMENTS + ['configs/experiments/nope.py', '--workdir', 'DIR/x'], 'not found'),
+    (EXPERIMENTS + ['configs/tiny.py', '--workdir', 'DIR/x'], 'get_config'),
+    (EXPERIMENTS + ['configs/experiments/exposure.py', '--workdir', 'DIR/x', '--max_runs',
+                    'abc'], 'max_runs'),
+]
+
+
+def _run(argv, tmp_path, env=None, timeout=300):
+  argv = [a.replace('WD', str(tmp_path / 'wd')).replace('DIR', str(tmp_path)) for a in argv]
+  return subprocess.run([sys.executable, *argv], cwd=str(ROOT), capture_output=True, text=True,
+                        timeout=timeout, env=dict(env or SUBPROCESS_ENV,
+                                                  FLAX_POSEMB_DATA_DIR=str(tmp_path / 'data')))
+
+
+def _message_lines(stderr):
+  """stderr without absl/TFDS log lines (W1130 ..., I1130 ...)."""
+  return [l for l in stderr.splitlines() if l.strip() and not (
+      len(l) > 5 and l[0] in 'IWE' and l[1:5].isdigit())]
+
+
+@pytest.mark.parametrize('argv, fragment', BAD_INPUTS,
+                         ids=[f'{i}-{" ".join(a[1:] if a[0] == "-m" else a[3:])[:60]}'
+                              for i, (a, _) in enumerate(BAD_INPUTS)])
+def test_bad_cli_input_is_one_message_and_exit_2(tmp_path, argv, fragment):
+  (tmp_path / 'file').write_text('not a directory')
+  proc = _run(argv, tmp_path)
+  lines = _message_lines(proc.stderr)
+  assert proc.returncode == cli.EXIT_USER_ERROR, proc.stderr[-3000:]
+  assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+  assert len(lines) == 1, lines
+  prog = 'python -m' if argv[0] == '-m' else os.path.basename(argv[0])
+  assert lines[0].startswith(prog) and fragment in lines[0], lines[0]
+  assert not (tmp_path / 'wd').exists() and not (tmp_path / 'x').exists()
+
+
+def test_debug_flag_and_env_var_show_the_traceback(tmp_path):
+  argv = TRAIN + ['--config.max_to_keep=0']
+  for extra, env in (([' --debug'], None), ([], dict(SUBPROCESS_ENV, FLAX_POSEMB_DEBUG='1'))):
+    proc = _run(argv + [e.strip() for e in extra], tmp_path, env=env)
+    assert proc.returncode != 0 and 'Traceback' in proc.stderr, proc.stderr[-2000:]
+
+
+def test_train_py_sigterm_during_training_saves_and_exits_75(tmp_path):
+  wd = tmp_path / 'wd'
+  argv = TRAIN + TINY + ['--config.num_train_steps=100000', '--config.log_every_steps=2',
+                         '--config.checkpoint_every_steps=100000']
+  argv = [a.replace('WD', str(wd)) for a in argv]
+  proc = subprocess.Popen([sys.executable, *argv], cwd=str(ROOT), env=SUBPROCESS_ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 300
+  while not (wd / 'metrics.jsonl').exists() and time.time() < deadline and proc.poll() is None:
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == cli.EXIT_PREEMPTED, err[-3000:]
+  assert 'preempted at step' in out and 'Traceback' not in err
+  steps = [int(d) for d in os.listdir(wd / 'checkpoints') if d.isdigit()]
+  assert max(steps) >= 2
+
+
+SETUP_SCRIPT = textwrap.dedent('''
+    import os, signal, sys, time
+    from flax_posemb import cli
+    workdir = sys.argv[1]
+    with cli.exit_early_on_sigterm('train.py', workdir) as started:
+      os.makedirs(os.path.join(workdir, 'checkpoints'))  # setup had begun writing
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(30)
+      print('not interrupted')
+''')
+
+
+def test_sigterm_before_training_removes_the_new_workdir_and_exits_75(tmp_path):
+  wd = str(tmp_path / 'wd')
+  proc = subprocess.run([sys.executable, '-c', SETUP_SCRIPT, wd], env=SUBPROCESS_ENV,
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == cli.EXIT_PREEMPTED, proc.stderr
+  assert not os.path.exists(wd) and 'not interrupted' not in proc.stdout
+  assert proc.stderr.strip().startswith('train.py: SIGTERM before the first training step')
+  # An existing workdir (a resume) is never removed.
+  os.makedirs(os.path.join(wd, 'keep'))
+  proc = subprocess.run([sys.executable, '-c', SETUP_SCRIPT.replace("'checkpoints'", "'new'"),
+                         wd], env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=60)
+  assert proc.returncode == cli.EXIT_PREEMPTED and os.path.isdir(os.path.join(wd, 'keep'))
+
+
+def test_train_py_non_finite_loss_exits_3_with_one_message(tmp_path):
+  argv = TRAIN + TINY + ['--config.num_train_steps=20', '--config.log_every_steps=5',
+                         '--config.checkpoint_every_steps=10',
+                         '--config.optimizer.learning_rate=1e30',
+                         '--config.optimizer.grad_clip_norm=0', '--config.optimizer.warmup_steps=0']
+  proc = _run(argv, tmp_path)
+  assert proc.returncode == cli.EXIT_NONFINITE, proc.stderr[-3000:]
+  lines = _message_lines(proc.stderr)
+  assert 'Traceback' not in proc.stderr and len(lines) == 1, lines
+  assert lines[0].startswith('train.py: Non-finite training loss at step')
+
+
+def _corpus(tmp_path):
+  d = tmp_path / 'corpus'
+  d.mkdir()
+  (d / 'a.txt').write_text('a perfectly good first document, long enough to train on.\n')
+  (d / 'b.txt').write_text('a second good document that is also long enough for this.\n')
+  (d / 'bad.txt').write_bytes(b'starts fine \xff\xfe\x00\x81 then binary garbage and text\n')
+  return d
+
+
+def _text_config(tmp_path, mode):
+  from flax_posemb import defaults  # pylint: disable=g-import-not-at-top
+  c = defaults.base()
+  c.data.source, c.data.local_glob = 'local_text', str(tmp_path / 'corpus' / '*.txt')
+  c.data.data_dir, c.data.val_percent = str(tmp_path / 'data'), 0
+  c.data.seq_len, c.model.max_len, c.batch_size = 16, 16, 2
+  c.data.on_decode_error = mode
+  return c
+
+
+@pytest.mark.parametrize('mode, docs, replaced', [('replace', 3, True), ('skip', 2, False)])
+def test_invalid_utf8_is_replaced_or_skipped_and_counted(tmp_path, mode, docs, replaced):
+  from flax_posemb.data import pipeline, report  # pylint: disable=g-import-not-at-top
+  _corpus(tmp_path)
+  c = _text_config(tmp_path, mode)
+  src = pipeline.make_source(c.data, 'train')
+  assert len(src) == docs
+  assert any('\ufffd' in src.text(i) for i in range(len(src))) == replaced
+  rep = report.exposure(c, num_batches=1)
+  assert rep['decode_errors']['documents'] == 1 and rep['decode_errors']['mode'] == mode
+  assert rep['decode_errors']['files'] == [str(tmp_path / 'corpus' / 'bad.txt')]
+  assert 'invalid UTF-8: 1 document(s)' in report.format_report(rep)
+
+
+def test_invalid_utf8_with_on_decode_error_error_refuses_naming_the_file(tmp_path):
+  from flax_posemb.data import pipeline  # pylint: disable=g-import-not-at-top
+  _corpus(tmp_path)
+  c = _text_config(tmp_path, 'error')
+  with pytest.raises(ValueError, match=r'bad\.txt is not valid UTF-8.*offset 12, line 1'):
+    pipeline.make_source(c.data, 'train')
+  assert not os.path.exists(tmp_path / 'data' / 'local_text')  # nothing half-built
+
+
+def test_text_records_of_invalid_utf8_follow_on_decode_error():
+  from flax_posemb.data import sources, tokenizers  # pylint: disable=g-import-not-at-top
+  records = [{'text': b'ok text'}, {'text': b'bad \xff bytes'}]
+  tok = tokenizers.ByteTokenizer()
+  rep = sources.TextSource(records, tok, 'text', on_decode_error='replace')
+  assert rep.text(1) == 'bad \ufffd bytes' and rep.decode_errors == 1
+  skip = sources.TextSource(records, tok, 'text', on_decode_error='skip')
+  assert skip.text(1) == '' and skip.text(0) == 'ok text' and skip.decode_errors == 1
+  with pytest.raises(ValueError, match='Document 1 is not valid UTF-8'):
+    sources.TextSource(records, tok, 'text', on_decode_error='error').text(1)
+
+
+GRAIN_SCRIPT = textwrap.dedent('''
+    import os, sys, time
+    from flax_posemb import defaults
+    from flax_posemb.data import pipeline
+    c = defaults.base().data
+    c.seq_len, c.num_workers = 16, 1
+    it = pipeline.make_train_iterator(c, batch_size=2, seed=0, num_train_steps=10)
+    next(it)
+    me = str(os.getpid())
+    kids = [p for p in os.listdir('/proc') if p.isdigit() and
+            open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1] == me]
+    print(' '.join(kids), flush=True)
+    time.sleep(600)
+''')
+
+
+def test_grain_workers_exit_when_their_parent_is_sigkilled():
+  proc = subprocess.Popen([sys.executable, '-c', GRAIN_SCRIPT], env=SUBPROCESS_ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  line = proc.stdout.readline()
+  workers = [int(p) for p in line.split()]
+  assert workers, proc.stderr.read()[-2000:] if proc.poll() is not None else 'no workers'
+  proc.kill()
+  proc.wait()
+  deadline = time.time() + 20
+  alive = workers
+  while alive and time.time() < deadline:
+    time.sleep(0.5)
+    alive = [p for p in workers if os.path.exists(f'/proc/{p}') and
+             open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z']
+  assert not alive, f'Grain workers {alive} outlived their SIGKILLed parent'
