@@ -1,7 +1,7 @@
 """Loss by position bucket of trained runs (and offset probe, table analysis, comparison).
 
   python eval.py --workdir runs/tiny
-  python eval.py --workdir runs/a --workdir runs/b --offsets 0,16,64 --analyze
+  python eval.py --workdir runs/a --workdir runs/b --window_start random  # paired A-B
   python eval.py --analyze --table gpt2.safetensors:wpe.weight --output out/wpe  # any table, no run
 
 Restores only params + config from each run's latest (or --step) Orbax checkpoint onto the
@@ -28,7 +28,9 @@ flags.DEFINE_integer('batch_size', None, 'Windows per evaluation batch.', lower_
 flags.DEFINE_string('offsets', None, 'Offset probe: comma-separated position shifts, e.g. 0,16,64.')
 flags.DEFINE_enum('position_policy', None, ['windows', 'natural'],
                   'windows: full-length documents at positions 0..T-1; natural: training rows.')
-flags.DEFINE_string('output', None, 'Output directory (default WORKDIR/eval/step_N).')
+flags.DEFINE_enum('window_start', None, ['first', 'random'], 'windows: a document\'s first T '
+                  'tokens, or T tokens from a random start deep inside it (long context).')
+flags.DEFINE_string('output', None, 'Output directory (default WORKDIR/eval/step_N[_OPTIONS]).')
 flags.DEFINE_bool('analyze', False, 'Also analyse the position table (norms, drift, PCA, probe).')
 flags.DEFINE_string('table', None, 'With --analyze --output and no --workdir: analyse this '
                     'table file, PATH.npy, PATH.npz[:KEY] or PATH.safetensors[:KEY].')
@@ -53,31 +55,20 @@ def main(argv):
   for w in (w for w in FLAGS.workdir if not os.path.isdir(w)):
     raise cli.UserError(f'--workdir {w} is not a directory; give a training workdir.')
   logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
-  from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
   from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
-  workdirs = FLAGS.workdir
-  labels = [os.path.basename(os.path.normpath(w)) for w in workdirs]
-  if len(set(labels)) < len(labels):
-    labels = [os.path.normpath(w) for w in workdirs]
-  runs = []
-  for workdir, label in zip(workdirs, labels):
-    output = FLAGS.output
-    if output and len(workdirs) > 1:
-      output = os.path.join(output, label.replace(os.sep, '_'))
-    try:
-      run = evaluation.evaluate_workdir(
-          workdir, step=FLAGS.step, output=output, offsets=offsets, analyze=FLAGS.analyze,
-          split=FLAGS.split, policy=FLAGS.position_policy, num_windows=FLAGS.num_windows,
-          batch_size=FLAGS.batch_size, bucket_size=FLAGS.bucket_size,
-          bucket_edges=FLAGS.buckets or FLAGS.bucket_edges)
-    except (ValueError, FileNotFoundError) as e:  # bad input: the message names the fix
-      raise cli.UserError(f'{workdir}: {e}') from e
-    runs.append(run)
+  try:
+    runs, comp = evaluation.evaluate_and_compare(
+        FLAGS.workdir, output=FLAGS.output, step=FLAGS.step, offsets=offsets,
+        analyze=FLAGS.analyze, split=FLAGS.split, policy=FLAGS.position_policy,
+        window_start=FLAGS.window_start, num_windows=FLAGS.num_windows,
+        batch_size=FLAGS.batch_size, bucket_size=FLAGS.bucket_size,
+        bucket_edges=FLAGS.buckets or FLAGS.bucket_edges)
+  except FileNotFoundError as e:  # bad input: the message names the fix
+    raise cli.UserError(str(e)) from e
+  for label, run in runs:
     print(f"== {label} (step {run['step']})\n{run['table']}\nresults: {run['files']['json']}")
     print(f"plot: {run['files']['plot']}")
-  if len(runs) > 1:
-    out_dir = FLAGS.output or os.path.join(os.path.dirname(os.path.abspath(workdirs[0])), 'compare')
-    comp = eval_report.compare(labels, [r['results'] for r in runs], out_dir)
+  if comp:
     print(f"== comparison\n{comp['table']}\ncomparison: {comp['files']['json']}")
     print(f"plot: {comp['files']['plot']}")
 

@@ -333,8 +333,26 @@ def evaluate(model, params, config: ml_collections.ConfigDict, *, step: int | No
   return run_evaluation(model, params, config, step=step, **kwargs).results
 
 
+# Evaluation options that change the results, in the order they appear in a variant's name.
+VARIANT_KEYS = ('split', 'policy', 'window_start', 'num_windows', 'window_len', 'bucket_size',
+                'bucket_edges', 'seed')
 
 
+def variant_name(step: int | None, *, offsets: Sequence[int] | None = None,
+                 analyze: bool = False, **overrides) -> str:
+  """The name of an evaluation's output directory: ``step_N`` plus every option given
+  (e.g. ``step_400_window_start-random_offsets-0-64``), so variants never share a directory.
+  """
+  parts = [] if step is None else [f'step_{step}']
+  for key in VARIANT_KEYS:
+    v = overrides.get(key)
+    if v is not None and v != '':
+      parts.append(f"{key}-{str(v).replace(',', '-').replace(os.sep, '-')}")
+  if offsets:
+    parts.append('offsets-' + '-'.join(str(k) for k in sorted(set(offsets))))
+  if analyze:
+    parts.append('analyze')
+  return '_'.join(parts)
 
 
 def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | None = None,
@@ -345,67 +363,106 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
   Args:
     workdir: training workdir with checkpoints/.
     step: checkpoint step (None = latest).
-    output: output directory (default WORKDIR/eval/step_N).
+    output: output directory (default ``WORKDIR/eval/<variant_name>``).
     offsets: offset probe shifts, or None.
     analyze: also run the table analysis (`analysis.analyze_workdir`) into OUTPUT/analysis.
     **overrides: see `run_evaluation`.
 
   Returns:
-    {'results', 'per_position', 'files', 'out_dir', 'step', 'table' (text, preceded by the
-    note when the step is not simply the one asked for), 'note', 'checkpoint'}: 'step' is
-    the step actually evaluated (also results['step']); results['checkpoint'] and
-    'checkpoint' are `checkpointing.RestoreInfo.to_json()` (step, requested,
-    fell_back_from, vanished). With step None the newest step at the time is evaluated: a
-    step deleted while it is read is replaced by the new newest one, never an older one;
-    a damaged newest step is skipped with a warning and named in the note.
+    {'results', 'per_position', 'per_window', 'files', 'out_dir', 'step', 'table' (text,
+    preceded by the note when the step is not simply the one asked for), 'note',
+    'checkpoint'}: 'step' is the step actually evaluated (also results['step']);
+    results['checkpoint'] and 'checkpoint' are `checkpointing.RestoreInfo.to_json()` (step,
+    requested, fell_back_from, vanished). With step None the newest step at the time is
+    evaluated: a step deleted while it is read is replaced by the new newest one, never an
+    older one; a damaged newest step is skipped with a warning and named in the note.
   """
   from flax_posemb import checkpointing  # pylint: disable=g-import-not-at-top
   from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top  (matplotlib)
   mesh = sharding.make_mesh()
   params, cfg, info = checkpointing.restore_params_with_info(
       workdir, step, sharding=NamedSharding(mesh, P()))
-  step = info.step
-  note = checkpoint_note(info)
+  step, note = info.step, checkpoint_note(info)
   config = ml_collections.ConfigDict(cfg)
   if str(config.model.get('position_init', '')).startswith('file:'):
     # The checkpoint's params hold the table; the file it was initialized from may be gone.
     config.model.position_init = 'zeros'
   model = train_step.make_model(config)
   out = run_evaluation(model, params, config, step=step, offsets=offsets, mesh=mesh, **overrides)
-  out.results['workdir'] = os.path.abspath(workdir)
-  out.results['step'] = step
-  out.results['checkpoint'] = info.to_json()
-  out_dir = output or os.path.join(workdir, 'eval', f'step_{step}')
-  name = os.path.basename(os.path.normpath(workdir))
-  files = eval_report.write_outputs(out.results, out.per_position, out_dir, title=f'{name} step {step}')
-  text = eval_report.format_table(out.results)
-  if note:
-    text = note + '\n' + text
+  out.results.update(workdir=os.path.abspath(workdir), step=step, checkpoint=info.to_json())
+  out_dir = output or os.path.join(workdir, 'eval', variant_name(
+      step, offsets=offsets, analyze=analyze, **overrides))
+  d = config.data
+  title = (f'{os.path.basename(os.path.normpath(workdir))}: {d.position_policy}, '
+           f'{config.model.position_init} init, step {step}')
+  files = eval_report.write_outputs(out.results, out.per_position, out_dir, title=title,
+                                    per_window=out.per_window)
+  text = (note + '\n' if note else '') + eval_report.format_table(out.results)
   if out.results.get('offset_probe'):
     text += '\n\n' + eval_report.format_offsets(out.results['offset_probe'])
   if analyze:
-    if model_lib.POSITION_TABLE_PATH[0] not in params:
-      raise ValueError(f'--analyze needs a learned position table; this run uses '
-                       f'position_embedding={config.model.position_embedding!r}.')
-    from flax_posemb import analysis  # pylint: disable=g-import-not-at-top
-    table = np.asarray(jax.device_get(model_lib.position_table(params)))
-    initial = None
-    if not os.path.exists(os.path.join(workdir, 'tables', 'table_0.npy')) and step != 0:
-      try:
-        p0, _, _ = checkpointing.restore_params(workdir, 0)
-        initial = np.asarray(model_lib.position_table(p0))
-      except (FileNotFoundError, checkpointing.CheckpointDamagedError) as e:
-        logging.warning('No initial table for the drift analysis: %s', e)
-        initial = None
-    s = _eval_settings(config, overrides)
-    summary = analysis.analyze_workdir(
-        workdir, table, os.path.join(out_dir, 'analysis'), step=step, initial=initial,
-        per_position=out.per_position, bucket_size=s['bucket_size'], bucket_edges=s['bucket_edges'])
+    summary = _analyze(workdir, model, params, config, step, out, out_dir, overrides)
     files.update({f'analysis_{k}': v for k, v in summary['files'].items()})
-    text += f"\n\nposition probe R^2 {summary['probe']['r2']:.3f}; table analysis: {summary['files']['json']}"
-  return {'results': out.results, 'per_position': out.per_position, 'files': files,
-          'out_dir': out_dir, 'step': step, 'table': text, 'note': note,
-          'checkpoint': info.to_json()}
+    text += (f"\n\nposition probe R^2 {summary['probe']['r2']:.3f}; table analysis: "
+             f"{summary['files']['json']}")
+  return {'results': out.results, 'per_position': out.per_position,
+          'per_window': out.per_window, 'files': files, 'out_dir': out_dir, 'step': step,
+          'table': text, 'note': note, 'checkpoint': info.to_json()}
+
+
+def _analyze(workdir, model, params, config, step, out, out_dir, overrides) -> dict[str, Any]:
+  """Table analysis of an evaluated run (drift from its step-0 table when one exists)."""
+  from flax_posemb import analysis  # pylint: disable=g-import-not-at-top
+  from flax_posemb import checkpointing  # pylint: disable=g-import-not-at-top
+  if model_lib.POSITION_TABLE_PATH[0] not in params:
+    raise ValueError(f'--analyze needs a learned position table; this run uses '
+                     f'position_embedding={config.model.position_embedding!r}.')
+  table = np.asarray(jax.device_get(model_lib.position_table(params)))
+  initial = None
+  if not os.path.exists(os.path.join(workdir, 'tables', 'table_0.npy')) and step != 0:
+    try:
+      initial = np.asarray(model_lib.position_table(checkpointing.restore_params(workdir, 0)[0]))
+    except (FileNotFoundError, checkpointing.CheckpointDamagedError) as e:
+      logging.warning('No initial table for the drift analysis: %s', e)
+  s = _eval_settings(config, overrides)
+  return analysis.analyze_workdir(
+      workdir, table, os.path.join(out_dir, 'analysis'), step=step, initial=initial,
+      per_position=out.per_position, bucket_size=s['bucket_size'],
+      bucket_edges=s['bucket_edges'])
+
+
+def evaluate_and_compare(workdirs: Sequence[str], *, output: str | None = None,
+                         **kwargs) -> tuple[list[tuple[str, dict[str, Any]]], dict | None]:
+  """``evaluate_workdir`` of each run and, for several, their comparison with paired
+  differences over the shared windows.
+
+  Args:
+    workdirs: training workdirs.
+    output: with one run, its output directory; with several, the comparison directory
+      (each run's outputs go to ``output/LABEL``). Default: each run's ``eval/<variant>`` and
+      ``<parent of the first run>/compare_<A>_vs_<B>[_<variant>]``.
+    **kwargs: ``evaluate_workdir`` options (step, offsets, analyze, overrides).
+
+  Returns:
+    ``([(label, run), ...], comparison or None)``; a comparison is ``eval_report.compare``'s
+    dict plus ``out_dir``.
+  """
+  from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
+  labels = [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  if len(set(labels)) < len(labels):
+    labels = [os.path.normpath(w).replace(os.sep, '_') for w in workdirs]
+  runs = []
+  for workdir, label in zip(workdirs, labels):
+    out = os.path.join(output, label) if output and len(workdirs) > 1 else output
+    runs.append((label, evaluate_workdir(workdir, output=out, **kwargs)))
+  if len(runs) < 2:
+    return runs, None
+  variant = variant_name(None, **{k: v for k, v in kwargs.items() if k != 'step'})
+  name = 'compare_' + '_vs_'.join(labels) + (f'_{variant}' if variant else '')
+  out_dir = output or os.path.join(os.path.dirname(os.path.abspath(workdirs[0])), name)
+  comp = eval_report.compare(labels, [r['results'] for _, r in runs], out_dir,
+                             per_window=[r['per_window'] for _, r in runs])
+  return runs, dict(comp, out_dir=out_dir)
 
 
 def checkpoint_note(info) -> str:

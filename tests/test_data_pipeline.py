@@ -354,3 +354,32 @@ def test_long_documents_resume_exactly_mid_document(tmp_path, policy):
     it2 = mk()
     it2.set_state(state)
     assert all(_equal(x, y) for x, y in zip(expected, _take(it2, 4)))
+
+
+def test_random_window_starts_go_deep_into_long_documents(tmp_path):
+  cfg = _long_doc_cfg(tmp_path, 'natural')
+  t = cfg.data.seq_len
+  long_doc = max(_corpus_docs(cfg), key=len)
+  kw = dict(split='train', window_len=t, num_windows=1, batch_size=1)
+  first = next(data.make_eval_batches(cfg.data, **kw))
+  deep = [next(data.make_eval_batches(cfg.data, seed=s, window_start='random', **kw))
+          for s in range(6)]
+  np.testing.assert_array_equal(first['inputs'][0], long_doc[:t])  # the only long document
+  starts = set()
+  for b in deep:
+    np.testing.assert_array_equal(b['positions'][0], np.arange(t))  # context = position
+    assert b['loss_mask'][0].all()
+    x = b['inputs'][0]
+    start = next(i for i in range(len(long_doc) - t) if (long_doc[i:i + t] == x).all())
+    np.testing.assert_array_equal(b['targets'][0], long_doc[start + 1:start + t + 1])
+    starts.add(start)
+  assert len(starts) > 1 and max(starts) > t  # deep inside, and not one fixed cut
+  again = next(data.make_eval_batches(cfg.data, seed=3, window_start='random', **kw))
+  np.testing.assert_array_equal(again['inputs'], deep[3]['inputs'])  # reproducible
+
+
+def test_random_window_starts_are_refused_on_the_synthetic_corpus():
+  cfg = _cfg('natural')
+  with pytest.raises(ValueError, match='needs a text source'):
+    next(data.make_eval_batches(cfg.data, split='validation', window_len=16, num_windows=2,
+                                batch_size=2, window_start='random'))

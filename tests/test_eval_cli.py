@@ -79,6 +79,8 @@ def test_eval_cli_prints_table_and_plot_and_compares_two_runs(runs, tmp_path):
   assert comp['buckets'][0][names[1]]['loss'] is not None
   assert comp['runs'][0]['overall']['loss'] != comp['runs'][1]['overall']['loss']
   assert f"plot: {os.path.join(out, 'comparison.png')}" in text
+  assert comp['paired'][0]['label'] == names[1] and comp['paired'][0]['minus'] == names[0]
+  assert f'{names[1]}-{names[0]}' in text  # the difference column
   analysis = json.load(open(os.path.join(out, names[0], 'analysis', 'analysis.json')))
   assert analysis['step'] == 20 and 'exposure' in analysis and analysis['drift_by_bucket'][0] > 0
   assert os.path.getsize(os.path.join(out, names[0], 'analysis', 'exposure_relation.png')) > 0
@@ -86,10 +88,40 @@ def test_eval_cli_prints_table_and_plot_and_compares_two_runs(runs, tmp_path):
 
 def test_eval_default_output_dir_and_step_selection(runs):
   run = evaluation.evaluate_workdir(runs[1], step=0, bucket_edges='log2')
-  assert run['out_dir'] == os.path.join(runs[1], 'eval', 'step_0')
+  assert run['out_dir'] == os.path.join(runs[1], 'eval', 'step_0_bucket_edges-log2')
   assert run['results']['step'] == 0
   assert [b['end'] for b in run['results']['buckets']] == [1, 2, 4, 8, 16, 32]
-  assert os.path.exists(os.path.join(runs[1], 'eval', 'step_0', 'buckets.csv'))
+  assert os.path.exists(os.path.join(run['out_dir'], 'buckets.csv'))
+
+
+def test_each_variant_writes_its_own_directory_and_no_stale_files(runs):
+  plain = evaluation.evaluate_workdir(runs[1], step=10)
+  probe = evaluation.evaluate_workdir(runs[1], step=10, offsets=[0, 8])
+  assert plain['out_dir'].endswith(os.path.join('eval', 'step_10'))
+  assert probe['out_dir'].endswith(os.path.join('eval', 'step_10_offsets-0-8'))
+  assert not os.path.exists(os.path.join(plain['out_dir'], 'offsets.csv'))
+  open(os.path.join(plain['out_dir'], 'offsets.png'), 'w').close()  # a stale file
+  evaluation.evaluate_workdir(runs[1], step=10)
+  assert not os.path.exists(os.path.join(plain['out_dir'], 'offsets.png'))
+  with np.load(os.path.join(plain['out_dir'], 'windows.npz')) as w:  # per-window sums
+    means = w['win_sum'].sum(0) / w['win_count'].sum(0)
+  np.testing.assert_allclose(means, [b['loss'] for b in plain['results']['buckets']],
+                             rtol=1e-12)
+
+
+def test_paired_comparison_of_a_run_with_itself_is_zero_and_is_named_after_the_runs(
+    runs, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  twin = str(tmp_path / 'twin')
+  shutil.copytree(runs[1], twin)
+  _, comp = evaluation.evaluate_and_compare([runs[1], twin], step=10)
+  assert os.path.basename(comp['out_dir']) == f'compare_{os.path.basename(runs[1])}_vs_twin'
+  for b in comp['paired'][0]['buckets']:
+    assert b['diff'] == 0.0 and b['stderr'] == 0.0
+  ((_, r0), (_, r1)), comp = evaluation.evaluate_and_compare([runs[0], runs[1]], step=10)
+  for d, b0, b1 in zip(comp['paired'][0]['buckets'], r0['results']['buckets'],
+                       r1['results']['buckets']):
+    assert d['diff'] == pytest.approx(b1['loss'] - b0['loss'], abs=1e-9)
 
 
 def test_checkpoint_of_a_different_context_length_is_a_clear_error(tmp_path):
