@@ -13,7 +13,6 @@ Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback; --
 import os
 
 from absl import flags
-from absl import logging
 
 from flax_posemb import cli
 
@@ -54,7 +53,6 @@ def main(argv):
     raise cli.UserError(f'--offsets must be >= 0, got {FLAGS.offsets!r}.')
   for w in (w for w in FLAGS.workdir if not os.path.isdir(w)):
     raise cli.UserError(f'--workdir {w} is not a directory; give a training workdir.')
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
   from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
   try:
     runs, comp = evaluation.evaluate_and_compare(

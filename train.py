@@ -11,7 +11,6 @@ loss became non-finite, 75 preempted by SIGTERM (re-run the same command to resu
 """
 
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from flax_posemb import cli
@@ -35,7 +34,6 @@ def main(argv):
     raise cli.UserError(f'unexpected arguments {argv[1:]}; config values are set with '
                         '--config.KEY=VALUE.')
   cli.check_output_dir(FLAGS.workdir)  # The config is checked first in train_and_evaluate.
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
   multi = FLAGS.distributed or FLAGS.coordinator_address
   with cli.exit_early_on_sigterm(PROG, FLAGS.workdir, remove=not multi) as started:
     import jax  # pylint: disable=g-import-not-at-top

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import re
 import shutil
@@ -173,10 +174,49 @@ def parse_flags(prog: str) -> Callable[[list[str]], list[str]]:
 
 
 def run(main: Callable[[list[str]], int | None], prog: str) -> None:
-  """``app.run(main)`` with one-message errors for flags and ``main`` (see ``guarded``);
-  ``main``'s return value is the exit code."""
+  """``app.run(main)`` with one-message errors for flags and ``main`` (see ``guarded``) and
+  the project's logging (``quiet_third_party``); ``main``'s return value is the exit code."""
   from absl import app  # pylint: disable=g-import-not-at-top
-  app.run(guarded(prog)(main), flags_parser=parse_flags(prog))
+
+  def main_with_logging(argv):
+    quiet_third_party()
+    return main(argv)
+  app.run(guarded(prog)(functools.wraps(main)(main_with_logging)),
+          flags_parser=parse_flags(prog))
+
+
+# Libraries whose INFO records are noise at the default verbosity (Orbax logs every file it
+# writes; TFDS every builder lookup), and warnings that are expected here.
+NOISY_LIBRARIES = ('/orbax/', '/tensorstore/', '/tensorflow_datasets/', '/grain/', '/etils/')
+EXPECTED_WARNINGS = (
+    'Given directory is read only',  # Orbax, for every read-only restore (eval): intended.
+    'has no dataset_info.json',  # TFDS, for a local corpus before its first build.
+    'Using custom data configuration',
+)
+
+
+class _ThirdPartyFilter(logging.Filter):
+  """Drops third-party INFO (and the expected warnings above) unless --verbosity >= 1."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+    if absl_logging.get_verbosity() >= 1:  # --verbosity=1 (debug): everything.
+      return True
+    third_party = any(p in record.pathname for p in NOISY_LIBRARIES)
+    if third_party and record.levelno < logging.WARNING:
+      return False
+    return not (third_party and any(w in record.getMessage() for w in EXPECTED_WARNINGS))
+
+
+def quiet_third_party() -> None:
+  """Silences third-party noise at the source: a filter on absl's and the root logger's
+  handlers, so the project's own ``logging.info`` (progress, periodic eval results) shows at
+  the default verbosity and ``--verbosity`` keeps its meaning."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  handlers = [absl_logging.get_absl_handler(), *logging.getLogger().handlers]
+  for h in handlers:
+    if not any(isinstance(f, _ThirdPartyFilter) for f in h.filters):
+      h.addFilter(_ThirdPartyFilter())
 
 
 def check_output_dir(path: str, what: str = '--workdir') -> None:

@@ -204,16 +204,19 @@ MIN_BUCKET_WINDOWS = 30  # Fewer windows than this make a bucket's interval unre
 
 
 def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
-  """Warnings for buckets with no scored token or fewer than ``MIN_BUCKET_WINDOWS`` windows."""
+  """At most two warnings: buckets with no scored token, and buckets with fewer than
+  ``MIN_BUCKET_WINDOWS`` windows (their intervals are unreliable)."""
+  spans = lambda bs: ', '.join(f"[{b['start']}, {b['end']})" for b in bs)  # noqa: E731
+  empty = [b for b in rows if not b['tokens']]
+  thin = [b for b in rows if b['tokens'] and b['windows'] < MIN_BUCKET_WINDOWS]
   out = []
-  for b in rows:
-    span = f"[{b['start']}, {b['end']})"
-    if not b['tokens']:
-      out.append(f'bucket {span} is empty: no window reaches it; use longer documents or '
-                 'smaller bucket edges.')
-    elif b['windows'] < MIN_BUCKET_WINDOWS:
-      out.append(f"bucket {span} has only {b['windows']} windows (< {MIN_BUCKET_WINDOWS}): "
-                 'its interval is unreliable; raise --num_windows.')
+  if empty:
+    out.append(f'{len(empty)} bucket(s) have no scored token ({spans(empty)}): no window '
+               'reaches them; use longer documents or other bucket edges.')
+  if thin:
+    out.append(f"{len(thin)} of {len(rows)} bucket(s) have fewer than {MIN_BUCKET_WINDOWS} "
+               f"windows (min {min(b['windows'] for b in thin)}): their intervals are "
+               'unreliable; raise --num_windows (eval.num_windows).')
   return out
 
 

@@ -114,8 +114,9 @@ class StatsLog:
   ``stats`` item, so a resumed run continues the same window.
   """
 
-  def __init__(self, workdir: str, num_positions: int, lead: bool, start: int):
-    self.workdir, self.lead = workdir, lead
+  def __init__(self, workdir: str, num_positions: int, lead: bool, start: int,
+               progress_bar: bool = False):
+    self.workdir, self.lead, self.progress_bar = workdir, lead, progress_bar and lead
     self.counters = dict(cumulative_count=np.zeros(num_positions, np.int64),
                          window_first_step=1, loss_sum=0.0, loss_steps=0, tokens=0,
                          elapsed=0.0)
@@ -162,6 +163,10 @@ class StatsLog:
         self._writer.add_scalar(f'train/{k}', row[k], step)
     c.update(window_first_step=step + 1, loss_sum=0.0, loss_steps=0)
     self._clock = (now, 0.0)
+    if not self.progress_bar:  # The bar shows these; without it, one log line per window.
+      logging.info('step %d: loss %.4f, learning rate %.3g, grad norm %.3g, %.0f tokens/s',
+                   step, row['loss'], row['learning_rate'] or 0.0, row['grad_norm'] or 0.0,
+                   row['tokens_per_sec'])
     return row
 
   def write(self, row: dict[str, Any]) -> None:
@@ -328,13 +333,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         num_train_steps=int(config.num_train_steps), process_index=jax.process_index(),
         process_count=jax.process_count(), max_len=mcfg.max_len)
     state, resumed_from, counters = restore_or_init(ckpt, state, shardings, data_iter)
-    log = StatsLog(workdir, mcfg.max_len, lead, resumed_from or 0)
+    log = StatsLog(workdir, mcfg.max_len, lead, resumed_from or 0, bool(config.progress_bar))
     if resumed_from is not None:
       log.restore(counters)
       logging.info('Resuming from the checkpoint of step %d in %s.', resumed_from,
                    ckpt.directory)
-      print(f'Resuming from the checkpoint of step {resumed_from} in {ckpt.directory}.',
-            flush=True)
     if lead:
       workdir_lib.truncate_outputs(workdir, resumed_from or 0)
       workdir_lib.write_config(workdir, config)
@@ -456,7 +459,6 @@ class _Loop:
 
   def stopped(self, result: dict[str, Any], step: int) -> None:
     self.ckpt.wait_until_finished()
-    logging.warning('SIGTERM received: saved the checkpoint of step %d; exiting.', step)
-    print(f'SIGTERM: saved the checkpoint of step {step} in {self.ckpt.directory}.',
-          flush=True)
+    logging.warning('SIGTERM received: saved the checkpoint of step %d in %s; exiting.', step,
+                    self.ckpt.directory)
     result['preempted'] = True

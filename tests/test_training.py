@@ -183,16 +183,17 @@ KILL_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def test_resume_after_kill9_equals_uninterrupted_run(tiny_run, tmp_path, capsys):
+def test_resume_after_kill9_equals_uninterrupted_run(tiny_run, tmp_path, caplog):
   ref_dir, _, _ = tiny_run
   workdir = str(tmp_path / 'killed')
   proc = subprocess.run([sys.executable, '-c', KILL_SCRIPT.format(tests=str(ROOT / 'tests')),
                          workdir], env=SUBPROCESS_ENV, capture_output=True, text=True,
                         timeout=600)
   assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-  result = training.train_and_evaluate(tiny_config(), workdir)
+  with caplog.at_level('INFO'):
+    result = training.train_and_evaluate(tiny_config(), workdir)
   assert result['resumed_from'] == 10
-  assert 'Resuming from the checkpoint of step 10' in capsys.readouterr().out
+  assert 'Resuming from the checkpoint of step 10' in caplog.text
   a, b = read_metrics(ref_dir), read_metrics(workdir)
   for k in ('step', 'loss', 'last_loss', 'grad_norm', 'learning_rate', 'tokens'):
     assert [r.get(k) for r in a] == [r.get(k) for r in b], k
@@ -281,7 +282,7 @@ def test_train_py_tiny_end_to_end_resume_and_bad_inputs(tmp_path):
   # Same command again: resumes from the latest checkpoint and has nothing left to do.
   proc = run_cli(*args)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert 'Resuming from the checkpoint of step 6' in proc.stdout
+  assert 'Resuming from the checkpoint of step 6' in proc.stderr  # absl logging
   assert read_metrics(workdir) == rows
   # A different model shape on the same workdir: the change is named, nothing touched.
   before = snapshot_files(workdir)
@@ -335,7 +336,7 @@ def test_cli_train_eval_resume_with_statistics_off_and_a_table_file(tmp_path):
   assert proc.returncode != 0 and 'num_train_steps: 4 -> 6' in proc.stderr
   proc = run_cli(*longer, '--config.allow_config_change=True')
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert 'Resuming from the checkpoint of step 4' in proc.stdout
+  assert 'Resuming from the checkpoint of step 4' in proc.stderr
   rows = read_metrics(workdir)
   assert [r['step'] for r in rows if 'loss' in r] == [2, 4, 6]
   assert {'step': 4, 'config_change': {'num_train_steps': [4, 6]}} in rows
@@ -370,3 +371,19 @@ def test_tensorboard_gets_bucket_scalars_the_figure_and_hparams(tiny_run):
   assert sorted(s for t, s, _, _ in events if t == buckets[-1]) == [10, 20]
   assert any(t == 'eval/loss_by_position' and kind == 'image' for t, _, kind, _ in events)
   assert any(t.startswith('_hparams_') for t in tags)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('verbosity', ['0', '1'])
+def test_periodic_eval_results_reach_the_console_without_library_noise(tmp_path, verbosity):
+  proc = run_cli('--config', 'configs/tiny.py', '--workdir', str(tmp_path / 'v'),
+                 '--config.num_train_steps=4', '--config.log_every_steps=2',
+                 '--config.eval_every_steps=4', '--config.checkpoint_every_steps=4',
+                 '--config.eval.num_windows=8', '--config.progress_bar=False',
+                 f'--verbosity={verbosity}')
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'eval step 4: loss' in proc.stderr and 'step 2: loss' in proc.stderr
+  noisy = ('Downloading and preparing', 'Given directory is read only')
+  if verbosity == '0':  # Orbax's per-file INFO and TFDS's builder chatter are filtered.
+    assert not any(n in proc.stderr for n in noisy), proc.stderr[-2000:]
+    assert 'orbax' not in proc.stderr.lower()

@@ -23,10 +23,12 @@ load logs a warning when there were any, and `TextSource.build_decode_errors` ca
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob as glob_lib
 import hashlib
 import inspect
+import io
 import json
 import os
 import re
@@ -224,7 +226,13 @@ def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
     try:
       builder = builder_cls(config=config, data_dir=ddir)
       if not builder.is_prepared():
-        builder.download_and_prepare(file_format='array_record')
+        # TFDS prints "Downloading and preparing dataset Unknown size..." and progress bars
+        # for what is a local build: one log line says what happens instead.
+        logging.info('Building the %s corpus (%s) into %s ...', builder.name,
+                     config.description, ddir)
+        tfds.disable_progress_bar()
+        with contextlib.redirect_stdout(io.StringIO()):
+          builder.download_and_prepare(file_format='array_record')
     finally:
       fcntl.flock(f, fcntl.LOCK_UN)
   builder = builder_cls(config=config, data_dir=ddir)
