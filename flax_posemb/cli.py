@@ -61,9 +61,11 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
 
 
 def _own_runtime_error(e: BaseException) -> bool:
-  """A plain RuntimeError raised by flax_posemb itself: its message is written for users
-  (e.g. "No readable checkpoint: ..."). RuntimeErrors of JAX/XLA or other libraries are
-  not, and keep their traceback."""
+  """A RuntimeError of flax_posemb's own (a class defined here, or a plain RuntimeError raised
+  in its code): its message is written for users (e.g. a damaged checkpoint, named, with what
+  to do). RuntimeErrors of JAX/XLA or other libraries are not, and keep their traceback."""
+  if type(e).__module__.startswith('flax_posemb.'):  # e.g. checkpointing.CheckpointDamagedError
+    return True
   if type(e) is not RuntimeError:  # pylint: disable=unidiomatic-typecheck
     return False
   frames = traceback.extract_tb(e.__traceback__)

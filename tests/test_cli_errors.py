@@ -248,3 +248,21 @@ def test_grain_workers_exit_when_their_parent_is_sigkilled():
     alive = [p for p in workers if os.path.exists(f'/proc/{p}') and
              open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z']
   assert not alive, f'Grain workers {alive} outlived their SIGKILLed parent'
+
+
+def test_a_damaged_latest_checkpoint_is_one_message_not_a_traceback(tmp_path):
+  workdir = str(tmp_path / 'damaged')
+  args = [sys.executable, str(ROOT / 'train.py'), '--config', 'configs/tiny.py', '--workdir',
+          workdir, '--config.num_train_steps=4', '--config.checkpoint_every_steps=2',
+          '--config.eval_every_steps=0', '--config.progress_bar=False']
+  assert subprocess.run(args, cwd=ROOT, env=SUBPROCESS_ENV, capture_output=True,
+                        timeout=600).returncode == 0
+  for root, _, files in os.walk(os.path.join(workdir, 'checkpoints', '4', 'params')):
+    for f in files:
+      if f != 'commit_success.txt':
+        with open(os.path.join(root, f), 'r+b') as fh:
+          fh.truncate(3)
+  proc = subprocess.run(args, cwd=ROOT, env=SUBPROCESS_ENV, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr[-2000:]
+  assert 'is damaged' in proc.stderr and 'step 2' in proc.stderr
