@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import ml_collections
 import numpy as np
 
+from flax_posemb import eval_report
 from flax_posemb.experiments import measures, paired, scales, sweep
 
 # Per-arm scalars shown in the arm table of the report (others are in summary.json).
@@ -192,7 +193,7 @@ def write(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any], out_dir:
   figures = _plots(summary, out_dir)
   summary['figures'] = [f for _, f in figures]
   with open(os.path.join(out_dir, 'summary.json'), 'w') as f:
-    json.dump(sweep._nan_to_none(summary), f, indent=1)  # pylint: disable=protected-access
+    json.dump(eval_report.json_safe(summary), f, indent=1)
   with open(os.path.join(out_dir, 'REPORT.md'), 'w') as f:
     f.write(markdown(exp, summary, figures))
   return summary
