@@ -50,6 +50,32 @@ SCALARS = ('final_loss', 'loss_early', 'loss_late', 'loss_late_minus_early', 'de
 # Plus 'offset_penalty_K' for each offset K > 0 of the probe: overall loss at shift K minus
 # at shift 0 (same texts, same context; only the table rows differ).
 
+# Axis labels of the measures in the figures; '{loss}' is the corpus's loss unit (``loss_unit``).
+LABELS = {
+    'bucket_loss': 'held-out loss ({loss})',
+    'bucket_excess': 'excess loss over Bayes ({loss})',
+    'bucket_recovered': 'share of the position value recovered (0 = content only, 1 = Bayes)',
+    'bucket_exposure': 'training tokens seen per row (cumulative)',
+    'bucket_row_grad': 'table-gradient row norm (RMS per step, 2nd half)',
+    'bucket_occ_signal': 'gradient norm per occurrence (2nd half)',
+    'bucket_downstream_signal': 'gradient norm per downstream target (2nd half)',
+    'bucket_update_rss': 'cumulative update norm of the row (root of summed squares)',
+    'bucket_drift': 'drift from init ||row_end - row_0||',
+    'bucket_train_loss': 'training loss, 2nd half ({loss})',
+    'bucket_row_norm': 'norm of the final row',
+    'final_loss': 'held-out loss ({loss})',
+}
+
+
+def loss_unit(tokenizer: str) -> str:
+  """Unit of a loss on a corpus tokenized by ``tokenizer`` ('byte' -> 'nats/byte')."""
+  return 'nats/byte' if tokenizer == 'byte' else 'nats/token'
+
+
+def label(metric: str, tokenizer: str = '') -> str:
+  """Readable axis label of ``metric`` with its unit (the metric name if it has none)."""
+  return LABELS.get(metric, metric).format(loss=loss_unit(tokenizer))
+
 
 def load_windows(run_dir: str) -> list[dict[str, np.ndarray]]:
   """All statistics windows of a run, in step order (``[max_len]`` vectors plus ``step``).
