@@ -372,7 +372,7 @@ def experiment_metric_bars(path: str | os.PathLike[str],
     n_seeds: seeds per arm (stated; 1 means no interval).
   """
   widths = [max(2.0, 0.55 * len(arms) + 1.0) for arms in panels.values()] or [2.0]
-  fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(sum(widths) + 1.2, 4.0),
+  fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(max(sum(widths) + 1.2, 8.0), 4.2),
                            squeeze=False, gridspec_kw={'width_ratios': widths})
   for ax, (panel, intervals) in zip(axes[0], panels.items()):
     names = list(intervals)

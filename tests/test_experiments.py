@@ -118,12 +118,12 @@ def test_paired_differences_use_only_shared_seeds_in_order():
     (0.03, 0.05, 'equivalent', 0.02, paired.CONTRADICTED),
     (-0.01, 0.05, 'equivalent', 0.02, paired.INCONCLUSIVE),
 ])
-def test_verdict_rule(low, high, direction, margin, expected):
+def test_verdict_rule_supports_contradicts_or_leaves_inconclusive(low, high, direction, margin, expected):
   iv = paired.Interval((low + high) / 2, low, high, 5, 0.1)
   assert paired.verdict(iv, direction, margin) == expected
 
 
-def test_verdict_rejects_bad_rules():
+def test_verdict_rejects_an_unknown_direction_and_a_missing_margin():
   iv = paired.Interval(0.0, -1.0, 1.0, 5, 0.5)
   with pytest.raises(ValueError, match='direction'):
     paired.verdict(iv, 'bigger')
@@ -178,10 +178,21 @@ def test_quick_grid_is_two_arms_one_seed_and_shares_runs_across_experiments():
   assert quick['init_comparison'][0].key == quick['exposure'][0].key
 
 
-def test_unknown_override_key_is_a_clear_error():
+def test_unknown_override_key_is_an_error_naming_the_arm_and_the_key():
   exp = _load('init_comparison')
-  with pytest.raises(ValueError, match='modle.num_layers'):
+  with pytest.raises(ValueError, match=r"arm x: override 'modle.num_layers' is not a config"):
     spec.apply_overrides(spec.expand(exp)[0].config, (('modle.num_layers', 1),), 'arm x')
+  with pytest.raises(ValueError, match=r"arm x: override 'model.nope' is not a config"):
+    spec.apply_overrides(spec.expand(exp)[0].config, (('model.nope', 1),), 'arm x')
+
+
+def test_override_of_the_wrong_type_is_an_error_and_ints_widen_to_floats():
+  config = spec.expand(_load('init_comparison'))[0].config
+  with pytest.raises(ValueError, match=r"arm 'a': override model.num_layers='two' has the wrong"):
+    spec.apply_overrides(config, (('model.num_layers', 'two'),), "arm 'a'")
+  out = spec.apply_overrides(config, (('optimizer.learning_rate', 1),), "arm 'a'")
+  assert isinstance(out.optimizer.learning_rate, float) and out.is_locked
+  assert config.optimizer.learning_rate != 1.0  # The input config is not changed.
 
 
 def test_claim_naming_a_missing_arm_is_a_clear_error():
@@ -309,6 +320,37 @@ def test_report_judges_claims_on_paired_differences_and_writes_files(tmp_path):
   assert all((tmp_path / f).stat().st_size > 0 for f in summary['figures'])
 
 
+def test_figures_label_axes_with_units_and_split_final_loss_by_corpus(tmp_path, monkeypatch):
+  from flax_posemb import plots  # pylint: disable=g-import-not-at-top
+  from flax_posemb.experiments import report  # pylint: disable=g-import-not-at-top
+  calls = {}
+  for name in ('experiment_profile', 'experiment_metric_bars', 'experiment_curve'):
+    monkeypatch.setattr(plots, name, lambda path, *a, _n=name, **k: calls.setdefault(_n, []).append(
+        (a, k)))
+  iv = {'mean': 1.0, 'low': None, 'high': None, 'n': 1}
+  arm = lambda corpus, tok: {'seeds': [0], 'corpus': corpus, 'tokenizer': tok,
+                             'scalars': {'final_loss': iv}, 'vectors': {'bucket_excess': [iv]}}
+  summary = {'experiment': 'e', 'buckets': [[0, 8]], 'runs': [], 'analyses': {},
+             'settings': {'model': '1 layer', 'seq_len': 8, 'num_train_steps': 4},
+             'arms': {'syn/a': arm('synthetic', 'synthetic'), 'syn/b': arm('synthetic', 'synthetic'),
+                      'txt/a': arm('stdlib', 'byte')},
+             'profiles': [{'metric': 'bucket_excess', 'title': 'excess', 'arms': ['syn/a', 'syn/b'],
+                           'baseline': 'syn/a', 'differences': {'syn/b': [iv]}}]}
+  report._plots(summary, str(tmp_path))  # pylint: disable=protected-access
+  (_, profile), = calls['experiment_profile']
+  assert profile['ylabel'] == 'excess loss over Bayes (nats/token)'
+  assert profile['n_seeds'] == 1 and '4 steps' in profile['title']
+  (args, bars), = calls['experiment_metric_bars']
+  assert {p: list(a) for p, a in args[0].items()} == {
+      'synthetic': ['syn/a', 'syn/b'], 'stdlib (byte tokens)': ['txt/a']}
+  assert bars['ylabels']['stdlib (byte tokens)'] == 'held-out loss (nats/byte)'
+
+
+def test_every_profile_metric_has_a_readable_label():
+  for metric in measures.VECTORS:
+    assert measures.label(metric) != metric and '{' not in measures.label(metric)
+
+
 # --- run sharing across experiments -------------------------------------------------------
 
 
@@ -365,7 +407,7 @@ def test_quick_suite_runs_the_whole_pipeline_shares_runs_and_resumes(tmp_path):
   out = os.path.join(reports, 'exposure')
   report = open(os.path.join(out, 'REPORT.md')).read()
   for needle in ('Token-embedding init', 'beta2', 'position table', 'Budget', 'syn/natural',
-                 '.png'):
+                 '.png', 'claims tested', 'Holm-Bonferroni'):
     assert needle in report
   on_disk = json.load(open(os.path.join(out, 'summary.json')))
   assert on_disk['claims'] and all(  # One seed: no interval, never a verdict either way.

@@ -1,7 +1,9 @@
 """Aggregates a sweep into ``summary.json`` and writes ``REPORT.md`` with inline plots.
 
 Every number in the report is a mean over seeds with its 95% Student-t interval (``paired``);
-claims use the paired difference per seed and the verdict rule fixed in the experiment config.
+claims use the paired difference per seed and the verdict rule fixed in the experiment config,
+with the Holm-Bonferroni adjustment over the experiment's claims reported alongside. Pandas is
+not used: the data is one [arm, seed] array per measure (``RunTable``) and numpy covers it.
 """
 
 from __future__ import annotations
