@@ -275,11 +275,46 @@ def _interval_arrays(intervals: Sequence[dict[str, Any]]) -> tuple[np.ndarray, .
   return get('mean'), get('low'), get('high')
 
 
+_MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '*', '<', '>')
+_LINESTYLES = ('-', '--', ':', '-.')
+
+
+def _arm_styles(names: Sequence[str]) -> dict[str, dict[str, Any]]:
+  """One colour, marker and line style per arm (two arms never look alike)."""
+  cycle = plt.rcParams['axes.prop_cycle'].by_key()['color']
+  return {n: {'color': cycle[i % len(cycle)], 'marker': _MARKERS[i % len(_MARKERS)],
+              'ls': _LINESTYLES[i % len(_LINESTYLES)]} for i, n in enumerate(names)}
+
+
+def _errorbars(ax, x: np.ndarray, intervals: Sequence[dict[str, Any]], style: dict[str, Any],
+               label: str) -> Any:
+  """Means with 95% error bars; entries without an interval (one seed) get no bar."""
+  mean, low, high = _interval_arrays(intervals)
+  err = np.stack([mean - low, high - mean])
+  return ax.errorbar(x, mean, yerr=np.where(np.isfinite(err), err, 0.0), ms=4, capsize=2,
+                     lw=1.2, elinewidth=0.9, label=label, **style)
+
+
+def _seed_note(n: int) -> str:
+  return ('n=1 seed: no interval' if n == 1 else f'95% CI over n={n} seeds' if n > 1
+          else 'no finished run')
+
+
+def _legend_axis(fig, gs, handles, labels) -> None:
+  ax = fig.add_subplot(gs)
+  ax.axis('off')
+  ax.legend(handles, labels, loc='center left', fontsize=8, frameon=False)
+
+
 def experiment_profile(path: str | os.PathLike[str], bucket_labels: Sequence[str],
                        series: dict[str, Sequence[dict[str, Any]]], *,
                        differences: dict[str, Sequence[dict[str, Any]]] | None = None,
-                       baseline: str = '', title: str = '', ylabel: str = '') -> str:
-  """Per-bucket means over seeds with 95% bands per arm; right panel: paired differences.
+                       baseline: str = '', title: str = '', ylabel: str = '',
+                       n_seeds: int = 0, log_y: bool = False) -> str:
+  """Per-bucket means over seeds with 95% error bars per arm; right: paired differences.
+
+  Arms differ in colour, marker and line style and are shifted slightly along x, so equal
+  curves stay visible; the legend has its own column.
 
   Args:
     path: PNG path.
@@ -287,70 +322,86 @@ def experiment_profile(path: str | os.PathLike[str], bucket_labels: Sequence[str
     series: arm -> per-bucket intervals ({mean, low, high}).
     differences: arm -> per-bucket intervals of (arm - baseline), or None/empty.
     baseline: the baseline arm's name (panel title).
-    title: figure title.
-    ylabel: y-axis label.
+    title: figure title (what is compared and the run's identity).
+    ylabel: y-axis label with units.
+    n_seeds: seeds per arm (stated; 1 means no interval).
+    log_y: logarithmic y axis for the left panel (e.g. exposure counts).
   """
   two = bool(differences)
-  fig, axes = plt.subplots(1, 2 if two else 1, figsize=(11 if two else 6.5, 4), squeeze=False)
-  x = np.arange(len(bucket_labels))
-  # One colour per arm in both panels (the baseline has no difference series).
-  cycle = plt.rcParams['axes.prop_cycle'].by_key()['color']
   names = list(dict.fromkeys([*series, *(differences or {})]))
-  color = {n: cycle[i % len(cycle)] for i, n in enumerate(names)}
-  ax = axes[0, 0]
+  style = _arm_styles(names)
+  fig = plt.figure(figsize=(13 if two else 8, 4.4))
+  gs = fig.add_gridspec(1, 3 if two else 2, width_ratios=[1, 1, 0.32] if two else [1, 0.4])
+  x = np.arange(len(bucket_labels), dtype=np.float64)
+  jitter = {n: 0.08 * (i - (len(names) - 1) / 2) for i, n in enumerate(names)}
+  ax = fig.add_subplot(gs[0, 0])
+  handles = {}
   for name, ivs in series.items():
-    mean, low, high = _interval_arrays(ivs)
-    ax.plot(x, mean, marker='o', ms=3, label=name, color=color[name])
-    ax.fill_between(x, low, high, alpha=0.2, color=color[name])
+    handles[name] = _errorbars(ax, x + jitter[name], ivs, style[name], name)
+  if log_y:
+    ax.set_yscale('log')
   ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
-  ax.set_xlabel('position bucket')
+  ax.set_xlabel('position bucket (rows of the table)')
   ax.set_ylabel(ylabel)
-  ax.set_title(title, fontsize=9)
-  ax.legend(fontsize=7)
+  ax.set_title(f'mean per arm ({_seed_note(n_seeds)})', fontsize=9)
   if two:
-    ax = axes[0, 1]
+    ax = fig.add_subplot(gs[0, 1])
     for name, ivs in differences.items():
-      mean, low, high = _interval_arrays(ivs)
-      ax.errorbar(x, mean, yerr=[mean - low, high - mean], marker='o', ms=3, capsize=2,
-                  label=name, color=color[name])
+      handles.setdefault(name, _errorbars(ax, x + jitter[name], ivs, style[name], name))
     ax.axhline(0.0, color='k', lw=0.8)
     ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
-    ax.set_xlabel('position bucket')
-    ax.set_title(f'paired difference vs {baseline} (95% CI)', fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_xlabel('position bucket (rows of the table)')
+    ax.set_ylabel(f'difference: arm - {baseline}')
+    ax.set_title(f'paired difference vs {baseline} ({_seed_note(n_seeds)})', fontsize=9)
+  _legend_axis(fig, gs[0, -1], list(handles.values()), list(handles))
+  fig.suptitle(title, fontsize=10)
   return _save(fig, path)
 
 
-def experiment_metric_bars(path: str | os.PathLike[str], intervals: dict[str, dict[str, Any]],
-                           *, ylabel: str = '', title: str = '') -> str:
-  """One bar per arm: mean over seeds with its 95% interval."""
-  names = list(intervals)
-  mean, low, high = _interval_arrays([intervals[n] for n in names])
-  fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(names) + 2), 3.6))
-  x = np.arange(len(names))
-  err = np.nan_to_num(np.stack([mean - low, high - mean]))
-  ax.bar(x, mean, yerr=err, capsize=3, color='tab:blue', alpha=0.7)
-  finite = np.concatenate([v[np.isfinite(v)] for v in (mean, low, high)])
-  if finite.size:
-    pad = 0.1 * (finite.max() - finite.min()) + 1e-3
-    ax.set_ylim(finite.min() - pad, finite.max() + pad)
-  ax.set_xticks(x, names, rotation=45, ha='right', fontsize=7)
-  ax.set_ylabel(ylabel)
-  ax.set_title(title, fontsize=9)
+def experiment_metric_bars(path: str | os.PathLike[str],
+                           panels: dict[str, dict[str, dict[str, Any]]], *,
+                           ylabels: dict[str, str], title: str = '', n_seeds: int = 0) -> str:
+  """One panel per group of arms measured in the same units (e.g. per corpus): each arm's
+  mean over seeds with its 95% interval, as a point (no bar: the axis need not start at 0).
+
+  Args:
+    path: PNG path.
+    panels: panel title -> {arm: interval ({mean, low, high, n})}.
+    ylabels: panel title -> y-axis label with units.
+    title: figure title.
+    n_seeds: seeds per arm (stated; 1 means no interval).
+  """
+  widths = [max(2.0, 0.55 * len(arms) + 1.0) for arms in panels.values()] or [2.0]
+  fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(max(sum(widths) + 1.2, 8.0), 4.2),
+                           squeeze=False, gridspec_kw={'width_ratios': widths})
+  for ax, (panel, intervals) in zip(axes[0], panels.items()):
+    names = list(intervals)
+    style = _arm_styles(names)
+    x = np.arange(len(names), dtype=np.float64)
+    for i, name in enumerate(names):
+      _errorbars(ax, x[i:i + 1], [intervals[name]], {**style[name], 'ls': 'none'}, name)
+    ax.set_xticks(x, names, rotation=45, ha='right', fontsize=7)
+    ax.set_xlim(-0.6, len(names) - 0.4)
+    ax.margins(y=0.15)
+    ax.set_ylabel(ylabels.get(panel, ''))
+    ax.set_title(f'{panel}\n({_seed_note(n_seeds)})', fontsize=9)
+    ax.grid(axis='y', alpha=0.3)
+  fig.suptitle(title, fontsize=10)
   return _save(fig, path)
 
 
 def experiment_curve(path: str | os.PathLike[str], steps: Sequence[int],
                      intervals: Sequence[dict[str, Any]], *, threshold: float | None = None,
-                     xlabel: str = '', ylabel: str = '', title: str = '') -> str:
+                     xlabel: str = '', ylabel: str = '', title: str = '',
+                     n_seeds: int = 0) -> str:
   """A curve over training steps with its 95% band (and an optional threshold line)."""
   mean, low, high = _interval_arrays(intervals)
-  fig, ax = plt.subplots(figsize=(6, 3.6))
-  ax.plot(steps, mean, marker='o', ms=3)
+  fig, ax = plt.subplots(figsize=(7, 4))
+  ax.plot(steps, mean, marker='o', ms=3, label=f'mean ({_seed_note(n_seeds)})')
   ax.fill_between(steps, low, high, alpha=0.2)
   if threshold is not None:
     ax.axhline(threshold, color='k', ls='--', lw=0.8, label=f'threshold {threshold}')
-    ax.legend(fontsize=7)
+  ax.legend(fontsize=7, loc='lower right')
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.set_title(title, fontsize=9)

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from scipy import stats as scipy_stats
+from conftest import ROOT
 
 from flax_posemb.experiments import budget, measures, paired, spec
 
@@ -22,14 +22,76 @@ def _load(name: str, scale: str = 'cpu'):
 # --- paired statistics and the verdict rule ---------------------------------------------------
 
 
-def test_t_interval_matches_scipy_student_t():
-  x = np.array([0.3, -0.1, 0.5, 0.2, 0.4])
-  iv = paired.t_interval(x)
-  low, high = scipy_stats.t.interval(0.95, len(x) - 1, loc=x.mean(),
-                                     scale=scipy_stats.sem(x))
-  assert iv.n == 5
-  assert iv.mean == pytest.approx(x.mean())
-  assert (iv.low, iv.high) == pytest.approx((low, high))
+# (sample, level) -> (low, high) of the hand-written Student-t interval that scipy replaced
+# (mean +- t.ppf(0.5 + level / 2, n - 1) * std(ddof=1) / sqrt(n)), computed before the switch.
+OLD_T_INTERVALS = [
+    ([0.3, -0.1, 0.5, 0.2, 0.4], 0.95, (-0.025852519098702342, 0.5458525190987022)),
+    ([0.3, -0.1, 0.5, 0.2, 0.4], 0.9, (0.04051293970729067, 0.47948706029270927)),
+    ([1.0, 3.0], 0.95, (-10.706204736174694, 14.706204736174694)),
+    ([1.0, 3.0], 0.9, (-4.313751514675037, 8.313751514675037)),
+    ([1.0, float('nan'), 3.0, 2.5], 0.95, (-0.4189058396044647, 4.752239172937798)),
+    ([1.0, float('nan'), 3.0, 2.5], 0.9, (0.411973711069862, 3.921359622263471)),
+]
+
+
+@pytest.mark.parametrize('sample, level, expected', OLD_T_INTERVALS)
+def test_scipy_t_interval_equals_the_former_hand_written_one(sample, level, expected):
+  iv = paired.t_interval(sample, level)
+  np.testing.assert_allclose((iv.low, iv.high), expected, rtol=0, atol=1e-12)
+
+
+def test_committed_reports_recompute_to_the_same_intervals_and_verdicts():
+  """Every claim of docs/experiments/*/summary.json, recomputed from its stored per-seed
+  differences: same interval (to 1e-12) and same verdict."""
+  paths = sorted((ROOT / 'docs' / 'experiments').glob('*/summary.json'))
+  claims = [c for p in paths for c in json.loads(p.read_text())['claims']]
+  if not claims:
+    pytest.skip('no committed experiment reports')
+  for c in claims:
+    d = [np.nan if x is None else x for x in c['differences']]
+    iv = paired.t_interval(d)
+    stored = {k: np.nan if v is None else v for k, v in c['interval'].items()}
+    np.testing.assert_allclose([iv.mean, iv.low, iv.high], [stored['mean'], stored['low'],
+                                                            stored['high']], rtol=0, atol=1e-12)
+    if c['verdict'] != paired.NOT_MEASURED:
+      assert paired.verdict(iv, c['direction'], c['margin']) == c['verdict'], c['id']
+
+
+def test_identical_values_give_a_point_interval():
+  iv = paired.t_interval([1.0, 1.0, 1.0])
+  assert (iv.low, iv.high, iv.stderr) == (1.0, 1.0, 0.0)
+
+
+@pytest.mark.parametrize('direction, margin', [('greater', 0.0), ('less', 0.0),
+                                               ('equivalent', 0.3)])
+def test_decision_p_value_is_below_alpha_exactly_when_the_interval_is_decisive(direction,
+                                                                               margin):
+  rng = np.random.default_rng(0)
+  for _ in range(300):
+    d = rng.normal(rng.normal(scale=0.5), rng.uniform(0.05, 1.0), size=rng.integers(2, 8))
+    p = paired.decision_p_value(d, direction, margin)
+    for level in (0.8, 0.95, 0.99):
+      decisive = paired.verdict(paired.t_interval(d, level), direction,
+                                margin) != paired.INCONCLUSIVE
+      assert decisive == (p < 1 - level), (d, p, level)
+
+
+def test_holm_adjusts_the_sorted_p_values_and_keeps_their_order():
+  np.testing.assert_allclose(paired.holm([0.01, 0.04, 0.03, 0.5]), [0.04, 0.09, 0.09, 0.5])
+  assert paired.holm([]).size == 0
+
+
+def test_holm_turns_a_marginal_verdict_inconclusive_and_keeps_the_primary_one():
+  strong = paired.judge({s: 1.0 + 0.01 * s for s in range(5)}, {s: 0.0 for s in range(5)},
+                        'greater')
+  marginal = paired.judge({0: 0.05, 1: 0.3, 2: 0.2, 3: 0.45, 4: 0.1}, {s: 0.0 for s in range(5)},
+                          'greater')
+  assert marginal['verdict'] == paired.SUPPORTED and 0.01 < marginal['p_value'] < 0.05
+  out = paired.with_holm([strong, marginal, marginal])
+  assert [j['verdict'] for j in out] == [paired.SUPPORTED] * 3  # Primary verdicts kept.
+  assert out[0]['verdict_holm'] == paired.SUPPORTED
+  assert out[1]['verdict_holm'] == out[2]['verdict_holm'] == paired.INCONCLUSIVE
+  assert out[1]['p_holm'] == pytest.approx(2 * marginal['p_value'])
 
 
 def test_t_interval_ignores_nan_and_is_undefined_below_two_values():
@@ -56,12 +118,12 @@ def test_paired_differences_use_only_shared_seeds_in_order():
     (0.03, 0.05, 'equivalent', 0.02, paired.CONTRADICTED),
     (-0.01, 0.05, 'equivalent', 0.02, paired.INCONCLUSIVE),
 ])
-def test_verdict_rule(low, high, direction, margin, expected):
+def test_verdict_rule_supports_contradicts_or_leaves_inconclusive(low, high, direction, margin, expected):
   iv = paired.Interval((low + high) / 2, low, high, 5, 0.1)
   assert paired.verdict(iv, direction, margin) == expected
 
 
-def test_verdict_rejects_bad_rules():
+def test_verdict_rejects_an_unknown_direction_and_a_missing_margin():
   iv = paired.Interval(0.0, -1.0, 1.0, 5, 0.5)
   with pytest.raises(ValueError, match='direction'):
     paired.verdict(iv, 'bigger')
@@ -116,10 +178,21 @@ def test_quick_grid_is_two_arms_one_seed_and_shares_runs_across_experiments():
   assert quick['init_comparison'][0].key == quick['exposure'][0].key
 
 
-def test_unknown_override_key_is_a_clear_error():
+def test_unknown_override_key_is_an_error_naming_the_arm_and_the_key():
   exp = _load('init_comparison')
-  with pytest.raises(ValueError, match='modle.num_layers'):
+  with pytest.raises(ValueError, match=r"arm x: override 'modle.num_layers' is not a config"):
     spec.apply_overrides(spec.expand(exp)[0].config, (('modle.num_layers', 1),), 'arm x')
+  with pytest.raises(ValueError, match=r"arm x: override 'model.nope' is not a config"):
+    spec.apply_overrides(spec.expand(exp)[0].config, (('model.nope', 1),), 'arm x')
+
+
+def test_override_of_the_wrong_type_is_an_error_and_ints_widen_to_floats():
+  config = spec.expand(_load('init_comparison'))[0].config
+  with pytest.raises(ValueError, match=r"arm 'a': override model.num_layers='two' has the wrong"):
+    spec.apply_overrides(config, (('model.num_layers', 'two'),), "arm 'a'")
+  out = spec.apply_overrides(config, (('optimizer.learning_rate', 1),), "arm 'a'")
+  assert isinstance(out.optimizer.learning_rate, float) and out.is_locked
+  assert config.optimizer.learning_rate != 1.0  # The input config is not changed.
 
 
 def test_claim_naming_a_missing_arm_is_a_clear_error():
@@ -247,6 +320,37 @@ def test_report_judges_claims_on_paired_differences_and_writes_files(tmp_path):
   assert all((tmp_path / f).stat().st_size > 0 for f in summary['figures'])
 
 
+def test_figures_label_axes_with_units_and_split_final_loss_by_corpus(tmp_path, monkeypatch):
+  from flax_posemb import plots  # pylint: disable=g-import-not-at-top
+  from flax_posemb.experiments import report  # pylint: disable=g-import-not-at-top
+  calls = {}
+  for name in ('experiment_profile', 'experiment_metric_bars', 'experiment_curve'):
+    monkeypatch.setattr(plots, name, lambda path, *a, _n=name, **k: calls.setdefault(_n, []).append(
+        (a, k)))
+  iv = {'mean': 1.0, 'low': None, 'high': None, 'n': 1}
+  arm = lambda corpus, tok: {'seeds': [0], 'corpus': corpus, 'tokenizer': tok,
+                             'scalars': {'final_loss': iv}, 'vectors': {'bucket_excess': [iv]}}
+  summary = {'experiment': 'e', 'buckets': [[0, 8]], 'runs': [], 'analyses': {},
+             'settings': {'model': '1 layer', 'seq_len': 8, 'num_train_steps': 4},
+             'arms': {'syn/a': arm('synthetic', 'synthetic'), 'syn/b': arm('synthetic', 'synthetic'),
+                      'txt/a': arm('stdlib', 'byte')},
+             'profiles': [{'metric': 'bucket_excess', 'title': 'excess', 'arms': ['syn/a', 'syn/b'],
+                           'baseline': 'syn/a', 'differences': {'syn/b': [iv]}}]}
+  report._plots(summary, str(tmp_path))  # pylint: disable=protected-access
+  (_, profile), = calls['experiment_profile']
+  assert profile['ylabel'] == 'excess loss over Bayes (nats/token)'
+  assert profile['n_seeds'] == 1 and '4 steps' in profile['title']
+  (args, bars), = calls['experiment_metric_bars']
+  assert {p: list(a) for p, a in args[0].items()} == {
+      'synthetic': ['syn/a', 'syn/b'], 'stdlib (byte tokens)': ['txt/a']}
+  assert bars['ylabels']['stdlib (byte tokens)'] == 'held-out loss (nats/byte)'
+
+
+def test_every_profile_metric_has_a_readable_label():
+  for metric in measures.VECTORS:
+    assert measures.label(metric) != metric and '{' not in measures.label(metric)
+
+
 # --- run sharing across experiments -------------------------------------------------------
 
 
@@ -303,7 +407,7 @@ def test_quick_suite_runs_the_whole_pipeline_shares_runs_and_resumes(tmp_path):
   out = os.path.join(reports, 'exposure')
   report = open(os.path.join(out, 'REPORT.md')).read()
   for needle in ('Token-embedding init', 'beta2', 'position table', 'Budget', 'syn/natural',
-                 '.png'):
+                 '.png', 'claims tested', 'Holm-Bonferroni'):
     assert needle in report
   on_disk = json.load(open(os.path.join(out, 'summary.json')))
   assert on_disk['claims'] and all(  # One seed: no interval, never a verdict either way.

@@ -1,4 +1,4 @@
-"""Per-run measures read from a finished run's files (numpy only).
+"""Per-run measures read from a finished run's files.
 
 Inputs, per the workdir contract (docs/DESIGN.md): ``stats/window_STEP.npz`` (per-position
 vectors of one logging window, plus ``cumulative_count``), ``tables/table_STEP.npy``
@@ -17,7 +17,10 @@ row norm), ``bucket_occ_signal`` (mean ``||g||`` per occurrence), ``bucket_downs
 (``||g||`` per downstream target), ``bucket_update_rss`` (root of the summed squared row
 updates: the cumulative update norm), ``bucket_drift`` (``||table_end - table_0||`` per
 row), ``bucket_train_loss`` (training loss of targets at those positions),
-``bucket_row_norm`` (norm of the final table row).
+``bucket_row_norm`` (norm of the final table row). ``bucket_occ_signal``,
+``bucket_downstream_signal`` and ``bucket_train_loss`` are ``stats.derived``'s
+``signal_per_occurrence``, ``signal_per_downstream`` and ``mean_loss`` of the summed
+second-half windows (``DERIVED``).
 Scalars (``SCALARS``) are documented in ``_scalars``.
 """
 
@@ -29,8 +32,9 @@ import os
 from typing import Any, Mapping
 
 import numpy as np
+import scipy.stats
 
-from flax_posemb import outputs
+from flax_posemb import analysis, outputs, stats
 
 VECTORS = ('bucket_loss', 'bucket_excess', 'bucket_recovered', 'bucket_exposure',
            'bucket_row_grad', 'bucket_occ_signal', 'bucket_downstream_signal',
@@ -46,11 +50,31 @@ SCALARS = ('final_loss', 'loss_early', 'loss_late', 'loss_late_minus_early', 'de
 # Plus 'offset_penalty_K' for each offset K > 0 of the probe: overall loss at shift K minus
 # at shift 0 (same texts, same context; only the table rows differ).
 
+# Axis labels of the measures in the figures; '{loss}' is the corpus's loss unit (``loss_unit``).
+LABELS = {
+    'bucket_loss': 'held-out loss ({loss})',
+    'bucket_excess': 'excess loss over Bayes ({loss})',
+    'bucket_recovered': 'share of the position value recovered (0 = content only, 1 = Bayes)',
+    'bucket_exposure': 'training tokens seen per row (cumulative)',
+    'bucket_row_grad': 'table-gradient row norm (RMS per step, 2nd half)',
+    'bucket_occ_signal': 'gradient norm per occurrence (2nd half)',
+    'bucket_downstream_signal': 'gradient norm per downstream target (2nd half)',
+    'bucket_update_rss': 'cumulative update norm of the row (root of summed squares)',
+    'bucket_drift': 'drift from init ||row_end - row_0||',
+    'bucket_train_loss': 'training loss, 2nd half ({loss})',
+    'bucket_row_norm': 'norm of the final row',
+    'final_loss': 'held-out loss ({loss})',
+}
 
-def _step_files(directory: str, prefix: str, ext: str) -> list[tuple[int, str]]:
-  """(step, path) of the files named exactly ``PREFIX_<int>.EXT`` (temporary files of a
-  killed writer, e.g. ``window_5.npz.tmp.npz`` or ``.window_5.npz.tmp``, are skipped)."""
-  return outputs.step_files(os.path.join(directory, f'{prefix}_*.{ext}'))
+
+def loss_unit(tokenizer: str) -> str:
+  """Unit of a loss on a corpus tokenized by ``tokenizer`` ('byte' -> 'nats/byte')."""
+  return 'nats/byte' if tokenizer == 'byte' else 'nats/token'
+
+
+def label(metric: str, tokenizer: str = '') -> str:
+  """Readable axis label of ``metric`` with its unit (the metric name if it has none)."""
+  return LABELS.get(metric, metric).format(loss=loss_unit(tokenizer))
 
 
 def load_windows(run_dir: str) -> list[dict[str, np.ndarray]]:
@@ -60,12 +84,13 @@ def load_windows(run_dir: str) -> list[dict[str, np.ndarray]]:
     ValueError: a window file is truncated or garbled (named; see `flax_posemb.outputs.load_npz`).
   """
   return [outputs.load_npz(path)
-          for _, path in _step_files(os.path.join(run_dir, 'stats'), 'window', 'npz')]
+          for _, path in outputs.step_files(os.path.join(run_dir, 'stats', 'window_*.npz'))]
 
 
 def load_tables(run_dir: str) -> dict[int, np.ndarray]:
   """Position-table snapshots of a run: step -> ``[max_len, emb_dim]`` array."""
-  return {s: outputs.load_npy(p) for s, p in _step_files(os.path.join(run_dir, 'tables'), 'table', 'npy')}
+  return {s: outputs.load_npy(p)
+          for s, p in outputs.step_files(os.path.join(run_dir, 'tables', 'table_*.npy'))}
 
 
 def bucket_means(values: np.ndarray, edges: list[tuple[int, int]]) -> np.ndarray:
@@ -78,10 +103,10 @@ def bucket_means(values: np.ndarray, edges: list[tuple[int, int]]) -> np.ndarray
   return np.array(out)
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-  num = np.asarray(num, dtype=np.float64)
-  den = np.asarray(den, dtype=np.float64)
-  return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+# Bucket vector -> the ``stats.derived`` ratio it averages (of the summed second-half windows).
+DERIVED = {'bucket_occ_signal': 'signal_per_occurrence',
+           'bucket_downstream_signal': 'signal_per_downstream',
+           'bucket_train_loss': 'mean_loss'}
 
 
 def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
@@ -94,32 +119,29 @@ def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
     tables: ``load_tables`` output.
 
   Returns:
-    Dict of per-position vectors named like the bucket vectors without ``bucket_``.
+    ``exposure``, ``row_grad``, ``update_rss``, ``scored_total``, ``drift``, ``row_norm``
+    (named like the bucket vectors without ``bucket_``), plus ``stats.derived`` of the
+    summed second-half windows (``signal_per_occurrence``, ``signal_per_downstream``,
+    ``mean_loss``, ``coherence``).
   """
   out: dict[str, np.ndarray] = {}
   if windows:
     late = [w for w in windows if int(w['step']) > num_steps // 2] or windows[-1:]
     # A run with collect_stats=False has only stats.LOSS_FIELDS: its gradient vectors are NaN.
     nan = np.full(np.shape(windows[0]['count']), np.nan)
-    tot = {k: sum(np.asarray(w.get(k, nan), dtype=np.float64) for w in late)
-           for k in ('count', 'loss_sum', 'loss_count', 'occ_norm', 'row_sq', 'downstream')}
+    total = lambda ws, k: sum(np.asarray(w.get(k, nan), np.float64) for w in ws)
+    late_sums = {k: total(late, k) for k in stats.FIELDS}
+    out.update(stats.derived(late_sums))
     late_steps = sum(int(w.get('num_steps', 1)) for w in late)
-    last = windows[-1]
-    out['exposure'] = np.asarray(last.get('cumulative_count', sum(w['count'] for w in windows)),
+    out['exposure'] = np.asarray(windows[-1].get('cumulative_count', total(windows, 'count')),
                                  dtype=np.float64)
-    out['row_grad'] = np.sqrt(tot['row_sq'] / max(late_steps, 1))
-    out['occ_signal'] = _ratio(tot['occ_norm'], tot['count'])
-    out['downstream_signal'] = _ratio(tot['occ_norm'], tot['downstream'])
-    out['train_loss'] = _ratio(tot['loss_sum'], tot['loss_count'])
-    out['update_rss'] = np.sqrt(sum(np.asarray(w.get('update_sq', nan), np.float64)
-                                    for w in windows))
-    out['scored_total'] = np.asarray(sum(np.asarray(w['loss_count'], np.float64)
-                                         for w in windows))
+    out['row_grad'] = np.sqrt(late_sums['row_sq'] / max(late_steps, 1))
+    out['update_rss'] = np.sqrt(total(windows, 'update_sq'))
+    out['scored_total'] = total(windows, 'loss_count')
   if tables:
     steps = sorted(tables)
-    out['drift'] = np.linalg.norm(tables[steps[-1]].astype(np.float64)
-                                  - tables[steps[0]].astype(np.float64), axis=-1)
-    out['row_norm'] = np.linalg.norm(tables[steps[-1]].astype(np.float64), axis=-1)
+    out['drift'] = analysis.drift(tables[steps[-1]], tables[steps[0]])
+    out['row_norm'] = analysis.row_norms(tables[steps[-1]])
   return out
 
 
@@ -148,11 +170,13 @@ def step_seconds(run_dir: str) -> float:
   return (rows[-1][1] - rows[0][1]) / (rows[-1][0] - rows[0][0])
 
 
-def _corr(x: np.ndarray, y: np.ndarray) -> float:
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+  """``scipy.stats.pearsonr`` over the entries finite in both; NaN below 3 of them or for a
+  constant input."""
   ok = np.isfinite(x) & np.isfinite(y)
-  if ok.sum() < 3 or np.std(x[ok]) == 0 or np.std(y[ok]) == 0:
+  if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
     return float('nan')
-  return float(np.corrcoef(x[ok], y[ok])[0, 1])
+  return float(scipy.stats.pearsonr(x[ok], y[ok]).statistic)
 
 
 def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
@@ -179,10 +203,10 @@ def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
   vec: dict[str, np.ndarray] = {'bucket_loss': get('loss'), 'bucket_excess': get('excess_loss'),
                                 'bucket_recovered': get('recovered')}
   pos = position_vectors(load_windows(run_dir), num_steps, load_tables(run_dir))
-  for name in ('exposure', 'row_grad', 'occ_signal', 'downstream_signal', 'update_rss',
-               'drift', 'train_loss', 'row_norm'):
-    vec[f'bucket_{name}'] = (bucket_means(pos[name], edges) if name in pos
-                             else np.full(len(edges), np.nan))
+  for name in VECTORS[3:]:
+    key = DERIVED.get(name, name[len('bucket_'):])
+    vec[name] = (bucket_means(pos[key], edges) if key in pos
+                 else np.full(len(edges), np.nan))
   overall = eval_results.get('overall', {})
   overall_loss = overall.get('loss') if isinstance(overall, Mapping) else overall
   deg = eval_results.get('degradation', {})
@@ -213,8 +237,8 @@ def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
                   ('update', 'bucket_update_rss'), ('drift', 'bucket_drift'),
                   ('row_norm', 'bucket_row_norm')):
     s[f'{name}_late_over_early'] = late_over_early(vec[v])
-  s['signal_loss_corr'] = _corr(pos.get('occ_signal', np.array([])),
-                                pos.get('train_loss', np.array([])))
+  s['signal_loss_corr'] = _pearson(pos.get('signal_per_occurrence', np.array([])),
+                                   pos.get('mean_loss', np.array([])))
   scored = float(pos['scored_total'].sum()) if 'scored_total' in pos else float('nan')
   s['tokens_per_step'] = scored / num_steps if num_steps else float('nan')
   s['train_tokens_per_second'] = (scored / train_seconds if train_seconds and
@@ -258,14 +282,8 @@ def _rare_rows(pos: Mapping[str, np.ndarray], per_position: Mapping[str, np.ndar
 
 
 def cosine_structure(table: np.ndarray) -> np.ndarray:
-  """Upper-triangle entries of the row cosine-similarity matrix; ``[P*(P-1)/2]``.
-
-  Zero rows (e.g. a 'zeros' init at step 0) have cosine 0 with every row.
-  """
-  t = np.asarray(table, dtype=np.float64)
-  norm = np.linalg.norm(t, axis=-1, keepdims=True)
-  u = np.where(norm > 0, t / np.where(norm > 0, norm, 1.0), 0.0)
-  cos = u @ u.T
+  """Upper-triangle entries of ``analysis.cosine_similarity(table)``; ``[P*(P-1)/2]``."""
+  cos = analysis.cosine_similarity(table)
   return cos[np.triu_indices(cos.shape[0], k=1)]
 
 
@@ -283,7 +301,7 @@ def structure_agreement(tables: Mapping[str, np.ndarray]) -> float:
   vals = []
   for i in range(len(structs)):
     for j in range(i + 1, len(structs)):
-      c = _corr(structs[i], structs[j])
+      c = _pearson(structs[i], structs[j])
       vals.append(0.0 if not math.isfinite(c) else c)
   return float(np.mean(vals)) if vals else float('nan')
 

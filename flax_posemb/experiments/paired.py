@@ -14,12 +14,20 @@ both. The claim is judged on the 95% Student-t interval of the mean of ``d_s``
   interval lies outside it (it excludes the band on one side), otherwise inconclusive.
 
 Fewer than two seeds give no interval and the verdict is always inconclusive.
+
+Multiplicity: an experiment tests several claims. The verdict above is the primary one (each
+claim's own 95% interval, as fixed before running). ``with_holm`` adds the Holm-Bonferroni
+correction over all measured claims of the experiment: each claim's ``decision_p_value`` (the
+smallest alpha at which its interval is decisive) is adjusted, and ``verdict_holm`` is the
+primary verdict when the adjusted p-value is < 0.05, else inconclusive. The report gives both
+where they differ.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -56,7 +64,8 @@ class Interval:
 
 
 def t_interval(values: Sequence[float] | np.ndarray, level: float = 0.95) -> Interval:
-  """Student-t interval of the mean of ``values``, ignoring non-finite entries.
+  """Student-t interval of the mean of ``values``, ignoring non-finite entries
+  (``scipy.stats.ttest_1samp(...).confidence_interval``).
 
   Args:
     values: sample, shape ``[n]``.
@@ -67,19 +76,70 @@ def t_interval(values: Sequence[float] | np.ndarray, level: float = 0.95) -> Int
   """
   if not 0.0 < level < 1.0:
     raise ValueError(f'confidence level must be in (0, 1), got {level}.')
+  x = _finite(values)
+  nan = float('nan')
+  if x.size < 2:
+    return Interval(float(x.mean()) if x.size else nan, nan, nan, int(x.size), nan, level)
+  ci = _ttest(x, 0.0, 'two-sided').confidence_interval(level)
+  return Interval(float(x.mean()), float(ci.low), float(ci.high), int(x.size),
+                  float(scipy_stats.sem(x)), level)
+
+
+def _finite(values: Sequence[float] | np.ndarray) -> np.ndarray:
   x = np.asarray(values, dtype=np.float64).reshape(-1)
-  x = x[np.isfinite(x)]
-  n = int(x.size)
-  if n == 0:
-    nan = float('nan')
-    return Interval(nan, nan, nan, 0, nan, level)
-  mean = float(x.mean())
-  if n < 2:
-    nan = float('nan')
-    return Interval(mean, nan, nan, n, nan, level)
-  stderr = float(x.std(ddof=1) / math.sqrt(n))
-  half = float(scipy_stats.t.ppf(0.5 + level / 2.0, df=n - 1)) * stderr
-  return Interval(mean, mean - half, mean + half, n, stderr, level)
+  return x[np.isfinite(x)]
+
+
+def _ttest(x: np.ndarray, popmean: float, alternative: str):
+  with warnings.catch_warnings():  # Identical values (zero spread): a point interval, no warning.
+    warnings.simplefilter('ignore', RuntimeWarning)
+    return scipy_stats.ttest_1samp(x, popmean, alternative=alternative)
+
+
+def decision_p_value(values: Sequence[float] | np.ndarray, direction: str,
+                     margin: float = 0.0) -> float:
+  """The smallest ``alpha`` at which the (1 - alpha) interval of ``values`` gives a verdict
+  (supported or contradicted) under the rule of ``verdict``; 1 below two finite values.
+
+  So ``verdict`` at level 0.95 is decisive exactly when this is < 0.05, and it is the p-value
+  that a multiplicity correction (``holm``) adjusts. Directional claims: the two-sided
+  one-sample t-test of mean 0. Equivalence claims: ``min(p_inside, p_outside)`` where
+  ``p_inside = 2 max(p(mean > -margin), p(mean < margin))`` (both bounds inside the band; TOST)
+  and ``p_outside = 2 min(p(mean > margin), p(mean < -margin))`` (the interval beyond one side).
+
+  Args:
+    values: paired differences, shape ``[n]``.
+    direction: 'greater', 'less' or 'equivalent'.
+    margin: equivalence half-width (for 'equivalent').
+
+  Returns:
+    The p-value in [0, 1].
+  """
+  x = _finite(values)
+  if x.size < 2:
+    return 1.0
+  above = lambda c: 2.0 * float(_ttest(x, c, 'greater').pvalue)  # alpha at which low > c
+  below = lambda c: 2.0 * float(_ttest(x, c, 'less').pvalue)  # alpha at which high < c
+  if direction == 'equivalent':
+    p = min(max(above(-margin), below(margin)), min(above(margin), below(-margin)))
+  else:
+    p = min(above(0.0), below(0.0))
+  return min(1.0, p) if math.isfinite(p) else 1.0
+
+
+def holm(p_values: Sequence[float]) -> np.ndarray:
+  """Holm-Bonferroni adjusted p-values (family-wise error rate), in the input order.
+
+  The ``i``-th smallest p-value is multiplied by ``m - i`` (``i`` from 0), then made
+  monotone with a running maximum and capped at 1.
+  """
+  p = np.asarray(p_values, dtype=np.float64)
+  m = p.size
+  order = np.argsort(p, kind='stable')
+  adjusted = np.minimum(1.0, np.maximum.accumulate(p[order] * (m - np.arange(m))))
+  out = np.empty(m)
+  out[order] = adjusted
+  return out
 
 
 def paired_differences(arm: Mapping[int, float], baseline: Mapping[int, float]
@@ -130,7 +190,7 @@ def verdict(interval: Interval, direction: str, margin: float = 0.0) -> str:
 
 def judge(arm: Mapping[int, float], baseline: Mapping[int, float], direction: str,
           margin: float = 0.0, level: float = 0.95) -> dict:
-  """Paired difference, its interval and the verdict, as a JSON-ready dict.
+  """Paired difference, its interval, the verdict and its p-value, as a JSON-ready dict.
 
   Args:
     arm: seed -> metric of the arm.
@@ -140,11 +200,39 @@ def judge(arm: Mapping[int, float], baseline: Mapping[int, float], direction: st
     level: confidence level.
 
   Returns:
-    ``{'seeds', 'differences', 'interval': {...}, 'verdict'}``; the verdict is
-    ``NOT_MEASURED`` when no seed has a finite difference.
+    ``{'seeds', 'differences', 'interval': {...}, 'verdict', 'p_value'}``; the verdict is
+    ``NOT_MEASURED`` when no seed has a finite difference; ``p_value`` is
+    ``decision_p_value`` (what ``with_holm`` adjusts).
   """
   seeds, d = paired_differences(arm, baseline)
   interval = t_interval(d, level)
   v = verdict(interval, direction, margin) if interval.n else NOT_MEASURED
   return {'seeds': seeds, 'differences': [float(x) for x in d],
-          'interval': interval.as_dict(), 'verdict': v}
+          'interval': interval.as_dict(), 'verdict': v,
+          'p_value': decision_p_value(d, direction, margin)}
+
+
+def with_holm(judgements: Sequence[dict], alpha: float = 0.05) -> list[dict]:
+  """``judge`` outputs with the Holm-Bonferroni correction over all of them (one family).
+
+  The primary verdict (``verdict``, the fixed rule on each claim's own 95% interval) is kept;
+  each judgement gains ``p_holm`` (adjusted ``p_value``) and ``verdict_holm``: the primary
+  verdict when ``p_holm < alpha``, else ``INCONCLUSIVE`` (``NOT_MEASURED`` stays). Claims
+  not measured are not counted in the family.
+
+  Args:
+    judgements: ``judge`` outputs (with ``p_value`` and ``verdict``).
+    alpha: family-wise error rate (1 - the intervals' level).
+
+  Returns:
+    New dicts, in the input order.
+  """
+  out = [dict(j) for j in judgements]
+  tested = [j for j in out if j['verdict'] != NOT_MEASURED]
+  for j, p in zip(tested, holm([j['p_value'] for j in tested])):
+    j['p_holm'] = float(p)
+    j['verdict_holm'] = j['verdict'] if p < alpha else INCONCLUSIVE
+  for j in out:
+    if j['verdict'] == NOT_MEASURED:
+      j['p_holm'], j['verdict_holm'] = float('nan'), NOT_MEASURED
+  return out

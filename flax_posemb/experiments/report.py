@@ -1,11 +1,14 @@
 """Aggregates a sweep into ``summary.json`` and writes ``REPORT.md`` with inline plots.
 
 Every number in the report is a mean over seeds with its 95% Student-t interval (``paired``);
-claims use the paired difference per seed and the verdict rule fixed in the experiment config.
+claims use the paired difference per seed and the verdict rule fixed in the experiment config,
+with the Holm-Bonferroni adjustment over the experiment's claims reported alongside. Pandas is
+not used: the data is one [arm, seed] array per measure (``RunTable``) and numpy covers it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -14,6 +17,7 @@ from typing import Any, Mapping
 import ml_collections
 import numpy as np
 
+from flax_posemb import eval_report
 from flax_posemb.experiments import measures, paired, scales, sweep
 
 # Per-arm scalars shown in the arm table of the report (others are in summary.json).
@@ -42,6 +46,71 @@ def fmt_interval(iv: Mapping[str, Any], nd: int = 4) -> str:
   return f"{fmt(iv['mean'], nd)} [{fmt(iv['low'], nd)}, {fmt(iv['high'], nd)}]"
 
 
+@dataclasses.dataclass(frozen=True)
+class RunTable:
+  """The finished runs' measures as arrays over (arm, seed): the one table the report reads.
+
+  Attributes:
+    arms: arm names, in grid order (arms without a finished run included).
+    seeds: seeds with at least one finished run, ascending.
+    done: ``[A, S]`` whether run (arm, seed) finished.
+    scalars: measure -> ``[A, S]`` (NaN where not finished or not measured).
+    vectors: measure -> ``[A, S, B]`` per position bucket (same NaN rule).
+  """
+  arms: tuple[str, ...]
+  seeds: tuple[int, ...]
+  done: np.ndarray
+  scalars: dict[str, np.ndarray]
+  vectors: dict[str, np.ndarray]
+
+  @classmethod
+  def from_runs(cls, runs: list[Mapping[str, Any]]) -> RunTable:
+    """From ``sweep.run_sweep``'s ``runs`` (unfinished rows only name their arm)."""
+    arms = tuple(dict.fromkeys(r['arm'] for r in runs))
+    rows = [r for r in runs if r['done']]
+    seeds = tuple(sorted({int(r['seed']) for r in rows}))
+    num_buckets = len(rows[0]['measures']['buckets']) if rows else 0
+    shape = (len(arms), len(seeds))
+    names = lambda kind: sorted({k for r in rows for k in r['measures'][kind]})
+    table = cls(arms, seeds, np.zeros(shape, bool),
+                {k: np.full(shape, np.nan) for k in names('scalars')},
+                {k: np.full(shape + (num_buckets,), np.nan) for k in names('vectors')})
+    for r in rows:
+      at = (arms.index(r['arm']), seeds.index(int(r['seed'])))
+      table.done[at] = True
+      for k, v in r['measures']['scalars'].items():
+        table.scalars[k][at] = np.nan if v is None else v
+      for k, v in r['measures']['vectors'].items():
+        table.vectors[k][at] = np.array(v, np.float64)
+    return table
+
+  def finished_seeds(self, arm: str) -> list[int]:
+    return [s for s, d in zip(self.seeds, self.done[self.arms.index(arm)]) if d]
+
+  def values(self, arm: str, metric: str) -> dict[int, float]:
+    """seed -> scalar ``metric`` of ``arm`` over its finished seeds (NaN if not measured)."""
+    row = self.arms.index(arm)
+    col = self.scalars.get(metric, np.full(self.done.shape, np.nan))[row]
+    return {s: float(col[j]) for j, s in enumerate(self.seeds) if self.done[row, j]}
+
+  def vector_differences(self, metric: str, arm: str, baseline: str) -> np.ndarray:
+    """``[n, B]`` per-seed ``arm - baseline`` of vector ``metric`` over their shared seeds."""
+    a, b = self.arms.index(arm), self.arms.index(baseline)
+    shared = self.done[a] & self.done[b]
+    return self.vectors[metric][a, shared] - self.vectors[metric][b, shared]
+
+
+def _intervals(x: np.ndarray) -> list[dict[str, Any]]:
+  """Interval over seeds (axis 0) of each column of ``x`` ``[n, B]``."""
+  return [paired.t_interval(x[:, j]).as_dict() for j in range(x.shape[1])]
+
+
+def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
+  """A Markdown table: header, separator, one line per row."""
+  return ['| ' + ' | '.join(map(str, r)) + ' |'
+          for r in [header, ['---'] * len(header), *rows]]
+
+
 def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
   """The machine-readable summary of a sweep (JSON-ready).
 
@@ -51,61 +120,46 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
 
   Returns:
     ``{experiment, arms: {arm: {scalars: {name: interval}, vectors: {name: [interval per
-    bucket]}, seeds}}, claims: [...], profiles: [...], analyses: {...}, budget, settings}``.
+    bucket]}, seeds, corpus, tokenizer}}, claims: [...], multiplicity, profiles: [...],
+    analyses: {...}, budget, settings}``.
   """
+  table = RunTable.from_runs(sweep_out['runs'])
   rows = [r for r in sweep_out['runs'] if r['done']]
-  arm_names = []
-  for r in sweep_out['runs']:
-    if r['arm'] not in arm_names:
-      arm_names.append(r['arm'])
-  per_arm: dict[str, dict[int, dict[str, Any]]] = {a: {} for a in arm_names}
-  for r in rows:
-    per_arm[r['arm']][r['seed']] = r['measures']
+  corpus = {r['arm']: scales.stated_settings(r['config']) for r in rows}
   arms_out = {}
-  buckets = rows[0]['measures']['buckets'] if rows else []
-  for a in arm_names:
-    seeds = sorted(per_arm[a])
-    ms = [per_arm[a][s] for s in seeds]
-    scalar_names = sorted({k for m in ms for k in m['scalars']})
-    scal = {k: paired.t_interval([m['scalars'].get(k, float('nan')) for m in ms]).as_dict()
-            for k in scalar_names}
-    vec_names = sorted({k for m in ms for k in m['vectors']})
-    vecs = {}
-    for k in vec_names:
-      mat = np.array([m['vectors'][k] for m in ms], dtype=np.float64)
-      vecs[k] = [paired.t_interval(mat[:, j]).as_dict() for j in range(mat.shape[1])]
-    arms_out[a] = {'seeds': seeds, 'scalars': scal, 'vectors': vecs}
-
-  def values(arm: str, metric: str) -> dict[int, float]:
-    return {s: m['scalars'].get(metric, float('nan')) for s, m in per_arm.get(arm, {}).items()}
-
+  for i, a in enumerate(table.arms):
+    finished = table.done[i]
+    arms_out[a] = {'seeds': table.finished_seeds(a), 'scalars': {}, 'vectors': {}}
+    if finished.any():
+      arms_out[a]['scalars'] = {k: paired.t_interval(v[i, finished]).as_dict()
+                                for k, v in table.scalars.items()}
+      arms_out[a]['vectors'] = {k: _intervals(v[i, finished]) for k, v in table.vectors.items()}
+      arms_out[a].update(corpus=corpus[a]['corpus'], tokenizer=corpus[a]['tokenizer'])
   claims = []
   for c in exp.claims:
-    if c.arm not in per_arm or (c.baseline and c.baseline not in per_arm):
+    if c.arm not in table.arms or (c.baseline and c.baseline not in table.arms):
       continue
-    av = values(c.arm, c.metric)
-    bv = values(c.baseline, c.metric) if c.baseline else {s: 0.0 for s in av}  # '' = zero.
-    j = paired.judge(av, bv, c.direction, c.margin)
+    av = table.values(c.arm, c.metric)
+    bv = table.values(c.baseline, c.metric) if c.baseline else {s: 0.0 for s in av}  # '' = 0.
     claims.append({'id': c.id, 'text': c.text, 'metric': c.metric, 'arm': c.arm,
-                   'baseline': c.baseline, 'direction': c.direction, 'margin': c.margin, **j})
+                   'baseline': c.baseline, 'direction': c.direction, 'margin': c.margin,
+                   **paired.judge(av, bv, c.direction, c.margin)})
+  claims = paired.with_holm(claims)
+  tested = [c for c in claims if c['verdict'] != paired.NOT_MEASURED]
+  multiplicity = {'method': 'holm', 'claims_tested': len(tested), 'alpha': 0.05,
+                  'verdicts_changed': sum(c['verdict_holm'] != c['verdict'] for c in tested)}
   profiles = []
   for p in exp.profiles:
-    present = [a for a in p.arms if a in per_arm and per_arm[a]]
+    present = [a for a in p.arms if a in table.arms and table.finished_seeds(a)]
     if not present:
       continue
     prof = {'metric': p.metric, 'title': p.title, 'arms': present, 'baseline': p.baseline,
             'differences': {}}
-    if p.baseline in per_arm and per_arm[p.baseline]:
+    if p.baseline in table.arms and table.finished_seeds(p.baseline):
       for a in present:
-        if a == p.baseline:
-          continue
-        shared = sorted(set(per_arm[a]) & set(per_arm[p.baseline]))
-        if not shared:
-          continue
-        d = np.array([np.array(per_arm[a][s]['vectors'][p.metric], np.float64)
-                      - np.array(per_arm[p.baseline][s]['vectors'][p.metric], np.float64)
-                      for s in shared])
-        prof['differences'][a] = [paired.t_interval(d[:, j]).as_dict() for j in range(d.shape[1])]
+        d = table.vector_differences(p.metric, a, p.baseline)
+        if a != p.baseline and d.shape[0]:
+          prof['differences'][a] = _intervals(d)
     profiles.append(prof)
   analyses = {}
   if 'cosine_convergence' in exp.analyses:
@@ -113,10 +167,11 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
   first = rows[0]['config'] if rows else None
   return {
       'experiment': exp.name, 'title': exp.title, 'question': exp.question,
-      'complete': sweep_out['complete'], 'buckets': buckets,
+      'complete': sweep_out['complete'],
+      'buckets': rows[0]['measures']['buckets'] if rows else [],
       'settings': scales.stated_settings(first) if first is not None else {},
       'budget': sweep_out['budget'], 'arms': arms_out, 'claims': claims,
-      'profiles': profiles, 'analyses': analyses,
+      'multiplicity': multiplicity, 'profiles': profiles, 'analyses': analyses,
       'runs': [{'arm': r['arm'], 'seed': r['seed'], 'key': r['key'], 'done': r['done'],
                 'overrides': dict(_arm(exp, r['arm']).overrides)} for r in sweep_out['runs']],
   }
@@ -144,31 +199,71 @@ def _convergence(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -
   }
 
 
+def _arm_corpus(summary: Mapping[str, Any], arm: str) -> tuple[str, str]:
+  """(corpus, tokenizer) of an arm: recorded per arm, else its overrides over the settings."""
+  a = summary['arms'][arm]
+  if 'corpus' in a:
+    return a['corpus'], a['tokenizer']
+  over = next((r['overrides'] for r in summary['runs'] if r['arm'] == arm), {})
+  corpus = over.get('data.source', summary['settings'].get('corpus', ''))
+  tokenizer = ('synthetic' if corpus == 'synthetic' else
+               over.get('data.tokenizer', summary['settings'].get('tokenizer', '')))
+  return corpus, tokenizer
+
+
+def _identity(summary: Mapping[str, Any]) -> str:
+  """The run identity stated in every figure title: scale, steps, seeds."""
+  s = summary['settings']
+  n = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
+  return (f'{summary["experiment"]}: {s.get("model", "?")}, context {s.get("seq_len", "?")}, '
+          f'{s.get("num_train_steps", "?")} steps, {n} seed(s) per arm')
+
+
 def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   from flax_posemb import plots  # pylint: disable=g-import-not-at-top
   made = []
   labels = [f'{a}-{b}' for a, b in summary['buckets']]
+  n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
+  identity = _identity(summary)
   for i, p in enumerate(summary['profiles']):
     name = f'profile_{i}_{p["metric"]}.png'
     series = {a: summary['arms'][a]['vectors'][p['metric']] for a in p['arms']}
-    plots.experiment_profile(os.path.join(out_dir, name), labels, series,
-                             differences=p['differences'], baseline=p['baseline'],
-                             title=p['title'], ylabel=p['metric'])
+    tokenizers = {_arm_corpus(summary, a)[1] for a in p['arms']}
+    means = np.array([iv['mean'] for ivs in series.values() for iv in ivs
+                      if iv.get('mean') is not None], np.float64)
+    log_y = bool(p['metric'] == 'bucket_exposure' and means.size and means.min() > 0
+                 and means.max() > 100 * means.min())
+    plots.experiment_profile(
+        os.path.join(out_dir, name), labels, series, differences=p['differences'],
+        baseline=p['baseline'], n_seeds=n_seeds, log_y=log_y,
+        title=(p['title'] if 'bucket' in p['title'] else f'{p["title"]} by position bucket')
+        + f'\n{identity}',
+        ylabel=measures.label(p['metric'], tokenizers.pop() if len(tokenizers) == 1 else ''))
     made.append((p['title'], name))
-  arms = list(summary['arms'])
+  panels: dict[str, dict[str, Any]] = {}
+  ylabels = {}
+  for a, v in summary['arms'].items():
+    if not v['seeds']:
+      continue
+    corpus, tokenizer = _arm_corpus(summary, a)
+    panel = corpus if tokenizer in ('synthetic', '') else f'{corpus} ({tokenizer} tokens)'
+    panels.setdefault(panel, {})[a] = v['scalars'].get('final_loss', {})
+    ylabels[panel] = measures.label('final_loss', tokenizer)
   name = 'final_loss.png'
-  plots.experiment_metric_bars(os.path.join(out_dir, name),
-                               {a: summary['arms'][a]['scalars'].get('final_loss', {})
-                                for a in arms}, ylabel='held-out loss (nats/token)',
-                               title=f'{summary["experiment"]}: final loss per arm')
-  made.append(('Final held-out loss per arm', name))
+  plots.experiment_metric_bars(os.path.join(out_dir, name), panels, ylabels=ylabels,
+                               n_seeds=n_seeds,
+                               title=f'Final held-out loss per arm, one panel per corpus\n'
+                               f'{identity}')
+  made.append(('Final held-out loss per arm (one panel per corpus)', name))
   conv = summary['analyses'].get('cosine_convergence')
   if conv:
     name = 'cosine_convergence.png'
     plots.experiment_curve(os.path.join(out_dir, name), conv['steps'], conv['agreement'],
                            threshold=conv['threshold'], xlabel='training step',
-                           ylabel='cross-init agreement of cosine structure',
-                           title='Do the inits converge to one similarity structure?')
+                           ylabel='agreement of the inits\' cosine structure\n(mean pairwise '
+                           'Pearson r)', n_seeds=n_seeds,
+                           title=f'Do the inits converge to one similarity structure?\n'
+                           f'{identity}')
     made.append(('Cross-init agreement of the cosine-similarity structure', name))
   return made
 
@@ -192,7 +287,7 @@ def write(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any], out_dir:
   figures = _plots(summary, out_dir)
   summary['figures'] = [f for _, f in figures]
   with open(os.path.join(out_dir, 'summary.json'), 'w') as f:
-    json.dump(sweep._nan_to_none(summary), f, indent=1)  # pylint: disable=protected-access
+    json.dump(eval_report.json_safe(summary), f, indent=1)
   with open(os.path.join(out_dir, 'REPORT.md'), 'w') as f:
     f.write(markdown(exp, summary, figures))
   return summary
@@ -233,40 +328,44 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
             'when it excludes 0 the other way, else *inconclusive at this scale*; an '
             '"equivalent" claim is supported when the interval lies inside ±margin, '
             'contradicted when it lies wholly outside.', '']
-  lines += ['## Claims', '', '| claim | metric | arm - baseline | predicted | difference '
-            '[95% CI] | n | verdict |', '|---|---|---|---|---|---|---|']
+  m = summary.get('multiplicity', {})
+  lines += ['## Claims', '',
+            f'{m.get("claims_tested", len(summary["claims"]))} claims tested. The verdict is '
+            'the fixed rule above, on each claim\'s own 95% interval. Multiplicity: '
+            'Holm-Bonferroni over all tested claims of this experiment (family-wise error '
+            '5%); `p` is the smallest alpha at which the claim\'s interval is decisive, '
+            '`p (Holm)` its adjusted value, and the last column gives the verdict after the '
+            f'correction where it differs ({m.get("verdicts_changed", 0)} do).', '']
+  rows = []
   for c in summary['claims']:
     pred = (f'|d| < {c["margin"]}' if c['direction'] == 'equivalent'
             else '> 0' if c['direction'] == 'greater' else '< 0')
-    lines.append(f'| {c["text"]} | `{c["metric"]}` | {c["arm"]} - {c["baseline"] or "0"} | {pred} | '
-                 f'{fmt_interval(c["interval"])} | {c["interval"]["n"]} | **{c["verdict"]}** |')
+    holm = c.get('verdict_holm', c['verdict'])
+    rows.append([c['text'], f'`{c["metric"]}`', f'{c["arm"]} - {c["baseline"] or "0"}', pred,
+                 fmt_interval(c['interval']), c['interval']['n'], f'**{c["verdict"]}**',
+                 fmt(c.get('p_value'), 3), fmt(c.get('p_holm'), 3),
+                 '' if holm == c['verdict'] else holm])
+  lines += _md_table(['claim', 'metric', 'arm - baseline', 'predicted',
+                      'difference [95% CI]', 'n', 'verdict', 'p', 'p (Holm)',
+                      'verdict after Holm (if different)'], rows)
   lines += ['', '## Arms', '', 'Wall-clock cost: `train_seconds` is the whole training of a '
             'run (compilation included; runs of a shape already compiled load it from the '
             'persistent cache), `step_seconds` the steady-state seconds per step (logging '
             'windows after the first). Both are wall-clock on the machine that ran the sweep.',
-            '', '| arm | ' + ' | '.join(TABLE_SCALARS) + ' |',
-            '|---|' + '---|' * len(TABLE_SCALARS)]
-  for a, v in summary['arms'].items():
-    cells = [fmt_interval(v['scalars'].get(k, {}), 3) for k in TABLE_SCALARS]
-    lines.append(f'| {a} | ' + ' | '.join(cells) + ' |')
-  lines.append('')
-  extra = tuple(exp.report_scalars)
-  if extra:
-    lines += ['| arm | ' + ' | '.join(extra) + ' |', '|---|' + '---|' * len(extra)]
-    for a, v in summary['arms'].items():
-      lines.append(f'| {a} | ' + ' | '.join(fmt_interval(v['scalars'].get(k, {}), 3)
-                                             for k in extra) + ' |')
-    lines.append('')
+            '']
+  arms = summary['arms']
+  for names in (TABLE_SCALARS, tuple(exp.report_scalars)):
+    if names:
+      lines += _md_table(['arm', *names], [[a, *(fmt_interval(v['scalars'].get(k, {}), 3)
+                                                  for k in names)] for a, v in arms.items()])
+      lines.append('')
   for p in summary['profiles']:
-    lines += [f'### {p["title"]} (per position bucket)', '',
-              '| arm | ' + ' | '.join(f'{x}-{y}' for x, y in summary['buckets']) + ' |',
-              '|---|' + '---|' * len(summary['buckets'])]
-    for a in p['arms']:
-      lines.append(f'| {a} | ' + ' | '.join(fmt_interval(iv, 3) for iv in
-                                             summary['arms'][a]['vectors'][p['metric']]) + ' |')
-    for a, d in p['differences'].items():
-      lines.append(f'| {a} - {p["baseline"]} | ' + ' | '.join(fmt_interval(iv, 3) for iv in d)
-                   + ' |')
+    rows = [[a, *(fmt_interval(iv, 3) for iv in arms[a]['vectors'][p['metric']])]
+            for a in p['arms']]
+    rows += [[f'{a} - {p["baseline"]}', *(fmt_interval(iv, 3) for iv in d)]
+             for a, d in p['differences'].items()]
+    lines += [f'### {p["title"]} (per position bucket)', '']
+    lines += _md_table(['arm', *(f'{x}-{y}' for x, y in summary['buckets'])], rows)
     lines.append('')
   conv = summary['analyses'].get('cosine_convergence')
   if conv:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import shlex
@@ -113,10 +114,13 @@ def write_index(summaries: dict[str, dict[str, Any]], out_dir: str, command: str
   lines = ['# Experiments', '', f'Produced by `{command}` (one process, one shared run '
            'store: arms whose resolved configs coincide across experiments are one run).', '']
   for name, s in summaries.items():
-    counts: dict[str, int] = {}
-    for c in s['claims']:
-      counts[c['verdict']] = counts.get(c['verdict'], 0) + 1
-    verdicts = ', '.join(f'{n} {v}' for v, n in counts.items()) or 'no claims'
+    count = lambda key: ', '.join(f'{n} {v}' for v, n in collections.Counter(
+        c.get(key, c['verdict']) for c in s['claims']).items()) or 'no claims'
+    verdicts = count('verdict')
+    m = s.get('multiplicity')
+    if m:
+      verdicts += (f' ({m["claims_tested"]} claims tested; after Holm-Bonferroni: '
+                   f'{count("verdict_holm")})')
     partial = '' if s.get('complete', True) else ' **(partial sweep)**'
     lines += [f'## [{s["title"]}]({name}/REPORT.md){partial}', '', s['question'], '',
               f'Verdicts: {verdicts}. Data: [`summary.json`]({name}/summary.json).', '']

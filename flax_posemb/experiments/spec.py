@@ -217,32 +217,32 @@ def validate(exp: ml_collections.ConfigDict) -> None:
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[tuple[str, Any]],
                     where: str = '') -> ml_collections.ConfigDict:
-  """Returns a copy of ``config`` with dotted-key ``overrides`` set; unknown keys raise.
+  """A locked copy of ``config`` with dotted-key ``overrides`` set
+  (``ConfigDict.update_from_flattened_dict``, which type-checks: an int may widen to a float
+  field, nothing else changes type).
 
   Args:
     config: training config.
-    overrides: ``(dotted_key, value)`` pairs.
+    overrides: ``(dotted_key, value)`` pairs, applied in order.
     where: context for error messages (e.g. "arm 'packed'").
 
   Returns:
     A new locked config.
+
+  Raises:
+    ValueError: naming ``where`` and the key, for a key that is not a config field or a value
+      of the wrong type.
   """
   config = ml_collections.ConfigDict(config.to_dict())
-  for key, value in overrides:
-    node = config
-    parts = key.split('.')
-    for part in parts[:-1]:
-      if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
-        raise ValueError(f'{where}: override {key!r} names no config section {part!r}.')
-      node = node[part]
-    if parts[-1] not in node:
+  config.lock()  # Locked: an unknown key is an error instead of a new field.
+  for key, value in overrides:  # One at a time, so that an error names its key.
+    try:
+      config.update_from_flattened_dict({key: value})
+    except (KeyError, AttributeError) as e:
       raise ValueError(f'{where}: override {key!r} is not a config field; see '
-                       'flax_posemb/defaults.py for the valid keys.')
-    old = node[parts[-1]]
-    if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
-      value = float(value)
-    node[parts[-1]] = value
-  config.lock()
+                       'flax_posemb/defaults.py for the valid keys.') from e
+    except TypeError as e:
+      raise ValueError(f'{where}: override {key}={value!r} has the wrong type ({e}).') from e
   return config
 
 

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 import ml_collections
 import numpy as np
 
+from flax_posemb import eval_report
 from flax_posemb.experiments import budget as budget_lib
 from flax_posemb.experiments import measures, spec
 
@@ -61,7 +62,7 @@ def default_evaluate(config: ml_collections.ConfigDict, run_dir: str,
   Returns:
     ``(results dict, per-position vectors)`` of ``evaluation.run_evaluation``.
   """
-  from flax_posemb import checkpointing, eval_report, evaluation  # pylint: disable=g-import-not-at-top
+  from flax_posemb import checkpointing, evaluation  # pylint: disable=g-import-not-at-top
   from flax_posemb import model as model_lib  # pylint: disable=g-import-not-at-top
   params, _, step = checkpointing.restore_params(run_dir)
   model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model))
@@ -89,16 +90,6 @@ def _json_default(x: Any) -> Any:
   return str(x)
 
 
-def _nan_to_none(x: Any) -> Any:
-  if isinstance(x, dict):
-    return {k: _nan_to_none(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_nan_to_none(v) for v in x]
-  if isinstance(x, float) and not np.isfinite(x):
-    return None
-  return x
-
-
 def is_done(run_dir: str) -> bool:
   return os.path.exists(os.path.join(run_dir, DONE))
 
@@ -117,13 +108,13 @@ def execute_run(run: spec.Run, run_dir: str, offsets: tuple[int, ...], train_fn:
   eval_seconds = time.perf_counter() - t1
   eval_dir = os.path.join(run_dir, EVAL_DIR)
   os.makedirs(eval_dir, exist_ok=True)
-  _write_json(os.path.join(eval_dir, 'results.json'), _nan_to_none(results))
+  _write_json(os.path.join(eval_dir, 'results.json'), eval_report.json_safe(results))
   np.savez(os.path.join(eval_dir, 'per_position.npz'),
            **{k: np.asarray(v) for k, v in per_position.items()})
   record = {'key': run.key, 'seed': run.seed, 'train_seconds': train_seconds,
             'eval_seconds': eval_seconds,
             'finished': datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            'train_result': _nan_to_none(train_out if isinstance(train_out, (dict, list))
+            'train_result': eval_report.json_safe(train_out if isinstance(train_out, (dict, list))
                                          else repr(train_out))}
   _write_json(os.path.join(run_dir, DONE), record)
   return record
