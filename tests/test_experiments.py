@@ -372,11 +372,13 @@ def test_coinciding_arms_of_different_experiments_are_one_run_after_budgeting(tm
     assert ix[('gpt2/no_decay', s)] != ex[('syn/packed_reset', s)]
 
 
-def test_suite_file_expands_to_the_three_experiments_with_the_scale():
+def test_suite_file_expands_to_the_four_experiments_with_the_scale():
   paths = spec.expand_paths(['configs/experiments/all.py:accelerator'])
   assert [os.path.basename(p) for p in paths] == [
-      f'{n}.py:accelerator' for n in ('init_comparison', 'exposure', 'init_x_exposure')]
+      f'{n}.py:accelerator' for n in ('init_comparison', 'exposure', 'init_x_exposure',
+                                      'long_text')]
   assert spec.load(paths[0]).scale == 'accelerator'
+  assert spec.load(paths[3]).offsets == (0, 128)  # long_text at GPT-2-small context
 
 
 def test_cpu_scale_runs_without_the_host_callback_guard():

@@ -32,14 +32,23 @@ def get_config(scale: str = 'cpu'):
       'due to the late rows themselves (offset probe: the same text read with rows shifted '
       f'by {K}; random_offset is the control whose late rows are well trained)? Does a zero '
       'initialization of the table change the late-row penalty?', scale)
-  c.base_overrides = (
-      ('data.source', 'long_text'), ('data.tokenizer', 'byte'), ('model.vocab_size', 257),
-      ('data.seq_len', 512), ('model.max_len', 512), ('model.emb_dim', 64),
-      ('model.num_heads', 2), ('model.mlp_dim', 256), ('model.token_init_std', 0.125),
-      ('num_train_steps', 400), ('log_every_steps', 50), ('checkpoint_every_steps', 400),
-      ('optimizer.warmup_steps', 40),
-      ('eval.bucket_edges', '0,32,64,128,256,384,448'), ('eval.num_windows', 64),
-      ('eval.batch_size', 16), ('eval.window_start', 'random'))
+  common = (('data.source', 'long_text'), ('data.tokenizer', 'byte'), ('model.vocab_size', 257),
+            ('eval.window_start', 'random'))
+  if scale == 'accelerator':  # GPT-2-small shapes from the base scale, context 1024.
+    c.base_overrides = common + (
+        ('data.seq_len', 1024), ('model.max_len', 1024),
+        ('eval.bucket_edges', '0,64,128,256,512,768,896'), ('eval.num_windows', 256))
+    c.offsets = (0, 128)
+  else:  # cpu
+    c.base_overrides = common + (
+        ('data.seq_len', 512), ('model.max_len', 512), ('model.emb_dim', 64),
+        ('model.num_heads', 2), ('model.mlp_dim', 256), ('model.token_init_std', 0.125),
+        ('num_train_steps', 400), ('log_every_steps', 50),
+        ('checkpoint_every_steps', 400), ('optimizer.warmup_steps', 40),
+        ('eval.bucket_edges', '0,32,64,128,256,384,448'), ('eval.num_windows', 64),
+        ('eval.batch_size', 16))
+    c.budget.target_tokens_per_step = 2048.0  # 4 full rows of 512 bytes per step.
+    c.offsets = (0, K)
   c.seeds = (0, 1, 2)
   c.arms = (
       spec.arm('natural', {'data.position_policy': 'natural'}),
@@ -48,8 +57,7 @@ def get_config(scale: str = 'cpu'):
       spec.arm('natural/zeros', {'data.position_policy': 'natural',
                                  'model.position_init': 'zeros'}),
   )
-  c.budget.target_tokens_per_step = 2048.0  # 4 full rows of 512 bytes per step.
-  c.offsets = (0, K)
+  k = c.offsets[-1]
   c.claims = (
       spec.claim('exposure', 'late rows are seen less often under natural exposure',
                  'exposure_late_over_early', 'natural', 'packed', 'less'),
@@ -60,8 +68,8 @@ def get_config(scale: str = 'cpu'):
                  'greater'),
       spec.claim('late_loss', 'natural scores the last bucket worse than packed',
                  'loss_late', 'natural', 'packed', 'greater'),
-      spec.claim('offset_probe', f'shifting positions by {K} hurts natural more than the '
-                 'random_offset control (natural\'s late rows are worse)', f'offset_penalty_{K}',
+      spec.claim('offset_probe', f'shifting positions by {k} hurts natural more than the '
+                 'random_offset control (natural\'s late rows are worse)', f'offset_penalty_{k}',
                  'natural', 'random_offset', 'greater'),
       spec.claim('random_offset_late', 'random offsets lower the last-bucket loss of natural '
                  'exposure', 'loss_late', 'random_offset', 'natural', 'less'),
@@ -80,6 +88,6 @@ def get_config(scale: str = 'cpu'):
       spec.profile('bucket_occ_signal', arms, 'packed', 'signal per occurrence'),
   )
   c.quick_arms = ('packed', 'natural')
-  c.report_scalars = (f'offset_penalty_{K}', 'loss_late_minus_early', 'final_loss',
+  c.report_scalars = (f'offset_penalty_{k}', 'loss_late_minus_early', 'final_loss',
                       'train_tokens_per_second')
   return c
