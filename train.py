@@ -50,7 +50,8 @@ def main(argv):
     print(f"Training preempted at step {result['step']} (checkpoint saved); re-run the same "
           f'command to resume. Exit code {cli.EXIT_PREEMPTED}.', flush=True)
     return cli.EXIT_PREEMPTED
-  print(f"Training finished at step {result['step']}; last window loss {result['loss']}.")
+  loss = '' if result['loss'] is None else f"; last window loss {result['loss']:.4f}"
+  print(f"Training finished at step {result['step']}{loss}.")
   return cli.EXIT_OK
 
 

@@ -22,6 +22,7 @@ from flax_posemb import buckets as buckets_lib
 from flax_posemb import outputs
 from flax_posemb import plots
 from flax_posemb import tables
+from flax_posemb.eval_report import json_safe
 
 
 def row_norms(table: np.ndarray) -> np.ndarray:
@@ -244,8 +245,8 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
   files['arrays'] = os.path.join(output, 'analysis.npz')
   files['json'] = os.path.join(output, 'analysis.json')
   summary['files'] = files
-  with open(files['json'], 'w') as f:
-    json.dump(summary, f, indent=1)
+  with outputs.atomic_write(files['json'], 'w') as f:
+    json.dump(json_safe(summary), f, indent=1)
   return summary
 
 
@@ -302,8 +303,8 @@ def write_table_analysis(table: np.ndarray | str, output: str, *, source: str = 
   files = _table_plots(table, summary, arrays, output)
   files['json'] = os.path.join(output, 'table_analysis.json')
   summary['files'] = files
-  with open(files['json'], 'w') as f:
-    json.dump(summary, f, indent=1)
+  with outputs.atomic_write(files['json'], 'w') as f:
+    json.dump(json_safe(summary), f, indent=1)
   return summary
 
 

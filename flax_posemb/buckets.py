@@ -276,6 +276,17 @@ def window_ids(inputs: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray)
   return out
 
 
+def unique_window_ids(ids: np.ndarray, seen: dict[int, int]) -> np.ndarray:
+  """Makes repeated window ids unique by their occurrence number (two identical texts in an
+  evaluation are two windows); ``seen`` counts occurrences across the batches of one pass."""
+  out = np.empty(len(ids), np.uint64)
+  for i, w in enumerate(np.asarray(ids, np.uint64).tolist()):
+    k = seen.get(w, 0)
+    seen[w] = k + 1
+    out[i] = w if k == 0 else (w ^ ((k * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF))
+  return out
+
+
 def paired_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
                       names: tuple[str, str] = ('A', 'B')) -> list[dict[str, Any]]:
   """Per-bucket loss difference A - B over the windows both evaluations scored, with the
@@ -304,7 +315,8 @@ def paired_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
                      f'({list(a["edges"])} vs {list(b["edges"])}); evaluate both with the same '
                      '--bucket_size/--bucket_edges.')
   ia, ib = np.asarray(a['window_id']), np.asarray(b['window_id'])
-  if len(np.unique(ia)) != len(ia) or set(ia.tolist()) != set(ib.tolist()):
+  if (len(np.unique(ia)) != len(ia) or len(np.unique(ib)) != len(ib)
+      or set(ia.tolist()) != set(ib.tolist())):
     only_a, only_b = len(set(ia.tolist()) - set(ib.tolist())), len(set(ib.tolist()) - set(ia.tolist()))
     raise ValueError(
         f'{names[0]} and {names[1]} were evaluated on different windows ({only_a} only in '

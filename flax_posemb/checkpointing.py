@@ -460,7 +460,8 @@ class Checkpointer:
       items['stats'] = ocp.args.StandardSave(stats)
     if data_iter is not None:
       items['data_iter'] = grain.checkpoint.CheckpointSave(data_iter)
-      integrity['data_iter'] = _json_digest(data_iter.get_state())
+      if jax.process_count() == 1:  # Step metadata is the primary host's; states differ per host.
+        integrity['data_iter'] = _json_digest(data_iter.get_state())
     custom = dict(integrity=integrity)
     if metrics:
       custom['metrics'] = metrics

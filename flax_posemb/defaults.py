@@ -18,7 +18,7 @@ import ml_collections
 def data() -> ml_collections.ConfigDict:
   """Data section: source, tokenizer, context length and position policy."""
   c = ml_collections.ConfigDict()
-  c.source = 'synthetic'  # synthetic | stdlib | local_text | tfds
+  c.source = 'synthetic'  # synthetic | stdlib | local_text | long_text | tfds
   c.name = ''  # TFDS dataset name when source == 'tfds' (e.g. 'wiki40b/en', 'pg19').
   c.text_feature = 'text'  # Feature holding the text in a TFDS dataset.
   c.train_split = 'train'  # Split used for training.
@@ -32,7 +32,7 @@ def data() -> ml_collections.ConfigDict:
   c.spm_model = ''  # SentencePiece model file; '' = train one on the corpus.
   c.spm_vocab_size = 4096  # Vocabulary size when training a SentencePiece model.
   c.seq_len = 128  # Tokens per training row (context length); must be <= model.max_len.
-  c.position_policy = 'natural'  # natural | packed | packed_reset | random_offset | length_schedule | resampled
+  c.position_policy = 'natural'  # natural | natural_chunked | packed | packed_reset | random_offset | length_schedule | resampled
   c.schedule_seq_len = 32  # length_schedule: row length during the short phase.
   c.schedule_fraction = 0.9  # length_schedule: fraction of num_train_steps at the short length.
   c.resample_dist = 'uniform'  # resampled: uniform | full | comma-separated shares per length bucket.
@@ -102,7 +102,9 @@ NON_SEMANTIC = ('progress_bar', 'checkpoint_every_steps', 'max_to_keep', 'data.n
 # What a resumed run may change besides: how it logs and how it is evaluated. Anything else
 # (including num_train_steps, which shapes the learning-rate schedule) needs
 # allow_config_change=True.
-RESUME_MAY_CHANGE = NON_SEMANTIC + ('log_every_steps', 'eval_every_steps', 'eval')
+# (Not data.num_workers: the data iterator's saved state depends on it.)
+RESUME_MAY_CHANGE = tuple(k for k in NON_SEMANTIC if k != 'data.num_workers') + (
+    'log_every_steps', 'eval_every_steps', 'eval')
 
 
 def base() -> ml_collections.ConfigDict:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from flax_posemb import buckets as buckets_lib
+from flax_posemb import outputs
 from flax_posemb import plots
 
 
@@ -92,13 +93,13 @@ def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], 
   files = {'json': os.path.join(out_dir, 'results.json'),
            'npz': os.path.join(out_dir, 'per_position.npz'),
            'csv': os.path.join(out_dir, 'buckets.csv')}
-  with open(files['json'], 'w') as f:
-    json.dump(json_safe(results), f, indent=1)
-  np.savez(files['npz'], **per_position)
+  with outputs.atomic_write(files['npz']) as f:
+    np.savez(f, **per_position)
   if per_window is not None:
     files['windows'] = os.path.join(out_dir, 'windows.npz')
-    np.savez(files['windows'], **per_window)
-  with open(files['csv'], 'w') as f:
+    with outputs.atomic_write(files['windows']) as f:
+      np.savez(f, **per_window)
+  with outputs.atomic_write(files['csv'], 'w') as f:
     f.write('\n'.join([','.join(CSV_COLUMNS)] + _csv_rows(results['buckets'])) + '\n')
   files['plot'] = plots.loss_by_position(per_position, results,
                                          os.path.join(out_dir, 'loss_by_position.png'), title)
@@ -108,9 +109,12 @@ def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], 
     lines = [','.join(('offset',) + CSV_COLUMNS)]
     for r in probe['by_offset']:
       lines += _csv_rows(r['buckets'], {'offset': r['offset']})
-    with open(files['offsets_csv'], 'w') as f:
+    with outputs.atomic_write(files['offsets_csv'], 'w') as f:
       f.write('\n'.join(lines) + '\n')
     files['offsets_plot'] = plots.offset_probe(probe, os.path.join(out_dir, 'offsets.png'))
+  # Last, and atomically: a results.json on disk means the directory is complete.
+  with outputs.atomic_write(files['json'], 'w') as f:
+    json.dump(json_safe(results), f, indent=1)
   return files
 
 

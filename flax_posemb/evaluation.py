@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -166,7 +165,7 @@ def accumulate(apply_fn: ApplyFn, params, batches: Iterable[dict[str, np.ndarray
   data_sharding = NamedSharding(mesh, P('data'))
   num_devices, num_proc, proc = jax.device_count(), jax.process_count(), jax.process_index()
   accs = [buckets_lib.BucketAccumulator(edges) for _ in offsets]
-  rows = None
+  rows, seen = None, {}
   for batch in batches:
     batch = _check_batch(batch, int(edges[-1]), offsets, max_len)
     if rows is None:  # global rows: a multiple of the device count, fixed for one compile
@@ -177,7 +176,8 @@ def accumulate(apply_fn: ApplyFn, params, batches: Iterable[dict[str, np.ndarray
     dev = {k: jax.make_array_from_process_local_data(data_sharding, v[proc * per:(proc + 1) * per],
                                                      v.shape)
            for k, v in batch.items()}
-    ids = buckets_lib.window_ids(batch['inputs'], batch['positions'], batch['loss_mask'])
+    ids = buckets_lib.unique_window_ids(buckets_lib.window_ids(
+        batch['inputs'], batch['positions'], batch['loss_mask']), seen)
     for acc, k in zip(accs, offsets):
       out = jax.device_get(step(params, dev, jnp.int32(k)))
       acc.add(out['loss_sum'], out['count'], out['win_sum'], out['win_count'], ids)
@@ -330,12 +330,6 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
   return out
 
 
-def evaluate(model, params, config: ml_collections.ConfigDict, *, step: int | None = None,
-             **kwargs) -> dict[str, Any]:
-  """The results.json dict of `run_evaluation` (used by training for periodic evaluation)."""
-  return run_evaluation(model, params, config, step=step, **kwargs).results
-
-
 # Evaluation options that change the results, in the order they appear in a variant's name.
 VARIANT_KEYS = ('split', 'policy', 'window_start', 'num_windows', 'window_len', 'bucket_size',
                 'bucket_edges', 'seed')
@@ -460,7 +454,9 @@ def evaluate_and_compare(workdirs: Sequence[str], *, output: str | None = None,
     runs.append((label, evaluate_workdir(workdir, output=out, **kwargs)))
   if len(runs) < 2:
     return runs, None
-  variant = variant_name(None, **{k: v for k, v in kwargs.items() if k != 'step'})
+  steps = sorted({r['step'] for _, r in runs})
+  variant = variant_name(steps[0] if len(steps) == 1 else None,
+                         **{k: v for k, v in kwargs.items() if k != 'step'})
   name = 'compare_' + '_vs_'.join(labels) + (f'_{variant}' if variant else '')
   out_dir = output or os.path.join(os.path.dirname(os.path.abspath(workdirs[0])), name)
   comp = eval_report.compare(labels, [r['results'] for _, r in runs], out_dir,

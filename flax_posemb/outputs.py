@@ -1,7 +1,8 @@
-"""Readers of a run's step-numbered output files (numpy only).
+"""Writing output files atomically, and reading a run's step-numbered outputs (numpy only).
 
-``stats/window_STEP.npz`` and ``tables/table_STEP.npy`` are written atomically under
-hidden temporary names (``stats.PositionStats.save``). Readers list only names that are
+Every output file of the project is written through `atomic_write`: a hidden temporary name
+beside it, renamed into place only when complete. ``stats/window_STEP.npz`` and
+``tables/table_STEP.npy`` are read by `step_files` / `load_npz`: readers list only names that are
 exactly ``PREFIX_<int>.EXT``, so leftovers of a killed writer (``.window_5.npz.tmp``, or the
 ``window_5.npz.tmp.npz`` of older versions) are never taken for results, and read ``.npz``
 files through `load_npz`, which names a damaged file.
@@ -12,12 +13,32 @@ change cumulative counts and the late/early window means.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
 import zipfile
+from typing import Any, Iterator
 
 import numpy as np
+
+
+@contextlib.contextmanager
+def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
+  """Opens a hidden temporary beside ``path`` (``.NAME.tmp``); renames it to ``path`` only if
+  the block ends without an exception (the temporary is removed otherwise)."""
+  directory, name = os.path.split(os.fspath(path))
+  os.makedirs(directory or '.', exist_ok=True)
+  tmp = os.path.join(directory, f'.{name}.tmp')
+  try:
+    with open(tmp, mode) as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 def step_files(pattern: str) -> list[tuple[int, str]]:

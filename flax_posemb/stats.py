@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_posemb import outputs
 from flax_posemb import sharding
 
 FIELDS = ('count', 'loss_sum', 'loss_count', 'occ_norm', 'occ_sq', 'row_sq',
@@ -149,14 +150,10 @@ class PositionStats(collections.abc.Mapping):
       first_step: first optimizer step of the window.
       cumulative_count: ``[num_positions]`` int64 exact count of each position up to ``step``.
     """
-    directory, name = os.path.split(path)
-    os.makedirs(directory or '.', exist_ok=True)
-    tmp = os.path.join(directory, f'.{name}.tmp')
-    with open(tmp, 'wb') as f:
+    with outputs.atomic_write(path) as f:
       np.savez(f, step=np.int64(step), first_step=np.int64(first_step),
                num_steps=np.int64(step - first_step + 1),
                cumulative_count=np.asarray(cumulative_count, np.int64), **self.to_numpy())
-    os.replace(tmp, path)
 
 
 def window_path(workdir: str, step: int) -> str:

@@ -6,7 +6,7 @@ Writes into ``workdir`` (docs/DESIGN.md):
 * ``metrics.jsonl`` — one JSON object per log step (``step``, ``loss`` = mean train loss
   over the steps of the logging window, ``last_loss``, ``learning_rate``, ``grad_norm``,
   ``tokens``, ``tokens_per_sec``, ``elapsed``), and one ``{'step', 'eval'}`` row per periodic
-  evaluation (``eval`` is ``evaluation.evaluate``'s results dict: ``overall``, ``buckets``);
+  evaluation (``eval`` is ``evaluation.run_evaluation``'s results dict: ``overall``, ``buckets``);
 * ``stats/window_STEP.npz`` — per-position statistics of each logging window
   (``flax_posemb.stats`` documents the fields; readable with numpy alone);
 * ``tables/table_STEP.npy`` — the position table at step 0 and every log step;
@@ -41,6 +41,7 @@ from absl import logging
 from flax_posemb import checkpointing
 from flax_posemb import data as data_lib
 from flax_posemb import model as model_lib
+from flax_posemb import outputs
 from flax_posemb import optim as optim_lib
 from flax_posemb import sharding
 from flax_posemb import stats as stats_lib
@@ -265,6 +266,10 @@ class _Preemption:
     self.requested, self.ckpt, self._old = False, None, None
 
   def __enter__(self):
+    if jax.process_count() > 1:
+      # JAX's preemption notifier owns SIGTERM on several hosts (reached_preemption reads
+      # it); a Python handler would replace it and the hosts would never agree to stop.
+      return self
     try:
       self._old = signal.signal(signal.SIGTERM, self._handle)
     except ValueError:  # Not the main thread: no handler.
@@ -319,12 +324,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     ckpt = stack.enter_context(checkpointing.Checkpointer(
         checkpointing.checkpoint_dir(workdir), max_to_keep=int(config.max_to_keep)))
     preempt.ckpt = ckpt
-    changes = {}
-    if lead:  # Before anything is restored or written: refuse what would lose work.
-      if ckpt.latest_step() is None:
-        workdir_lib.check_fresh_start(workdir)
-      else:
-        changes = workdir_lib.check_resume_config(workdir, config)
+    # Before anything is restored or written, on every host (they read the same files, so
+    # they all stop together): refuse what would lose work.
+    if ckpt.latest_step() is None:
+      workdir_lib.check_fresh_start(workdir)
+      changes = {}
+    else:
+      changes = workdir_lib.check_resume_config(workdir, config)
     model = step_lib.make_model(config)
     init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
     state, tx, shardings = step_lib.init_state(model, config, mesh, init_rng)
@@ -360,19 +366,19 @@ class _Loop:
     self.lead = jax.process_index() == 0
     self.divergence = divergence_bound(config)
 
-  def save(self, state: step_lib.TrainState, step: int) -> None:
+  def save(self, state: step_lib.TrainState, step: int) -> bool:
     payload = dict(self.log.counters, window=state.stats.to_numpy())
     metrics = {'loss': self.log.last['loss']} if 'loss' in self.log.last else {}
-    self.ckpt.save(step, params=state.params, opt_state=state.opt_state,
-                   data_iter=self.data_iter, stats=payload, config=self.config.to_dict(),
-                   metrics=metrics)
+    return self.ckpt.save(step, params=state.params, opt_state=state.opt_state,
+                          data_iter=self.data_iter, stats=payload,
+                          config=self.config.to_dict(), metrics=metrics)
 
   def snapshot(self, state: step_lib.TrainState, step: int) -> None:
     if self.model.config.position_embedding != 'learned':
       return
     table = sharding.to_host(model_lib.position_table(state.params))
     if self.lead:
-      with workdir_lib.atomic_write(os.path.join(self.workdir, 'tables', f'table_{step}.npy')) as f:
+      with outputs.atomic_write(os.path.join(self.workdir, 'tables', f'table_{step}.npy')) as f:
         np.save(f, table)
 
   def absorb(self, step: int, metrics: Any) -> None:
@@ -412,7 +418,7 @@ class _Loop:
     pending = None
     try:
       for step in range(start + 1, num_steps + 1):
-        if step == start + 1 and preempt.requested:  # SIGTERM during setup: nothing to add.
+        if step == start + 1 and preempt.requested:  # SIGTERM during setup (one host only).
           self.stopped(result, start)
           break
         batch = sharding.global_batch(next(self.data_iter), self.mesh, self.model.config.max_len)
@@ -459,6 +465,10 @@ class _Loop:
 
   def stopped(self, result: dict[str, Any], step: int) -> None:
     self.ckpt.wait_until_finished()
+    if step not in self.ckpt.all_steps():
+      raise RuntimeError(f'SIGTERM received at step {step}, but its checkpoint was not saved '
+                         f'(see the warning above); the last checkpoint is step '
+                         f'{self.ckpt.latest_step()}.')
     logging.warning('SIGTERM received: saved the checkpoint of step %d in %s; exiting.', step,
                     self.ckpt.directory)
     result['preempted'] = True

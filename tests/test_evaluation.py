@@ -325,3 +325,18 @@ def test_window_ids_depend_on_text_positions_and_scoring():
   assert ids[0] != ids[1]
   assert buckets_lib.window_ids(x, pos + 1, mask)[0] != ids[0]
   assert (buckets_lib.window_ids(x, pos, mask) == ids).all()
+
+
+def test_identical_texts_are_distinct_windows_and_still_pair_up():
+  seen = {}
+  ids = buckets_lib.unique_window_ids(np.array([7, 7, 9], np.uint64), seen)
+  assert len(set(ids.tolist())) == 3 and ids[0] == 7 and ids[2] == 9
+  again = buckets_lib.unique_window_ids(np.array([7, 7, 9], np.uint64), {})
+  np.testing.assert_array_equal(ids, again)  # the same evaluation gives the same ids
+  model, params = _model()
+  batch = _batches()[1]
+  batch = {k: np.concatenate([v, v]) for k, v in batch.items()}  # every window twice
+  acc, k8 = evaluation.accumulate(evaluation.model_apply_fn(model), params, [batch],
+                                  np.array([0, 8, 16]), offsets=(0, 0))
+  diff = buckets_lib.paired_difference(k8.per_window(), acc.per_window())
+  assert all(d['diff'] == 0.0 for d in diff)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from flax_posemb.experiments import budget, measures, paired, spec
+from flax_posemb.experiments import budget, measures, paired, spec, sweep
 
 CONFIGS = ('init_comparison', 'exposure', 'init_x_exposure')
 
@@ -426,3 +426,14 @@ def test_quick_suite_runs_the_whole_pipeline_shares_runs_and_resumes(tmp_path):
                         run_store=os.path.join(workdir, 'store'), train_fn=counting_train,
                         command='test')
   assert trained[3:] == [trained[2]]
+
+
+def test_a_preempted_run_is_not_marked_done(tmp_path, monkeypatch):
+  from flax_posemb import training  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(training, 'train_and_evaluate',
+                      lambda config, run_dir: {'preempted': True, 'step': 3})
+  run = spec.expand(_load('init_comparison'), quick=True)[0]
+  with pytest.raises(sweep.Preempted, match='re-run the same command'):
+    sweep.execute_run(run, str(tmp_path / 'r'), (), sweep.default_train,
+                      lambda *a: pytest.fail('a preempted run must not be evaluated'))
+  assert not os.path.exists(tmp_path / 'r' / sweep.DONE)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, SUBPROCESS_ENV, tiny_config
 
-from flax_posemb import checkpointing, data as data_lib, training, workdir
+from flax_posemb import checkpointing, data as data_lib, outputs, training, workdir
 
 
 def test_second_writer_is_refused_with_the_holder_named(tmp_path):
@@ -50,7 +50,7 @@ def test_lock_of_a_killed_holder_is_not_stale(tmp_path):
 def test_atomic_write_leaves_no_file_when_the_writer_fails(tmp_path):
   path = str(tmp_path / 'tables' / 'table_5.npy')
   with pytest.raises(OSError):
-    with workdir.atomic_write(path) as f:
+    with outputs.atomic_write(path) as f:
       f.write(b'partial')
       raise OSError(28, 'No space left on device')
   assert os.listdir(tmp_path / 'tables') == []
@@ -153,3 +153,22 @@ def test_a_failing_tensorboard_flush_does_not_hide_the_first_error(tmp_path):
   log.close(failing=True)  # logged, not raised
   with pytest.raises(OSError):
     log.close(failing=False)
+
+
+def test_a_run_started_before_a_field_existed_resumes_with_its_default(tmp_path):
+  wd = str(tmp_path / 'w')
+  c = tiny_config()
+  c.num_train_steps, c.eval_every_steps = 5, 0
+  training.train_and_evaluate(c, wd)
+  path = os.path.join(wd, 'config.json')
+  saved = json.load(open(path))
+  del saved['data']['on_decode_error']  # as written by an older version
+  json.dump(saved, open(path, 'w'))
+  assert workdir.check_resume_config(wd, c) == {}
+  c.data.on_decode_error = 'skip'
+  with pytest.raises(workdir.WorkdirError, match="data.on_decode_error: None -> 'skip'"):
+    workdir.check_resume_config(wd, c)
+  c.data.on_decode_error = 'replace'
+  c.data.num_workers = 2  # the saved data-iterator state depends on it
+  with pytest.raises(workdir.WorkdirError, match='data.num_workers'):
+    workdir.check_resume_config(wd, c)

@@ -150,8 +150,12 @@ def corpus_files() -> dict[str, list[str]]:
 class LongText(text_sources._TextCorpus):  # pylint: disable=protected-access
   """Shakespeare + KJV Bible (+ Python docs) + short stdlib documents (see module doc)."""
 
-  def _docs(self):
+  def _docs(self, bad: list[str] | None = None):
+    # The packaged texts are read with errors='replace'; a document that needed it is
+    # counted (bad) like in the other text corpora, so it never passes silently.
     for key, _, text in iter_documents(self.builder_config.parts):
+      if bad is not None and '\ufffd' in text:
+        bad.append(key)
       yield key, text
 
 
@@ -164,7 +168,7 @@ def builder(data_config, ddir: str):
   val_percent = int(data_config.val_percent)
   paths = [p for k in sorted(parts) for p in parts[k]]
   ver = f'py{sys.version_info.major}{sys.version_info.minor}'
-  h = text_sources._hash_files(paths, f'long_text_v1|{ver}|{val_percent}')  # pylint: disable=protected-access
+  h = text_sources._hash_files(paths, f'long_text_v1|{ver}|{val_percent}|{text_sources._BUILD_FORMAT}')  # pylint: disable=protected-access
   has_doc = 'd' if parts['python_doc'] else 'n'
   config = text_sources.TextBuilderConfig(
       name=f'{ver}{has_doc}_{h}', files=tuple(paths), split_by='long_text', text_field='text',

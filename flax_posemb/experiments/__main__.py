@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from absl import flags
 from absl import logging as absl_logging
 
 from flax_posemb import cli
-from flax_posemb.experiments import runner, spec
+from flax_posemb.experiments import runner, spec, sweep
 
 PROG = 'python -m flax_posemb.experiments'
 
@@ -37,7 +38,7 @@ cli.define_debug_flag()
 FLAGS = flags.FLAGS
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> int | None:
   configs = argv[1:]
   if not configs:
     raise cli.UserError('an experiment config is required, e.g. '
@@ -56,10 +57,14 @@ def main(argv: list[str]) -> None:
   runner.enable_compilation_cache(FLAGS.compilation_cache)
   kwargs = dict(quick=FLAGS.quick, run_store=FLAGS.run_store, report_dir=FLAGS.report_dir,
                 max_runs=FLAGS.max_runs)
-  if len(paths) == 1:
-    summaries = {'': runner.run_experiment(paths[0], FLAGS.workdir, **kwargs)}
-  else:
-    summaries = runner.run_suite(paths, FLAGS.workdir, **kwargs)
+  try:
+    if len(paths) == 1:
+      summaries = {'': runner.run_experiment(paths[0], FLAGS.workdir, **kwargs)}
+    else:
+      summaries = runner.run_suite(paths, FLAGS.workdir, **kwargs)
+  except sweep.Preempted as e:
+    print(f'{PROG}: {e}', file=sys.stderr)
+    return cli.EXIT_PREEMPTED
   out = FLAGS.report_dir or FLAGS.workdir
   for name, summary in summaries.items():
     for c in summary['claims']:

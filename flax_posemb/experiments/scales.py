@@ -132,10 +132,6 @@ def base_config(scale: str) -> ml_collections.ConfigDict:
   return c
 
 
-# Overrides that switch a base config to the offline real-text corpus (stdlib sources).
-REAL_TEXT = {'data.source': 'stdlib', 'data.tokenizer': 'byte', 'model.vocab_size': 257}
-
-
 def stated_settings(config: ml_collections.ConfigDict) -> dict[str, object]:
   """The settings every report must state, read from a resolved training config.
 

@@ -30,6 +30,7 @@ import ml_collections
 import numpy as np
 
 from flax_posemb import eval_report
+from flax_posemb import outputs
 from flax_posemb.experiments import budget as budget_lib
 from flax_posemb.experiments import measures, spec
 
@@ -44,10 +45,23 @@ EvalFn = Callable[[ml_collections.ConfigDict, str, tuple[int, ...]],
                   tuple[dict[str, Any], dict[str, np.ndarray]]]
 
 
+class Preempted(Exception):
+  """SIGTERM stopped a run's training (its checkpoint is saved): the sweep stops, the run is
+  not marked done, and re-running the same command resumes it."""
+
+
 def default_train(config: ml_collections.ConfigDict, run_dir: str) -> Any:
-  """Trains with ``flax_posemb.training.train_and_evaluate`` (resumes from checkpoints)."""
+  """Trains with ``flax_posemb.training.train_and_evaluate`` (resumes from checkpoints).
+
+  Raises:
+    Preempted: SIGTERM arrived (the training loop saved a checkpoint first).
+  """
   from flax_posemb import training  # pylint: disable=g-import-not-at-top
-  return training.train_and_evaluate(config, run_dir)
+  result = training.train_and_evaluate(config, run_dir)
+  if result.get('preempted'):
+    raise Preempted(f'{run_dir} was preempted at step {result["step"]} (checkpoint saved); '
+                    're-run the same command to resume the sweep.')
+  return result
 
 
 def default_evaluate(config: ml_collections.ConfigDict, run_dir: str,
@@ -74,10 +88,8 @@ def default_evaluate(config: ml_collections.ConfigDict, run_dir: str,
 
 
 def _write_json(path: str, obj: Any) -> None:
-  tmp = f'{path}.tmp'
-  with open(tmp, 'w') as f:
+  with outputs.atomic_write(path, 'w') as f:
     json.dump(obj, f, indent=1, sort_keys=False, default=_json_default)
-  os.replace(tmp, path)
 
 
 def _json_default(x: Any) -> Any:
