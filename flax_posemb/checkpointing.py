@@ -353,6 +353,15 @@ def _tolerant_event_loops():
     asyncio.set_event_loop_policy(old)
 
 
+def _not_damage(e: BaseException) -> bool:
+  """Failures that say nothing about the files: out of memory, interrupted, a device error.
+  They propagate as they are instead of being reported as a damaged checkpoint."""
+  text = str(e)
+  return (isinstance(e, (MemoryError, KeyboardInterrupt))
+          or 'RESOURCE_EXHAUSTED' in text or 'Out of memory' in text
+          or type(e).__name__ in ('XlaRuntimeError', 'JaxRuntimeError'))
+
+
 def _describe(e: BaseException) -> str:
   msg = str(e).strip().splitlines()
   return f'{type(e).__name__}: {msg[0] if msg else ""}'[:300]
@@ -639,6 +648,8 @@ class Checkpointer:
       except CallerError:
         raise
       except Exception as e:  # pylint: disable=broad-except
+        if _not_damage(e):
+          raise
         self.reload()
         steps = self.all_steps()
         gone = s not in steps or not self.step_dir(s).exists()

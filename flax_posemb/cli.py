@@ -61,16 +61,10 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
 
 
 def _own_runtime_error(e: BaseException) -> bool:
-  """A RuntimeError of flax_posemb's own (a class defined here, or a plain RuntimeError raised
-  in its code): its message is written for users (e.g. a damaged checkpoint, named, with what
-  to do). RuntimeErrors of JAX/XLA or other libraries are not, and keep their traceback."""
-  if type(e).__module__.startswith('flax_posemb.'):  # e.g. checkpointing.CheckpointDamagedError
-    return True
-  if type(e) is not RuntimeError:  # pylint: disable=unidiomatic-typecheck
-    return False
-  frames = traceback.extract_tb(e.__traceback__)
-  here = os.path.dirname(os.path.abspath(__file__))
-  return bool(frames) and os.path.abspath(frames[-1].filename).startswith(here + os.sep)
+  """A RuntimeError class of flax_posemb's own (e.g. checkpointing.CheckpointDamagedError):
+  its message is written for users (what is damaged, what to do). Plain RuntimeErrors (of
+  JAX/XLA, other libraries, or a bug here) keep their traceback."""
+  return type(e).__module__.startswith('flax_posemb.')
 
 
 def define_debug_flag() -> None:

@@ -27,12 +27,14 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from flax_posemb import buckets as buckets_lib
+from flax_posemb import defaults
 from flax_posemb import data as data_lib
 from flax_posemb import model as model_lib
 from flax_posemb import embeddings
 from flax_posemb import sharding
 from flax_posemb import train_step
 from flax_posemb.batch import BATCH_KEYS
+from flax_posemb.data.pipeline import EVAL_POLICIES
 OFFSET_NOTE = (
     'Offset probe: each text is scored with position ids shifted by K while its context '
     'is unchanged. For a model trained with the natural policy, rows p+K seen with only p '
@@ -220,22 +222,25 @@ def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
   return out
 
 
-def _eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> dict[str, Any]:
-  ev = config.get('eval', ml_collections.ConfigDict())
-  s = {
-      'split': config.data.get('eval_split', 'validation'),
-      'policy': ev.get('position_policy', 'windows'),
-      'num_windows': ev.get('num_windows', 64),
-      'batch_size': ev.get('batch_size', 32),
-      'bucket_size': ev.get('bucket_size', 16),
-      'bucket_edges': ev.get('bucket_edges', ''),
-      'window_len': ev.get('window_len', 0) or config.model.max_len,
-      'seed': ev.get('seed', 0),
-      'window_start': ev.get('window_start', 'first'),
-  }
+def eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> dict[str, Any]:
+  """The evaluation settings of ``config`` (fields its ``eval`` section lacks, e.g. in a run
+  saved by an older version, take ``defaults.evaluation()``), with ``overrides`` (None = keep).
+
+  Returns:
+    Dict ``split``, ``policy``, ``num_windows``, ``batch_size``, ``bucket_size``,
+    ``bucket_edges``, ``window_len`` (0 resolved to ``model.max_len``), ``seed``,
+    ``window_start``.
+  """
+  ev = defaults.evaluation().to_dict()
+  ev.update(config.get('eval', ml_collections.ConfigDict()).to_dict())
+  s = {'split': config.data.get('eval_split', defaults.data().eval_split),
+       'policy': ev['position_policy'], 'window_len': ev['window_len'] or config.model.max_len,
+       **{k: ev[k] for k in ('num_windows', 'batch_size', 'bucket_size', 'bucket_edges', 'seed',
+                             'window_start')}}
   s.update({k: v for k, v in overrides.items() if v is not None})
-  if s['policy'] not in ('windows', 'natural'):
-    raise ValueError(f"evaluation position policy must be 'windows' or 'natural', got {s['policy']!r}.")
+  if s['policy'] not in EVAL_POLICIES:
+    raise ValueError(f'evaluation position policy must be one of {EVAL_POLICIES}, got '
+                     f"{s['policy']!r}.")
   return s
 
 
@@ -279,7 +284,7 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
   Returns:
     `EvalOutput`; with offsets, results['offset_probe'] holds one bucket table per K.
   """
-  s = _eval_settings(config, overrides)
+  s = eval_settings(config, overrides)
   max_len = int(model.config.max_len)
   check_compatible(model, params, s['window_len'])
   offsets = sorted({int(k) for k in offsets}) if offsets else None
@@ -421,7 +426,7 @@ def _analyze(workdir, model, params, config, step, out, out_dir, overrides) -> d
       initial = np.asarray(model_lib.position_table(checkpointing.restore_params(workdir, 0)[0]))
     except (FileNotFoundError, checkpointing.CheckpointDamagedError) as e:
       logging.warning('No initial table for the drift analysis: %s', e)
-  s = _eval_settings(config, overrides)
+  s = eval_settings(config, overrides)
   return analysis.analyze_workdir(
       workdir, table, os.path.join(out_dir, 'analysis'), step=step, initial=initial,
       per_position=out.per_position, bucket_size=s['bucket_size'],

@@ -87,7 +87,7 @@ def _validate_eval(config: ml_collections.ConfigDict, mcfg: model_lib.ModelConfi
   (not at the first eval step, after a checkpoint interval of training)."""
   from flax_posemb import buckets as buckets_lib  # pylint: disable=g-import-not-at-top
   from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
-  s = evaluation._eval_settings(config, {})  # pylint: disable=protected-access
+  s = evaluation.eval_settings(config, {})
   if not 1 <= int(s['window_len']) <= mcfg.max_len:
     raise ValueError(f"eval.window_len={s['window_len']} must be in [1, model.max_len="
                      f'{mcfg.max_len}]; 0 means model.max_len.')
@@ -122,6 +122,7 @@ class StatsLog:
                          window_first_step=1, loss_sum=0.0, loss_steps=0, tokens=0,
                          elapsed=0.0)
     self.last: dict[str, float] = {}
+    self.last_eval: dict[str, Any] | None = None
     self._writer = None
     if lead:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
@@ -206,7 +207,7 @@ class StatsLog:
     flat = workdir_lib.flat_config(config)
     hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v)
                for k, v in flat.items()}
-    ev = getattr(self, 'last_eval', None) or {}
+    ev = self.last_eval or {}
     metrics = {'hparam/eval_loss': (ev.get('overall') or {}).get('loss') or float('nan'),
                'hparam/last_minus_best': (ev.get('degradation') or {}).get('last_minus_best')
                or float('nan')}
@@ -349,10 +350,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       workdir_lib.write_config(workdir, config)
       if changes:
         log.write({'step': resumed_from, 'config_change': changes})
-    loop = _Loop(config, workdir, model, mesh, ckpt, log, data_iter, hooks)
     # A fresh buffer per window: the step donates its state.
-    loop.zero_stats = lambda: jax.device_put(stats_lib.PositionStats.zeros(
+    zero_stats = lambda: jax.device_put(stats_lib.PositionStats.zeros(  # noqa: E731
         mcfg.max_len, collect=bool(config.collect_stats)), shardings.stats)
+    loop = _Loop(config, workdir, model, mesh, ckpt, log, data_iter, hooks, zero_stats)
     return loop.run(state, step_lib.make_train_step(model, tx, config, mesh, shardings),
                     dropout_rng, resumed_from, preempt)
 
@@ -360,9 +361,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 class _Loop:
   """The step loop and what happens at log, eval and checkpoint steps."""
 
-  def __init__(self, config, workdir, model, mesh, ckpt, log, data_iter, hooks):
+  def __init__(self, config, workdir, model, mesh, ckpt, log, data_iter, hooks, zero_stats):
     self.config, self.workdir, self.model, self.mesh = config, workdir, model, mesh
     self.ckpt, self.log, self.data_iter, self.hooks = ckpt, log, data_iter, hooks
+    self.zero_stats = zero_stats
     self.lead = jax.process_index() == 0
     self.divergence = divergence_bound(config)
 

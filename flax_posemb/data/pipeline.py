@@ -342,6 +342,7 @@ def _stack(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
   return {k: np.stack([r[k] for r in rows]) for k in policies.KEYS}
 
 
+EVAL_POLICIES = ('windows', 'natural')
 WINDOW_STARTS = ('first', 'random')
 
 
@@ -376,8 +377,8 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
     ValueError: unknown policy, or fewer suitable documents than `num_windows` (the
       message says how many exist).
   """
-  if policy not in ('windows', 'natural'):
-    raise ValueError(f"Unknown eval policy {policy!r}; use 'windows' or 'natural'.")
+  if policy not in EVAL_POLICIES:
+    raise ValueError(f'Unknown eval policy {policy!r}; use one of {EVAL_POLICIES}.')
   if window_start not in WINDOW_STARTS:
     raise ValueError(f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS}.')
   if window_len < 1 or num_windows < 1 or batch_size < 1:
