@@ -153,9 +153,16 @@ def markdown(result: dict[str, Any]) -> str:
     pk = ac['peak']['flops_per_s'] / 1e12
     lines += [f"Accelerator ({ac['devices'][0]}), {ac['shape']['name']} {ac['shape']['dtype']}, "
               f"bf16 matmul peak {pk:.0f} TFLOP/s:", '',
-              '| variant | tokens/s | MFU |', '|---|---|---|']
+              '| variant | tokens/s | MFU | compiled temp / peak memory (GiB) |',
+              '|---|---|---|---|']
     for r in ac['rows']:
-      lines.append(f"| {r['variant']} | {_fmt_rate(r['tokens_per_s'])} | {100 * r['mfu']:.1f}% |")
+      mem = r.get('memory') or {}
+      mtxt = (f"{mem.get('temp', 0) / 2**30:.2f} / {mem.get('peak', 0) / 2**30:.2f}"
+              if mem else '-')
+      lines.append(f"| {r['variant']} | {_fmt_rate(r['tokens_per_s'])} | {100 * r['mfu']:.1f}% "
+                   f"| {mtxt} |")
+    for k, v in ac.get('failed', {}).items():
+      lines.append(f'| {k} | {v} | | |')
   elif 'skipped' in ac:
     lines.append(f"Accelerator mode: skipped ({ac['skipped']}).")
   return '\n'.join(lines)
