@@ -34,6 +34,7 @@ import argparse
 import ast
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -53,6 +54,13 @@ IMPLS = {
 }
 DEFAULT_IMPLS = 'stats_on,stats_off,reference,hf_flax,torch_eager,torch_compile'
 SHAPES = ('small', 'tiny', 'mini')
+
+
+def split_specs(text: str) -> list[str]:
+  """Splits `--impls` at the commas that start a new implementation name (values such as
+  `env.XLA_FLAGS=--flag=a,b` may contain commas)."""
+  names = '|'.join(map(re.escape, IMPLS))
+  return [s for s in re.split(rf',(?=(?:{names})(?::|,|$))', text) if s]
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, Any], dict[str, str]]:
@@ -97,6 +105,20 @@ def _torch_peak(threads: int) -> dict[str, Any]:
           'threads': torch.get_num_threads()}
 
 
+def _time_wall_and_cpu(fn, steps_n: int, warmup: int) -> tuple[list[float], list[float]]:
+  """Wall and process CPU seconds (all threads, user + system) of each timed call."""
+  from benchmarks import common
+  for _ in range(warmup):
+    common.block(fn())
+  wall, cpu = [], []
+  for _ in range(steps_n):
+    c0, t0 = time.process_time(), time.perf_counter()
+    common.block(fn())
+    wall.append(time.perf_counter() - t0)
+    cpu.append(time.process_time() - c0)
+  return wall, cpu
+
+
 def child(spec: str, shape_name: str, steps_n: int, warmup: int, threads: int) -> dict[str, Any]:
   """Builds and times one implementation in this process; returns a JSON-able dict."""
   name, overrides, _ = parse_spec(spec)
@@ -122,9 +144,11 @@ def child(spec: str, shape_name: str, steps_n: int, warmup: int, threads: int) -
   else:
     runner = steps.torch_train(shape, name == 'torch_compile', threads=threads)
   out['build_s'] = time.perf_counter() - t0
-  ts = common.time_calls(runner.call, steps_n, warmup)
+  ts, cpu = _time_wall_and_cpu(runner.call, steps_n, warmup)
   out.update(common.summarize(ts))
   out['times_s'] = ts
+  out['cpu_times_s'] = cpu
+  out['median_cpu_s'] = statistics.median(cpu)
   out['tokens'] = shape.tokens
   out['flops_per_token'] = common.flops_per_token(shape, runner.n_params_no_pos)
   out['name'] = runner.name
@@ -192,6 +216,9 @@ def aggregate(specs: list[str], rounds: list[dict[str, dict[str, Any]]],
       rows.append(row)
       continue
     tps = [x['tokens'] / x['median_s'] for x in ok]
+    cpu = [x['tokens'] / x['median_cpu_s'] for x in ok if 'median_cpu_s' in x]
+    if cpu:  # less sensitive to other jobs on the machine, but counts spinning threads too
+      row['tokens_per_cpu_s'] = _spread(cpu)
     row.update({'name': ok[0]['name'], 'tokens_per_s': _spread(tps),
                 'step_s': _spread([x['median_s'] for x in ok]),
                 'within_round_rel_spread': _spread(
@@ -208,6 +235,10 @@ def aggregate(specs: list[str], rounds: list[dict[str, dict[str, Any]]],
         ratios.append(ref['median_s'] / mine['median_s'])
     if ratios:
       row['ratio_to_' + ratio_to] = _spread(ratios)
+    cpu_ratios = [r[ratio_to]['median_cpu_s'] / r[spec]['median_cpu_s'] for r in rounds
+                  if 'median_cpu_s' in r.get(spec, {}) and 'median_cpu_s' in r.get(ratio_to, {})]
+    if cpu_ratios:
+      row['cpu_time_ratio_to_' + ratio_to] = _spread(cpu_ratios)
     rows.append(row)
   return {'rows': rows, 'peaks': {fw: _spread(v) for fw, v in peaks.items()}}
 
@@ -231,18 +262,22 @@ def markdown(result: dict[str, Any]) -> str:
   lines += [f'fp32 matmul peak, own process per framework, median (min-max) over rounds: '
             f'{pk_txt or "not measured"}.', '',
             f'| implementation | tokens/s median (min-max over rounds) | MFU (own framework peak) '
-            f'| vs {rt} (paired per round) |', '|---|---|---|---|']
+            f'| vs {rt} (paired per round) | tokens per CPU-second (median) | vs {rt}, CPU time |',
+            '|---|---|---|---|---|---|']
   for r in ag['rows']:
     if 'tokens_per_s' not in r:
       why = r.get('errors', ['no result'])[0]
-      lines.append(f"| {r['label']} | absent: {why[:160]} | | |")
+      lines.append(f"| {r['label']} | absent: {why[:160]} | | | | |")
       continue
     t = r['tokens_per_s']
     ratio = r.get('ratio_to_' + rt)
     rtxt = f"{ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})" if ratio else '-'
     mfu = f"{100 * r['mfu']:.1f}%" if 'mfu' in r else '-'
+    cpu = r.get('tokens_per_cpu_s')
+    cr = r.get('cpu_time_ratio_to_' + rt)
+    crtxt = f"{cr['median']:.2f}x" if cr else '-'
     lines.append(f"| {r['label']} | {_fmt(t['median'])} ({_fmt(t['min'])}-{_fmt(t['max'])}) | "
-                 f"{mfu} | {rtxt} |")
+                 f"{mfu} | {rtxt} | {_fmt(cpu['median']) if cpu else '-'} | {crtxt} |")
   return '\n'.join(lines)
 
 
@@ -284,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     res = child(a.child, a.shape, a.steps, a.warmup, a.threads)
     print(json.dumps(res))
     return res
-  specs = [s for s in a.impls.split(',') if s]
+  specs = split_specs(a.impls)
   for s in specs:
     parse_spec(s)  # fail early on a typo
   if not a.no_peaks:

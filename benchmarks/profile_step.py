@@ -34,7 +34,9 @@ from typing import Any
 
 CATEGORIES = (
     # (category, regex on the instruction's op_name), first match wins.
-    ('attention', r'dot_product_attention|bnts|btnh|tril|/vmap\(\)|_blocked_attention|attention/'),
+    ('attention', r'dot_product_attention|bnts|btnh|bnq|bnk|tril|/vmap\(\)|blocked_causal|'
+                  r'attention/|/softmax(?!_cross)|/swapaxes|block_\d+/(reduce_max|exp|sub|div|and|ge|eq|'
+                  r'select_n|stop_gradient|concatenate|slice|transpose|log_softmax)$'),
     ('layer norm', r'/ln_\d|/ln_f|layer_?norm'),
     ('dense matmul (qkv, attn_out, mlp_in, mlp_out)', r'/(qkv|attn_out|mlp_in|mlp_out)/.*dot_general'),
     ('dense bias / residual adds', r'/(qkv|attn_out|mlp_in|mlp_out)/|block_\d+/add'),
@@ -123,9 +125,10 @@ def profile_jax(spec: str, shape_name: str, steps_n: int, top: int) -> dict[str,
         elif ev.name.startswith('ThunkExecutor::Execute (wait'):
           wall += ev.duration_ns
   total = sum(per_instr.values())
-  cats = collections.Counter()
+  cats, by_name = collections.Counter(), collections.Counter()
   for k, v in per_instr.items():
     cats[categorize(idx[k]['op_name'], idx[k]['dot'])] += v
+    by_name[re.sub(r'block_\d+', 'block_*', re.sub(r'^jit\([^)]*\)/', '', idx[k]['op_name']))] += v
   return {
       'spec': spec, 'framework': 'jax', 'steps': steps_n,
       'thread_ms_per_step': total / 1e6 / steps_n,
@@ -136,6 +139,9 @@ def profile_jax(spec: str, shape_name: str, steps_n: int, top: int) -> dict[str,
                    'category': categorize(idx[k]['op_name'], idx[k]['dot']),
                    'ms_per_step': v / 1e6 / steps_n, 'share': v / total}
                   for k, v in per_instr.most_common(top)],
+      'by_op_name': [{'op_name': k[:200], 'category': categorize(k, 'dot_general' in k),
+                      'ms_per_step': v / 1e6 / steps_n, 'share': v / total}
+                     for k, v in by_name.most_common(3 * top)],
   }
 
 

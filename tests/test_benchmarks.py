@@ -167,6 +167,9 @@ def test_per_process_spec_parsing():
       "stats_off:model.attention_impl='blocked';model.remat=True;env.XLA_FLAGS=--x=1")
   assert name == 'stats_off' and over == {'model.attention_impl': 'blocked', 'model.remat': True}
   assert env == {'XLA_FLAGS': '--x=1'}
+  assert per_process.split_specs(
+      "stats_on,stats_off:env.XLA_FLAGS=--a=+x,+y;model.remat=True,torch_compile") == [
+          'stats_on', 'stats_off:env.XLA_FLAGS=--a=+x,+y;model.remat=True', 'torch_compile']
   with pytest.raises(ValueError, match='unknown implementation'):
     per_process.parse_spec('nope')
   with pytest.raises(ValueError, match='overrides apply'):
