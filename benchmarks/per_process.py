@@ -1,7 +1,7 @@
 """Fair side by side: every implementation (and each framework's matmul peak) in its own process.
 
-  python -m benchmarks.per_process                       # the README table (small shape)
-  python -m benchmarks.per_process --rounds 5 --steps 20 --out benchmarks/results/cpu_per_process.json
+  python -m benchmarks.per_process        # the README table -> benchmarks/results/cpu_per_process.json
+  python -m benchmarks.per_process --rounds 2 --steps 5 --impls stats_on,torch_compile   # quicker
   python -m benchmarks.per_process --impls stats_off,stats_off:model.attention_impl=blocked --rounds 6
 
 Why processes: two runtimes in one process (XLA's thread pool and PyTorch's OpenMP pool,
@@ -12,7 +12,9 @@ side_by_side` (all implementations round-robin in one process) is kept as a diag
 Protocol: `--rounds` rounds; in each round every implementation runs once, in a fresh
 Python process, in an order rotated by one per round (so no implementation always follows
 the same neighbour); a process builds its step, runs `--warmup` untimed steps (compilation
-included), then times `--steps` steps and reports their median. Every process gets the same
+included), then times `--steps` steps and reports their median wall time and median process
+CPU time (user + system, all threads; steadier than wall time when other jobs share the
+machine, though a runtime whose idle threads spin is charged for the spinning). Every process gets the same
 shape, the same CPU affinity (`--cpus`, default: all) and the same thread count
 (`--threads`, default: the cores in that affinity; PyTorch's `set_num_threads` and OpenMP,
 XLA's intra-op pool follows the affinity). The table shows, per implementation, the median over
@@ -52,7 +54,9 @@ IMPLS = {
     'peak_jax': ('jax', 'fp32 matmul peak, JAX'),
     'peak_torch': ('torch', 'fp32 matmul peak, PyTorch'),
 }
-DEFAULT_IMPLS = 'stats_on,stats_off,reference,hf_flax,torch_eager,torch_compile'
+DEFAULT_IMPLS = ("stats_on,stats_off,stats_on:model.attention_impl='blocked',"
+                 "stats_off:model.attention_impl='blocked',reference,hf_flax,torch_eager,"
+                 "torch_compile")
 SHAPES = ('small', 'tiny', 'mini')
 
 
@@ -287,8 +291,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument('--impls', default=DEFAULT_IMPLS, help='comma-separated specs (see above)')
   p.add_argument('--no_peaks', action='store_true', help='skip the matmul peak processes')
   p.add_argument('--shape', default='small', choices=SHAPES)
-  p.add_argument('--rounds', type=int, default=3)
-  p.add_argument('--steps', type=int, default=10)
+  p.add_argument('--rounds', type=int, default=4)
+  p.add_argument('--steps', type=int, default=15)
   p.add_argument('--warmup', type=int, default=3)
   p.add_argument('--threads', type=int, default=0, help='0 = number of CPUs in --cpus')
   p.add_argument('--cpus', default='', help="CPU affinity of every process, e.g. '0-1' or "
