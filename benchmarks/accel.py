@@ -7,9 +7,14 @@ The peak is the best bf16 FLOP/s of a large square matmul in the same process (a
 measured about 790 TFLOP/s this way). Parameters are float32, compute bfloat16, logits
 and loss float32 (`model.dtype='bfloat16'`).
 
-On a device machine that has jax/flax/optax but not ml-collections/grain/tfds, use
-`benchmarks/accel.sh` (it installs ml-collections from wheels carried in `.whl/`, see its
-header, then runs `python -m benchmarks.run --suite accel`).
+Rows: the library's step with statistics on and off, each with `attention_impl` 'xla' and
+(on a GPU) 'cudnn', and the plain-JAX reference; each row has tokens/s, MFU and the compiled
+memory (`memory_analysis()` of the step: arguments, temporaries, peak).
+
+Nothing here needs ml-collections, grain or tensorflow-datasets (configs come from
+`benchmarks.common.base_config`), so it runs on the device image as it is:
+`bash benchmarks/accel.sh` (tests/test_benchmarks.py runs that script on a CPU with those
+packages made unimportable).
 """
 
 from __future__ import annotations
@@ -36,23 +41,61 @@ def run_accel(opts: Options, force: bool = False) -> dict[str, Any]:
   peak = common.matmul_peak('bfloat16', sizes, repeats=10 if backend != 'cpu' else 3)
   sub = dataclasses.replace(opts, steps=max(opts.steps, 20 if backend != 'cpu' else 3))
   rows, failed = [], {}
-  builders = {
-      'stats_on': lambda: steps.library_train(shape, True),
-      'stats_off': lambda: steps.library_train(shape, False),
-      'stats_on_position_guard': lambda: steps.library_train(
-          shape, True, **{'model.check_positions': True}),
-      'reference': lambda: steps.reference_train(shape, kernel_layout='out_in'),
-  }
-  if backend == 'gpu':
-    builders['stats_on_cudnn'] = lambda: steps.library_train(
-        shape, True, **{'model.attention_impl': 'cudnn'})
+  builders = {}
+  for impl in ('xla', 'cudnn'):
+    for stats in (True, False):
+      name = f"stats_{'on' if stats else 'off'}_{impl}"
+      if impl == 'cudnn' and backend != 'gpu':
+        failed[name] = f'skipped: cudnn attention needs a GPU (backend {backend})'
+        continue
+      builders[name] = (lambda s=stats, i=impl: steps.library_train(
+          shape, s, **{'model.attention_impl': i}))
+  builders['reference'] = lambda: steps.reference_train(shape, kernel_layout='out_in')
   for name, build in builders.items():
     try:
-      row = measure(build(), shape, sub, peak['flops_per_s'])
+      runner = build()
+      row = measure(runner, shape, sub, peak['flops_per_s'])
       row['variant'] = name
+      try:
+        row['memory'] = common.compiled_memory(runner.lower().compile())
+      except Exception as e:  # pylint: disable=broad-except
+        row['memory'] = None
+        row['memory_error'] = f'{type(e).__name__}: {e}'.splitlines()[0][:200]
       rows.append(row)
     except Exception as e:  # pylint: disable=broad-except
       failed[name] = f'{type(e).__name__}: {e}'.splitlines()[0][:300]
       traceback.print_exc()
   return {'backend': backend, 'devices': [str(d) for d in jax.devices()],
           'shape': dataclasses.asdict(shape), 'peak': peak, 'rows': rows, 'failed': failed}
+
+
+def export_train_step(shape: common.Shape, platforms: tuple[str, ...] = ('cuda',),
+                      collect_stats: bool = True, **overrides):
+  """`jax.export` of the library's train step at `shape` for `platforms`, without a device.
+
+  The state is abstract (`jax.eval_shape` of `train_step.init_state`), so GPT-2-small
+  costs no memory; lowering for 'cuda' on a CPU-only jaxlib catches GPU-only lowering
+  errors (unsupported dtypes or custom calls) before a device run.
+
+  Returns:
+    The `jax.export.Exported`.
+  """
+  from flax_posemb import sharding
+  from flax_posemb import train_step as training
+  config = common.model_config(shape, collect_stats=collect_stats, **overrides)
+  mesh = sharding.make_mesh()
+  model = training.make_model(config)
+  box = {}
+
+  def init(key):
+    state, box['tx'], box['shardings'] = training.init_state(model, config, mesh, key)
+    return state
+
+  state = jax.eval_shape(init, jax.random.key(0))
+  step = training.make_train_step(model, box['tx'], config, mesh, box['shardings'])
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype)
+           for k, v in common.synthetic_batch(shape.replace(batch_size=1)).items()}
+  batch = {k: jax.ShapeDtypeStruct((shape.batch_size,) + v.shape[1:], v.dtype)
+           for k, v in batch.items()}
+  rng = jax.eval_shape(lambda: jax.random.key(1))
+  return jax.export.export(step, platforms=list(platforms))(state, batch, rng)

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Accelerator mode (GPT-2-small bf16, synthetic batches) on a GPU machine, in one go.
+# Accelerator mode, in one go: GPT-2-small (124M), context 1024, bf16 compute, synthetic
+# batches; attention 'xla' vs 'cudnn', statistics on/off, the plain-JAX reference; tokens/s,
+# MFU against the bf16 matmul peak measured in the same process, compiled memory.
 #
-# Prepare here (network to the package index), once:
-#   pip download --no-deps -d .whl ml_collections absl-py PyYAML
-# then on the device machine (the device tool, with carry [".whl"]):
-#   bash benchmarks/accel.sh            # writes $OUT/accel.json (or benchmarks/results/)
-# The device image has jax/flax/optax/orbax but not ml-collections (imported by the
-# config code); the carried wheels fill that gap. grain/tfds are not needed for this suite.
+# Needs only what the device image has (jax, flax, optax, numpy): no ml-collections, grain,
+# tensorflow-datasets, torch or transformers, and no wheels to carry. On the device machine
+# (the device tool, from the repository root):
+#   bash benchmarks/accel.sh                 # writes $OUT/accel.json (else benchmarks/results/)
+# Extra arguments go to `python -m benchmarks.run`, e.g. `--steps 10`; on a CPU,
+# `--accel_force` runs the miniature shape (tests/test_benchmarks.py does, with the other
+# packages made unimportable).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! python -c 'import ml_collections' 2>/dev/null; then
-  pip install -q --no-index --find-links .whl ml_collections absl-py PyYAML
-fi
-python -c 'import jax; print(jax.devices())'
+py="${PYTHON:-python3}"
+"$py" -c 'import jax; print("jax", jax.__version__, jax.devices())'
 out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
-python -m benchmarks.run --suite accel --steps "${STEPS:-20}" --out "$out/accel.json"
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$py" -m benchmarks.run --suite accel \
+  --steps "${STEPS:-20}" --out "$out/accel.json" "$@"

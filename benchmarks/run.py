@@ -4,7 +4,10 @@
   python -m benchmarks.run --suite train,overhead --mini          # seconds, smoke test
   python -m benchmarks.run --suite accel --out $OUT/accel.json    # on a GPU machine
 
-Suites (`SUITES`): train, overhead, side_by_side, eval, scaling, accel, data. Derived
+Suites (`SUITES`): train, overhead, side_by_side, eval, scaling, accel, data. The
+side_by_side suite times every implementation round-robin in one process and is a
+diagnostic only; the published comparison is `python -m benchmarks.per_process` (each
+implementation and each framework's matmul peak in its own process). Derived
 ratios that need two suites (eval and input pipeline over train tokens/s) are added under
 `summary` when both ran in the same process.
 """

@@ -20,14 +20,16 @@ The chain, in order (``make_optimizer``):
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from flax_posemb.model import POSITION_TABLE_PATH
+
+if TYPE_CHECKING:  # type hints only: the step runs without ml_collections (device image)
+  import ml_collections
 
 TOKEN_TABLE_PATH = ('token_embed', 'embedding')
 

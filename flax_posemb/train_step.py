@@ -16,12 +16,11 @@ both modes take the same joint gradient and read the token losses the same way.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -30,6 +29,9 @@ from flax_posemb import optim
 from flax_posemb import sharding
 from flax_posemb import stats as stats_lib
 from flax_posemb.batch import BATCH_KEYS
+
+if TYPE_CHECKING:  # type hints only: the step runs without ml_collections (device image)
+  import ml_collections
 
 PyTree = Any
 

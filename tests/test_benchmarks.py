@@ -121,3 +121,120 @@ def test_run_emits_valid_json_and_a_table(tmp_path):
   assert 'stats_overhead' in loaded['summary'] and 'vs_fastest_peer' in loaded['summary']
   table = report.markdown(result)
   assert '| flax_posemb (stats on) |' in table and 'statistics overhead' in table
+
+
+# --- Per-process harness, configs without ml_collections, device-image simulation, export.
+
+_DEVICE_IMAGE_SITECUSTOMIZE = '''
+import sys
+# Packages the GPU device image does not have (or that the accelerator path must not need).
+_BLOCKED = {'grain', 'tensorflow_datasets', 'tensorflow', 'ml_collections', 'array_record',
+            'tensorboardX', 'sentencepiece', 'tqdm', 'matplotlib', 'safetensors', 'torch',
+            'transformers'}
+class _Refuse:
+  def find_spec(self, name, path=None, target=None):
+    if name.partition('.')[0] in _BLOCKED:
+      raise ModuleNotFoundError(f'No module named {name!r} (device-image simulation)',
+                                name=name)
+    return None
+sys.meta_path.insert(0, _Refuse())
+'''
+
+
+def test_benchmark_config_matches_the_project_defaults():
+  # benchmarks.common.base_config avoids ml_collections; it must carry the same values.
+  from flax_posemb import defaults
+  want = defaults.base().to_dict()
+
+  def check(got, ref, path=''):
+    for k, v in got.items():
+      assert k in ref, f'{path}{k} is not a field of defaults.base()'
+      if isinstance(v, dict):
+        check(v, ref[k], f'{path}{k}.')
+      else:
+        assert v == ref[k], f'{path}{k}: {v!r} != defaults {ref[k]!r}'
+
+  check(common.base_config().to_dict(), want)
+  c = common.model_config(common.MINI, **{'model.remat': True})
+  assert c.model.remat and c.optimizer.b2 == want['optimizer']['b2']
+  with pytest.raises(KeyError, match='unknown config field'):
+    common.model_config(common.MINI, **{'model.nope': 1})
+
+
+def test_per_process_spec_parsing():
+  from benchmarks import per_process
+  name, over, env = per_process.parse_spec(
+      "stats_off:model.attention_impl='blocked';model.remat=True;env.XLA_FLAGS=--x=1")
+  assert name == 'stats_off' and over == {'model.attention_impl': 'blocked', 'model.remat': True}
+  assert env == {'XLA_FLAGS': '--x=1'}
+  assert per_process.split_specs(
+      "stats_on,stats_off:env.XLA_FLAGS=--a=+x,+y;model.remat=True,torch_compile") == [
+          'stats_on', 'stats_off:env.XLA_FLAGS=--a=+x,+y;model.remat=True', 'torch_compile']
+  with pytest.raises(ValueError, match='unknown implementation'):
+    per_process.parse_spec('nope')
+  with pytest.raises(ValueError, match='overrides apply'):
+    per_process.parse_spec('reference:model.remat=True')
+
+
+def test_per_process_runs_each_implementation_in_its_own_process(tmp_path):
+  from benchmarks import per_process
+  out = tmp_path / 'pp.json'
+  res = per_process.main(['--shape', 'mini', '--rounds', '2', '--steps', '1', '--warmup', '1',
+                          '--impls', 'stats_off,reference', '--ratio_to', 'reference',
+                          '--out', str(out)])
+  loaded = json.loads(out.read_text())
+  assert [r['order'] for r in loaded['rounds']][1][0] != loaded['rounds'][0]['order'][0]
+  pids = {r[s]['pid'] for r in loaded['rounds'] for s in ('stats_off', 'reference')}
+  assert len(pids) == 4  # a fresh process per implementation per round
+  rows = {r['spec']: r for r in res['aggregate']['rows']}
+  assert rows['stats_off']['tokens_per_s']['n'] == 2
+  assert rows['reference']['ratio_to_reference']['median'] == pytest.approx(1.0)
+  assert loaded['aggregate']['peaks']['jax']['n'] == 2
+  assert 'fp32 matmul peak' in per_process.markdown(res)
+
+
+def test_accel_script_runs_with_only_the_device_image_packages(tmp_path):
+  # benchmarks/accel.sh as on the GPU image: ml_collections, grain, tfds, torch, ... are
+  # unimportable; the miniature shape on CPU (--accel_force).
+  import os
+  import subprocess
+  import sys
+  site = tmp_path / 'site'
+  site.mkdir()
+  (site / 'sitecustomize.py').write_text(_DEVICE_IMAGE_SITECUSTOMIZE)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=str(site), JAX_PLATFORMS='cpu', OUT=str(tmp_path / 'out'),
+             STEPS='1', PYTHON=sys.executable)
+  probe = subprocess.run([sys.executable, '-c', 'import ml_collections'], env=env,
+                         capture_output=True, text=True)
+  assert probe.returncode != 0 and 'device-image simulation' in probe.stderr
+  p = subprocess.run(['bash', os.path.join(root, 'benchmarks', 'accel.sh'), '--accel_force',
+                      '--warmup', '1'], env=env, capture_output=True, text=True, timeout=900)
+  assert p.returncode == 0, p.stderr[-3000:]
+  res = json.loads((tmp_path / 'out' / 'accel.json').read_text())
+  acc = res['suites']['accel']
+  variants = {r['variant'] for r in acc['rows']}
+  assert {'stats_on_xla', 'stats_off_xla', 'reference'} <= variants, (variants, acc['failed'])
+  assert all(r['tokens_per_s'] > 0 and r['memory'] for r in acc['rows'])
+  assert res['machine']['torch'] is None and res['machine']['grain'] is None
+
+
+def test_gpt2_small_train_step_exports_for_cuda_from_a_cpu():
+  # A GPU-only lowering error (dtype, custom call) shows up here, not on the device.
+  from benchmarks import accel
+  exp = accel.export_train_step(common.GPT2_SMALL, ('cuda',), True,
+                                **{'model.attention_impl': 'xla'})
+  assert exp.platforms == ('cuda',)
+  assert 'bf16' in exp.mlir_module()
+
+
+def test_cudnn_attention_step_exports_for_cuda_where_jax_allows_it():
+  from benchmarks import accel
+  try:
+    exp = accel.export_train_step(common.GPT2_SMALL.replace(num_layers=1), ('cuda',), False,
+                                  **{'model.attention_impl': 'cudnn'})
+  except RuntimeError as e:  # jax checks the local cuDNN version while tracing
+    if 'cuDNN is not detected' not in str(e):
+      raise
+    pytest.skip(f'cudnn attention cannot be lowered for cuda on a CPU-only jaxlib ({e})')
+  assert 'cudnn' in exp.mlir_module()
