@@ -260,6 +260,8 @@ def snapshot_files(workdir):
   out = {}
   for root, _, files in os.walk(workdir):
     for f in files:
+      if f == '.lock':  # the lock records its current holder; it is not an output
+        continue
       p = os.path.join(root, f)
       st = os.stat(p)
       out[p] = (st.st_size, st.st_mtime_ns)
