@@ -208,9 +208,9 @@ class StatsLog:
     hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v)
                for k, v in flat.items()}
     ev = self.last_eval or {}
-    metrics = {'hparam/eval_loss': (ev.get('overall') or {}).get('loss') or float('nan'),
-               'hparam/last_minus_best': (ev.get('degradation') or {}).get('last_minus_best')
-               or float('nan')}
+    metrics = {'hparam/eval_loss': (ev.get('overall') or {}).get('loss'),
+               'hparam/last_minus_best': (ev.get('degradation') or {}).get('last_minus_best')}
+    metrics = {k: v for k, v in metrics.items() if v is not None}  # none without an eval
     self._writer.add_hparams(hparams, metrics, name='hparams', global_step=0)
 
   def close(self, *, failing: bool = False) -> None:
