@@ -554,8 +554,9 @@ class Checkpointer:
     saved = self.saved_items(step)
     integrity = self.step_metadata(step).get('integrity', {})
     if data_iter is not None and 'data_iter' not in saved:
-      raise CallerError(f'{self.step_dir(step)} was saved without a data iterator; pass '
-                        'data_iter=None to restore it (the data order then restarts).')
+      raise CallerError(f'{self.step_dir(step)} was saved without a data iterator, so a run '
+                        'cannot resume its data order from it; use a fresh --workdir (in code: '
+                        'restore with data_iter=None).')
     items = dict(params=ocp.args.StandardRestore(_abstract(abstract_params)),
                  opt_state=ocp.args.StandardRestore(_abstract(abstract_opt_state)),
                  config=ocp.args.JsonRestore())
@@ -606,11 +607,6 @@ class Checkpointer:
         s, abstract_params, abstract_opt_state, data_iter), fallback=fallback)
     r['restore_info'] = info
     return r
-
-  def first_readable(self, step: int | None, fn: Callable[[int], _T]) -> _T:
-    """``fn(step)``, or for step None ``fn`` of the latest step it can read (see
-    ``_first_readable``; ``last_restore`` then says which step and why)."""
-    return self._first_readable(step, fn)[0]
 
   def _first_readable(self, step: int | None, fn: Callable[[int], _T], *,
                       fallback: bool = True) -> tuple[_T, RestoreInfo]:

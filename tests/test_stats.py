@@ -260,3 +260,11 @@ def test_position_stats_is_a_mapping_of_present_fields_and_a_pytree():
   assert dict(s).keys() == set(stats.LOSS_FIELDS) and 'occ_sq' not in s
   doubled = jax.jit(lambda x: x + x)(s.replace(count=jnp.ones(4, jnp.int32)))
   assert isinstance(doubled, stats.PositionStats) and int(doubled['count'][0]) == 2
+
+
+def test_psum_reduces_statistics_over_a_named_axis():
+  parts = jax.tree.map(lambda x: jnp.stack([x, x + 1]),
+                       stats.PositionStats.zeros(3, collect=False))
+  total = jax.vmap(lambda s: s.psum('devices'), axis_name='devices')(parts)
+  np.testing.assert_array_equal(np.asarray(total['count']), [[1, 1, 1], [1, 1, 1]])
+  assert isinstance(total, stats.PositionStats)

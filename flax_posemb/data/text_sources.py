@@ -432,11 +432,6 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
   return builder.as_data_source(split=split), feature
 
 
-def named_tfds_records(name: str, split: str, ddir: str):
-  """Records of prepared TFDS dataset `name` (see `tfds_records`)."""
-  return tfds_records(name, split, ddir)[0]
-
-
 def make_tokenizer(data_config) -> tokenizers.Tokenizer:
   """The configured tokenizer; a SentencePiece model is trained on the train split once and
   cached in the data directory."""
