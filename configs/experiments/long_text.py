@@ -6,8 +6,9 @@
 Corpus: `long_text` (Shakespeare, the KJV Bible, the Python docs' reST sources when
 installed, mixed with short standard-library documents; byte tokens), context 512, where
 natural exposure is skewed (late/early about 0.56) and a third of the documents are longer
-than the context. Evaluation: full-context windows drawn from a uniformly random start deep
-inside long held-out documents (`eval.window_start='random'`), so every bucket has the same
+than the context. Evaluation: full-context windows from a uniformly drawn start inside
+held-out documents longer than the context (`eval.window_start='random'`; in a document just
+longer than the context the window ends near its end), so every bucket has the same
 texts and context = position, plus the offset probe (+64). Arms: `natural` (the skewed
 exposure), `packed` (GPT-2/nanoGPT: every row sees every position; the control),
 `random_offset` (natural rows shifted: late rows seen as often as early ones, with short

@@ -366,7 +366,7 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
       gives the same windows.
     window_start: 'windows' policy only. 'first': the document's first W + 1 tokens.
       'random': W + 1 consecutive tokens from a uniformly drawn start inside the document
-      (deep inside long documents, where real context is long); positions are still
+      (text from the middle of long documents, not only their openings); positions are still
       ``0..W-1``, so context = position. Text sources only (synthetic documents are
       generated for the positions they occupy).
 
