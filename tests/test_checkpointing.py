@@ -405,7 +405,9 @@ def test_flipped_params_byte_names_the_damaged_step_and_falls_back(tmp_path, cap
     _save(ck, 2, params, opt_state, _data_iter())
   _flip_params_byte(tmp_path / 'checkpoints' / '2')
   step_dir = str(tmp_path / 'checkpoints' / '2')
-  with pytest.raises(checkpointing.CheckpointDamagedError, match='checksum') as e:
+  # The flip lands wherever the file layout puts it: usually it decodes to other values
+  # (caught by the checksum), sometimes it breaks the compressed frame (a read error).
+  with pytest.raises(checkpointing.CheckpointDamagedError, match='is damaged') as e:
     checkpointing.restore_params(tmp_path, step=2)
   assert step_dir in str(e.value) and e.value.steps == [2]
   with caplog.at_level(logging.WARNING, logger=LOGGER):
