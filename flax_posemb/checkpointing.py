@@ -649,42 +649,11 @@ class Checkpointer:
         self.reload()
         steps = self.all_steps()
         gone = s not in steps or not self.step_dir(s).exists()
-        superseded = requested is None and any(x > s for x in steps if x not in tried)
-        if gone or superseded:
+        if gone or (requested is None and any(x > s for x in steps if x not in tried)):
           vanished.append(s)
-          if requested is not None:
-            raise FileNotFoundError(
-                f'the checkpoint of step {s} in {self.directory} was deleted while it was '
-                f'read (a training run keeping only its newest steps writes there); '
-                f'available steps now: {steps}.') from e
-          if len(vanished) > MAX_VANISHED_RETRIES:
-            raise CheckpointDamagedError(
-                f'The newest checkpoint under {self.directory} was deleted while it was read '
-                f'{len(vanished)} times (steps {vanished}); a training run is replacing it '
-                'faster than it can be read. Retry, or raise --config.max_to_keep.',
-                vanished) from e
-          logger.warning('Checkpoint %s was deleted or superseded while it was read (a '
-                         'running training run keeps only its newest steps); reading the '
-                         'newest one instead.', self.step_dir(s))
-          continue
-        reason = str(e) if isinstance(e, _Damage) else _describe(e)
-        damaged.append(dict(step=s, directory=str(self.step_dir(s)), reason=reason))
-        if requested is not None:
-          raise CheckpointDamagedError(
-              f'The checkpoint {self.step_dir(s)} is damaged: {reason}. It is left on disk; '
-              f'restore another step (available: {steps}), move it aside, or use a fresh '
-              '--workdir.', [s]) from e
-        older = [x for x in steps if x < s]
-        if not fallback:
-          raise CheckpointDamagedError(
-              f'The latest checkpoint {self.step_dir(s)} is damaged: {reason}. Nothing was '
-              f'changed. Move it aside (e.g. mv {self.step_dir(s)} /tmp/) and re-run to '
-              + (f'resume from the previous checkpoint (step {older[-1]}), ' if older else '')
-              + 'or use a fresh --workdir.', [s]) from e
-        if older:
-          logger.warning('Checkpoint %s is damaged (%s); falling back to the previous '
-                         'checkpoint. The damaged directory is left on disk for inspection.',
-                         self.step_dir(s), reason)
+          self._vanished(s, requested, vanished, steps, e)
+        else:
+          damaged.append(self._damaged(s, requested, fallback, steps, e))
         continue
       info = RestoreInfo(step=s, requested=requested, fell_back_from=damaged,
                          vanished=vanished)
@@ -695,6 +664,46 @@ class Checkpointer:
                                                for d in damaged)
         + '. Inspect or move these directories, or use a fresh --workdir.',
         [d['step'] for d in damaged])
+
+  def _vanished(self, s: int, requested: int | None, vanished: list[int], steps: list[int],
+                e: Exception) -> None:
+    """A step deleted or superseded while read (a trainer keeping its newest steps): read
+    the newest instead, unless that step was asked for or it keeps happening."""
+    if requested is not None:
+      raise FileNotFoundError(
+          f'the checkpoint of step {s} in {self.directory} was deleted while it was read (a '
+          f'training run keeping only its newest steps writes there); available steps now: '
+          f'{steps}.') from e
+    if len(vanished) > MAX_VANISHED_RETRIES:
+      raise CheckpointDamagedError(
+          f'The newest checkpoint under {self.directory} was deleted while it was read '
+          f'{len(vanished)} times (steps {vanished}); a training run is replacing it faster '
+          'than it can be read. Retry, or raise --config.max_to_keep.', vanished) from e
+    logger.warning('Checkpoint %s was deleted or superseded while it was read (a running '
+                   'training run keeps only its newest steps); reading the newest one '
+                   'instead.', self.step_dir(s))
+
+  def _damaged(self, s: int, requested: int | None, fallback: bool, steps: list[int],
+               e: Exception) -> dict[str, Any]:
+    """The record of a damaged step when falling back past it is allowed; else the error."""
+    reason = str(e) if isinstance(e, _Damage) else _describe(e)
+    if requested is not None:
+      raise CheckpointDamagedError(
+          f'The checkpoint {self.step_dir(s)} is damaged: {reason}. It is left on disk; '
+          f'restore another step (available: {steps}), move it aside, or use a fresh '
+          '--workdir.', [s]) from e
+    older = [x for x in steps if x < s]
+    if not fallback:
+      raise CheckpointDamagedError(
+          f'The latest checkpoint {self.step_dir(s)} is damaged: {reason}. Nothing was '
+          f'changed. Move it aside (e.g. mv {self.step_dir(s)} /tmp/) and re-run to '
+          + (f'resume from the previous checkpoint (step {older[-1]}), ' if older else '')
+          + 'or use a fresh --workdir.', [s]) from e
+    if older:
+      logger.warning('Checkpoint %s is damaged (%s); falling back to the previous '
+                     'checkpoint. The damaged directory is left on disk for inspection.',
+                     self.step_dir(s), reason)
+    return dict(step=s, directory=str(self.step_dir(s)), reason=reason)
 
   def restore_params_only(self, step: int, sharding: Any = None
                           ) -> tuple[PyTree, dict[str, Any], int]:

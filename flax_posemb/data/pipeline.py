@@ -403,16 +403,7 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
             for d in order[:num_windows]]
   else:
     need = w + 1 if policy == 'windows' else int(data_config.min_doc_len)
-    starts = np.random.default_rng([int(seed), 0x5EED])
-    for d in order:
-      toks = src.doc(int(d), max_pairs=None if deep else w)
-      if len(toks) >= need:
-        if deep:  # one draw per document, in document order: reproducible
-          first = int(starts.integers(0, len(toks) - w)) if len(toks) > w + 1 else 0
-          toks = toks[first:first + w + 1]
-        rows.append(policies.natural_row(toks, w))
-        if len(rows) == num_windows:
-          break
+    rows = _text_rows(src, order, w, need, num_windows, deep, seed)
     if len(rows) < num_windows:
       what = f'>= {w + 1} tokens' if policy == 'windows' else f'>= {need} tokens'
       raise ValueError(
@@ -420,6 +411,25 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
           f'num_windows={num_windows} were requested; lower eval window length / '
           'num_windows or use a corpus with longer documents (wiki40b, pg19).')
   return _batches(rows, batch_size, w)
+
+
+def _text_rows(src: sources.DocSource, order: np.ndarray, w: int, need: int,
+               num_windows: int, deep: bool, seed: int) -> list[dict[str, np.ndarray]]:
+  """Rows from the first documents (in ``order``) with at least ``need`` tokens: each one's
+  first ``w + 1`` tokens, or with ``deep`` ``w + 1`` tokens from a uniform start inside it
+  (one draw per document, in document order: reproducible)."""
+  starts = np.random.default_rng([int(seed), 0x5EED])
+  rows = []
+  for d in order:
+    toks = src.doc(int(d), max_pairs=None if deep else w)
+    if len(toks) >= need:
+      if deep:
+        first = int(starts.integers(0, len(toks) - w)) if len(toks) > w + 1 else 0
+        toks = toks[first:first + w + 1]
+      rows.append(policies.natural_row(toks, w))
+      if len(rows) == num_windows:
+        break
+  return rows
 
 
 def _batches(rows, batch_size, w) -> Iterator[dict[str, Any]]:
