@@ -193,52 +193,9 @@ def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_st
   order = DocOrder(len(src), seed, bool(c.shuffle))
 
   if policy in policies.STREAM_POLICIES:
-    def fetch(i: int) -> np.ndarray:
-      g = np.arange(i * _PACK_CHUNK, (i + 1) * _PACK_CHUNK) * process_count + process_index
-      return order.take(g)  # Document indices; the packer materializes them.
-
-    reset = policy == 'packed_reset'
-    chunked = policy == 'natural_chunked'
-
-    def materialize(chunk, column: int):
-      if not src.positional:
-        return _WholeDocs(src, chunk)  # Tokenized one at a time, untruncated.
-      # Synthetic documents (<= T pairs by construction) are generated for the position
-      # ids they occupy: from 0 (packed_reset, natural_chunked) or their row column.
-      pairs = src.pairs_many(chunk, t)
-      starts = np.zeros_like(pairs) if reset or chunked else (
-          column + np.concatenate([[0], np.cumsum(pairs)[:-1]])) % t
-      return src.docs_many(chunk, starts, t)
-
-    ds = grain.MapDataset.range(_BIG).map(fetch)
-    ds = ds.to_iter_dataset(_read_options(c))
-    ds = policies.PackIterDataset(ds, materialize, t, reset=reset, min_tokens=min_tokens,
-                                  max_len=table if reset else None, chunked=chunked)
+    ds = _stream_dataset(c, src, order, table, process_index, process_count)
   else:
-    target = (lengths_lib.parse(c.resample_dist, t) if policy == 'resampled' else None)
-
-    def make_row(i: int) -> dict[str, np.ndarray]:
-      g = (i // b) * batch_size + process_index * b + i % b  # Global row index.
-      d = int(order[g])
-      if policy == 'random_offset':
-        rng = np.random.default_rng([seed, g, 1])
-        if src.positional:
-          m = _num_pairs(src, d, t)
-          o = int(rng.integers(0, t - m + 1))
-          return policies.natural_row(src.doc(d, start=o, max_pairs=t), t, start=o)
-        toks = src.doc(d, max_pairs=t)
-        o = int(rng.integers(0, t - max(len(toks) - 1, 0) + 1))
-        return policies.natural_row(toks, t, start=o)
-      if policy == 'resampled':
-        rng = np.random.default_rng([seed, g, 2])
-        m = target.sample(*rng.random(2))
-        return policies.natural_row(src.doc(d, max_pairs=t, num_pairs=m), t)
-      return policies.natural_row(src.doc(d, max_pairs=t), t)
-
-    ds = grain.MapDataset.range(_BIG).map(make_row)
-    ds = ds.to_iter_dataset(_read_options(c))
-    if not src.positional:
-      ds = ds.filter(lambda r: r['segment_ids'].sum() >= min_tokens - 1)
+    ds = _row_dataset(c, src, order, seed, batch_size, process_index, process_count)
   ds = ds.batch(b, drop_remainder=True)
   if policy == 'length_schedule':
     num_short = int(float(c.schedule_fraction) * int(num_train_steps))
@@ -250,6 +207,65 @@ def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_st
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(c.num_workers)),
                         worker_init_fn=exit_with_parent)
   return iter(ds)
+
+
+def _stream_dataset(c, src: sources.DocSource, order: DocOrder, table: int,
+                    process_index: int, process_count: int) -> grain.IterDataset:
+  """Rows of the streaming policies (packed, packed_reset, natural_chunked): whole documents
+  packed across rows; this process reads every ``process_count``-th document."""
+  t, policy = int(c.seq_len), c.position_policy
+  reset, chunked = policy == 'packed_reset', policy == 'natural_chunked'
+
+  def fetch(i: int) -> np.ndarray:
+    g = np.arange(i * _PACK_CHUNK, (i + 1) * _PACK_CHUNK) * process_count + process_index
+    return order.take(g)  # Document indices; the packer materializes them.
+
+  def materialize(chunk, column: int):
+    if not src.positional:
+      return _WholeDocs(src, chunk)  # Tokenized one at a time, untruncated.
+    # Synthetic documents (<= T pairs by construction) are generated for the position
+    # ids they occupy: from 0 (packed_reset, natural_chunked) or their row column.
+    pairs = src.pairs_many(chunk, t)
+    starts = np.zeros_like(pairs) if reset or chunked else (
+        column + np.concatenate([[0], np.cumsum(pairs)[:-1]])) % t
+    return src.docs_many(chunk, starts, t)
+
+  ds = grain.MapDataset.range(_BIG).map(fetch).to_iter_dataset(_read_options(c))
+  return policies.PackIterDataset(ds, materialize, t, reset=reset,
+                                  min_tokens=int(c.min_doc_len),
+                                  max_len=table if reset else None, chunked=chunked)
+
+
+def _row_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, batch_size: int,
+                 process_index: int, process_count: int) -> grain.IterDataset:
+  """Rows of the one-window policies (natural, random_offset, length_schedule, resampled):
+  one document per row, its first T pairs; this process reads its block of each batch."""
+  t, policy, b = int(c.seq_len), c.position_policy, batch_size // process_count
+  target = (lengths_lib.parse(c.resample_dist, t) if policy == 'resampled' else None)
+
+  def make_row(i: int) -> dict[str, np.ndarray]:
+    g = (i // b) * batch_size + process_index * b + i % b  # Global row index.
+    d = int(order[g])
+    if policy == 'random_offset':
+      rng = np.random.default_rng([seed, g, 1])
+      if src.positional:
+        m = _num_pairs(src, d, t)
+        o = int(rng.integers(0, t - m + 1))
+        return policies.natural_row(src.doc(d, start=o, max_pairs=t), t, start=o)
+      toks = src.doc(d, max_pairs=t)
+      o = int(rng.integers(0, t - max(len(toks) - 1, 0) + 1))
+      return policies.natural_row(toks, t, start=o)
+    if policy == 'resampled':
+      rng = np.random.default_rng([seed, g, 2])
+      m = target.sample(*rng.random(2))
+      return policies.natural_row(src.doc(d, max_pairs=t, num_pairs=m), t)
+    return policies.natural_row(src.doc(d, max_pairs=t), t)
+
+  ds = grain.MapDataset.range(_BIG).map(make_row).to_iter_dataset(_read_options(c))
+  if not src.positional:
+    min_tokens = int(c.min_doc_len)
+    ds = ds.filter(lambda r: r['segment_ids'].sum() >= min_tokens - 1)
+  return ds
 
 
 class _WholeDocs:
