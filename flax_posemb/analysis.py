@@ -122,7 +122,6 @@ def position_probe(table: np.ndarray, folds: int = 5,
   return {'prediction': pred, 'abs_error': np.abs(pred - y), 'r2': float(r2), 'ridge': lam_rel}
 
 
-_steps = outputs.step_files  # exact PREFIX_<int>.EXT names only
 load_npz = outputs.load_npz  # ValueError naming a truncated / garbled file
 
 
@@ -132,7 +131,7 @@ def cumulative_exposure(workdir: str, upto_step: int | None = None) -> np.ndarra
   Uses the exact `cumulative_count` of the last window file at or before `upto_step` when
   present (written by `stats.PositionStats.save`), else sums the windows' `count` vectors.
   """
-  files = [(s, p) for s, p in _steps(os.path.join(workdir, 'stats', 'window_*.npz'))
+  files = [(s, p) for s, p in outputs.window_files(workdir)
            if upto_step is None or s <= upto_step]
   if not files:
     return None
@@ -204,7 +203,7 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
   Returns:
     The analysis.json dict, with 'files' naming what was written.
   """
-  snaps = [(s, p) for s, p in _steps(os.path.join(workdir, 'tables', 'table_*.npy'))
+  snaps = [(s, p) for s, p in outputs.table_files(workdir)
            if step is None or s <= step]
   if initial is None and snaps and snaps[0][0] == 0:
     initial = outputs.load_npy(snaps[0][1])

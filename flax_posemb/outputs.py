@@ -41,6 +41,21 @@ def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
       os.remove(tmp)
 
 
+# A run's step-numbered outputs, relative to its workdir (one "*" for the step).
+WINDOW_FILES = os.path.join('stats', 'window_*.npz')
+TABLE_FILES = os.path.join('tables', 'table_*.npy')
+
+
+def window_files(workdir: str) -> list[tuple[int, str]]:
+  """``(step, path)`` of a run's statistics window files, in step order."""
+  return step_files(os.path.join(workdir, WINDOW_FILES))
+
+
+def table_files(workdir: str) -> list[tuple[int, str]]:
+  """``(step, path)`` of a run's position-table snapshots, in step order."""
+  return step_files(os.path.join(workdir, TABLE_FILES))
+
+
 def step_files(pattern: str) -> list[tuple[int, str]]:
   """Sorted ``(step, path)`` of the files matching ``DIR/PREFIX_*.EXT`` whose name is
   exactly ``PREFIX_<int>.EXT``; any other name is skipped."""

@@ -60,7 +60,6 @@ FIELDS = ('count', 'loss_sum', 'loss_count', 'occ_norm', 'occ_sq', 'row_sq',
           'downstream', 'update_sq')
 INT_FIELDS = ('count', 'loss_count')
 LOSS_FIELDS = ('count', 'loss_sum', 'loss_count')  # Kept with statistics off (no gradient).
-WINDOW_GLOB = 'window_*.npz'  # Finished window files; temporary files never match it.
 
 Array = jax.Array
 PyTree = Any
@@ -140,7 +139,7 @@ class PositionStats(collections.abc.Mapping):
            cumulative_count: np.ndarray) -> None:
     """Writes one window file (plain ``.npz``) atomically.
 
-    The bytes go to a hidden temporary name that ``WINDOW_GLOB`` never matches, and are
+    The bytes go to a hidden temporary name that readers never list (``outputs``), and are
     renamed into place only when complete, so a kill or a full disk leaves no file that a
     reader could take for a result.
 

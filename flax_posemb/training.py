@@ -25,7 +25,6 @@ after it).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import signal
@@ -154,8 +153,9 @@ class StatsLog:
                grad_norm=self.last.get('grad_norm'), tokens=int(c['tokens']),
                tokens_per_sec=self._clock[1] / max(now - self._clock[0], 1e-9),
                elapsed=c['elapsed'])
-    fields = window.to_numpy()
-    c['cumulative_count'] = c['cumulative_count'] + fields['count']
+    # Only `count` is read here; `save` copies the whole window to the host once.
+    c['cumulative_count'] = c['cumulative_count'] + sharding.to_host(window['count']).astype(
+        np.int64)
     if self.lead:
       window.save(stats_lib.window_path(self.workdir, step), step=step,
                   first_step=int(c['window_first_step']),
@@ -399,8 +399,9 @@ class _Loop:
 
   def evaluate(self, state: step_lib.TrainState, step: int) -> dict[str, Any]:
     from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
+    from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
     out = evaluation.run_evaluation(self.model, state.params, self.config, step=step)
-    res = json.loads(json.dumps(out.results, default=float))
+    res = eval_report.json_safe(out.results)
     d = self.config.data
     self.log.write_eval(step, res, out.per_position,
                         f'{d.position_policy}, {self.config.model.position_init} init, step {step}')

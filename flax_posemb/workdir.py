@@ -21,18 +21,16 @@ import fcntl
 import glob
 import json
 import os
-import re
 import socket
 from typing import Any, Callable, Iterator
 
 from flax_posemb import defaults
+from flax_posemb import outputs
 from flax_posemb.outputs import atomic_write
 
 LOCK_FILE = '.lock'
 CONFIG_FILE = 'config.json'
 METRICS_FILE = 'metrics.jsonl'
-# Step-indexed outputs: subdirectory -> name pattern (group 1 = step).
-OUTPUTS = {'stats': re.compile(r'^window_(\d+)\.npz$'), 'tables': re.compile(r'^table_(\d+)\.npy$')}
 
 
 class WorkdirError(ValueError):
@@ -146,14 +144,8 @@ def write_config(workdir: str, config: Any) -> None:
 
 
 def step_outputs(workdir: str) -> list[tuple[int, str]]:
-  """``(step, path)`` of every finished step-indexed output file."""
-  out = []
-  for sub, pattern in OUTPUTS.items():
-    for path in glob.glob(os.path.join(workdir, sub, '*')):
-      m = pattern.match(os.path.basename(path))
-      if m:
-        out.append((int(m.group(1)), path))
-  return sorted(out)
+  """``(step, path)`` of every finished step-indexed output file (windows and tables)."""
+  return sorted(outputs.window_files(workdir) + outputs.table_files(workdir))
 
 
 def check_fresh_start(workdir: str) -> None:
@@ -189,15 +181,18 @@ def truncate_outputs(workdir: str, step: int) -> None:
         continue  # A half-written last line of a killed run.
     with atomic_write(os.path.join(workdir, METRICS_FILE), 'w') as f:
       f.writelines(keep)
-  for s, path in step_outputs(workdir):
+  finished = step_outputs(workdir)
+  for s, path in finished:
     if s > step:
       os.remove(path)
-  for sub, pattern in OUTPUTS.items():
-    for path in glob.glob(os.path.join(workdir, sub, '*')) + glob.glob(
-        os.path.join(workdir, sub, '.*')):
-      name = os.path.basename(path)
-      if re.match(r'^\.?(window|table)_', name) and not pattern.match(name):
-        os.remove(path)  # e.g. window_5.npz.tmp.npz, .table_5.npy.tmp
+  keep = {path for _, path in finished}
+  for pattern in (outputs.WINDOW_FILES, outputs.TABLE_FILES):
+    sub, name = os.path.split(pattern)
+    prefix = name.split('*')[0]
+    for path in glob.glob(os.path.join(workdir, sub, f'{prefix}*')) + glob.glob(
+        os.path.join(workdir, sub, f'.{prefix}*')):
+      if path not in keep:
+        os.remove(path)  # Leftovers of a killed write: window_5.npz.tmp.npz, .table_5.npy.tmp
 
 
 def append_row(workdir: str, row: dict[str, Any], default: Callable[[Any], Any] = float):

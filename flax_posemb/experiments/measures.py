@@ -84,13 +84,13 @@ def load_windows(run_dir: str) -> list[dict[str, np.ndarray]]:
     ValueError: a window file is truncated or garbled (named; see `flax_posemb.outputs.load_npz`).
   """
   return [outputs.load_npz(path)
-          for _, path in outputs.step_files(os.path.join(run_dir, 'stats', 'window_*.npz'))]
+          for _, path in outputs.window_files(run_dir)]
 
 
 def load_tables(run_dir: str) -> dict[int, np.ndarray]:
   """Position-table snapshots of a run: step -> ``[max_len, emb_dim]`` array."""
   return {s: outputs.load_npy(p)
-          for s, p in outputs.step_files(os.path.join(run_dir, 'tables', 'table_*.npy'))}
+          for s, p in outputs.table_files(run_dir)}
 
 
 def bucket_means(values: np.ndarray, edges: list[tuple[int, int]]) -> np.ndarray:
