@@ -250,11 +250,6 @@ def _json_digest(value: Any) -> str:
   return _blake(json.dumps(value, sort_keys=True).encode())
 
 
-def _nonfinite_paths(name: str, tree: PyTree) -> list[str]:
-  """Paths (prefixed by ``name``) of floating leaves holding NaN or inf."""
-  return _inspect_arrays(name, tree)[0]
-
-
 def _stats_to_numpy(stats: Mapping[str, Any] | None) -> dict[str, Any]:
   """Host copies of ``stats``; Python ints become int64; zero-size arrays are refused."""
   def one(path, x):

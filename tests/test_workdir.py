@@ -16,6 +16,20 @@ from conftest import ROOT, SUBPROCESS_ENV, tiny_config
 from flax_posemb import checkpointing, data as data_lib, outputs, training, workdir
 
 
+def five_steps():
+  """The tiny config, 5 steps, no periodic eval."""
+  c = tiny_config()
+  c.num_train_steps, c.eval_every_steps = 5, 0
+  return c
+
+
+def trained_five_steps(tmp_path):
+  """``(workdir, config)`` of a finished `five_steps` run."""
+  wd, c = str(tmp_path / 'w'), five_steps()
+  training.train_and_evaluate(c, wd)
+  return wd, c
+
+
 def test_second_writer_is_refused_with_the_holder_named(tmp_path):
   with workdir.Lock(str(tmp_path)):
     with pytest.raises(workdir.WorkdirError, match=f'pid {os.getpid()}.*two processes'):
@@ -65,18 +79,13 @@ def test_resume_cleans_leftovers_of_a_killed_write(tmp_path):
           os.path.join(wd, 'tables', '.table_5.npy.tmp')]
   for p in junk:
     open(p, 'w').close()
-  c = tiny_config()
-  c.num_train_steps, c.eval_every_steps = 5, 0
-  assert training.train_and_evaluate(c, wd)['step'] == 5
+  assert training.train_and_evaluate(five_steps(), wd)['step'] == 5
   assert not any(os.path.exists(p) for p in junk)
   assert os.path.exists(os.path.join(wd, 'stats', 'window_5.npz'))
 
 
 def test_outputs_without_checkpoints_are_never_wiped(tmp_path):
-  wd = str(tmp_path / 'w')
-  c = tiny_config()
-  c.num_train_steps, c.eval_every_steps = 5, 0
-  training.train_and_evaluate(c, wd)
+  wd, c = trained_five_steps(tmp_path)
   os.rename(os.path.join(wd, 'checkpoints'), str(tmp_path / 'moved'))
   with open(os.path.join(wd, 'metrics.jsonl')) as f:
     before = f.read()
@@ -88,10 +97,7 @@ def test_outputs_without_checkpoints_are_never_wiped(tmp_path):
 
 
 def test_resume_with_another_policy_names_the_change_not_corruption(tmp_path):
-  wd = str(tmp_path / 'w')
-  c = tiny_config()
-  c.num_train_steps, c.eval_every_steps = 5, 0
-  training.train_and_evaluate(c, wd)
+  wd, c = trained_five_steps(tmp_path)
   c.data.position_policy = 'packed'
   c.optimizer.learning_rate = 1e-2
   with pytest.raises(workdir.WorkdirError) as e:
@@ -156,10 +162,7 @@ def test_a_failing_tensorboard_flush_does_not_hide_the_first_error(tmp_path):
 
 
 def test_a_run_started_before_a_field_existed_resumes_with_its_default(tmp_path):
-  wd = str(tmp_path / 'w')
-  c = tiny_config()
-  c.num_train_steps, c.eval_every_steps = 5, 0
-  training.train_and_evaluate(c, wd)
+  wd, c = trained_five_steps(tmp_path)
   path = os.path.join(wd, 'config.json')
   saved = json.load(open(path))
   del saved['data']['on_decode_error']  # as written by an older version
