@@ -389,3 +389,38 @@ def test_periodic_eval_results_reach_the_console_without_library_noise(tmp_path,
   if verbosity == '0':  # Orbax's per-file INFO and TFDS's builder chatter are filtered.
     assert not any(n in proc.stderr for n in noisy), proc.stderr[-2000:]
     assert 'orbax' not in proc.stderr.lower()
+
+
+@pytest.mark.slow
+def test_cli_text_corpus_chunked_blocked_attention_and_deep_eval_windows(tmp_path):
+  """natural_chunked rows, blocked attention and random-start eval windows, end to end."""
+  corpus = tmp_path / 'corpus'
+  corpus.mkdir()
+  rng = np.random.default_rng(0)
+  for i in range(24):  # long documents: several rows each, deep windows inside them
+    words = rng.choice(['alpha', 'beta', 'gamma', 'delta', 'the', 'of'], 120)
+    (corpus / f'doc{i}.txt').write_text(' '.join(words))
+  workdir = str(tmp_path / 'text')
+  args = ['--config', 'configs/tiny.py', '--workdir', workdir, '--config.num_train_steps=4',
+          '--config.log_every_steps=2', '--config.checkpoint_every_steps=2',
+          '--config.eval_every_steps=0', '--config.progress_bar=False',
+          '--config.data.source=local_text', f'--config.data.local_glob={corpus}/*.txt',
+          f'--config.data.data_dir={tmp_path / "data"}', '--config.data.val_percent=50',
+          '--config.data.position_policy=natural_chunked', '--config.model.vocab_size=257',
+          '--config.model.attention_impl=blocked', '--config.eval.num_windows=4',
+          '--config.eval.batch_size=4', '--config.eval.window_start=random']
+  proc = run_cli(*args)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with np.load(os.path.join(workdir, 'stats', 'window_4.npz')) as z:
+    count = z['cumulative_count']
+  # Every chunk starts at position 0 and runs on contiguously; long documents reach the end.
+  assert count[-1] > 0 and np.all(np.diff(count) <= 0)
+  proc = run_cli(*args)  # the same command again: resumes, nothing left to do
+  assert proc.returncode == 0 and 'Resuming from the checkpoint of step 4' in proc.stderr
+  proc = subprocess.run([sys.executable, str(ROOT / 'eval.py'), '--workdir', workdir,
+                         '--window_start', 'random'], cwd=str(ROOT), env=SUBPROCESS_ENV,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = os.path.join(workdir, 'eval', 'step_4_window_start-random')
+  res = json.load(open(os.path.join(out, 'results.json')))
+  assert res['settings']['window_start'] == 'random' and res['overall']['windows'] == 4
