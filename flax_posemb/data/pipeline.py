@@ -28,7 +28,7 @@ from flax_posemb.data import synthetic as synthetic_lib
 
 SOURCES = ('synthetic', 'stdlib', 'local_text', 'tfds', 'long_text')
 TOKENIZERS = ('byte', 'sentencepiece')
-DECODE_ERROR_MODES = ('replace', 'skip', 'error')  # data.on_decode_error
+DECODE_ERROR_MODES = sources.DECODE_ERROR_MODES
 _BIG = 2**62 // 64  # "Infinite" number of rows (Grain datasets are indexed lazily).
 _PACK_CHUNK = 256  # Documents per Grain element fed to the packer.
 
@@ -46,7 +46,7 @@ def validate_config(data_config, max_len: int) -> None:
   if c.position_policy not in policies.POLICIES:
     raise ValueError(f'Unknown data.position_policy {c.position_policy!r}; use one of '
                      f'{policies.POLICIES}.')
-  if c.get('on_decode_error', 'replace') not in DECODE_ERROR_MODES:
+  if sources.decode_mode(c) not in DECODE_ERROR_MODES:
     raise ValueError(f'Unknown data.on_decode_error {c.on_decode_error!r}; use one of '
                      f'{DECODE_ERROR_MODES}.')
   for key in ('num_workers', 'prefetch'):

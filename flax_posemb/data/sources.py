@@ -21,6 +21,13 @@ from flax_posemb.data import lengths as lengths_lib
 from flax_posemb.data import synthetic as synthetic_lib
 from flax_posemb.data import tokenizers as tokenizers_lib
 
+DECODE_ERROR_MODES = ('replace', 'skip', 'error')  # data.on_decode_error
+
+
+def decode_mode(data_config) -> str:
+  """``data.on_decode_error``; configs saved before the field existed mean 'replace'."""
+  return data_config.get('on_decode_error', 'replace')
+
 
 class DocSource(abc.ABC):
   """Random access to the documents of one split."""
@@ -130,8 +137,8 @@ class TextSource(DocSource):
 
   def __init__(self, records: Sequence[Any], tokenizer: tokenizers_lib.Tokenizer,
                feature: str = 'text', on_decode_error: str = 'replace'):
-    if on_decode_error not in ('replace', 'skip', 'error'):
-      raise ValueError(f'on_decode_error must be replace | skip | error, got '
+    if on_decode_error not in DECODE_ERROR_MODES:
+      raise ValueError(f'on_decode_error must be one of {DECODE_ERROR_MODES}, got '
                        f'{on_decode_error!r}.')
     self.records = records
     self.tokenizer = tokenizer

@@ -280,7 +280,7 @@ def _records(data_config, split: str):
   c = data_config
   ddir = data_dir(c)
   val_percent = int(c.val_percent)
-  mode = c.get('on_decode_error', 'replace')  # Configs saved before the field: replace.
+  mode = sources.decode_mode(c)
   if c.source in ('local_text', 'stdlib'):
     if split not in ('train', 'validation'):
       raise ValueError(f"Split {split!r} unknown for {c.source}; use 'train' or 'validation'.")
@@ -449,7 +449,7 @@ def make_tokenizer(data_config) -> tokenizers.Tokenizer:
   if os.path.exists(path):
     return tokenizers.SentencePieceTokenizer(model_file=path)
   src = sources.TextSource(records, tokenizers.ByteTokenizer(), feature,
-                           on_decode_error=c.get('on_decode_error', 'replace'))
+                           on_decode_error=sources.decode_mode(c))
   texts = (src.text(i) for i in range(min(len(src), 50_000)))
   return tokenizers.SentencePieceTokenizer.train(texts, int(c.spm_vocab_size), save_path=path)
 
@@ -461,6 +461,6 @@ def make_text_source(data_config, split: str) -> sources.TextSource:
     raise ValueError(f'Split {split!r} of data.source={data_config.source!r} has no '
                      'documents; the corpus is empty.')
   src = sources.TextSource(records, make_tokenizer(data_config), feature,
-                           on_decode_error=data_config.get('on_decode_error', 'replace'))
+                           on_decode_error=sources.decode_mode(data_config))
   src.build_decode_errors = found
   return src
