@@ -279,7 +279,7 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
       context length. The main results are always the plain evaluation at window_len.
     mesh: device mesh with a 'data' axis (default: all devices).
     **overrides: split, policy ('windows' | 'natural'), num_windows, batch_size, bucket_size,
-      bucket_edges, window_len, seed (None = config value).
+      bucket_edges, window_len, seed, window_start (None = config value).
 
   Returns:
     `EvalOutput`; with offsets, results['offset_probe'] holds one bucket table per K.

@@ -15,14 +15,15 @@ and the outputs that a resume truncates.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import glob
 import json
 import os
 import socket
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
+
+from flax import traverse_util
 
 from flax_posemb import defaults
 from flax_posemb import outputs
@@ -80,14 +81,8 @@ class Lock:
       self._fd = None
 
 
-def _flat(d: dict[str, Any], prefix: str = '') -> dict[str, Any]:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, f'{prefix}{k}.'))
-    else:
-      out[f'{prefix}{k}'] = v
-  return out
+def _flat(d: dict[str, Any]) -> dict[str, Any]:
+  return traverse_util.flatten_dict(d, sep='.')
 
 
 def flat_config(config: Any) -> dict[str, Any]:
