@@ -314,9 +314,8 @@ def value_and_grad_with_position_stats(
 
     # The embed_delta gradient is taken in both modes so that the loss and the parameter
     # gradients compile identically whether or not statistics are collected.
-    (_, tl), (grads, g_delta) = jax.value_and_grad(mean_loss, argnums=(0, 1), has_aux=True)(
+    (loss, tl), (grads, g_delta) = jax.value_and_grad(mean_loss, argnums=(0, 1), has_aux=True)(
         params, jnp.zeros(shape + (width,), jnp.float32))
-    loss = jnp.sum(tl * mask) / denom
     if not collect:
       return loss, grads, loss_stats(tl, batch, num_positions)
     stats = occurrence_stats(g_delta * denom, tl, batch, num_positions)
