@@ -54,15 +54,12 @@ def main(argv):
   for w in (w for w in FLAGS.workdir if not os.path.isdir(w)):
     raise cli.UserError(f'--workdir {w} is not a directory; give a training workdir.')
   from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
-  try:
-    runs, comp = evaluation.evaluate_and_compare(
-        FLAGS.workdir, output=FLAGS.output, step=FLAGS.step, offsets=offsets,
-        analyze=FLAGS.analyze, split=FLAGS.split, policy=FLAGS.position_policy,
-        window_start=FLAGS.window_start, num_windows=FLAGS.num_windows,
-        batch_size=FLAGS.batch_size, bucket_size=FLAGS.bucket_size,
-        bucket_edges=FLAGS.buckets or FLAGS.bucket_edges)
-  except FileNotFoundError as e:  # bad input: the message names the fix
-    raise cli.UserError(str(e)) from e
+  runs, comp = evaluation.evaluate_and_compare(  # cli.run reports bad input in one line
+      FLAGS.workdir, output=FLAGS.output, step=FLAGS.step, offsets=offsets,
+      analyze=FLAGS.analyze, split=FLAGS.split, policy=FLAGS.position_policy,
+      window_start=FLAGS.window_start, num_windows=FLAGS.num_windows,
+      batch_size=FLAGS.batch_size, bucket_size=FLAGS.bucket_size,
+      bucket_edges=FLAGS.buckets or FLAGS.bucket_edges)
   for label, run in runs:
     print(f"== {label} (step {run['step']})\n{run['table']}\nresults: {run['files']['json']}")
     print(f"plot: {run['files']['plot']}")
