@@ -54,9 +54,13 @@ IMPLS = {
     'peak_jax': ('jax', 'fp32 matmul peak, JAX'),
     'peak_torch': ('torch', 'fp32 matmul peak, PyTorch'),
 }
-DEFAULT_IMPLS = ("stats_on,stats_off,stats_on:model.attention_impl='blocked',"
-                 "stats_off:model.attention_impl='blocked',reference,hf_flax,torch_eager,"
-                 "torch_compile")
+# The library as configured by default; blocked attention; the CPU-tuned step (blocked
+# attention + 4 microbatches of 4 rows, which keeps each microbatch's activations near the
+# last-level cache); the peers, PyTorch also with the same 4 microbatches (like for like).
+CPU_TUNED = "model.attention_impl='blocked';grad_accum_steps=4"
+DEFAULT_IMPLS = (f"stats_on,stats_off,stats_on:model.attention_impl='blocked',"
+                 f"stats_on:{CPU_TUNED},stats_off:{CPU_TUNED},reference,hf_flax,torch_eager,"
+                 f"torch_compile,torch_compile:grad_accum_steps=4")
 SHAPES = ('small', 'tiny', 'mini')
 
 
@@ -85,7 +89,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any], dict[str, str]]:
       except (ValueError, SyntaxError):
         overrides[k] = v
   if overrides and name not in ('stats_on', 'stats_off'):
-    raise ValueError(f'config overrides apply to stats_on/stats_off only, got {spec!r}')
+    if IMPLS[name][0] != 'torch' or set(overrides) - {'grad_accum_steps'}:
+      raise ValueError(f'config overrides apply to stats_on/stats_off only (PyTorch steps '
+                       f'take grad_accum_steps), got {spec!r}')
   return name, overrides, env
 
 
@@ -146,7 +152,7 @@ def child(spec: str, shape_name: str, steps_n: int, warmup: int, threads: int) -
   elif name == 'hf_flax':
     runner = steps.hf_flax_train(shape)
   else:
-    runner = steps.torch_train(shape, name == 'torch_compile', threads=threads)
+    runner = steps.torch_train(shape, name == 'torch_compile', threads=threads, **overrides)
   out['build_s'] = time.perf_counter() - t0
   ts, cpu = _time_wall_and_cpu(runner.call, steps_n, warmup)
   out.update(common.summarize(ts))

@@ -125,10 +125,13 @@ def profile_jax(spec: str, shape_name: str, steps_n: int, top: int) -> dict[str,
         elif ev.name.startswith('ThunkExecutor::Execute (wait'):
           wall += ev.duration_ns
   total = sum(per_instr.values())
-  cats, by_name = collections.Counter(), collections.Counter()
+  cats, by_name, name_cat = collections.Counter(), collections.Counter(), {}
   for k, v in per_instr.items():
-    cats[categorize(idx[k]['op_name'], idx[k]['dot'])] += v
-    by_name[re.sub(r'block_\d+', 'block_*', re.sub(r'^jit\([^)]*\)/', '', idx[k]['op_name']))] += v
+    cat = categorize(idx[k]['op_name'], idx[k]['dot'])
+    cats[cat] += v
+    short = re.sub(r'block_\d+', 'block_*', re.sub(r'^jit\([^)]*\)/', '', idx[k]['op_name']))
+    by_name[short] += v
+    name_cat.setdefault(short, cat)  # from a real op_name: the patterns need block_<digit>
   return {
       'spec': spec, 'framework': 'jax', 'steps': steps_n,
       'thread_ms_per_step': total / 1e6 / steps_n,
@@ -139,7 +142,7 @@ def profile_jax(spec: str, shape_name: str, steps_n: int, top: int) -> dict[str,
                    'category': categorize(idx[k]['op_name'], idx[k]['dot']),
                    'ms_per_step': v / 1e6 / steps_n, 'share': v / total}
                   for k, v in per_instr.most_common(top)],
-      'by_op_name': [{'op_name': k[:200], 'category': categorize(k, 'dot_general' in k),
+      'by_op_name': [{'op_name': k[:200], 'category': name_cat[k],
                       'ms_per_step': v / 1e6 / steps_n, 'share': v / total}
                      for k, v in by_name.most_common(3 * top)],
   }

@@ -158,10 +158,13 @@ def hf_flax_train(shape: common.Shape, seed: int = 0) -> Runner:
 
 
 def torch_train(shape: common.Shape, compile_model: bool, seed: int = 0,
-                threads: int | None = None) -> Runner:
+                threads: int | None = None, grad_accum_steps: int = 1) -> Runner:
   """Hugging Face PyTorch `GPT2LMHeadModel` (SDPA attention), AdamW, eager or `torch.compile`.
 
-  Raises ImportError if torch/transformers are absent.
+  `grad_accum_steps` cuts the batch into that many equal microbatches (row `i` in
+  microbatch `i % grad_accum_steps`, as the library's step does) whose backward passes add
+  up to the full batch's gradient, so both frameworks can be timed with the same
+  microbatching. Raises ImportError if torch/transformers are absent.
   """
   import torch
   from transformers import GPT2Config, GPT2LMHeadModel
@@ -187,17 +190,25 @@ def torch_train(shape: common.Shape, compile_model: bool, seed: int = 0,
   targets = torch.from_numpy(b['targets']).long()
   positions = torch.from_numpy(b['positions']).long()
 
-  def fwd_loss():
+  if shape.batch_size % grad_accum_steps:
+    raise ValueError(f'batch {shape.batch_size} is not divisible by grad_accum_steps={grad_accum_steps}')
+  micro = [tuple(t[i::grad_accum_steps].contiguous() for t in (inputs, targets, positions))
+           for i in range(grad_accum_steps)]
+
+  def fwd_loss(inputs, targets, positions):
     logits = model(input_ids=inputs, position_ids=positions).logits
     return torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]),
-                                             targets.view(-1))
+                                             targets.view(-1)) / grad_accum_steps
 
   loss_fn = torch.compile(fwd_loss) if compile_model else fwd_loss
 
   def call():
     opt.zero_grad(set_to_none=True)
-    loss = loss_fn()
-    loss.backward()
+    loss = 0.0
+    for m in micro:
+      part = loss_fn(*m)
+      part.backward()
+      loss += part.detach()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     return float(loss.detach())

@@ -94,6 +94,12 @@ def attention(qkv: Array, positions: Array, mask: Array | None, *, num_heads: in
   b, t, three_d = qkv.shape
   d = three_d // 3
   qkv = qkv.reshape(b, t, 3, num_heads, d // num_heads)
+  if implementation == 'blocked' and not rope:
+    # One transpose to heads-major [3, B, N, T, H] instead of three slices and three
+    # swapaxes; its backward is one concatenate+transpose instead of pad, add and copy.
+    q, k, v = jnp.transpose(qkv, (2, 0, 3, 1, 4))
+    a = _blocked_heads_major(q, k, v, mask, ATTENTION_BLOCK)
+    return jnp.swapaxes(a, 1, 2).reshape(b, t, d)
   q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
   if rope:
     q = embeddings.apply_rope(q, positions)
@@ -115,7 +121,7 @@ def blocked_causal_attention(q: Array, k: Array, v: Array, mask: Array | None,
 
   The same function as `jax.nn.dot_product_attention(..., is_causal=True,
   implementation='xla')` up to float32 rounding: scores in float32 scaled by
-  `1/sqrt(H)`, disallowed entries set to the float32 minimum, an exact (not online)
+  `1/sqrt(H)`, disallowed entries pushed to the float32 minimum, an exact (not online)
   softmax over the row, probabilities cast to the value dtype. Query block `i` (rows
   `[i*block, (i+1)*block)`) only multiplies against keys `[0, (i+1)*block)`, which the
   causal mask leaves as the only ones with non-zero weight, so the score, softmax and
@@ -132,11 +138,23 @@ def blocked_causal_attention(q: Array, k: Array, v: Array, mask: Array | None,
   Returns:
     `[B, T, N, H]` in the dtype of `v`.
   """
-  t, h = q.shape[1], q.shape[-1]
-  # Heads-major layout once ([B, N, T, H]), so every block's dots are contiguous batched
-  # matmuls; the scale goes on q (as many multiplies as q has elements, not T^2/2).
-  q = jnp.swapaxes(q, 1, 2) * jnp.asarray(1.0 / math.sqrt(h), q.dtype)
-  k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+  out = _blocked_heads_major(jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2),
+                             jnp.swapaxes(v, 1, 2), mask, block)
+  return jnp.swapaxes(out, 1, 2)
+
+
+def _blocked_heads_major(q: Array, k: Array, v: Array, mask: Array | None,
+                         block: int) -> Array:
+  """`blocked_causal_attention` on heads-major `[B, N, T, H]` inputs; returns `[B, N, T, H]`.
+
+  Heads-major makes every block's dots contiguous batched matmuls. The scale goes on q (as
+  many multiplies as q has elements, not T^2/2). Disallowed scores get the float32 minimum
+  *added* rather than selected: after the max-subtraction their exponent underflows to
+  exactly 0 either way (each row keeps its diagonal), so the probabilities are the same,
+  and the backward needs no select pass over the scores.
+  """
+  t, h = q.shape[2], q.shape[-1]
+  q = q * jnp.asarray(1.0 / math.sqrt(h), q.dtype)
   neg = jnp.finfo(jnp.float32).min
   outs = []
   for start in range(0, t, block):
@@ -146,10 +164,9 @@ def blocked_causal_attention(q: Array, k: Array, v: Array, mask: Array | None,
     allowed = (jnp.arange(start, end)[:, None] >= jnp.arange(end)[None, :])[None, None]
     if mask is not None:
       allowed = allowed & mask[:, :, start:end, :end]
-    p = jax.nn.softmax(jnp.where(allowed, s, neg), axis=-1)
+    p = jax.nn.softmax(s + jnp.where(allowed, 0.0, neg), axis=-1)
     outs.append(jnp.einsum('bnqk,bnkh->bnqh', p.astype(v.dtype), v[:, :, :end]))
-  out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
-  return jnp.swapaxes(out, 1, 2)
+  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
 
 
 def mlp(x: Array, mlp_in: Layer, mlp_out: Layer) -> Array:

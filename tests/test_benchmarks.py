@@ -174,6 +174,23 @@ def test_per_process_spec_parsing():
     per_process.parse_spec('nope')
   with pytest.raises(ValueError, match='overrides apply'):
     per_process.parse_spec('reference:model.remat=True')
+  assert per_process.parse_spec('torch_compile:grad_accum_steps=4')[1] == {'grad_accum_steps': 4}
+  with pytest.raises(ValueError, match='overrides apply'):
+    per_process.parse_spec('torch_eager:model.remat=True')
+
+
+def test_torch_microbatched_step_matches_the_full_batch_step():
+  # The like-for-like PyTorch row (torch_compile:grad_accum_steps=4) must train on the same
+  # loss and gradient as the full batch, only cut into microbatches.
+  pytest.importorskip('torch')
+  pytest.importorskip('transformers')
+  from benchmarks import common, steps
+  full = steps.torch_train(common.MINI, False, threads=1)
+  micro = steps.torch_train(common.MINI, False, threads=1, grad_accum_steps=2)
+  for _ in range(3):  # later losses depend on the updates, i.e. on the gradients
+    assert micro.call() == pytest.approx(full.call(), rel=1e-5)
+  with pytest.raises(ValueError, match='not divisible'):
+    steps.torch_train(common.MINI, False, grad_accum_steps=3)
 
 
 def test_per_process_runs_each_implementation_in_its_own_process(tmp_path):
