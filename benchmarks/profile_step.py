@@ -179,7 +179,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
       lines += [f"### {r['spec']} (JAX; {r['thread_ms_per_step']:.0f} thread-ms/step; "
                 f"cost analysis {r['flops'] / 1e9:.1f} GFLOP, {r['bytes_accessed'] / 1e9:.2f} GB "
                 f"accessed per step; XLA counts a while loop's body once, so under "
-                f"grad_accum_steps these are per microbatch)", '', '| category | thread-ms/step | share |', '|---|---|---|']
+                f"grad_accum_steps these are per microbatch)", '',
+                '| category | thread-ms/step | share |', '|---|---|---|']
       lines += [f"| {c['category']} | {c['ms_per_step']:.1f} | {100 * c['share']:.1f}% |"
                 for c in r['categories']]
       lines += ['', '| top op | category | op_name | share |', '|---|---|---|---|']

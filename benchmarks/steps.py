@@ -191,7 +191,8 @@ def torch_train(shape: common.Shape, compile_model: bool, seed: int = 0,
   positions = torch.from_numpy(b['positions']).long()
 
   if shape.batch_size % grad_accum_steps:
-    raise ValueError(f'batch {shape.batch_size} is not divisible by grad_accum_steps={grad_accum_steps}')
+    raise ValueError(f'batch {shape.batch_size} is not divisible by '
+                     f'grad_accum_steps={grad_accum_steps}')
   micro = [tuple(t[i::grad_accum_steps].contiguous() for t in (inputs, targets, positions))
            for i in range(grad_accum_steps)]
 
