@@ -223,6 +223,59 @@ def test_sigterm_mid_run_leaves_restorable_checkpoint(tmp_path):
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
 
 
+def cpu_recipe_config():
+  """tiny_config with the README's CPU recipe: blocked attention and 4 microbatches."""
+  c = tiny_config()
+  c.model.attention_impl, c.grad_accum_steps = 'blocked', 4
+  return c
+
+
+def test_cpu_recipe_preempted_and_resumed_equals_uninterrupted_run(tmp_path):
+  ref = training.train_and_evaluate(cpu_recipe_config(), str(tmp_path / 'ref'))
+  workdir = str(tmp_path / 'term')
+
+  def hook(step, metrics):
+    if step == 7:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  first = training.train_and_evaluate(cpu_recipe_config(), workdir, hooks=[hook])
+  assert first['preempted']
+  result = training.train_and_evaluate(cpu_recipe_config(), workdir)
+  assert result['resumed_from'] == first['step'] and result['step'] == ref['step'] == 20
+  pa, _, _ = checkpointing.restore_params(str(tmp_path / 'ref'), step=20)
+  pb, _, _ = checkpointing.restore_params(workdir, step=20)
+  for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_cli_cpu_recipe_on_huge_pages_trains_and_evaluates_bit_identically(tmp_path):
+  # The README's CPU recipe, as its command line: blocked attention, microbatches and
+  # glibc malloc on huge pages. The environment setting must not change a single bit.
+  outputs = {}
+  for name, tunables in (('plain', None), ('huge', 'glibc.malloc.hugetlb=1')):
+    env = dict(SUBPROCESS_ENV)
+    env.pop('GLIBC_TUNABLES', None)
+    if tunables:
+      env['GLIBC_TUNABLES'] = tunables
+    workdir = str(tmp_path / name)
+    for script, args in (('train.py', ['--config', 'configs/tiny.py', '--workdir', workdir,
+                                       '--config.num_train_steps=4', '--config.log_every_steps=2',
+                                       '--config.eval_every_steps=0', '--config.progress_bar=False',
+                                       '--config.model.attention_impl=blocked',
+                                       '--config.grad_accum_steps=4']),
+                         ('eval.py', ['--workdir', workdir, '--num_windows', '8'])):
+      proc = subprocess.run([sys.executable, str(ROOT / script), *args], cwd=str(ROOT), env=env,
+                            capture_output=True, text=True, timeout=600)
+      assert proc.returncode == 0, proc.stderr[-3000:]
+    outputs[name] = {f: dict(np.load(os.path.join(workdir, f))) for f in (
+        os.path.join('stats', 'window_4.npz'),
+        os.path.join('eval', 'step_4_num_windows-8', 'windows.npz'))}
+  for f, arrays in outputs['plain'].items():
+    assert arrays.keys() == outputs['huge'][f].keys()
+    for k, v in arrays.items():
+      np.testing.assert_array_equal(v, outputs['huge'][f][k], err_msg=f'{f}: {k}')
+
+
 def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
   workdir = str(tmp_path / 'nan')
   c = tiny_config()
