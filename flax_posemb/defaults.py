@@ -39,6 +39,7 @@ def data() -> ml_collections.ConfigDict:
   c.length_dist = 'wikipedia'  # Synthetic document lengths: wikipedia | uniform | full | comma-separated shares.
   c.min_doc_len = 2  # Documents shorter than this many tokens are dropped.
   c.shuffle = True  # Shuffle documents (deterministically from `seed`).
+  c.shuffle_rows = 8192  # packed, packed_reset, natural_chunked: rows are shuffled in windows of this many rows (a long document does not fill consecutive batches); <= 1 keeps stream order.
   c.num_workers = 0  # Grain worker processes (0 = in-process).
   c.prefetch = 2  # Batches prefetched by the Grain iterator.
   c.synthetic = ml_collections.ConfigDict()

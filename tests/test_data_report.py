@@ -63,3 +63,31 @@ def test_policy_shares_count_what_window_policies_drop():
   np.testing.assert_allclose(shares['natural_chunked']['last_over_first'], 10 / 11)
   st = report.length_stats(np.array([10 * t, t // 2]), t)
   assert st['docs_longer_than_context'] == 0.5 and st['max'] == 10 * t
+
+
+def _long_text_arm(policy: str, shuffle_rows: int | None = None):
+  """The long_text experiment's training config of `policy`, 4 rows per step (its packed
+  budget: 2048 scored bytes)."""
+  from flax_posemb.experiments import spec  # pylint: disable=g-import-not-at-top
+  exp = spec.load(os.path.join(os.path.dirname(__file__), '..', 'configs', 'experiments',
+                               'long_text.py'))
+  run = next(r for r in spec.expand(exp) if r.config.data.position_policy == policy)
+  overrides = [('batch_size', 4)]
+  if shuffle_rows is not None:
+    overrides.append(('data.shuffle_rows', shuffle_rows))
+  return spec.apply_overrides(run.config, overrides)
+
+
+def test_long_text_streaming_batches_mix_documents_like_a_random_draw():
+  for policy in ('packed', 'packed_reset', 'natural_chunked'):
+    div = report.exposure(_long_text_arm(policy), num_batches=200,
+                          num_source_docs=0)['batch_diversity']
+    assert div['all_one_doc'] <= div['random_all_one_doc'] + 0.01, (policy, div)
+    assert div['same_doc_pairs'] < 3 * div['random_same_doc_pairs'], (policy, div)
+
+
+def test_long_text_packed_rows_in_stream_order_fill_batches_from_one_document():
+  div = report.exposure(_long_text_arm('packed', shuffle_rows=0), num_batches=50,
+                        num_source_docs=0)['batch_diversity']
+  assert div['all_one_doc'] > 0.3 and div['same_doc_pairs'] > 0.3, div
+  assert div['random_all_one_doc'] < 0.01

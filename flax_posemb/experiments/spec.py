@@ -15,6 +15,7 @@ An experiment config (``configs/experiments/NAME.py``, ``get_config(scale='cpu')
 * ``convergence_threshold``: agreement level for 'cosine_convergence';
 * ``offsets``: offset-probe shifts, e.g. ``(0, 16)``; empty for none;
 * ``quick_arms``: the two arms ``--quick`` runs (one seed, ``scales.base_config('quick')``);
+* ``quick_overrides``: applied last under ``--quick`` (shrinks what ``base_overrides`` set);
 * ``rare_exposure``: rows seen fewer times than this count as "rare" (where the penalty sits).
 
 ``new(...)`` returns such a config with every field at its default.
@@ -56,6 +57,7 @@ def new(name: str, title: str, question: str, scale: str = 'cpu') -> ml_collecti
   c.convergence_threshold = 0.9
   c.offsets = ()
   c.quick_arms = ()
+  c.quick_overrides = ()  # Applied after the arm's overrides under --quick.
   c.rare_exposure = 100.0
   c.report_scalars = ()  # Extra per-arm scalars tabulated in REPORT.md.
   c.budget = ml_collections.ConfigDict({
@@ -249,8 +251,9 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[tuple
 def _arm_configs(exp: ml_collections.ConfigDict, scale: str):
   base = apply_overrides(scales.base_config(scale), tuple(exp.base_overrides),
                          f'experiment {exp.name!r} base_overrides')
+  last = tuple(exp.quick_overrides) if scale == 'quick' else ()
   for a in exp.arms:
-    yield a.name, apply_overrides(base, tuple(a.overrides), f'arm {a.name!r}')
+    yield a.name, apply_overrides(base, tuple(a.overrides) + last, f'arm {a.name!r}')
 
 
 def expand(exp: ml_collections.ConfigDict, quick: bool = False) -> list[Run]:
