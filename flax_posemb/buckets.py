@@ -380,16 +380,14 @@ def paired_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
   """Per-bucket loss difference A - B over the windows both evaluations scored, with the
   paired standard error clustered by document (A's ``doc``; else by window) and a t interval.
 
-  With per-window sums s, counts c and bucket means L = sum s / sum c, each window
-  contributes ``r_w = (s_A - L_A c_A) / C_A - (s_B - L_B c_B) / C_B`` (C = sum of counts),
-  summed per cluster into r_g, and ``Var(L_A - L_B) = n / (n - 1) * sum_g r_g^2`` (n clusters
-  with tokens in the bucket): the delta-method variance of a difference of ratio estimators
-  on shared clusters. A - A gives 0 +- 0.
+  With per-window sums s, counts c, bucket means L = sum s / sum c and C = sum c, the terms
+  ``r_w = (s_A - L_A c_A) / C_A - (s_B - L_B c_B) / C_B`` summed per cluster give
+  ``Var(L_A - L_B) = n / (n - 1) * sum_g r_g^2`` (n clusters with tokens in the bucket): the
+  delta-method variance of a difference of ratio estimators on shared clusters.
 
   Args:
     a, b: ``BucketAccumulator.per_window()`` dicts (``windows.npz`` contents).
     names: labels used in error messages.
-
   Returns:
     One dict per bucket: ``start``, ``end``, ``windows``, ``documents`` (clusters),
     ``loss_a``, ``loss_b``, ``diff``, ``stderr``, ``ci95`` (t quantile, documents - 1 degrees
@@ -411,8 +409,7 @@ def paired_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
         f'{names[0]}, {only_b} only in {names[1]}, of {len(ia)} and {len(ib)}); a paired '
         'comparison needs the same texts: evaluate both with the same data, split, window '
         'length, --window_start, --min_doc_len, --min_start, --num_windows and eval seed.')
-  order = np.argsort(ib)[np.searchsorted(np.sort(ib), ia)]
-  cl = clusters(a)
+  order, cl = np.argsort(ib)[np.searchsorted(np.sort(ib), ia)], clusters(a)
   sa, ca = np.asarray(a['win_sum'], np.float64), np.asarray(a['win_count'], np.float64)
   sb, cb = np.asarray(b['win_sum'], np.float64)[order], np.asarray(b['win_count'], np.float64)[order]
   ta, tb = ca.sum(0), cb.sum(0)
