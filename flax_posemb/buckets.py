@@ -191,10 +191,11 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 # Window groups of `provenance_tables`, in window lengths T: start depth [0, T), [T, 2T),
-# [2T, 4T), [4T, 8T), >= 8T; tokens after the window's end to the document's end < T,
-# [T, 4T), >= 4T.
-DEPTH_BINS = (0, 1, 2, 4, 8)
-END_BINS = (0, 1, 4)
+# [2T, 4T), [4T, 8T), [8T, 32T), [32T, 128T), >= 128T; tokens after the window's end to the
+# document's end < T, [T, 4T), [4T, 32T), >= 32T. Geometric, because token-uniform windows
+# in books sit mostly tens of T deep, while 'first' windows all start at 0.
+DEPTH_BINS = (0, 1, 2, 4, 8, 32, 128)
+END_BINS = (0, 1, 4, 32)
 QUANTILES = {'min': 0.0, 'p10': 0.1, 'p25': 0.25, 'median': 0.5, 'p75': 0.75, 'p90': 0.9,
              'max': 1.0}
 

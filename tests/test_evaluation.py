@@ -392,3 +392,27 @@ def test_paired_difference_clusters_by_document():
     np.testing.assert_allclose(r['stderr'], effect.std(ddof=1) / np.sqrt(5))
     np.testing.assert_allclose(u['stderr'], effect[doc].std(ddof=1) / np.sqrt(20))
     np.testing.assert_allclose(r['ci95'][1] - r['diff'], scipy.stats.t.ppf(0.975, 4) * r['stderr'])
+
+
+def test_window_groups_split_the_bucket_table_by_kind_start_depth_and_distance_to_the_end():
+  t = 10  # windows of 11 tokens; depth bins [0, 10), [10, 20), [20, 40), ..., >= 1280
+  start = np.array([0, 15, 16, 25, 2000, 2500])
+  doc_len = np.array([11, 40, 40, 2000, 2011, 3000])  # after the window: 0, 14, 13, 1964, 0, 489
+  acc = _windows_of_documents(np.arange(12.0).reshape(6, 2), [0, 1, 1, 2, 3, 4])
+  pw = dict(acc.per_window(), start=start, doc_len=doc_len,
+            kind=np.array(['code', 'bible', 'bible', 'code', 'bible', 'bible']))
+  tables = buckets_lib.provenance_tables(pw, t)
+  s = tables['windows']
+  assert (s['windows'], s['documents'], s['first_window_overlaps']) == (6, 5, 1)
+  assert s['kinds'] == {'bible': {'windows': 4, 'documents': 3},
+                        'code': {'windows': 2, 'documents': 2}}
+  assert (s['start']['min'], s['start']['max'], s['to_end']['min']) == (0, 2500, 0)
+  assert s['long_doc_share'] == pytest.approx(5 / 6)  # documents of >= 40 tokens
+  depth = {g['group']: (g['windows'], g['documents']) for g in tables['by_depth']}
+  assert depth == {'[0, 10)': (1, 1), '[10, 20)': (2, 1), '[20, 40)': (1, 1), '>= 1280': (2, 2)}
+  end = {g['group']: g for g in tables['by_end']}
+  assert {k: g['windows'] for k, g in end.items()} == {'[0, 10)': 2, '[10, 40)': 2, '>= 320': 2}
+  near = end['[0, 10)']  # windows 0 and 4, bucket means (0, 1) and (8, 9)
+  assert near['buckets'][1]['loss'] == pytest.approx(5.0) and near['documents'] == 2
+  bible = next(g for g in tables['by_kind'] if g['group'] == 'bible')
+  assert bible['buckets'][0]['loss'] == pytest.approx(np.mean([2, 4, 8, 10]))
