@@ -6,7 +6,8 @@
 
 Restores only params + config from each run's latest (or --step) Orbax checkpoint onto the
 available devices; writes WORKDIR/eval/step_N/ (or --output) and prints the bucket table, where
-the windows come from, loss by window group (kind, depth, distance to the end) and the plot path (flax_posemb.evaluation.evaluate_workdir); --table: analysis.write_table_analysis.
+the windows come from, loss by window group (kind, depth, distance to the end) and the plot
+path (flax_posemb.evaluation.evaluate_workdir); --table: analysis.write_table_analysis.
 Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback; --debug shows it).
 """
 

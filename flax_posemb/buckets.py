@@ -219,7 +219,8 @@ def provenance_tables(per_window: dict[str, np.ndarray], window_len: int) -> dic
   doc, start, doc_len = (np.asarray(per_window[k], np.int64) for k in ('doc', 'start', 'doc_len'))
   kind = np.asarray(per_window['kind']).astype(str)
   to_end = np.maximum(doc_len - start - (t + 1), 0)
-  dist = lambda x: {k: float(np.quantile(x, q)) for k, q in QUANTILES.items()} if len(x) else None  # noqa: E731
+  def dist(x):
+    return {k: float(np.quantile(x, q)) for k, q in QUANTILES.items()} if len(x) else None
   kinds = sorted(set(kind.tolist()))
   summary = {
       'windows': len(doc), 'documents': len(np.unique(doc)), 'window_len': t,
@@ -228,7 +229,8 @@ def provenance_tables(per_window: dict[str, np.ndarray], window_len: int) -> dic
       'start': dist(start), 'to_end': dist(to_end),
       'long_doc_share': float(np.mean(doc_len >= 4 * t)) if len(doc) else None,
       'first_window_overlaps': int((start < t).sum())}
-  return {'windows': summary, 'by_kind': _groups(per_window, kind, [(k, None, None) for k in kinds]),
+  return {'windows': summary,
+          'by_kind': _groups(per_window, kind, [(k, None, None) for k in kinds]),
           'by_depth': _binned(per_window, start, DEPTH_BINS, t),
           'by_end': _binned(per_window, to_end, END_BINS, t)}
 

@@ -2,8 +2,9 @@
 
 One jitted function scores a batch and returns per-position sums and per-window bucket
 sums; `buckets.BucketAccumulator` keeps them with each window's provenance (document,
-start, length, kind), and intervals are clustered by document (docs/DESIGN.md). Batches are sharded over every device along a 'data'
-mesh axis (the last batch is padded with masked rows).
+start, length, kind), and intervals are clustered by document (docs/DESIGN.md). Batches
+are sharded over every device along a 'data' mesh axis (the last batch is padded with
+masked rows).
 
 Loss is the float32 cross entropy of `targets[b, t]` from the logits, masked by
 `loss_mask`, and is attributed to the input position `positions[b, t]` (the row of the
@@ -367,7 +368,8 @@ VARIANT_KEYS = ('split', 'policy', 'window_start', 'min_doc_len', 'min_start', '
 def variant_name(step: int | None, *, offsets: Sequence[int] | None = None,
                  analyze: bool = False, **overrides) -> str:
   """The name of an evaluation's output directory: ``step_N`` plus every option given
-  (e.g. ``step_400_window_start-deep_min_start-1024_offsets-0-64``), so variants never share a directory.
+  (e.g. ``step_400_window_start-deep_min_start-1024_offsets-0-64``), so variants never share
+  a directory.
   """
   parts = [] if step is None else [f'step_{step}']
   for key in VARIANT_KEYS:

@@ -236,8 +236,8 @@ assert jax.device_count() == 4, jax.devices()
 model, params = te._model()
 acc, = evaluation.accumulate(evaluation.model_apply_fn(model), params, te._batches(),
                              [0, 3, 8, 16])
-print(json.dumps({'loss_sum': acc.loss_sum.tolist(), 'win_sum': acc.per_window()['win_sum'].tolist(),
-                  'windows': acc.windows}))
+print(json.dumps({'loss_sum': acc.loss_sum.tolist(), 'windows': acc.windows,
+                  'win_sum': acc.per_window()['win_sum'].tolist()}))
 '''
 
 
