@@ -9,6 +9,7 @@ import tensorflow_datasets as tfds
 
 from configs import tiny
 from flax_posemb import data
+from flax_posemb.data import pipeline
 from flax_posemb.data import text_sources
 from flax_posemb.data import tokenizers
 
@@ -400,3 +401,27 @@ def test_document_kind_is_the_records_kind_field_else_the_source_name():
   assert [src.kind(i) for i in range(3)] == ['shakespeare', 'long_text', 'code']
   cfg = tiny.get_config()
   assert data.make_source(cfg.data, 'validation').kind(0) == 'synthetic'
+
+
+@pytest.mark.parametrize('t,num_windows', [(512, 256), (1024, 256)])
+def test_long_text_deep_windows_come_from_deep_inside_long_held_out_documents(tmp_path, t,
+                                                                             num_windows):
+  cfg = _long_text_cfg(tmp_path, seq_len=t)
+  cfg.data.val_percent = 5  # configs/long_text.py's (the default).
+  rows, prov = [], {k: [] for k in pipeline.PROVENANCE_KEYS}
+  for b in data.make_eval_batches(cfg.data, split='validation', window_len=t,
+                                  num_windows=num_windows, batch_size=64, window_start='deep',
+                                  min_doc_len=4 * t, min_start=t):
+    real = b['doc'] >= 0
+    rows.append(b['inputs'][real])
+    for k in prov:
+      prov[k].append(b[k][real])
+  prov = {k: np.concatenate(v) for k, v in prov.items()}
+  assert len(prov['doc']) == num_windows
+  assert np.mean(prov['doc_len'] >= 4 * t) >= 0.9
+  assert prov['start'].min() >= t  # None overlaps its document's first T tokens.
+  assert set(prov['kind']) <= {'shakespeare', 'bible', 'python_doc', 'code'}
+  assert np.mean(np.isin(prov['kind'], ['shakespeare', 'bible', 'python_doc'])) >= 0.9
+  val = data.make_source(cfg.data, 'validation')
+  for inputs, d, a in zip(np.concatenate(rows), prov['doc'], prov['start']):  # As recorded.
+    np.testing.assert_array_equal(inputs, val.doc(int(d), max_pairs=None)[a:a + t])
