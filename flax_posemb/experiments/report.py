@@ -199,7 +199,8 @@ def _window_groups(rows: list[Mapping[str, Any]], arms: list[str]) -> dict[str, 
     return {}
   rise = {}
   for name in eval_report.GROUP_TABLES[1:]:  # by_depth, by_end
-    groups = [g['group'] for g in results[0][1].get(name) or []]
+    groups = [f"{g['group']} ({g['windows']} windows, {g['documents']} docs)"
+              for g in results[0][1].get(name) or []]
     per_arm = {a: [[] for _ in groups] for a in arms}
     for arm, res in results:
       for i, g in enumerate(res.get(name) or []):
