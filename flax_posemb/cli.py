@@ -26,7 +26,6 @@ import functools
 import logging
 import os
 import re
-import shutil
 import signal
 import sys
 import traceback
@@ -242,9 +241,10 @@ def exit_early_on_sigterm(prog: str, workdir: str, remove: bool = True
 
   Yields ``started()``, to call once the training loop runs (it has its own SIGTERM
   handler that saves a checkpoint; a SIGTERM after the loop only lets the run finish).
-  Before that, SIGTERM raises ``Preempted``: if this process created ``workdir``, it is
-  removed again (unless ``remove`` is False: multi-host runs share it); then the process
-  exits ``EXIT_PREEMPTED`` with a message.
+  Before that, SIGTERM raises ``Preempted``: if ``workdir`` did not exist when this process
+  started and is still empty and unlocked (``workdir.remove_unused``: another run may have
+  taken it meanwhile), it is removed again (unless ``remove`` is False: multi-host runs share
+  it); then the process exits ``EXIT_PREEMPTED`` with a message.
   """
   created = not os.path.exists(workdir)
   state = {'started': False, 'signalled': False}
@@ -261,8 +261,8 @@ def exit_early_on_sigterm(prog: str, workdir: str, remove: bool = True
   except Preempted:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # A second SIGTERM: let cleanup finish.
     removed = ''
-    if remove and created and os.path.isdir(workdir):
-      shutil.rmtree(workdir, ignore_errors=True)
+    from flax_posemb import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+    if remove and created and workdir_lib.remove_unused(workdir):
       removed = f'; removed {workdir}, which this run had created'
     fail(prog, f'SIGTERM before the first training step: stopped during setup{removed}. '
          'Re-run the same command to start (or resume) the run.', EXIT_PREEMPTED)

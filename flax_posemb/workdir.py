@@ -61,6 +61,9 @@ class Lock:
           f'{os.path.dirname(self.path)} is in use by another training process '
           f'({self._holder()}). Wait for it to finish or stop it; two processes must not '
           'write one workdir.') from None
+    if not _is_at(fd, self.path):  # `remove_unused` deleted the file between our open and flock: no lock.
+      os.close(fd)
+      return self.__enter__()
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps({'host': socket.gethostname(), 'pid': os.getpid()}).encode())
     os.fsync(fd)
@@ -79,6 +82,34 @@ class Lock:
     if self._fd is not None:
       os.close(self._fd)  # Releases the lock.
       self._fd = None
+
+
+def _is_at(fd: int, path: str) -> bool:
+  """Whether the open file ``fd`` is still the file at ``path``."""
+  try:
+    return os.fstat(fd).st_ino == os.stat(path).st_ino
+  except FileNotFoundError:
+    return False
+
+
+def remove_unused(workdir: str) -> bool:
+  """Removes ``workdir`` if it holds nothing but its lock file and no process holds the lock
+  (a run stopped during setup, before it wrote anything); returns whether it did.
+
+  Decided under the lock: a directory that another run is using, or has written anything
+  into, is never removed, whoever created it.
+  """
+  if not os.path.isdir(workdir):
+    return False
+  try:
+    with Lock(workdir) as lock:
+      if set(os.listdir(workdir)) - {LOCK_FILE}:
+        return False
+      os.remove(lock.path)  # A waiter that opened it notices (see `Lock.__enter__`).
+      os.rmdir(workdir)
+      return True
+  except (WorkdirError, OSError):
+    return False
 
 
 def _flat(d: dict[str, Any]) -> dict[str, Any]:

@@ -129,8 +129,10 @@ SETUP_SCRIPT = textwrap.dedent('''
     import os, signal, sys, time
     from flax_posemb import cli
     workdir = sys.argv[1]
+    from flax_posemb import workdir as workdir_lib
     with cli.exit_early_on_sigterm('train.py', workdir) as started:
-      os.makedirs(os.path.join(workdir, 'checkpoints'))  # setup had begun writing
+      with workdir_lib.Lock(workdir):  # setup had created the workdir and its lock file
+        pass
       os.kill(os.getpid(), signal.SIGTERM)
       time.sleep(30)
       print('not interrupted')
@@ -146,8 +148,8 @@ def test_sigterm_before_training_removes_the_new_workdir_and_exits_75(tmp_path):
   assert proc.stderr.strip().startswith('train.py: SIGTERM before the first training step')
   # An existing workdir (a resume) is never removed.
   os.makedirs(os.path.join(wd, 'keep'))
-  proc = subprocess.run([sys.executable, '-c', SETUP_SCRIPT.replace("'checkpoints'", "'new'"),
-                         wd], env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=60)
+  proc = subprocess.run([sys.executable, '-c', SETUP_SCRIPT, wd], env=SUBPROCESS_ENV,
+                        capture_output=True, text=True, timeout=60)
   assert proc.returncode == cli.EXIT_PREEMPTED and os.path.isdir(os.path.join(wd, 'keep'))
 
 
@@ -266,3 +268,48 @@ def test_a_damaged_latest_checkpoint_is_one_message_not_a_traceback(tmp_path):
                         timeout=600)
   assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr[-2000:]
   assert 'is damaged' in proc.stderr and 'step 2' in proc.stderr
+
+
+# The duplicate run stops just before taking the lock: past its SIGTERM handler, with the
+# workdir created (by its own makedirs) while another run holds it or has finished in it.
+DUPLICATE_SCRIPT = textwrap.dedent('''
+    import os, runpy, signal, sys
+    from flax_posemb import workdir
+    def enter(self):
+      print('READY', flush=True)
+      sys.stdin.readline()  # the first run takes the workdir meanwhile
+      os.kill(os.getpid(), signal.SIGTERM)
+    workdir.Lock.__enter__ = enter
+    sys.argv = ['train.py', *sys.argv[1:]]
+    runpy.run_path('train.py', run_name='__main__')
+''')
+
+
+@pytest.mark.parametrize('first_run', ['training', 'finished'])
+def test_sigterm_in_a_duplicate_train_py_never_removes_the_workdir_of_another_run(
+    tmp_path, first_run):
+  from flax_posemb import workdir  # pylint: disable=g-import-not-at-top
+  wd = tmp_path / 'wd'
+  proc = subprocess.Popen(
+      [sys.executable, '-c', DUPLICATE_SCRIPT, '--config', 'configs/tiny.py', '--workdir',
+       str(wd), *TINY], cwd=str(ROOT), env=SUBPROCESS_ENV, stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    assert proc.stdout.readline().strip() == 'READY', proc.stderr.read()[-3000:]
+    assert wd.is_dir()  # created by the duplicate
+    lock = workdir.Lock(str(wd)).__enter__()  # the first run
+    for name in ('config.json', 'metrics.jsonl', 'checkpoints/0/params'):
+      (wd / name).parent.mkdir(parents=True, exist_ok=True)
+      (wd / name).write_text('{}')
+    if first_run == 'finished':
+      lock.__exit__()
+    proc.stdin.write('\n')
+    proc.stdin.flush()
+    _, err = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == cli.EXIT_PREEMPTED, err[-3000:]
+  assert 'removed' not in err and 'Traceback' not in err, err[-3000:]
+  assert {p.name for p in wd.iterdir()} >= {'.lock', 'config.json', 'metrics.jsonl',
+                                             'checkpoints'}
+  assert (wd / 'checkpoints' / '0' / 'params').exists()
