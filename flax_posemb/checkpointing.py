@@ -17,8 +17,9 @@ step, so a step never exists without them). Restore recomputes them on the resto
 (independent of the sharding, exact integer arithmetic) and checks finiteness; a mismatch or
 NaN/inf is ``CheckpointDamagedError``. Orbax/TensorStore keep a crc32c only for OCDBT tree
 nodes and the zarr3 shard index, not for the array bytes (a flipped data byte is read back
-silently), hence this digest. Steps written before digests existed are restored with
-finiteness checked only.
+silently), hence this digest. A step whose metadata file is missing or garbled is damaged
+(its digests are unknown); only a step whose intact metadata has no digests (written before
+they existed) is restored with finiteness checked only.
 
 Failures are classified: ``CheckpointMismatchError`` (a ``CallerError``/``ValueError``) when
 the files are readable but were written for another config (shapes, tree, data pipeline);
@@ -485,19 +486,37 @@ class Checkpointer:
     tree = self._manager.item_metadata(step).get(item)
     return getattr(tree, 'tree', tree)
 
-  def _verify(self, step: int, item: str, restored: PyTree, stored: PyTree | None,
-              integrity: Mapping[str, Any]) -> None:
-    """Raises _Damage if ``restored`` holds NaN/inf or differs from its save-time digest.
-    Leaves restored in another dtype than stored (a caller's cast) skip the digest."""
+  def _integrity(self, step: int) -> dict[str, Any] | None:
+    """The step's save-time digests; None only for a step provably saved before digests
+    existed (Orbax read its metadata file, which has none). A missing or garbled metadata
+    file is damage: without the digests the bytes cannot be verified."""
+    m = self._manager.metadata(int(step))
+    integrity = (m.custom_metadata or {}).get('integrity')
+    if integrity is None and m.commit_timestamp_nsecs is None:  # Orbax read no file
+      raise _Damage(f'{self.step_dir(step) / "_CHECKPOINT_METADATA"} is missing or garbled, '
+                    'so the checksums written at save time cannot be checked')
+    return integrity
+
+  def _verify(self, item: str, restored: PyTree, stored: PyTree | None,
+              integrity: Mapping[str, Any] | None) -> None:
+    """Raises _Damage if ``restored`` holds NaN/inf or differs from its save-time digest
+    (``integrity`` None: saved before digests existed). Leaves restored in another dtype
+    than stored (a caller's cast) skip the digest."""
+    if item == 'config':
+      if integrity is not None and _json_digest(restored) != integrity.get('config'):
+        raise _Damage('config fails the checksum written at save time')
+      return
     if item == 'stats':
       bad, got = _inspect_host(item, restored)
     else:
       bad, got = _inspect_arrays(item, restored)
     if bad:
       raise _Damage(f'non-finite values in {", ".join(bad[:5])}')
+    if integrity is None:
+      return
     want = integrity.get(item)
-    if not want:
-      return  # saved before digests existed
+    if want is None:
+      raise _Damage(f'the step metadata has no checksum of {item}')
     dtypes = {}
     if stored is not None:
       dtypes = {_path(item, p): np.dtype(x.dtype)
@@ -511,13 +530,14 @@ class Checkpointer:
       raise _Damage(f'{", ".join(wrong[:5])} fail{"s" if len(wrong) == 1 else ""} the '
                     'checksum written at save time (the bytes on disk changed)')
 
-  def _restore_data_iter(self, step: int, data_iter: Any, integrity: Mapping[str, Any]):
+  def _restore_data_iter(self, step: int, data_iter: Any,
+                         integrity: Mapping[str, Any] | None):
     """Restores the Grain state; a garbled file is damage, a state that does not fit this
     pipeline (verified bytes) is CheckpointMismatchError."""
     path = (self.step_dir(step) / 'data_iter' /
             f'process_{jax.process_index()}-of-{jax.process_count()}.json')
     text = path.read_text()  # OSError: damage
-    want = integrity.get('data_iter')
+    want = (integrity or {}).get('data_iter')  # absent when saved by several hosts
     if want:
       try:
         got = _json_digest(json.loads(text))
@@ -547,7 +567,7 @@ class Checkpointer:
       _check_same_tree(item, stored, want, self.step_dir(step))
       stored_trees[item] = stored
     saved = self.saved_items(step)
-    integrity = self.step_metadata(step).get('integrity', {})
+    integrity = self._integrity(step)
     if data_iter is not None and 'data_iter' not in saved:
       raise CallerError(f'{self.step_dir(step)} was saved without a data iterator, so a run '
                         'cannot resume its data order from it; use a fresh --workdir (in code: '
@@ -561,10 +581,8 @@ class Checkpointer:
     stats = jax.tree.map(np.asarray, dict(r['stats'] or {})) if 'stats' in items else {}
     config = dict(r['config'] or {})
     for item, value in (('params', r['params']), ('opt_state', r['opt_state']),
-                        ('stats', stats)):
-      self._verify(step, item, value, stored_trees.get(item), integrity)
-    if integrity.get('config') and _json_digest(config) != integrity['config']:
-      raise _Damage('config fails the checksum written at save time')
+                        ('stats', stats), ('config', config)):
+      self._verify(item, value, stored_trees.get(item), integrity)
     if data_iter is not None:
       self._restore_data_iter(step, data_iter, integrity)
     return dict(step=step, params=r['params'], opt_state=r['opt_state'], stats=stats,
@@ -707,14 +725,13 @@ class Checkpointer:
     tree = self.item_tree(step, 'params')
     if tree is None:
       raise FileNotFoundError(f'item params is missing in {self.step_dir(step)}')
-    integrity = self.step_metadata(step).get('integrity', {})
+    integrity = self._integrity(step)
     r = self._restore_items(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(_abstract(tree, sharding)),
         config=ocp.args.JsonRestore()))
     config = dict(r['config'] or {})
-    self._verify(step, 'params', r['params'], tree, integrity)
-    if integrity.get('config') and _json_digest(config) != integrity['config']:
-      raise _Damage('config fails the checksum written at save time')
+    self._verify('params', r['params'], tree, integrity)
+    self._verify('config', config, None, integrity)
     return r['params'], config, step
 
   def _restore_items(self, step: int, args: Any) -> Any:
