@@ -359,6 +359,10 @@ def _not_damage(e: BaseException) -> bool:
 
 
 def _describe(e: BaseException) -> str:
+  """One line of the root cause: Orbax wraps TensorStore's reason (which names the file)
+  in an exception whose own text is a repr of the array's spec."""
+  while e.__cause__ is not None:
+    e = e.__cause__
   msg = str(e).strip().splitlines()
   return f'{type(e).__name__}: {msg[0] if msg else ""}'[:300]
 
