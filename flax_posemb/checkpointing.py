@@ -722,6 +722,15 @@ class Checkpointer:
                      self.step_dir(s), reason)
     return dict(step=s, directory=str(self.step_dir(s)), reason=reason)
 
+  def latest_config(self) -> dict[str, Any]:
+    """The config stored with the latest step, digest verified; a damaged latest step is
+    CheckpointDamagedError, as for ``restore(fallback=False)``."""
+    def read(step):
+      r = self._restore_items(step, ocp.args.Composite(config=ocp.args.JsonRestore()))
+      self._verify('config', dict(r['config'] or {}), None, self._integrity(step))
+      return dict(r['config'] or {})
+    return self._first_readable(None, read, fallback=False)[0]
+
   def restore_params_only(self, step: int, sharding: Any = None
                           ) -> tuple[PyTree, dict[str, Any], int]:
     """``(params, config, step)`` of one step, shapes and dtypes from the stored metadata;

@@ -331,7 +331,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       workdir_lib.check_fresh_start(workdir)
       changes = {}
     else:
-      changes = workdir_lib.check_resume_config(workdir, config)
+      changes = workdir_lib.check_resume_config(workdir, config, ckpt.latest_config())
     model = step_lib.make_model(config)
     init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
     state, tx, shardings = step_lib.init_state(model, config, mesh, init_rng)

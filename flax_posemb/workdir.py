@@ -6,7 +6,8 @@ and the outputs that a resume truncates.
   releases the lock when its holder dies, even by ``kill -9``, so a lock is never stale. The
   file stays (removing it would let a waiter lock a file that is no longer the lock).
 * ``config.json`` — the resolved config of the run. A resume compares the new config with
-  it (``config_changes``) and refuses changes of meaning unless ``allow_config_change``.
+  it and with the config stored in the checkpoint it resumes from (``check_resume_config``)
+  and refuses changes of meaning unless ``allow_config_change``.
 * ``metrics.jsonl``, ``stats/window_STEP.npz``, ``tables/table_STEP.npy`` — outputs indexed
   by step; ``truncate_outputs`` drops those after the restored step. Every file is written
   under a hidden temporary name and renamed (``outputs.atomic_write``), so a kill or a full disk never
@@ -117,8 +118,8 @@ def _flat(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def flat_config(config: Any) -> dict[str, Any]:
-  """``{'a.b': value}`` of a ConfigDict (JSON values)."""
-  return _flat(json.loads(config.to_json_best_effort()))
+  """``{'a.b': value}`` of a ConfigDict or a config dict (JSON values)."""
+  return _flat(config if isinstance(config, dict) else json.loads(config.to_json_best_effort()))
 
 
 def _may_change(key: str) -> bool:
@@ -130,8 +131,13 @@ def saved_config(workdir: str) -> dict[str, Any] | None:
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except ValueError as e:
+    raise WorkdirError(f'{path} is not valid JSON ({e}). Nothing was changed. The config is '
+                       'also stored in every checkpoint: move it aside and re-run, which '
+                       'checks against the checkpoint and rewrites it.') from None
 
 
 def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
@@ -147,16 +153,21 @@ def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
           if changed(k) and not _may_change(k)}
 
 
-def check_resume_config(workdir: str, config: Any) -> dict[str, list[Any]]:
-  """Raises ``WorkdirError`` listing meaningful changes since the run's ``config.json``,
-  unless ``config.allow_config_change``; returns the changes (empty if none)."""
+def check_resume_config(workdir: str, config: Any,
+                        stored: dict[str, Any]) -> dict[str, list[Any]]:
+  """The one drift check of a resume: raises ``WorkdirError`` listing meaningful changes of
+  ``config`` from ``stored`` (the config saved in the checkpoint resumed from) and from the
+  run's ``config.json`` when present (so a run whose two disagree is refused too), unless
+  ``config.allow_config_change``; returns the changes (empty if none)."""
   saved = saved_config(workdir)
-  changes = {} if saved is None else config_changes(saved, config)
+  changes = {**({} if saved is None else config_changes(saved, config)),
+             **config_changes(stored, config)}
   if changes and not config.get('allow_config_change', False):
     listed = '; '.join(f'{k}: {a!r} -> {b!r}' for k, a, b in
                        ((k, *v) for k, v in list(changes.items())[:8]))
     raise WorkdirError(
-        f'{workdir} holds a run with another config ({listed}). Nothing was changed. Resume '
+        f'{workdir} holds a run with another config ({listed}; compared with its checkpoint '
+        f'and {CONFIG_FILE}). Nothing was changed. Resume '
         'with the original values, use a fresh --workdir, or pass '
         '--config.allow_config_change=True to continue with the new values (recorded in '
         'metrics.jsonl).')

@@ -167,11 +167,38 @@ def test_a_run_started_before_a_field_existed_resumes_with_its_default(tmp_path)
   saved = json.load(open(path))
   del saved['data']['on_decode_error']  # as written by an older version
   json.dump(saved, open(path, 'w'))
-  assert workdir.check_resume_config(wd, c) == {}
+  assert workdir.check_resume_config(wd, c, saved) == {}
   c.data.on_decode_error = 'skip'
   with pytest.raises(workdir.WorkdirError, match="data.on_decode_error: None -> 'skip'"):
-    workdir.check_resume_config(wd, c)
+    workdir.check_resume_config(wd, c, saved)
   c.data.on_decode_error = 'replace'
   c.data.num_workers = 2  # the saved data-iterator state depends on it
   with pytest.raises(workdir.WorkdirError, match='data.num_workers'):
-    workdir.check_resume_config(wd, c)
+    workdir.check_resume_config(wd, c, saved)
+
+
+@pytest.mark.parametrize('config_json', ['missing', 'edited'])
+def test_resume_compares_with_the_config_stored_in_the_checkpoint(tmp_path, config_json):
+  """config.json gone, or rewritten to the new values: the checkpoint's own config still
+  refuses the change (the drift check is not switched off by one file)."""
+  wd, c = trained_five_steps(tmp_path)
+  c.optimizer.learning_rate = 1e-2
+  path = os.path.join(wd, 'config.json')
+  if config_json == 'missing':
+    os.remove(path)
+  else:
+    workdir.write_config(wd, c)
+  with pytest.raises(workdir.WorkdirError, match='optimizer.learning_rate'):
+    training.train_and_evaluate(c, wd)
+  c.allow_config_change = True
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 5
+
+
+def test_a_garbled_config_json_is_named_with_the_fix(tmp_path):
+  wd, c = trained_five_steps(tmp_path)
+  with open(os.path.join(wd, 'config.json'), 'w') as f:
+    f.write('{"data": ')
+  with pytest.raises(workdir.WorkdirError, match='config.json is not valid JSON.*move it'):
+    training.train_and_evaluate(c, wd)
+  os.remove(os.path.join(wd, 'config.json'))  # the fix the message names
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 5
