@@ -144,16 +144,16 @@ def _shapes(tree: PyTree) -> dict[str, tuple[int, ...]]:
           for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def _check_same_tree(item: str, stored: PyTree, expected: PyTree, directory: epath.Path):
-  """Raises CheckpointMismatchError naming the first path whose shape differs."""
+def check_same_tree(item: str, stored: PyTree, expected: PyTree, problem: str,
+                    fix: str) -> None:
+  """The one tree comparison (restore, eval): raises CheckpointMismatchError, ``problem``
+  then the first path whose shape differs between ``stored`` and ``expected``, then ``fix``."""
   got, want = _shapes(stored), _shapes(expected)
   for path in sorted(set(got) | set(want)):
     if got.get(path) != want.get(path):
       raise CheckpointMismatchError(
-          f'The checkpoint at {directory} was written by a different model: {item}/{path} '
-          f'has shape {got.get(path, "absent")} in the checkpoint but '
-          f'{want.get(path, "absent")} in the current config. Use a fresh --workdir (or the '
-          'config that wrote this checkpoint).')
+          f'{problem}: {item}/{path} has shape {got.get(path, "absent")} in the checkpoint '
+          f'but {want.get(path, "absent")} in the model of the config. {fix}')
 
 
 def _abstract(tree: PyTree, sharding: Any = None) -> PyTree:
@@ -568,7 +568,9 @@ class Checkpointer:
       if stored is None:
         raise FileNotFoundError(f'item {item!r} is missing or unreadable in '
                                 f'{self.step_dir(step)}')
-      _check_same_tree(item, stored, want, self.step_dir(step))
+      check_same_tree(item, stored, want, f'The checkpoint at {self.step_dir(step)} was '
+                      'written by a different model', 'Use a fresh --workdir (or the config '
+                      'that wrote this checkpoint).')
       stored_trees[item] = stored
     saved = self.saved_items(step)
     integrity = self._integrity(step)
@@ -731,13 +733,18 @@ class Checkpointer:
       return dict(r['config'] or {})
     return self._first_readable(None, read, fallback=False)[0]
 
-  def restore_params_only(self, step: int, sharding: Any = None
+  def restore_params_only(self, step: int, sharding: Any = None, expected: PyTree = None
                           ) -> tuple[PyTree, dict[str, Any], int]:
-    """``(params, config, step)`` of one step, shapes and dtypes from the stored metadata;
-    digests and finiteness verified (`_Damage` otherwise)."""
+    """``(params, config, step)`` of one step, shapes and dtypes from the stored metadata
+    (which must fit ``expected``, the run's params tree, if given); digests and finiteness
+    verified (`_Damage` otherwise)."""
     tree = self.item_tree(step, 'params')
     if tree is None:
       raise FileNotFoundError(f'item params is missing in {self.step_dir(step)}')
+    if expected is not None:
+      check_same_tree('params', tree, expected, f'The checkpoint at {self.step_dir(step)} was '
+                      "written by another model than this run's config.json", "Move it out of "
+                      "the run's checkpoints/ or evaluate another --step.")
     integrity = self._integrity(step)
     r = self._restore_items(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(_abstract(tree, sharding)),
@@ -809,11 +816,13 @@ def restore_params(workdir_or_ckpt_dir: str | os.PathLike[str], step: int | None
 def restore_params_with_info(workdir_or_ckpt_dir: str | os.PathLike[str],
                              step: int | None = None,
                              sharding: jax.sharding.Sharding | PyTree | None = None,
+                             expected: PyTree = None,
                              ) -> tuple[PyTree, dict[str, Any], RestoreInfo]:
   """``restore_params`` returning ``(params, config, RestoreInfo)``: which step was read,
-  the damaged newer steps skipped and the steps deleted under the reader."""
+  the damaged newer steps skipped and the steps deleted under the reader. With
+  ``expected`` (the run's params tree), a step of another model is CheckpointMismatchError."""
   with Checkpointer(_resolve_dir(workdir_or_ckpt_dir), max_to_keep=1, async_save=False,
                     read_only=True) as ckpt:
     (params, config, _), info = ckpt._first_readable(  # pylint: disable=protected-access
-        step, lambda s: ckpt.restore_params_only(s, sharding))
+        step, lambda s: ckpt.restore_params_only(s, sharding, expected))
     return params, config, info

@@ -485,13 +485,13 @@ def test_step_deleted_while_read_is_replaced_by_the_new_latest(tmp_path, monkeyp
   real = checkpointing.Checkpointer.restore_params_only
   calls = []
 
-  def racing(self, step, sharding=None):
+  def racing(self, step, *args):
     calls.append(step)
     if step == 5:  # the trainer moves on while the reader holds step 5's listing
       _save(writer, 7, jax.tree.map(lambda x: x + 1, params), opt_state, None)
       writer.wait_until_finished()
       assert not (tmp_path / 'checkpoints' / '5').exists()
-    return real(self, step, sharding)
+    return real(self, step, *args)
 
   monkeypatch.setattr(checkpointing.Checkpointer, 'restore_params_only', racing)
   with caplog.at_level(logging.WARNING, logger=LOGGER):
