@@ -223,3 +223,24 @@ def test_checkpoint_of_another_model_in_a_runs_checkpoints_is_refused(tiny_run, 
   assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr[-2000:]
   assert not os.path.exists(tmp_path / 'out' / 'results.json')
   assert evaluation.evaluate_workdir(workdir, step=20, output=str(tmp_path / 'ok'))['step'] == 20
+
+
+def test_a_killed_eval_rerun_leaves_the_previous_complete_results(tiny_run, tmp_path,
+                                                                  monkeypatch):
+  from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
+  out = str(tmp_path / 'out')
+  first = evaluation.evaluate_workdir(tiny_run[0], step=10, output=out)
+  before = {n: open(os.path.join(out, n), 'rb').read() for n in os.listdir(out)}
+  assert 'results.json' in before
+
+  def killed(*args, **kwargs):
+    raise KeyboardInterrupt  # the re-run dies half-way through writing
+  monkeypatch.setattr(eval_report.plots, 'loss_by_position', killed)
+  with pytest.raises(KeyboardInterrupt):
+    evaluation.evaluate_workdir(tiny_run[0], step=20, output=out)
+  assert {n: open(os.path.join(out, n), 'rb').read() for n in os.listdir(out)} == before
+  assert os.listdir(tmp_path) == ['out']  # no leftover beside it
+  monkeypatch.undo()
+  again = evaluation.evaluate_workdir(tiny_run[0], step=20, output=out)
+  assert json.load(open(again['files']['json']))['step'] == 20 != first['step']
+  assert os.listdir(tmp_path) == ['out']
