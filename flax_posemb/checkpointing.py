@@ -573,26 +573,32 @@ class Checkpointer:
                       'that wrote this checkpoint).')
       stored_trees[item] = stored
     saved = self.saved_items(step)
-    integrity = self._integrity(step)
     if data_iter is not None and 'data_iter' not in saved:
       raise CallerError(f'{self.step_dir(step)} was saved without a data iterator, so a run '
                         'cannot resume its data order from it; use a fresh --workdir (in code: '
                         'restore with data_iter=None).')
     items = dict(params=ocp.args.StandardRestore(_abstract(abstract_params)),
-                 opt_state=ocp.args.StandardRestore(_abstract(abstract_opt_state)),
-                 config=ocp.args.JsonRestore())
+                 opt_state=ocp.args.StandardRestore(_abstract(abstract_opt_state)))
     if 'stats' in saved:
       items['stats'] = ocp.args.StandardRestore()
-    r = self._restore_items(step, args=ocp.args.Composite(**items))
-    stats = jax.tree.map(np.asarray, dict(r['stats'] or {})) if 'stats' in items else {}
-    config = dict(r['config'] or {})
-    for item, value in (('params', r['params']), ('opt_state', r['opt_state']),
-                        ('stats', stats), ('config', config)):
-      self._verify(item, value, stored_trees.get(item), integrity)
+    r = dict(self._restore_verified(step, items, stored_trees), step=step)
     if data_iter is not None:
-      self._restore_data_iter(step, data_iter, integrity)
-    return dict(step=step, params=r['params'], opt_state=r['opt_state'], stats=stats,
-                config=config)
+      self._restore_data_iter(step, data_iter, self._integrity(step))
+    return dict(r, stats=r.get('stats', {}))
+
+  def _restore_verified(self, step: int, items: dict[str, Any],
+                        stored_trees: Mapping[str, PyTree]) -> dict[str, Any]:
+    """``items`` (restore args by name) and the config of one step, each verified against
+    its save-time digest and for finiteness (`_Damage` otherwise)."""
+    integrity = self._integrity(step)
+    r = self._restore_items(step, args=ocp.args.Composite(config=ocp.args.JsonRestore(),
+                                                          **items))
+    out = {k: r[k] for k in items} | {'config': dict(r['config'] or {})}
+    if 'stats' in out:
+      out['stats'] = jax.tree.map(np.asarray, dict(out['stats'] or {}))
+    for item, value in out.items():
+      self._verify(item, value, stored_trees.get(item), integrity)
+    return out
 
   def restore(self, step: int | None = None, *, abstract_params: PyTree,
               abstract_opt_state: PyTree, data_iter: Any, fallback: bool = True
@@ -727,11 +733,8 @@ class Checkpointer:
   def latest_config(self) -> dict[str, Any]:
     """The config stored with the latest step, digest verified; a damaged latest step is
     CheckpointDamagedError, as for ``restore(fallback=False)``."""
-    def read(step):
-      r = self._restore_items(step, ocp.args.Composite(config=ocp.args.JsonRestore()))
-      self._verify('config', dict(r['config'] or {}), None, self._integrity(step))
-      return dict(r['config'] or {})
-    return self._first_readable(None, read, fallback=False)[0]
+    return self._first_readable(None, lambda s: self._restore_verified(s, {}, {})['config'],
+                                fallback=False)[0]
 
   def restore_params_only(self, step: int, sharding: Any = None, expected: PyTree = None
                           ) -> tuple[PyTree, dict[str, Any], int]:
@@ -745,14 +748,9 @@ class Checkpointer:
       check_same_tree('params', tree, expected, f'The checkpoint at {self.step_dir(step)} was '
                       "written by another model than this run's config.json", "Move it out of "
                       "the run's checkpoints/ or evaluate another --step.")
-    integrity = self._integrity(step)
-    r = self._restore_items(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(_abstract(tree, sharding)),
-        config=ocp.args.JsonRestore()))
-    config = dict(r['config'] or {})
-    self._verify('params', r['params'], tree, integrity)
-    self._verify('config', config, None, integrity)
-    return r['params'], config, step
+    r = self._restore_verified(
+        step, dict(params=ocp.args.StandardRestore(_abstract(tree, sharding))), {'params': tree})
+    return r['params'], r['config'], step
 
   def _restore_items(self, step: int, args: Any) -> Any:
     with _tolerant_event_loops():
@@ -767,8 +765,12 @@ class Checkpointer:
     self._manager.wait_until_finished()
 
   def close(self) -> None:
-    """Waits for pending saves and releases the manager's resources."""
-    self._manager.close()
+    """Waits for pending saves and releases the manager's resources, also after a failed
+    save (its error, raised by the wait, leaves Orbax's threads running otherwise)."""
+    try:
+      self._manager.wait_until_finished()
+    finally:
+      self._manager.close()  # Orbax raises a save's error once per thread: this one closes.
 
   def __enter__(self) -> Checkpointer:
     return self

@@ -22,6 +22,7 @@ arrives before the training loop has its own handler.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -57,6 +58,22 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
   # (A full disk or an I/O error is not the user's input: it keeps its traceback.)
   return (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
           PermissionError, FileExistsError)
+
+
+# The machine, not the input: a full disk or quota, an I/O error, a read-only filesystem.
+ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+
+
+def _environment_failure(e: BaseException) -> bool:
+  """An OSError of the machine, or one that TensorStore (under Orbax) reports as a ValueError
+  (``... [os_error_code='28']``), anywhere in ``e``'s chain of causes: exit 1, traceback."""
+  while e is not None:
+    if isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS:
+      return True
+    if any(f"os_error_code='{n}'" in str(e) for n in ENVIRONMENT_ERRNOS):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
 
 
 def _own_runtime_error(e: BaseException) -> bool:
@@ -98,8 +115,8 @@ def guarded(prog: str) -> Callable[[Callable[..., int | None]], Callable[..., in
           raise
         fail(prog, str(e), EXIT_NONFINITE)
       except _user_error_types() as e:
-        if debug_enabled():
-          raise
+        if debug_enabled() or _environment_failure(e):
+          raise  # A full disk is no user error: EXIT_UNEXPECTED with the traceback.
         fail(prog, _one_line(e), EXIT_USER_ERROR)
       except RuntimeError as e:
         if debug_enabled() or not _own_runtime_error(e):
@@ -188,10 +205,15 @@ EXPECTED_WARNINGS = (
     'has no dataset_info.json',  # TFDS, for a local corpus before its first build.
     'Using custom data configuration',
 )
+# Orbax's logs of a failed asynchronous save, from its threads: the same error is raised in
+# the main thread (the next save, or closing the checkpointer) and reported there, once.
+REPORTED_AGAIN = ('_SignalingThread.run() raised an exception', 'in background save thread',
+                  'Save Finalize thread')
 
 
 class _ThirdPartyFilter(logging.Filter):
-  """Drops third-party INFO (and the expected warnings above) unless --verbosity >= 1."""
+  """Drops third-party INFO (and the expected warnings and the errors reported again above)
+  unless --verbosity >= 1."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
@@ -200,7 +222,8 @@ class _ThirdPartyFilter(logging.Filter):
     third_party = any(p in record.pathname for p in NOISY_LIBRARIES)
     if third_party and record.levelno < logging.WARNING:
       return False
-    return not (third_party and any(w in record.getMessage() for w in EXPECTED_WARNINGS))
+    return not (third_party and any(w in record.getMessage()
+                                    for w in EXPECTED_WARNINGS + REPORTED_AGAIN))
 
 
 def quiet_third_party() -> None:

@@ -313,3 +313,37 @@ def test_sigterm_in_a_duplicate_train_py_never_removes_the_workdir_of_another_ru
   assert {p.name for p in wd.iterdir()} >= {'.lock', 'config.json', 'metrics.jsonl',
                                              'checkpoints'}
   assert (wd / 'checkpoints' / '0' / 'params').exists()
+
+
+# A full disk inside an Orbax save, as TensorStore reports it (a ValueError), from step 4 on.
+ENOSPC_SCRIPT = textwrap.dedent('''
+    import runpy, sys
+    from orbax.checkpoint._src.serialization import serialization
+    real = serialization.async_serialize_from_host
+    async def full_disk(rslices, spec, **kwargs):
+      if '/checkpoints/4.' in str(spec):
+        raise ValueError('RESOURCE_EXHAUSTED: Failed writing: "' + str(spec)[:40] + '": '
+                         "Failed to write 7614 bytes to file 12: No space left on device "
+                         "[os_error_code='28']")
+      return await real(rslices, spec, **kwargs)
+    serialization.async_serialize_from_host = full_disk
+    sys.argv = ['train.py', *sys.argv[1:]]
+    runpy.run_path('train.py', run_name='__main__')
+''')
+
+
+def test_a_full_disk_during_a_checkpoint_save_exits_1_with_one_traceback(tmp_path):
+  """The README's table: an environment failure is exit 1 with its traceback, printed once
+  (not as a user error, and not again from Orbax's and TensorBoard's threads)."""
+  wd = tmp_path / 'wd'
+  proc = subprocess.run(
+      [sys.executable, '-c', ENOSPC_SCRIPT, '--config', 'configs/tiny.py', '--workdir',
+       str(wd), *TINY, '--config.num_train_steps=6', '--config.checkpoint_every_steps=2',
+       '--config.log_every_steps=2'], cwd=str(ROOT), env=SUBPROCESS_ENV,
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode == cli.EXIT_UNEXPECTED, proc.stderr[-3000:]
+  assert proc.stderr.count('Traceback') == 1, proc.stderr[-6000:]
+  assert 'No space left on device' in _message_lines(proc.stderr)[-1], proc.stderr[-3000:]
+  assert 'Exception ignored' not in proc.stderr and 'Exception in thread' not in proc.stderr
+  steps = sorted(int(d) for d in os.listdir(wd / 'checkpoints') if d.isdigit())
+  assert steps[-1] == 2  # the last good checkpoint, to resume from
