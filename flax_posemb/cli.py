@@ -241,6 +241,9 @@ def check_output_dir(path: str, what: str = '--workdir') -> None:
   """Raises UserError unless ``path`` is (or can be created as) a writable directory."""
   if not path:
     raise UserError(f'{what} is empty; give a directory path.')
+  if os.path.islink(path) and not os.path.exists(path):
+    raise UserError(f'{what} {path} is a symbolic link to {os.readlink(path)}, which does not '
+                    'exist; create that directory or give another path.')
   if os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f'{what} {path} exists and is not a directory; give a directory path.')
   parent = os.path.abspath(path)

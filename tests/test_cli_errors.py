@@ -50,6 +50,7 @@ BAD_INPUTS = [
     (TRAIN + ['--config.data.num_workers=-1'], 'data.num_workers must be >= 0'),
     (TRAIN[:3] + ['--workdir', 'DIR/file'], 'not a directory'),
     (TRAIN[:3] + ['--workdir', 'DIR/file/sub'], 'is a file'),
+    (TRAIN[:3] + ['--workdir', 'DIR/dangling'], 'is a symbolic link to'),
     (EVAL, '--workdir'),
     (EVAL + ['--workdir', 'DIR/missing'], 'not a directory'),
     (EVAL + ['--workdir', 'DIR'], 'no checkpoint'),
@@ -90,6 +91,7 @@ def _message_lines(stderr):
                               for i, (a, _) in enumerate(BAD_INPUTS)])
 def test_bad_cli_input_is_one_message_and_exit_2(tmp_path, argv, fragment):
   (tmp_path / 'file').write_text('not a directory')
+  (tmp_path / 'dangling').symlink_to(tmp_path / 'gone')
   proc = _run(argv, tmp_path)
   lines = _message_lines(proc.stderr)
   assert proc.returncode == cli.EXIT_USER_ERROR, proc.stderr[-3000:]
@@ -347,3 +349,24 @@ def test_a_full_disk_during_a_checkpoint_save_exits_1_with_one_traceback(tmp_pat
   assert 'Exception ignored' not in proc.stderr and 'Exception in thread' not in proc.stderr
   steps = sorted(int(d) for d in os.listdir(wd / 'checkpoints') if d.isdigit())
   assert steps[-1] == 2  # the last good checkpoint, to resume from
+
+
+def _catches_sigterm(pid):
+  with open(f'/proc/{pid}/status') as f:
+    caught = next(l for l in f if l.startswith('SigCgt:')).split()[1]
+  return bool(int(caught, 16) >> (signal.SIGTERM - 1) & 1)
+
+
+def test_train_py_sigterm_while_importing_exits_75_with_a_message(tmp_path):
+  """SIGTERM in the first moments (imports, before setup) is no silent -15."""
+  wd = tmp_path / 'wd'
+  proc = subprocess.Popen([sys.executable, *[a.replace('WD', str(wd)) for a in TRAIN]],
+                          cwd=str(ROOT), env=SUBPROCESS_ENV, stderr=subprocess.PIPE, text=True)
+  while proc.poll() is None and not _catches_sigterm(proc.pid):
+    time.sleep(0.001)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == cli.EXIT_PREEMPTED, err[-2000:]
+  lines = _message_lines(err)
+  assert len(lines) == 1 and lines[0].startswith('train.py: SIGTERM while starting'), lines
+  assert not wd.exists()
