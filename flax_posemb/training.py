@@ -413,6 +413,8 @@ class _Loop:
     if resumed_from is None:
       self.snapshot(state, 0)
       self.save(state, 0)
+    elif self.eval_due(start) and not workdir_lib.has_eval_row(self.workdir, start):
+      self.evaluate(state, start)  # Its row was the half-written last line a resume drops.
     result = dict(step=start, loss=None, resumed_from=resumed_from, preempted=False, eval=None)
     bar = None
     if self.lead and c.progress_bar:
@@ -431,7 +433,7 @@ class _Loop:
         pending = (step, metrics)
         stop = preempt.reached(step)
         due = dict(log=step % int(c.log_every_steps) == 0 or step == num_steps,
-                   eval=int(c.eval_every_steps) > 0 and step % int(c.eval_every_steps) == 0,
+                   eval=self.eval_due(step),
                    ckpt=stop or step % int(c.checkpoint_every_steps) == 0 or step == num_steps)
         if any(due.values()):
           self.absorb(*pending)
@@ -451,6 +453,10 @@ class _Loop:
         bar.close()
       self.log.close(failing=sys.exc_info()[0] is not None)
     return result
+
+  def eval_due(self, step: int) -> bool:
+    every = int(self.config.eval_every_steps)
+    return every > 0 and step % every == 0
 
   def step_end(self, state, step, result, due, bar) -> step_lib.TrainState:
     """Log, evaluate and checkpoint after ``step`` (whatever is ``due``)."""

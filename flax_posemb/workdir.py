@@ -206,7 +206,11 @@ def _metric_rows(workdir: str) -> list[str]:
 
 def truncate_outputs(workdir: str, step: int) -> None:
   """Drops metrics rows and output files after ``step``, half-written lines and leftover
-  temporaries of any name (a killed run's)."""
+  temporaries of any name (a killed run's). A damaged output file up to ``step`` (which
+  the resume cannot write again) is a ValueError naming it, raised before anything changes."""
+  for s, path in step_outputs(workdir):
+    if s <= step:
+      (outputs.load_npz if path.endswith('.npz') else outputs.load_npy)(path)
   rows = _metric_rows(workdir)
   if rows:
     keep = []
@@ -233,6 +237,28 @@ def truncate_outputs(workdir: str, step: int) -> None:
 
 
 def append_row(workdir: str, row: dict[str, Any], default: Callable[[Any], Any] = float):
-  """Appends one JSON row to ``metrics.jsonl``."""
-  with open(os.path.join(workdir, METRICS_FILE), 'a') as f:
-    f.write(json.dumps(row, default=default) + '\n')
+  """Appends one JSON row to ``metrics.jsonl``, whole or not at all: a write that fails (a
+  full disk) is cut off again, so no half-written line is left to lose on resume."""
+  path, line = os.path.join(workdir, METRICS_FILE), (json.dumps(row, default=default) + '\n')
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  size = os.fstat(fd).st_size
+  try:
+    if os.write(fd, line.encode()) != len(line.encode()):
+      raise OSError(errno.ENOSPC, f'{path}: short write (disk full?)')
+  except BaseException:
+    os.ftruncate(fd, size)
+    raise
+  finally:
+    os.close(fd)
+
+
+def has_eval_row(workdir: str, step: int) -> bool:
+  """Whether ``metrics.jsonl`` holds the periodic evaluation of ``step``."""
+  for line in _metric_rows(workdir):
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue
+    if row.get('step') == step and 'eval' in row:
+      return True
+  return False
