@@ -391,7 +391,6 @@ class Checkpointer:
                        'Set --config.max_to_keep to a positive number.')
     self.directory = _absolute(directory)
     self._read_only = read_only
-    self.last_restore: RestoreInfo | None = None
     policy = ocp.checkpoint_managers.AnyPreservationPolicy([
         ocp.checkpoint_managers.LatestN(n=max_to_keep),
         ocp.checkpoint_managers.CustomSteps([0]),  # the initial table
@@ -682,7 +681,6 @@ class Checkpointer:
         continue
       info = RestoreInfo(step=s, requested=requested, fell_back_from=damaged,
                          vanished=vanished)
-      self.last_restore = info
       return out, info
     raise CheckpointDamagedError(
         'No readable checkpoint: ' + '; '.join(f"{d['directory']} ({d['reason']})"
