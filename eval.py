@@ -1,12 +1,13 @@
 """Loss by position bucket of trained runs (and offset probe, table analysis, comparison).
 
   python eval.py --workdir runs/tiny
-  python eval.py --workdir runs/a --workdir runs/b --window_start random  # paired A-B
+  python eval.py --workdir runs/a --workdir runs/b --window_start deep  # paired A-B
   python eval.py --analyze --table gpt2.safetensors:wpe.weight --output out/wpe  # any table, no run
 
 Restores only params + config from each run's latest (or --step) Orbax checkpoint onto the
-available devices; writes WORKDIR/eval/step_N/ (or --output) and prints the bucket table and
-the plot path (flax_posemb.evaluation.evaluate_workdir); --table: analysis.write_table_analysis.
+available devices; writes WORKDIR/eval/step_N/ (or --output) and prints the bucket table, where
+the windows come from, loss by window group (kind, depth, distance to the end) and the plot
+path (flax_posemb.evaluation.evaluate_workdir); --table: analysis.write_table_analysis.
 Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback; --debug shows it).
 """
 
@@ -27,8 +28,12 @@ flags.DEFINE_integer('batch_size', None, 'Windows per evaluation batch.', lower_
 flags.DEFINE_string('offsets', None, 'Offset probe: comma-separated position shifts, e.g. 0,16,64.')
 flags.DEFINE_enum('position_policy', None, ['windows', 'natural'],
                   'windows: full-length documents at positions 0..T-1; natural: training rows.')
-flags.DEFINE_enum('window_start', None, ['first', 'random'], 'windows: a document\'s first T '
-                  'tokens, or T tokens from a random start deep inside it (long context).')
+flags.DEFINE_enum('window_start', None, ['first', 'deep'], 'windows: a document\'s first T '
+                  'tokens, or token-uniform windows deep inside long documents (text sources).')
+flags.DEFINE_integer('min_doc_len', None, 'deep: documents of at least this many tokens '
+                     '(default: eval.min_doc_len; 0 = 4 T).', lower_bound=0)
+flags.DEFINE_integer('min_start', None, 'deep: no window starts before this token of its '
+                     'document (default: eval.min_start; 0 = T).', lower_bound=0)
 flags.DEFINE_string('output', None, 'Output directory (default WORKDIR/eval/step_N[_OPTIONS]).')
 flags.DEFINE_bool('analyze', False, 'Also analyse the position table (norms, drift, PCA, probe).')
 flags.DEFINE_string('table', None, 'With --analyze --output and no --workdir: analyse this '
@@ -57,7 +62,8 @@ def main(argv):
   runs, comp = evaluation.evaluate_and_compare(  # cli.run reports bad input in one line
       FLAGS.workdir, output=FLAGS.output, step=FLAGS.step, offsets=offsets,
       analyze=FLAGS.analyze, split=FLAGS.split, policy=FLAGS.position_policy,
-      window_start=FLAGS.window_start, num_windows=FLAGS.num_windows,
+      window_start=FLAGS.window_start, min_doc_len=FLAGS.min_doc_len,
+      min_start=FLAGS.min_start, num_windows=FLAGS.num_windows,
       batch_size=FLAGS.batch_size, bucket_size=FLAGS.bucket_size,
       bucket_edges=FLAGS.buckets or FLAGS.bucket_edges)
   for label, run in runs:

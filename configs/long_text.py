@@ -30,5 +30,6 @@ def get_config():
   config.model.emb_dim = 128  # Width.
   config.model.mlp_dim = 512  # 4 x width.
   config.eval.bucket_edges = '0,64,128,256,512,768,1024'  # Finer buckets early, where loss falls fastest.
-  config.eval.num_windows = 64  # Full-length 1024-byte held-out windows (first 1024 bytes of long validation documents).
+  config.eval.window_start = 'deep'  # Held-out windows token-uniform over long documents (>= 4 contexts), past their first context.
+  config.eval.num_windows = 256  # 256 windows of 1025 bytes: the held-out works have ~2.5k such slots.
   return config

@@ -88,11 +88,13 @@ def evaluation() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.bucket_size = 16  # Width of position buckets (used unless `bucket_edges` is set).
   c.bucket_edges = ''  # Comma-separated bucket edges, e.g. '0,128,256,512', or 'log2'.
-  c.num_windows = 64  # Evaluation windows (full-length documents) per evaluation.
+  c.num_windows = 64  # Evaluation windows (T+1 consecutive tokens each) per evaluation.
   c.batch_size = 32  # Windows per evaluation batch.
   c.window_len = 0  # Evaluation window length in tokens; 0 = model.max_len (the table size).
   c.position_policy = 'windows'  # windows (full-length documents, positions 0..T-1) | natural (training distribution).
-  c.window_start = 'first'  # windows: first (a document's first T tokens) | random (a uniform start inside it: deep, long real context).
+  c.window_start = 'first'  # windows: first (a document's first T+1 tokens) | deep (token-uniform windows inside long documents; text sources; docs/DESIGN.md).
+  c.min_doc_len = 0  # deep: only documents of at least this many tokens; 0 = 4 * window length.
+  c.min_start = 0  # deep: no window starts before this token of its document; 0 = the window length.
   c.seed = 0  # Seed that picks the evaluation documents (same texts across runs).
   return c
 

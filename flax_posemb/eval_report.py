@@ -1,8 +1,9 @@
 """Outputs of an evaluation: results.json, per-position npz, CSV, plots, text tables, comparison.
 
 File layout of one evaluation directory (default WORKDIR/eval/step_N/): results.json,
-per_position.npz (full per-position vectors), buckets.csv, loss_by_position.png and, with
-an offset probe, offsets.csv and offsets.png. A comparison of several runs writes
+per_position.npz (full per-position vectors), windows.npz, buckets.csv, groups.csv (bucket
+loss by window group, with window provenance), loss_by_position.png and, with an offset
+probe, offsets.csv and offsets.png. A comparison of several runs writes
 comparison.json, comparison.csv and comparison.png.
 """
 
@@ -38,8 +39,9 @@ def format_table(results: dict[str, Any]) -> str:
                f" {f(b['recovered'], 3):>7}")
     lines.append(line)
   o, d = results['overall'], results['degradation']
+  docs = f", {o['documents']} documents" if 'documents' in o else ''
   lines.append(f"overall loss {f(o['loss'])} +- {f(o['stderr'])} "
-               f"({o['tokens']} tokens, {o['windows']} windows)")
+               f"({o['tokens']} tokens, {o['windows']} windows{docs})")
   lines.append(f"last - best bucket {f(d['last_minus_best'])} +- {f(d['last_minus_best_stderr'])}; "
                f"second-half slope {f(d['slope'], 6)} +- {f(d['slope_stderr'], 6)} per position")
   return '\n'.join(lines)
@@ -60,10 +62,12 @@ def json_safe(x: Any) -> Any:
 
 # Every file an evaluation directory can hold, the completion marker first (all replaced
 # together by a new evaluation there).
-OUTPUT_FILES = ('results.json', 'per_position.npz', 'windows.npz', 'buckets.csv',
+OUTPUT_FILES = ('results.json', 'per_position.npz', 'windows.npz', 'buckets.csv', 'groups.csv',
                 'loss_by_position.png', 'offsets.csv', 'offsets.png')
-CSV_COLUMNS = ('start', 'end', 'tokens', 'windows', 'loss', 'stderr', 'ci95_lo', 'ci95_hi',
-               'bits_per_token', 'bayes_loss', 'filter_loss', 'excess_loss', 'recovered')
+CSV_COLUMNS = ('start', 'end', 'tokens', 'windows', 'documents', 'loss', 'stderr', 'ci95_lo',
+               'ci95_hi', 'bits_per_token', 'bayes_loss', 'filter_loss', 'excess_loss',
+               'recovered')
+GROUP_TABLES = ('by_kind', 'by_depth', 'by_end')  # results.json keys of the window groups
 
 
 def _csv_rows(rows: list[dict[str, Any]], prefix: dict[str, Any] | None = None) -> list[str]:
@@ -84,8 +88,9 @@ def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], 
   killed re-run leaves the earlier complete results.
 
   Returns:
-    Paths by kind: 'json', 'npz', 'windows', 'csv', 'plot' and, with an offset probe,
-    'offsets_csv', 'offsets_plot'.
+    Paths by kind: 'json', 'npz', 'windows', 'csv', 'plot', with window provenance
+    'groups_csv' (columns table, group, then those of buckets.csv) and, with an offset
+    probe, 'offsets_csv', 'offsets_plot'.
   """
   os.makedirs(out_dir, exist_ok=True)
   with outputs.replace_files(out_dir, OUTPUT_FILES) as stage:
@@ -105,6 +110,14 @@ def _write_files(results, per_position, out_dir, title, per_window) -> dict[str,
       np.savez(f, **per_window)
   with outputs.atomic_write(files['csv'], 'w') as f:
     f.write('\n'.join([','.join(CSV_COLUMNS)] + _csv_rows(results['buckets'])) + '\n')
+  if results.get('by_depth') is not None:
+    files['groups_csv'] = os.path.join(out_dir, 'groups.csv')
+    lines = [','.join(('table', 'group') + CSV_COLUMNS)]
+    for table in GROUP_TABLES:
+      for g in results[table]:
+        lines += _csv_rows(g['buckets'], {'table': table, 'group': g['group']})
+    with outputs.atomic_write(files['groups_csv'], 'w') as f:
+      f.write('\n'.join(lines) + '\n')
   files['plot'] = plots.loss_by_position(per_position, results,
                                          os.path.join(out_dir, 'loss_by_position.png'), title)
   probe = results.get('offset_probe')
@@ -120,6 +133,42 @@ def _write_files(results, per_position, out_dir, title, per_window) -> dict[str,
   with outputs.atomic_write(files['json'], 'w') as f:
     json.dump(json_safe(results), f, indent=1)
   return files
+
+
+def format_windows(summary: dict[str, Any]) -> str:
+  """Markdown table of where the windows come from (results.json 'windows',
+  `buckets.provenance_tables`): counts, source mix, start depth and distance to the end."""
+  t = summary['window_len']
+  share = summary['long_doc_share']
+  lines = [f"{summary['windows']} windows of {t + 1} tokens from {summary['documents']} "
+           f"documents; {'-' if share is None else f'{share:.0%}'} in documents of >= {4 * t} "
+           f"tokens (4T); {summary['first_window_overlaps']} start before token {t} (T).", '',
+           '| kind | windows | documents |', '|---|---:|---:|']
+  lines += [f"| {k} | {v['windows']} | {v['documents']} |" for k, v in summary['kinds'].items()]
+  names = list(buckets_lib.QUANTILES)
+  lines += ['', '| tokens | ' + ' | '.join(names) + ' |', '|---' + '|---:' * len(names) + '|']
+  for key, what in (('start', 'start in document'), ('to_end', 'after window to doc end')):
+    if summary[key]:
+      lines.append(f'| {what} | ' + ' | '.join(f'{summary[key][n]:.0f}' for n in names) + ' |')
+  return '\n'.join(lines)
+
+
+def format_groups(results: dict[str, Any]) -> str:
+  """Text tables of bucket loss (+- clustered stderr) per window group: one per
+  `GROUP_TABLES` entry, buckets as rows, groups (with windows/documents) as columns."""
+  out = []
+  for table in GROUP_TABLES:
+    groups = results.get(table) or []
+    heads = [f"{g['group']} ({g['windows']}w/{g['documents']}d)" for g in groups]
+    width = max([17] + [len(h) + 1 for h in heads])
+    lines = [f'{table:>13} ' + ' '.join(f'{h:>{width}}' for h in heads)]
+    for i, b in enumerate(results['buckets']):
+      cells = ['-' if g['buckets'][i]['loss'] is None else
+               f"{g['buckets'][i]['loss']:.4f}+-{_fmt(g['buckets'][i]['stderr'])}" for g in groups]
+      span = f"[{b['start']}, {b['end']})"
+      lines.append(f'{span:>13} ' + ' '.join(f'{c:>{width}}' for c in cells))
+    out.append('\n'.join(lines))
+  return '\n\n'.join(out)
 
 
 def format_offsets(probe: dict[str, Any]) -> str:

@@ -1,9 +1,10 @@
 """Held-out loss by position bucket, the offset probe, and the evaluation of a workdir.
 
 One jitted function scores a batch and returns per-position sums and per-window bucket
-sums; `buckets.BucketAccumulator` streams those into float64 moments, so memory does not
-depend on the number of windows. Batches are sharded over every device along a 'data'
-mesh axis (the last batch is padded with masked rows).
+sums; `buckets.BucketAccumulator` keeps them with each window's provenance (document,
+start, length, kind), and intervals are clustered by document (docs/DESIGN.md). Batches
+are sharded over every device along a 'data' mesh axis (the last batch is padded with
+masked rows).
 
 Loss is the float32 cross entropy of `targets[b, t]` from the logits, masked by
 `loss_mask`, and is attributed to the input position `positions[b, t]` (the row of the
@@ -34,7 +35,7 @@ from flax_posemb import embeddings
 from flax_posemb import sharding
 from flax_posemb import train_step
 from flax_posemb.batch import BATCH_KEYS
-from flax_posemb.data.pipeline import EVAL_POLICIES
+from flax_posemb.data.pipeline import EVAL_POLICIES, PROVENANCE_KEYS
 OFFSET_NOTE = (
     'Offset probe: each text is scored with position ids shifted by K while its context '
     'is unchanged. For a model trained with the natural policy, rows p+K seen with only p '
@@ -52,7 +53,8 @@ class EvalOutput:
     results: the results.json dict (JSON-serializable).
     per_position: {'position', 'loss_sum', 'count', 'loss', ['bayes_loss', 'filter_loss']}, each
       [L]; for the offset probe also 'offset_loss' [num_offsets, L'] and 'offset_count'.
-    per_window: `BucketAccumulator.per_window()` of the plain evaluation (windows.npz).
+    per_window: `BucketAccumulator.per_window()` of the plain evaluation (windows.npz, with
+      the windows' provenance).
   """
   results: dict[str, Any]
   per_position: dict[str, np.ndarray]
@@ -135,7 +137,7 @@ def _check_batch(batch: dict[str, np.ndarray], length: int, offsets: Sequence[in
 
 
 def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-  b = batch['inputs'].shape[0]
+  b = len(next(iter(batch.values())))
   if b == rows:
     return batch
   if b > rows:
@@ -151,8 +153,9 @@ def accumulate(apply_fn: ApplyFn, params, batches: Iterable[dict[str, np.ndarray
   Args:
     apply_fn: see `model_apply_fn`.
     params: model parameters (replicated over the mesh).
-    batches: iterable of batch dicts ([B, T] arrays, see docs/DESIGN.md), the same global
-      batches on every process (each process feeds its own block of rows to its devices).
+    batches: iterable of batch dicts ([B, T] arrays, see docs/DESIGN.md, and optionally the
+      [B] provenance `PROVENANCE_KEYS`), the same global batches on every process (each
+      process feeds its own block of rows to its devices).
     edges: [nb + 1] bucket edges; positions must lie in [0, edges[-1]).
     offsets: position-id shifts K; each batch is scored once per K.
     max_len: position-table size; an offset pushing a position past it is an error.
@@ -169,10 +172,11 @@ def accumulate(apply_fn: ApplyFn, params, batches: Iterable[dict[str, np.ndarray
   accs = [buckets_lib.BucketAccumulator(edges) for _ in offsets]
   rows, seen = None, {}
   for batch in batches:
+    prov = {k: np.asarray(batch[k]) for k in PROVENANCE_KEYS if k in batch}
     batch = _check_batch(batch, int(edges[-1]), offsets, max_len)
     if rows is None:  # global rows: a multiple of the device count, fixed for one compile
       rows = -(-batch['inputs'].shape[0] // num_devices) * num_devices
-    batch = _pad_rows(batch, rows)
+    batch, prov = _pad_rows(batch, rows), _pad_rows(prov, rows) if prov else None
     # Every process reads the same windows; each feeds its own contiguous block of rows.
     per = rows // num_proc
     dev = {k: jax.make_array_from_process_local_data(data_sharding, v[proc * per:(proc + 1) * per],
@@ -182,7 +186,7 @@ def accumulate(apply_fn: ApplyFn, params, batches: Iterable[dict[str, np.ndarray
         batch['inputs'], batch['positions'], batch['loss_mask']), seen)
     for acc, k in zip(accs, offsets):
       out = jax.device_get(step(params, dev, jnp.int32(k)))
-      acc.add(out['loss_sum'], out['count'], out['win_sum'], out['win_count'], ids)
+      acc.add(out['loss_sum'], out['count'], out['win_sum'], out['win_count'], ids, prov)
   if rows is None:
     raise ValueError('no evaluation batches: the split produced no windows; '
                      'check the split name and that its documents are long enough.')
@@ -229,18 +233,24 @@ def eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) 
   Returns:
     Dict ``split``, ``policy``, ``num_windows``, ``batch_size``, ``bucket_size``,
     ``bucket_edges``, ``window_len`` (0 resolved to ``model.max_len``), ``seed``,
-    ``window_start``.
+    ``window_start``, ``min_doc_len`` (0 resolved to 4 * window_len), ``min_start`` (0
+    resolved to window_len): the one place these defaults are resolved.
   """
   ev = defaults.evaluation().to_dict()
   ev.update(config.get('eval', ml_collections.ConfigDict()).to_dict())
   s = {'split': config.data.get('eval_split', defaults.data().eval_split),
        'policy': ev['position_policy'], 'window_len': ev['window_len'] or config.model.max_len,
        **{k: ev[k] for k in ('num_windows', 'batch_size', 'bucket_size', 'bucket_edges', 'seed',
-                             'window_start')}}
+                             'window_start', 'min_doc_len', 'min_start')}}
   s.update({k: v for k, v in overrides.items() if v is not None})
   if s['policy'] not in EVAL_POLICIES:
     raise ValueError(f'evaluation position policy must be one of {EVAL_POLICIES}, got '
                      f"{s['policy']!r}.")
+  for key in ('min_doc_len', 'min_start'):
+    if int(s[key]) < 0:
+      raise ValueError(f'eval.{key} must be >= 0 (0 = its default), got {s[key]}.')
+  s['min_doc_len'] = int(s['min_doc_len']) or 4 * int(s['window_len'])
+  s['min_start'] = int(s['min_start']) or int(s['window_len'])
   return s
 
 
@@ -248,6 +258,20 @@ def expected_params(model) -> Any:
   """The params tree of ``model`` (ShapeDtypeStructs), without initializing it."""
   x = jnp.zeros((1, 2), jnp.int32)
   return jax.eval_shape(lambda: model.init(jax.random.key(0), x, x))['params']
+
+
+def make_batches(config: ml_collections.ConfigDict, s: dict[str, Any]):
+  """`data.make_eval_batches` of the settings ``s`` (`eval_settings`)."""
+  return data_lib.make_eval_batches(
+      config.data, split=s['split'], window_len=int(s['window_len']),
+      num_windows=int(s['num_windows']), batch_size=int(s['batch_size']), policy=s['policy'],
+      seed=int(s['seed']), window_start=s['window_start'], min_doc_len=s['min_doc_len'],
+      min_start=s['min_start'])
+
+
+# The settings recorded in results.json.
+SETTINGS_KEYS = ('split', 'policy', 'num_windows', 'window_len', 'window_start', 'min_doc_len',
+                 'min_start', 'seed')
 
 
 def check_compatible(model, params, window_len: int) -> None:
@@ -273,15 +297,16 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
     params: its parameters (a pytree of arrays).
     config: full run config (sections data, model, eval).
     step: training step recorded in the results.
-    offsets: position-id shifts K for the offset probe: the same texts cut to
+    offsets: position-id shifts K for the offset probe: the same windows cut to their first
       window_len - max(offsets) tokens, scored once per K with position ids + K, reported by
       context length. The main results are always the plain evaluation at window_len.
     mesh: device mesh with a 'data' axis (default: all devices).
-    **overrides: split, policy ('windows' | 'natural'), num_windows, batch_size, bucket_size,
-      bucket_edges, window_len, seed, window_start (None = config value).
+    **overrides: `eval_settings` keys (None = config value).
 
   Returns:
-    `EvalOutput`; with offsets, results['offset_probe'] holds one bucket table per K.
+    `EvalOutput`; with offsets, results['offset_probe'] holds one bucket table per K; with
+    window provenance, results also hold `buckets.provenance_tables` ('windows', 'by_kind',
+    'by_depth', 'by_end').
   """
   s = eval_settings(config, overrides)
   max_len = int(model.config.max_len)
@@ -301,20 +326,20 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
   fn = model_apply_fn(model)
 
   full_edges = buckets_lib.make_edges(s['window_len'], s['bucket_size'], s['bucket_edges'])
+  windows = list(make_batches(config, s))  # Built once (deep: scans the split) for both passes.
 
   def passes(length, ks):
     edges = np.asarray([e for e in full_edges if e < length] + [length])  # probe: clipped
-    batches = data_lib.make_eval_batches(
-        config.data, split=s['split'], window_len=length, num_windows=s['num_windows'],
-        batch_size=s['batch_size'], policy=s['policy'], seed=s['seed'],
-        window_start=s['window_start'])
+    # The probe reads the first `length` tokens of the very windows of the plain evaluation.
+    batches = ({k: v[:, :length] if v.ndim == 2 else v for k, v in b.items()} for b in windows)
     accs = accumulate(fn, params, batches, edges, offsets=ks, max_len=max_len, mesh=mesh)
     reference = data_lib.reference_losses(config.data, length)
     return [summarize(a, step=step, reference=reference) for a in accs]
 
   out, = passes(s['window_len'], (0,))
-  out.results['settings'] = {k: s[k] for k in ('split', 'policy', 'num_windows', 'window_len',
-                                               'window_start', 'seed')}
+  out.results['settings'] = {k: s[k] for k in SETTINGS_KEYS}
+  if 'doc' in out.per_window:
+    out.results.update(buckets_lib.provenance_tables(out.per_window, s['window_len']))
   out.results['warnings'] = thin_buckets(out.results['buckets'])
   for w in out.results['warnings']:
     logging.warning('%s', w)
@@ -335,14 +360,15 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
 
 
 # Evaluation options that change the results, in the order they appear in a variant's name.
-VARIANT_KEYS = ('split', 'policy', 'window_start', 'num_windows', 'window_len', 'bucket_size',
-                'bucket_edges', 'seed')
+VARIANT_KEYS = ('split', 'policy', 'window_start', 'min_doc_len', 'min_start', 'num_windows',
+                'window_len', 'bucket_size', 'bucket_edges', 'seed')
 
 
 def variant_name(step: int | None, *, offsets: Sequence[int] | None = None,
                  analyze: bool = False, **overrides) -> str:
   """The name of an evaluation's output directory: ``step_N`` plus every option given
-  (e.g. ``step_400_window_start-random_offsets-0-64``), so variants never share a directory.
+  (e.g. ``step_400_window_start-deep_min_start-1024_offsets-0-64``), so variants never share
+  a directory.
   """
   parts = [] if step is None else [f'step_{step}']
   for key in VARIANT_KEYS:
@@ -399,6 +425,9 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
   files = eval_report.write_outputs(out.results, out.per_position, out_dir, title=title,
                                     per_window=out.per_window)
   text = (note + '\n' if note else '') + eval_report.format_table(out.results)
+  if out.results.get('windows'):
+    text += '\n\n' + eval_report.format_windows(out.results['windows'])
+    text += '\n\n' + eval_report.format_groups(out.results)
   if out.results.get('offset_probe'):
     text += '\n\n' + eval_report.format_offsets(out.results['offset_probe'])
   if analyze:

@@ -56,13 +56,14 @@ def _bucket_x(b: dict[str, np.ndarray], log: bool) -> np.ndarray:
 
 def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[str, Any],
                             title: str = ''):
-  """Loss by position bucket with 95% intervals; on the synthetic corpus the Bayes (position
-  known) and filter (position unknown) bounds per bucket and, below, the share of the value
-  of position information each bucket's rows recover, with its interval.
+  """Loss by position bucket with 95% intervals (and a thin line per document kind when the
+  windows mix several); on the synthetic corpus the Bayes (position known) and filter
+  (position unknown) bounds per bucket and, below, the share of the value of position
+  information each bucket's rows recover, with its interval.
 
   Args:
     per_position: {'position' [L], 'loss' [L], optional 'bayes_loss' [L], 'filter_loss' [L]}.
-    results: results.json dict (its 'buckets', 'step').
+    results: results.json dict (its 'buckets', 'step', optional 'by_kind').
     title: figure title (default names the step); callers name the run (policy, init, step).
 
   Returns:
@@ -80,6 +81,11 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
     ax.plot(pos, per_position['loss'], lw=0.6, alpha=0.35, color='C0', label='per position')
   ax.errorbar(x, b['loss'], yerr=1.96 * b['stderr'], fmt='o-', color='C0', capsize=3,
               label='model, bucket mean (95% CI)')
+  kinds = results.get('by_kind') or []
+  for i, g in enumerate(kinds if len(kinds) > 1 else []):  # The source mix: a thin line each.
+    loss = [np.nan if r['loss'] is None else r['loss'] for r in g['buckets']]
+    ax.plot(x, loss, '.-', lw=0.8, ms=3, color=f'C{i + 3}',
+            label=f"{g['group']} ({g['windows']} windows, {g['documents']} docs)")
   if synth:
     ax.plot(x, b['bayes_loss'], 'k.-', lw=1, label='Bayes (position known)')
     ax.plot(x, b['filter_loss'], '.--', color='gray', lw=1, label='filter (position unknown)')

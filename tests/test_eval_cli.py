@@ -244,3 +244,45 @@ def test_a_killed_eval_rerun_leaves_the_previous_complete_results(tiny_run, tmp_
   again = evaluation.evaluate_workdir(tiny_run[0], step=20, output=out)
   assert json.load(open(again['files']['json']))['step'] == 20 != first['step']
   assert os.listdir(tmp_path) == ['out']
+
+
+def test_eval_cli_deep_windows_record_their_provenance(tmp_path):
+  """eval.py --window_start deep on a text run: windows deep inside the long documents only,
+  their provenance in windows.npz, the summary and the window groups in results.json."""
+  corpus = tmp_path / 'corpus'
+  corpus.mkdir()
+  rng = np.random.default_rng(0)
+  for i, n in enumerate((40, 40, 20, 1, 1)):  # in T = 32 tokens; the last two give no window
+    (corpus / f'd{i}.txt').write_text(''.join(chr(c) for c in rng.integers(97, 123, n * 32)))
+  config = tiny_config()
+  config.data.update(source='local_text', local_glob=str(corpus / '*.txt'), val_percent=0,
+                     eval_split='train', data_dir=str(tmp_path / 'data'))
+  config.model.vocab_size = 257
+  workdir = _make_run(str(tmp_path / 'run'), config, config)
+  cmd = [sys.executable, str(ROOT / 'eval.py'), '--workdir', workdir, '--window_start', 'deep',
+         '--min_doc_len', '400', '--min_start', '64', '--num_windows', '40']
+  proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                        env=SUBPROCESS_ENV)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = os.path.join(workdir, 'eval', 'step_3_window_start-deep_min_doc_len-400_min_start-64'
+                     '_num_windows-40')
+  res = json.load(open(os.path.join(out, 'results.json')))
+  assert res['settings']['window_start'] == 'deep' and res['settings']['min_start'] == 64
+  with np.load(os.path.join(out, 'windows.npz')) as w:
+    doc, start, doc_len, kind = w['doc'], w['start'], w['doc_len'], w['kind']
+    assert len(w['window_id']) == len(doc) == 40
+  assert set(doc_len) <= {40 * 32 + 1, 20 * 32 + 1} and len(set(doc)) == 3
+  assert start.min() >= 64 and np.all(start + 33 <= doc_len) and set(kind) == {'local_text'}
+  summary = res['windows']
+  assert (summary['windows'], summary['documents'], summary['first_window_overlaps']) == (40, 3, 0)
+  assert summary['kinds'] == {'local_text': {'windows': 40, 'documents': 3}}
+  assert summary['start']['min'] == start.min() and summary['long_doc_share'] == 1.0
+  assert res['overall']['documents'] == 3 and res['buckets'][0]['documents'] == 3
+  depth = res['by_depth']
+  assert sum(g['windows'] for g in depth) == 40 and depth[0]['lo'] >= 32
+  assert sum(g['windows'] for g in res['by_end']) == 40
+  assert '40 windows of 33 tokens from 3 documents' in proc.stdout
+  assert 'by_depth' in proc.stdout and 'by_end' in proc.stdout
+  groups = open(os.path.join(out, 'groups.csv')).read().splitlines()
+  assert groups[0].startswith('table,group,start,end') and len(groups) == 1 + 4 * (
+      len(depth) + len(res['by_end']) + 1)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.stats
 
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import defaults
@@ -87,7 +88,7 @@ def test_stderr_is_spread_of_window_means_over_sqrt_windows():
   rows = acc.buckets()
   np.testing.assert_allclose(rows[1]['stderr'], means[:, 1].std(ddof=1) / 2.0)
   lo, hi = rows[0]['ci95']
-  np.testing.assert_allclose(hi - lo, 2 * 1.959963984540054 * rows[0]['stderr'])
+  np.testing.assert_allclose(hi - lo, 2 * 3.182446305284263 * rows[0]['stderr'])  # t, 3 df
   # Last minus best uses the paired covariance: the per-window differences' spread.
   d = acc.degradation()
   diff = means[:, 1] - means[:, 0]
@@ -146,7 +147,7 @@ def test_offset_zero_equals_plain_and_offsets_shift_rows_only():
   plain, = evaluation.accumulate(fn, params, _batches(), edges, max_len=24)
   zero, four = evaluation.accumulate(fn, params, _batches(), edges, offsets=(0, 4), max_len=24)
   np.testing.assert_array_equal(plain.loss_sum, zero.loss_sum)
-  np.testing.assert_array_equal(plain.ss, zero.ss)
+  np.testing.assert_array_equal(plain.per_window()['win_sum'], zero.per_window()['win_sum'])
   np.testing.assert_array_equal(plain.count, four.count)  # indexed by context, not by row
   assert not np.allclose(plain.loss_sum, four.loss_sum)
 
@@ -235,7 +236,8 @@ assert jax.device_count() == 4, jax.devices()
 model, params = te._model()
 acc, = evaluation.accumulate(evaluation.model_apply_fn(model), params, te._batches(),
                              [0, 3, 8, 16])
-print(json.dumps({'loss_sum': acc.loss_sum.tolist(), 'ss': acc.ss.tolist(), 'windows': acc.windows}))
+print(json.dumps({'loss_sum': acc.loss_sum.tolist(), 'windows': acc.windows,
+                  'win_sum': acc.per_window()['win_sum'].tolist()}))
 '''
 
 
@@ -254,7 +256,7 @@ def test_sharded_over_four_devices_matches_one_device():
                                np.array([0, 3, 8, 16]))
   assert got['windows'] == acc.windows == 7  # 5- and 2-row batches padded to 8 rows
   np.testing.assert_allclose(got['loss_sum'], acc.loss_sum, rtol=1e-5)
-  np.testing.assert_allclose(got['ss'], acc.ss, rtol=1e-5)
+  np.testing.assert_allclose(got['win_sum'], acc.per_window()['win_sum'], rtol=1e-5)
 
 
 @pytest.mark.parametrize('where,value,match', [
@@ -340,3 +342,77 @@ def test_identical_texts_are_distinct_windows_and_still_pair_up():
                                   np.array([0, 8, 16]), offsets=(0, 0))
   diff = buckets_lib.paired_difference(k8.per_window(), acc.per_window())
   assert all(d['diff'] == 0.0 for d in diff)
+
+
+def _windows_of_documents(means, doc=None):
+  """Accumulator of windows with per-bucket means [W, 2] (4 tokens each), in documents `doc`."""
+  acc = buckets_lib.BucketAccumulator(np.array([0, 4, 8]))
+  counts = np.full(means.shape, 4.0)
+  prov = None if doc is None else {'doc': np.asarray(doc)}
+  acc.add(np.zeros(8), np.zeros(8), means * counts, counts, provenance=prov)
+  return acc
+
+
+def test_clustered_stderr_equals_the_window_stderr_when_every_window_has_its_own_document():
+  means = np.random.default_rng(3).normal(2.0, 1.0, (12, 2))
+  own, none = _windows_of_documents(means, np.arange(12) * 7), _windows_of_documents(means)
+  assert own.buckets() == none.buckets() and own.overall() == none.overall()
+  assert own.degradation() == none.degradation()
+  assert own.buckets()[0]['documents'] == own.buckets()[0]['windows'] == 12
+  np.testing.assert_allclose(own.buckets()[1]['stderr'], means[:, 1].std(ddof=1) / np.sqrt(12))
+
+
+def test_clustered_stderr_is_larger_when_windows_of_one_document_agree():
+  doc = np.repeat(np.arange(4), 5)  # 20 windows in 4 documents, identical within each
+  per_doc = np.random.default_rng(4).normal(2.0, 1.0, (4, 2))
+  clustered, naive = _windows_of_documents(per_doc[doc], doc), _windows_of_documents(per_doc[doc])
+  row, naive_row = clustered.buckets()[0], naive.buckets()[0]
+  np.testing.assert_allclose(row['stderr'], per_doc[:, 0].std(ddof=1) / 2.0)  # 4 clusters
+  np.testing.assert_allclose(naive_row['stderr'], per_doc[doc, 0].std(ddof=1) / np.sqrt(20))
+  assert row['stderr'] > 1.5 * naive_row['stderr']
+  assert (row['windows'], row['documents'], clustered.overall()['documents']) == (20, 4, 4)
+  lo, hi = row['ci95']
+  np.testing.assert_allclose(hi - lo, 2 * scipy.stats.t.ppf(0.975, 3) * row['stderr'])
+  assert clustered.overall()['stderr'] > 1.5 * naive.overall()['stderr']
+
+
+def test_paired_difference_clusters_by_document():
+  doc = np.repeat(np.arange(5), 4)  # 20 windows in 5 documents
+  rng = np.random.default_rng(5)
+  means = rng.normal(2.0, 1.0, (20, 2))
+  effect = rng.normal(0.1, 0.05, 5)  # A - B differs by document, not by window
+  a = _windows_of_documents(means + effect[doc, None], doc).per_window()
+  b = _windows_of_documents(means, doc).per_window()
+  rows = buckets_lib.paired_difference(a, b)
+  unclustered = buckets_lib.paired_difference(*({k: v for k, v in w.items() if k != 'doc'}
+                                                for w in (a, b)))
+  for r, u in zip(rows, unclustered):
+    assert (r['windows'], r['documents'], u['documents']) == (20, 5, 20)
+    np.testing.assert_allclose(r['diff'], effect.mean())
+    np.testing.assert_allclose(r['stderr'], effect.std(ddof=1) / np.sqrt(5))
+    np.testing.assert_allclose(u['stderr'], effect[doc].std(ddof=1) / np.sqrt(20))
+    np.testing.assert_allclose(r['ci95'][1] - r['diff'], scipy.stats.t.ppf(0.975, 4) * r['stderr'])
+
+
+def test_window_groups_split_the_bucket_table_by_kind_start_depth_and_distance_to_the_end():
+  t = 10  # windows of 11 tokens; depth bins [0, 10), [10, 20), [20, 40), ..., >= 1280
+  start = np.array([0, 15, 16, 25, 2000, 2500])
+  doc_len = np.array([11, 40, 40, 2000, 2011, 3000])  # after the window: 0, 14, 13, 1964, 0, 489
+  acc = _windows_of_documents(np.arange(12.0).reshape(6, 2), [0, 1, 1, 2, 3, 4])
+  pw = dict(acc.per_window(), start=start, doc_len=doc_len,
+            kind=np.array(['code', 'bible', 'bible', 'code', 'bible', 'bible']))
+  tables = buckets_lib.provenance_tables(pw, t)
+  s = tables['windows']
+  assert (s['windows'], s['documents'], s['first_window_overlaps']) == (6, 5, 1)
+  assert s['kinds'] == {'bible': {'windows': 4, 'documents': 3},
+                        'code': {'windows': 2, 'documents': 2}}
+  assert (s['start']['min'], s['start']['max'], s['to_end']['min']) == (0, 2500, 0)
+  assert s['long_doc_share'] == pytest.approx(5 / 6)  # documents of >= 40 tokens
+  depth = {g['group']: (g['windows'], g['documents']) for g in tables['by_depth']}
+  assert depth == {'[0, 10)': (1, 1), '[10, 20)': (2, 1), '[20, 40)': (1, 1), '>= 1280': (2, 2)}
+  end = {g['group']: g for g in tables['by_end']}
+  assert {k: g['windows'] for k, g in end.items()} == {'[0, 10)': 2, '[10, 40)': 2, '>= 320': 2}
+  near = end['[0, 10)']  # windows 0 and 4, bucket means (0, 1) and (8, 9)
+  assert near['buckets'][1]['loss'] == pytest.approx(5.0) and near['documents'] == 2
+  bible = next(g for g in tables['by_kind'] if g['group'] == 'bible')
+  assert bible['buckets'][0]['loss'] == pytest.approx(np.mean([2, 4, 8, 10]))

@@ -437,3 +437,19 @@ def test_a_preempted_run_is_not_marked_done(tmp_path, monkeypatch):
     sweep.execute_run(run, str(tmp_path / 'r'), (), sweep.default_train,
                       lambda *a: pytest.fail('a preempted run must not be evaluated'))
   assert not os.path.exists(tmp_path / 'r' / sweep.DONE)
+
+
+def test_long_text_quick_report_states_where_its_windows_come_from(tmp_path):
+  from flax_posemb.experiments import runner  # pylint: disable=g-import-not-at-top
+  out = str(tmp_path / 'report')
+  runner.run_experiment(os.path.join('configs', 'experiments', 'long_text.py'),
+                        str(tmp_path / 'exp'), quick=True, report_dir=out, command='test')
+  report = open(os.path.join(out, 'REPORT.md')).read()
+  windows = json.load(open(os.path.join(out, 'summary.json')))['analyses']['windows']
+  summary = windows['summary']
+  assert summary['first_window_overlaps'] == 0 and summary['long_doc_share'] == 1.0
+  assert {'shakespeare', 'bible'} & set(summary['kinds'])
+  assert set(windows['rise']) == {'by_depth', 'by_end'}
+  assert set(windows['rise']['by_end']['arms']) == {'packed', 'natural'}
+  for needle in ('## Evaluation windows', 'start in document', 'By window start'):
+    assert needle in report

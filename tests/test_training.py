@@ -446,7 +446,7 @@ def test_periodic_eval_results_reach_the_console_without_library_noise(tmp_path,
 
 @pytest.mark.slow
 def test_cli_text_corpus_chunked_blocked_attention_and_deep_eval_windows(tmp_path):
-  """natural_chunked rows, blocked attention and random-start eval windows, end to end."""
+  """natural_chunked rows, blocked attention and deep eval windows, end to end."""
   corpus = tmp_path / 'corpus'
   corpus.mkdir()
   rng = np.random.default_rng(0)
@@ -461,7 +461,7 @@ def test_cli_text_corpus_chunked_blocked_attention_and_deep_eval_windows(tmp_pat
           f'--config.data.data_dir={tmp_path / "data"}', '--config.data.val_percent=50',
           '--config.data.position_policy=natural_chunked', '--config.model.vocab_size=257',
           '--config.model.attention_impl=blocked', '--config.eval.num_windows=4',
-          '--config.eval.batch_size=4', '--config.eval.window_start=random']
+          '--config.eval.batch_size=4', '--config.eval.window_start=deep']
   proc = run_cli(*args)
   assert proc.returncode == 0, proc.stderr[-3000:]
   with np.load(os.path.join(workdir, 'stats', 'window_4.npz')) as z:
@@ -471,9 +471,10 @@ def test_cli_text_corpus_chunked_blocked_attention_and_deep_eval_windows(tmp_pat
   proc = run_cli(*args)  # the same command again: resumes, nothing left to do
   assert proc.returncode == 0 and 'Resuming from the checkpoint of step 4' in proc.stderr
   proc = subprocess.run([sys.executable, str(ROOT / 'eval.py'), '--workdir', workdir,
-                         '--window_start', 'random'], cwd=str(ROOT), env=SUBPROCESS_ENV,
+                         '--window_start', 'deep'], cwd=str(ROOT), env=SUBPROCESS_ENV,
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  out = os.path.join(workdir, 'eval', 'step_4_window_start-random')
+  out = os.path.join(workdir, 'eval', 'step_4_window_start-deep')
   res = json.load(open(os.path.join(out, 'results.json')))
-  assert res['settings']['window_start'] == 'random' and res['overall']['windows'] == 4
+  assert res['settings']['window_start'] == 'deep' and res['overall']['windows'] == 4
+  assert res['windows']['start']['min'] >= 128  # configs/tiny.py: T = 128

@@ -5,8 +5,9 @@
 
 Corpus: `long_text` (Shakespeare, the KJV Bible, the Python docs' reST sources when
 installed, mixed with short standard-library documents; byte tokens), context 512, where
-natural exposure is skewed (late/early about 0.56); its validation split holds whole long
-works (flax_posemb/data/long_text.py). Evaluation: `eval.window_start='deep'`: full-context
+natural exposure is skewed (late/early about 0.54; about half of the training documents are
+longer than the context); its validation split holds whole long works
+(flax_posemb/data/long_text.py). Evaluation: `eval.window_start='deep'`: full-context
 windows drawn uniformly over the tokens of held-out documents of at least 4 contexts, never
 overlapping a document's first context, several per document, provenance recorded and
 intervals clustered by document; plus the offset probe (+64). Arms differ in position

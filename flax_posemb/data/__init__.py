@@ -6,7 +6,9 @@ Public API (see docs/DESIGN.md for the batch contract):
   process_count=1)`: infinite Grain iterator of batch dicts ``[B_local, T]`` with
   ``get_state()`` / ``set_state()``.
 * `make_eval_batches(data_config, *, split, window_len, num_windows, batch_size,
-  policy='windows', seed=0)`: finite iterator of batch dicts ``[batch_size, window_len]``.
+  policy='windows', seed=0, window_start='first', min_doc_len=0, min_start=0)`: finite
+  iterator of batch dicts ``[batch_size, window_len]`` with each row's provenance
+  (``PROVENANCE_KEYS``, ``[batch_size]``).
 * `vocab_size(data_config)`: token ids are < this.
 * `reference_losses(data_config, length)`: synthetic Bayes / filter losses ``[length]``.
 * `validate_config(data_config, max_len)`: clear errors for bad configs.

@@ -377,13 +377,17 @@ def _stack(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 EVAL_POLICIES = ('windows', 'natural')
-WINDOW_STARTS = ('first', 'random')
+WINDOW_STARTS = ('first', 'deep')
+# Per-row provenance in evaluation batches ([B] arrays beside the [B, T] batch arrays).
+PROVENANCE_KEYS = ('doc', 'start', 'doc_len', 'kind')
 
 
 def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: int,
                       batch_size: int, policy: str = 'windows', seed: int = 0,
-                      window_start: str = 'first') -> Iterator[dict[str, np.ndarray]]:
-  """Finite iterator of evaluation batches.
+                      window_start: str = 'first', min_doc_len: int = 0,
+                      min_start: int = 0) -> Iterator[dict[str, np.ndarray]]:
+  """Finite iterator of evaluation batches (the distribution of each mode: docs/DESIGN.md,
+  "Evaluation outputs").
 
   Args:
     data_config: `config.data`.
@@ -392,82 +396,122 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
     num_windows: rows in total.
     batch_size: rows per batch; the last batch is padded with empty rows
       (``segment_ids == 0``, ``loss_mask == 0``) to keep the shape.
-    policy: 'windows': each row is the first W input tokens of one document with at least
-      W + 1 tokens (synthetic: a full-length document generated from position 0),
-      positions ``0..W-1``, loss on every target. 'natural': rows as the training
-      `natural` policy makes them (documents truncated to W pairs, padded).
-    seed: chooses the documents (and random starts); the same (split, seed, window_start)
-      gives the same windows.
-    window_start: 'windows' policy only. 'first': the document's first W + 1 tokens.
-      'random': W + 1 consecutive tokens from a uniformly drawn start inside the document
-      (text from the middle of long documents, not only their openings); positions are still
-      ``0..W-1``, so context = position. Text sources only (synthetic documents are
-      generated for the positions they occupy).
+    policy: 'windows': W + 1 consecutive tokens of a document at positions ``0..W-1``
+      (synthetic: a full-length document generated from position 0). 'natural': rows as
+      the training `natural` policy makes them (documents truncated to W pairs, padded).
+    seed: chooses the documents and windows (the same arguments give the same windows).
+    window_start: 'windows' policy only: 'first' (a document's first W + 1 tokens) or
+      'deep' (`_deep_windows`; text sources only).
+    min_doc_len: 'deep': documents with fewer tokens give no window.
+    min_start: 'deep': no window starts before this token of its document.
 
   Returns:
-    Iterator of batch dicts, arrays ``[batch_size, W]``.
+    Iterator of batch dicts: the batch arrays ``[batch_size, W]`` plus the provenance
+    ``PROVENANCE_KEYS`` ``[batch_size]``: document index in the split, token offset of the
+    window's first input token in it, document length in tokens, its kind
+    (`DocSource.kind`); padding rows have doc -1.
 
   Raises:
-    ValueError: unknown policy, or fewer suitable documents than `num_windows` (the
-      message says how many exist).
+    ValueError: unknown policy or window start, or fewer documents (deep: slots) than
+      `num_windows` (the message says how many exist).
   """
   if policy not in EVAL_POLICIES:
     raise ValueError(f'Unknown eval policy {policy!r}; use one of {EVAL_POLICIES}.')
   if window_start not in WINDOW_STARTS:
-    raise ValueError(f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS}.')
+    raise ValueError(f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS} '
+                     "('random', one window per document, was replaced by 'deep': "
+                     'token-uniform windows deep inside long documents).')
   if window_len < 1 or num_windows < 1 or batch_size < 1:
     raise ValueError(f'window_len, num_windows and batch_size must be >= 1; got '
                      f'{window_len}, {num_windows}, {batch_size}.')
   src = make_source(data_config, split)
-  w = int(window_len)
-  n = len(src)
+  w, n = int(window_len), len(src)
+  if policy == 'windows' and window_start == 'deep':
+    if src.positional:
+      raise ValueError("window_start='deep' needs a text source: synthetic documents are "
+                       'generated for the positions they occupy, so a window cut from inside '
+                       "one would not match its reference losses. Use window_start='first'.")
+    return _batches(src, _deep_windows(src, split, w, num_windows, int(min_doc_len),
+                                       int(min_start), seed), batch_size, w)
   order = np.random.default_rng([int(seed), 0xE7A1]).permutation(n)
-  rows = []
-  deep = policy == 'windows' and window_start == 'random'
-  if deep and src.positional:
-    raise ValueError("window_start='random' needs a text source: synthetic documents are "
-                     'generated for the positions they occupy, so a window cut from inside '
-                     "one would not match its reference losses. Use window_start='first'.")
-  if src.positional and policy == 'windows':
-    if num_windows > n:
-      raise ValueError(f'Split {split!r} has only {n} synthetic documents but '
-                       f'num_windows={num_windows}; raise data.synthetic.num_docs or lower '
-                       'eval.num_windows.')
-    rows = [policies.natural_row(src.doc(int(d), max_pairs=w, num_pairs=w), w)
-            for d in order[:num_windows]]
-  else:
-    need = w + 1 if policy == 'windows' else int(data_config.min_doc_len)
-    rows = _text_rows(src, order, w, need, num_windows, deep, seed)
-    if len(rows) < num_windows:
-      what = f'>= {w + 1} tokens' if policy == 'windows' else f'>= {need} tokens'
-      raise ValueError(
-          f'Split {split!r} has only {len(rows)} documents with {what} (of {n}), but '
-          f'num_windows={num_windows} were requested; lower eval window length / '
-          'num_windows or use a corpus with longer documents (wiki40b, pg19).')
-  return _batches(rows, batch_size, w)
+  need = w + 1 if policy == 'windows' else int(data_config.min_doc_len)
+  windows = _first_windows(src, order, w, need, num_windows, full=policy == 'windows')
+  if len(windows) < num_windows:
+    raise ValueError(
+        f'Split {split!r} has only {len(windows)} documents with >= {need} tokens (of {n}), '
+        f'but num_windows={num_windows} were requested; lower eval.num_windows or the window '
+        'length, or use a corpus with longer documents (wiki40b, pg19; synthetic: raise '
+        'data.synthetic.num_docs).')
+  return _batches(src, windows, batch_size, w)
 
 
-def _text_rows(src: sources.DocSource, order: np.ndarray, w: int, need: int,
-               num_windows: int, deep: bool, seed: int) -> list[dict[str, np.ndarray]]:
-  """Rows from the first documents (in ``order``) with at least ``need`` tokens: each one's
-  first ``w + 1`` tokens, or with ``deep`` ``w + 1`` tokens from a uniform start inside it
-  (one draw per document, in document order: reproducible)."""
-  starts = np.random.default_rng([int(seed), 0x5EED])
-  rows = []
-  for d in order:
-    toks = src.doc(int(d), max_pairs=None if deep else w)
+Window = tuple[dict[str, np.ndarray], tuple[int, int, int]]  # (row, (doc, start, doc_len))
+
+
+def _first_windows(src: sources.DocSource, order: np.ndarray, w: int, need: int,
+                   num_windows: int, full: bool) -> list[Window]:
+  """The first ``w + 1`` tokens of the first documents (in ``order``) with at least
+  ``need`` tokens; synthetic documents are generated with ``w`` pairs if ``full``."""
+  out = []
+  for d in order[:num_windows if full and src.positional else None].tolist():
+    if src.positional:
+      toks = src.doc(d, max_pairs=w, num_pairs=w if full else None)
+      doc_len = len(toks) if full else src.num_pairs(d) + 1
+    else:
+      toks = src.doc(d, max_pairs=None)
+      doc_len = len(toks)
     if len(toks) >= need:
-      if deep:
-        first = int(starts.integers(0, len(toks) - w)) if len(toks) > w + 1 else 0
-        toks = toks[first:first + w + 1]
-      rows.append(policies.natural_row(toks, w))
-      if len(rows) == num_windows:
+      out.append((policies.natural_row(toks, w), (d, 0, doc_len)))
+      if len(out) == num_windows:
         break
-  return rows
+  return out
 
 
-def _batches(rows, batch_size, w) -> Iterator[dict[str, Any]]:
-  for i in range(0, len(rows), batch_size):
-    chunk = rows[i:i + batch_size]
-    chunk += [policies.empty_row(w)] * (batch_size - len(chunk))
-    yield _stack(chunk)
+def _deep_windows(src: sources.DocSource, split: str, w: int, num_windows: int,
+                  min_doc_len: int, min_start: int, seed: int) -> list[Window]:
+  """Windows drawn token-uniformly (up to slot granularity) from the documents of at least
+  `min_doc_len` tokens, none starting before token `min_start` of its document.
+
+  Each such document's region ``[min_start, L)`` is cut into ``(L - min_start) // (w + 1)``
+  consecutive slots of ``w + 1`` tokens from a random origin in the region's slack; then
+  `num_windows` slots are drawn without replacement among all slots of all documents (so a
+  long document gives several non-overlapping windows). Tokenizes every document of the
+  split to learn its length: O(split).
+  """
+  lengths = np.array([len(src.doc(i, max_pairs=None)) for i in range(len(src))], np.int64)
+  span = w + 1
+  region = np.where(lengths >= min_doc_len, np.maximum(lengths - min_start, 0), 0)
+  slots = region // span
+  rng = np.random.default_rng([int(seed), 0xDEE9])
+  origin = min_start + rng.integers(0, region - slots * span + 1)
+  total = int(slots.sum())
+  if total < num_windows:
+    raise ValueError(
+        f'Split {split!r} has only {total} deep window slots ({span} tokens each, from token '
+        f'{min_start} of the {int((slots > 0).sum())} documents with >= {min_doc_len} tokens '
+        f'that fit one; {len(lengths)} documents in all), but num_windows={num_windows} were '
+        'requested; lower eval.num_windows, eval.min_doc_len, eval.min_start or the window '
+        'length, or use a corpus with longer documents (pg19).')
+  pick = np.sort(rng.choice(total, num_windows, replace=False))
+  ends = np.cumsum(slots)
+  docs = np.searchsorted(ends, pick, side='right')
+  starts = origin[docs] + (pick - (ends - slots)[docs]) * span
+  out, toks, last = [], None, -1
+  for d, a in zip(docs.tolist(), starts.tolist()):
+    if d != last:  # Windows are sorted by document: tokenize each once.
+      toks, last = src.doc(d, max_pairs=None), d
+    out.append((policies.natural_row(toks[a:a + span], w), (d, a, int(lengths[d]))))
+  return out
+
+
+def _batches(src: sources.DocSource, windows: list[Window], batch_size: int,
+             w: int) -> Iterator[dict[str, Any]]:
+  pad = (policies.empty_row(w), (-1, 0, 0))
+  for i in range(0, len(windows), batch_size):
+    chunk = windows[i:i + batch_size]
+    chunk += [pad] * (batch_size - len(chunk))
+    batch = _stack([row for row, _ in chunk])
+    prov = np.array([p for _, p in chunk], np.int64).reshape(-1, 3)
+    batch.update(doc=prov[:, 0], start=prov[:, 1], doc_len=prov[:, 2],
+                 kind=np.array([src.kind(d) if d >= 0 else '' for d in prov[:, 0].tolist()]))
+    yield batch

@@ -233,9 +233,7 @@ def composition(data_config) -> list[dict[str, Any]]:
     src = pipeline.make_source(data_config, split)
     lengths = collections.defaultdict(list)
     for i in range(len(src)):
-      kind = src.records[i]['kind']
-      kind = kind.decode() if isinstance(kind, bytes) else str(kind)
-      lengths[kind].append(len(src.doc(i, max_pairs=None)))
+      lengths[src.kind(i)].append(len(src.doc(i, max_pairs=None)))
     rows += [{'split': split, 'kind': k, **long_text.split_stats(lengths[k],
                                                                  int(data_config.seq_len))}
              for k in sorted(lengths, key=long_text.KINDS.index)]

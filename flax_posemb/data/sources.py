@@ -34,6 +34,13 @@ class DocSource(abc.ABC):
 
   #: True when a document's tokens depend on the position id it starts at.
   positional: bool = False
+  #: Kind of a document whose record names none: the source's name (`kind`).
+  default_kind: str = ''
+
+  def kind(self, index: int) -> str:
+    """What kind of text document `index` is (provenance of evaluation windows)."""
+    del index
+    return self.default_kind
 
   @abc.abstractmethod
   def __len__(self) -> int:
@@ -68,6 +75,7 @@ class SyntheticSource(DocSource):
   """
 
   positional = True
+  default_kind = 'synthetic'
 
   def __init__(self, corpus: synthetic_lib.SyntheticCorpus, split: str, num_docs: int,
                length_dist: lengths_lib.LengthDist, min_pairs: int = 1):
@@ -133,10 +141,13 @@ class TextSource(DocSource):
       text itself.
     tokenizer: a `tokenizers.Tokenizer`.
     feature: key of the text in each record ('' = the record is the text).
+    on_decode_error: see `DECODE_ERROR_MODES`.
+    kind: kind of a document whose record has no 'kind' field: the source's name
+      (`data.source`, or `data.name` for tfds).
   """
 
   def __init__(self, records: Sequence[Any], tokenizer: tokenizers_lib.Tokenizer,
-               feature: str = 'text', on_decode_error: str = 'replace'):
+               feature: str = 'text', on_decode_error: str = 'replace', kind: str = 'text'):
     if on_decode_error not in DECODE_ERROR_MODES:
       raise ValueError(f'on_decode_error must be one of {DECODE_ERROR_MODES}, got '
                        f'{on_decode_error!r}.')
@@ -144,6 +155,7 @@ class TextSource(DocSource):
     self.tokenizer = tokenizer
     self.feature = feature
     self.on_decode_error = on_decode_error
+    self.default_kind = kind
     #: Documents of invalid UTF-8 met by `text` in this process (replaced or skipped).
     self.decode_errors = 0
     #: What the corpus build found (`text_sources`: files, documents), or None.
@@ -178,6 +190,16 @@ class TextSource(DocSource):
     if isinstance(rec, (bytes, np.bytes_)):  # A skipped document is '' (dropped as too short).
       rec = self._decode(bytes(rec), int(index))
     return str(rec)
+
+  def kind(self, index: int) -> str:
+    """The record's 'kind' field (e.g. long_text's 'shakespeare', 'code'), else the source's."""
+    rec = self.records[int(index)]
+    kind = rec.get('kind') if isinstance(rec, dict) else None
+    if isinstance(kind, np.ndarray):
+      kind = kind.item()
+    if isinstance(kind, (bytes, np.bytes_)):
+      kind = bytes(kind).decode('utf-8', errors='replace')
+    return str(kind) if kind else self.default_kind
 
   def doc(self, index, *, start=0, max_pairs, num_pairs=None):
     del start

@@ -460,7 +460,9 @@ def make_text_source(data_config, split: str) -> sources.TextSource:
   if len(records) == 0:
     raise ValueError(f'Split {split!r} of data.source={data_config.source!r} has no '
                      'documents; the corpus is empty.')
-  src = sources.TextSource(records, make_tokenizer(data_config), feature,
-                           on_decode_error=sources.decode_mode(data_config))
+  c = data_config
+  src = sources.TextSource(records, make_tokenizer(c), feature,
+                           on_decode_error=sources.decode_mode(c),
+                           kind=c.name if c.source == 'tfds' else c.source)
   src.build_decode_errors = found
   return src

@@ -164,6 +164,9 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
   analyses = {}
   if 'cosine_convergence' in exp.analyses:
     analyses['cosine_convergence'] = _convergence(exp, sweep_out)
+  windows = _window_groups(rows, table.arms)
+  if windows:
+    analyses['windows'] = windows
   first = rows[0]['config'] if rows else None
   return {
       'experiment': exp.name, 'title': exp.title, 'question': exp.question,
@@ -175,6 +178,38 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
       'runs': [{'arm': r['arm'], 'seed': r['seed'], 'key': r['key'], 'done': r['done'],
                 'overrides': dict(_arm(exp, r['arm']).overrides)} for r in sweep_out['runs']],
   }
+
+
+def _window_groups(rows: list[Mapping[str, Any]], arms: list[str]) -> dict[str, Any]:
+  """Where the evaluation windows come from, and the last bucket's rise by window group.
+
+  Every run of an experiment is evaluated on the same windows (same split, eval seed and
+  window length), so the provenance summary of the first run stands for all. The rise is
+  the last bucket's loss minus the one before it, per group of ``by_depth`` / ``by_end``
+  (`buckets.provenance_tables`): the same rise at every depth and far from the document
+  end is a position effect; a rise only near the end is the documents' endings.
+
+  Returns:
+    ``{}`` when the runs recorded no provenance, else ``{'summary': results['windows'],
+    'rise': {table: {'groups': [names], 'arms': {arm: [interval per group]}}}}``.
+  """
+  paths = [(r['arm'], os.path.join(r['run_dir'], sweep.EVAL_DIR, 'results.json')) for r in rows]
+  results = [(a, measures.load_json(p)) for a, p in paths if os.path.exists(p)]
+  if not results or 'windows' not in results[0][1]:
+    return {}
+  rise = {}
+  for name in eval_report.GROUP_TABLES[1:]:  # by_depth, by_end
+    groups = [g['group'] for g in results[0][1].get(name) or []]
+    per_arm = {a: [[] for _ in groups] for a in arms}
+    for arm, res in results:
+      for i, g in enumerate(res.get(name) or []):
+        last, before = (b['loss'] for b in g['buckets'][-1:-3:-1])
+        if last is not None and before is not None and i < len(groups):
+          per_arm[arm][i].append(last - before)
+    rise[name] = {'groups': groups, 'arms': {
+        a: [paired.t_interval(v).as_dict() for v in vs] for a, vs in per_arm.items()
+        if any(vs)}}
+  return {'summary': results[0][1]['windows'], 'rise': rise}
 
 
 def _arm(exp: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
@@ -296,22 +331,41 @@ def write(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any], out_dir:
 def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
              figures: list[tuple[str, str]]) -> str:
   """The REPORT.md text."""
-  s = summary['settings']
-  b = summary['budget']
-  n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
   lines = [f'# {summary["title"]}', '', summary['question'], '']
   if not summary['complete']:
     lines += ['**Partial sweep:** some runs have not finished; numbers use the finished '
               'seeds only.', '']
-  lines += ['## Setup', '',
-            f'- Command: `{summary["command"]}`',
-            f'- Corpus: {s.get("corpus")} (tokenizer: {s.get("tokenizer")}), context '
-            f'{s.get("seq_len")}; model: {s.get("model")}.',
-            f'- Token-embedding init: `{s.get("token_init")}` (std {fmt(s.get("token_init_std"))}); '
-            f'Adam beta2 = {s.get("beta2")}; weight decay {s.get("weight_decay")}, applied to the '
-            f'position table: {s.get("decay_position_table")} (unless an arm overrides these).',
-            f'- {n_seeds} seed(s) per arm, paired: seed s of every arm shares the model-init and '
-            f'data-order seed. {s.get("num_train_steps")} optimizer steps for every arm.']
+  if exp.notes:
+    lines += ['## What changed since the previous report', '']
+    lines += [f'- {n}' for n in exp.notes] + ['']
+  lines += _setup_lines(summary) + _claims_lines(summary) + _arms_lines(exp, summary)
+  lines += _windows_lines(summary.get('analyses', {}).get('windows'))
+  lines += ['## Figures', '']
+  for title, name in figures:
+    lines += [f'![{title}]({name})', '']
+  lines += ['## Configs', '', 'Arms (dotted overrides of the shared base config):', '']
+  for a in exp.arms:
+    if a.name in summary['arms']:
+      lines.append(f'- `{a.name}`: ' + (', '.join(f'`{k}={v!r}`' for k, v in a.overrides)
+                                         or 'base config'))
+  lines += ['', 'Every run\'s full resolved config is in `config.json` / `run.json` of its run '
+            'directory; `summary.json` holds every measure per arm.', '']
+  return '\n'.join(lines)
+
+
+def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
+  s = summary['settings']
+  b = summary['budget']
+  n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
+  lines = ['## Setup', '',
+           f'- Command: `{summary["command"]}`',
+           f'- Corpus: {s.get("corpus")} (tokenizer: {s.get("tokenizer")}), context '
+           f'{s.get("seq_len")}; model: {s.get("model")}.',
+           f'- Token-embedding init: `{s.get("token_init")}` (std {fmt(s.get("token_init_std"))}); '
+           f'Adam beta2 = {s.get("beta2")}; weight decay {s.get("weight_decay")}, applied to the '
+           f'position table: {s.get("decay_position_table")} (unless an arm overrides these).',
+           f'- {n_seeds} seed(s) per arm, paired: seed s of every arm shares the model-init and '
+           f'data-order seed. {s.get("num_train_steps")} optimizer steps for every arm.']
   if b['mode'] == 'real_tokens':
     lines.append(
         f'- Budget: same steps and same scored (unmasked) tokens per step. Each arm\'s rows '
@@ -328,14 +382,18 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
             'when it excludes 0 the other way, else *inconclusive at this scale*; an '
             '"equivalent" claim is supported when the interval lies inside ±margin, '
             'contradicted when it lies wholly outside.', '']
+  return lines
+
+
+def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
   m = summary.get('multiplicity', {})
-  lines += ['## Claims', '',
-            f'{m.get("claims_tested", len(summary["claims"]))} claims tested. The verdict is '
-            'the fixed rule above, on each claim\'s own 95% interval. Multiplicity: '
-            'Holm-Bonferroni over all tested claims of this experiment (family-wise error '
-            '5%); `p` is the smallest alpha at which the claim\'s interval is decisive, '
-            '`p (Holm)` its adjusted value, and the last column gives the verdict after the '
-            f'correction where it differs ({m.get("verdicts_changed", 0)} do).', '']
+  lines = ['## Claims', '',
+           f'{m.get("claims_tested", len(summary["claims"]))} claims tested. The verdict is '
+           'the fixed rule above, on each claim\'s own 95% interval. Multiplicity: '
+           'Holm-Bonferroni over all tested claims of this experiment (family-wise error '
+           '5%); `p` is the smallest alpha at which the claim\'s interval is decisive, '
+           '`p (Holm)` its adjusted value, and the last column gives the verdict after the '
+           f'correction where it differs ({m.get("verdicts_changed", 0)} do).', '']
   rows = []
   for c in summary['claims']:
     pred = (f'|d| < {c["margin"]}' if c['direction'] == 'equivalent'
@@ -345,14 +403,17 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
                  fmt_interval(c['interval']), c['interval']['n'], f'**{c["verdict"]}**',
                  fmt(c.get('p_value'), 3), fmt(c.get('p_holm'), 3),
                  '' if holm == c['verdict'] else holm])
-  lines += _md_table(['claim', 'metric', 'arm - baseline', 'predicted',
-                      'difference [95% CI]', 'n', 'verdict', 'p', 'p (Holm)',
-                      'verdict after Holm (if different)'], rows)
-  lines += ['', '## Arms', '', 'Wall-clock cost: `train_seconds` is the whole training of a '
-            'run (compilation included; runs of a shape already compiled load it from the '
-            'persistent cache), `step_seconds` the steady-state seconds per step (logging '
-            'windows after the first). Both are wall-clock on the machine that ran the sweep.',
-            '']
+  return lines + _md_table(['claim', 'metric', 'arm - baseline', 'predicted',
+                            'difference [95% CI]', 'n', 'verdict', 'p', 'p (Holm)',
+                            'verdict after Holm (if different)'], rows)
+
+
+def _arms_lines(exp: ml_collections.ConfigDict, summary: Mapping[str, Any]) -> list[str]:
+  lines = ['', '## Arms', '', 'Wall-clock cost: `train_seconds` is the whole training of a '
+           'run (compilation included; runs of a shape already compiled load it from the '
+           'persistent cache), `step_seconds` the steady-state seconds per step (logging '
+           'windows after the first). Both are wall-clock on the machine that ran the sweep.',
+           '']
   arms = summary['arms']
   for names in (TABLE_SCALARS, tuple(exp.report_scalars)):
     if names:
@@ -374,14 +435,24 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
               f'row cosine-similarity matrices stays >= {conv["threshold"]}: '
               f'{fmt_interval(conv["converged_step"], 0)} '
               f'(seeds that never converged: {conv["never_converged_seeds"] or "none"}).', '']
-  lines += ['## Figures', '']
-  for title, name in figures:
-    lines += [f'![{title}]({name})', '']
-  lines += ['## Configs', '', 'Arms (dotted overrides of the shared base config):', '']
-  for a in exp.arms:
-    if a.name in summary['arms']:
-      lines.append(f'- `{a.name}`: ' + (', '.join(f'`{k}={v!r}`' for k, v in a.overrides)
-                                         or 'base config'))
-  lines += ['', 'Every run\'s full resolved config is in `config.json` / `run.json` of its run '
-            'directory; `summary.json` holds every measure per arm.', '']
-  return '\n'.join(lines)
+  return lines
+
+
+def _windows_lines(windows: Mapping[str, Any] | None) -> list[str]:
+  """The evaluation windows' provenance and the last bucket's rise by depth and end."""
+  if not windows:
+    return []
+  lines = ['## Evaluation windows', '', 'Every run is scored on the same held-out windows '
+           '(bucket intervals inside a run are clustered by document; see docs/DESIGN.md).', '',
+           eval_report.format_windows(windows['summary']), '',
+           'Last bucket minus the bucket before it, by window group (mean over seeds '
+           '[95% CI]): a rise at every depth and far from the document end is a position '
+           'effect; a rise only near the end comes from documents\' endings.', '']
+  titles = {'by_depth': 'window start (tokens into the document)',
+            'by_end': 'tokens from the window\'s end to the document\'s end'}
+  for name, t in windows['rise'].items():
+    lines += [f'### By {titles.get(name, name)}', '']
+    lines += _md_table(['arm', *t['groups']], [[a, *(fmt_interval(iv, 3) for iv in ivs)]
+                                               for a, ivs in t['arms'].items()])
+    lines.append('')
+  return lines

@@ -16,7 +16,8 @@ An experiment config (``configs/experiments/NAME.py``, ``get_config(scale='cpu')
 * ``offsets``: offset-probe shifts, e.g. ``(0, 16)``; empty for none;
 * ``quick_arms``: the two arms ``--quick`` runs (one seed, ``scales.base_config('quick')``);
 * ``quick_overrides``: applied last under ``--quick`` (shrinks what ``base_overrides`` set);
-* ``rare_exposure``: rows seen fewer times than this count as "rare" (where the penalty sits).
+* ``rare_exposure``: rows seen fewer times than this count as "rare" (where the penalty sits);
+* ``notes``: what changed since the previous committed report (REPORT.md lists them first).
 
 ``new(...)`` returns such a config with every field at its default.
 """
@@ -60,6 +61,7 @@ def new(name: str, title: str, question: str, scale: str = 'cpu') -> ml_collecti
   c.quick_overrides = ()  # Applied after the arm's overrides under --quick.
   c.rare_exposure = 100.0
   c.report_scalars = ()  # Extra per-arm scalars tabulated in REPORT.md.
+  c.notes = ()  # What changed since the previous committed report.
   c.budget = ml_collections.ConfigDict({
       'equalize': 'real_tokens',  # real_tokens | none (see flax_posemb/experiments/budget.py).
       'target_tokens_per_step': float(scales.TARGET_TOKENS_PER_STEP[scale]),  # <=0: reference arm's.
