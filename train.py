@@ -10,6 +10,26 @@ Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, nothing written)
 loss became non-finite, 75 preempted by SIGTERM (re-run the same command to resume).
 """
 
+import os
+import signal
+import sys
+
+PROG = 'train.py'
+
+
+def _sigterm_while_starting(signum, frame):
+  """SIGTERM while still importing (seconds; before `cli.exit_early_on_sigterm`): nothing
+  was written yet, so stop at once with a message and exit 75 (cli.EXIT_PREEMPTED)."""
+  del signum, frame
+  sys.stderr.write(f'{PROG}: SIGTERM while starting, before setup: stopped, nothing was '
+                   'written. Re-run the same command to start (or resume) the run.\n')
+  sys.stderr.flush()
+  os._exit(75)  # The default action would kill silently with -15.
+
+
+signal.signal(signal.SIGTERM, _sigterm_while_starting)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 from ml_collections import config_flags
 
@@ -26,7 +46,6 @@ flags.DEFINE_string('cpu_collectives', None, "CPU collectives for multi-process 
 cli.define_debug_flag()
 flags.mark_flags_as_required(['config', 'workdir'])
 FLAGS = flags.FLAGS
-PROG = 'train.py'
 
 
 def main(argv):

@@ -17,8 +17,9 @@ step, so a step never exists without them). Restore recomputes them on the resto
 (independent of the sharding, exact integer arithmetic) and checks finiteness; a mismatch or
 NaN/inf is ``CheckpointDamagedError``. Orbax/TensorStore keep a crc32c only for OCDBT tree
 nodes and the zarr3 shard index, not for the array bytes (a flipped data byte is read back
-silently), hence this digest. Steps written before digests existed are restored with
-finiteness checked only.
+silently), hence this digest. A step whose metadata file is missing or garbled is damaged
+(its digests are unknown); only a step whose intact metadata has no digests (written before
+they existed) is restored with finiteness checked only.
 
 Failures are classified: ``CheckpointMismatchError`` (a ``CallerError``/``ValueError``) when
 the files are readable but were written for another config (shapes, tree, data pipeline);
@@ -143,16 +144,16 @@ def _shapes(tree: PyTree) -> dict[str, tuple[int, ...]]:
           for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def _check_same_tree(item: str, stored: PyTree, expected: PyTree, directory: epath.Path):
-  """Raises CheckpointMismatchError naming the first path whose shape differs."""
+def check_same_tree(item: str, stored: PyTree, expected: PyTree, problem: str,
+                    fix: str) -> None:
+  """The one tree comparison (restore, eval): raises CheckpointMismatchError, ``problem``
+  then the first path whose shape differs between ``stored`` and ``expected``, then ``fix``."""
   got, want = _shapes(stored), _shapes(expected)
   for path in sorted(set(got) | set(want)):
     if got.get(path) != want.get(path):
       raise CheckpointMismatchError(
-          f'The checkpoint at {directory} was written by a different model: {item}/{path} '
-          f'has shape {got.get(path, "absent")} in the checkpoint but '
-          f'{want.get(path, "absent")} in the current config. Use a fresh --workdir (or the '
-          'config that wrote this checkpoint).')
+          f'{problem}: {item}/{path} has shape {got.get(path, "absent")} in the checkpoint '
+          f'but {want.get(path, "absent")} in the model of the config. {fix}')
 
 
 def _abstract(tree: PyTree, sharding: Any = None) -> PyTree:
@@ -358,6 +359,10 @@ def _not_damage(e: BaseException) -> bool:
 
 
 def _describe(e: BaseException) -> str:
+  """One line of the root cause: Orbax wraps TensorStore's reason (which names the file)
+  in an exception whose own text is a repr of the array's spec."""
+  while e.__cause__ is not None:
+    e = e.__cause__
   msg = str(e).strip().splitlines()
   return f'{type(e).__name__}: {msg[0] if msg else ""}'[:300]
 
@@ -386,7 +391,6 @@ class Checkpointer:
                        'Set --config.max_to_keep to a positive number.')
     self.directory = _absolute(directory)
     self._read_only = read_only
-    self.last_restore: RestoreInfo | None = None
     policy = ocp.checkpoint_managers.AnyPreservationPolicy([
         ocp.checkpoint_managers.LatestN(n=max_to_keep),
         ocp.checkpoint_managers.CustomSteps([0]),  # the initial table
@@ -485,19 +489,37 @@ class Checkpointer:
     tree = self._manager.item_metadata(step).get(item)
     return getattr(tree, 'tree', tree)
 
-  def _verify(self, step: int, item: str, restored: PyTree, stored: PyTree | None,
-              integrity: Mapping[str, Any]) -> None:
-    """Raises _Damage if ``restored`` holds NaN/inf or differs from its save-time digest.
-    Leaves restored in another dtype than stored (a caller's cast) skip the digest."""
+  def _integrity(self, step: int) -> dict[str, Any] | None:
+    """The step's save-time digests; None only for a step provably saved before digests
+    existed (Orbax read its metadata file, which has none). A missing or garbled metadata
+    file is damage: without the digests the bytes cannot be verified."""
+    m = self._manager.metadata(int(step))
+    integrity = (m.custom_metadata or {}).get('integrity')
+    if integrity is None and m.commit_timestamp_nsecs is None:  # Orbax read no file
+      raise _Damage(f'{self.step_dir(step) / "_CHECKPOINT_METADATA"} is missing or garbled, '
+                    'so the checksums written at save time cannot be checked')
+    return integrity
+
+  def _verify(self, item: str, restored: PyTree, stored: PyTree | None,
+              integrity: Mapping[str, Any] | None) -> None:
+    """Raises _Damage if ``restored`` holds NaN/inf or differs from its save-time digest
+    (``integrity`` None: saved before digests existed). Leaves restored in another dtype
+    than stored (a caller's cast) skip the digest."""
+    if item == 'config':
+      if integrity is not None and _json_digest(restored) != integrity.get('config'):
+        raise _Damage('config fails the checksum written at save time')
+      return
     if item == 'stats':
       bad, got = _inspect_host(item, restored)
     else:
       bad, got = _inspect_arrays(item, restored)
     if bad:
       raise _Damage(f'non-finite values in {", ".join(bad[:5])}')
+    if integrity is None:
+      return
     want = integrity.get(item)
-    if not want:
-      return  # saved before digests existed
+    if want is None:
+      raise _Damage(f'the step metadata has no checksum of {item}')
     dtypes = {}
     if stored is not None:
       dtypes = {_path(item, p): np.dtype(x.dtype)
@@ -511,13 +533,14 @@ class Checkpointer:
       raise _Damage(f'{", ".join(wrong[:5])} fail{"s" if len(wrong) == 1 else ""} the '
                     'checksum written at save time (the bytes on disk changed)')
 
-  def _restore_data_iter(self, step: int, data_iter: Any, integrity: Mapping[str, Any]):
+  def _restore_data_iter(self, step: int, data_iter: Any,
+                         integrity: Mapping[str, Any] | None):
     """Restores the Grain state; a garbled file is damage, a state that does not fit this
     pipeline (verified bytes) is CheckpointMismatchError."""
     path = (self.step_dir(step) / 'data_iter' /
             f'process_{jax.process_index()}-of-{jax.process_count()}.json')
     text = path.read_text()  # OSError: damage
-    want = integrity.get('data_iter')
+    want = (integrity or {}).get('data_iter')  # absent when saved by several hosts
     if want:
       try:
         got = _json_digest(json.loads(text))
@@ -544,31 +567,37 @@ class Checkpointer:
       if stored is None:
         raise FileNotFoundError(f'item {item!r} is missing or unreadable in '
                                 f'{self.step_dir(step)}')
-      _check_same_tree(item, stored, want, self.step_dir(step))
+      check_same_tree(item, stored, want, f'The checkpoint at {self.step_dir(step)} was '
+                      'written by a different model', 'Use a fresh --workdir (or the config '
+                      'that wrote this checkpoint).')
       stored_trees[item] = stored
     saved = self.saved_items(step)
-    integrity = self.step_metadata(step).get('integrity', {})
     if data_iter is not None and 'data_iter' not in saved:
       raise CallerError(f'{self.step_dir(step)} was saved without a data iterator, so a run '
                         'cannot resume its data order from it; use a fresh --workdir (in code: '
                         'restore with data_iter=None).')
     items = dict(params=ocp.args.StandardRestore(_abstract(abstract_params)),
-                 opt_state=ocp.args.StandardRestore(_abstract(abstract_opt_state)),
-                 config=ocp.args.JsonRestore())
+                 opt_state=ocp.args.StandardRestore(_abstract(abstract_opt_state)))
     if 'stats' in saved:
       items['stats'] = ocp.args.StandardRestore()
-    r = self._restore_items(step, args=ocp.args.Composite(**items))
-    stats = jax.tree.map(np.asarray, dict(r['stats'] or {})) if 'stats' in items else {}
-    config = dict(r['config'] or {})
-    for item, value in (('params', r['params']), ('opt_state', r['opt_state']),
-                        ('stats', stats)):
-      self._verify(step, item, value, stored_trees.get(item), integrity)
-    if integrity.get('config') and _json_digest(config) != integrity['config']:
-      raise _Damage('config fails the checksum written at save time')
+    r = dict(self._restore_verified(step, items, stored_trees), step=step)
     if data_iter is not None:
-      self._restore_data_iter(step, data_iter, integrity)
-    return dict(step=step, params=r['params'], opt_state=r['opt_state'], stats=stats,
-                config=config)
+      self._restore_data_iter(step, data_iter, self._integrity(step))
+    return dict(r, stats=r.get('stats', {}))
+
+  def _restore_verified(self, step: int, items: dict[str, Any],
+                        stored_trees: Mapping[str, PyTree]) -> dict[str, Any]:
+    """``items`` (restore args by name) and the config of one step, each verified against
+    its save-time digest and for finiteness (`_Damage` otherwise)."""
+    integrity = self._integrity(step)
+    r = self._restore_items(step, args=ocp.args.Composite(config=ocp.args.JsonRestore(),
+                                                          **items))
+    out = {k: r[k] for k in items} | {'config': dict(r['config'] or {})}
+    if 'stats' in out:
+      out['stats'] = jax.tree.map(np.asarray, dict(out['stats'] or {}))
+    for item, value in out.items():
+      self._verify(item, value, stored_trees.get(item), integrity)
+    return out
 
   def restore(self, step: int | None = None, *, abstract_params: PyTree,
               abstract_opt_state: PyTree, data_iter: Any, fallback: bool = True
@@ -652,7 +681,6 @@ class Checkpointer:
         continue
       info = RestoreInfo(step=s, requested=requested, fell_back_from=damaged,
                          vanished=vanished)
-      self.last_restore = info
       return out, info
     raise CheckpointDamagedError(
         'No readable checkpoint: ' + '; '.join(f"{d['directory']} ({d['reason']})"
@@ -700,22 +728,27 @@ class Checkpointer:
                      self.step_dir(s), reason)
     return dict(step=s, directory=str(self.step_dir(s)), reason=reason)
 
-  def restore_params_only(self, step: int, sharding: Any = None
+  def latest_config(self) -> dict[str, Any]:
+    """The config stored with the latest step, digest verified; a damaged latest step is
+    CheckpointDamagedError, as for ``restore(fallback=False)``."""
+    return self._first_readable(None, lambda s: self._restore_verified(s, {}, {})['config'],
+                                fallback=False)[0]
+
+  def restore_params_only(self, step: int, sharding: Any = None, expected: PyTree = None
                           ) -> tuple[PyTree, dict[str, Any], int]:
-    """``(params, config, step)`` of one step, shapes and dtypes from the stored metadata;
-    digests and finiteness verified (`_Damage` otherwise)."""
+    """``(params, config, step)`` of one step, shapes and dtypes from the stored metadata
+    (which must fit ``expected``, the run's params tree, if given); digests and finiteness
+    verified (`_Damage` otherwise)."""
     tree = self.item_tree(step, 'params')
     if tree is None:
       raise FileNotFoundError(f'item params is missing in {self.step_dir(step)}')
-    integrity = self.step_metadata(step).get('integrity', {})
-    r = self._restore_items(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(_abstract(tree, sharding)),
-        config=ocp.args.JsonRestore()))
-    config = dict(r['config'] or {})
-    self._verify(step, 'params', r['params'], tree, integrity)
-    if integrity.get('config') and _json_digest(config) != integrity['config']:
-      raise _Damage('config fails the checksum written at save time')
-    return r['params'], config, step
+    if expected is not None:
+      check_same_tree('params', tree, expected, f'The checkpoint at {self.step_dir(step)} was '
+                      "written by another model than this run's config.json", "Move it out of "
+                      "the run's checkpoints/ or evaluate another --step.")
+    r = self._restore_verified(
+        step, dict(params=ocp.args.StandardRestore(_abstract(tree, sharding))), {'params': tree})
+    return r['params'], r['config'], step
 
   def _restore_items(self, step: int, args: Any) -> Any:
     with _tolerant_event_loops():
@@ -730,8 +763,12 @@ class Checkpointer:
     self._manager.wait_until_finished()
 
   def close(self) -> None:
-    """Waits for pending saves and releases the manager's resources."""
-    self._manager.close()
+    """Waits for pending saves and releases the manager's resources, also after a failed
+    save (its error, raised by the wait, leaves Orbax's threads running otherwise)."""
+    try:
+      self._manager.wait_until_finished()
+    finally:
+      self._manager.close()  # Orbax raises a save's error once per thread: this one closes.
 
   def __enter__(self) -> Checkpointer:
     return self
@@ -779,11 +816,13 @@ def restore_params(workdir_or_ckpt_dir: str | os.PathLike[str], step: int | None
 def restore_params_with_info(workdir_or_ckpt_dir: str | os.PathLike[str],
                              step: int | None = None,
                              sharding: jax.sharding.Sharding | PyTree | None = None,
+                             expected: PyTree = None,
                              ) -> tuple[PyTree, dict[str, Any], RestoreInfo]:
   """``restore_params`` returning ``(params, config, RestoreInfo)``: which step was read,
-  the damaged newer steps skipped and the steps deleted under the reader."""
+  the damaged newer steps skipped and the steps deleted under the reader. With
+  ``expected`` (the run's params tree), a step of another model is CheckpointMismatchError."""
   with Checkpointer(_resolve_dir(workdir_or_ckpt_dir), max_to_keep=1, async_save=False,
                     read_only=True) as ckpt:
     (params, config, _), info = ckpt._first_readable(  # pylint: disable=protected-access
-        step, lambda s: ckpt.restore_params_only(s, sharding))
+        step, lambda s: ckpt.restore_params_only(s, sharding, expected))
     return params, config, info

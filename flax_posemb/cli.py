@@ -22,11 +22,11 @@ arrives before the training loop has its own handler.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
 import re
-import shutil
 import signal
 import sys
 import traceback
@@ -58,6 +58,22 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
   # (A full disk or an I/O error is not the user's input: it keeps its traceback.)
   return (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
           PermissionError, FileExistsError)
+
+
+# The machine, not the input: a full disk or quota, an I/O error, a read-only filesystem.
+ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+
+
+def _environment_failure(e: BaseException) -> bool:
+  """An OSError of the machine, or one that TensorStore (under Orbax) reports as a ValueError
+  (``... [os_error_code='28']``), anywhere in ``e``'s chain of causes: exit 1, traceback."""
+  while e is not None:
+    if isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS:
+      return True
+    if any(f"os_error_code='{n}'" in str(e) for n in ENVIRONMENT_ERRNOS):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
 
 
 def _own_runtime_error(e: BaseException) -> bool:
@@ -99,8 +115,8 @@ def guarded(prog: str) -> Callable[[Callable[..., int | None]], Callable[..., in
           raise
         fail(prog, str(e), EXIT_NONFINITE)
       except _user_error_types() as e:
-        if debug_enabled():
-          raise
+        if debug_enabled() or _environment_failure(e):
+          raise  # A full disk is no user error: EXIT_UNEXPECTED with the traceback.
         fail(prog, _one_line(e), EXIT_USER_ERROR)
       except RuntimeError as e:
         if debug_enabled() or not _own_runtime_error(e):
@@ -189,10 +205,15 @@ EXPECTED_WARNINGS = (
     'has no dataset_info.json',  # TFDS, for a local corpus before its first build.
     'Using custom data configuration',
 )
+# Orbax's logs of a failed asynchronous save, from its threads: the same error is raised in
+# the main thread (the next save, or closing the checkpointer) and reported there, once.
+REPORTED_AGAIN = ('_SignalingThread.run() raised an exception', 'in background save thread',
+                  'Save Finalize thread')
 
 
 class _ThirdPartyFilter(logging.Filter):
-  """Drops third-party INFO (and the expected warnings above) unless --verbosity >= 1."""
+  """Drops third-party INFO (and the expected warnings and the errors reported again above)
+  unless --verbosity >= 1."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
@@ -201,7 +222,8 @@ class _ThirdPartyFilter(logging.Filter):
     third_party = any(p in record.pathname for p in NOISY_LIBRARIES)
     if third_party and record.levelno < logging.WARNING:
       return False
-    return not (third_party and any(w in record.getMessage() for w in EXPECTED_WARNINGS))
+    return not (third_party and any(w in record.getMessage()
+                                    for w in EXPECTED_WARNINGS + REPORTED_AGAIN))
 
 
 def quiet_third_party() -> None:
@@ -219,6 +241,9 @@ def check_output_dir(path: str, what: str = '--workdir') -> None:
   """Raises UserError unless ``path`` is (or can be created as) a writable directory."""
   if not path:
     raise UserError(f'{what} is empty; give a directory path.')
+  if os.path.islink(path) and not os.path.exists(path):
+    raise UserError(f'{what} {path} is a symbolic link to {os.readlink(path)}, which does not '
+                    'exist; create that directory or give another path.')
   if os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f'{what} {path} exists and is not a directory; give a directory path.')
   parent = os.path.abspath(path)
@@ -242,9 +267,10 @@ def exit_early_on_sigterm(prog: str, workdir: str, remove: bool = True
 
   Yields ``started()``, to call once the training loop runs (it has its own SIGTERM
   handler that saves a checkpoint; a SIGTERM after the loop only lets the run finish).
-  Before that, SIGTERM raises ``Preempted``: if this process created ``workdir``, it is
-  removed again (unless ``remove`` is False: multi-host runs share it); then the process
-  exits ``EXIT_PREEMPTED`` with a message.
+  Before that, SIGTERM raises ``Preempted``: if ``workdir`` did not exist when this process
+  started and is still empty and unlocked (``workdir.remove_unused``: another run may have
+  taken it meanwhile), it is removed again (unless ``remove`` is False: multi-host runs share
+  it); then the process exits ``EXIT_PREEMPTED`` with a message.
   """
   created = not os.path.exists(workdir)
   state = {'started': False, 'signalled': False}
@@ -261,8 +287,8 @@ def exit_early_on_sigterm(prog: str, workdir: str, remove: bool = True
   except Preempted:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # A second SIGTERM: let cleanup finish.
     removed = ''
-    if remove and created and os.path.isdir(workdir):
-      shutil.rmtree(workdir, ignore_errors=True)
+    from flax_posemb import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+    if remove and created and workdir_lib.remove_unused(workdir):
       removed = f'; removed {workdir}, which this run had created'
     fail(prog, f'SIGTERM before the first training step: stopped during setup{removed}. '
          'Re-run the same command to start (or resume) the run.', EXIT_PREEMPTED)

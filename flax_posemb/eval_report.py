@@ -60,7 +60,8 @@ def json_safe(x: Any) -> Any:
   return x
 
 
-# Every file an evaluation directory can hold (removed before a new evaluation writes there).
+# Every file an evaluation directory can hold, the completion marker first (all replaced
+# together by a new evaluation there).
 OUTPUT_FILES = ('results.json', 'per_position.npz', 'windows.npz', 'buckets.csv', 'groups.csv',
                 'loss_by_position.png', 'offsets.csv', 'offsets.png')
 CSV_COLUMNS = ('start', 'end', 'tokens', 'windows', 'documents', 'loss', 'stderr', 'ci95_lo',
@@ -82,19 +83,22 @@ def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], 
                   title: str = '', per_window: dict[str, np.ndarray] | None = None
                   ) -> dict[str, str]:
   """Writes results.json, per_position.npz, windows.npz, buckets.csv and loss_by_position.png
-  (+ offsets) into a fresh ``out_dir`` (files of an earlier evaluation there are removed first,
-  so nothing stale is left beside them).
+  (+ offsets) into ``out_dir``, replacing every file of an earlier evaluation there at once
+  when all are written (``outputs.replace_files``): nothing stale is left beside them, and a
+  killed re-run leaves the earlier complete results.
 
   Returns:
     Paths by kind: 'json', 'npz', 'windows', 'csv', 'plot', with window provenance
     'groups_csv' (columns table, group, then those of buckets.csv) and, with an offset
     probe, 'offsets_csv', 'offsets_plot'.
   """
-  if os.path.isdir(out_dir):
-    for name in OUTPUT_FILES:
-      if os.path.exists(os.path.join(out_dir, name)):
-        os.remove(os.path.join(out_dir, name))
   os.makedirs(out_dir, exist_ok=True)
+  with outputs.replace_files(out_dir, OUTPUT_FILES) as stage:
+    files = _write_files(results, per_position, stage, title, per_window)
+  return {k: os.path.join(out_dir, os.path.basename(v)) for k, v in files.items()}
+
+
+def _write_files(results, per_position, out_dir, title, per_window) -> dict[str, str]:
   files = {'json': os.path.join(out_dir, 'results.json'),
            'npz': os.path.join(out_dir, 'per_position.npz'),
            'csv': os.path.join(out_dir, 'buckets.csv')}

@@ -254,6 +254,12 @@ def eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) 
   return s
 
 
+def expected_params(model) -> Any:
+  """The params tree of ``model`` (ShapeDtypeStructs), without initializing it."""
+  x = jnp.zeros((1, 2), jnp.int32)
+  return jax.eval_shape(lambda: model.init(jax.random.key(0), x, x))['params']
+
+
 def make_batches(config: ml_collections.ConfigDict, s: dict[str, Any]):
   """`data.make_eval_batches` of the settings ``s`` (`eval_settings`)."""
   return data_lib.make_eval_batches(
@@ -270,23 +276,16 @@ SETTINGS_KEYS = ('split', 'policy', 'num_windows', 'window_len', 'window_start',
 
 def check_compatible(model, params, window_len: int) -> None:
   """Raises ValueError if `params` do not fit `model` or the window exceeds its position table."""
+  from flax_posemb import checkpointing  # pylint: disable=g-import-not-at-top
   cfg = model.config
   max_len = int(cfg.max_len)
   if window_len > max_len:
     raise ValueError(f'evaluation window of {window_len} tokens exceeds the model context / position '
                      f'table (max_len={max_len}). Fix: evaluate with window_len <= {max_len}.')
-  x = jnp.zeros((1, 2), jnp.int32)
-  expected = jax.eval_shape(lambda: model.init(jax.random.key(0), x, x))['params']
-  flat_e = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(expected)}
-  flat_p = {jax.tree_util.keystr(k): np.shape(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
-  problems = [f'{k}: checkpoint {flat_p.get(k, "missing")} vs model {v}'
-              for k, v in flat_e.items() if flat_p.get(k) != tuple(v)]
-  problems += [f'{k}: in checkpoint, not in model' for k in flat_p if k not in flat_e]
-  if problems:
-    raise ValueError(
-        f'checkpoint parameters do not match the model config (max_len={max_len}, '
-        f'emb_dim={cfg.emb_dim}, num_layers={cfg.num_layers}, vocab_size={cfg.vocab_size}): '
-        + '; '.join(problems[:6]) + '. Fix: evaluate with the config saved in the checkpoint.')
+  checkpointing.check_same_tree(
+      'params', params, expected_params(model), 'checkpoint parameters do not match the model '
+      f'config (max_len={max_len}, emb_dim={cfg.emb_dim}, num_layers={cfg.num_layers}, '
+      f'vocab_size={cfg.vocab_size})', 'Fix: evaluate with the config saved in the checkpoint.')
 
 
 def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: int | None = None,
@@ -407,15 +406,15 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
   """
   from flax_posemb import checkpointing  # pylint: disable=g-import-not-at-top
   from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top  (matplotlib)
+  from flax_posemb import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   mesh = sharding.make_mesh()
+  run = workdir_lib.saved_config(workdir)  # the run whose checkpoint this must be
   params, cfg, info = checkpointing.restore_params_with_info(
-      workdir, step, sharding=NamedSharding(mesh, P()))
+      workdir, step, sharding=NamedSharding(mesh, P()),
+      expected=None if run is None else expected_params(_make_model(run)))
   step, note = info.step, checkpoint_note(info)
   config = ml_collections.ConfigDict(cfg)
-  if str(config.model.get('position_init', '')).startswith('file:'):
-    # The checkpoint's params hold the table; the file it was initialized from may be gone.
-    config.model.position_init = 'zeros'
-  model = train_step.make_model(config)
+  model = _make_model(cfg)
   out = run_evaluation(model, params, config, step=step, offsets=offsets, mesh=mesh, **overrides)
   out.results.update(workdir=os.path.abspath(workdir), step=step, checkpoint=info.to_json())
   out_dir = output or os.path.join(workdir, 'eval', variant_name(
@@ -439,6 +438,15 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
   return {'results': out.results, 'per_position': out.per_position,
           'per_window': out.per_window, 'files': files, 'out_dir': out_dir, 'step': step,
           'table': text, 'note': note, 'checkpoint': info.to_json()}
+
+
+def _make_model(config: dict[str, Any]):
+  """The model of a stored config (its position table comes from the checkpoint: the file
+  a ``file:`` init read may be gone)."""
+  config = ml_collections.ConfigDict(config)
+  if str(config.model.get('position_init', '')).startswith('file:'):
+    config.model.position_init = 'zeros'
+  return train_step.make_model(config)
 
 
 def _analyze(workdir, model, params, config, step, out, out_dir, overrides) -> dict[str, Any]:

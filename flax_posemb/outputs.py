@@ -17,7 +17,9 @@ import contextlib
 import glob
 import os
 import re
+import shutil
 import zipfile
+from collections.abc import Sequence
 from typing import Any, Iterator
 
 import numpy as np
@@ -39,6 +41,38 @@ def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
+
+
+@contextlib.contextmanager
+def replace_files(directory: str, names: Sequence[str]) -> Iterator[str]:
+  """Yields a hidden staging directory inside ``directory`` to write new versions of
+  ``names`` into; only when the block succeeds are the previous ``names`` replaced by them
+  (``names[0]``, whose presence means "complete", leaves first and arrives last). A writer
+  that fails or is killed before then leaves the previous files untouched; one killed during
+  the swap is undone by the next call. Other files in ``directory`` are never touched."""
+  stage, old = os.path.join(directory, '.staging'), os.path.join(directory, '.replaced')
+  if os.path.isdir(old) and not os.path.exists(os.path.join(directory, names[0])):
+    for n in names:  # Killed mid-swap: back to the previous complete set.
+      if not os.path.exists(os.path.join(old, n)) and os.path.exists(os.path.join(directory, n)):
+        os.remove(os.path.join(directory, n))
+    _move(old, directory, names)
+  for leftover in (stage, old):
+    shutil.rmtree(leftover, ignore_errors=True)
+  os.makedirs(stage)
+  try:
+    yield stage
+    os.makedirs(old)
+    _move(directory, old, names)
+    _move(stage, directory, names[::-1])
+  finally:
+    shutil.rmtree(stage, ignore_errors=True)
+  shutil.rmtree(old, ignore_errors=True)
+
+
+def _move(src: str, dst: str, names: Sequence[str]) -> None:
+  for n in names:
+    if os.path.exists(os.path.join(src, n)):
+      os.replace(os.path.join(src, n), os.path.join(dst, n))
 
 
 # A run's step-numbered outputs, relative to its workdir (one "*" for the step).

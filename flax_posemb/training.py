@@ -328,7 +328,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       workdir_lib.check_fresh_start(workdir)
       changes = {}
     else:
-      changes = workdir_lib.check_resume_config(workdir, config)
+      changes = workdir_lib.check_resume_config(workdir, config, ckpt.latest_config())
     model = step_lib.make_model(config)
     init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
     state, tx, shardings = step_lib.init_state(model, config, mesh, init_rng)
@@ -410,6 +410,8 @@ class _Loop:
     if resumed_from is None:
       self.snapshot(state, 0)
       self.save(state, 0)
+    elif self.eval_due(start) and not workdir_lib.has_eval_row(self.workdir, start):
+      self.evaluate(state, start)  # Its row was the half-written last line a resume drops.
     result = dict(step=start, loss=None, resumed_from=resumed_from, preempted=False, eval=None)
     bar = None
     if self.lead and c.progress_bar:
@@ -428,7 +430,7 @@ class _Loop:
         pending = (step, metrics)
         stop = preempt.reached(step)
         due = dict(log=step % int(c.log_every_steps) == 0 or step == num_steps,
-                   eval=int(c.eval_every_steps) > 0 and step % int(c.eval_every_steps) == 0,
+                   eval=self.eval_due(step),
                    ckpt=stop or step % int(c.checkpoint_every_steps) == 0 or step == num_steps)
         if any(due.values()):
           self.absorb(*pending)
@@ -448,6 +450,10 @@ class _Loop:
         bar.close()
       self.log.close(failing=sys.exc_info()[0] is not None)
     return result
+
+  def eval_due(self, step: int) -> bool:
+    every = int(self.config.eval_every_steps)
+    return every > 0 and step % every == 0
 
   def step_end(self, state, step, result, due, bar) -> step_lib.TrainState:
     """Log, evaluate and checkpoint after ``step`` (whatever is ``due``)."""

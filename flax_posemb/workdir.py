@@ -6,7 +6,8 @@ and the outputs that a resume truncates.
   releases the lock when its holder dies, even by ``kill -9``, so a lock is never stale. The
   file stays (removing it would let a waiter lock a file that is no longer the lock).
 * ``config.json`` — the resolved config of the run. A resume compares the new config with
-  it (``config_changes``) and refuses changes of meaning unless ``allow_config_change``.
+  it and with the config stored in the checkpoint it resumes from (``check_resume_config``)
+  and refuses changes of meaning unless ``allow_config_change``.
 * ``metrics.jsonl``, ``stats/window_STEP.npz``, ``tables/table_STEP.npy`` — outputs indexed
   by step; ``truncate_outputs`` drops those after the restored step. Every file is written
   under a hidden temporary name and renamed (``outputs.atomic_write``), so a kill or a full disk never
@@ -61,6 +62,9 @@ class Lock:
           f'{os.path.dirname(self.path)} is in use by another training process '
           f'({self._holder()}). Wait for it to finish or stop it; two processes must not '
           'write one workdir.') from None
+    if not _is_at(fd, self.path):  # `remove_unused` deleted the file between our open and flock: no lock.
+      os.close(fd)
+      return self.__enter__()
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps({'host': socket.gethostname(), 'pid': os.getpid()}).encode())
     os.fsync(fd)
@@ -81,13 +85,41 @@ class Lock:
       self._fd = None
 
 
+def _is_at(fd: int, path: str) -> bool:
+  """Whether the open file ``fd`` is still the file at ``path``."""
+  try:
+    return os.fstat(fd).st_ino == os.stat(path).st_ino
+  except FileNotFoundError:
+    return False
+
+
+def remove_unused(workdir: str) -> bool:
+  """Removes ``workdir`` if it holds nothing but its lock file and no process holds the lock
+  (a run stopped during setup, before it wrote anything); returns whether it did.
+
+  Decided under the lock: a directory that another run is using, or has written anything
+  into, is never removed, whoever created it.
+  """
+  if not os.path.isdir(workdir):
+    return False
+  try:
+    with Lock(workdir) as lock:
+      if set(os.listdir(workdir)) - {LOCK_FILE}:
+        return False
+      os.remove(lock.path)  # A waiter that opened it notices (see `Lock.__enter__`).
+      os.rmdir(workdir)
+      return True
+  except (WorkdirError, OSError):
+    return False
+
+
 def _flat(d: dict[str, Any]) -> dict[str, Any]:
   return traverse_util.flatten_dict(d, sep='.')
 
 
 def flat_config(config: Any) -> dict[str, Any]:
-  """``{'a.b': value}`` of a ConfigDict (JSON values)."""
-  return _flat(json.loads(config.to_json_best_effort()))
+  """``{'a.b': value}`` of a ConfigDict or a config dict (JSON values)."""
+  return _flat(config if isinstance(config, dict) else json.loads(config.to_json_best_effort()))
 
 
 def _may_change(key: str) -> bool:
@@ -99,8 +131,13 @@ def saved_config(workdir: str) -> dict[str, Any] | None:
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except ValueError as e:
+    raise WorkdirError(f'{path} is not valid JSON ({e}). Nothing was changed. The config is '
+                       'also stored in every checkpoint: move it aside and re-run, which '
+                       'checks against the checkpoint and rewrites it.') from None
 
 
 def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
@@ -116,16 +153,21 @@ def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
           if changed(k) and not _may_change(k)}
 
 
-def check_resume_config(workdir: str, config: Any) -> dict[str, list[Any]]:
-  """Raises ``WorkdirError`` listing meaningful changes since the run's ``config.json``,
-  unless ``config.allow_config_change``; returns the changes (empty if none)."""
+def check_resume_config(workdir: str, config: Any,
+                        stored: dict[str, Any]) -> dict[str, list[Any]]:
+  """The one drift check of a resume: raises ``WorkdirError`` listing meaningful changes of
+  ``config`` from ``stored`` (the config saved in the checkpoint resumed from) and from the
+  run's ``config.json`` when present (so a run whose two disagree is refused too), unless
+  ``config.allow_config_change``; returns the changes (empty if none)."""
   saved = saved_config(workdir)
-  changes = {} if saved is None else config_changes(saved, config)
+  changes = {**({} if saved is None else config_changes(saved, config)),
+             **config_changes(stored, config)}
   if changes and not config.get('allow_config_change', False):
     listed = '; '.join(f'{k}: {a!r} -> {b!r}' for k, a, b in
                        ((k, *v) for k, v in list(changes.items())[:8]))
     raise WorkdirError(
-        f'{workdir} holds a run with another config ({listed}). Nothing was changed. Resume '
+        f'{workdir} holds a run with another config ({listed}; compared with its checkpoint '
+        f'and {CONFIG_FILE}). Nothing was changed. Resume '
         'with the original values, use a fresh --workdir, or pass '
         '--config.allow_config_change=True to continue with the new values (recorded in '
         'metrics.jsonl).')
@@ -164,7 +206,11 @@ def _metric_rows(workdir: str) -> list[str]:
 
 def truncate_outputs(workdir: str, step: int) -> None:
   """Drops metrics rows and output files after ``step``, half-written lines and leftover
-  temporaries of any name (a killed run's)."""
+  temporaries of any name (a killed run's). A damaged output file up to ``step`` (which
+  the resume cannot write again) is a ValueError naming it, raised before anything changes."""
+  for s, path in step_outputs(workdir):
+    if s <= step:
+      (outputs.load_npz if path.endswith('.npz') else outputs.load_npy)(path)
   rows = _metric_rows(workdir)
   if rows:
     keep = []
@@ -191,6 +237,28 @@ def truncate_outputs(workdir: str, step: int) -> None:
 
 
 def append_row(workdir: str, row: dict[str, Any], default: Callable[[Any], Any] = float):
-  """Appends one JSON row to ``metrics.jsonl``."""
-  with open(os.path.join(workdir, METRICS_FILE), 'a') as f:
-    f.write(json.dumps(row, default=default) + '\n')
+  """Appends one JSON row to ``metrics.jsonl``, whole or not at all: a write that fails (a
+  full disk) is cut off again, so no half-written line is left to lose on resume."""
+  path, line = os.path.join(workdir, METRICS_FILE), (json.dumps(row, default=default) + '\n')
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  size = os.fstat(fd).st_size
+  try:
+    if os.write(fd, line.encode()) != len(line.encode()):
+      raise OSError(errno.ENOSPC, f'{path}: short write (disk full?)')
+  except BaseException:
+    os.ftruncate(fd, size)
+    raise
+  finally:
+    os.close(fd)
+
+
+def has_eval_row(workdir: str, step: int) -> bool:
+  """Whether ``metrics.jsonl`` holds the periodic evaluation of ``step``."""
+  for line in _metric_rows(workdir):
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue
+    if row.get('step') == step and 'eval' in row:
+      return True
+  return False

@@ -1,5 +1,6 @@
 """Tests of flax_posemb.checkpointing: exact round trips, refusals and recovery."""
 
+import json
 import logging
 import os
 import pathlib
@@ -484,13 +485,13 @@ def test_step_deleted_while_read_is_replaced_by_the_new_latest(tmp_path, monkeyp
   real = checkpointing.Checkpointer.restore_params_only
   calls = []
 
-  def racing(self, step, sharding=None):
+  def racing(self, step, *args):
     calls.append(step)
     if step == 5:  # the trainer moves on while the reader holds step 5's listing
       _save(writer, 7, jax.tree.map(lambda x: x + 1, params), opt_state, None)
       writer.wait_until_finished()
       assert not (tmp_path / 'checkpoints' / '5').exists()
-    return real(self, step, sharding)
+    return real(self, step, *args)
 
   monkeypatch.setattr(checkpointing.Checkpointer, 'restore_params_only', racing)
   with caplog.at_level(logging.WARNING, logger=LOGGER):
@@ -509,3 +510,49 @@ def test_metrics_are_stored_with_the_step(tmp_path):
                    config={}, metrics={'loss': 5.0})
   with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
     assert ck.step_metadata(2)['metrics'] == {'loss': 5.0}
+
+
+def _step_metadata_file(step_dir):
+  return step_dir / '_CHECKPOINT_METADATA'  # Orbax's per-step metadata (holds the digests)
+
+
+@pytest.mark.parametrize('damage', ['missing', 'garbled'])
+def test_damaged_step_metadata_is_damage_not_a_step_without_digests(tmp_path, caplog, damage):
+  """Without its metadata file a step's digests cannot be checked: flipped bytes would be
+  restored silently, so the step is damaged (and skipped by a fallback), not unverified."""
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
+    _save(ck, 1, params, opt_state, _data_iter())
+    _save(ck, 2, jax.tree.map(lambda x: x + 1, params), opt_state, _data_iter())
+  meta = _step_metadata_file(tmp_path / 'checkpoints' / '2')
+  if damage == 'missing':
+    meta.unlink()
+  else:
+    meta.write_text(meta.read_text()[:40])
+  with pytest.raises(checkpointing.CheckpointDamagedError, match='_CHECKPOINT_METADATA'):
+    checkpointing.restore_params(tmp_path, step=2)
+  with caplog.at_level(logging.WARNING, logger=LOGGER):
+    restored, _, step = checkpointing.restore_params(tmp_path)
+  assert step == 1 and str(tmp_path / 'checkpoints' / '2') in caplog.text
+  _assert_trees_equal(restored, params)
+  with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
+    with pytest.raises(checkpointing.CheckpointDamagedError, match='_CHECKPOINT_METADATA'):
+      ck.restore(abstract_params=_abstract(params), abstract_opt_state=_abstract(opt_state),
+                 data_iter=_data_iter(), fallback=False)
+
+
+def test_a_step_saved_before_digests_existed_is_restored_with_finiteness_checked(tmp_path):
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
+    _save(ck, 1, params, opt_state, _data_iter())
+  meta = _step_metadata_file(tmp_path / 'checkpoints' / '1')
+  record = json.loads(meta.read_text())
+  del record['custom_metadata']['integrity']  # as written by an older version
+  meta.write_text(json.dumps(record))
+  restored, _, step = checkpointing.restore_params(tmp_path)
+  assert step == 1
+  _assert_trees_equal(restored, params)
+  with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
+    r = ck.restore(abstract_params=_abstract(params), abstract_opt_state=_abstract(opt_state),
+                   data_iter=_data_iter())
+  assert r['step'] == 1

@@ -53,6 +53,7 @@ BAD_INPUTS = [
     (TRAIN + ['--config.data.num_workers=-1'], 'data.num_workers must be >= 0'),
     (TRAIN[:3] + ['--workdir', 'DIR/file'], 'not a directory'),
     (TRAIN[:3] + ['--workdir', 'DIR/file/sub'], 'is a file'),
+    (TRAIN[:3] + ['--workdir', 'DIR/dangling'], 'is a symbolic link to'),
     (EVAL, '--workdir'),
     (EVAL + ['--workdir', 'DIR/missing'], 'not a directory'),
     (EVAL + ['--workdir', 'DIR'], 'no checkpoint'),
@@ -94,6 +95,7 @@ def _message_lines(stderr):
                               for i, (a, _) in enumerate(BAD_INPUTS)])
 def test_bad_cli_input_is_one_message_and_exit_2(tmp_path, argv, fragment):
   (tmp_path / 'file').write_text('not a directory')
+  (tmp_path / 'dangling').symlink_to(tmp_path / 'gone')
   proc = _run(argv, tmp_path)
   lines = _message_lines(proc.stderr)
   assert proc.returncode == cli.EXIT_USER_ERROR, proc.stderr[-3000:]
@@ -133,8 +135,10 @@ SETUP_SCRIPT = textwrap.dedent('''
     import os, signal, sys, time
     from flax_posemb import cli
     workdir = sys.argv[1]
+    from flax_posemb import workdir as workdir_lib
     with cli.exit_early_on_sigterm('train.py', workdir) as started:
-      os.makedirs(os.path.join(workdir, 'checkpoints'))  # setup had begun writing
+      with workdir_lib.Lock(workdir):  # setup had created the workdir and its lock file
+        pass
       os.kill(os.getpid(), signal.SIGTERM)
       time.sleep(30)
       print('not interrupted')
@@ -150,8 +154,8 @@ def test_sigterm_before_training_removes_the_new_workdir_and_exits_75(tmp_path):
   assert proc.stderr.strip().startswith('train.py: SIGTERM before the first training step')
   # An existing workdir (a resume) is never removed.
   os.makedirs(os.path.join(wd, 'keep'))
-  proc = subprocess.run([sys.executable, '-c', SETUP_SCRIPT.replace("'checkpoints'", "'new'"),
-                         wd], env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=60)
+  proc = subprocess.run([sys.executable, '-c', SETUP_SCRIPT, wd], env=SUBPROCESS_ENV,
+                        capture_output=True, text=True, timeout=60)
   assert proc.returncode == cli.EXIT_PREEMPTED and os.path.isdir(os.path.join(wd, 'keep'))
 
 
@@ -270,3 +274,103 @@ def test_a_damaged_latest_checkpoint_is_one_message_not_a_traceback(tmp_path):
                         timeout=600)
   assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr[-2000:]
   assert 'is damaged' in proc.stderr and 'step 2' in proc.stderr
+
+
+# The duplicate run stops just before taking the lock: past its SIGTERM handler, with the
+# workdir created (by its own makedirs) while another run holds it or has finished in it.
+DUPLICATE_SCRIPT = textwrap.dedent('''
+    import os, runpy, signal, sys
+    from flax_posemb import workdir
+    def enter(self):
+      print('READY', flush=True)
+      sys.stdin.readline()  # the first run takes the workdir meanwhile
+      os.kill(os.getpid(), signal.SIGTERM)
+    workdir.Lock.__enter__ = enter
+    sys.argv = ['train.py', *sys.argv[1:]]
+    runpy.run_path('train.py', run_name='__main__')
+''')
+
+
+@pytest.mark.parametrize('first_run', ['training', 'finished'])
+def test_sigterm_in_a_duplicate_train_py_never_removes_the_workdir_of_another_run(
+    tmp_path, first_run):
+  from flax_posemb import workdir  # pylint: disable=g-import-not-at-top
+  wd = tmp_path / 'wd'
+  proc = subprocess.Popen(
+      [sys.executable, '-c', DUPLICATE_SCRIPT, '--config', 'configs/tiny.py', '--workdir',
+       str(wd), *TINY], cwd=str(ROOT), env=SUBPROCESS_ENV, stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    assert proc.stdout.readline().strip() == 'READY', proc.stderr.read()[-3000:]
+    assert wd.is_dir()  # created by the duplicate
+    lock = workdir.Lock(str(wd)).__enter__()  # the first run
+    for name in ('config.json', 'metrics.jsonl', 'checkpoints/0/params'):
+      (wd / name).parent.mkdir(parents=True, exist_ok=True)
+      (wd / name).write_text('{}')
+    if first_run == 'finished':
+      lock.__exit__()
+    proc.stdin.write('\n')
+    proc.stdin.flush()
+    _, err = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == cli.EXIT_PREEMPTED, err[-3000:]
+  assert 'removed' not in err and 'Traceback' not in err, err[-3000:]
+  assert {p.name for p in wd.iterdir()} >= {'.lock', 'config.json', 'metrics.jsonl',
+                                             'checkpoints'}
+  assert (wd / 'checkpoints' / '0' / 'params').exists()
+
+
+# A full disk inside an Orbax save, as TensorStore reports it (a ValueError), from step 4 on.
+ENOSPC_SCRIPT = textwrap.dedent('''
+    import runpy, sys
+    from orbax.checkpoint._src.serialization import serialization
+    real = serialization.async_serialize_from_host
+    async def full_disk(rslices, spec, **kwargs):
+      if '/checkpoints/4.' in str(spec):
+        raise ValueError('RESOURCE_EXHAUSTED: Failed writing: "' + str(spec)[:40] + '": '
+                         "Failed to write 7614 bytes to file 12: No space left on device "
+                         "[os_error_code='28']")
+      return await real(rslices, spec, **kwargs)
+    serialization.async_serialize_from_host = full_disk
+    sys.argv = ['train.py', *sys.argv[1:]]
+    runpy.run_path('train.py', run_name='__main__')
+''')
+
+
+def test_a_full_disk_during_a_checkpoint_save_exits_1_with_one_traceback(tmp_path):
+  """The README's table: an environment failure is exit 1 with its traceback, printed once
+  (not as a user error, and not again from Orbax's and TensorBoard's threads)."""
+  wd = tmp_path / 'wd'
+  proc = subprocess.run(
+      [sys.executable, '-c', ENOSPC_SCRIPT, '--config', 'configs/tiny.py', '--workdir',
+       str(wd), *TINY, '--config.num_train_steps=6', '--config.checkpoint_every_steps=2',
+       '--config.log_every_steps=2'], cwd=str(ROOT), env=SUBPROCESS_ENV,
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode == cli.EXIT_UNEXPECTED, proc.stderr[-3000:]
+  assert proc.stderr.count('Traceback') == 1, proc.stderr[-6000:]
+  assert 'No space left on device' in _message_lines(proc.stderr)[-1], proc.stderr[-3000:]
+  assert 'Exception ignored' not in proc.stderr and 'Exception in thread' not in proc.stderr
+  steps = sorted(int(d) for d in os.listdir(wd / 'checkpoints') if d.isdigit())
+  assert steps[-1] == 2  # the last good checkpoint, to resume from
+
+
+def _catches_sigterm(pid):
+  with open(f'/proc/{pid}/status') as f:
+    caught = next(l for l in f if l.startswith('SigCgt:')).split()[1]
+  return bool(int(caught, 16) >> (signal.SIGTERM - 1) & 1)
+
+
+def test_train_py_sigterm_while_importing_exits_75_with_a_message(tmp_path):
+  """SIGTERM in the first moments (imports, before setup) is no silent -15."""
+  wd = tmp_path / 'wd'
+  proc = subprocess.Popen([sys.executable, *[a.replace('WD', str(wd)) for a in TRAIN]],
+                          cwd=str(ROOT), env=SUBPROCESS_ENV, stderr=subprocess.PIPE, text=True)
+  while proc.poll() is None and not _catches_sigterm(proc.pid):
+    time.sleep(0.001)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == cli.EXIT_PREEMPTED, err[-2000:]
+  lines = _message_lines(err)
+  assert len(lines) == 1 and lines[0].startswith('train.py: SIGTERM while starting'), lines
+  assert not wd.exists()

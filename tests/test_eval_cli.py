@@ -163,12 +163,12 @@ def test_eval_reads_the_new_latest_when_the_step_is_deleted_mid_read(tiny_run, t
   real = checkpointing.Checkpointer.restore_params_only
   calls = []
 
-  def racing(self, step, sharding=None):
+  def racing(self, step, *args):
     calls.append(step)
     if step == 20:
       shutil.copytree(os.path.join(ckpt_dir, '20'), os.path.join(ckpt_dir, '30'))
       shutil.rmtree(os.path.join(ckpt_dir, '20'))
-    return real(self, step, sharding)
+    return real(self, step, *args)
 
   monkeypatch.setattr(checkpointing.Checkpointer, 'restore_params_only', racing)
   run = evaluation.evaluate_workdir(workdir, output=str(tmp_path / 'out'))
@@ -198,11 +198,52 @@ def test_eval_cli_names_a_damaged_latest_and_the_step_it_evaluated(tiny_run, tmp
   assert '(step 10)' in r.stdout and 'skipped damaged step 20' in r.stdout
   assert 'Event loop is closed' not in r.stderr and 'Traceback' not in r.stderr
   assert 'Exception ignored' not in r.stderr
+  assert '<bound method' not in r.stdout + r.stderr  # TensorStore's reason, not a repr
   saved = json.load(open(os.path.join(out, 'results.json')))
   assert saved['step'] == 10
   assert [d['step'] for d in saved['checkpoint']['fell_back_from']] == [20]
   with pytest.raises(checkpointing.CheckpointDamagedError, match='checkpoints/20'):
     evaluation.evaluate_workdir(workdir, step=20, output=out)
+
+
+def test_checkpoint_of_another_model_in_a_runs_checkpoints_is_refused(tiny_run, tmp_path):
+  """A checkpoint of a wider model placed among a run's steps: eval checks it against the
+  run (its config.json), as a resume does, instead of evaluating it as the run's."""
+  workdir = _copy_run(tiny_run, tmp_path)
+  wider = tiny_config()
+  wider.model.emb_dim, wider.model.mlp_dim = 64, 128
+  other = _make_run(str(tmp_path / 'other'), wider, wider)  # its step 3 becomes the run's 30
+  os.rename(os.path.join(other, 'checkpoints', '3'), os.path.join(workdir, 'checkpoints', '30'))
+  step_dir = os.path.join(workdir, 'checkpoints', '30')
+  with pytest.raises(checkpointing.CheckpointMismatchError, match=f'{step_dir}.*another model'):
+    evaluation.evaluate_workdir(workdir, output=str(tmp_path / 'out'))
+  r = subprocess.run([sys.executable, str(ROOT / 'eval.py'), '--workdir', workdir, '--output',
+                      str(tmp_path / 'out')], capture_output=True, text=True,
+                     env=SUBPROCESS_ENV, timeout=600)
+  assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr[-2000:]
+  assert not os.path.exists(tmp_path / 'out' / 'results.json')
+  assert evaluation.evaluate_workdir(workdir, step=20, output=str(tmp_path / 'ok'))['step'] == 20
+
+
+def test_a_killed_eval_rerun_leaves_the_previous_complete_results(tiny_run, tmp_path,
+                                                                  monkeypatch):
+  from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
+  out = str(tmp_path / 'out')
+  first = evaluation.evaluate_workdir(tiny_run[0], step=10, output=out)
+  before = {n: open(os.path.join(out, n), 'rb').read() for n in os.listdir(out)}
+  assert 'results.json' in before
+
+  def killed(*args, **kwargs):
+    raise KeyboardInterrupt  # the re-run dies half-way through writing
+  monkeypatch.setattr(eval_report.plots, 'loss_by_position', killed)
+  with pytest.raises(KeyboardInterrupt):
+    evaluation.evaluate_workdir(tiny_run[0], step=20, output=out)
+  assert {n: open(os.path.join(out, n), 'rb').read() for n in os.listdir(out)} == before
+  assert os.listdir(tmp_path) == ['out']  # no leftover beside it
+  monkeypatch.undo()
+  again = evaluation.evaluate_workdir(tiny_run[0], step=20, output=out)
+  assert json.load(open(again['files']['json']))['step'] == 20 != first['step']
+  assert os.listdir(tmp_path) == ['out']
 
 
 def test_eval_cli_deep_windows_record_their_provenance(tmp_path):

@@ -167,11 +167,76 @@ def test_a_run_started_before_a_field_existed_resumes_with_its_default(tmp_path)
   saved = json.load(open(path))
   del saved['data']['on_decode_error']  # as written by an older version
   json.dump(saved, open(path, 'w'))
-  assert workdir.check_resume_config(wd, c) == {}
+  assert workdir.check_resume_config(wd, c, saved) == {}
   c.data.on_decode_error = 'skip'
   with pytest.raises(workdir.WorkdirError, match="data.on_decode_error: None -> 'skip'"):
-    workdir.check_resume_config(wd, c)
+    workdir.check_resume_config(wd, c, saved)
   c.data.on_decode_error = 'replace'
   c.data.num_workers = 2  # the saved data-iterator state depends on it
   with pytest.raises(workdir.WorkdirError, match='data.num_workers'):
-    workdir.check_resume_config(wd, c)
+    workdir.check_resume_config(wd, c, saved)
+
+
+@pytest.mark.parametrize('config_json', ['missing', 'edited'])
+def test_resume_compares_with_the_config_stored_in_the_checkpoint(tmp_path, config_json):
+  """config.json gone, or rewritten to the new values: the checkpoint's own config still
+  refuses the change (the drift check is not switched off by one file)."""
+  wd, c = trained_five_steps(tmp_path)
+  c.optimizer.learning_rate = 1e-2
+  path = os.path.join(wd, 'config.json')
+  if config_json == 'missing':
+    os.remove(path)
+  else:
+    workdir.write_config(wd, c)
+  with pytest.raises(workdir.WorkdirError, match='optimizer.learning_rate'):
+    training.train_and_evaluate(c, wd)
+  c.allow_config_change = True
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 5
+
+
+def test_a_garbled_config_json_is_named_with_the_fix(tmp_path):
+  wd, c = trained_five_steps(tmp_path)
+  with open(os.path.join(wd, 'config.json'), 'w') as f:
+    f.write('{"data": ')
+  with pytest.raises(workdir.WorkdirError, match='config.json is not valid JSON.*move it'):
+    training.train_and_evaluate(c, wd)
+  os.remove(os.path.join(wd, 'config.json'))  # the fix the message names
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 5
+
+
+def test_a_half_written_last_eval_row_of_a_finished_run_is_rewritten_on_resume(tmp_path):
+  wd, c = str(tmp_path / 'w'), tiny_config()
+  c.num_train_steps = c.eval_every_steps = c.checkpoint_every_steps = 10
+  training.train_and_evaluate(c, wd)
+  path = os.path.join(wd, 'metrics.jsonl')
+  text = open(path).read()
+  assert '"eval"' in text.splitlines()[-1]
+  open(path, 'w').write(text[:len(text) - len(text.splitlines()[-1]) // 2 - 1])  # half of it
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 10
+  rows = [json.loads(l) for l in open(path)]
+  assert [r['step'] for r in rows if 'eval' in r] == [10]
+  assert json.loads(text.splitlines()[-1])['eval']['overall'] == rows[-1]['eval']['overall']
+
+
+def test_a_truncated_window_file_is_named_on_resume_and_nothing_changes(tmp_path):
+  wd, c = trained_five_steps(tmp_path)
+  path = os.path.join(wd, 'stats', 'window_5.npz')
+  open(path, 'r+b').truncate(100)
+  before = open(os.path.join(wd, 'metrics.jsonl')).read()
+  with pytest.raises(ValueError, match='window_5.npz is damaged'):
+    training.train_and_evaluate(c, wd)
+  assert open(os.path.join(wd, 'metrics.jsonl')).read() == before
+
+
+def test_a_metrics_row_that_fails_to_append_leaves_no_partial_line(tmp_path, monkeypatch):
+  workdir.append_row(str(tmp_path), {'step': 1, 'loss': 2.0})
+  real = os.write
+
+  def full_disk(fd, data):
+    real(fd, data[:len(data) // 2])
+    raise OSError(28, 'No space left on device')
+  monkeypatch.setattr(workdir.os, 'write', full_disk)
+  with pytest.raises(OSError, match='No space'):
+    workdir.append_row(str(tmp_path), {'step': 2, 'loss': 1.0})
+  monkeypatch.undo()
+  assert open(tmp_path / 'metrics.jsonl').read() == '{"step": 1, "loss": 2.0}\n'
