@@ -10,7 +10,11 @@ Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, nothing written)
 loss became non-finite, 75 preempted by SIGTERM (re-run the same command to resume).
 """
 
+import shlex
+import sys
+
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
 from flax_posemb import cli
@@ -37,6 +41,10 @@ def main(argv):
   multi = FLAGS.distributed or FLAGS.coordinator_address
   with cli.exit_early_on_sigterm(PROG, FLAGS.workdir, remove=not multi) as started:
     import jax  # pylint: disable=g-import-not-at-top
+    from flax_posemb import auto  # pylint: disable=g-import-not-at-top
+    hint = auto.huge_pages_hint(shlex.join(['python3', *sys.argv]))
+    if hint:
+      logging.info('%s', hint)
     if FLAGS.cpu_collectives:
       jax.config.update('jax_cpu_collectives_implementation', FLAGS.cpu_collectives)
     if multi:

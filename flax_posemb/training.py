@@ -191,8 +191,9 @@ class StatsLog:
     degradation, the loss-by-position figure) of one periodic evaluation."""
     self.write(dict(step=step, eval=results))
     o, d = results['overall'], results['degradation']
-    logging.info('eval step %d: loss %.4f +- %.4f; last - best bucket %s', step, o['loss'],
-                 o['stderr'] or 0.0, d['last_minus_best'])
+    lmb = d['last_minus_best']
+    logging.info('eval step %d: loss %.4f +- %.4f nats/token; last - best bucket %s', step,
+                 o['loss'], o['stderr'] or 0.0, '-' if lmb is None else f'{lmb:+.4f}')
     if not self.lead:
       return
     w = self._writer
