@@ -112,19 +112,23 @@ def _files(inputs: tuple[str, ...], hf_dataset: str) -> tuple[str, ...]:
   return tuple(os.path.abspath(f) for f in files)
 
 
-flags.DEFINE_string('name', None, 'Dataset name (then --config.data.name=NAME).')
-flags.DEFINE_multi_string('input', [], 'Glob of .txt/.jsonl/.parquet files (repeatable).')
-flags.DEFINE_string('hf_dataset', '', 'A Hugging Face dataset saved with save_to_disk.')
-flags.DEFINE_string('data_dir', None, 'TFDS data directory (then --config.data.data_dir=DIR).')
-flags.DEFINE_enum('split_by', 'file', ['file', 'line', 'paragraph'], '.txt document unit.')
-flags.DEFINE_string('text_field', 'text', 'Text field of .jsonl lines / column of .parquet '
-                    'and Hugging Face datasets.')
-flags.DEFINE_integer('val_percent', 5, 'Percent of documents in validation.', lower_bound=0,
-                     upper_bound=100)
-flags.DEFINE_enum('on_decode_error', 'replace', ['replace', 'skip', 'error'],
-                  'Invalid UTF-8 in text files.')
-flags.DEFINE_bool('overwrite', False, 'Replace an existing DATA_DIR/NAME.')
-cli.define_debug_flag()
+def define_flags() -> None:
+  """The command's flags (defined only when run as a program: the module is also a library)."""
+  flags.DEFINE_string('name', None, 'Dataset name (then --config.data.name=NAME).')
+  flags.DEFINE_multi_string('input', [], 'Glob of .txt/.jsonl/.parquet files (repeatable).')
+  flags.DEFINE_string('hf_dataset', '', 'A Hugging Face dataset saved with save_to_disk.')
+  flags.DEFINE_string('data_dir', None, 'TFDS data directory (then --config.data.data_dir=DIR).')
+  flags.DEFINE_enum('split_by', 'file', ['file', 'line', 'paragraph'], '.txt document unit.')
+  flags.DEFINE_string('text_field', 'text', 'Text field of .jsonl lines / column of .parquet '
+                      'and Hugging Face datasets.')
+  flags.DEFINE_integer('val_percent', 5, 'Percent of documents in validation.', lower_bound=0,
+                       upper_bound=100)
+  flags.DEFINE_enum('on_decode_error', 'replace', ['replace', 'skip', 'error'],
+                    'Invalid UTF-8 in text files.')
+  flags.DEFINE_bool('overwrite', False, 'Replace an existing DATA_DIR/NAME.')
+  cli.define_debug_flag()
+
+
 FLAGS = flags.FLAGS
 
 
@@ -146,4 +150,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   cli.run(main, PROG)
