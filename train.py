@@ -41,16 +41,17 @@ def main(argv):
   multi = FLAGS.distributed or FLAGS.coordinator_address
   with cli.exit_early_on_sigterm(PROG, FLAGS.workdir, remove=not multi) as started:
     import jax  # pylint: disable=g-import-not-at-top
-    from flax_posemb import auto  # pylint: disable=g-import-not-at-top
-    hint = auto.huge_pages_hint(shlex.join(['python3', *sys.argv]))
-    if hint:
-      logging.info('%s', hint)
     if FLAGS.cpu_collectives:
       jax.config.update('jax_cpu_collectives_implementation', FLAGS.cpu_collectives)
     if multi:
       jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
                                  num_processes=FLAGS.num_processes,
                                  process_id=FLAGS.process_id)
+    from flax_posemb import auto  # pylint: disable=g-import-not-at-top
+    # After jax.distributed.initialize: asking for the backend initializes it.
+    hint = auto.huge_pages_hint(shlex.join(['python3', *sys.argv]))
+    if hint and jax.process_index() == 0:
+      logging.info('%s', hint)
     from flax_posemb import training  # pylint: disable=g-import-not-at-top
     result = training.train_and_evaluate(FLAGS.config, FLAGS.workdir,
                                          hooks=[lambda step, metrics: started()])
