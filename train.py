@@ -11,6 +11,7 @@ loss became non-finite, 75 preempted by SIGTERM (re-run the same command to resu
 """
 
 import os
+import shlex
 import signal
 import sys
 
@@ -31,6 +32,7 @@ signal.signal(signal.SIGTERM, _sigterm_while_starting)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
 from flax_posemb import cli
@@ -62,6 +64,11 @@ def main(argv):
       jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
                                  num_processes=FLAGS.num_processes,
                                  process_id=FLAGS.process_id)
+    from flax_posemb import auto  # pylint: disable=g-import-not-at-top
+    # After jax.distributed.initialize: asking for the backend initializes it.
+    hint = auto.huge_pages_hint(shlex.join(['python3', *sys.argv]))
+    if hint and jax.process_index() == 0:
+      logging.info('%s', hint)
     from flax_posemb import training  # pylint: disable=g-import-not-at-top
     result = training.train_and_evaluate(FLAGS.config, FLAGS.workdir,
                                          hooks=[lambda step, metrics: started()])

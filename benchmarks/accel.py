@@ -80,9 +80,11 @@ def export_train_step(shape: common.Shape, platforms: tuple[str, ...] = ('cuda',
   Returns:
     The `jax.export.Exported`.
   """
+  from flax_posemb import auto
   from flax_posemb import sharding
   from flax_posemb import train_step as training
   config = common.model_config(shape, collect_stats=collect_stats, **overrides)
+  auto.resolve_config(config, platform='gpu' if 'cuda' in platforms else platforms[0])
   mesh = sharding.make_mesh()
   model = training.make_model(config)
   box = {}

@@ -54,16 +54,17 @@ IMPLS = {
     'peak_jax': ('jax', 'fp32 matmul peak, JAX'),
     'peak_torch': ('torch', 'fp32 matmul peak, PyTorch'),
 }
-# The library as configured by default; blocked attention; the CPU-tuned step (blocked
-# attention + 4 microbatches of 4 rows, which keeps each microbatch's activations near the
-# last-level cache), also with glibc's malloc on transparent huge pages (an environment
-# setting: fewer TLB misses on the activation buffers); the peers, PyTorch also with the
-# same 4 microbatches and with the same huge pages (like for like).
-CPU_TUNED = "model.attention_impl='blocked';grad_accum_steps=4"
+# The library as configured by default (no overrides: what a plain train.py runs, attention and
+# microbatches chosen by flax_posemb.auto; on CPU blocked attention and ~1k-token microbatches,
+# 4 of 4 rows at the small shape), also with glibc's malloc on transparent huge pages (an
+# environment setting: fewer TLB misses on the activation buffers); the step before these
+# defaults (XLA attention, one batch) and blocked attention alone; the peers, PyTorch also
+# with the same 4 microbatches and with the same huge pages (like for like).
+CPU_BEFORE = "model.attention_impl='xla';grad_accum_steps=1"
+BLOCKED_ONLY = "model.attention_impl='blocked';grad_accum_steps=1"
 HUGE_PAGES = 'env.GLIBC_TUNABLES=glibc.malloc.hugetlb=1'
-DEFAULT_IMPLS = (f"stats_on,stats_off,stats_on:model.attention_impl='blocked',"
-                 f"stats_on:{CPU_TUNED},stats_on:{CPU_TUNED};{HUGE_PAGES},"
-                 f"stats_off:{CPU_TUNED};{HUGE_PAGES},reference,hf_flax,torch_eager,"
+DEFAULT_IMPLS = (f"stats_on,stats_off,stats_on:{HUGE_PAGES},stats_off:{HUGE_PAGES},"
+                 f"stats_on:{CPU_BEFORE},stats_on:{BLOCKED_ONLY},reference,hf_flax,torch_eager,"
                  f"torch_compile,torch_compile:grad_accum_steps=4,torch_compile:{HUGE_PAGES}")
 SHAPES = ('small', 'tiny', 'mini')
 
@@ -166,6 +167,7 @@ def child(spec: str, shape_name: str, steps_n: int, warmup: int, threads: int) -
   out['tokens'] = shape.tokens
   out['flops_per_token'] = common.flops_per_token(shape, runner.n_params_no_pos)
   out['name'] = runner.name
+  out['note'] = runner.note
   if fw == 'torch':
     import torch
     out['threads'] = torch.get_num_threads()
@@ -233,6 +235,8 @@ def aggregate(specs: list[str], rounds: list[dict[str, dict[str, Any]]],
     cpu = [x['tokens'] / x['median_cpu_s'] for x in ok if 'median_cpu_s' in x]
     if cpu:  # less sensitive to other jobs on the machine, but counts spinning threads too
       row['tokens_per_cpu_s'] = _spread(cpu)
+    if ok[0].get('note') and not parse_spec(spec)[1]:  # The defaults: what auto resolved to.
+      row['label'] += f", defaults ({ok[0]['note']})"
     row.update({'name': ok[0]['name'], 'tokens_per_s': _spread(tps),
                 'step_s': _spread([x['median_s'] for x in ok]),
                 'within_round_rel_spread': _spread(

@@ -57,7 +57,9 @@ def _library_train(shape: common.Shape, collect_stats: bool, seed: int,
   # train_step and sharding hold the jitted step without the loop's data/Orbax imports.
   from flax_posemb import sharding
   from flax_posemb import train_step as training
+  from flax_posemb import auto
   config = common.model_config(shape, collect_stats=collect_stats, **overrides)
+  auto.resolve_config(config)  # What train.py runs: auto attention and microbatches resolved.
   mesh = sharding.make_mesh()
   model = training.make_model(config)
   state, tx, shardings = training.init_state(model, config, mesh, jax.random.key(seed))
@@ -74,7 +76,8 @@ def _library_train(shape: common.Shape, collect_stats: bool, seed: int,
   pos = state.params.get('pos_embed', {}).get('embedding')
   n_no_pos = n - (int(pos.size) if pos is not None else 0)
   name = f"flax_posemb (stats {'on' if collect_stats else 'off'})"
-  return Runner(name, call, n_no_pos, lambda: step.lower(box[0], batch, rng))
+  note = f'{config.model.attention_impl} attention, {config.grad_accum_steps} microbatch(es)'
+  return Runner(name, call, n_no_pos, lambda: step.lower(box[0], batch, rng), note)
 
 
 def library_eval(shape: common.Shape, seed: int = 0, **overrides) -> Runner:

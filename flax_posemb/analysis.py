@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import scipy.stats
+from absl import logging
 
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import outputs
@@ -102,17 +103,19 @@ def position_probe(table: np.ndarray, folds: int = 5,
   if not 2 <= folds <= num:
     raise ValueError(f'position probe needs 2 <= folds <= rows ({num}), got {folds}.')
   y = np.arange(num, dtype=np.float64)
+  fits = []  # Per fold, once for every ridge strength: the Gram matrix is the costly part.
+  for f in range(folds):
+    test = (np.arange(num) % folds) == f
+    xt, yt = x[~test], y[~test]
+    mx, my = xt.mean(0), yt.mean()
+    xc = xt - mx
+    fits.append((test, mx, my, xc.T @ xc, xc.T @ (yt - my)))
   best = None
   for lam_rel in np.atleast_1d(ridge):
     pred = np.zeros(num)
-    for f in range(folds):
-      test = (np.arange(num) % folds) == f
-      xt, yt = x[~test], y[~test]
-      mx, my = xt.mean(0), yt.mean()
-      xc = xt - mx
-      gram = xc.T @ xc
+    for test, mx, my, gram, xty in fits:
       lam = float(lam_rel) * max(np.trace(gram) / gram.shape[0], 1e-12)
-      w = np.linalg.solve(gram + lam * np.eye(gram.shape[0]), xc.T @ (yt - my))
+      w = np.linalg.solve(gram + lam * np.eye(gram.shape[0]), xty)
       pred[test] = (x[test] - mx) @ w + my
     sse = float(np.sum((pred - y) ** 2))
     if best is None or sse < best[0]:
@@ -155,6 +158,10 @@ def analyze_table(table: np.ndarray, *, initial: np.ndarray | None = None,
   table = np.asarray(table, np.float64)
   num = table.shape[0]
   edges = buckets_lib.make_edges(num, bucket_size, bucket_edges)
+  # Seconds for small tables; a minute or more for a GPT-2-sized one on a busy CPU.
+  logging.info('Analysing a [%d, %d] position table: held-out position probe (%d ridge '
+               'strengths x %d folds), PCA, cosine similarity, plots ...', num,
+               table.shape[1], len(RIDGE_GRID), min(5, num))
   probe = position_probe(table, folds=min(5, num))
   pca = pca_explained_variance(table)
   arrays = {'norm': row_norms(table), 'probe_prediction': probe['prediction'],

@@ -165,7 +165,12 @@ def parse_flags(prog: str) -> Callable[[list[str]], list[str]]:
   def parser(argv: list[str]) -> list[str]:
     from absl import flags  # pylint: disable=g-import-not-at-top
     try:
-      rest = flags.FLAGS(argv)
+      try:
+        rest = flags.FLAGS(argv)
+      except SystemExit as e:  # absl exits 1 after printing --help; asking for help is no error.
+        if e.code == 1 and any(a.split('=')[0] in HELP_FLAGS for a in argv[1:]):
+          raise SystemExit(EXIT_OK) from None
+        raise
       for name in flags.FLAGS:
         # config_flags keeps a config file's load error for later (any access raises it).
         value = flags.FLAGS[name].value
@@ -185,6 +190,17 @@ def parse_flags(prog: str) -> Callable[[list[str]], list[str]]:
   return parser
 
 
+HELP_FLAGS = ('-h', '-?', '--help', '--helpshort', '--helpfull', '--helpxml')
+
+
+def name_main_module(prog: str, module_name: str) -> None:
+  """Makes absl title a ``python -m`` program's flags ``prog`` rather than the absolute path of
+  its ``__main__.py`` (absl names the main module by ``sys.argv[0]``). Call before the flags
+  are defined, with the caller's ``__name__`` (nothing changes unless it is ``'__main__'``)."""
+  if module_name == '__main__' and sys.argv and os.path.isabs(sys.argv[0]):
+    sys.argv[0] = prog
+
+
 def run(main: Callable[[list[str]], int | None], prog: str) -> None:
   """``app.run(main)`` with one-message errors for flags and ``main`` (see ``guarded``) and
   the project's logging (``quiet_third_party``); ``main``'s return value is the exit code."""
@@ -200,6 +216,9 @@ def run(main: Callable[[list[str]], int | None], prog: str) -> None:
 # Libraries whose INFO records are noise at the default verbosity (Orbax logs every file it
 # writes; TFDS every builder lookup), and warnings that are expected here.
 NOISY_LIBRARIES = ('/orbax/', '/tensorstore/', '/tensorflow_datasets/', '/grain/', '/etils/')
+# INFO lines of other libraries that are expected on every start (JAX probing for a TPU on a
+# machine without one); shown with --verbosity=1.
+EXPECTED_INFO = ("Unable to initialize backend 'tpu'",)
 EXPECTED_WARNINGS = (
     'Given directory is read only',  # Orbax, for every read-only restore (eval): intended.
     'has no dataset_info.json',  # TFDS, for a local corpus before its first build.
@@ -220,7 +239,8 @@ class _ThirdPartyFilter(logging.Filter):
     if absl_logging.get_verbosity() >= 1:  # --verbosity=1 (debug): everything.
       return True
     third_party = any(p in record.pathname for p in NOISY_LIBRARIES)
-    if third_party and record.levelno < logging.WARNING:
+    if record.levelno < logging.WARNING and (
+        third_party or record.getMessage().startswith(EXPECTED_INFO)):
       return False
     return not (third_party and any(w in record.getMessage()
                                     for w in EXPECTED_WARNINGS + REPORTED_AGAIN))

@@ -40,8 +40,9 @@ def format_table(results: dict[str, Any]) -> str:
     lines.append(line)
   o, d = results['overall'], results['degradation']
   docs = f", {o['documents']} documents" if 'documents' in o else ''
-  lines.append(f"overall loss {f(o['loss'])} +- {f(o['stderr'])} "
-               f"({o['tokens']} tokens, {o['windows']} windows{docs})")
+  lines.append(f"overall loss {f(o['loss'])} +- {f(o['stderr'])} nats/token "
+               f"({o['tokens']} tokens, {o['windows']} windows{docs}); losses in nats per "
+               'token, +- one clustered standard error')
   lines.append(f"last - best bucket {f(d['last_minus_best'])} +- {f(d['last_minus_best_stderr'])}; "
                f"second-half slope {f(d['slope'], 6)} +- {f(d['slope_stderr'], 6)} per position")
   return '\n'.join(lines)
@@ -168,7 +169,8 @@ def format_groups(results: dict[str, Any]) -> str:
       span = f"[{b['start']}, {b['end']})"
       lines.append(f'{span:>13} ' + ' '.join(f'{c:>{width}}' for c in cells))
     out.append('\n'.join(lines))
-  return '\n\n'.join(out)
+  return '\n\n'.join(out + ['loss in nats per token +- one clustered standard error; '
+                             'columns: group (windows w / documents d)'])
 
 
 def format_offsets(probe: dict[str, Any]) -> str:
@@ -182,7 +184,7 @@ def format_offsets(probe: dict[str, Any]) -> str:
       cells.append('-' if x['loss'] is None else f"{x['loss']:.4f}+-{x['stderr'] or 0:.4f}")
     span = f"[{b['start']}, {b['end']})"
     lines.append(f'{span:>13} ' + ' '.join(f'{c:>16}' for c in cells))
-  lines.append(probe['note'])
+  lines.append('loss in nats per token +- one clustered standard error. ' + probe['note'])
   return '\n'.join(lines)
 
 
@@ -257,7 +259,7 @@ def _comparison_table(labels, results, rows, paired) -> str:
     text.append(f'{span:>13} ' + ' '.join(f'{c:>{width}}' for c in cells))
   deg = [f"{l}: last-best {_fmt(r['degradation']['last_minus_best'])}"
          f" +- {_fmt(r['degradation']['last_minus_best_stderr'])}" for l, r in zip(labels, results)]
-  text.append('; '.join(deg))
+  text.append('; '.join(deg) + ' (losses in nats per token +- stderr)')
   if paired:
     text.append('differences: paired over the shared windows (+- stderr; 95% t intervals in '
                 'comparison.json)')

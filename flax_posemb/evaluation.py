@@ -123,6 +123,10 @@ def _check_batch(batch: dict[str, np.ndarray], length: int, offsets: Sequence[in
     raise ValueError(f'batch arrays must all be [B, T]; got {shapes}.')
   scored = out['loss_mask'] > 0
   if scored.any():
+    low = int(out['positions'][scored].min())
+    if low < 0:  # It would be booked at position 0.
+      raise ValueError(f'scored position id {low} is negative; position ids of scored targets '
+                       f'must lie in [0, {length}).')
     top = int(out['positions'][scored].max())
     if top >= length:
       raise ValueError(f'position id {top} is outside the evaluated range [0, {length}); '
@@ -222,7 +226,8 @@ def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
   if thin:
     out.append(f"{len(thin)} of {len(rows)} bucket(s) have fewer than {MIN_BUCKET_WINDOWS} "
                f"windows (min {min(b['windows'] for b in thin)}): their intervals are "
-               'unreliable; raise --num_windows (eval.num_windows).')
+               'unreliable; evaluate more windows (eval.num_windows: eval.py --num_windows N, '
+               'train.py --config.eval.num_windows=N).')
   return out
 
 
@@ -500,7 +505,8 @@ def evaluate_and_compare(workdirs: Sequence[str], *, output: str | None = None,
   variant = variant_name(steps[0] if len(steps) == 1 else None,
                          **{k: v for k, v in kwargs.items() if k != 'step'})
   name = 'compare_' + '_vs_'.join(labels) + (f'_{variant}' if variant else '')
-  out_dir = output or os.path.join(os.path.dirname(os.path.abspath(workdirs[0])), name)
+  # Beside the first run, spelled as the user spelled it (like each run's own outputs).
+  out_dir = output or os.path.join(os.path.dirname(os.path.normpath(workdirs[0])), name)
   comp = eval_report.compare(labels, [r['results'] for _, r in runs], out_dir,
                              per_window=[r['per_window'] for _, r in runs])
   return runs, dict(comp, out_dir=out_dir)

@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from flax_posemb import auto
 from flax_posemb import embeddings
 
 Array = jax.Array
@@ -85,14 +86,19 @@ def attention(qkv: Array, positions: Array, mask: Array | None, *, num_heads: in
     mask: bool `[B, 1, T, T]` from `segment_mask`, or None.
     num_heads: Heads N (D must be divisible by N).
     rope: Rotate queries and keys by `embeddings.apply_rope`.
-    implementation: 'xla' or 'cudnn' (`jax.nn.dot_product_attention`), or 'blocked'
-      (`blocked_causal_attention`: the same function, about half the score work).
+    implementation: 'xla' or 'cudnn' (`jax.nn.dot_product_attention`), 'blocked'
+      (`blocked_causal_attention`: the same function, about half the score work), or 'auto'
+      (`auto.attention_impl` of this platform, dtype and shape).
 
   Returns:
     `[B, T, D]` (heads concatenated) in the dtype of `qkv`.
   """
   b, t, three_d = qkv.shape
   d = three_d // 3
+  if implementation == auto.AUTO_ATTENTION:  # Library use; training resolves it at startup.
+    implementation = auto.attention_impl(
+        implementation, platform=jax.default_backend(), dtype=jnp.dtype(qkv.dtype).name,
+        head_dim=d // num_heads, seq_len=t)
   qkv = qkv.reshape(b, t, 3, num_heads, d // num_heads)
   if implementation == 'blocked' and not rope:
     # One transpose to heads-major [3, B, N, T, H] instead of three slices and three
@@ -202,7 +208,7 @@ def block(x: Array, mask: Array | None, positions: Array, *, ln_1: Layer, qkv: L
     drop_attn, drop_mlp: Dropout on the attention and MLP outputs.
     num_heads: Attention heads.
     rope: Apply RoPE to queries and keys.
-    implementation: Attention implementation ('xla', 'cudnn', 'blocked').
+    implementation: Attention implementation ('auto', 'xla', 'cudnn', 'blocked').
 
   Returns:
     `[B, T, D]`.

@@ -46,7 +46,7 @@ Array = jax.Array
 
 POSITION_TABLE_PATH: tuple[str, str] = ('pos_embed', 'embedding')
 POSITION_EMBEDDINGS: tuple[str, ...] = ('learned', 'sinusoidal', 'rope', 'none')
-ATTENTION_IMPLS: tuple[str, ...] = ('xla', 'cudnn', 'blocked')
+ATTENTION_IMPLS: tuple[str, ...] = ('auto', 'xla', 'cudnn', 'blocked')
 _DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 
@@ -75,9 +75,11 @@ class ModelConfig:
   token_init_std: float = -1.0  # Std override for the token initializer; <0 = default.
   dtype: str = 'float32'  # Compute dtype (bfloat16 on accelerators); logits and loss stay float32.
   param_dtype: str = 'float32'  # Parameter storage dtype.
-  # Attention: xla | cudnn (jax.nn.dot_product_attention; cudnn needs bf16/fp16) | blocked
+  # Attention: auto (the fastest exact one for the platform: blocked on CPU, cudnn on a recent
+  # NVIDIA GPU with bf16/fp16, else xla; flax_posemb.auto) | xla | cudnn
+  # (jax.nn.dot_product_attention; cudnn needs bf16/fp16) | blocked
   # (layers.blocked_causal_attention: same function, per-query-block key prefixes, for CPUs).
-  attention_impl: str = 'xla'
+  attention_impl: str = 'auto'
   remat: bool = False  # Rematerialize each block in the backward pass (saves memory).
   # In-graph guard on position ids, for library users. train.py/eval.py check every batch on
   # the host instead (sharding.global_batch) and turn it off (defaults.model()): it costs ~5-15%
@@ -106,7 +108,7 @@ class ModelConfig:
                          f"got {getattr(self, f)!r}.")
     if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError(f"Unknown attention_impl {self.attention_impl!r}; valid: "
-                       f"{', '.join(ATTENTION_IMPLS)} ('xla' or 'blocked' on CPU).")
+                       f"{', '.join(ATTENTION_IMPLS)} ('auto' picks one for the platform).")
     if self.attention_impl == 'cudnn' and self.dtype == 'float32':
       raise ValueError("attention_impl='cudnn' (cuDNN flash attention) needs dtype "
                        "'bfloat16' or 'float16'; set model.dtype='bfloat16' or use 'xla'.")

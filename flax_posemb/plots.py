@@ -73,8 +73,8 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
   synth = 'recovered' in b
   log = _log_buckets(b)
   x = _bucket_x(b, log)
-  fig, axes = plt.subplots(2 if synth else 1, 1, figsize=(8, 6.5 if synth else 4.2), sharex=True,
-                           squeeze=False)
+  fig, axes = plt.subplots(2 if synth else 1, 1, figsize=(10, 6.5 if synth else 4.2),
+                           sharex=True, squeeze=False)
   ax = axes[0, 0]
   if not synth:  # On the synthetic corpus per-position loss is a regime sawtooth: buckets only.
     pos = np.asarray(per_position['position']) + (1 if log else 0)
@@ -90,7 +90,7 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
     ax.plot(x, b['bayes_loss'], 'k.-', lw=1, label='Bayes (position known)')
     ax.plot(x, b['filter_loss'], '.--', color='gray', lw=1, label='filter (position unknown)')
   ax.set_ylabel('loss (nats / token)')
-  ax.legend(fontsize=8)
+  _outside_legend(ax)
   ax.set_title(title or f"loss by position, step {results.get('step')}", fontsize=10)
   if synth:
     ax2 = axes[1, 0]
@@ -99,19 +99,38 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
       se = b['stderr'] / np.abs(gap)
     ax2.errorbar(x, b['recovered'], yerr=1.96 * se, fmt='o-', color='C2', capsize=3,
                  label='recovered (95% CI)')
-    ax2.axhline(1.0, color='k', lw=0.8)
-    ax2.axhline(0.0, color='gray', lw=0.8, ls='--')
-    ax2.text(1.0, 1.0, '1 = Bayes: all of the position value ', va='bottom', ha='right',
-             fontsize=7, transform=ax2.get_yaxis_transform())
-    ax2.text(1.0, 0.0, 'position-blind filter = 0 ', va='bottom', ha='right', fontsize=7,
-             color='gray', transform=ax2.get_yaxis_transform())
+    ax2.axhline(1.0, color='k', lw=0.8, label='1 = Bayes: all of the position value')
+    ax2.axhline(0.0, color='gray', lw=0.8, ls='--', label='0 = position-blind filter')
     ax2.set_ylabel('share of the position value\nrecovered by the rows')
-    ax2.legend(fontsize=8, loc='best')
+    _outside_legend(ax2)
   if log:
     axes[-1, 0].set_xscale('log')
   axes[-1, 0].set_xlabel('position + 1 (log scale; = context length)' if log
                          else 'position (= context length - 1)')
   return fig
+
+
+def _outside_legend(ax) -> None:
+  """The legend right of the axes, where it covers no data or error bar."""
+  ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def _paired_panel(ax, paired: Sequence[tuple[str, Sequence[dict[str, Any]]]], log: bool,
+                  first_color: int = 1) -> None:
+  """Paired differences per bucket with their 95% t intervals (rows of
+  `buckets.paired_difference`: start, end, diff, ci95), one series per (label, rows)."""
+  for j, (label, rows) in enumerate(paired):
+    rows = [r for r in rows if r['diff'] is not None]
+    if not rows:
+      continue
+    b = {k: np.array([r[k] for r in rows], np.float64) for k in ('start', 'end')}
+    b['mid'] = (b['start'] + b['end'] - 1) / 2
+    diff = np.array([r['diff'] for r in rows])
+    lo = diff - np.array([r['ci95'][0] for r in rows])
+    hi = np.array([r['ci95'][1] for r in rows]) - diff
+    ax.errorbar(_bucket_x(b, log), diff, yerr=[lo, hi], fmt='o-', capsize=3,
+                color=f'C{j + first_color}', label=label)
+  ax.axhline(0.0, color='k', lw=0.8)
 
 
 def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]],
@@ -138,16 +157,7 @@ def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]],
     axes[1, 0].set_ylabel('excess loss over Bayes')
   if paired:
     ax = axes[-1, 0]
-    for j, p in enumerate(paired):
-      rows = [r for r in p['buckets'] if r['diff'] is not None]
-      mid = _bucket_x({k: np.array([r[k] for r in rows], np.float64) for k in ('start', 'end')}
-                      | {'mid': np.array([(r['start'] + r['end'] - 1) / 2 for r in rows])}, log)
-      diff = np.array([r['diff'] for r in rows])
-      lo = diff - np.array([r['ci95'][0] for r in rows])
-      hi = np.array([r['ci95'][1] for r in rows]) - diff
-      ax.errorbar(mid, diff, yerr=[lo, hi], fmt='o-', capsize=3, color=f'C{j + 1}',
-                  label=f"{p['label']} - {p['minus']}")
-    ax.axhline(0.0, color='k', lw=0.8)
+    _paired_panel(ax, [(f"{p['label']} - {p['minus']}", p['buckets']) for p in paired], log)
     ax.set_ylabel('paired difference (nats)')
     ax.legend(fontsize=8)
   axes[0, 0].set_ylabel('loss (nats / token)')
@@ -160,20 +170,30 @@ def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]],
 
 
 def offset_probe(probe: dict[str, Any], path: str | os.PathLike[str]) -> str:
-  """Loss by context length for each position offset K (results['offset_probe'])."""
-  fig, ax = plt.subplots(figsize=(8, 4.2))
+  """Loss by context length for each position offset K (results['offset_probe']) and, below,
+  the paired difference K - K0 per bucket with its 95% interval (what the console reports)."""
+  paired = probe.get('paired_vs_first') or []
+  fig, axes = plt.subplots(2 if paired else 1, 1, figsize=(8, 7 if paired else 4.2),
+                           sharex=True, squeeze=False)
+  ax = axes[0, 0]
   log = _log_buckets(_bucket_arrays(probe['by_offset'][0]))
   for i, r in enumerate(probe['by_offset']):
     a = _bucket_arrays(r)
     ax.errorbar(_bucket_x(a, log), a['loss'], yerr=1.96 * a['stderr'], fmt='o-', capsize=3,
                 color=f'C{i}', label=f"K = {r['offset']}")
-  if log:
-    ax.set_xscale('log')
-  ax.set_xlabel('context length' + (' (log scale)' if log else ' - 1') +
-                ' (position ids shifted by K)')
   ax.set_ylabel('loss (nats / token)')
   ax.set_title('offset probe: same texts, rows p + K')
   ax.legend(fontsize=8)
+  if paired:
+    ax2 = axes[1, 0]
+    _paired_panel(ax2, [(f"K = {p['offset']} - K = {p['minus_offset']} (95% CI)", p['buckets'])
+                        for p in paired], log)
+    ax2.set_ylabel('paired difference\nK - K0 (nats / token)')
+    ax2.legend(fontsize=8)
+  if log:
+    axes[-1, 0].set_xscale('log')
+  axes[-1, 0].set_xlabel('context length' + (' (log scale)' if log else ' - 1') +
+                         ' (position ids shifted by K)')
   return _save(fig, path)
 
 

@@ -61,7 +61,8 @@ def check_batch_layout(config: Any, mesh: Mesh) -> None:
   """Raises a clear ValueError if the batch cannot be split over devices/microbatches."""
   b, a, n = int(config.batch_size), int(config.grad_accum_steps), mesh.size
   if a < 1:
-    raise ValueError(f'grad_accum_steps must be >= 1, got {a}.')
+    raise ValueError(f'grad_accum_steps must be >= 1 (or 0 = auto, resolved at startup), '
+                     f'got {a}.')
   if b < 1 or b % (a * n):
     raise ValueError(
         f'batch_size={b} must be a positive multiple of grad_accum_steps * device count = '

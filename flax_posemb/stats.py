@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_posemb import embeddings
 from flax_posemb import outputs
 from flax_posemb import sharding
 
@@ -269,7 +270,8 @@ def _embed_width(token_loss_fn, params, batch, args) -> int:
 
 def value_and_grad_with_position_stats(
     token_loss_fn: Callable[..., Array], num_positions: int, *, collect: bool = True,
-    embed_dim: int | None = None, finish: bool = True) -> Callable[..., tuple]:
+    embed_dim: int | None = None, finish: bool = True,
+    check_positions: bool = True) -> Callable[..., tuple]:
   """Loss, parameter gradients and per-position statistics of any model, in one backward pass.
 
   Example (any model whose embedding sum takes ``embed_delta``)::
@@ -293,6 +295,11 @@ def value_and_grad_with_position_stats(
     embed_dim: width ``D`` of ``embed_delta``; None infers it from one abstract trace.
     finish: False leaves ``row_grad`` unsquared, for summing microbatches (then call
       ``stats.finish()``).
+    check_positions: raise when a real token (``segment_ids > 0``) has a position id outside
+      ``[0, num_positions)``: the scatter onto rows would drop it from every field while the
+      loss still counts it. Eagerly a ``ValueError``; under ``jax.jit`` a runtime error with
+      the same message (``embeddings.check_position_range``). False skips the check (the
+      train step, whose batches are checked on the host, ``sharding.global_batch``).
 
   Returns:
     ``f(params, batch, *args, denominator=None) -> (loss, grads, stats)``: ``loss`` the mean
@@ -303,6 +310,9 @@ def value_and_grad_with_position_stats(
     ``occ_sq``, ``row_sq``, ``downstream``; ``update_sq`` needs the optimizer and is absent).
   """
   def f(params, batch, *args, denominator=None):
+    if check_positions:
+      real = jnp.asarray(batch['segment_ids']) > 0
+      embeddings.check_position_range(jnp.where(real, batch['positions'], 0), num_positions)
     mask = batch['loss_mask'].astype(jnp.float32)
     denom = jnp.maximum(jnp.sum(mask), 1.0) if denominator is None else denominator
     shape = batch['positions'].shape

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from flax_posemb import auto
 from flax_posemb import model as model_lib
 from flax_posemb import optim
 from flax_posemb import sharding
@@ -156,7 +157,8 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
   Args:
     model: the model.
     tx: optimizer from ``optim.make_optimizer``.
-    config: full config (``grad_accum_steps``, ``collect_stats``, ``optimizer``).
+    config: full config (``grad_accum_steps``, 0 = ``auto.grad_accum_steps``; ``collect_stats``,
+      ``optimizer``).
     mesh: mesh with axis ``'data'``.
     state_shardings: ``TrainState`` of shardings from ``init_state``.
 
@@ -169,9 +171,13 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
     finite).
   """
   cfg = model.config
+  # Training resolves 0 (auto) at startup and records it; direct callers get the same rule.
+  accum = auto.grad_accum_steps(int(config.grad_accum_steps), platform=jax.default_backend(),
+                                batch_size=int(config.batch_size),
+                                seq_len=int(config.data.seq_len), num_devices=mesh.size)
   gradients = accumulated(stats_lib.value_and_grad_with_position_stats(
       token_loss_fn(model), cfg.max_len, collect=bool(config.collect_stats),
-      embed_dim=cfg.emb_dim, finish=False), int(config.grad_accum_steps), mesh)
+      embed_dim=cfg.emb_dim, finish=False, check_positions=cfg.check_positions), accum, mesh)
   schedule = optim.make_schedule(config)
   has_table = cfg.position_embedding == 'learned'
   row_scale = bool(config.optimizer.row_lr_scale)

@@ -37,6 +37,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from flax_posemb import auto as auto_lib
 from flax_posemb import checkpointing
 from flax_posemb import data as data_lib
 from flax_posemb import model as model_lib
@@ -72,6 +73,17 @@ def validate(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
   if int(config.eval_every_steps) > 0:
     _validate_eval(config, mcfg)
   return mcfg
+
+
+def resolve_auto(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
+  """A copy of ``config`` with its auto fields (attention, microbatches) made concrete for this
+  platform (``auto.resolve_config``), so ``config.json`` records what runs; a resume keeps the
+  values its ``config.json`` recorded."""
+  config = config.copy_and_resolve_references()
+  saved = workdir_lib.saved_config(workdir) if os.path.isdir(workdir) else None
+  for key, (_, value) in auto_lib.resolve_config(config, saved=saved).items():
+    logging.info('%s: auto -> %r (recorded in config.json)', key, value)
+  return config
 
 
 def divergence_bound(config: ml_collections.ConfigDict) -> float:
@@ -179,8 +191,9 @@ class StatsLog:
     degradation, the loss-by-position figure) of one periodic evaluation."""
     self.write(dict(step=step, eval=results))
     o, d = results['overall'], results['degradation']
-    logging.info('eval step %d: loss %.4f +- %.4f; last - best bucket %s', step, o['loss'],
-                 o['stderr'] or 0.0, d['last_minus_best'])
+    lmb = d['last_minus_best']
+    logging.info('eval step %d: loss %.4f +- %.4f nats/token; last - best bucket %s', step,
+                 o['loss'], o['stderr'] or 0.0, '-' if lmb is None else f'{lmb:+.4f}')
     if not self.lead:
       return
     w = self._writer
@@ -310,6 +323,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     ValueError: bad config values, or a workdir that cannot be used as asked
       (``workdir.WorkdirError``; named in the message).
   """
+  config = resolve_auto(config, workdir)
   mcfg = validate(config)
   mesh = sharding.make_mesh()
   sharding.check_batch_layout(config, mesh)

@@ -416,3 +416,12 @@ def test_window_groups_split_the_bucket_table_by_kind_start_depth_and_distance_t
   assert near['buckets'][1]['loss'] == pytest.approx(5.0) and near['documents'] == 2
   bible = next(g for g in tables['by_kind'] if g['group'] == 'bible')
   assert bible['buckets'][0]['loss'] == pytest.approx(np.mean([2, 4, 8, 10]))
+
+
+def test_a_negative_scored_position_is_refused_not_booked_at_position_zero():
+  model, params = _model()
+  batches = _batches()
+  batches[1]['positions'][0, 5] = -1  # scored; the table check is off (max_len=None)
+  with pytest.raises(ValueError, match='scored position id -1 is negative'):
+    evaluation.accumulate(evaluation.model_apply_fn(model), params, batches,
+                          np.array([0, 8, 16]))

@@ -163,6 +163,7 @@ def test_a_failing_tensorboard_flush_does_not_hide_the_first_error(tmp_path):
 
 def test_a_run_started_before_a_field_existed_resumes_with_its_default(tmp_path):
   wd, c = trained_five_steps(tmp_path)
+  c = training.resolve_auto(c, wd)  # as train_and_evaluate does before this check
   path = os.path.join(wd, 'config.json')
   saved = json.load(open(path))
   del saved['data']['on_decode_error']  # as written by an older version

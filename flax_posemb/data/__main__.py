@@ -16,7 +16,11 @@ from absl import flags
 from ml_collections import config_flags
 
 from flax_posemb import cli
-from flax_posemb.data import report
+
+PROG = 'python -m flax_posemb.data'
+cli.name_main_module(PROG, __name__)
+
+from flax_posemb.data import report  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/NAME.py).')
 _NUM_BATCHES = flags.DEFINE_integer('num_batches', 100, 'Training batches to count.',
@@ -27,7 +31,6 @@ _NUM_DOCS = flags.DEFINE_integer('num_source_docs', 2000, 'Source documents samp
 _JSON = flags.DEFINE_string('json', '', 'Write the report as JSON here.')
 _PNG = flags.DEFINE_string('png', '', 'Write a plot of exposure per position here.')
 cli.define_debug_flag()
-PROG = 'python -m flax_posemb.data'
 
 
 def main(argv):

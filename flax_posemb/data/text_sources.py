@@ -120,9 +120,10 @@ class TextBuilderConfig(tfds.core.BuilderConfig):
 
   def __init__(self, *, name: str, files: tuple[str, ...], split_by: str,
                text_field: str, val_percent: int, description: str = '',
-               on_decode_error: str = 'replace'):
+               on_decode_error: str = 'replace', hf_dataset: str = ''):
     super().__init__(name=name, version=tfds.core.Version('1.0.0'), description=description)
     self.files = files
+    self.hf_dataset = hf_dataset  # A Hugging Face `datasets` dataset saved to disk (prepare).
     self.split_by = split_by  # file | line | paragraph | python
     self.text_field = text_field
     self.val_percent = val_percent
@@ -139,19 +140,31 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
   @tfds.core.utils.classproperty
   @classmethod
   def code_path(cls) -> epath.Path:
-    return epath.Path(inspect.getfile(cls))
+    return epath.Path(inspect.getfile(_TextCorpus))
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
-        builder=self, description=self.builder_config.description,
+        builder=self, description=self._source().description,
         features=tfds.features.FeaturesDict({'text': tfds.features.Text()}),
         metadata=tfds.core.MetadataDict())
+
+  SOURCE: TextBuilderConfig | None = None  # The documents of a builder without configs.
+
+  def _source(self) -> TextBuilderConfig:
+    return self.builder_config or self.SOURCE
 
   def _docs(self, bad: list[str] | None = None):
     """Yields (key, text) of every document, in file order; appends the keys of documents
     with invalid UTF-8 to `bad` (they are replaced, skipped or refused: on_decode_error)."""
-    cfg = self.builder_config
+    cfg = self._source()
+    if getattr(cfg, 'hf_dataset', ''):
+      yield from hf_documents(cfg.hf_dataset, cfg.text_field)
+      return
     for path in cfg.files:
+      if path.endswith('.parquet'):
+        yield from ((f'{path}:{i}', doc) for i, doc in enumerate(parquet_texts(
+            path, cfg.text_field)))
+        continue
       with open(path, 'rb') as f:
         content = f.read().decode('utf-8', errors='surrogateescape')  # Lossless.
       if path.endswith('.jsonl'):
@@ -184,11 +197,11 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    pct = self.builder_config.val_percent
+    pct = self._source().val_percent
     bad: list[str] = []
     scores = {key: _hash_percent(key) for key, _ in self._docs(bad)}
     self.info.metadata['decode_errors'] = {
-        'mode': getattr(self.builder_config, 'on_decode_error', 'replace'),
+        'mode': getattr(self._source(), 'on_decode_error', 'replace'),
         'documents': len(bad), 'files': sorted({k.rsplit(':', 1)[0] for k in bad})[:20]}
     val = {k for k, v in scores.items() if v < pct}
     if pct > 0 and not val and len(scores) >= 2:  # Tiny corpus: still one validation doc.
@@ -261,6 +274,39 @@ def _warn_decode_errors(builder) -> None:
                   'data.on_decode_error=%s %s. Use data.on_decode_error=error to refuse such '
                   'files.', builder.name, found['documents'], ', '.join(found['files'][:5]),
                   found['mode'], what)
+
+
+def parquet_texts(path: str, column: str) -> list[str]:
+  """The ``column`` of a Parquet file as a list of documents (needs pyarrow)."""
+  try:
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ValueError(f'{path}: reading .parquet files needs pyarrow (pip install pyarrow).'
+                     ) from None
+  names = pq.read_schema(path).names
+  if column not in names:
+    raise ValueError(f'{path} has no column {column!r} (data.text_feature / --text_field); '
+                     f'its columns are {names}.')
+  return ['' if t is None else str(t) for t in pq.read_table(path, columns=[column])
+          .column(column).to_pylist()]
+
+
+def hf_documents(path: str, column: str):
+  """(key, text) of every row of a Hugging Face dataset saved with ``save_to_disk`` (needs the
+  ``datasets`` library); a ``DatasetDict``'s splits in order, keys ``SPLIT:ROW``."""
+  try:
+    import datasets  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ValueError(f'{path}: reading a Hugging Face dataset needs the datasets library '
+                     '(pip install datasets).') from None
+  ds = datasets.load_from_disk(path)
+  parts = ds.items() if isinstance(ds, datasets.DatasetDict) else [('all', ds)]
+  for split, part in parts:
+    if column not in part.column_names:
+      raise ValueError(f'{path} ({split}) has no column {column!r} (--text_field); its '
+                       f'columns are {part.column_names}.')
+    for i, text in enumerate(part[column]):
+      yield f'{split}:{i}', '' if text is None else str(text)
 
 
 def stdlib_files() -> list[str]:
@@ -389,6 +435,19 @@ def pick_text_feature(features, wanted: str, name: str) -> str:
       f'--config.data.text_feature to one of them.')
 
 
+_LOGGED_FEATURES: set[tuple[str, str]] = set()
+
+
+def _log_feature(name: str, feature: str, wanted: str) -> None:
+  """Logs (once per dataset and process) which feature is read as the text."""
+  if (name, feature) in _LOGGED_FEATURES:
+    return
+  _LOGGED_FEATURES.add((name, feature))
+  why = '' if feature == wanted else (f' (picked: the dataset has no {wanted!r}; set '
+                                       'data.text_feature to choose another)')
+  logging.info('TFDS dataset %s: text feature %r%s.', name, feature, why)
+
+
 def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
   """Random-access records of a prepared TFDS dataset and its text feature.
 
@@ -416,7 +475,9 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
           f'{os.path.join(ddir, *name.split(":")[0].split("/"))}/<version>/dataset_info.json;'
           f' TFDS said: {msg}). {prepare_hint(name, ddir)}') from None
     info = getattr(records, 'dataset_info', None)
-    return records, pick_text_feature(getattr(info, 'features', None), text_feature, name)
+    feature = pick_text_feature(getattr(info, 'features', None), text_feature, name)
+    _log_feature(name, feature, text_feature)
+    return records, feature
   builder = tfds.builder_from_directory(path)
   fmt = getattr(builder.info, 'file_format', None)
   fmt = str(getattr(fmt, 'value', fmt) or '')
@@ -429,6 +490,7 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
                      f'{sorted(builder.info.splits)} (set data.train_split / '
                      'data.eval_split).')
   feature = pick_text_feature(builder.info.features, text_feature, name)
+  _log_feature(name, feature, text_feature)
   return builder.as_data_source(split=split), feature
 
 

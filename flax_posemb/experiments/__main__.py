@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 
 from absl import flags
 from absl import logging as absl_logging
 
 from flax_posemb import cli
-from flax_posemb.experiments import runner, spec, sweep
 
 PROG = 'python -m flax_posemb.experiments'
+cli.name_main_module(PROG, __name__)
+
+from flax_posemb.experiments import runner, spec, sweep  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 flags.DEFINE_string('workdir', None, 'Experiment workdir (resumed if it exists).')
 flags.DEFINE_bool('quick', False, 'Two tiny arms, one seed, a few steps (pipeline check).')
@@ -55,6 +58,11 @@ def main(argv: list[str]) -> int | None:
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger('flax_posemb').setLevel(logging.INFO)
   runner.enable_compilation_cache(FLAGS.compilation_cache)
+  from flax_posemb import auto  # pylint: disable=g-import-not-at-top
+  hint = auto.huge_pages_hint(shlex.join(['python3', '-m', 'flax_posemb.experiments',
+                                          *sys.argv[1:]]))
+  if hint:
+    print(hint, file=sys.stderr)
   kwargs = dict(quick=FLAGS.quick, run_store=FLAGS.run_store, report_dir=FLAGS.report_dir,
                 max_runs=FLAGS.max_runs)
   try:

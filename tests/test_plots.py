@@ -1,0 +1,44 @@
+"""Figures show what the console reports and hide no data behind legends or labels."""
+
+import numpy as np
+
+from flax_posemb import plots
+
+
+def _rows(losses, edges=(0, 4, 8, 12), synth=False):
+  out = []
+  for (a, b), loss in zip(zip(edges[:-1], edges[1:]), losses):
+    r = dict(start=a, end=b, loss=loss, stderr=0.05, tokens=10, windows=10)
+    if synth:
+      r.update(bayes_loss=1.0, filter_loss=2.0, recovered=2.0 - loss)
+    out.append(r)
+  return out
+
+
+def test_loss_by_position_legends_and_labels_sit_outside_the_axes():
+  results = {'step': 1, 'buckets': _rows([1.5, 1.4, 1.6], synth=True)}
+  per_position = {'position': np.arange(12), 'loss': np.ones(12)}
+  fig = plots.loss_by_position_figure(per_position, results)
+  fig.canvas.draw()
+  for ax in fig.axes:
+    box = ax.get_window_extent()
+    legend = ax.get_legend().get_window_extent()
+    assert legend.x0 >= box.x1, 'a legend inside the axes can cover error bars'
+    assert not ax.texts, 'text labels inside the axes can cover error bars'
+
+
+def test_offset_probe_figure_plots_the_paired_difference_the_console_reports(monkeypatch):
+  figs = []
+  monkeypatch.setattr(plots, '_save', lambda fig, path: figs.append(fig) or path)
+  paired = [dict(start=a, end=b, diff=d, ci95=[d - 0.01, d + 0.01])
+            for (a, b), d in zip(((0, 4), (4, 8), (8, 12)), (0.02, 0.0, 0.18))]
+  probe = {'by_offset': [dict(offset=0, buckets=_rows([1.5, 1.4, 1.6])),
+                         dict(offset=4, buckets=_rows([1.52, 1.4, 1.78]))],
+           'paired_vs_first': [dict(offset=4, minus_offset=0, buckets=paired)]}
+  plots.offset_probe(probe, 'unused.png')
+  fig, = figs
+  assert len(fig.axes) == 2
+  ax = fig.axes[1]
+  assert 'K - K0' in ax.get_ylabel()
+  line = ax.get_lines()[0]
+  np.testing.assert_allclose(line.get_ydata(), [0.02, 0.0, 0.18])
