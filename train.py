@@ -11,7 +11,6 @@ loss became non-finite, 75 preempted by SIGTERM (re-run the same command to resu
 """
 
 import os
-import shlex
 import signal
 import sys
 
@@ -32,7 +31,6 @@ signal.signal(signal.SIGTERM, _sigterm_while_starting)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from flax_posemb import cli
@@ -54,6 +52,7 @@ def main(argv):
   if len(argv) > 1:
     raise cli.UserError(f'unexpected arguments {argv[1:]}; config values are set with '
                         '--config.KEY=VALUE.')
+  cli.start_on_huge_pages()  # Before anything is written: the process may restart.
   cli.check_output_dir(FLAGS.workdir)  # The config is checked first in train_and_evaluate.
   multi = FLAGS.distributed or FLAGS.coordinator_address
   with cli.exit_early_on_sigterm(PROG, FLAGS.workdir, remove=not multi) as started:
@@ -64,11 +63,6 @@ def main(argv):
       jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
                                  num_processes=FLAGS.num_processes,
                                  process_id=FLAGS.process_id)
-    from flax_posemb import auto  # pylint: disable=g-import-not-at-top
-    # After jax.distributed.initialize: asking for the backend initializes it.
-    hint = auto.huge_pages_hint(shlex.join(['python3', *sys.argv]))
-    if hint and jax.process_index() == 0:
-      logging.info('%s', hint)
     from flax_posemb import training  # pylint: disable=g-import-not-at-top
     result = training.train_and_evaluate(FLAGS.config, FLAGS.workdir,
                                          hooks=[lambda step, metrics: started()])

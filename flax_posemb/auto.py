@@ -21,15 +21,13 @@ a model with `attention_impl='auto'` themselves (`attention_impl`):
 Explicit values in a config are never changed. A resumed run whose config leaves a field on
 auto takes the value its `config.json` recorded, so a run keeps what it started with.
 
-`huge_pages_hint` is the one line that enables glibc's malloc on transparent huge pages for
-a CPU process (3-8% faster steps here, bit-identical results), printed by the CLIs when it
-applies and is not set.
+Huge pages for glibc's malloc are the third part of the fast path; the tunable must be set
+before the process starts, so the CLIs set it (`cli.start_on_huge_pages`).
 """
 
 from __future__ import annotations
 
 import os
-import platform as platform_lib
 from typing import Any, Mapping
 
 import jax
@@ -37,7 +35,6 @@ import jax
 AUTO_ATTENTION = 'auto'
 AUTO_ACCUM = 0  # grad_accum_steps value that means "choose".
 CPU_MICROBATCH_TOKENS = 1024  # Tokens per microbatch on CPU (rows x seq_len), at most.
-HUGE_PAGES_TUNABLE = 'glibc.malloc.hugetlb=1'
 
 
 def _compute_capability() -> tuple[int, ...]:
@@ -139,33 +136,3 @@ def resolve_config(config: Any, *, saved: Mapping[str, Any] | None = None,
         seq_len=int(config.data.seq_len), num_devices=num_devices))
     done['grad_accum_steps'] = (AUTO_ACCUM, config.grad_accum_steps)
   return done
-
-
-def huge_pages_hint(command: str = 'python3 train.py ...', platform: str | None = None) -> str:
-  """The one line that starts this program on huge pages, or '' where it does not apply.
-
-  Applies to CPU processes with glibc >= 2.35 (the tunable's first release), transparent huge
-  pages in ``madvise`` mode (with ``always`` the kernel already uses them; with ``never`` the
-  tunable does nothing) and no ``glibc.malloc.hugetlb`` in ``GLIBC_TUNABLES``. The tunable
-  is read when the process starts, so it cannot be set from inside (and re-executing the
-  user's command behind their back is not worth a few percent).
-
-  Args:
-    command: the command line to show after the variable.
-    platform: default ``jax.default_backend()``.
-  """
-  if (platform or jax.default_backend()) != 'cpu':
-    return ''
-  if 'glibc.malloc.hugetlb' in os.environ.get('GLIBC_TUNABLES', ''):
-    return ''
-  lib, version = platform_lib.libc_ver()
-  try:
-    if lib != 'glibc' or tuple(int(x) for x in version.split('.')[:2]) < (2, 35):
-      return ''
-    with open('/sys/kernel/mm/transparent_hugepage/enabled') as f:
-      if '[madvise]' not in f.read():
-        return ''
-  except (OSError, ValueError):
-    return ''
-  return (f'CPU speed: `GLIBC_TUNABLES={HUGE_PAGES_TUNABLE} {command}` has malloc use '
-          'transparent huge pages: a few percent faster steps, identical results.')

@@ -1,6 +1,7 @@
 """The front door: what a new user sees when starting the command-line programs."""
 
 import logging
+import os
 import subprocess
 import sys
 
@@ -43,3 +44,28 @@ def test_the_tpu_probe_of_a_machine_without_tpu_is_not_logged_at_the_default_ver
   assert not f.filter(_record(tpu, path))
   assert f.filter(_record("Unable to initialize backend 'cuda': ...", path, logging.WARNING))
   assert f.filter(_record('eval step 100: loss 2.7664', '/flax_posemb/training.py'))
+
+
+@pytest.mark.parametrize('off', ['', '0'])
+def test_programs_restart_themselves_on_huge_pages_where_glibc_and_the_kernel_allow(off):
+  code = ('from flax_posemb import cli; cli.start_on_huge_pages(); import os; '
+          "print(os.environ.get('GLIBC_TUNABLES'), os.environ.get('FLAX_POSEMB_HUGE_PAGES'))")
+  env = {k: v for k, v in SUBPROCESS_ENV.items()
+         if k not in ('GLIBC_TUNABLES', 'FLAX_POSEMB_HUGE_PAGES')}
+  if off:
+    env['FLAX_POSEMB_HUGE_PAGES'] = off
+  p = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=120)
+  assert p.returncode == 0, p.stderr[-2000:]
+  saved = {k: os.environ.pop(k, None) for k in ('GLIBC_TUNABLES', 'FLAX_POSEMB_HUGE_PAGES')}
+  try:
+    os.environ.update({'FLAX_POSEMB_HUGE_PAGES': off} if off else {})
+    applies = cli.huge_pages_apply()
+  finally:
+    os.environ.pop('FLAX_POSEMB_HUGE_PAGES', None)
+    os.environ.update({k: v for k, v in saved.items() if v is not None})
+  want = (cli.HUGE_PAGES_TUNABLE if applies else 'None') + ' ' + (off or 'None')
+  assert p.stdout.strip() == want
+  with open('/sys/kernel/mm/transparent_hugepage/enabled') as f:  # This project's machines:
+    madvise = '[madvise]' in f.read()  # glibc 2.36, transparent huge pages on madvise.
+  assert applies == (madvise and not off)

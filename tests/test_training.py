@@ -253,7 +253,7 @@ def test_cli_cpu_recipe_on_huge_pages_trains_and_evaluates_bit_identically(tmp_p
   # glibc malloc on huge pages. The environment setting must not change a single bit.
   outputs = {}
   for name, tunables in (('plain', None), ('huge', 'glibc.malloc.hugetlb=1')):
-    env = dict(SUBPROCESS_ENV)
+    env = dict(SUBPROCESS_ENV, FLAX_POSEMB_HUGE_PAGES='0')  # 'plain' stays on 4 KB pages.
     env.pop('GLIBC_TUNABLES', None)
     if tunables:
       env['GLIBC_TUNABLES'] = tunables

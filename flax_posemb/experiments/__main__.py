@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import sys
 
 from absl import flags
@@ -48,6 +47,7 @@ def main(argv: list[str]) -> int | None:
                         'configs/experiments/init_comparison.py (or the suite all.py).')
   if not FLAGS.workdir:
     raise cli.UserError('--workdir is required (the experiment workdir).')
+  cli.start_on_huge_pages()  # Before anything is written: the process may restart.
   for flag in ('workdir', 'run_store', 'report_dir'):
     if FLAGS[flag].value:
       cli.check_output_dir(FLAGS[flag].value, f'--{flag}')
@@ -58,11 +58,6 @@ def main(argv: list[str]) -> int | None:
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger('flax_posemb').setLevel(logging.INFO)
   runner.enable_compilation_cache(FLAGS.compilation_cache)
-  from flax_posemb import auto  # pylint: disable=g-import-not-at-top
-  hint = auto.huge_pages_hint(shlex.join(['python3', '-m', 'flax_posemb.experiments',
-                                          *sys.argv[1:]]))
-  if hint:
-    print(hint, file=sys.stderr)
   kwargs = dict(quick=FLAGS.quick, run_store=FLAGS.run_store, report_dir=FLAGS.report_dir,
                 max_runs=FLAGS.max_runs)
   try:
