@@ -156,10 +156,13 @@ def format_windows(summary: dict[str, Any]) -> str:
 
 def format_groups(results: dict[str, Any]) -> str:
   """Text tables of bucket loss (+- clustered stderr) per window group: one per
-  `GROUP_TABLES` entry, buckets as rows, groups (with windows/documents) as columns."""
+  `GROUP_TABLES` entry with two groups or more, buckets as rows, groups (with
+  windows/documents) as columns; '' when no table has two groups."""
   out = []
   for table in GROUP_TABLES:
     groups = results.get(table) or []
+    if len(groups) < 2:  # One group repeats the bucket table.
+      continue
     heads = [f"{g['group']} ({g['windows']}w/{g['documents']}d)" for g in groups]
     width = max([17] + [len(h) + 1 for h in heads])
     lines = [f'{table:>13} ' + ' '.join(f'{h:>{width}}' for h in heads)]
@@ -169,6 +172,8 @@ def format_groups(results: dict[str, Any]) -> str:
       span = f"[{b['start']}, {b['end']})"
       lines.append(f'{span:>13} ' + ' '.join(f'{c:>{width}}' for c in cells))
     out.append('\n'.join(lines))
+  if not out:
+    return ''
   return '\n\n'.join(out + ['loss in nats per token +- one clustered standard error; '
                              'columns: group (windows w / documents d)'])
 

@@ -431,8 +431,9 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
                                     per_window=out.per_window)
   text = (note + '\n' if note else '') + eval_report.format_table(out.results)
   if out.results.get('windows'):
+    groups = eval_report.format_groups(out.results)
     text += '\n\n' + eval_report.format_windows(out.results['windows'])
-    text += '\n\n' + eval_report.format_groups(out.results)
+    text += '\n\n' + groups if groups else ''
   if out.results.get('offset_probe'):
     text += '\n\n' + eval_report.format_offsets(out.results['offset_probe'])
   if analyze:
