@@ -146,15 +146,8 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
                                     num_train_steps=int(config.num_train_steps), max_len=max_len,
                                     with_doc_ids=True)
   # packed_reset keeps in-document positions up to the table; every other policy stays < T.
-  counts = np.zeros(max_len if c.position_policy == 'packed_reset' else t, np.int64)
-  slots, seg_lens, main_docs = 0, [], []
-  for _ in range(num_batches):
-    b = next(it)
-    real = b['segment_ids'] > 0
-    np.add.at(counts, b['positions'][real], 1)
-    slots += real.size
-    seg_lens += _segment_lengths(b)
-    main_docs.append(_main_documents(b['doc_ids']))
+  counts, slots, seg_lens, main_docs = _count_batches(
+      it, num_batches, max_len if c.position_policy == 'packed_reset' else t)
   deciles = np.array([x.mean() for x in np.array_split(counts.astype(np.float64), 10)])
   src = pipeline.make_source(c, c.train_split)
   order = pipeline.DocOrder(len(src), int(config.seed), True)
@@ -175,10 +168,25 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
       'mean_doc_pairs': float(doc_lens.mean()) if len(doc_lens) else 0.0,
       'policies': shares,
       'token_share': shares[c.position_policy]['token_share'],
-      'batch_diversity': batch_diversity(np.stack(main_docs), doc_lens, c.position_policy),
+      'batch_diversity': batch_diversity(main_docs, doc_lens, c.position_policy),
       'decode_errors': _decode_errors(src),
       'composition': composition(c) if c.source == 'long_text' else None,
   }
+
+
+def _count_batches(it, num_batches: int, length: int):
+  """Real tokens per position ``[length]``, token slots, segment lengths and each row's
+  main document ``[num_batches, b]`` over `num_batches` batches of `it`."""
+  counts = np.zeros(length, np.int64)
+  slots, seg_lens, main_docs = 0, [], []
+  for _ in range(num_batches):
+    b = next(it)
+    real = b['segment_ids'] > 0
+    np.add.at(counts, b['positions'][real], 1)
+    slots += real.size
+    seg_lens += _segment_lengths(b)
+    main_docs.append(_main_documents(b['doc_ids']))
+  return counts, slots, seg_lens, np.stack(main_docs)
 
 
 def _main_documents(doc_ids: np.ndarray) -> np.ndarray:

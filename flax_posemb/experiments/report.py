@@ -148,19 +148,7 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
   tested = [c for c in claims if c['verdict'] != paired.NOT_MEASURED]
   multiplicity = {'method': 'holm', 'claims_tested': len(tested), 'alpha': 0.05,
                   'verdicts_changed': sum(c['verdict_holm'] != c['verdict'] for c in tested)}
-  profiles = []
-  for p in exp.profiles:
-    present = [a for a in p.arms if a in table.arms and table.finished_seeds(a)]
-    if not present:
-      continue
-    prof = {'metric': p.metric, 'title': p.title, 'arms': present, 'baseline': p.baseline,
-            'differences': {}}
-    if p.baseline in table.arms and table.finished_seeds(p.baseline):
-      for a in present:
-        d = table.vector_differences(p.metric, a, p.baseline)
-        if a != p.baseline and d.shape[0]:
-          prof['differences'][a] = _intervals(d)
-    profiles.append(prof)
+  profiles = _profiles(exp, table)
   analyses = {}
   if 'cosine_convergence' in exp.analyses:
     analyses['cosine_convergence'] = _convergence(exp, sweep_out)
@@ -178,6 +166,24 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
       'runs': [{'arm': r['arm'], 'seed': r['seed'], 'key': r['key'], 'done': r['done'],
                 'overrides': dict(_arm(exp, r['arm']).overrides)} for r in sweep_out['runs']],
   }
+
+
+def _profiles(exp: ml_collections.ConfigDict, table: RunTable) -> list[dict[str, Any]]:
+  """Per-bucket intervals of each profile's arms and their paired differences."""
+  profiles = []
+  for p in exp.profiles:
+    present = [a for a in p.arms if a in table.arms and table.finished_seeds(a)]
+    if not present:
+      continue
+    prof = {'metric': p.metric, 'title': p.title, 'arms': present, 'baseline': p.baseline,
+            'differences': {}}
+    if p.baseline in table.arms and table.finished_seeds(p.baseline):
+      for a in present:
+        d = table.vector_differences(p.metric, a, p.baseline)
+        if a != p.baseline and d.shape[0]:
+          prof['differences'][a] = _intervals(d)
+    profiles.append(prof)
+  return profiles
 
 
 def _window_groups(rows: list[Mapping[str, Any]], arms: list[str]) -> dict[str, Any]:
