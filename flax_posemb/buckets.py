@@ -111,7 +111,8 @@ def bucket_stats(per_window: dict[str, np.ndarray]
   with np.errstate(invalid='ignore', divide='ignore'):
     loss = s.sum(0) / c.sum(0)
     r = s - np.where(c.sum(0) > 0, loss, 0.0) * c
-    factor = np.where(nn > 1, nn / (nn - 1), np.nan)
+    # Buckets that share no cluster have covariance 0 (every product r_i r_j is 0).
+    factor = np.where(nn > 1, nn / np.maximum(nn - 1, 1), np.where(nn == 0, 1.0, np.nan))
     cov = factor * (r.T @ r) / np.outer(c.sum(0), c.sum(0))
   return loss, cov, nn
 
@@ -412,7 +413,10 @@ def paired_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
         f'{names[0]}, {only_b} only in {names[1]}, of {len(ia)} and {len(ib)}); a paired '
         'comparison needs the same texts: evaluate both with the same data, split, window '
         'length, --window_start, --min_doc_len, --min_start, --num_windows and eval seed.')
-  order, cl = np.argsort(ib)[np.searchsorted(np.sort(ib), ia)], clusters(a)
+  order = np.argsort(ib)[np.searchsorted(np.sort(ib), ia)]
+  # The windows' documents from whichever run recorded them (a windows.npz written before
+  # provenance existed has none): clustering by window alone would understate the error.
+  cl = clusters(a if 'doc' in a or 'doc' not in b else dict(a, doc=np.asarray(b['doc'])[order]))
   sa, ca = np.asarray(a['win_sum'], np.float64), np.asarray(a['win_count'], np.float64)
   sb, cb = np.asarray(b['win_sum'], np.float64)[order], np.asarray(b['win_count'], np.float64)[order]
   ta, tb = ca.sum(0), cb.sum(0)

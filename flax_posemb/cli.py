@@ -233,13 +233,14 @@ def start_on_huge_pages() -> None:
   results; README, Benchmarks). glibc reads the tunable only at process start, so a restart
   is the only way to set it; call this first in ``main``, before anything is written.
   """
-  if not huge_pages_apply():
+  if not huge_pages_apply() or not sys.executable:
     return
   tunables = ':'.join(filter(None, (os.environ.get('GLIBC_TUNABLES'), HUGE_PAGES_TUNABLE)))
   sys.stdout.flush()
   sys.stderr.flush()
+  # HUGE_PAGES_OFF=0 in the new process: it never restarts again, whatever its environment.
   os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
-            dict(os.environ, GLIBC_TUNABLES=tunables))
+            dict(os.environ, GLIBC_TUNABLES=tunables, **{HUGE_PAGES_OFF: '0'}))
 
 
 def run(main: Callable[[list[str]], int | None], prog: str) -> None:

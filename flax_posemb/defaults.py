@@ -108,6 +108,9 @@ NON_SEMANTIC = ('progress_bar', 'checkpoint_every_steps', 'max_to_keep', 'data.n
 # (Not data.num_workers: the data iterator's saved state depends on it.)
 RESUME_MAY_CHANGE = tuple(k for k in NON_SEMANTIC if k != 'data.num_workers') + (
     'log_every_steps', 'eval_every_steps', 'eval')
+# What a run saved before a field existed ran with, where that is not the field's default
+# (a resume compares with it): streaming rows followed the document stream.
+BEFORE_FIELD = {'data.shuffle_rows': 0}
 
 
 def base() -> ml_collections.ConfigDict:

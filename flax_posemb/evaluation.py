@@ -452,6 +452,10 @@ def _make_model(config: dict[str, Any]):
   config = ml_collections.ConfigDict(config)
   if str(config.model.get('position_init', '')).startswith('file:'):
     config.model.position_init = 'zeros'
+  if config.model.get('attention_impl') == 'cudnn':
+    # cuDNN runs only on some GPUs and even lengths; every implementation computes the same
+    # function, so a run trained with it is evaluated with this platform's choice.
+    config.model.attention_impl = 'auto'
   return train_step.make_model(config)
 
 

@@ -147,7 +147,7 @@ def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
 
   def changed(k):
     if k not in old:  # A field added since the run started: it ran with the default.
-      return new.get(k) != base.get(k)
+      return new.get(k) != defaults.BEFORE_FIELD.get(k, base.get(k))
     return k in new and old[k] != new[k]  # A field removed since is no change.
   return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
           if changed(k) and not _may_change(k)}

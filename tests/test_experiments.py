@@ -453,3 +453,4 @@ def test_long_text_quick_report_states_where_its_windows_come_from(tmp_path):
   assert set(windows['rise']['by_end']['arms']) == {'packed', 'natural'}
   for needle in ('## Evaluation windows', 'start in document', 'By window start'):
     assert needle in report
+  assert 'What changed since the previous report' not in report  # Notes cite the full runs.

@@ -241,3 +241,14 @@ def test_a_metrics_row_that_fails_to_append_leaves_no_partial_line(tmp_path, mon
     workdir.append_row(str(tmp_path), {'step': 2, 'loss': 1.0})
   monkeypatch.undo()
   assert open(tmp_path / 'metrics.jsonl').read() == '{"step": 1, "loss": 2.0}\n'
+
+
+def test_a_run_saved_before_row_shuffling_resumes_only_with_stream_order():
+  from flax_posemb import defaults  # pylint: disable=g-import-not-at-top
+  from flax_posemb import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  config = defaults.base()
+  saved = config.to_dict()
+  del saved['data']['shuffle_rows']  # config.json of a run from before the field existed
+  assert workdir_lib.config_changes(saved, config) == {'data.shuffle_rows': [None, 8192]}
+  config.data.shuffle_rows = 0  # what it ran with: stream order
+  assert workdir_lib.config_changes(saved, config) == {}

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from flax_posemb.data import pipeline
-from flax_posemb.data import policies
 
 
 def _length_buckets(seq_len: int, n: int = 6) -> list[tuple[int, int]]:
@@ -168,7 +167,7 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
       'mean_doc_pairs': float(doc_lens.mean()) if len(doc_lens) else 0.0,
       'policies': shares,
       'token_share': shares[c.position_policy]['token_share'],
-      'batch_diversity': batch_diversity(main_docs, doc_lens, c.position_policy),
+      'batch_diversity': batch_diversity(main_docs, doc_lens, c, len(src)),
       'decode_errors': _decode_errors(src),
       'composition': composition(c) if c.source == 'long_text' else None,
   }
@@ -199,18 +198,22 @@ def _main_documents(doc_ids: np.ndarray) -> np.ndarray:
   return out
 
 
-def batch_diversity(main_docs: np.ndarray, doc_pairs: np.ndarray, policy: str
-                    ) -> dict[str, float | None]:
+def batch_diversity(main_docs: np.ndarray, doc_pairs: np.ndarray, data_config,
+                    split_docs: int) -> dict[str, float | None]:
   """How often rows of one batch come from one document, measured and under a random draw.
 
   A row is attributed to the document holding most of its tokens. The random draw picks
-  every row independently from the policy's epoch of rows: the streaming policies spread a
-  document over rows in proportion to its pairs, the row policies give it one row.
+  every row independently from the policy's epoch of rows: a document gets ``ceil(pairs /
+  T)`` rows under `natural_chunked`, rows in proportion to its pairs under `packed` and
+  `packed_reset`, one row under the row policies, none below `data.min_doc_len`. From a
+  random sample of k of the split's n documents, ``sum p^2`` over the sample estimates k/n
+  times the split's (``sum p^b``: (k/n)^(b-1) times), so the sample's value is scaled.
 
   Args:
     main_docs: ``[num_batches, b]`` document of each row (-1: an empty row).
-    doc_pairs: ``[n]`` untruncated pairs of a sample of the split's documents.
-    policy: `data.position_policy`.
+    doc_pairs: ``[k]`` untruncated pairs of a random sample of the split's documents.
+    data_config: `config.data` (position_policy, seq_len, min_doc_len).
+    split_docs: n, the documents of the split.
 
   Returns:
     ``same_doc_pairs`` / ``all_one_doc``: the share of row pairs within a batch from one
@@ -224,11 +227,16 @@ def batch_diversity(main_docs: np.ndarray, doc_pairs: np.ndarray, policy: str
   i, j = np.triu_indices(b, 1)
   same = (main_docs[:, i] == main_docs[:, j]) & (main_docs[:, i] >= 0)
   one = (main_docs == main_docs[:, :1]).all(1) & (main_docs[:, 0] >= 0)
-  w = np.asarray(doc_pairs, np.float64)
-  w = w if policy in policies.STREAM_POLICIES else (w > 0).astype(np.float64)
+  pairs = np.asarray(doc_pairs, np.float64)
+  w = {'natural_chunked': np.ceil(pairs / int(data_config.seq_len)),
+       'packed': pairs, 'packed_reset': pairs}.get(data_config.position_policy,
+                                                    (pairs > 0).astype(np.float64))
+  w = np.where(pairs + 1 >= int(data_config.min_doc_len), w, 0.0)
   p = w / max(w.sum(), 1.0)
-  return {'same_doc_pairs': float(same.mean()), 'random_same_doc_pairs': float(np.sum(p**2)),
-          'all_one_doc': float(one.mean()), 'random_all_one_doc': float(np.sum(p**b))}
+  f = len(pairs) / max(int(split_docs), 1)
+  return {'same_doc_pairs': float(same.mean()), 'random_same_doc_pairs': float(f * np.sum(p**2)),
+          'all_one_doc': float(one.mean()),
+          'random_all_one_doc': float(f ** (b - 1) * np.sum(p**b))}
 
 
 def composition(data_config) -> list[dict[str, Any]]:

@@ -158,7 +158,7 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
   first = rows[0]['config'] if rows else None
   return {
       'experiment': exp.name, 'title': exp.title, 'question': exp.question,
-      'complete': sweep_out['complete'],
+      'complete': sweep_out['complete'], 'quick': bool(sweep_out.get('quick')),
       'buckets': rows[0]['measures']['buckets'] if rows else [],
       'settings': scales.stated_settings(first) if first is not None else {},
       'budget': sweep_out['budget'], 'arms': arms_out, 'claims': claims,
@@ -205,17 +205,18 @@ def _window_groups(rows: list[Mapping[str, Any]], arms: list[str]) -> dict[str, 
     return {}
   rise = {}
   for name in eval_report.GROUP_TABLES[1:]:  # by_depth, by_end
-    groups = [f"{g['group']} ({g['windows']} windows, {g['documents']} docs)"
-              for g in results[0][1].get(name) or []]
-    per_arm = {a: [[] for _ in groups] for a in arms}
+    first = results[0][1].get(name) or []
+    labels = [g['group'] for g in first]
+    per_arm = {a: {k: [] for k in labels} for a in arms}
     for arm, res in results:
-      for i, g in enumerate(res.get(name) or []):
-        last, before = (b['loss'] for b in g['buckets'][-1:-3:-1])
-        if last is not None and before is not None and i < len(groups):
-          per_arm[arm][i].append(last - before)
-    rise[name] = {'groups': groups, 'arms': {
-        a: [paired.t_interval(v).as_dict() for v in vs] for a, vs in per_arm.items()
-        if any(vs)}}
+      for g in res.get(name) or []:
+        losses = [b['loss'] for b in g['buckets'][-2:]]
+        if g['group'] in labels and len(losses) == 2 and None not in losses:
+          per_arm[arm][g['group']].append(losses[1] - losses[0])
+    rise[name] = {
+        'groups': [f"{g['group']} ({g['windows']} windows, {g['documents']} docs)" for g in first],
+        'arms': {a: [paired.t_interval(v[k]).as_dict() for k in labels]
+                 for a, v in per_arm.items() if any(v.values())}}
   return {'summary': results[0][1]['windows'], 'rise': rise}
 
 
@@ -342,7 +343,7 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
   if not summary['complete']:
     lines += ['**Partial sweep:** some runs have not finished; numbers use the finished '
               'seeds only.', '']
-  if exp.notes:
+  if exp.notes and summary['complete'] and not summary['quick']:  # Notes cite full runs.
     lines += ['## What changed since the previous report', '']
     lines += [f'- {n}' for n in exp.notes] + ['']
   lines += _setup_lines(summary) + _claims_lines(summary) + _arms_lines(exp, summary)

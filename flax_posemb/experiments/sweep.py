@@ -152,7 +152,7 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
 
   Returns:
     ``{'runs': [{arm, seed, key, run_dir, done, record, measures}], 'budget': {...},
-    'complete': bool}``.
+    'complete': bool, 'quick': bool}``.
   """
   os.makedirs(workdir, exist_ok=True)
   store = run_store or os.path.join(workdir, 'runs')
@@ -198,7 +198,7 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
     rows.append({'arm': r.arm, 'seed': r.seed, 'key': r.key, 'run_dir': run_dir, 'done': True,
                  'record': rec, 'measures': m, 'config': r.config})
   return {'runs': rows, 'budget': budget.as_dict(), 'complete': all(x['done'] for x in rows),
-          'store': store}
+          'store': store, 'quick': quick}
 
 
 def seed_groups(rows: list[Mapping[str, Any]]) -> dict[int, dict[str, str]]:
