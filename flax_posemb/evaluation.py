@@ -254,8 +254,8 @@ def eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) 
   for key in ('min_doc_len', 'min_start'):
     if int(s[key]) < 0:
       raise ValueError(f'eval.{key} must be >= 0 (0 = its default), got {s[key]}.')
-  s['min_doc_len'] = int(s['min_doc_len']) or 4 * int(s['window_len'])
-  s['min_start'] = int(s['min_start']) or int(s['window_len'])
+  s['min_doc_len'], s['min_start'] = data_lib.pipeline.deep_limits(
+      s['window_len'], s['min_doc_len'], s['min_start'])
   return s
 
 

@@ -401,11 +401,17 @@ def test_deep_windows_tile_long_documents_past_their_first_window_and_skip_short
   assert len({tuple(np.concatenate([b['start'] for b in mk(2, s)])) for s in range(4)}) > 1
   with pytest.raises(ValueError, match='only 17 deep window slots.*lower eval.num_windows'):
     mk(18)
-  # From token 0 the T+5 document holds one slot (320 // 17 + 1); at >= 4T tokens it holds none.
-  every = list(data.make_eval_batches(cfg.data, num_windows=19, **dict(kw, min_start=0)))
+  # From token 1 the T+5 document holds one slot (319 // 17 + 1); at >= 4T tokens it holds none.
+  every = list(data.make_eval_batches(cfg.data, num_windows=19, **dict(kw, min_start=1)))
   assert {len(docs[d]) for b in every for d in b['doc'] if d >= 0} == {t + 5, 20 * t}
   with pytest.raises(ValueError, match='only 18 deep window slots'):
-    data.make_eval_batches(cfg.data, num_windows=19, **dict(kw, min_start=0, min_doc_len=4 * t))
+    data.make_eval_batches(cfg.data, num_windows=19, **dict(kw, min_start=1, min_doc_len=4 * t))
+  # 0 means the defaults, documents of >= 4T tokens and no window in their first T: 17 slots.
+  default = list(data.make_eval_batches(cfg.data, num_windows=17,
+                                        **dict(kw, min_start=0, min_doc_len=0)))
+  assert min(a for b in default for a, d in zip(b['start'], b['doc']) if d >= 0) >= t
+  with pytest.raises(ValueError, match='only 17 deep window slots'):
+    data.make_eval_batches(cfg.data, num_windows=18, **dict(kw, min_start=0, min_doc_len=0))
 
 
 @pytest.mark.parametrize('start,match', [('deep', 'needs a text source'),

@@ -402,8 +402,8 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
     seed: chooses the documents and windows (the same arguments give the same windows).
     window_start: 'windows' policy only: 'first' (a document's first W + 1 tokens) or
       'deep' (`_deep_windows`; text sources only).
-    min_doc_len: 'deep': documents with fewer tokens give no window.
-    min_start: 'deep': no window starts before this token of its document.
+    min_doc_len: 'deep': documents with fewer tokens give no window (0: 4 * W).
+    min_start: 'deep': no window starts before this token of its document (0: W).
 
   Returns:
     Iterator of batch dicts: the batch arrays ``[batch_size, W]`` plus the provenance
@@ -431,8 +431,9 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
       raise ValueError("window_start='deep' needs a text source: synthetic documents are "
                        'generated for the positions they occupy, so a window cut from inside '
                        "one would not match its reference losses. Use window_start='first'.")
-    return _batches(src, _deep_windows(src, split, w, num_windows, int(min_doc_len),
-                                       int(min_start), seed), batch_size, w)
+    min_doc_len, min_start = deep_limits(w, min_doc_len, min_start)
+    return _batches(src, _deep_windows(src, split, w, num_windows, min_doc_len, min_start,
+                                       seed), batch_size, w)
   order = np.random.default_rng([int(seed), 0xE7A1]).permutation(n)
   need = w + 1 if policy == 'windows' else int(data_config.min_doc_len)
   windows = _first_windows(src, order, w, need, num_windows, full=policy == 'windows')
@@ -502,6 +503,12 @@ def _deep_windows(src: sources.DocSource, split: str, w: int, num_windows: int,
       toks, last = src.doc(d, max_pairs=None), d
     out.append((policies.natural_row(toks[a:a + span], w), (d, a, int(lengths[d]))))
   return out
+
+
+def deep_limits(window_len: int, min_doc_len: int, min_start: int) -> tuple[int, int]:
+  """'deep' windows' shortest document and first start; 0 means the default, 4 windows'
+  length and one window's length."""
+  return int(min_doc_len) or 4 * int(window_len), int(min_start) or int(window_len)
 
 
 def deep_region(lengths, min_doc_len: int, min_start: int) -> np.ndarray:
