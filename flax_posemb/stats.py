@@ -240,37 +240,9 @@ def occurrence_stats(g: Array, token_loss: Array, batch: Mapping[str, Array],
       downstream=scatter(down * real.astype(jnp.float32)), row_grad=scatter(g))
 
 
-class _WidthProbe:
-  """Stands in for ``embed_delta`` in one abstract trace to learn the width ``D`` of the
-  embedding sum it is added to (JAX arrays defer ``x + probe`` to ``probe.__radd__``)."""
-
-  def __init__(self):
-    self.shape = None
-
-  def __radd__(self, x):
-    self.shape = tuple(x.shape)
-    return x
-
-  __add__ = __radd__
-
-
-def _embed_width(token_loss_fn, params, batch, args) -> int:
-  probe = _WidthProbe()
-  try:
-    jax.eval_shape(lambda p, b, a: token_loss_fn(p, probe, b, *a), params, batch, args)
-  except Exception as e:  # pylint: disable=broad-except
-    raise ValueError('Could not infer the embedding width from token_loss_fn (it must add '
-                     'embed_delta to the [B, T, D] embedding sum with `+`); pass '
-                     'embed_dim=D.') from e
-  if probe.shape is None or len(probe.shape) != 3:
-    raise ValueError('token_loss_fn never added embed_delta to a [B, T, D] embedding sum; '
-                     'add it with `x = x + embed_delta`, or pass embed_dim=D.')
-  return probe.shape[-1]
-
-
 def value_and_grad_with_position_stats(
-    token_loss_fn: Callable[..., Array], num_positions: int, *, collect: bool = True,
-    embed_dim: int | None = None, finish: bool = True,
+    token_loss_fn: Callable[..., Array], num_positions: int, embed_dim: int, *,
+    collect: bool = True, finish: bool = True,
     check_positions: bool = True) -> Callable[..., tuple]:
   """Loss, parameter gradients and per-position statistics of any model, in one backward pass.
 
@@ -281,7 +253,8 @@ def value_and_grad_with_position_stats(
       logits = my_model(params, x, batch['segment_ids'])
       return optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
 
-    f = jax.jit(value_and_grad_with_position_stats(token_loss_fn, num_positions=1024))
+    f = jax.jit(value_and_grad_with_position_stats(token_loss_fn, num_positions=1024,
+                                                   embed_dim=768))
     loss, grads, stats = f(params, batch)
 
   Args:
@@ -291,8 +264,8 @@ def value_and_grad_with_position_stats(
       padding), ``loss_mask`` (float ``[B, T]``) and whatever the model needs. ``params``
       is any pytree (linen params, or an NNX model's state from ``nnx.split``).
     num_positions: rows of the position table (every ``positions`` id must be below it).
+    embed_dim: width ``D`` of the embedding sum, and so of ``embed_delta``.
     collect: False keeps only ``LOSS_FIELDS`` (loss, gradients and update are unchanged).
-    embed_dim: width ``D`` of ``embed_delta``; None infers it from one abstract trace.
     finish: False leaves ``row_grad`` unsquared, for summing microbatches (then call
       ``stats.finish()``).
     check_positions: raise when a real token (``segment_ids > 0``) has a position id outside
@@ -316,7 +289,6 @@ def value_and_grad_with_position_stats(
     mask = batch['loss_mask'].astype(jnp.float32)
     denom = jnp.maximum(jnp.sum(mask), 1.0) if denominator is None else denominator
     shape = batch['positions'].shape
-    width = embed_dim or _embed_width(token_loss_fn, params, batch, args)
 
     def mean_loss(p, delta):
       tl = token_loss_fn(p, delta, batch, *args)
@@ -325,7 +297,7 @@ def value_and_grad_with_position_stats(
     # The embed_delta gradient is taken in both modes so that the loss and the parameter
     # gradients compile identically whether or not statistics are collected.
     (loss, tl), (grads, g_delta) = jax.value_and_grad(mean_loss, argnums=(0, 1), has_aux=True)(
-        params, jnp.zeros(shape + (width,), jnp.float32))
+        params, jnp.zeros(shape + (embed_dim,), jnp.float32))
     if not collect:
       return loss, grads, loss_stats(tl, batch, num_positions)
     stats = occurrence_stats(g_delta * denom, tl, batch, num_positions)
