@@ -322,8 +322,8 @@ def format_report(rep: dict[str, Any]) -> str:
 
 def _format_composition(rows: list[dict[str, Any]], t: int) -> list[str]:
   lines = [f'corpus by split and kind (tokens with separators; >=4T, >=8T: documents of at '
-           f'least 4 and 8 contexts; deep windows: {t + 1} tokens past a document\'s first '
-           f'{t}):',
+           f'least 4 and 8 contexts; deep windows: what eval.window_start=deep can draw, {t + 1} '
+           f'tokens past the first {t} of a document of >= 4 contexts):',
            f"  {'split':10s} {'kind':11s} {'docs':>6s} {'tokens':>10s} {'>=4T':>5s} "
            f"{'>=8T':>5s} {'deep windows':>12s}"]
   for r in rows:
