@@ -130,6 +130,7 @@ class StatsLog:
                          window_first_step=1, loss_sum=0.0, loss_steps=0, tokens=0,
                          elapsed=0.0)
     self.last: dict[str, float] = {}
+    self.last_row: dict[str, Any] = {}  # the last training row written, with its step
     self.last_eval: dict[str, Any] | None = None
     self._writer = None
     if lead:
@@ -169,9 +170,10 @@ class StatsLog:
       window.save(stats_lib.window_path(self.workdir, step), step=step,
                   first_step=int(c['window_first_step']),
                   cumulative_count=c['cumulative_count'])
-      self.write({'step': step, **row})
+      self.write(row)
       for k in ('loss', 'learning_rate', 'grad_norm', 'tokens_per_sec'):
         self._writer.add_scalar(f'train/{k}', row[k], step)
+    self.last_row = row
     c.update(window_first_step=step + 1, loss_sum=0.0, loss_steps=0)
     self._clock = (now, 0.0)
     if not self.progress_bar:  # The bar shows these; without it, one log line per window.
@@ -381,7 +383,11 @@ class _Loop:
 
   def save(self, state: step_lib.TrainState, step: int) -> bool:
     payload = dict(self.log.counters, window=state.stats.to_numpy())
-    metrics = {'loss': self.log.last['loss']} if 'loss' in self.log.last else {}
+    row = self.log.last_row
+    # This step's training row goes with its checkpoint: a resume writes it again if
+    # metrics.jsonl lost it (`rewrite_lost_rows`).
+    metrics = row if row.get('step') == step else {'last_loss': self.log.last.get('loss')}
+    metrics = {k: v for k, v in metrics.items() if k != 'step' and v is not None}
     return self.ckpt.save(step, params=state.params, opt_state=state.opt_state,
                           data_iter=self.data_iter, stats=payload,
                           config=self.config.to_dict(), metrics=metrics)
@@ -424,8 +430,8 @@ class _Loop:
     if resumed_from is None:
       self.snapshot(state, 0)
       self.save(state, 0)
-    elif self.eval_due(start) and not workdir_lib.has_eval_row(self.workdir, start):
-      self.evaluate(state, start)  # Its row was the half-written last line a resume drops.
+    else:
+      self.rewrite_lost_rows(state, start)
     result = dict(step=start, loss=None, resumed_from=resumed_from, preempted=False, eval=None)
     bar = None
     if self.lead and c.progress_bar:
@@ -464,6 +470,18 @@ class _Loop:
         bar.close()
       self.log.close(failing=sys.exc_info()[0] is not None)
     return result
+
+  def rewrite_lost_rows(self, state: step_lib.TrainState, step: int) -> None:
+    """Writes again the rows of the restored ``step`` that metrics.jsonl lost (a half-written
+    last line, which a resume drops): the training row, stored with the checkpoint when the
+    step ended a logging window, and the periodic evaluation, run again."""
+    row = self.ckpt.step_metadata(step).get('metrics', {})
+    # 'tokens': a whole row, stored only by a step that wrote one (`save`); older versions
+    # stored only a loss.
+    if self.lead and 'tokens' in row and not workdir_lib.has_row(self.workdir, step, 'loss'):
+      self.log.write({'step': step, **row, 'tokens': int(row['tokens'])})
+    if self.eval_due(step) and not workdir_lib.has_row(self.workdir, step, 'eval'):
+      self.evaluate(state, step)
 
   def eval_due(self, step: int) -> bool:
     every = int(self.config.eval_every_steps)

@@ -252,13 +252,14 @@ def append_row(workdir: str, row: dict[str, Any], default: Callable[[Any], Any] 
     os.close(fd)
 
 
-def has_eval_row(workdir: str, step: int) -> bool:
-  """Whether ``metrics.jsonl`` holds the periodic evaluation of ``step``."""
+def has_row(workdir: str, step: int, key: str) -> bool:
+  """Whether ``metrics.jsonl`` holds a row of ``step`` with ``key``: ``'loss'`` for the
+  training row, ``'eval'`` for the periodic evaluation."""
   for line in _metric_rows(workdir):
     try:
       row = json.loads(line)
     except ValueError:
       continue
-    if row.get('step') == step and 'eval' in row:
+    if row.get('step') == step and key in row:
       return True
   return False

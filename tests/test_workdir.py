@@ -219,6 +219,17 @@ def test_a_half_written_last_eval_row_of_a_finished_run_is_rewritten_on_resume(t
   assert json.loads(text.splitlines()[-1])['eval']['overall'] == rows[-1]['eval']['overall']
 
 
+def test_a_half_written_last_training_row_of_a_finished_run_is_rewritten_on_resume(tmp_path):
+  wd, c = trained_five_steps(tmp_path)
+  path = os.path.join(wd, 'metrics.jsonl')
+  text = open(path).read()
+  last = text.splitlines()[-1]
+  assert json.loads(last)['step'] == 5 and 'loss' in json.loads(last)
+  open(path, 'w').write(text[:len(text) - len(last) // 2 - 1])  # half of it
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 5
+  assert [json.loads(l) for l in open(path)] == [json.loads(l) for l in text.splitlines()]
+
+
 def test_a_truncated_window_file_is_named_on_resume_and_nothing_changes(tmp_path):
   wd, c = trained_five_steps(tmp_path)
   path = os.path.join(wd, 'stats', 'window_5.npz')
