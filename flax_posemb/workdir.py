@@ -237,19 +237,10 @@ def truncate_outputs(workdir: str, step: int) -> None:
 
 
 def append_row(workdir: str, row: dict[str, Any], default: Callable[[Any], Any] = float):
-  """Appends one JSON row to ``metrics.jsonl``, whole or not at all: a write that fails (a
-  full disk) is cut off again, so no half-written line is left to lose on resume."""
-  path, line = os.path.join(workdir, METRICS_FILE), (json.dumps(row, default=default) + '\n')
-  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-  size = os.fstat(fd).st_size
-  try:
-    if os.write(fd, line.encode()) != len(line.encode()):
-      raise OSError(errno.ENOSPC, f'{path}: short write (disk full?)')
-  except BaseException:
-    os.ftruncate(fd, size)
-    raise
-  finally:
-    os.close(fd)
+  """Appends one JSON row to ``metrics.jsonl``, whole or not at all (``outputs.append_whole``:
+  a failed write, e.g. a full disk, leaves no half-written line to lose on resume)."""
+  outputs.append_whole(os.path.join(workdir, METRICS_FILE),
+                       (json.dumps(row, default=default) + '\n').encode())
 
 
 def has_row(workdir: str, step: int, key: str) -> bool:
