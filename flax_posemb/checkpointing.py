@@ -27,10 +27,6 @@ the files are readable but were written for another config (shapes, tree, data p
 fail their digest or hold non-finite values. A step deleted while it is being read (a
 running trainer with a small ``max_to_keep``) is neither: the newest step is read instead.
 
-Divergence is the training loop's to judge (``divergence_loss``): it stops before saving a
-diverged state, so no such state becomes the "last good" checkpoint. ``save(metrics=...)``
-stores scalars with the step (``step_metadata``) for the record.
-
 On-disk layout::
 
   WORKDIR/checkpoints/STEP/     e.g. 0/, 100/ (no zero padding)
@@ -39,9 +35,6 @@ On-disk layout::
     stats/                      PyTree of numpy arrays: the statistics window and the host
                                 counters (int64 kept exact; optional)
     config/metadata             JSON: the resolved config
-
-Retention: the latest ``max_to_keep`` steps plus step 0 (the initial table, which the drift
-analysis needs).
 
 Typical use::
 
@@ -105,14 +98,9 @@ class _Damage(Exception):
 
 
 class _Step(NamedTuple):
-  """Internal: one read of a step's Orbax metadata.
-
-  Attributes:
-    integrity: the save-time digests; None only for a step provably saved before digests
-      existed (Orbax read its metadata file, which has none).
-    trees: ``{item: stored metadata tree}`` (leaves with .shape/.dtype) of params, opt_state.
-    items: the items written (a missing item directory is then damage, not an absent item).
-  """
+  """Internal: one read of a step's Orbax metadata: its save-time digests (None only for a
+  step provably saved before digests existed), the stored trees of params and opt_state, and
+  the items written (a missing item directory is then damage, not an absent item)."""
   integrity: dict[str, Any] | None
   trees: dict[str, PyTree]
   items: list[str]
@@ -310,14 +298,11 @@ def _registry() -> ocp.handlers.CheckpointHandlerRegistry:
 class _TolerantLoop(asyncio.SelectorEventLoop):
   """An event loop that lets abandoned TensorStore reads finish before it closes.
 
-  Orbax runs each read in a fresh loop (``asyncio_utils.run_sync``) and closes it when the
-  coroutine ends; when one read of a damaged (or vanishing) step fails, ``asyncio.gather``
-  ends at once while sibling reads are in flight, and each of them, completing later, calls
-  ``call_soon_threadsafe`` on the closed loop: an "Event loop is closed" traceback, and
-  "Exception ignored in <coroutine ...>" when the abandoned coroutine is collected (42 and 23
-  of them for one eval of a truncated tiny checkpoint). Nothing in our calls can wait for
-  reads that Orbax abandons, hence this loop, installed only while a step is read
-  (`_tolerant_event_loops`). Their results belong to a read that already failed.
+  Orbax reads in a fresh loop (``asyncio_utils.run_sync``) closed when the read ends; when one
+  read of a damaged or vanishing step fails, ``asyncio.gather`` returns while sibling reads
+  are in flight, and each, completing later, prints "Event loop is closed" (and "Exception
+  ignored in <coroutine ...>"; 42 and 23 for one eval of a truncated tiny checkpoint). Our
+  calls cannot wait for reads Orbax abandons; this loop does, only while a step is read.
   """
 
   DRAIN_TIMEOUT_S = 60.0
@@ -330,11 +315,6 @@ class _TolerantLoop(asyncio.SelectorEventLoop):
         if t.done() and not t.cancelled():
           t.exception()  # retrieved: no "exception was never retrieved" noise
     super().close()
-
-  def call_soon_threadsafe(self, callback, *args, context=None):
-    if self.is_closed():  # a read still running after DRAIN_TIMEOUT_S
-      return None
-    return super().call_soon_threadsafe(callback, *args, context=context)
 
   def call_exception_handler(self, context):
     # Abandoned reads that failed too: their errors belong to the read that already failed.
@@ -351,7 +331,7 @@ class _TolerantPolicy(asyncio.DefaultEventLoopPolicy):
 def _tolerant_event_loops():
   """New event loops created meanwhile (Orbax's restore loops) are `_TolerantLoop`s."""
   old = asyncio.get_event_loop_policy()
-  if isinstance(old, _TolerantPolicy) or type(old) is not asyncio.DefaultEventLoopPolicy:
+  if type(old) is not asyncio.DefaultEventLoopPolicy:
     yield  # nested, or a custom policy (uvloop...) that we leave alone
     return
   asyncio.set_event_loop_policy(_TolerantPolicy())
@@ -394,7 +374,7 @@ class Checkpointer:
 
     Args:
       directory: the checkpoints directory, usually ``checkpoint_dir(workdir)``.
-      max_to_keep: most recent steps kept (>= 1); step 0 is kept in addition.
+      max_to_keep: most recent steps kept (>= 1); step 0 (the initial table) is kept too.
       async_save: write in a background thread after the device-to-host copy.
       read_only: never write or delete.
     """
@@ -423,10 +403,8 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def reload(self) -> None:
-    """Re-lists the steps on disk when opened ``read_only`` (another process, e.g. a running
-    trainer, writes here; a step it deletes while Orbax lists them is listed again); a
-    writer's own list is authoritative (it includes steps whose asynchronous save is still
-    in flight)."""
+    """Re-lists the steps on disk when opened ``read_only`` (a running trainer writes here and
+    may delete a step while Orbax lists it); a writer's own list is authoritative."""
     for attempt in range(MAX_VANISHED_RETRIES + 1) if self._read_only else ():
       try:
         return self._manager.reload()
@@ -498,10 +476,8 @@ class Checkpointer:
     return bool(saved)
 
   def _check_space(self, step: int, *trees: PyTree) -> None:
-    """Refuses a save that cannot fit on a local disk, in the caller's thread, before anything
-    is written (OSError ENOSPC: an environment failure). Started anyway, it would fail in
-    Orbax's writer threads, whose other writes then complete on event loops Orbax has closed,
-    each printing a traceback. Every host checks (the same answer on a shared disk)."""
+    """ENOSPC, in the caller's thread, for a save that cannot fit on a local disk: started, it
+    fails in Orbax's writer threads, whose sibling writes each print a traceback."""
     if '://' in str(self.directory):
       return
     # Uncompressed (global) sizes: Orbax's zstd only shrinks them.
@@ -509,11 +485,10 @@ class Checkpointer:
     self._manager.wait_until_finished()  # Orbax waits anyway: the previous save is on disk.
     free = shutil.disk_usage(self.directory).free
     if need > free:
-      last = self.latest_step()
       raise OSError(errno.ENOSPC, f'No space left on device for the checkpoint of step {step}: '
                     f'it needs up to {need / 1e6:.1f} MB and {self.directory} has '
-                    f'{free / 1e6:.1f} MB free. Free some space and re-run the same command'
-                    + ('' if last is None else f' (it resumes from step {last})') + '.')
+                    f'{free / 1e6:.1f} MB free. Free some space and re-run the same command: it '
+                    'resumes from the last checkpoint.')
 
   def _read_step(self, step: int) -> _Step:
     """What one read of a step's metadata says (`_Step`). A missing or garbled metadata file
@@ -661,9 +636,8 @@ class Checkpointer:
     ``CallerError`` (incl. CheckpointMismatchError) propagates. Any other failure of a
     step that still exists and is still the newest is damage: for step None (and
     ``fallback``) a warning names the directory (left on disk) and the previous step is
-    tried; otherwise CheckpointDamagedError. A step that disappeared, or was superseded by
-    a newer one, while it was read (a running trainer deleting old steps) is not damage:
-    the newest step is read instead (at most MAX_VANISHED_RETRIES times).
+    tried; otherwise CheckpointDamagedError. A step deleted or superseded while it was read
+    (a running trainer) is not damage: the newest is read instead (MAX_VANISHED_RETRIES).
     """
     self.reload()
     steps = self.all_steps()
@@ -799,8 +773,7 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except
       if exc is None:
         raise
-      # The error that stopped the run (often the same full disk) stays the one reported,
-      # once, instead of a second traceback chained to it.
+      # The error that stopped the run (often the same full disk) stays the one reported.
       logger.warning('The checkpoint save in progress failed too: %s', _describe(e))
 
 
@@ -829,8 +802,7 @@ def restore_params(workdir_or_ckpt_dir: str | os.PathLike[str], step: int | None
       params, or None for the first local device.
 
   Returns:
-    ``(params, config, step)``: params as stored (e.g. ``params['pos_embed']['embedding']``
-    ``[max_len, emb_dim]``), the run's config dict and the restored step.
+    ``(params, config, step)``: params as stored, the run's config dict and the step read.
 
   Raises:
     FileNotFoundError: no checkpoint, or the requested step is absent (or was deleted).

@@ -570,7 +570,7 @@ def test_a_checkpoint_that_cannot_fit_is_refused_before_anything_is_written(tmp_
     monkeypatch.setattr(checkpointing.shutil, 'disk_usage',
                         lambda path: type('Usage', (), {'free': 100})())
     with pytest.raises(OSError, match=r'step 2: it needs up to .* MB and .* has 0.0 MB free.*'
-                       r'resumes from step 1') as e:
+                       r'resumes from the last checkpoint') as e:
       _save(ck, 2, params, opt_state, None)
     assert e.value.errno == errno.ENOSPC and ck.all_steps() == [1]
   assert not [p for p in tmp_path.iterdir() if p.name.startswith('2')]  # nothing written
