@@ -76,7 +76,7 @@ def test_a_full_disk_fails_an_output_file_once_and_leaves_nothing(small_disk):
   """One error, not numpy's zip writer and the file's close failing again after it."""
   with pytest.raises(OSError) as e:
     with outputs.atomic_write(str(small_disk / 'stats' / 'window_5.npz')) as f:
-      np.savez(f, x=np.random.default_rng(0).random(1 << 19))  # 4 MB on a 2 MB disk
+      np.savez(f, x=np.random.default_rng(0).random(1 << 19))  # 4 MB on a 1.8 MB disk
   assert e.value.errno == errno.ENOSPC and e.value.__context__ is None
   assert not [p for p in small_disk.rglob('*') if p.is_file()]
 
