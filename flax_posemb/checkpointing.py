@@ -27,10 +27,6 @@ the files are readable but were written for another config (shapes, tree, data p
 fail their digest or hold non-finite values. A step deleted while it is being read (a
 running trainer with a small ``max_to_keep``) is neither: the newest step is read instead.
 
-Divergence is the training loop's to judge (``divergence_loss``): it stops before saving a
-diverged state, so no such state becomes the "last good" checkpoint. ``save(metrics=...)``
-stores scalars with the step (``step_metadata``) for the record.
-
 On-disk layout::
 
   WORKDIR/checkpoints/STEP/     e.g. 0/, 100/ (no zero padding)
@@ -39,9 +35,6 @@ On-disk layout::
     stats/                      PyTree of numpy arrays: the statistics window and the host
                                 counters (int64 kept exact; optional)
     config/metadata             JSON: the resolved config
-
-Retention: the latest ``max_to_keep`` steps plus step 0 (the initial table, which the drift
-analysis needs).
 
 Typical use::
 
@@ -56,12 +49,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import grain
 import jax
@@ -100,6 +95,15 @@ class CheckpointDamagedError(RuntimeError):
 
 class _Damage(Exception):
   """Internal: a readable step whose values fail the digest or finiteness check."""
+
+
+class _Step(NamedTuple):
+  """Internal: one read of a step's Orbax metadata: its save-time digests (None only for a
+  step provably saved before digests existed), the stored trees of params and opt_state, and
+  the items written (a missing item directory is then damage, not an absent item)."""
+  integrity: dict[str, Any] | None
+  trees: dict[str, PyTree]
+  items: list[str]
 
 
 @dataclasses.dataclass
@@ -292,42 +296,30 @@ def _registry() -> ocp.handlers.CheckpointHandlerRegistry:
 
 
 class _TolerantLoop(asyncio.SelectorEventLoop):
-  """An event loop that drops callbacks scheduled after it was closed.
+  """An event loop that lets abandoned TensorStore reads finish before it closes.
 
-  Orbax runs each restore in a fresh loop (``asyncio_utils.run_sync``) and closes it as
-  soon as the restore coroutine ends. When one TensorStore read fails (a damaged step),
-  ``asyncio.gather`` ends the restore at once while the other reads are still in flight;
-  each of them, completing later on a TensorStore thread, calls
-  ``loop.call_soon_threadsafe`` on the closed loop, and its "Event loop is closed"
-  traceback is printed (nobody awaits those reads any more), or the abandoned coroutine
-  is garbage-collected mid-read ("Exception ignored in <coroutine ...>"). This loop lets
-  the abandoned reads finish before it closes (bounded; their results and errors are
-  discarded: they belong to a restore that already failed), and, as a backstop, drops
-  callbacks that still arrive after it closed.
+  Orbax reads in a fresh loop (``asyncio_utils.run_sync``) closed when the read ends; when one
+  read of a damaged or vanishing step fails, ``asyncio.gather`` returns while sibling reads
+  are in flight, and each, completing later, prints "Event loop is closed" (and "Exception
+  ignored in <coroutine ...>"; 42 and 23 for one eval of a truncated tiny checkpoint). Our
+  calls cannot wait for reads Orbax abandons; this loop does, only while a step is read.
   """
 
   DRAIN_TIMEOUT_S = 60.0
 
   def close(self):
-    if not self.is_closed() and not self.is_running():
-      pending = [t for t in asyncio.all_tasks(self) if not t.done()]
-      if pending:
-        try:
-          self.run_until_complete(asyncio.wait(pending, timeout=self.DRAIN_TIMEOUT_S))
-        except Exception:  # pylint: disable=broad-except
-          pass
-        for t in pending:
-          if t.done() and not t.cancelled():
-            t.exception()  # retrieved: no "exception was never retrieved" noise
+    pending = [t for t in asyncio.all_tasks(self) if not t.done()]
+    if pending and not self.is_closed() and not self.is_running():
+      self.run_until_complete(asyncio.wait(pending, timeout=self.DRAIN_TIMEOUT_S))
+      for t in pending:
+        if t.done() and not t.cancelled():
+          t.exception()  # retrieved: no "exception was never retrieved" noise
     super().close()
 
-  def call_soon_threadsafe(self, callback, *args, context=None):
-    try:
-      return super().call_soon_threadsafe(callback, *args, context=context)
-    except RuntimeError:
-      if self.is_closed():
-        return None
-      raise
+  def call_exception_handler(self, context):
+    # Abandoned reads that failed too: their errors belong to the read that already failed.
+    if 'exception was never retrieved' not in str(context.get('message', '')):
+      super().call_exception_handler(context)
 
 
 class _TolerantPolicy(asyncio.DefaultEventLoopPolicy):
@@ -339,7 +331,7 @@ class _TolerantPolicy(asyncio.DefaultEventLoopPolicy):
 def _tolerant_event_loops():
   """New event loops created meanwhile (Orbax's restore loops) are `_TolerantLoop`s."""
   old = asyncio.get_event_loop_policy()
-  if isinstance(old, _TolerantPolicy) or type(old) is not asyncio.DefaultEventLoopPolicy:
+  if type(old) is not asyncio.DefaultEventLoopPolicy:
     yield  # nested, or a custom policy (uvloop...) that we leave alone
     return
   asyncio.set_event_loop_policy(_TolerantPolicy())
@@ -382,7 +374,7 @@ class Checkpointer:
 
     Args:
       directory: the checkpoints directory, usually ``checkpoint_dir(workdir)``.
-      max_to_keep: most recent steps kept (>= 1); step 0 is kept in addition.
+      max_to_keep: most recent steps kept (>= 1); step 0 (the initial table) is kept too.
       async_save: write in a background thread after the device-to-host copy.
       read_only: never write or delete.
     """
@@ -411,11 +403,14 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def reload(self) -> None:
-    """Re-lists the steps on disk when opened ``read_only`` (another process, e.g. a running
-    trainer, writes here); a writer's own list is authoritative (it includes steps whose
-    asynchronous save is still in flight)."""
-    if self._read_only:
-      self._manager.reload()
+    """Re-lists the steps on disk when opened ``read_only`` (a running trainer writes here and
+    may delete a step while Orbax lists it); a writer's own list is authoritative."""
+    for attempt in range(MAX_VANISHED_RETRIES + 1) if self._read_only else ():
+      try:
+        return self._manager.reload()
+      except (FileNotFoundError, NotADirectoryError):
+        if attempt == MAX_VANISHED_RETRIES:
+          raise
 
   def step_dir(self, step: int) -> epath.Path:
     """Directory of one step's checkpoint."""
@@ -439,7 +434,7 @@ class Checkpointer:
         empty or None is not stored (restored as {}).
       config: ConfigDict or JSON-serializable dict.
       metrics: optional scalars stored with the step (``step_metadata``), e.g. the training
-        loss of the window ending at ``step``.
+        row of the logging window ending at ``step`` (a resume writes it again if lost).
 
     Returns:
       True if a checkpoint was written (or started); False if the state held non-finite
@@ -457,6 +452,7 @@ class Checkpointer:
                      'last good checkpoint (step %s) is left as it is.', step,
                      ', '.join(bad[:5]), ' ...' if len(bad) > 5 else '', self.latest_step())
       return False
+    self._check_space(step, params, opt_state, stats)
     metrics = {k: float(v) for k, v in (metrics or {}).items()}
     config = _config_to_dict(config)
     integrity = dict(version=DIGEST_VERSION, params=dig_p, opt_state=dig_o, stats=dig_s,
@@ -479,26 +475,32 @@ class Checkpointer:
                      'latest); it is not overwritten.', step, self.step_dir(step))
     return bool(saved)
 
-  def saved_items(self, step: int) -> list[str]:
-    """The items written at ``step`` (from Orbax's step metadata: a missing item directory
-    is then damage, not an absent item)."""
-    return sorted(self._manager.metadata(step).item_handlers or {})
+  def _check_space(self, step: int, *trees: PyTree) -> None:
+    """ENOSPC, in the caller's thread, for a save that cannot fit on a local disk: started, it
+    fails in Orbax's writer threads, whose sibling writes each print a traceback."""
+    if '://' in str(self.directory):
+      return
+    # Uncompressed (global) sizes: Orbax's zstd only shrinks them.
+    need = sum(getattr(x, 'nbytes', 0) for t in trees for x in jax.tree.leaves(t))
+    self._manager.wait_until_finished()  # Orbax waits anyway: the previous save is on disk.
+    free = shutil.disk_usage(self.directory).free
+    if need > free:
+      raise OSError(errno.ENOSPC, f'No space left on device for the checkpoint of step {step}: '
+                    f'it needs up to {need / 1e6:.1f} MB and {self.directory} has '
+                    f'{free / 1e6:.1f} MB free. Free some space and re-run the same command: it '
+                    'resumes from the last checkpoint.')
 
-  def item_tree(self, step: int, item: str) -> PyTree | None:
-    """The stored metadata tree (leaves with .shape/.dtype) of one item; None if absent."""
-    tree = self._manager.item_metadata(step).get(item)
-    return getattr(tree, 'tree', tree)
-
-  def _integrity(self, step: int) -> dict[str, Any] | None:
-    """The step's save-time digests; None only for a step provably saved before digests
-    existed (Orbax read its metadata file, which has none). A missing or garbled metadata
-    file is damage: without the digests the bytes cannot be verified."""
+  def _read_step(self, step: int) -> _Step:
+    """What one read of a step's metadata says (`_Step`). A missing or garbled metadata file
+    is damage: without the digests the bytes cannot be verified."""
     m = self._manager.metadata(int(step))
     integrity = (m.custom_metadata or {}).get('integrity')
     if integrity is None and m.commit_timestamp_nsecs is None:  # Orbax read no file
       raise _Damage(f'{self.step_dir(step) / "_CHECKPOINT_METADATA"} is missing or garbled, '
                     'so the checksums written at save time cannot be checked')
-    return integrity
+    trees = {k: getattr(v, 'tree', v) for k, v in (m.item_metadata or {}).items()
+             if k in ('params', 'opt_state') and v is not None}
+    return _Step(integrity, trees, sorted(m.item_handlers or {}))
 
   def _verify(self, item: str, restored: PyTree, stored: PyTree | None,
               integrity: Mapping[str, Any] | None) -> None:
@@ -549,7 +551,7 @@ class Checkpointer:
       if got != want and _json_digest(text.encode()) != want:
         raise _Damage(f'{path} fails the checksum written at save time')
     try:
-      self._restore_items(step, args=ocp.args.Composite(
+      self._manager.restore(step, args=ocp.args.Composite(
           data_iter=grain.checkpoint.CheckpointRestore(data_iter)))
     except Exception as e:  # pylint: disable=broad-except
       if not want:
@@ -561,42 +563,37 @@ class Checkpointer:
 
   def _restore_step(self, step: int, abstract_params: PyTree, abstract_opt_state: PyTree,
                     data_iter: Any) -> dict[str, Any]:
-    stored_trees = {}
+    meta = self._read_step(step)
     for item, want in (('params', abstract_params), ('opt_state', abstract_opt_state)):
-      stored = self.item_tree(step, item)
-      if stored is None:
+      if item not in meta.trees:
         raise FileNotFoundError(f'item {item!r} is missing or unreadable in '
                                 f'{self.step_dir(step)}')
-      check_same_tree(item, stored, want, f'The checkpoint at {self.step_dir(step)} was '
-                      'written by a different model', 'Use a fresh --workdir (or the config '
+      check_same_tree(item, meta.trees[item], want, f'The checkpoint at {self.step_dir(step)} '
+                      'was written by a different model', 'Use a fresh --workdir (or the config '
                       'that wrote this checkpoint).')
-      stored_trees[item] = stored
-    saved = self.saved_items(step)
-    if data_iter is not None and 'data_iter' not in saved:
+    if data_iter is not None and 'data_iter' not in meta.items:
       raise CallerError(f'{self.step_dir(step)} was saved without a data iterator, so a run '
                         'cannot resume its data order from it; use a fresh --workdir (in code: '
                         'restore with data_iter=None).')
     items = dict(params=ocp.args.StandardRestore(_abstract(abstract_params)),
                  opt_state=ocp.args.StandardRestore(_abstract(abstract_opt_state)))
-    if 'stats' in saved:
+    if 'stats' in meta.items:
       items['stats'] = ocp.args.StandardRestore()
-    r = dict(self._restore_verified(step, items, stored_trees), step=step)
+    r = dict(self._restore_verified(step, items, meta), step=step)
     if data_iter is not None:
-      self._restore_data_iter(step, data_iter, self._integrity(step))
+      self._restore_data_iter(step, data_iter, meta.integrity)
     return dict(r, stats=r.get('stats', {}))
 
-  def _restore_verified(self, step: int, items: dict[str, Any],
-                        stored_trees: Mapping[str, PyTree]) -> dict[str, Any]:
+  def _restore_verified(self, step: int, items: dict[str, Any], meta: _Step) -> dict[str, Any]:
     """``items`` (restore args by name) and the config of one step, each verified against
     its save-time digest and for finiteness (`_Damage` otherwise)."""
-    integrity = self._integrity(step)
-    r = self._restore_items(step, args=ocp.args.Composite(config=ocp.args.JsonRestore(),
-                                                          **items))
+    r = self._manager.restore(step, args=ocp.args.Composite(
+        config=ocp.args.JsonRestore(), **items))
     out = {k: r[k] for k in items} | {'config': dict(r['config'] or {})}
     if 'stats' in out:
       out['stats'] = jax.tree.map(np.asarray, dict(out['stats'] or {}))
     for item, value in out.items():
-      self._verify(item, value, stored_trees.get(item), integrity)
+      self._verify(item, value, meta.trees.get(item), meta.integrity)
     return out
 
   def restore(self, step: int | None = None, *, abstract_params: PyTree,
@@ -639,9 +636,8 @@ class Checkpointer:
     ``CallerError`` (incl. CheckpointMismatchError) propagates. Any other failure of a
     step that still exists and is still the newest is damage: for step None (and
     ``fallback``) a warning names the directory (left on disk) and the previous step is
-    tried; otherwise CheckpointDamagedError. A step that disappeared, or was superseded by
-    a newer one, while it was read (a running trainer deleting old steps) is not damage:
-    the newest step is read instead (at most MAX_VANISHED_RETRIES times).
+    tried; otherwise CheckpointDamagedError. A step deleted or superseded while it was read
+    (a running trainer) is not damage: the newest is read instead (MAX_VANISHED_RETRIES).
     """
     self.reload()
     steps = self.all_steps()
@@ -664,7 +660,8 @@ class Checkpointer:
         s = left[-1]
       tried.add(s)
       try:
-        out = fn(s)
+        with _tolerant_event_loops():  # the step's metadata reads too, not only its restore
+          out = fn(s)
       except CallerError:
         raise
       except Exception as e:  # pylint: disable=broad-except
@@ -731,15 +728,16 @@ class Checkpointer:
   def latest_config(self) -> dict[str, Any]:
     """The config stored with the latest step, digest verified; a damaged latest step is
     CheckpointDamagedError, as for ``restore(fallback=False)``."""
-    return self._first_readable(None, lambda s: self._restore_verified(s, {}, {})['config'],
-                                fallback=False)[0]
+    return self._first_readable(None, lambda s: self._restore_verified(
+        s, {}, self._read_step(s))['config'], fallback=False)[0]
 
   def restore_params_only(self, step: int, sharding: Any = None, expected: PyTree = None
                           ) -> tuple[PyTree, dict[str, Any], int]:
     """``(params, config, step)`` of one step, shapes and dtypes from the stored metadata
     (which must fit ``expected``, the run's params tree, if given); digests and finiteness
     verified (`_Damage` otherwise)."""
-    tree = self.item_tree(step, 'params')
+    meta = self._read_step(step)
+    tree = meta.trees.get('params')
     if tree is None:
       raise FileNotFoundError(f'item params is missing in {self.step_dir(step)}')
     if expected is not None:
@@ -747,12 +745,8 @@ class Checkpointer:
                       "written by another model than this run's config.json", "Move it out of "
                       "the run's checkpoints/ or evaluate another --step.")
     r = self._restore_verified(
-        step, dict(params=ocp.args.StandardRestore(_abstract(tree, sharding))), {'params': tree})
+        step, dict(params=ocp.args.StandardRestore(_abstract(tree, sharding))), meta)
     return r['params'], r['config'], step
-
-  def _restore_items(self, step: int, args: Any) -> Any:
-    with _tolerant_event_loops():
-      return self._manager.restore(step, args=args)
 
   def reached_preemption(self, step: int) -> bool:
     """Whether every host has reached JAX's preemption sync point (multi-host SIGTERM)."""
@@ -773,8 +767,14 @@ class Checkpointer:
   def __enter__(self) -> Checkpointer:
     return self
 
-  def __exit__(self, *exc) -> None:
-    self.close()
+  def __exit__(self, exc_type, exc, tb) -> None:
+    try:
+      self.close()
+    except Exception as e:  # pylint: disable=broad-except
+      if exc is None:
+        raise
+      # The error that stopped the run (often the same full disk) stays the one reported.
+      logger.warning('The checkpoint save in progress failed too: %s', _describe(e))
 
 
 def _resolve_dir(path: str | os.PathLike[str]) -> epath.Path:
@@ -802,8 +802,7 @@ def restore_params(workdir_or_ckpt_dir: str | os.PathLike[str], step: int | None
       params, or None for the first local device.
 
   Returns:
-    ``(params, config, step)``: params as stored (e.g. ``params['pos_embed']['embedding']``
-    ``[max_len, emb_dim]``), the run's config dict and the restored step.
+    ``(params, config, step)``: params as stored, the run's config dict and the step read.
 
   Raises:
     FileNotFoundError: no checkpoint, or the requested step is absent (or was deleted).

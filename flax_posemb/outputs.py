@@ -14,7 +14,9 @@ change cumulative counts and the late/early window means.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
+import io
 import os
 import re
 import shutil
@@ -27,15 +29,22 @@ import numpy as np
 
 @contextlib.contextmanager
 def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
-  """Opens a hidden temporary beside ``path`` (``.NAME.tmp``); renames it to ``path`` only if
-  the block ends without an exception (the temporary is removed otherwise)."""
+  """Yields an in-memory file (``mode`` 'wb' or 'w'); when the block ends without an exception
+  its content goes to a hidden temporary beside ``path`` (``.NAME.tmp``) in one unbuffered
+  write, then is renamed to ``path``. A failed write (a full disk) leaves no file and raises
+  once: nothing is left buffered to fail again on close (numpy's zip writer and a buffered
+  file would each add a chained traceback)."""
+  buf = io.BytesIO() if 'b' in mode else io.StringIO()
+  yield buf
+  data = buf.getvalue()
   directory, name = os.path.split(os.fspath(path))
   os.makedirs(directory or '.', exist_ok=True)
   tmp = os.path.join(directory, f'.{name}.tmp')
   try:
-    with open(tmp, mode) as f:
-      yield f
-      f.flush()
+    with open(tmp, 'wb', buffering=0) as f:
+      view = memoryview(data.encode() if isinstance(data, str) else data)
+      while view:
+        view = view[f.write(view):]
       os.fsync(f.fileno())
     os.replace(tmp, path)
   finally:
@@ -73,6 +82,21 @@ def _move(src: str, dst: str, names: Sequence[str]) -> None:
   for n in names:
     if os.path.exists(os.path.join(src, n)):
       os.replace(os.path.join(src, n), os.path.join(dst, n))
+
+
+def append_whole(path: str, data: bytes) -> None:
+  """Appends ``data`` to ``path`` whole or not at all: a write that fails or comes up short (a
+  full disk) is cut off again and raises, so no partial record is left to read."""
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  size = os.fstat(fd).st_size
+  try:
+    if os.write(fd, data) != len(data):
+      raise OSError(errno.ENOSPC, f'{path}: short write (disk full?)')
+  except BaseException:
+    os.ftruncate(fd, size)
+    raise
+  finally:
+    os.close(fd)
 
 
 # A run's step-numbered outputs, relative to its workdir (one "*" for the step).

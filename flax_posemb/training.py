@@ -13,7 +13,7 @@ Writes into ``workdir`` (docs/DESIGN.md):
 * ``checkpoints/`` — Orbax (``flax_posemb.checkpointing``): periodic, at the end, and on
   SIGTERM; the ``stats`` item holds the partial window and the host counters (exact int64
   ``cumulative_count``) so resumption is exact;
-* ``tensorboard/`` — tensorboardX scalars.
+* ``tensorboard/`` — TensorBoard events (`TensorBoard`: written by the calling thread).
 
 Re-running on a workdir with checkpoints resumes from the latest one, logs so, and drops
 ``metrics.jsonl`` rows, window files and table snapshots after the restored step. A
@@ -28,7 +28,8 @@ import contextlib
 import math
 import os
 import signal
-import sys
+import socket
+import struct
 import time
 from typing import Any, Callable, Sequence
 
@@ -114,6 +115,56 @@ def _validate_eval(config: ml_collections.ConfigDict, mcfg: model_lib.ModelConfi
   evaluation.make_batches(config, s)
 
 
+class TensorBoard:
+  """TensorBoard events of a run, appended by the caller's thread a whole record at a time
+  (`outputs.append_whole`), in the format of tensorboardX's writer.
+
+  Not tensorboardX's SummaryWriter: it writes from a thread of its own and flushes again at
+  exit, so a full disk reached it as more tracebacks after the run's own (the thread's, then
+  atexit's). Here a failed write raises in the caller, once, like every other output.
+  """
+
+  def __init__(self, logdir: str, purge_step: int | None = None):
+    from tensorboardX import summary  # pylint: disable=g-import-not-at-top
+    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+    self.logdir, self._summary, self._pb = logdir, summary, event_pb2
+    os.makedirs(logdir, exist_ok=True)
+    self.path = os.path.join(logdir, f'events.out.tfevents.{time.time():.0f}.'
+                             f'{socket.gethostname()}')
+    self._add(event_pb2.Event(file_version='brain.Event:2'))
+    if purge_step is not None:  # TensorBoard drops later events of an earlier attempt.
+      self._add(event_pb2.Event(step=purge_step, session_log=event_pb2.SessionLog(
+          status=event_pb2.SessionLog.START)))
+
+  def _add(self, event: Any, summary: Any = None) -> None:
+    from tensorboardX.record_writer import masked_crc32c  # pylint: disable=g-import-not-at-top
+    event.wall_time = time.time()
+    if summary is not None:
+      event.summary.CopyFrom(summary)
+    data = event.SerializeToString()
+    head = struct.pack('<Q', len(data))  # TFRecord framing: length, crc, payload, crc
+    outputs.append_whole(self.path, head + struct.pack('<I', masked_crc32c(head)) + data
+                         + struct.pack('<I', masked_crc32c(data)))
+
+  def scalar(self, tag: str, value: float, step: int) -> None:
+    self._add(self._pb.Event(step=int(step)), self._summary.scalar(tag, value))
+
+  def figure(self, tag: str, figure: Any, step: int) -> None:
+    """A matplotlib figure as an image (the figure is closed)."""
+    from tensorboardX.utils import figure_to_image  # pylint: disable=g-import-not-at-top
+    self._add(self._pb.Event(step=int(step)), self._summary.image(
+        tag, figure_to_image(figure), dataformats='CHW'))
+
+  def hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
+    """The run's hyperparameters and final metrics, in ``LOGDIR/hparams`` (TensorBoard's
+    HParams tab), as tensorboardX's ``add_hparams(name='hparams')`` writes them."""
+    run = TensorBoard(os.path.join(self.logdir, 'hparams'))
+    for s in self._summary.hparams(hparams, metrics):  # experiment, session start and end
+      run._add(self._pb.Event(step=0), s)  # pylint: disable=protected-access
+    for k, v in metrics.items():
+      run.scalar(k, v, 0)
+
+
 class StatsLog:
   """Host side of the statistics and metrics: windows, counters, metrics rows, TensorBoard.
 
@@ -130,11 +181,9 @@ class StatsLog:
                          window_first_step=1, loss_sum=0.0, loss_steps=0, tokens=0,
                          elapsed=0.0)
     self.last: dict[str, float] = {}
+    self.last_row: dict[str, Any] = {}  # the last training row written, with its step
     self.last_eval: dict[str, Any] | None = None
-    self._writer = None
-    if lead:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._writer = SummaryWriter(os.path.join(workdir, 'tensorboard'), purge_step=start + 1)
+    self._tb = TensorBoard(os.path.join(workdir, 'tensorboard'), start + 1) if lead else None
     self._clock = (time.time(), 0.0)  # window start, tokens in window
     self._t0, self._elapsed0 = time.time(), 0.0
 
@@ -169,9 +218,10 @@ class StatsLog:
       window.save(stats_lib.window_path(self.workdir, step), step=step,
                   first_step=int(c['window_first_step']),
                   cumulative_count=c['cumulative_count'])
-      self.write({'step': step, **row})
+      self.write(row)
       for k in ('loss', 'learning_rate', 'grad_norm', 'tokens_per_sec'):
-        self._writer.add_scalar(f'train/{k}', row[k], step)
+        self._tb.scalar(f'train/{k}', row[k], step)
+    self.last_row = row
     c.update(window_first_step=step + 1, loss_sum=0.0, loss_steps=0)
     self._clock = (now, 0.0)
     if not self.progress_bar:  # The bar shows these; without it, one log line per window.
@@ -196,17 +246,17 @@ class StatsLog:
                  o['loss'], o['stderr'] or 0.0, '-' if lmb is None else f'{lmb:+.4f}')
     if not self.lead:
       return
-    w = self._writer
-    w.add_scalar('eval/loss', o['loss'], step)
+    w = self._tb
+    w.scalar('eval/loss', o['loss'], step)
     for k in ('last_minus_best', 'slope'):
       if d.get(k) is not None:
-        w.add_scalar(f'eval/degradation/{k}', d[k], step)
+        w.scalar(f'eval/degradation/{k}', d[k], step)
     for b in results['buckets']:
       for k in ('loss', 'excess_loss', 'recovered'):
         if b.get(k) is not None:
-          w.add_scalar(f'eval_bucket_{k}/{b["start"]:05d}-{b["end"]:05d}', b[k], step)
+          w.scalar(f'eval_bucket_{k}/{b["start"]:05d}-{b["end"]:05d}', b[k], step)
     from flax_posemb import plots  # pylint: disable=g-import-not-at-top  (matplotlib)
-    w.add_figure('eval/loss_by_position', plots.loss_by_position_figure(
+    w.figure('eval/loss_by_position', plots.loss_by_position_figure(
         per_position, results, title), step)
     self.last_eval = results
 
@@ -221,19 +271,7 @@ class StatsLog:
     metrics = {'hparam/eval_loss': (ev.get('overall') or {}).get('loss'),
                'hparam/last_minus_best': (ev.get('degradation') or {}).get('last_minus_best')}
     metrics = {k: v for k, v in metrics.items() if v is not None}  # none without an eval
-    self._writer.add_hparams(hparams, metrics, name='hparams', global_step=0)
-
-  def close(self, *, failing: bool = False) -> None:
-    """Flushes TensorBoard; while another error propagates (e.g. a full disk), a flush
-    failure is logged rather than raised, so the first error is the one reported."""
-    if self._writer is None:
-      return
-    try:
-      self._writer.close()
-    except Exception as e:  # pylint: disable=broad-except
-      if not failing:
-        raise
-      logging.warning('TensorBoard flush failed too: %s', e)
+    self._tb.hparams(hparams, metrics)
 
 
 def restore_or_init(ckpt: checkpointing.Checkpointer, state: step_lib.TrainState,
@@ -381,7 +419,11 @@ class _Loop:
 
   def save(self, state: step_lib.TrainState, step: int) -> bool:
     payload = dict(self.log.counters, window=state.stats.to_numpy())
-    metrics = {'loss': self.log.last['loss']} if 'loss' in self.log.last else {}
+    row = self.log.last_row
+    # This step's training row goes with its checkpoint: a resume writes it again if
+    # metrics.jsonl lost it (`rewrite_lost_rows`).
+    metrics = row if row.get('step') == step else {'last_loss': self.log.last.get('loss')}
+    metrics = {k: v for k, v in metrics.items() if k != 'step' and v is not None}
     return self.ckpt.save(step, params=state.params, opt_state=state.opt_state,
                           data_iter=self.data_iter, stats=payload,
                           config=self.config.to_dict(), metrics=metrics)
@@ -424,8 +466,8 @@ class _Loop:
     if resumed_from is None:
       self.snapshot(state, 0)
       self.save(state, 0)
-    elif self.eval_due(start) and not workdir_lib.has_eval_row(self.workdir, start):
-      self.evaluate(state, start)  # Its row was the half-written last line a resume drops.
+    else:
+      self.rewrite_lost_rows(state, start)
     result = dict(step=start, loss=None, resumed_from=resumed_from, preempted=False, eval=None)
     bar = None
     if self.lead and c.progress_bar:
@@ -462,8 +504,19 @@ class _Loop:
     finally:
       if bar is not None:
         bar.close()
-      self.log.close(failing=sys.exc_info()[0] is not None)
     return result
+
+  def rewrite_lost_rows(self, state: step_lib.TrainState, step: int) -> None:
+    """Writes again the rows of the restored ``step`` that metrics.jsonl lost (a half-written
+    last line, which a resume drops): the training row, stored with the checkpoint when the
+    step ended a logging window, and the periodic evaluation, run again."""
+    row = self.ckpt.step_metadata(step).get('metrics', {})
+    # 'tokens': a whole row, stored only by a step that wrote one (`save`); older versions
+    # stored only a loss.
+    if self.lead and 'tokens' in row and not workdir_lib.has_row(self.workdir, step, 'loss'):
+      self.log.write({'step': step, **row, 'tokens': int(row['tokens'])})
+    if self.eval_due(step) and not workdir_lib.has_row(self.workdir, step, 'eval'):
+      self.evaluate(state, step)
 
   def eval_due(self, step: int) -> bool:
     every = int(self.config.eval_every_steps)

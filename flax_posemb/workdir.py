@@ -237,28 +237,20 @@ def truncate_outputs(workdir: str, step: int) -> None:
 
 
 def append_row(workdir: str, row: dict[str, Any], default: Callable[[Any], Any] = float):
-  """Appends one JSON row to ``metrics.jsonl``, whole or not at all: a write that fails (a
-  full disk) is cut off again, so no half-written line is left to lose on resume."""
-  path, line = os.path.join(workdir, METRICS_FILE), (json.dumps(row, default=default) + '\n')
-  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-  size = os.fstat(fd).st_size
-  try:
-    if os.write(fd, line.encode()) != len(line.encode()):
-      raise OSError(errno.ENOSPC, f'{path}: short write (disk full?)')
-  except BaseException:
-    os.ftruncate(fd, size)
-    raise
-  finally:
-    os.close(fd)
+  """Appends one JSON row to ``metrics.jsonl``, whole or not at all (``outputs.append_whole``:
+  a failed write, e.g. a full disk, leaves no half-written line to lose on resume)."""
+  outputs.append_whole(os.path.join(workdir, METRICS_FILE),
+                       (json.dumps(row, default=default) + '\n').encode())
 
 
-def has_eval_row(workdir: str, step: int) -> bool:
-  """Whether ``metrics.jsonl`` holds the periodic evaluation of ``step``."""
+def has_row(workdir: str, step: int, key: str) -> bool:
+  """Whether ``metrics.jsonl`` holds a row of ``step`` with ``key``: ``'loss'`` for the
+  training row, ``'eval'`` for the periodic evaluation."""
   for line in _metric_rows(workdir):
     try:
       row = json.loads(line)
     except ValueError:
       continue
-    if row.get('step') == step and 'eval' in row:
+    if row.get('step') == step and key in row:
       return True
   return False

@@ -64,3 +64,18 @@ def tiny_run(tmp_path_factory):
   config = tiny_config()
   result = training.train_and_evaluate(config, workdir)
   return workdir, config, result
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A real 1.8 MB filesystem (tmpfs; room for the first checkpoint of configs/tiny.py, not the
+  second). Mounting needs root: elsewhere the tests using it skip, and the injected full-disk
+  tests (which run everywhere) remain."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  disk = tmp_path / 'disk'
+  disk.mkdir()
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1800k', 'tmpfs', str(disk)],
+                    capture_output=True, check=False).returncode:
+    pytest.skip('mounting a tmpfs needs root')
+  yield disk
+  subprocess.run(['umount', '--lazy', str(disk)], check=False)

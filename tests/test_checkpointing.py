@@ -1,5 +1,6 @@
 """Tests of flax_posemb.checkpointing: exact round trips, refusals and recovery."""
 
+import errno
 import json
 import logging
 import os
@@ -556,3 +557,20 @@ def test_a_step_saved_before_digests_existed_is_restored_with_finiteness_checked
     r = ck.restore(abstract_params=_abstract(params), abstract_opt_state=_abstract(opt_state),
                    data_iter=_data_iter())
   assert r['step'] == 1
+
+
+def test_a_checkpoint_that_cannot_fit_is_refused_before_anything_is_written(tmp_path,
+                                                                            monkeypatch):
+  """ENOSPC from the caller's thread, naming the need and the free space: started, the save
+  would fail in Orbax's writer threads instead (a traceback from each of their writes)."""
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    _save(ck, 1, params, opt_state, None)
+    ck.wait_until_finished()
+    monkeypatch.setattr(checkpointing.shutil, 'disk_usage',
+                        lambda path: type('Usage', (), {'free': 100})())
+    with pytest.raises(OSError, match=r'step 2: it needs up to .* MB and .* has 0.0 MB free.*'
+                       r'resumes from the last checkpoint') as e:
+      _save(ck, 2, params, opt_state, None)
+    assert e.value.errno == errno.ENOSPC and ck.all_steps() == [1]
+  assert not [p for p in tmp_path.iterdir() if p.name.startswith('2')]  # nothing written

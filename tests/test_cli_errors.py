@@ -355,6 +355,22 @@ def test_a_full_disk_during_a_checkpoint_save_exits_1_with_one_traceback(tmp_pat
   assert steps[-1] == 2  # the last good checkpoint, to resume from
 
 
+def test_a_really_full_disk_exits_1_with_one_traceback_and_nothing_else(small_disk):
+  """A filesystem that fills up, not an injected error: nothing else on stderr from Orbax's
+  writer threads, their event loops or TensorBoard (thread, atexit)."""
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / 'train.py'), '--config', 'configs/tiny.py', '--workdir',
+       str(small_disk / 'wd'), '--config.num_train_steps=6', '--config.log_every_steps=2',
+       '--config.checkpoint_every_steps=2', '--config.eval_every_steps=0',
+       '--config.progress_bar=False'], cwd=str(ROOT), env=SUBPROCESS_ENV,
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode == cli.EXIT_UNEXPECTED, proc.stderr[-3000:]
+  assert proc.stderr.count('Traceback') == 1, proc.stderr[-6000:]
+  assert 'No space left on device' in _message_lines(proc.stderr)[-1], proc.stderr[-3000:]
+  for noise in ('Event loop is closed', 'Exception ignored', 'Exception in thread', 'atexit'):
+    assert noise not in proc.stderr, proc.stderr[-6000:]
+
+
 def _catches_sigterm(pid):
   with open(f'/proc/{pid}/status') as f:
     caught = next(l for l in f if l.startswith('SigCgt:')).split()[1]

@@ -48,13 +48,25 @@ def test_mock_lm1b_flows_through_the_whole_pipeline(tmp_path, policy):
   assert len(ev) == 2 and ev[0]['inputs'].shape == (4, 8) and ev[0]['loss_mask'].min() == 1
 
 
-def test_unknown_or_unprepared_tfds_dataset_is_a_clear_error(tmp_path):
-  cfg = _cfg(tmp_path, source='tfds', name='no_such_dataset_xyz')
-  with pytest.raises(ValueError, match='(?s)not prepared.*tfds build no_such_dataset_xyz '
-                     '--file_format=array_record'):
+def test_unknown_or_unprepared_tfds_dataset_names_both_fixes_and_the_prepared_datasets(
+    tmp_path):
+  """Without TensorFlow TFDS cannot tell an unknown name from an unprepared catalog dataset:
+  the message says both, names the data dir and lists what is prepared there."""
+  cfg = _cfg(tmp_path, source='tfds', name='PG19')
+  ddir = tmp_path / 'data'
+  for prepared in ('my_books/1.0.0', 'wiki40b/en/1.3.0'):
+    (ddir / prepared).mkdir(parents=True)
+    (ddir / prepared / 'dataset_info.json').write_text('{}')
+  with pytest.raises(ValueError) as e:
     data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1)
-  cfg.data.name = 'lm1b'
-  with pytest.raises(ValueError, match='tfds build lm1b --file_format=array_record'):
+  msg = str(e.value)
+  assert f"No prepared dataset 'PG19' (data.name) under {ddir}" in msg
+  assert f'tfds build PG19 --file_format=array_record --data_dir={ddir}' in msg
+  assert 'python -m flax_posemb.data.prepare --name PG19' in msg
+  assert 'check the spelling' in msg and 'lowercase' in msg
+  assert msg.endswith(f'Prepared datasets in {ddir}: my_books, wiki40b/en.')
+  cfg.data.data_dir = str(tmp_path / 'empty')
+  with pytest.raises(ValueError, match='Prepared datasets in .*empty: none'):
     data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1)
 
 

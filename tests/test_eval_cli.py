@@ -182,14 +182,28 @@ def test_eval_reads_the_new_latest_when_the_step_is_deleted_mid_read(tiny_run, t
   assert 'evaluated checkpoint step 30' in run['table']
 
 
-def test_eval_cli_names_a_damaged_latest_and_the_step_it_evaluated(tiny_run, tmp_path):
-  workdir = _copy_run(tiny_run, tmp_path)
-  params = os.path.join(workdir, 'checkpoints', '20', 'params')
-  for base, _, files in os.walk(os.path.join(params, 'ocdbt.process_0', 'd')):
+def _truncate_data(step_dir):
+  for base, _, files in os.walk(os.path.join(step_dir, 'params', 'ocdbt.process_0', 'd')):
     for name in files:  # truncated data files: reads fail mid-restore
       path = os.path.join(base, name)
       data = open(path, 'rb').read()
       open(path, 'wb').write(data[:len(data) // 2])
+
+
+def _garble(*parts):
+  def damage(step_dir):
+    path = os.path.join(step_dir, *parts)
+    open(path, 'w').write(open(path).read()[:40])
+  return damage
+
+
+@pytest.mark.parametrize('damage', [_truncate_data, _garble('_CHECKPOINT_METADATA'),
+                                    _garble('params', '_METADATA')],
+                         ids=['truncated_data', 'garbled_step_metadata', 'garbled_params_metadata'])
+def test_eval_cli_names_a_damaged_latest_and_the_step_it_evaluated(tiny_run, tmp_path, damage):
+  """Quietly: no 'Event loop is closed' from reads of the damaged step left in flight."""
+  workdir = _copy_run(tiny_run, tmp_path)
+  damage(os.path.join(workdir, 'checkpoints', '20'))
   out = str(tmp_path / 'out')
   r = subprocess.run([sys.executable, str(ROOT / 'eval.py'), '--workdir', workdir,
                       '--output', out], capture_output=True, text=True, env=SUBPROCESS_ENV,

@@ -1,12 +1,14 @@
 """The workdir's guarantees: one writer, no partial outputs, no silent config change, no
 silent restart over a trained run (flax_posemb.workdir and the loop that uses it)."""
 
+import errno
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -67,7 +69,16 @@ def test_atomic_write_leaves_no_file_when_the_writer_fails(tmp_path):
     with outputs.atomic_write(path) as f:
       f.write(b'partial')
       raise OSError(28, 'No space left on device')
-  assert os.listdir(tmp_path / 'tables') == []
+  assert not [p for p in tmp_path.rglob('*') if p.is_file()]
+
+
+def test_a_full_disk_fails_an_output_file_once_and_leaves_nothing(small_disk):
+  """One error, not numpy's zip writer and the file's close failing again after it."""
+  with pytest.raises(OSError) as e:
+    with outputs.atomic_write(str(small_disk / 'stats' / 'window_5.npz')) as f:
+      np.savez(f, x=np.random.default_rng(0).random(1 << 19))  # 4 MB on a 1.8 MB disk
+  assert e.value.errno == errno.ENOSPC and e.value.__context__ is None
+  assert not [p for p in small_disk.rglob('*') if p.is_file()]
 
 
 def test_resume_cleans_leftovers_of_a_killed_write(tmp_path):
@@ -148,17 +159,18 @@ def test_sigterm_during_setup_leaves_a_resumable_workdir(tmp_path, monkeypatch):
   assert training.train_and_evaluate(c, wd)['resumed_from'] == 0
 
 
-def test_a_failing_tensorboard_flush_does_not_hide_the_first_error(tmp_path):
-  log = training.StatsLog(str(tmp_path), 4, True, 0)
-
-  class Broken:
-    def close(self):
-      raise OSError(28, 'No space left on device')
-
-  log._writer = Broken()  # pylint: disable=protected-access
-  log.close(failing=True)  # logged, not raised
-  with pytest.raises(OSError):
-    log.close(failing=False)
+def test_a_tensorboard_write_on_a_full_disk_raises_in_the_caller_and_leaves_no_partial_event(
+    tmp_path, monkeypatch):
+  """No writer thread and no flush at exit to fail again later: the caller gets the error."""
+  threads = threading.active_count()
+  tb = training.TensorBoard(str(tmp_path))
+  before = open(tb.path, 'rb').read()
+  real = os.write
+  monkeypatch.setattr(os, 'write', lambda fd, data: real(fd, data[:len(data) // 2]))
+  with pytest.raises(OSError, match='short write'):
+    tb.scalar('train/loss', 1.0, 1)
+  monkeypatch.undo()
+  assert open(tb.path, 'rb').read() == before and threading.active_count() == threads
 
 
 def test_a_run_started_before_a_field_existed_resumes_with_its_default(tmp_path):
@@ -217,6 +229,17 @@ def test_a_half_written_last_eval_row_of_a_finished_run_is_rewritten_on_resume(t
   rows = [json.loads(l) for l in open(path)]
   assert [r['step'] for r in rows if 'eval' in r] == [10]
   assert json.loads(text.splitlines()[-1])['eval']['overall'] == rows[-1]['eval']['overall']
+
+
+def test_a_half_written_last_training_row_of_a_finished_run_is_rewritten_on_resume(tmp_path):
+  wd, c = trained_five_steps(tmp_path)
+  path = os.path.join(wd, 'metrics.jsonl')
+  text = open(path).read()
+  last = text.splitlines()[-1]
+  assert json.loads(last)['step'] == 5 and 'loss' in json.loads(last)
+  open(path, 'w').write(text[:len(text) - len(last) // 2 - 1])  # half of it
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 5
+  assert [json.loads(l) for l in open(path)] == [json.loads(l) for l in text.splitlines()]
 
 
 def test_a_truncated_window_file_is_named_on_resume_and_nothing_changes(tmp_path):

@@ -382,6 +382,36 @@ def prepare_hint(name: str, ddir: str) -> str:
           'for long context.')
 
 
+def prepared_datasets(ddir: str) -> list[str]:
+  """Names (``NAME`` or ``NAME/CONFIG``) of the datasets prepared under ``ddir``."""
+  found = set()
+  for depth in ('*/*', '*/*/*'):
+    for info in glob_lib.glob(os.path.join(ddir, depth, 'dataset_info.json')):
+      parts = os.path.relpath(os.path.dirname(info), ddir).split(os.sep)
+      if parts[-1][:1].isdigit():  # NAME[/CONFIG]/VERSION
+        found.add('/'.join(parts[:-1]))
+  return sorted(found)
+
+
+def not_prepared_message(name: str, ddir: str) -> str:
+  """Why TFDS dataset ``name`` cannot be read from ``ddir``, and the fixes. Without TensorFlow
+  TFDS cannot tell a catalog dataset that was never prepared from a name that does not
+  exist, so the message gives both."""
+  base = name.split(':')[0]
+  listed = prepared_datasets(ddir)
+  listed = ', '.join(listed[:20]) + (' ...' if len(listed) > 20 else '') if listed else 'none'
+  return (
+      f'No prepared dataset {name!r} (data.name) under {ddir} (no '
+      f'{os.path.join(ddir, *base.split("/"))}/<version>/dataset_info.json). If it is a TFDS '
+      f'catalog dataset, build it once (TensorFlow is needed only there): pip install '
+      f'"flax_posemb[prepare]"; tfds build {base} --file_format=array_record '
+      f'--data_dir={ddir} (built elsewhere: copy its {base.split("/")[0]}/ directory into '
+      f'{ddir}). If it is your own text: python -m flax_posemb.data.prepare --name {base} '
+      f"--input 'FILES' --data_dir {ddir} (README, \"Configs and data\"). Otherwise check "
+      'the spelling: catalog names are lowercase, e.g. pg19, wiki40b/en. Prepared datasets '
+      f'in {ddir}: {listed}.')
+
+
 def find_builder_dir(name: str, ddir: str) -> str | None:
   """The prepared directory ``ddir/NAME[/CONFIG]/VERSION`` of `name`, or None.
 
@@ -461,19 +491,15 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
     if present, else the dataset's only string feature, e.g. pg19's 'book_text').
 
   Raises:
-    ValueError: not prepared (the message gives the prepare command), not array_record,
+    ValueError: no prepared dataset of that name (`not_prepared_message`), not array_record,
       unknown split (lists the splits) or no usable text feature (lists them).
   """
   path = find_builder_dir(name, ddir)
   if path is None:
     try:
       records = tfds.data_source(name, split=split, data_dir=ddir, download=False)
-    except Exception as e:  # Unknown without TensorFlow, not prepared, wrong format.
-      msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-      raise ValueError(
-          f'TFDS dataset {name!r} (data.name) is not prepared in {ddir} (no '
-          f'{os.path.join(ddir, *name.split(":")[0].split("/"))}/<version>/dataset_info.json;'
-          f' TFDS said: {msg}). {prepare_hint(name, ddir)}') from None
+    except Exception:  # pylint: disable=broad-except  # Unknown, or registered but not prepared.
+      raise ValueError(not_prepared_message(name, ddir)) from None
     info = getattr(records, 'dataset_info', None)
     feature = pick_text_feature(getattr(info, 'features', None), text_feature, name)
     _log_feature(name, feature, text_feature)
