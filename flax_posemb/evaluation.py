@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -265,13 +266,27 @@ def expected_params(model) -> Any:
   return jax.eval_shape(lambda: model.init(jax.random.key(0), x, x))['params']
 
 
-def make_batches(config: ml_collections.ConfigDict, s: dict[str, Any]):
-  """`data.make_eval_batches` of the settings ``s`` (`eval_settings`)."""
-  return data_lib.make_eval_batches(
-      config.data, split=s['split'], window_len=int(s['window_len']),
-      num_windows=int(s['num_windows']), batch_size=int(s['batch_size']), policy=s['policy'],
-      seed=int(s['seed']), window_start=s['window_start'], min_doc_len=s['min_doc_len'],
-      min_start=s['min_start'])
+def make_batches(config: ml_collections.ConfigDict, s: dict[str, Any]
+                 ) -> tuple[dict[str, np.ndarray], ...]:
+  """`data.make_eval_batches` of the settings ``s`` (`eval_settings`), built once per process
+  for the same data config and settings: the startup check and every periodic evaluation of
+  a run share one scan of the split (deep windows read every document's length). Callers
+  must not modify the arrays."""
+  keys = ('split', 'window_len', 'num_windows', 'batch_size', 'policy', 'seed', 'window_start',
+          'min_doc_len', 'min_start')
+  return _batches(json.dumps(config.data.to_dict(), sort_keys=True, default=str),
+                  tuple((k, s[k]) for k in keys))
+
+
+@functools.lru_cache(maxsize=4)
+def _batches(data_json: str, settings: tuple[tuple[str, Any], ...]
+             ) -> tuple[dict[str, np.ndarray], ...]:
+  s = dict(settings)
+  return tuple(data_lib.make_eval_batches(
+      ml_collections.ConfigDict(json.loads(data_json)), split=s['split'],
+      window_len=int(s['window_len']), num_windows=int(s['num_windows']),
+      batch_size=int(s['batch_size']), policy=s['policy'], seed=int(s['seed']),
+      window_start=s['window_start'], min_doc_len=s['min_doc_len'], min_start=s['min_start']))
 
 
 # The settings recorded in results.json.
@@ -331,7 +346,7 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
   fn = model_apply_fn(model)
 
   full_edges = buckets_lib.make_edges(s['window_len'], s['bucket_size'], s['bucket_edges'])
-  windows = list(make_batches(config, s))  # Built once (deep: scans the split) for both passes.
+  windows = make_batches(config, s)  # The same windows for both passes.
 
   def passes(length, ks):
     edges = np.asarray([e for e in full_edges if e < length] + [length])  # probe: clipped

@@ -110,8 +110,8 @@ def _validate_eval(config: ml_collections.ConfigDict, mcfg: model_lib.ModelConfi
   for key in ('num_windows', 'batch_size'):
     if int(s[key]) < 1:
       raise ValueError(f'eval.{key} must be >= 1, got {s[key]}.')
-  # Builds (and drops) the evaluation windows: too few documents fail now, not at step
-  # eval_every_steps.
+  # Builds the evaluation windows (kept for the periodic evaluations): too few documents
+  # fail now, not at step eval_every_steps.
   evaluation.make_batches(config, s)
 
 
