@@ -66,6 +66,8 @@ import orbax.checkpoint as ocp
 from jax import lax
 from etils import epath
 
+from flax_posemb import trees
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_SUBDIR = 'checkpoints'  # WORKDIR/checkpoints holds the step directories.
@@ -79,7 +81,7 @@ class CallerError(ValueError):
   """A problem with the caller's arguments, not with the files on disk."""
 
 
-class CheckpointMismatchError(CallerError):
+class CheckpointMismatchError(CallerError, trees.TreeMismatchError):
   """The checkpoint is readable but was written for another config: the stored
   params/opt_state tree or shapes differ, or the data pipeline state does not fit."""
 
@@ -140,24 +142,6 @@ def _absolute(path: str | os.PathLike[str]) -> epath.Path:
 def checkpoint_dir(workdir: str | os.PathLike[str]) -> epath.Path:
   """Returns `WORKDIR/checkpoints`, the directory a `Checkpointer` manages."""
   return _absolute(workdir) / CHECKPOINT_SUBDIR
-
-
-def _shapes(tree: PyTree) -> dict[str, tuple[int, ...]]:
-  # 'a/0/b' paths: stored metadata turns tuples and namedtuples into dicts and lists.
-  return {jax.tree_util.keystr(p, simple=True, separator='/'): tuple(x.shape)
-          for p, x in jax.tree_util.tree_leaves_with_path(tree)}
-
-
-def check_same_tree(item: str, stored: PyTree, expected: PyTree, problem: str,
-                    fix: str) -> None:
-  """The one tree comparison (restore, eval): raises CheckpointMismatchError, ``problem``
-  then the first path whose shape differs between ``stored`` and ``expected``, then ``fix``."""
-  got, want = _shapes(stored), _shapes(expected)
-  for path in sorted(set(got) | set(want)):
-    if got.get(path) != want.get(path):
-      raise CheckpointMismatchError(
-          f'{problem}: {item}/{path} has shape {got.get(path, "absent")} in the checkpoint '
-          f'but {want.get(path, "absent")} in the model of the config. {fix}')
 
 
 def _abstract(tree: PyTree, sharding: Any = None) -> PyTree:
@@ -568,9 +552,9 @@ class Checkpointer:
       if item not in meta.trees:
         raise FileNotFoundError(f'item {item!r} is missing or unreadable in '
                                 f'{self.step_dir(step)}')
-      check_same_tree(item, meta.trees[item], want, f'The checkpoint at {self.step_dir(step)} '
+      trees.check_same_tree(item, meta.trees[item], want, f'The checkpoint at {self.step_dir(step)} '
                       'was written by a different model', 'Use a fresh --workdir (or the config '
-                      'that wrote this checkpoint).')
+                      'that wrote this checkpoint).', error=CheckpointMismatchError)
     if data_iter is not None and 'data_iter' not in meta.items:
       raise CallerError(f'{self.step_dir(step)} was saved without a data iterator, so a run '
                         'cannot resume its data order from it; use a fresh --workdir (in code: '
@@ -741,9 +725,10 @@ class Checkpointer:
     if tree is None:
       raise FileNotFoundError(f'item params is missing in {self.step_dir(step)}')
     if expected is not None:
-      check_same_tree('params', tree, expected, f'The checkpoint at {self.step_dir(step)} was '
+      trees.check_same_tree('params', tree, expected, f'The checkpoint at {self.step_dir(step)} was '
                       "written by another model than this run's config.json", "Move it out of "
-                      "the run's checkpoints/ or evaluate another --step.")
+                      "the run's checkpoints/ or evaluate another --step.",
+                            error=CheckpointMismatchError)
     r = self._restore_verified(
         step, dict(params=ocp.args.StandardRestore(_abstract(tree, sharding))), meta)
     return r['params'], r['config'], step

@@ -35,6 +35,7 @@ from flax_posemb import model as model_lib
 from flax_posemb import embeddings
 from flax_posemb import sharding
 from flax_posemb import train_step
+from flax_posemb import trees
 from flax_posemb.batch import BATCH_KEYS
 from flax_posemb.data.pipeline import EVAL_POLICIES, PROVENANCE_KEYS
 OFFSET_NOTE = (
@@ -296,13 +297,12 @@ SETTINGS_KEYS = ('split', 'policy', 'num_windows', 'window_len', 'window_start',
 
 def check_compatible(model, params, window_len: int) -> None:
   """Raises ValueError if `params` do not fit `model` or the window exceeds its position table."""
-  from flax_posemb import checkpointing  # pylint: disable=g-import-not-at-top
   cfg = model.config
   max_len = int(cfg.max_len)
   if window_len > max_len:
     raise ValueError(f'evaluation window of {window_len} tokens exceeds the model context / position '
                      f'table (max_len={max_len}). Fix: evaluate with window_len <= {max_len}.')
-  checkpointing.check_same_tree(
+  trees.check_same_tree(
       'params', params, expected_params(model), 'checkpoint parameters do not match the model '
       f'config (max_len={max_len}, emb_dim={cfg.emb_dim}, num_layers={cfg.num_layers}, '
       f'vocab_size={cfg.vocab_size})', 'Fix: evaluate with the config saved in the checkpoint.')
