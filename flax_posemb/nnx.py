@@ -60,12 +60,10 @@ __all__ = [
 
 
 class LearnedPositionEmbedding(nnx.Module):
-  """Learned absolute position table with the out-of-range guard (linen twin in embeddings).
+  """Learned absolute position table (linen twin in embeddings).
 
-  Parameter `embedding` `[num_positions, features]`. With `check_positions=True`
-  ids outside `[0, num_positions)` raise (eagerly `ValueError`, under `jax.jit` /
-  `nnx.jit` a `JaxRuntimeError` with the same message; see
-  `embeddings.check_position_range`); with False they read clamped rows.
+  Parameter `embedding` `[num_positions, features]`; ids are assumed in range (checked on
+  the host, `embeddings.check_position_range`).
 
   Args:
     num_positions: Table rows (largest position id + 1).
@@ -73,17 +71,15 @@ class LearnedPositionEmbedding(nnx.Module):
     embedding_init: Initializer `(key, shape, dtype) -> Array`.
     dtype: Output dtype (None = `param_dtype`).
     param_dtype: Table storage dtype.
-    check_positions: Raise on out-of-range ids.
     rngs: Draws the table from its `params` stream.
   """
 
   def __init__(self, num_positions: int, features: int, *,
                embedding_init: initializers.InitFn = initializers.gpt2(),
                dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
-               check_positions: bool = True, rngs: nnx.Rngs):
+               rngs: nnx.Rngs):
     self.num_positions, self.features = num_positions, features
     self.dtype, self.param_dtype = dtype, param_dtype
-    self.check_positions = check_positions
     self.embedding = nnx.Param(
         embedding_init(rngs.params(), (num_positions, features), param_dtype))
 
@@ -97,7 +93,6 @@ class LearnedPositionEmbedding(nnx.Module):
       `[..., features]` in `dtype` (`param_dtype` if None).
     """
     return embeddings.lookup_positions(self.embedding[...], positions,
-                                       check_positions=self.check_positions,
                                        dtype=self.dtype or self.param_dtype)
 
 
@@ -262,7 +257,7 @@ class TransformerLM(nnx.Module):
   """GPT-2-style decoder-only LM in NNX; same maths and parameters as `model.TransformerLM`.
 
   Args:
-    config: A `ModelConfig` (same defaults, initializers and position guard as linen).
+    config: A `ModelConfig` (same defaults and initializers as linen).
     rngs: `params` stream (or `default`) draws the parameters; the `dropout` stream
       (or `default`) seeds the dropout layers.
 
@@ -286,7 +281,7 @@ class TransformerLM(nnx.Module):
     if cfg.position_embedding == 'learned':
       self.pos_embed = LearnedPositionEmbedding(
           cfg.max_len, cfg.emb_dim, embedding_init=cfg.position_initializer(),
-          dtype=jnp.float32, param_dtype=pdt, check_positions=cfg.check_positions, rngs=rngs)
+          dtype=jnp.float32, param_dtype=pdt, rngs=rngs)
     elif cfg.position_embedding == 'sinusoidal':
       self.pos_embed = SinusoidalPositionEmbedding(cfg.emb_dim, scale=sinusoid_scale(cfg))
     else:
@@ -320,7 +315,6 @@ class TransformerLM(nnx.Module):
       float32 logits `[B, T, vocab_size]`.
     """
     cfg = self.config
-    layers.check_lm_inputs(inputs, positions, segment_ids)
     pos_rows = None if self.pos_embed is None else self.pos_embed(positions)
     x = layers.embedding_sum(self.token_embed(inputs), pos_rows, embed_delta)
     x = self.drop_embed(x.astype(cfg.compute_dtype), deterministic=deterministic, rngs=rngs)

@@ -53,7 +53,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_posemb import embeddings
 from flax_posemb import outputs
 from flax_posemb import sharding
 
@@ -242,8 +241,7 @@ def occurrence_stats(g: Array, token_loss: Array, batch: Mapping[str, Array],
 
 def value_and_grad_with_position_stats(
     token_loss_fn: Callable[..., Array], num_positions: int, embed_dim: int, *,
-    collect: bool = True, finish: bool = True,
-    check_positions: bool = True) -> Callable[..., tuple]:
+    collect: bool = True, finish: bool = True) -> Callable[..., tuple]:
   """Loss, parameter gradients and per-position statistics of any model, in one backward pass.
 
   Example (any model whose embedding sum takes ``embed_delta``)::
@@ -263,16 +261,12 @@ def value_and_grad_with_position_stats(
       embedding sum; ``batch`` holds ``positions``, ``segment_ids`` (int ``[B, T]``, 0 =
       padding), ``loss_mask`` (float ``[B, T]``) and whatever the model needs. ``params``
       is any pytree (linen params, or an NNX model's state from ``nnx.split``).
-    num_positions: rows of the position table (every ``positions`` id must be below it).
+    num_positions: rows of the position table (every ``positions`` id is below it: the
+      host checks batches, ``sharding.global_batch``).
     embed_dim: width ``D`` of the embedding sum, and so of ``embed_delta``.
     collect: False keeps only ``LOSS_FIELDS`` (loss, gradients and update are unchanged).
     finish: False leaves ``row_grad`` unsquared, for summing microbatches (then call
       ``stats.finish()``).
-    check_positions: raise when a real token (``segment_ids > 0``) has a position id outside
-      ``[0, num_positions)``: the scatter onto rows would drop it from every field while the
-      loss still counts it. Eagerly a ``ValueError``; under ``jax.jit`` a runtime error with
-      the same message (``embeddings.check_position_range``). False skips the check (the
-      train step, whose batches are checked on the host, ``sharding.global_batch``).
 
   Returns:
     ``f(params, batch, *args, denominator=None) -> (loss, grads, stats)``: ``loss`` the mean
@@ -283,9 +277,6 @@ def value_and_grad_with_position_stats(
     ``occ_sq``, ``row_sq``, ``downstream``; ``update_sq`` needs the optimizer and is absent).
   """
   def f(params, batch, *args, denominator=None):
-    if check_positions:
-      real = jnp.asarray(batch['segment_ids']) > 0
-      embeddings.check_position_range(jnp.where(real, batch['positions'], 0), num_positions)
     mask = batch['loss_mask'].astype(jnp.float32)
     denom = jnp.maximum(jnp.sum(mask), 1.0) if denominator is None else denominator
     shape = batch['positions'].shape

@@ -177,7 +177,7 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
                                 seq_len=int(config.data.seq_len), num_devices=mesh.size)
   gradients = accumulated(stats_lib.value_and_grad_with_position_stats(
       token_loss_fn(model), cfg.max_len, collect=bool(config.collect_stats),
-      embed_dim=cfg.emb_dim, finish=False, check_positions=cfg.check_positions), accum, mesh)
+      embed_dim=cfg.emb_dim, finish=False), accum, mesh)
   schedule = optim.make_schedule(config)
   has_table = cfg.position_embedding == 'learned'
   row_scale = bool(config.optimizer.row_lr_scale)

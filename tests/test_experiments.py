@@ -381,12 +381,6 @@ def test_suite_file_expands_to_the_four_experiments_with_the_scale():
   assert spec.load(paths[3]).offsets == (0, 128)  # long_text at GPT-2-small context
 
 
-def test_cpu_scale_runs_without_the_host_callback_guard():
-  """The guard's host callback would keep every train step out of the compilation cache."""
-  for name in CONFIGS:
-    assert not spec.expand(_load(name))[0].config.model.check_positions
-
-
 # --- the whole pipeline: --quick ---------------------------------------------------------------
 
 

@@ -56,10 +56,6 @@ def base_config(scale: str) -> ml_collections.ConfigDict:
   c.optimizer.b2 = 0.95
   c.optimizer.weight_decay = 0.1
   c.optimizer.decay_position_table = True
-  # The position-id guard is a host callback, and JAX never stores executables with host
-  # callbacks in the persistent compilation cache: with it on, every run of a sweep would
-  # recompile its train step. The training loop checks every batch's position ids on the host.
-  c.model.check_positions = False
   if scale == 'quick':
     c.num_train_steps = 4
     c.batch_size = 4
