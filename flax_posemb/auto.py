@@ -65,17 +65,11 @@ def grad_accum_steps(steps: int, *, platform: str, batch_size: int, seq_len: int
 
 def resolve_config(config: Any, *, saved: Mapping[str, Any] | None = None,
                    platform: str | None = None, num_devices: int | None = None) -> dict:
-  """Replaces the auto values of `config` (in place) by concrete ones.
+  """Replaces the auto values of `config` (ConfigDict or `benchmarks.common.Cfg`) in place and
+  returns `{field: (auto value, resolved value)}` of those fields (for the log).
 
-  Args:
-    config: A training config (ConfigDict or `benchmarks.common.Cfg`).
-    saved: The run's recorded `config.json` (a resume): an auto field takes its value there
-      (`grad_accum_steps` only while `batch_size` and `data.seq_len` are unchanged).
-    platform: Default `jax.default_backend()`.
-    num_devices: Default `jax.device_count()`.
-
-  Returns:
-    `{field: (auto value, resolved value)}` of the fields that were auto (for the log).
+  On a resume (`saved`: the run's `config.json`) an auto field takes its recorded value
+  (`grad_accum_steps` only while `batch_size` and `data.seq_len` are unchanged).
   """
   platform = platform or jax.default_backend()
   num_devices = num_devices or jax.device_count()

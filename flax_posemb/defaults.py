@@ -91,10 +91,9 @@ def evaluation() -> ml_collections.ConfigDict:
 # Fields that do not change what a run computes: the experiments' run identity ignores them.
 NON_SEMANTIC = ('progress_bar', 'checkpoint_every_steps', 'max_to_keep', 'data.num_workers',
                 'data.prefetch', 'data.data_dir', 'allow_config_change')
-# What a resumed run may change besides: how it logs and how it is evaluated. Anything else
-# (including num_train_steps, which shapes the learning-rate schedule) needs
-# allow_config_change=True.
-# (Not data.num_workers: the data iterator's saved state depends on it.)
+# What a resumed run may change besides (not data.num_workers: the data iterator's state
+# depends on it); anything else needs allow_config_change=True. A field removed since a run
+# started (e.g. model.check_positions) is no change (workdir.config_changes).
 RESUME_MAY_CHANGE = tuple(k for k in NON_SEMANTIC if k != 'data.num_workers') + (
     'log_every_steps', 'eval_every_steps', 'eval')
 # What a run saved before a field existed ran with, where that is not the field's default

@@ -74,14 +74,8 @@ def sinusoidal_encoding(positions: Array, features: int, *, scale: float = 1.0,
 def apply_rope(x: Array, positions: Array, max_wavelength: float = 10_000.0) -> Array:
   """Rotary position embedding (Su et al. 2021, RoFormer), rotate-half (GPT-NeoX/Llama) layout.
 
-  Args:
-    x: Queries or keys `[B, T, N, H]` (H even): features `i` and `i + H/2` are rotated by
-      angle `p / max_wavelength**(2i/H)`.
-    positions: Integer positions `[B, T]`.
-    max_wavelength: Base of the wavelength progression.
-
-  Returns:
-    Array like `x` (same dtype), rotated in float32.
+  Features `i` and `i + H/2` of queries or keys `x` `[B, T, N, H]` (H even) are rotated, in
+  float32, by angle `p / max_wavelength**(2i/H)` at `positions` `[B, T]`; returns `x`'s dtype.
   """
   half = x.shape[-1] // 2
   inv_freq = 1.0 / (max_wavelength ** (jnp.arange(half, dtype=jnp.float32) / half))
@@ -92,15 +86,8 @@ def apply_rope(x: Array, positions: Array, max_wavelength: float = 10_000.0) -> 
 
 
 class LearnedPositionEmbedding(nn.Module):
-  """Learned absolute position table `embedding` `[num_positions, features]` (GPT-2 `wpe`).
-
-  Attributes:
-    num_positions: Table rows (largest position id + 1).
-    features: Embedding width.
-    embedding_init: Initializer, e.g. `initializers.get('gpt2')`.
-    dtype: Output dtype (None = param dtype).
-    param_dtype: Table storage dtype.
-  """
+  """Learned absolute position table `embedding` `[num_positions, features]` (GPT-2 `wpe`),
+  drawn by `embedding_init` in `param_dtype`; rows come out in `dtype` (None = `param_dtype`)."""
   num_positions: int
   features: int
   embedding_init: initializers.InitFn = initializers.gpt2()
@@ -116,15 +103,8 @@ class LearnedPositionEmbedding(nn.Module):
 
 
 class TokenEmbedding(nn.Module):
-  """Token table `embedding` `[num_embeddings, features]` with a tied output head (`attend`).
-
-  Attributes:
-    num_embeddings: Vocabulary size.
-    features: Embedding width.
-    embedding_init: Initializer.
-    dtype: Compute dtype of the rows and of `attend` (None = param dtype).
-    param_dtype: Table storage dtype.
-  """
+  """Token table `embedding` `[num_embeddings, features]` with a tied output head (`attend`);
+  `dtype` (None = `param_dtype`) is the compute dtype of the rows and of `attend`."""
   num_embeddings: int
   features: int
   embedding_init: initializers.InitFn = initializers.gpt2()
@@ -145,16 +125,8 @@ class TokenEmbedding(nn.Module):
 
 
 class SinusoidalPositionEmbedding(nn.Module):
-  """Fixed sinusoid (Vaswani et al. 2017) at explicit positions, RMS `scale`; no parameters.
-
-  `TransformerLM` scales it to the token init's std, like the learnable `sinusoidal` init.
-
-  Attributes:
-    features: Encoding width.
-    scale: RMS of the entries (the raw sinusoid's is ~0.71).
-    max_wavelength: Base of the wavelength progression.
-    dtype: Output dtype.
-  """
+  """Fixed sinusoid (Vaswani et al. 2017) of RMS `scale`, no parameters (`sinusoidal_encoding`;
+  `TransformerLM` scales it to the token init's std, like the learnable `sinusoidal` init)."""
   features: int
   scale: float = 1.0
   max_wavelength: float = 10_000.0

@@ -1,10 +1,7 @@
 """Named registry of embedding-table initializers, each with its source (docs/REFERENCES.md).
 
-`get(name, **overrides)` returns an `Initializer`, a JAX initializer
-`(key, shape, dtype) -> Array` that also knows its realized std (`expected_std`).
-`same_as_token`, the default scale of `sinusoidal` and `file:` tables depend on the model,
-so a model resolves position initializers with `resolve`. `from_array` wraps a table trained
-elsewhere, with a row rule (`RESIZE_RULES`).
+`get(name)` builds one; a model resolves position initializers (`same_as_token`, the default
+`sinusoidal` scale, `file:` tables) with `resolve`; `from_array` wraps a table from elsewhere.
 """
 
 from __future__ import annotations
@@ -31,14 +28,8 @@ _TRUNC2_STD_RATIO = math.sqrt(
 
 @dataclasses.dataclass(frozen=True)
 class Initializer:
-  """A named JAX initializer `(key, shape, dtype) -> Array`.
-
-  Attributes:
-    name: Registry name (or `file:` spec) that built it.
-    fn: The underlying initializer.
-    std_fn: `features -> float`, the realized std of one draw (analytic).
-    overrides: The keyword overrides it was built with.
-  """
+  """A named JAX initializer `(key, shape, dtype) -> Array` with its keyword `overrides` and
+  `std_fn`: `features -> float`, the realized std of one draw (analytic)."""
   name: str
   fn: InitFn = dataclasses.field(repr=False)
   std_fn: Callable[[int], float] = dataclasses.field(repr=False)
@@ -61,16 +52,14 @@ def _check_std(name: str, std: Any) -> float:
   return float(std)
 
 
-def _normal(name: str, std: float) -> Initializer:
+def _normal(name: str, std: float, truncated: bool = False) -> Initializer:
+  """Normal(0, std), or TF's truncated normal: cut at 2 std and not rescaled."""
   def init(key, shape, dtype=jnp.float32):
-    return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-  return Initializer(name, init, lambda f: std, (('std', std),))
-
-
-def _tf_truncated_normal(name: str, std: float) -> Initializer:
-  def init(key, shape, dtype=jnp.float32):
-    return (std * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)).astype(dtype)
-  return Initializer(name, init, lambda f: std * _TRUNC2_STD_RATIO, (('std', std),))
+    z = (jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) if truncated
+         else jax.random.normal(key, shape, jnp.float32))
+    return (std * z).astype(dtype)
+  realized = std * _TRUNC2_STD_RATIO if truncated else std
+  return Initializer(name, init, lambda f: realized, (('std', std),))
 
 
 def _uniform(name: str, bound_fn: Callable[[int], float], overrides=()) -> Initializer:
@@ -114,7 +103,7 @@ def gpt2_openai(std: float = 0.01) -> Initializer:
 def bert(std: float = 0.02) -> Initializer:
   """BERT (`google-research/bert` modeling.py): TF truncated normal(0.02), cut at 2 std, not
   rescaled (realized std ~0.0176; `jax.nn.initializers.truncated_normal` rescales)."""
-  return _tf_truncated_normal('bert', _check_std('bert', std))
+  return _normal('bert', _check_std('bert', std), truncated=True)
 
 
 def normal(std: float | None = None) -> Initializer:
@@ -124,7 +113,7 @@ def normal(std: float | None = None) -> Initializer:
 
 def truncated_normal(std: float | None = None) -> Initializer:
   """Parametric TF-style truncated normal, cut at 2 std, not rescaled (as `bert`)."""
-  return _tf_truncated_normal('truncated_normal', _check_std('truncated_normal', std))
+  return _normal('truncated_normal', _check_std('truncated_normal', std), truncated=True)
 
 
 def flax_default() -> Initializer:
@@ -181,16 +170,8 @@ STD_NAMES: tuple[str, ...] = tuple(
 
 
 def get(name: str, **overrides: Any) -> Initializer:
-  """Builds the initializer registered as `name` (one of `NAMES`).
-
-  Args:
-    name: Registry name.
-    **overrides: Keyword arguments of that builder (`std=` for the normal family and
-      `sinusoidal`, `bound=` for `small_uniform`, `token_init=` for `same_as_token`).
-
-  Returns:
-    An `Initializer`.
-  """
+  """The initializer registered as `name` (one of `NAMES`), built with `overrides` (`std=` for
+  `STD_NAMES`, `bound=` for `small_uniform`, `token_init=` for `same_as_token`)."""
   builder = _BUILDERS.get(name)
   accepted = inspect.signature(builder).parameters if builder else {}
   if builder is None or not set(overrides) <= set(accepted):
@@ -204,17 +185,14 @@ def get(name: str, **overrides: Any) -> Initializer:
 
 def resolve(name: str, *, token_init: Initializer, std: float | None = None,
             resize: str = 'error') -> Initializer:
-  """A position-table initializer from its name, resolved against the token initializer.
+  """The initializer of a `[num_positions, features]` position table.
 
   Args:
     name: One of `NAMES`, or a table file `'file:PATH[:KEY]'` (`tables.load_table`).
-    token_init: The token embedding's initializer: `same_as_token` is it, and `sinusoidal`
+    token_init: The token table's initializer: `same_as_token` is it, and `sinusoidal`
       without `std` is scaled to its realized std.
     std: Optional std override (None = the entry's default).
     resize: Row rule of a file table (`from_array`).
-
-  Returns:
-    An `Initializer` for a `[num_positions, features]` table.
   """
   if tables.is_file_spec(name):
     return from_array(tables.load_table(name), resize=resize, name=name)
@@ -265,19 +243,15 @@ def fit_problem(have: tuple[int, int], want: tuple[int, int], resize: str) -> st
 
 
 def fit_rows(table: np.ndarray, rows: int, resize: str = 'error') -> np.ndarray:
-  """`table` `[R, D]` fitted to `[rows, D]` (a rule that allows it is assumed).
-
-  Returns:
-    `table` or its first rows (same dtype), or for 'interpolate' with `R != rows` a float64
-    linear resampling where new row i is old position `i * (R - 1) / (rows - 1)`.
-  """
+  """`table` `[R, D]` fitted to `[rows, D]` under a rule that allows it: `table`, its first rows,
+  or (interpolate) float64 rows where new row i is old position `i * (R - 1) / (rows - 1)`."""
   have = table.shape[0]
   if have == rows:
     return table
   if resize == 'truncate':
     return table[:rows]
-  x = np.arange(rows) * ((have - 1) / (rows - 1)) if rows > 1 else np.zeros(1)
-  lo = np.minimum(np.floor(x).astype(np.int64), have - 1)
+  x = np.linspace(0, have - 1, rows)
+  lo = np.floor(x).astype(np.int64)
   hi = np.minimum(lo + 1, have - 1)
   w = (x - lo)[:, None]
   t = np.asarray(table, np.float64)
@@ -285,17 +259,9 @@ def fit_rows(table: np.ndarray, rows: int, resize: str = 'error') -> np.ndarray:
 
 
 def from_array(array, *, resize: str = 'error', name: str = 'from_array') -> Initializer:
-  """An initializer that returns a given table (e.g. a pretrained GPT-2 `wpe`).
-
-  Args:
-    array: `[R, D]` float table; copied.
-    resize: Rule for a call with another number of rows (`RESIZE_RULES`).
-    name: The `Initializer`'s name (`resolve` passes the `file:` spec).
-
-  Returns:
-    An `Initializer` (the key is ignored) whose `expected_std` is the std of the entries;
-    called with a shape the table cannot fill it raises ValueError naming both and the fix.
-  """
+  """An initializer returning a copy of `array` `[R, D]` (e.g. GPT-2's `wpe`), fitted by
+  `resize` (`RESIZE_RULES`); a shape it cannot fill raises ValueError naming both and the fix.
+  `name` is the `Initializer`'s (`resolve` passes the `file:` spec)."""
   check_resize(resize)
   table = np.array(array)
   if table.ndim != 2:

@@ -46,19 +46,11 @@ def segment_mask(segment_ids: Array | None) -> Array | None:
 
 def attention(qkv: Array, positions: Array, mask: Array | None, *, num_heads: int,
               rope: bool, implementation: str) -> Array:
-  """Causal multi-head self-attention core (no projections).
+  """Causal multi-head self-attention core: `qkv` `[B, T, 3 * D]` (q, k, v blocks) -> `[B, T, D]`.
 
-  Args:
-    qkv: `[B, T, 3 * D]`, the `qkv` projection (q, k, v blocks of D).
-    positions: int `[B, T]` (RoPE only).
-    mask: bool `[B, 1, T, T]` from `segment_mask`, or None.
-    num_heads: Heads N.
-    rope: Rotate queries and keys (`embeddings.apply_rope`).
-    implementation: 'xla' or 'cudnn' (`jax.nn.dot_product_attention`), 'blocked'
-      (`blocked_causal_attention`), or 'auto' (`auto.attention_impl` at trace time).
-
-  Returns:
-    `[B, T, D]` (heads concatenated) in the dtype of `qkv`.
+  `positions` int `[B, T]` are used by `rope` only; `mask` bool `[B, 1, T, T]` or None.
+  `implementation`: 'xla' or 'cudnn' (`jax.nn.dot_product_attention`), 'blocked'
+  (`blocked_causal_attention`), or 'auto' (`auto.attention_impl` at trace time).
   """
   b, t, three_d = qkv.shape
   d = three_d // 3
@@ -83,20 +75,13 @@ def attention(qkv: Array, positions: Array, mask: Array | None, *, num_heads: in
 
 def blocked_causal_attention(q: Array, k: Array, v: Array, mask: Array | None,
                              block: int = ATTENTION_BLOCK) -> Array:
-  """Causal attention per query block against that block's key prefix only (for CPUs).
+  """Causal attention of `q, k, v` `[B, T, N, H]` -> `[B, T, N, H]` (dtype of `v`), per block
+  of `block` query rows against that block's key prefix only (for CPUs).
 
   The function of `jax.nn.dot_product_attention(..., is_causal=True, implementation='xla')`
   up to float32 rounding (float32 scores, exact softmax), with about `T^2/2 + T*block/2` of
-  the score work and memory instead of `T^2` (62.5% at T=256, block 64). The blocks are a
-  static Python loop, so XLA sees ordinary dots and fusions.
-
-  Args:
-    q, k, v: `[B, T, N, H]`.
-    mask: bool `[B, 1, T, T]` (True = may attend), or None.
-    block: Query rows per block (the last may be shorter).
-
-  Returns:
-    `[B, T, N, H]` in the dtype of `v`.
+  the score work and memory instead of `T^2`; a static loop, so XLA sees ordinary dots.
+  `mask`: bool `[B, 1, T, T]` (True = may attend), or None.
   """
   out = _blocked_heads_major(jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2),
                              jnp.swapaxes(v, 1, 2), mask, block)

@@ -9,6 +9,7 @@ docs/DESIGN.md, Model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -33,10 +34,7 @@ REMOVED_FIELDS: tuple[str, ...] = ('check_positions',)
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Model hyper-parameters, validated on construction; `defaults.model()` is built from them.
-
-  A std field < 0 means "the initializer's default".
-  """
+  """Model hyper-parameters, validated on construction; `defaults.model()` is built from them."""
   vocab_size: int = 64  # Token vocabulary (must cover the data's token ids).
   num_layers: int = 2  # Transformer blocks.
   num_heads: int = 4  # Attention heads per block.
@@ -54,9 +52,8 @@ class ModelConfig:
   token_init_std: float = -1.0  # Std override for the token initializer; <0 = default.
   dtype: str = 'float32'  # Compute dtype (bfloat16 on accelerators); logits and loss stay float32.
   param_dtype: str = 'float32'  # Parameter storage dtype.
-  # Attention: auto (the fastest exact one for the platform, flax_posemb.auto) | xla | cudnn
-  # (jax.nn.dot_product_attention; cudnn needs bf16/fp16) | blocked (per-query-block key
-  # prefixes, for CPUs: layers.blocked_causal_attention). All compute the same function.
+  # Attention, all the same function: auto (the fastest for the platform, flax_posemb.auto) |
+  # xla | cudnn (bf16/fp16) | blocked (for CPUs: layers.blocked_causal_attention).
   attention_impl: str = 'auto'
   remat: bool = False  # Rematerialize each block in the backward pass (saves memory).
 
@@ -70,8 +67,7 @@ class ModelConfig:
       self.token_initializer()
 
   def _problems(self) -> Iterator[str]:
-    """The config's problems in order, each naming the field and the fix (lazy: a later check
-    may assume an earlier one passed)."""
+    """Problems naming the field and the fix, lazily (a check may assume earlier ones passed)."""
     for f in ('vocab_size', 'num_layers', 'num_heads', 'emb_dim', 'mlp_dim', 'max_len'):
       v = getattr(self, f)
       if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -80,17 +76,12 @@ class ModelConfig:
       yield f'emb_dim ({self.emb_dim}) must be divisible by num_heads ({self.num_heads}).'
     if not 0.0 <= self.dropout_rate < 1.0:
       yield f'dropout_rate must be in [0, 1), got {self.dropout_rate}.'
-    if self.position_embedding not in POSITION_EMBEDDINGS:
-      yield (f'Unknown position_embedding {self.position_embedding!r}; valid: '
-             f'{", ".join(POSITION_EMBEDDINGS)}.')
+    for f, valid in (('position_embedding', POSITION_EMBEDDINGS), ('dtype', _DTYPES),
+                     ('param_dtype', _DTYPES), ('attention_impl', ATTENTION_IMPLS)):
+      if getattr(self, f) not in valid:
+        yield f'Unknown {f} {getattr(self, f)!r}; valid: {", ".join(valid)}.'
     if self.position_embedding == 'rope' and self.head_dim % 2:
       yield f'rope needs an even head dim; emb_dim/num_heads = {self.head_dim}.'
-    for f in ('dtype', 'param_dtype'):
-      if getattr(self, f) not in _DTYPES:
-        yield f'ModelConfig.{f} must be one of {", ".join(_DTYPES)}, got {getattr(self, f)!r}.'
-    if self.attention_impl not in ATTENTION_IMPLS:
-      yield (f'Unknown attention_impl {self.attention_impl!r}; valid: '
-             f'{", ".join(ATTENTION_IMPLS)} (\'auto\' picks one for the platform).')
     if self.attention_impl == 'cudnn' and self.dtype == 'float32':
       yield ("attention_impl='cudnn' (cuDNN flash attention) needs dtype 'bfloat16' or "
              "'float16'; set model.dtype='bfloat16' or use 'xla'.")
@@ -130,20 +121,9 @@ class ModelConfig:
       raise ValueError(f'Unknown model config keys {unknown}; valid keys: {sorted(names)}.')
     return cls(**{k: v for k, v in d.items() if k in names})
 
-  @property
-  def compute_dtype(self):
-    """jnp dtype of activations."""
-    return _DTYPES[self.dtype]
-
-  @property
-  def storage_dtype(self):
-    """jnp dtype of parameters."""
-    return _DTYPES[self.param_dtype]
-
-  @property
-  def head_dim(self) -> int:
-    """Features per attention head."""
-    return self.emb_dim // self.num_heads
+  compute_dtype = property(lambda self: _DTYPES[self.dtype], doc='jnp dtype of activations.')
+  storage_dtype = property(lambda self: _DTYPES[self.param_dtype], doc='jnp dtype of parameters.')
+  head_dim = property(lambda self: self.emb_dim // self.num_heads, doc='Features per head.')
 
   def token_initializer(self) -> initializers.Initializer:
     """The token table's initializer (`token_init` with `token_init_std`)."""
@@ -194,27 +174,20 @@ class Block(nn.Module):
   def __call__(self, x: Array, mask: Array | None, positions: Array,
                deterministic: bool) -> Array:
     """`x` `[B, T, D]` -> `[B, T, D]`; `mask` bool `[B, 1, T, T]` or None, `positions` `[B, T]`."""
-    cfg = self.config
-    dt, pdt = cfg.compute_dtype, cfg.storage_dtype
-    d = x.shape[-1]
+    cfg, d = self.config, x.shape[-1]
+    dense = functools.partial(_Dense, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype)
+    layer_norm = functools.partial(nn.LayerNorm, epsilon=layers.LAYER_NORM_EPSILON,
+                                   dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype)
     resid_std = layers.resid_std(cfg.num_layers)
-
-    def dense(features, std, name):
-      return _Dense(features, std, dt, pdt, name=name)
-
-    def layer_norm(name):
-      return nn.LayerNorm(epsilon=layers.LAYER_NORM_EPSILON, dtype=dt, param_dtype=pdt,
-                          name=name)
-
     # Created in this order so the dropout modules keep their names (Dropout_0 for the
     # attention output, Dropout_1 for the MLP) and hence their dropout masks.
     drop_attn, drop_mlp = nn.Dropout(cfg.dropout_rate), nn.Dropout(cfg.dropout_rate)
     return layers.block(
         x, mask, positions,
-        ln_1=layer_norm('ln_1'), qkv=dense(3 * d, layers.DENSE_STD, 'qkv'),
-        attn_out=dense(d, resid_std, 'attn_out'), ln_2=layer_norm('ln_2'),
-        mlp_in=dense(cfg.mlp_dim, layers.DENSE_STD, 'mlp_in'),
-        mlp_out=dense(d, resid_std, 'mlp_out'),
+        ln_1=layer_norm(name='ln_1'), qkv=dense(3 * d, layers.DENSE_STD, name='qkv'),
+        attn_out=dense(d, resid_std, name='attn_out'), ln_2=layer_norm(name='ln_2'),
+        mlp_in=dense(cfg.mlp_dim, layers.DENSE_STD, name='mlp_in'),
+        mlp_out=dense(d, resid_std, name='mlp_out'),
         drop_attn=lambda y: drop_attn(y, deterministic=deterministic),
         drop_mlp=lambda y: drop_mlp(y, deterministic=deterministic),
         num_heads=cfg.num_heads, rope=cfg.position_embedding == 'rope',
@@ -228,17 +201,11 @@ class TransformerLM(nn.Module):
   @nn.compact
   def __call__(self, inputs: Array, positions: Array, segment_ids: Array | None = None,
                deterministic: bool = True, embed_delta: Array | None = None) -> Array:
-    """Next-token logits.
+    """float32 logits `[B, T, vocab_size]` of int32 token ids `inputs` `[B, T]`.
 
-    Args:
-      inputs: int32 token ids `[B, T]`.
-      positions: int32 position ids `[B, T]`, in `[0, max_len)` (checked on the host).
-      segment_ids: int32 `[B, T]` document ids (0 = padding) or None (one document per row).
-      deterministic: False enables dropout (needs `rngs={'dropout': key}`).
-      embed_delta: float32 `[B, T, emb_dim]` added to the token+position sum, or None.
-
-    Returns:
-      float32 logits `[B, T, vocab_size]`.
+    `positions` int32 `[B, T]` in `[0, max_len)`; `segment_ids` int32 `[B, T]` (0 = padding)
+    or None (one document per row); `deterministic=False` enables dropout (needs
+    `rngs={'dropout': key}`); `embed_delta` float32 `[B, T, emb_dim]` or None.
     """
     cfg = self.config
     dt, pdt = cfg.compute_dtype, cfg.storage_dtype

@@ -1,12 +1,9 @@
 """Optimizer: AdamW with linear warmup + cosine decay, clipping and a decay mask (optax).
 
-The chain (`make_optimizer`), in order: `clip_by_global_norm` (skipped when
-`grad_clip_norm <= 0`); `scale_by_adam(b1, b2, eps)` (`b2` sets how fast a rarely seen row's
-second moment decays); optionally `scale_position_rows`, after Adam because a row's gradient
-scaled before Adam is almost cancelled by its normalization; `add_decayed_weights` on arrays
-with ndim >= 2, with switches for the position table (nanoGPT decays it; minGPT did not) and
-the token table; `scale_by_learning_rate(schedule)`. The `optimizer` section is validated once
-at startup (`validate`); the functions here assume it is valid.
+Chain (`make_optimizer`): `clip_by_global_norm` (off when `grad_clip_norm <= 0`);
+`scale_by_adam(b1, b2, eps)`; optional `scale_position_rows` (after Adam, whose normalization
+would cancel a scale before it); `add_decayed_weights` (`decay_mask`); the schedule. The section
+is validated once at startup (`validate`); the functions here assume it is valid.
 """
 
 from __future__ import annotations
@@ -28,9 +25,7 @@ TOKEN_TABLE_PATH = ('token_embed', 'embedding')
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises ValueError naming the field and the fix for a bad `optimizer` section (a NaN or
-  negative value would otherwise surface steps later as a non-finite loss, or silently switch
-  a feature off)."""
+  """Raises ValueError naming the field and the fix for a bad `optimizer` section."""
   for problem in _problems(config):
     raise ValueError(problem)
 
@@ -98,12 +93,8 @@ class RowScaleState(NamedTuple):
 
 def scale_position_rows(power: float, max_scale: float) -> optax.GradientTransformationExtraArgs:
   """Scales each position-table row's update by `min((mean exposure / exposure[p]) ** power,
-  max_scale)` (`max_scale` for rows never seen); other leaves pass through.
-
-  Exposure is the cumulative count of real input tokens per position, kept in the state (so
-  it is checkpointed): `update(updates, state, params, *, position_counts)` with
-  `position_counts` `[max_len]`, this step's counts.
-  """
+  max_scale)` (`max_scale` for rows never seen). Exposure, the cumulative count of real input
+  tokens per position, is state (checkpointed); `update(..., position_counts=[max_len])`."""
 
   def init_fn(params):
     table = next(x for p, x in jax.tree_util.tree_leaves_with_path(params)
@@ -126,12 +117,8 @@ def scale_position_rows(power: float, max_scale: float) -> optax.GradientTransfo
 
 def make_optimizer(config: ml_collections.ConfigDict, params: Any
                    ) -> optax.GradientTransformationExtraArgs:
-  """The AdamW chain of the module docstring for `params` (the weight-decay mask).
-
-  Returns:
-    An optax transformation; call `update(grads, opt_state, params, position_counts=counts)`
-    with `counts` `[max_len]` when `row_lr_scale` is on (ignored otherwise).
-  """
+  """The AdamW chain of the module docstring (`params` for the decay mask); its `update` takes
+  `position_counts` `[max_len]` when `row_lr_scale` is on (ignored otherwise)."""
   o = config.optimizer
   parts = [optax.clip_by_global_norm(o.grad_clip_norm)] if o.grad_clip_norm > 0 else []
   parts.append(optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps))

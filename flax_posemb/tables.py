@@ -41,11 +41,10 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 def load_table(spec: str) -> np.ndarray:
   """The 2-D float table named by `spec`, read-only (cached per file identity)."""
   path, key = parse_spec(spec)
-  try:
-    st = os.stat(path)
-  except OSError as e:
-    raise TableError(f'Table file not found: {path!r} (from {spec!r}; {e.strerror}; relative '
-                     f'paths are relative to the working directory {os.getcwd()!r}).') from None
+  if not os.path.isfile(path):
+    raise TableError(f'Table file not found: {path!r} (from {spec!r}; relative paths are '
+                     f'relative to the working directory {os.getcwd()!r}).')
+  st = os.stat(path)
   return _load(os.path.realpath(path), key, st.st_mtime_ns, st.st_size, spec)
 
 
