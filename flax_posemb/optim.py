@@ -37,7 +37,7 @@ def _problems(config: ml_collections.ConfigDict) -> Iterator[str]:
           'grad_clip_norm'] + (['row_lr_power', 'row_lr_max'] if o.row_lr_scale else [])
   for key in keys:
     if not isinstance(o[key], (int, float)) or not math.isfinite(o[key]):
-      yield (f'optimizer.{key} must be a finite number, got {o[key]!r}; set '
+      yield (f'optimizer.{key} must be finite (a number), got {o[key]!r}; set '
              f'--config.optimizer.{key}=VALUE.')
   rules = [('learning_rate', o.learning_rate > 0, '> 0'),
            ('warmup_steps', o.warmup_steps >= 0 and int(o.warmup_steps) == o.warmup_steps,

@@ -72,7 +72,8 @@ def test_row_scale_acts_after_adam():
 
 @pytest.mark.parametrize('key,value,match', [
     ('b2', 1.0, r'b2 must be in \[0, 1\)'), ('learning_rate', 0.0, '> 0'),
-    ('grad_clip_norm', float('nan'), 'finite'), ('warmup_steps', -1, 'int >= 0'),
+    ('grad_clip_norm', float('nan'), 'grad_clip_norm must be finite'),
+    ('warmup_steps', -1, 'int >= 0'),
     ('row_lr_scale', True, None)])
 def test_bad_optimizer_values_are_rejected_at_startup(key, value, match):
   c = defaults.base()
