@@ -1,10 +1,8 @@
 """Meshes, shardings and the host-to-device boundary of batches.
 
-A 1-D ``jax.sharding.Mesh`` with axis ``'data'`` spans all devices (all hosts). Batches are
-sharded along it; parameters are replicated or, with ``fsdp=True``, matrices with at least
-``FSDP_MIN_SIZE`` elements are sharded along their largest divisible axis (the Adam moments
-follow). XLA inserts the cross-device reductions, so per-position statistics are
-global-batch figures on any number of devices.
+A 1-D mesh with axis ``'data'`` spans all devices of all hosts; batches are sharded along
+it, parameters replicated or (``fsdp``) split along their largest divisible axis. XLA adds
+the cross-device reductions, so statistics are global-batch figures on any device count.
 """
 
 from __future__ import annotations
@@ -58,36 +56,24 @@ def tree_shardings(tree: PyTree, mesh: Mesh, fsdp: bool) -> PyTree:
 
 
 def check_batch_layout(config: Any, mesh: Mesh) -> None:
-  """Raises a clear ValueError if the batch cannot be split over devices/microbatches."""
+  """Raises a ValueError if ``config.batch_size`` cannot be split evenly over the
+  microbatches (``grad_accum_steps``), the devices and the processes."""
   b, a, n = int(config.batch_size), int(config.grad_accum_steps), mesh.size
-  if a < 1:
-    raise ValueError(f'grad_accum_steps must be >= 1 (or 0 = auto, resolved at startup), '
-                     f'got {a}.')
-  if b < 1 or b % (a * n):
+  if a < 1 or b < 1 or b % (a * n) or b % jax.process_count():
     raise ValueError(
         f'batch_size={b} must be a positive multiple of grad_accum_steps * device count = '
-        f'{a} * {n} = {a * n} (each microbatch is split evenly over the devices). Set '
-        f'--config.batch_size to a multiple of {a * n}.')
-  if b % jax.process_count():
-    raise ValueError(f'batch_size={b} must be divisible by the process count '
-                     f'{jax.process_count()}.')
+        f'{a} * {n} = {a * n} (each microbatch is split evenly over the devices) and of the '
+        f'process count {jax.process_count()}; grad_accum_steps must be >= 1 (0 = auto, '
+        f'resolved at startup). Set --config.batch_size to a multiple of {max(a, 1) * n}.')
 
 
 def global_batch(batch: dict[str, np.ndarray], mesh: Mesh,
                  max_len: int | None = None) -> dict[str, jax.Array]:
-  """Assembles the process-local ``[B / process_count, T]`` rows into global arrays.
+  """Global ``[B, T]`` arrays (``batch_sharding``) of this process's rows of each
+  ``BATCH_KEYS`` array (other keys are dropped).
 
-  This is where batches cross from host to device, so it is where every position id is
-  checked (scored or not): the compiled steps then need no in-graph guard.
-
-  Args:
-    batch: this process's rows of each ``BATCH_KEYS`` array (other keys are dropped).
-    mesh: mesh with axis ``'data'``.
-    max_len: position-table rows; when given, an id outside ``[0, max_len)`` raises a
-      ``ValueError`` naming it.
-
-  Returns:
-    Dict of global ``[B, T]`` jax arrays sharded by ``batch_sharding``.
+  Batches cross from host to device here, so this is the one check of position ids (scored
+  or not): with ``max_len``, an id outside ``[0, max_len)`` raises a ValueError naming it.
   """
   missing = [k for k in BATCH_KEYS if k not in batch]
   if missing:

@@ -144,29 +144,32 @@ def test_offset_zero_equals_plain_and_offsets_shift_rows_only():
   model, params = _model(max_len=24)
   edges = np.array([0, 8, 16])
   fn = evaluation.model_apply_fn(model)
-  plain, = evaluation.accumulate(fn, params, _batches(), edges, max_len=24)
-  zero, four = evaluation.accumulate(fn, params, _batches(), edges, offsets=(0, 4), max_len=24)
+  plain, = evaluation.accumulate(fn, params, _batches(), edges)
+  zero, four = evaluation.accumulate(fn, params, _batches(), edges, offsets=(0, 4))
   np.testing.assert_array_equal(plain.loss_sum, zero.loss_sum)
   np.testing.assert_array_equal(plain.per_window()['win_sum'], zero.per_window()['win_sum'])
   np.testing.assert_array_equal(plain.count, four.count)  # indexed by context, not by row
   assert not np.allclose(plain.loss_sum, four.loss_sum)
 
 
-def test_offset_past_the_table_names_the_largest_valid_offset():
-  model, params = _model(max_len=20)
-  with pytest.raises(ValueError, match='largest valid offset is 4'):
-    evaluation.accumulate(evaluation.model_apply_fn(model), params, _batches(),
-                          np.array([0, 16]), offsets=(0, 5), max_len=20)
+def test_evaluation_settings_are_checked_once_against_the_position_table():
+  c = _synthetic_config(max_len=20)
+  c.eval.window_len = 16
+  assert evaluation.eval_settings(c, {'offsets': [4, 0]})['offsets'] == [0, 4]
+  with pytest.raises(ValueError, match='largest valid offset is 15'):
+    evaluation.eval_settings(c, {'offsets': [0, 16]})
+  with pytest.raises(ValueError, match='exceeds the model context'):
+    evaluation.eval_settings(c, {'window_len': 32})
+  with pytest.raises(ValueError, match='eval.min_start must be >= 0'):
+    evaluation.eval_settings(c, {'min_start': -1})
 
 
 def test_incompatible_checkpoint_is_a_clear_error():
   model16, params16 = _model(max_len=16)
   model32, _ = _model(max_len=32)
-  with pytest.raises(ValueError, match=r'max_len=32.*pos_embed.*\(16, 16\)'):
-    evaluation.check_compatible(model32, params16, 16)
-  with pytest.raises(ValueError, match='exceeds the model context'):
-    evaluation.check_compatible(model16, params16, 32)
-  evaluation.check_compatible(model16, params16, 16)
+  with pytest.raises(ValueError, match=r'max_len=32.*params/pos_embed/embedding has shape \(16, 16\)'):
+    evaluation.check_compatible(model32, params16)
+  evaluation.check_compatible(model16, params16)
 
 
 def test_format_table_lists_every_bucket():
@@ -260,7 +263,7 @@ def test_sharded_over_four_devices_matches_one_device():
 
 
 @pytest.mark.parametrize('where,value,match', [
-    ('scored', -1, 'negative'),        # a negative id on a scored token
+    ('scored', -1, 'Position id -1 is negative'),  # not booked at position 0
     ('unscored', 40, r'40 is outside the position table \[0, 16\)'),  # past the table, masked
 ])
 def test_every_position_id_the_model_sees_is_checked_on_the_host(where, value, match):
@@ -273,7 +276,7 @@ def test_every_position_id_the_model_sees_is_checked_on_the_host(where, value, m
     assert batch['loss_mask'][1, 14] == 0
   with pytest.raises(ValueError, match=match):
     evaluation.accumulate(evaluation.model_apply_fn(model), params, [batch],
-                          np.array([0, 8, 16]), max_len=T)
+                          np.array([0, 8, 16]))
 
 
 def _accumulate_windows(shift=0.0, seed=0, n=40, nb=3):
@@ -416,12 +419,3 @@ def test_window_groups_split_the_bucket_table_by_kind_start_depth_and_distance_t
   assert near['buckets'][1]['loss'] == pytest.approx(5.0) and near['documents'] == 2
   bible = next(g for g in tables['by_kind'] if g['group'] == 'bible')
   assert bible['buckets'][0]['loss'] == pytest.approx(np.mean([2, 4, 8, 10]))
-
-
-def test_a_negative_scored_position_is_refused_not_booked_at_position_zero():
-  model, params = _model()
-  batches = _batches()
-  batches[1]['positions'][0, 5] = -1  # scored; the table check is off (max_len=None)
-  with pytest.raises(ValueError, match='scored position id -1 is negative'):
-    evaluation.accumulate(evaluation.model_apply_fn(model), params, batches,
-                          np.array([0, 8, 16]))
