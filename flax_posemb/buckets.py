@@ -1,9 +1,6 @@
-"""Position buckets and the statistics of loss by bucket (pure numpy).
-
-`BucketAccumulator` keeps each window's per-bucket loss sums and counts with its provenance;
-means, standard errors and t intervals use the ratio estimator clustered by document
-(docs/DESIGN.md, "Evaluation outputs", for the formulas).
-"""
+"""Position buckets and loss by bucket (numpy): per-window sums, means, and standard errors
+and t intervals of the ratio estimator clustered by document (docs/DESIGN.md, "Evaluation
+outputs")."""
 
 from __future__ import annotations
 
@@ -23,15 +20,9 @@ QUANTILES = {'min': 0.0, 'p10': 0.1, 'p25': 0.25, 'median': 0.5, 'p75': 0.75, 'p
 
 
 def make_edges(length: int, bucket_size: int = 0, edges: str | list[int] = '') -> np.ndarray:
-  """Bucket edges over positions [0, length): int64 [nb + 1], strictly increasing from 0 to
-  ``length``.
-
-  Args:
-    length: window length T.
-    bucket_size: width of uniform buckets (the last may be shorter), when ``edges`` is empty.
-    edges: '' (uniform), 'log2' (0, 1, 2, 4, ..., T), or increasing edges from 0 such as
-      '0,128,256' or a list of ints (T is appended when the last is below it).
-  """
+  """int64 [nb + 1] bucket edges from 0 to ``length``: ``edges`` 'log2' (0, 1, 2, 4, ...),
+  increasing ints from 0 ('0,128,256' or a list; ``length`` appended), or '' (uniform buckets
+  of ``bucket_size``, the last may be shorter)."""
   if isinstance(edges, str) and edges.strip() == 'log2':
     return np.asarray([0] + [2 ** i for i in range(int(length).bit_length()) if 2 ** i < length]
                       + [length], np.int64)
@@ -107,8 +98,8 @@ def _num(x: float) -> float | None:
   return x if math.isfinite(x) else None
 
 
-def _se(var: float) -> float:
-  return math.sqrt(max(var, 0.0)) if np.isfinite(var) else math.nan
+def _se(var: float) -> float | None:
+  return _num(math.sqrt(max(var, 0.0)) if np.isfinite(var) else math.nan)
 
 
 def bucket_rows(per_window: dict[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -154,8 +145,7 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
     return out
   last, best = int(valid[-1]), int(valid[np.argmin(loss[valid])])
   out.update(best_bucket=best, last_minus_best=float(loss[last] - loss[best]),
-             last_minus_best_stderr=_num(_se(cov[last, last] + cov[best, best]
-                                             - 2 * cov[last, best])))
+             last_minus_best_stderr=_se(cov[last, last] + cov[best, best] - 2 * cov[last, best]))
   mid = (edges[:-1] + edges[1:] - 1) / 2.0
   sel = np.array([i for i in valid if mid[i] >= edges[-1] / 2.0], np.int64)
   out['slope_buckets'] = [int(i) for i in sel]
@@ -165,14 +155,13 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
   w = 1.0 / d if np.all(np.isfinite(d)) and np.all(d > 0) else np.ones_like(x)
   xw = np.sum(w * x) / np.sum(w)
   a = w * (x - xw) / np.sum(w * (x - xw) ** 2)
-  out.update(slope=float(a @ y), slope_stderr=_num(_se(float(a @ cov[np.ix_(sel, sel)] @ a))))
+  out.update(slope=float(a @ y), slope_stderr=_se(float(a @ cov[np.ix_(sel, sel)] @ a)))
   return out
 
 
 def provenance_tables(per_window: dict[str, np.ndarray], window_len: int) -> dict[str, Any]:
-  """Where the windows come from (``per_window`` with ``doc``, ``start``, ``doc_len``,
-  ``kind``), and bucket loss by window group: {'windows', 'by_kind', 'by_depth', 'by_end'}
-  (fields: docs/DESIGN.md, "Evaluation outputs")."""
+  """Where the windows come from and bucket loss by window group: {'windows', 'by_kind',
+  'by_depth', 'by_end'} of ``per_window`` with provenance (docs/DESIGN.md)."""
   t = int(window_len)
   doc, start, doc_len = (np.asarray(per_window[k], np.int64) for k in ('doc', 'start', 'doc_len'))
   kind = np.asarray(per_window['kind']).astype(str)
@@ -214,7 +203,7 @@ def _groups(per_window, labels: np.ndarray, groups: list[tuple]) -> list[dict[st
 
 class BucketAccumulator:
   """Per-position sums (float64 [L] ``loss_sum``, ``count``) and per-window bucket sums of
-  one evaluation pass over bucket ``edges`` [nb + 1]."""
+  one evaluation pass."""
 
   def __init__(self, edges: np.ndarray):
     self.edges = np.asarray(edges, np.int64)
@@ -251,8 +240,7 @@ class BucketAccumulator:
     out = {k: np.concatenate([p[k] for p in self._parts]) for k in sorted(keys)}
     return dict(out, edges=self.edges.copy())
 
-  def bucket_stats(self) -> tuple[np.ndarray, np.ndarray]:
-    """Per-bucket mean loss [nb] and covariance of the means [nb, nb]."""
+  def bucket_stats(self) -> tuple[np.ndarray, np.ndarray]:  # means [nb], covariance [nb, nb]
     return bucket_stats(self.per_window())[:2]
 
   def overall(self) -> dict[str, Any]:
@@ -284,8 +272,7 @@ class BucketAccumulator:
 
 
 def window_ids(inputs: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
-  """[B] uint64 hash of each row's tokens, positions and scored targets: two evaluations
-  pair up exactly when they scored the same text at the same rows."""
+  """[B] uint64 hash of each row's tokens, positions and scored targets (what pairs)."""
   out = np.empty(len(inputs), np.uint64)
   for i in range(len(inputs)):
     h = hashlib.blake2b(digest_size=8)
@@ -296,8 +283,7 @@ def window_ids(inputs: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray)
 
 
 def unique_window_ids(ids: np.ndarray, seen: dict[int, int]) -> np.ndarray:
-  """Repeated ids made unique by their occurrence number (``seen`` counts them across the
-  batches of one pass): two identical texts are two windows."""
+  """Repeated ids made unique by their occurrence number, counted in ``seen``."""
   out = np.empty(len(ids), np.uint64)
   for i, w in enumerate(np.asarray(ids, np.uint64).tolist()):
     k = seen.get(w, 0)
@@ -308,24 +294,18 @@ def unique_window_ids(ids: np.ndarray, seen: dict[int, int]) -> np.ndarray:
 
 def paired_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
                       names: tuple[str, str] = ('A', 'B')) -> list[dict[str, Any]]:
-  """Per-bucket loss difference A - B over the windows both scored (``windows.npz``
-  contents), with the delta-method paired standard error clustered by document and a t
-  interval (docs/DESIGN.md).
-
-  Returns:
-    Per bucket: start, end, windows, documents, loss_a, loss_b, diff, stderr, ci95 (t,
-    documents - 1 degrees of freedom), unpaired_stderr (sqrt(se_A^2 + se_B^2)).
-
-  Raises:
-    ValueError: different bucket edges or window sets, naming ``names`` and the fix.
-  """
+  """Per bucket, loss A - B over the windows both scored (``windows.npz`` contents) with the
+  delta-method paired standard error clustered by document: start, end, windows, documents,
+  loss_a, loss_b, diff, stderr, ci95 (t), unpaired_stderr (docs/DESIGN.md). Different bucket
+  edges or window sets raise a ValueError naming ``names`` and the fix."""
   ia, ib = np.asarray(a['window_id']), np.asarray(b['window_id'])
-  if (not np.array_equal(a['edges'], b['edges']) or len(np.unique(ia)) != len(ia)
-      or len(np.unique(ib)) != len(ib) or set(ia.tolist()) != set(ib.tolist())):
-    only_a, only_b = len(set(ia.tolist()) - set(ib.tolist())), len(set(ib.tolist()) - set(ia.tolist()))
+  ids_a, ids_b = set(ia.tolist()), set(ib.tolist())
+  if (not np.array_equal(a['edges'], b['edges']) or len(ids_a) != len(ia)
+      or len(ids_b) != len(ib) or ids_a != ids_b):
     raise ValueError(
-        f'{names[0]} and {names[1]} were evaluated on different windows or buckets ({only_a} '
-        f'windows only in {names[0]}, {only_b} only in {names[1]}, of {len(ia)} and {len(ib)}; '
+        f'{names[0]} and {names[1]} were evaluated on different windows or buckets '
+        f'({len(ids_a - ids_b)} windows only in {names[0]}, {len(ids_b - ids_a)} only in '
+        f'{names[1]}, of {len(ia)} and {len(ib)}; '
         f'edges {list(a["edges"])} and {list(b["edges"])}); a paired comparison needs the same '
         'texts and buckets: evaluate both with the same data, split, window length, '
         '--window_start, --min_doc_len, --min_start, --num_windows, eval seed and '
@@ -333,8 +313,8 @@ def paired_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
   order = np.argsort(ib)[np.searchsorted(np.sort(ib), ia)]
   # The documents from whichever run recorded them: by window alone understates the error.
   cl = clusters(a if 'doc' in a or 'doc' not in b else dict(a, doc=np.asarray(b['doc'])[order]))
-  sa, ca = np.asarray(a['win_sum'], np.float64), np.asarray(a['win_count'], np.float64)
-  sb, cb = np.asarray(b['win_sum'], np.float64)[order], np.asarray(b['win_count'], np.float64)[order]
+  sa, ca = (np.asarray(a[k], np.float64) for k in ('win_sum', 'win_count'))
+  sb, cb = (np.asarray(b[k], np.float64)[order] for k in ('win_sum', 'win_count'))
   ta, tb = ca.sum(0), cb.sum(0)
   with np.errstate(invalid='ignore', divide='ignore'):
     la, lb = sa.sum(0) / ta, sb.sum(0) / tb

@@ -1,5 +1,5 @@
-"""The eval command around `evaluation`: restore a run's checkpoint, evaluate, write the
-outputs, compare runs (docs/DESIGN.md, "Evaluation outputs")."""
+"""The eval command: restore a run's checkpoint, evaluate, write the outputs, compare runs
+(docs/DESIGN.md, "Evaluation outputs")."""
 
 from __future__ import annotations
 
@@ -65,16 +65,9 @@ def _make_model(config: dict[str, Any]):
 def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | None = None,
                      offsets: Sequence[int] | None = None, analyze: bool = False,
                      **overrides) -> dict[str, Any]:
-  """Restores params + config of a run (the newest readable step, or ``step``), evaluates
-  and writes the outputs to ``output`` (default ``WORKDIR/eval/<variant_name>``).
-
-  Args:
-    workdir: training workdir with checkpoints/.
-    step: checkpoint step (None = the newest readable one, `checkpointing.restore_params`).
-    output: output directory.
-    offsets: offset probe shifts, or None.
-    analyze: also run the table analysis into OUTPUT/analysis.
-    **overrides: see `evaluation.run_evaluation`.
+  """Evaluates a run's checkpoint (``step``, default the newest readable one) into
+  ``output`` (default ``WORKDIR/eval/<variant_name>``); ``analyze`` adds the table analysis
+  (OUTPUT/analysis); ``offsets``, ``overrides``: `evaluation.run_evaluation`.
 
   Returns:
     {'results', 'per_position', 'per_window', 'files', 'out_dir', 'step' (evaluated),
@@ -129,19 +122,10 @@ def _analyze(workdir, params, config, step, out, out_dir, overrides) -> dict[str
 
 def evaluate_and_compare(workdirs: Sequence[str], *, output: str | None = None,
                          **kwargs) -> tuple[list[tuple[str, dict[str, Any]]], dict | None]:
-  """`evaluate_workdir` of each run and, for several, their comparison (paired over the
-  shared windows).
-
-  Args:
-    workdirs: training workdirs.
-    output: one run: its output directory; several: the comparison directory, each run's
-      outputs in ``output/LABEL`` (default: ``compare_<A>_vs_<B>[_<variant>]`` beside the
-      first run).
-    **kwargs: `evaluate_workdir` options.
-
-  Returns:
-    ``([(label, run), ...], comparison or None)``: `eval_report.compare`'s dict plus out_dir.
-  """
+  """`evaluate_workdir` of each run; for several, their comparison (`eval_report.compare`
+  plus out_dir) in ``output`` (each run's outputs in ``output/LABEL``; default
+  ``compare_<A>_vs_<B>[_<variant>]`` beside the first run). Returns ``([(label, run), ...],
+  comparison or None)``."""
   labels = [os.path.basename(os.path.normpath(w)) for w in workdirs]
   if len(set(labels)) < len(labels):
     labels = [os.path.normpath(w).replace(os.sep, '_') for w in workdirs]

@@ -1,9 +1,5 @@
-"""Held-out loss by position bucket and the offset probe (docs/DESIGN.md, "Evaluation outputs").
-
-Loss is the float32 cross entropy of ``targets[b, t]``, masked by ``loss_mask`` and booked at
-``positions[b, t]``. Batches are sharded along the 'data' mesh axis; per-window bucket sums
-keep each window's provenance for document-clustered intervals (`buckets`).
-"""
+"""Held-out loss by position bucket and the offset probe: the jitted step, streaming
+accumulation, summaries (docs/DESIGN.md, "Evaluation outputs")."""
 
 from __future__ import annotations
 
@@ -42,9 +38,7 @@ ApplyFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 
 @dataclasses.dataclass
 class EvalOutput:
-  """One evaluation: ``results`` (the results.json dict), ``per_position`` ([L] vectors:
-  position, loss_sum, count, loss[, bayes_loss, filter_loss]; with the probe offsets,
-  offset_loss and offset_count [K, L']) and ``per_window`` (windows.npz)."""
+  """results.json dict, per_position.npz and windows.npz of one evaluation (docs/DESIGN.md)."""
   results: dict[str, Any]
   per_position: dict[str, np.ndarray]
   per_window: dict[str, np.ndarray] | None = None
@@ -88,21 +82,12 @@ def _make_eval_step(apply_fn: ApplyFn, edges: tuple[int, ...], mesh: jax.shardin
 def accumulate(apply_fn: ApplyFn, params, batches: Iterable[dict[str, np.ndarray]],
                edges: np.ndarray, *, offsets: Sequence[int] = (0,),
                mesh: jax.sharding.Mesh | None = None) -> list[buckets_lib.BucketAccumulator]:
-  """Streams batches through the jitted step, once per offset.
+  """One `BucketAccumulator` per position-id shift K in ``offsets``, of ``batches`` (the same
+  global [B, T] batches on every process, optionally with the [B] `PROVENANCE_KEYS`) scored
+  once per K over the bucket ``edges`` [nb + 1] on ``mesh`` (default: all devices).
 
-  Args:
-    apply_fn: see `model_apply_fn`.
-    params: model parameters.
-    batches: the same global batches on every process: [B, T] arrays (docs/DESIGN.md) and
-      optionally the [B] `PROVENANCE_KEYS`. Every position id must lie in [0, edges[-1])
-      (checked at the host-device boundary, `sharding.global_batch`), and edges[-1] +
-      max(offsets) must not exceed the model's position table (`eval_settings` checks it).
-    edges: [nb + 1] bucket edges.
-    offsets: position-id shifts K; each batch is scored once per K.
-    mesh: device mesh with a 'data' axis (default: all devices).
-
-  Returns:
-    One `BucketAccumulator` per offset.
+  Position ids must lie in [0, edges[-1]) (`sharding.global_batch` checks them) and
+  edges[-1] + max(offsets) within the position table (`eval_settings` checks that).
   """
   mesh = mesh or sharding.make_mesh()
   step = make_eval_step(apply_fn, edges, mesh)
@@ -141,13 +126,11 @@ def summarize(acc: buckets_lib.BucketAccumulator, *, step: int | None = None,
 
 def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
   """Warnings for buckets with no scored token and with fewer than `MIN_BUCKET_WINDOWS`."""
-  spans = lambda bs: ', '.join(f"[{b['start']}, {b['end']})" for b in bs)  # noqa: E731
   empty = [b for b in rows if not b['tokens']]
   thin = [b for b in rows if b['tokens'] and b['windows'] < MIN_BUCKET_WINDOWS]
-  out = []
-  if empty:
-    out.append(f'{len(empty)} bucket(s) have no scored token ({spans(empty)}): no window '
-               'reaches them; use longer documents or other bucket edges.')
+  out = [f'{len(empty)} bucket(s) have no scored token ('
+         + ', '.join(f"[{b['start']}, {b['end']})" for b in empty)
+         + '): no window reaches them; use longer documents or other bucket edges.'] if empty else []
   if thin:
     out.append(f"{len(thin)} of {len(rows)} bucket(s) have fewer than {MIN_BUCKET_WINDOWS} "
                f"windows (min {min(b['windows'] for b in thin)}): their intervals are "
@@ -157,17 +140,10 @@ def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> dict[str, Any]:
-  """The evaluation settings of ``config`` with ``overrides`` (None = keep), validated: the
-  one place they are resolved and checked (docs/DESIGN.md, "Evaluation outputs").
-
-  Fields the ``eval`` section lacks (a run saved by an older version) take
-  ``defaults.evaluation()``; window_len 0 is model.max_len, min_doc_len 0 is 4 * window_len,
-  min_start 0 is window_len. ``overrides['offsets']`` (the probe's shifts) is checked too.
-
-  Returns:
-    Dict of split, policy, num_windows, batch_size, bucket_size, bucket_edges, window_len,
-    seed, window_start, min_doc_len, min_start, offsets (sorted, or None).
-  """
+  """The ``eval`` section of ``config`` (missing fields: `defaults.evaluation`) with
+  ``overrides`` (None = keep) and the probe's ``offsets``, resolved (0 = default) and checked:
+  the one place. Keys: split, policy, window_len, `SETTINGS_KEYS`, batch_size, bucket_size,
+  bucket_edges, offsets (sorted, or None)."""
   ev = defaults.evaluation().to_dict()
   ev.update(config.get('eval', ml_collections.ConfigDict()).to_dict())
   s = {'split': config.data.get('eval_split', defaults.data().eval_split),
@@ -197,13 +173,10 @@ def eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) 
 
 def make_batches(config: ml_collections.ConfigDict, s: dict[str, Any]
                  ) -> tuple[dict[str, np.ndarray], ...]:
-  """`data.make_eval_batches` of the settings ``s`` (`eval_settings`), built once per process
-  and data config: the startup check and every periodic evaluation share one scan of the
-  split. Callers must not modify the arrays."""
-  keys = ('split', 'window_len', 'num_windows', 'batch_size', 'policy', 'seed', 'window_start',
-          'min_doc_len', 'min_start')
+  """`data.make_eval_batches` of the settings ``s``, built once per process and data config
+  (one scan of the split for the startup check and every evaluation); read-only."""
   return _batches(json.dumps(config.data.to_dict(), sort_keys=True, default=str),
-                  tuple((k, s[k]) for k in keys))
+                  tuple((k, s[k]) for k in SETTINGS_KEYS + ('batch_size',)))
 
 
 @functools.lru_cache(maxsize=4)
@@ -222,8 +195,8 @@ def expected_params(model) -> Any:
 
 
 def check_compatible(model, params) -> None:
-  """Raises `trees.TreeMismatchError` (a ValueError) naming the first path where ``params``
-  do not fit ``model``."""
+  """`trees.TreeMismatchError` (a ValueError) naming the first path where ``params`` do not
+  fit ``model``."""
   cfg = model.config
   trees.check_same_tree(
       'params', params, expected_params(model), 'checkpoint parameters do not match the model '
@@ -233,21 +206,15 @@ def check_compatible(model, params) -> None:
 
 def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: int | None = None,
                    offsets: Sequence[int] | None = None, mesh=None, **overrides) -> EvalOutput:
-  """Loss by position bucket of ``model`` on held-out windows (and the offset probe).
+  """Loss by position bucket of ``model`` (of ``config.model``) on held-out windows.
 
   Args:
-    model: a `TransformerLM` of ``config.model``.
-    params: its parameters.
-    config: full run config (sections data, model, eval).
+    model, params, config: a `TransformerLM`, its parameters, the full run config.
     step: training step recorded in the results.
-    offsets: shifts K of the offset probe: the same windows cut to their first
+    offsets: the offset probe's shifts K: the same windows cut to their first
       window_len - max(offsets) tokens, scored once per K with position ids + K.
     mesh: device mesh with a 'data' axis (default: all devices).
     **overrides: `eval_settings` keys (None = config value).
-
-  Returns:
-    `EvalOutput`; results hold the provenance tables when windows record provenance and,
-    with offsets, 'offset_probe' (docs/DESIGN.md).
   """
   s = eval_settings(config, dict(overrides, offsets=offsets))
   check_compatible(model, params)
@@ -277,7 +244,7 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
 
 def _offset_probe(out: EvalOutput, probes: list[EvalOutput], offsets: list[int],
                   window: int) -> None:
-  """Adds the probe's tables (K - K0 paired over the same windows) and vectors to ``out``."""
+  """Adds the probe's tables (K - K0 paired over the same windows) and vectors."""
   out.results['offset_probe'] = {
       'note': OFFSET_NOTE, 'window_len': window, 'offsets': offsets,
       'by_offset': [dict(offset=k, **p.results) for k, p in zip(offsets, probes)],

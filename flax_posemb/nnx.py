@@ -43,17 +43,14 @@ class LearnedPositionEmbedding(nnx.Module):
                embedding_init: initializers.InitFn = initializers.gpt2(),
                dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
                check_positions: bool = True, rngs: nnx.Rngs):
-    self.num_positions, self.features = num_positions, features
-    self.dtype, self.param_dtype = dtype, param_dtype
-    self.check_positions = check_positions
+    self.dtype, self.check_positions = dtype or param_dtype, check_positions
     self.embedding = nnx.Param(
         embedding_init(rngs.params(), (num_positions, features), param_dtype))
 
   def __call__(self, positions: Array) -> Array:
-    """int ``[...]`` -> ``[..., features]`` in ``dtype`` (``param_dtype`` if None)."""
+    """int ``[...]`` -> ``[..., features]`` in ``dtype`` (None: ``param_dtype``)."""
     return embeddings.lookup_positions(self.embedding[...], positions,
-                                       check_positions=self.check_positions,
-                                       dtype=self.dtype or self.param_dtype)
+                                       check_positions=self.check_positions, dtype=self.dtype)
 
 
 class TokenEmbedding(nnx.Module):
@@ -64,18 +61,17 @@ class TokenEmbedding(nnx.Module):
                embedding_init: initializers.InitFn = initializers.gpt2(),
                dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
                rngs: nnx.Rngs):
-    self.num_embeddings, self.features = num_embeddings, features
-    self.dtype, self.param_dtype = dtype, param_dtype
+    self.dtype = dtype or param_dtype
     self.embedding = nnx.Param(
         embedding_init(rngs.params(), (num_embeddings, features), param_dtype))
 
   def __call__(self, ids: Array) -> Array:
     """int ``[...]`` -> ``[..., features]`` in ``dtype``."""
-    return embeddings.lookup_tokens(self.embedding[...], ids, self.dtype or self.param_dtype)
+    return embeddings.lookup_tokens(self.embedding[...], ids, self.dtype)
 
   def attend(self, x: Array) -> Array:
     """``[..., features]`` -> float32 logits ``[..., num_embeddings]``."""
-    return embeddings.attend(x, self.embedding[...], self.dtype or self.param_dtype)
+    return embeddings.attend(x, self.embedding[...], self.dtype)
 
 
 class SinusoidalPositionEmbedding(nnx.Module):
@@ -83,8 +79,7 @@ class SinusoidalPositionEmbedding(nnx.Module):
 
   def __init__(self, features: int, *, scale: float = 1.0, max_wavelength: float = 10_000.0,
                dtype: Dtype = jnp.float32):
-    self.features, self.scale = features, scale
-    self.max_wavelength, self.dtype = max_wavelength, dtype
+    self.features, self.scale, self.max_wavelength, self.dtype = features, scale, max_wavelength, dtype
 
   def __call__(self, positions: Array) -> Array:
     """int ``[...]`` -> ``[..., features]``."""
@@ -144,14 +139,13 @@ class Block(nnx.Module):
                deterministic: bool = True, rngs: nnx.Rngs | None = None) -> Array:
     """``x`` [B, T, D], ``mask`` bool [B, 1, T, T] (None: causal only), int ``positions``
     [B, T] (for RoPE) -> [B, T, D]."""
-    cfg = self.config
     return layers.block(
         x, mask, positions, ln_1=self.ln_1, qkv=self.qkv, attn_out=self.attn_out,
         ln_2=self.ln_2, mlp_in=self.mlp_in, mlp_out=self.mlp_out,
         drop_attn=lambda y: self.drop_attn(y, deterministic=deterministic, rngs=rngs),
         drop_mlp=lambda y: self.drop_mlp(y, deterministic=deterministic, rngs=rngs),
-        num_heads=cfg.num_heads, rope=cfg.position_embedding == 'rope',
-        implementation=cfg.attention_impl)
+        num_heads=self.config.num_heads, rope=self.config.position_embedding == 'rope',
+        implementation=self.config.attention_impl)
 
 
 def _apply_block(block: Block, x: Array, mask: Array | None, positions: Array,
@@ -194,19 +188,9 @@ class TransformerLM(nnx.Module):
   def __call__(self, inputs: Array, positions: Array, segment_ids: Array | None = None, *,
                deterministic: bool = True, embed_delta: Array | None = None,
                rngs: nnx.Rngs | None = None) -> Array:
-    """Next-token logits, as `model.TransformerLM.__call__`.
-
-    Args:
-      inputs: int32 token ids [B, T].
-      positions: int32 position ids [B, T].
-      segment_ids: int32 [B, T] document ids (0 = padding), or None (one per row).
-      deterministic: False enables dropout.
-      embed_delta: float32 [B, T, emb_dim] added to the token + position sum, or None.
-      rngs: `nnx.Rngs` whose ``dropout`` stream replaces the model's own.
-
-    Returns:
-      float32 logits [B, T, vocab_size].
-    """
+    """float32 logits [B, T, vocab_size] of int32 ``inputs``, ``positions`` and
+    ``segment_ids`` (0 = padding; None: one document per row) [B, T], as linen's
+    (``embed_delta`` [B, T, emb_dim]); ``rngs``' ``dropout`` stream overrides the model's."""
     cfg = self.config
     layers.check_lm_inputs(inputs, positions, segment_ids)
     pos_rows = None if self.pos_embed is None else self.pos_embed(positions)

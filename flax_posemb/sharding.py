@@ -1,9 +1,5 @@
-"""Meshes, shardings and the host-to-device boundary of batches.
-
-A 1-D mesh with axis ``'data'`` spans all devices of all hosts; batches are sharded along
-it, parameters replicated or (``fsdp``) split along their largest divisible axis. XLA adds
-the cross-device reductions, so statistics are global-batch figures on any device count.
-"""
+"""Meshes (1-D, axis ``'data'``, all devices of all hosts), shardings (batches along
+'data'; parameters replicated or, with fsdp, split) and the host-to-device batch boundary."""
 
 from __future__ import annotations
 
@@ -17,7 +13,6 @@ from flax_posemb import embeddings
 from flax_posemb.batch import BATCH_KEYS
 
 FSDP_MIN_SIZE = 2 ** 14  # Matrices with at least this many elements are sharded under fsdp.
-
 PyTree = Any
 
 
@@ -38,8 +33,7 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def param_sharding(shape: tuple[int, ...], mesh: Mesh, fsdp: bool) -> NamedSharding:
-  """Sharding of one parameter (or optimizer moment) of ``shape``: replicated unless fsdp
-  applies, then split along the largest axis divisible by the device count."""
+  """Replicated, or under fsdp split along the largest axis divisible by the device count."""
   n = mesh.shape['data']
   if fsdp and n > 1 and len(shape) >= 2 and int(np.prod(shape)) >= FSDP_MIN_SIZE:
     for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
@@ -69,16 +63,14 @@ def check_batch_layout(config: Any, mesh: Mesh) -> None:
 
 def global_batch(batch: dict[str, np.ndarray], mesh: Mesh,
                  max_len: int | None = None) -> dict[str, jax.Array]:
-  """Global ``[B, T]`` arrays (``batch_sharding``) of this process's rows of each
-  ``BATCH_KEYS`` array (other keys are dropped).
+  """Global ``[B, T]`` arrays (``batch_sharding``) of this process's rows of ``BATCH_KEYS``.
 
-  Batches cross from host to device here, so this is the one check of position ids (scored
-  or not): with ``max_len``, an id outside ``[0, max_len)`` raises a ValueError naming it.
-  """
+  Batches cross from host to device here: the one check of position ids (scored or not);
+  with ``max_len``, an id outside ``[0, max_len)`` raises a ValueError naming it."""
   missing = [k for k in BATCH_KEYS if k not in batch]
   if missing:
     raise ValueError(f'batch lacks {missing}; a batch must hold {list(BATCH_KEYS)} '
-                   '(docs/DESIGN.md).')
+                     '(docs/DESIGN.md).')
   if max_len is not None:
     embeddings.check_position_range(np.asarray(batch['positions']), max_len)
   sh = batch_sharding(mesh)

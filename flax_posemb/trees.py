@@ -1,5 +1,4 @@
-"""Tree-shape compatibility: the one comparison behind checkpoint restore, evaluation of a
-checkpoint and NNX loading of linen params."""
+"""The one tree-shape comparison: checkpoint restore, evaluation, NNX loading."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ class TreeMismatchError(ValueError):
 
 
 def shapes(tree: PyTree) -> dict[str, tuple[int, ...]]:
-  """``{'a/0/b': shape}`` of every leaf (stored metadata turns tuples into lists and dicts, so
-  paths are compared as strings)."""
+  """``{'a/0/b': shape}`` of every leaf (string paths: stored metadata turns tuples into
+  lists and dicts)."""
   return {jax.tree_util.keystr(p, simple=True, separator='/'): tuple(x.shape)
           for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
