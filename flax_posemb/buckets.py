@@ -71,8 +71,8 @@ def _cluster_sums(x: np.ndarray, cl: np.ndarray) -> np.ndarray:
 
 def bucket_stats(per_window: dict[str, np.ndarray]
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Per-bucket mean loss [nb], covariance of the means [nb, nb] (nan where undefined) and
-  the clusters with tokens in both buckets [nb, nb] (diagonal: clusters per bucket)."""
+  """Bucket means [nb], their covariance [nb, nb] (nan: undefined) and the clusters with
+  tokens in both buckets [nb, nb]."""
   cl = clusters(per_window)
   s = _cluster_sums(np.asarray(per_window['win_sum'], np.float64), cl)
   c = _cluster_sums(np.asarray(per_window['win_count'], np.float64), cl)
@@ -92,8 +92,7 @@ def t95(n: float) -> float:
   return float(scipy.stats.t.ppf(0.975, n - 1)) if n >= 2 else math.nan
 
 
-def _num(x: float) -> float | None:
-  """A float for JSON: None instead of nan/inf."""
+def _num(x: float) -> float | None:  # JSON: None instead of nan/inf
   x = float(x)
   return x if math.isfinite(x) else None
 
@@ -103,8 +102,7 @@ def _se(var: float) -> float | None:
 
 
 def bucket_rows(per_window: dict[str, np.ndarray]) -> list[dict[str, Any]]:
-  """Per-bucket rows: start, end, tokens, windows, documents (clusters), loss, stderr, ci95
-  (t, documents - 1 degrees of freedom), bits_per_token."""
+  """results.json bucket rows (docs/DESIGN.md) of ``per_window``."""
   loss, cov, nn = bucket_stats(per_window)
   edges, c = per_window['edges'], np.asarray(per_window['win_count'])
   rows = []
@@ -132,9 +130,8 @@ def overall(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
-  """Last bucket minus best bucket, and the weighted least-squares slope of loss over the
-  buckets whose midpoint lies in the second half (weights 1 / stderr^2, equal if one is
-  undefined); standard errors from the full covariance of the bucket means."""
+  """Last minus best bucket, and the slope of loss over the second half's buckets (weighted
+  least squares, 1 / stderr^2 or equal weights), with standard errors from `bucket_stats`."""
   loss, cov, _ = bucket_stats(per_window)
   edges = np.asarray(per_window['edges'])
   valid = np.where(np.asarray(per_window['win_count']).sum(0) > 0)[0]
@@ -215,9 +212,8 @@ class BucketAccumulator:
   def add(self, pos_loss_sum: np.ndarray, pos_count: np.ndarray, win_sum: np.ndarray,
           win_count: np.ndarray, window_ids: np.ndarray | None = None,
           provenance: dict[str, np.ndarray] | None = None) -> None:
-    """Adds one batch: [L] per-position loss sums and counts, [B, nb] per-window bucket sums
-    and counts, [B] uint64 ``window_ids`` (None: numbered in arrival order) and optional [B]
-    provenance (``doc``, ``start``, ``doc_len``, ``kind``; one ``doc`` is one cluster)."""
+    """Adds [L] per-position and [B, nb] per-window sums and counts, [B] uint64
+    ``window_ids`` (None: arrival order) and [B] provenance arrays (or None)."""
     s, c = np.asarray(win_sum, np.float64), np.asarray(win_count, np.float64)
     real = c.sum(1) > 0
     if window_ids is None:
@@ -230,8 +226,7 @@ class BucketAccumulator:
     self.windows += int(real.sum())
 
   def per_window(self) -> dict[str, np.ndarray]:
-    """windows.npz: ``window_id`` [W], ``win_sum``, ``win_count`` [W, nb], ``edges`` and the
-    provenance arrays [W] every batch had."""
+    """The contents of windows.npz (docs/DESIGN.md)."""
     nb = len(self.edges) - 1
     if not self._parts:
       return {'window_id': np.zeros(0, np.uint64), 'win_sum': np.zeros((0, nb)),
@@ -240,19 +235,9 @@ class BucketAccumulator:
     out = {k: np.concatenate([p[k] for p in self._parts]) for k in sorted(keys)}
     return dict(out, edges=self.edges.copy())
 
-  def bucket_stats(self) -> tuple[np.ndarray, np.ndarray]:  # means [nb], covariance [nb, nb]
-    return bucket_stats(self.per_window())[:2]
-
-  def overall(self) -> dict[str, Any]:
-    return overall(self.per_window())
-
-  def degradation(self) -> dict[str, Any]:
-    return degradation(self.per_window())
-
   def buckets(self, reference: dict[str, np.ndarray] | None = None) -> list[dict[str, Any]]:
-    """`bucket_rows`; with ``reference`` ({'bayes_loss', 'filter_loss'}: [>= L] optimal
-    losses of the synthetic corpus) also their token-weighted means, ``excess_loss`` and
-    ``recovered`` = (filter - loss) / (filter - bayes)."""
+    """`bucket_rows`; with ``reference`` ([>= L] 'bayes_loss', 'filter_loss'), their
+    token-weighted means, excess_loss and recovered = (filter - loss) / (filter - bayes)."""
     rows = bucket_rows(self.per_window())
     for row in rows if reference is not None else ():
       w = self.count[row['start']:row['end']]
@@ -264,7 +249,7 @@ class BucketAccumulator:
     return rows
 
   def per_position(self) -> dict[str, np.ndarray]:
-    """position, loss_sum, count, loss (nan where unscored), all [L]."""
+    """position, loss_sum, count, loss (nan: unscored), all [L]."""
     with np.errstate(invalid='ignore', divide='ignore'):
       loss = np.where(self.count > 0, self.loss_sum / self.count, np.nan)
     return {'position': np.arange(len(self.count)), 'loss_sum': self.loss_sum.copy(),

@@ -84,31 +84,29 @@ def json_safe(x: Any) -> Any:
   return x
 
 
-def _csv_rows(rows: list[dict[str, Any]], prefix: Sequence[Any] = ()) -> list[str]:
-  out = []
-  for r in rows:
-    r = dict(r, ci95_lo=r['ci95'][0], ci95_hi=r['ci95'][1])
-    out.append(','.join(str(v) for v in [*prefix, *('' if r.get(k) is None else r[k]
-                                                     for k in CSV_COLUMNS)]))
-  return out
-
-
-def _write_text(path: str, lines: list[str]) -> str:
+def _write_lines(path: str, lines: list[str]) -> str:
   with outputs.atomic_write(path, 'w') as f:
     f.write('\n'.join(lines) + '\n')
   return path
 
 
+def _bucket_csv(path: str, head: tuple[str, ...], tables: list[tuple[tuple, list]]) -> str:
+  """Writes ``head`` + `CSV_COLUMNS` and, per (prefix values, bucket rows), one line a row."""
+  lines = [','.join(head + CSV_COLUMNS)]
+  for prefix, rows in tables:
+    for r in rows:
+      r = dict(r, ci95_lo=r['ci95'][0], ci95_hi=r['ci95'][1])
+      lines.append(','.join(str(v) for v in [*prefix, *('' if r.get(k) is None else r[k]
+                                                         for k in CSV_COLUMNS)]))
+  return _write_lines(path, lines)
+
+
 def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], out_dir: str,
                   title: str = '', per_window: dict[str, np.ndarray] | None = None
                   ) -> dict[str, str]:
-  """Writes the evaluation's files into ``out_dir``, replacing every file of an earlier
-  evaluation there at once when all are written (`outputs.replace_files`).
-
-  Returns:
-    Paths by kind: 'json', 'npz', 'windows', 'csv', 'plot', with window provenance
-    'groups_csv' and, with an offset probe, 'offsets_csv', 'offsets_plot'.
-  """
+  """Writes an evaluation's files into ``out_dir``, replacing an earlier evaluation's there
+  at once when all are written (`outputs.replace_files`); returns their paths by kind
+  ('json', 'npz', 'windows', 'csv', 'plot'[, 'groups_csv'][, 'offsets_csv', 'offsets_plot'])."""
   os.makedirs(out_dir, exist_ok=True)
   with outputs.replace_files(out_dir, OUTPUT_FILES) as stage:
     files = _write_files(results, per_position, stage, title, per_window)
@@ -117,25 +115,22 @@ def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], 
 
 def _write_files(results, per_position, out_dir, title, per_window) -> dict[str, str]:
   path = lambda name: os.path.join(out_dir, name)  # noqa: E731
-  files = {'npz': path('per_position.npz'), 'windows': path('windows.npz')}
-  for key, arrays in (('npz', per_position), ('windows', per_window)):
+  files = {}
+  for key, name, arrays in (('npz', 'per_position.npz', per_position),
+                            ('windows', 'windows.npz', per_window)):
     if arrays is not None:
-      with outputs.atomic_write(files[key]) as f:
+      with outputs.atomic_write(path(name)) as f:
         np.savez(f, **arrays)
-  if per_window is None:
-    del files['windows']
-  files['csv'] = _write_text(path('buckets.csv'),
-                             [','.join(CSV_COLUMNS)] + _csv_rows(results['buckets']))
+      files[key] = path(name)
+  files['csv'] = _bucket_csv(path('buckets.csv'), (), [((), results['buckets'])])
   if results.get('by_depth') is not None:
-    files['groups_csv'] = _write_text(path('groups.csv'), [','.join(('table', 'group') + CSV_COLUMNS)]
-                                      + [line for table in GROUP_TABLES for g in results[table]
-                                         for line in _csv_rows(g['buckets'], (table, g['group']))])
+    files['groups_csv'] = _bucket_csv(path('groups.csv'), ('table', 'group'), [
+        ((t, g['group']), g['buckets']) for t in GROUP_TABLES for g in results[t]])
   files['plot'] = plots.loss_by_position(per_position, results, path('loss_by_position.png'), title)
   probe = results.get('offset_probe')
   if probe:
-    files['offsets_csv'] = _write_text(path('offsets.csv'), [','.join(('offset',) + CSV_COLUMNS)]
-                                       + [line for r in probe['by_offset']
-                                          for line in _csv_rows(r['buckets'], (r['offset'],))])
+    files['offsets_csv'] = _bucket_csv(path('offsets.csv'), ('offset',), [
+        ((r['offset'],), r['buckets']) for r in probe['by_offset']])
     files['offsets_plot'] = plots.offset_probe(probe, path('offsets.png'))
   # Last, and atomically: a results.json on disk means the directory is complete.
   files['json'] = path('results.json')
@@ -230,7 +225,7 @@ def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: s
     vals = [row['start'], row['end']] + [row[l][k] for l in labels for k in ('loss', 'stderr')]
     vals += [p['buckets'][i][k] for p in paired for k in ('diff', 'stderr')]
     lines.append(','.join('' if v is None else str(v) for v in vals))
-  _write_text(files['csv'], lines)
+  _write_lines(files['csv'], lines)
   files['plot'] = plots.comparison(labels, results, os.path.join(out_dir, 'comparison.png'),
                                    paired=paired)
   return {'files': files, 'table': _comparison_table(labels, results, rows, paired),

@@ -7,7 +7,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 from absl import logging
@@ -29,11 +28,9 @@ def variant_name(step: int | None, *, offsets: Sequence[int] | None = None,
                  analyze: bool = False, **overrides) -> str:
   """``step_N`` plus every option given (``step_400_window_start-deep_offsets-0-64``), so
   variants never share an output directory."""
-  parts = [] if step is None else [f'step_{step}']
-  for key in VARIANT_KEYS:
-    v = overrides.get(key)
-    if v is not None and v != '':
-      parts.append(f"{key}-{str(v).replace(',', '-').replace(os.sep, '-')}")
+  parts = ([] if step is None else [f'step_{step}']) + [
+      f"{k}-{str(overrides[k]).replace(',', '-').replace(os.sep, '-')}" for k in VARIANT_KEYS
+      if overrides.get(k) not in (None, '')]
   if offsets:
     parts.append('offsets-' + '-'.join(str(k) for k in sorted(set(offsets))))
   return '_'.join(parts + (['analyze'] if analyze else []))
@@ -66,13 +63,9 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
                      offsets: Sequence[int] | None = None, analyze: bool = False,
                      **overrides) -> dict[str, Any]:
   """Evaluates a run's checkpoint (``step``, default the newest readable one) into
-  ``output`` (default ``WORKDIR/eval/<variant_name>``); ``analyze`` adds the table analysis
-  (OUTPUT/analysis); ``offsets``, ``overrides``: `evaluation.run_evaluation`.
-
-  Returns:
-    {'results', 'per_position', 'per_window', 'files', 'out_dir', 'step' (evaluated),
-    'table' (text, after the `checkpoint_note`), 'note', 'checkpoint' (RestoreInfo JSON)}.
-  """
+  ``output`` (default ``WORKDIR/eval/<variant_name>``), with the table analysis if
+  ``analyze``; ``offsets``, ``overrides``: `evaluation.run_evaluation`. Returns {'results',
+  'per_position', 'per_window', 'files', 'out_dir', 'step', 'table', 'note', 'checkpoint'}."""
   mesh = sharding.make_mesh()
   run = workdir_lib.saved_config(workdir)  # the run whose checkpoint this must be
   params, cfg, info = checkpointing.restore_params_with_info(
@@ -106,7 +99,7 @@ def _analyze(workdir, params, config, step, out, out_dir, overrides) -> dict[str
   if model_lib.POSITION_TABLE_PATH[0] not in params:
     raise ValueError(f'--analyze needs a learned position table; this run uses '
                      f'position_embedding={config.model.position_embedding!r}.')
-  table = np.asarray(jax.device_get(model_lib.position_table(params)))
+  table = np.asarray(model_lib.position_table(params))
   initial = None
   if not os.path.exists(os.path.join(workdir, 'tables', 'table_0.npy')) and step != 0:
     try:

@@ -33,8 +33,6 @@ SETTINGS_KEYS = ('split', 'policy', 'num_windows', 'window_len', 'window_start',
                  'min_start', 'seed')
 MIN_BUCKET_WINDOWS = 30  # Fewer windows than this make a bucket's interval unreliable.
 
-ApplyFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
-
 
 @dataclasses.dataclass
 class EvalOutput:
@@ -45,7 +43,7 @@ class EvalOutput:
 
 
 @functools.lru_cache(maxsize=16)
-def model_apply_fn(model) -> ApplyFn:
+def model_apply_fn(model) -> Callable:
   """(params, inputs, positions, segment_ids [B, T]) -> logits [B, T, V] of a TransformerLM."""
   def apply(params, inputs, positions, segment_ids):
     return model.apply({'params': params}, inputs, positions, segment_ids=segment_ids,
@@ -53,7 +51,7 @@ def model_apply_fn(model) -> ApplyFn:
   return apply
 
 
-def make_eval_step(apply_fn: ApplyFn, edges: np.ndarray, mesh: jax.sharding.Mesh):
+def make_eval_step(apply_fn: Callable, edges: np.ndarray, mesh: jax.sharding.Mesh):
   """Jitted (params, batch, offset) -> {'loss_sum', 'count': [L], 'win_sum', 'win_count':
   [B, nb]} (float32, replicated); the model sees ``positions + offset``, sums are indexed by
   ``positions``. Cached, so periodic evaluations of one model compile once."""
@@ -61,7 +59,7 @@ def make_eval_step(apply_fn: ApplyFn, edges: np.ndarray, mesh: jax.sharding.Mesh
 
 
 @functools.lru_cache(maxsize=32)
-def _make_eval_step(apply_fn: ApplyFn, edges: tuple[int, ...], mesh: jax.sharding.Mesh):
+def _make_eval_step(apply_fn: Callable, edges: tuple[int, ...], mesh: jax.sharding.Mesh):
   length, nb = edges[-1], len(edges) - 1
   bucket_of = jnp.asarray(buckets_lib.bucket_of_position(np.asarray(edges)))
 
@@ -79,7 +77,7 @@ def _make_eval_step(apply_fn: ApplyFn, edges: tuple[int, ...], mesh: jax.shardin
   return jax.jit(step, out_shardings=sharding.replicated(mesh))
 
 
-def accumulate(apply_fn: ApplyFn, params, batches: Iterable[dict[str, np.ndarray]],
+def accumulate(apply_fn: Callable, params, batches: Iterable[dict[str, np.ndarray]],
                edges: np.ndarray, *, offsets: Sequence[int] = (0,),
                mesh: jax.sharding.Mesh | None = None) -> list[buckets_lib.BucketAccumulator]:
   """One `BucketAccumulator` per position-id shift K in ``offsets``, of ``batches`` (the same
@@ -119,24 +117,24 @@ def summarize(acc: buckets_lib.BucketAccumulator, *, step: int | None = None,
     n = len(per_position['position'])
     reference = {k: np.asarray(reference[k], np.float64)[:n] for k in ('bayes_loss', 'filter_loss')}
     per_position.update(reference)
-  results = {'step': step, 'buckets': acc.buckets(reference), 'overall': acc.overall(),
-             'degradation': acc.degradation()}
-  return EvalOutput(results, per_position, acc.per_window())
+  per_window = acc.per_window()
+  results = {'step': step, 'buckets': acc.buckets(reference),
+             'overall': buckets_lib.overall(per_window),
+             'degradation': buckets_lib.degradation(per_window)}
+  return EvalOutput(results, per_position, per_window)
 
 
 def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
   """Warnings for buckets with no scored token and with fewer than `MIN_BUCKET_WINDOWS`."""
-  empty = [b for b in rows if not b['tokens']]
-  thin = [b for b in rows if b['tokens'] and b['windows'] < MIN_BUCKET_WINDOWS]
-  out = [f'{len(empty)} bucket(s) have no scored token ('
-         + ', '.join(f"[{b['start']}, {b['end']})" for b in empty)
-         + '): no window reaches them; use longer documents or other bucket edges.'] if empty else []
-  if thin:
-    out.append(f"{len(thin)} of {len(rows)} bucket(s) have fewer than {MIN_BUCKET_WINDOWS} "
-               f"windows (min {min(b['windows'] for b in thin)}): their intervals are "
-               'unreliable; evaluate more windows (eval.num_windows: eval.py --num_windows N, '
-               'train.py --config.eval.num_windows=N).')
-  return out
+  empty = [f"[{b['start']}, {b['end']})" for b in rows if not b['tokens']]
+  thin = [b['windows'] for b in rows if b['tokens'] and b['windows'] < MIN_BUCKET_WINDOWS]
+  return [m for ok, m in (
+      (empty, f"{len(empty)} bucket(s) have no scored token ({', '.join(empty)}): no window "
+              'reaches them; use longer documents or other bucket edges.'),
+      (thin, f'{len(thin)} of {len(rows)} bucket(s) have fewer than {MIN_BUCKET_WINDOWS} '
+             f'windows (min {min(thin, default=0)}): their intervals are unreliable; evaluate '
+             'more windows (eval.num_windows: eval.py --num_windows N, train.py '
+             '--config.eval.num_windows=N).')) if ok]
 
 
 def eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -236,22 +234,17 @@ def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: in
   out.results['warnings'] = thin_buckets(out.results['buckets'])
   for w in out.results['warnings']:
     logging.warning('%s', w)
-  if offsets:
-    _offset_probe(out, passes(s['window_len'] - offsets[-1], offsets), offsets,
-                  s['window_len'] - offsets[-1])
+  if offsets:  # K - K0 per bucket, paired over the same windows
+    window = s['window_len'] - offsets[-1]
+    probes = passes(window, offsets)
+    out.results['offset_probe'] = {
+        'note': OFFSET_NOTE, 'window_len': window, 'offsets': offsets,
+        'by_offset': [dict(offset=k, **p.results) for k, p in zip(offsets, probes)],
+        'paired_vs_first': [
+            {'offset': k, 'minus_offset': offsets[0], 'buckets': buckets_lib.paired_difference(
+                p.per_window, probes[0].per_window, (f'K={k}', f'K={offsets[0]}'))}
+            for k, p in zip(offsets[1:], probes[1:])]}
+    out.per_position.update(offsets=np.asarray(offsets),
+                            offset_loss=np.stack([p.per_position['loss'] for p in probes]),
+                            offset_count=np.stack([p.per_position['count'] for p in probes]))
   return out
-
-
-def _offset_probe(out: EvalOutput, probes: list[EvalOutput], offsets: list[int],
-                  window: int) -> None:
-  """Adds the probe's tables (K - K0 paired over the same windows) and vectors."""
-  out.results['offset_probe'] = {
-      'note': OFFSET_NOTE, 'window_len': window, 'offsets': offsets,
-      'by_offset': [dict(offset=k, **p.results) for k, p in zip(offsets, probes)],
-      'paired_vs_first': [
-          {'offset': k, 'minus_offset': offsets[0], 'buckets': buckets_lib.paired_difference(
-              p.per_window, probes[0].per_window, (f'K={k}', f'K={offsets[0]}'))}
-          for k, p in zip(offsets[1:], probes[1:])]}
-  out.per_position['offsets'] = np.asarray(offsets)
-  out.per_position['offset_loss'] = np.stack([p.per_position['loss'] for p in probes])
-  out.per_position['offset_count'] = np.stack([p.per_position['count'] for p in probes])

@@ -1,12 +1,6 @@
-"""Flax NNX twins of the linen embeddings and `TransformerLM`: the same pure functions of
-`flax_posemb.layers` and `flax_posemb.embeddings`, so equal parameters give equal logits.
-
-Attribute paths mirror the linen parameter paths (``token_embed``, ``pos_embed``,
-``block_i/{ln_1, qkv, attn_out, ln_2, mlp_in, mlp_out}``, ``ln_f``; kernels stored (out, in)),
-so `to_linen_params` / `load_linen_params` convert with `nnx.to_pure_dict` /
-`nnx.replace_by_pure_dict`. Every `nnx.Dropout` forks the ``dropout`` stream of the
-construction ``rngs``; ``rngs=`` at call time overrides it.
-"""
+"""Flax NNX twins of the linen embeddings and `TransformerLM`, built on the same functions
+(`layers`, `embeddings`): equal parameters give equal logits. Attribute paths are the linen
+parameter paths (docs/DESIGN.md, "Model"); dropout forks the construction ``rngs``."""
 
 from __future__ import annotations
 
@@ -35,9 +29,8 @@ __all__ = ['Block', 'Dense', 'LearnedPositionEmbedding', 'RotaryEmbedding',
 
 
 class LearnedPositionEmbedding(nnx.Module):
-  """Learned position table ``embedding`` [num_positions, features] (linen twin in
-  `embeddings`); ids outside [0, num_positions) raise when ``check_positions``
-  (`embeddings.check_position_range`), else read clamped rows."""
+  """Learned table ``embedding`` [num_positions, features]; out-of-range ids raise when
+  ``check_positions`` (`embeddings.check_position_range`), else read clamped rows."""
 
   def __init__(self, num_positions: int, features: int, *,
                embedding_init: initializers.InitFn = initializers.gpt2(),
@@ -79,7 +72,8 @@ class SinusoidalPositionEmbedding(nnx.Module):
 
   def __init__(self, features: int, *, scale: float = 1.0, max_wavelength: float = 10_000.0,
                dtype: Dtype = jnp.float32):
-    self.features, self.scale, self.max_wavelength, self.dtype = features, scale, max_wavelength, dtype
+    self.features, self.scale, self.max_wavelength = features, scale, max_wavelength
+    self.dtype = dtype
 
   def __call__(self, positions: Array) -> Array:
     """int ``[...]`` -> ``[..., features]``."""
@@ -100,8 +94,7 @@ class RotaryEmbedding(nnx.Module):
 
 
 class Dense(nnx.Module):
-  """``[..., in] -> [..., out]`` with ``kernel`` [out, in] (normal(kernel_std)) and zero
-  ``bias``, as linen's `layers` dense."""
+  """``[..., in] -> [..., out]``; ``kernel`` [out, in] ~ normal(kernel_std), ``bias`` 0."""
 
   def __init__(self, in_features: int, out_features: int, *, kernel_std: float, dtype: Dtype,
                param_dtype: Dtype, rngs: nnx.Rngs):
@@ -159,8 +152,7 @@ _remat_block = nnx.remat(_apply_block, static_argnums=(4,), graph_updates=False)
 
 class TransformerLM(nnx.Module):
   """GPT-2-style decoder-only LM; the maths, parameters, initializers and position guard of
-  `model.TransformerLM` (``config`` a `ModelConfig`; ``rngs``: ``params`` and ``dropout``
-  streams, or ``default``). Blocks are ``block_0 ... block_{L-1}`` (``blocks``)."""
+  `model.TransformerLM` (``rngs``: ``params`` and ``dropout`` streams, or ``default``)."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     cfg = self.config = config
@@ -182,7 +174,7 @@ class TransformerLM(nnx.Module):
     self.ln_f = _layer_norm(cfg, rngs)
 
   @property
-  def blocks(self) -> tuple[Block, ...]:
+  def blocks(self) -> tuple[Block, ...]:  # block_0 ... block_{L-1}
     return tuple(getattr(self, f'block_{i}') for i in range(self.config.num_layers))
 
   def __call__(self, inputs: Array, positions: Array, segment_ids: Array | None = None, *,
