@@ -40,15 +40,14 @@ def _span(b: dict[str, Any]) -> str:
 
 def format_table(results: dict[str, Any]) -> str:
   """Plain-text bucket table of a results dict."""
-  synth = bool(results['buckets']) and 'bayes_loss' in results['buckets'][0]
-  head = f'{"bucket":>13} {"tokens":>8} {"loss":>8} {"stderr":>8}'
-  lines = [head + (f' {"bayes":>8} {"filter":>8} {"excess":>8} {"recov":>7}' if synth else '')]
-  for b in results['buckets']:
-    line = f"{_span(b):>13} {b['tokens']:>8} {_fmt(b['loss']):>8} {_fmt(b['stderr']):>8}"
-    if synth:
-      line += (f" {_fmt(b['bayes_loss']):>8} {_fmt(b['filter_loss']):>8}"
-               f" {_fmt(b['excess_loss']):>8} {_fmt(b['recovered'], 3):>7}")
-    lines.append(line)
+  cols = [('loss', 'loss', 8, 4), ('stderr', 'stderr', 8, 4)]
+  if results['buckets'] and 'bayes_loss' in results['buckets'][0]:  # synthetic references
+    cols += [('bayes', 'bayes_loss', 8, 4), ('filter', 'filter_loss', 8, 4),
+             ('excess', 'excess_loss', 8, 4), ('recov', 'recovered', 7, 3)]
+  lines = [f'{"bucket":>13} {"tokens":>8}' + ''.join(f' {h:>{w}}' for h, _, w, _ in cols)]
+  lines += [f"{_span(b):>13} {b['tokens']:>8}" + ''.join(f' {_fmt(b[k], nd):>{w}}'
+                                                         for _, k, w, nd in cols)
+            for b in results['buckets']]
   o, d = results['overall'], results['degradation']
   docs = f", {o['documents']} documents" if 'documents' in o else ''
   lines.append(f"overall loss {_fmt(o['loss'])} +- {_fmt(o['stderr'])} nats/token "
@@ -155,37 +154,34 @@ def format_windows(summary: dict[str, Any]) -> str:
   return '\n'.join(lines)
 
 
-def _grid(corner: str, rows: list[dict], heads: list[str], cells: list[list[str]],
+def _cells(rows: list[dict[str, Any]]) -> list[str]:
+  return [_pm(r['loss'], r['stderr']) for r in rows]
+
+
+def _grid(corner: str, spans: list[dict], heads: list[str], columns: list[list[str]],
           width: int) -> list[str]:
   """Text table: bucket spans down, ``heads`` across."""
   return ([f'{corner:>13} ' + ' '.join(f'{h:>{width}}' for h in heads)]
-          + [f'{_span(b):>13} ' + ' '.join(f'{c:>{width}}' for c in row)
-             for b, row in zip(rows, cells)])
+          + [f'{_span(b):>13} ' + ' '.join(f'{c[i]:>{width}}' for c in columns)
+             for i, b in enumerate(spans)])
 
 
 def format_groups(results: dict[str, Any]) -> str:
   """Bucket loss per window group, one table per `GROUP_TABLES` entry with two groups or
-  more ('' when none has)."""
+  more (one group repeats the bucket table); '' when none has."""
   out = []
-  for table in GROUP_TABLES:
-    groups = results.get(table) or []
-    if len(groups) < 2:  # One group repeats the bucket table.
-      continue
-    heads = [f"{g['group']} ({g['windows']}w/{g['documents']}d)" for g in groups]
-    cells = [[_pm(g['buckets'][i]['loss'], g['buckets'][i]['stderr']) for g in groups]
-             for i in range(len(results['buckets']))]
-    out.append('\n'.join(_grid(table, results['buckets'], heads, cells,
-                               max([17] + [len(h) + 1 for h in heads]))))
+  for table in (t for t in GROUP_TABLES if len(results.get(t) or []) > 1):
+    heads = [f"{g['group']} ({g['windows']}w/{g['documents']}d)" for g in results[table]]
+    out.append('\n'.join(_grid(table, results['buckets'], heads, [
+        _cells(g['buckets']) for g in results[table]], max([17] + [len(h) + 1 for h in heads]))))
   return '\n\n'.join(out + [PM_NOTE + '; columns: group (windows w / documents d)']) if out else ''
 
 
 def format_offsets(probe: dict[str, Any]) -> str:
   """Loss by context-length bucket (rows) for each offset K (columns)."""
   by = probe['by_offset']
-  cells = [[_pm(r['buckets'][i]['loss'], r['buckets'][i]['stderr']) for r in by]
-           for i in range(len(by[0]['buckets']))]
-  lines = _grid('context', by[0]['buckets'], [f"K={r['offset']}" for r in by], cells, 16)
-  return '\n'.join(lines + [f"{PM_NOTE}. {probe['note']}"])
+  return '\n'.join(_grid('context', by[0]['buckets'], [f"K={r['offset']}" for r in by],
+                         [_cells(r['buckets']) for r in by], 16) + [f"{PM_NOTE}. {probe['note']}"])
 
 
 def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: str,
@@ -233,12 +229,11 @@ def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: s
 
 
 def _comparison_table(labels, results, rows, paired) -> str:
-  cells = [[_pm(row[l]['loss'], row[l]['stderr']) for l in labels]
-           + ['-' if p['buckets'][i]['diff'] is None else
-              f"{p['buckets'][i]['diff']:+.4f}+-{p['buckets'][i]['stderr']:.4f}" for p in paired]
-           for i, row in enumerate(rows)]
+  diffs = [['-' if d['diff'] is None else f"{d['diff']:+.4f}+-{d['stderr']:.4f}"
+            for d in p['buckets']] for p in paired]
   text = _grid('bucket', rows, list(labels) + [f'{p["label"]}-{p["minus"]}' for p in paired],
-               cells, max(16, max(len(l) for l in labels) + 1))
+               [_cells([row[l] for row in rows]) for l in labels] + diffs,
+               max(16, max(len(l) for l in labels) + 1))
   text.append('; '.join(f"{l}: last-best {_fmt(r['degradation']['last_minus_best'])} +- "
                         f"{_fmt(r['degradation']['last_minus_best_stderr'])}"
                         for l, r in zip(labels, results)) + ' (losses in nats per token +- stderr)')

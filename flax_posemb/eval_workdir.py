@@ -72,9 +72,11 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
       workdir, step, sharding=sharding.replicated(mesh),
       expected=None if run is None else evaluation.expected_params(_make_model(run)))
   step, note, config = info.step, checkpoint_note(info), ml_collections.ConfigDict(cfg)
-  model = _make_model(cfg)
-  out = evaluation.run_evaluation(model, params, config, step=step, offsets=offsets, mesh=mesh,
-                                  **overrides)
+  if analyze and model_lib.POSITION_TABLE_PATH[0] not in params:
+    raise ValueError(f'--analyze needs a learned position table; this run uses '
+                     f'position_embedding={config.model.position_embedding!r}.')
+  out = evaluation.run_evaluation(_make_model(cfg), params, config, step=step, offsets=offsets,
+                                  mesh=mesh, **overrides)
   out.results.update(workdir=os.path.abspath(workdir), step=step, checkpoint=info.to_json())
   out_dir = output or os.path.join(workdir, 'eval', variant_name(
       step, offsets=offsets, analyze=analyze, **overrides))
@@ -84,7 +86,9 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
                                     per_window=out.per_window)
   text = (note + '\n' if note else '') + eval_report.format_results(out.results)
   if analyze:
-    summary = _analyze(workdir, params, config, step, out, out_dir, overrides)
+    summary = _analyze(workdir, np.asarray(model_lib.position_table(params)), step,
+                       out.per_position, os.path.join(out_dir, 'analysis'),
+                       evaluation.eval_settings(config, overrides))
     files.update({f'analysis_{k}': v for k, v in summary['files'].items()})
     text += (f"\n\nposition probe R^2 {summary['probe']['r2']:.3f}; table analysis: "
              f"{summary['files']['json']}")
@@ -93,24 +97,19 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
           'table': text, 'note': note, 'checkpoint': info.to_json()}
 
 
-def _analyze(workdir, params, config, step, out, out_dir, overrides) -> dict[str, Any]:
-  """Table analysis of an evaluated run (drift from its step-0 table when one exists)."""
+def _analyze(workdir, table, step, per_position, out_dir, s) -> dict[str, Any]:
+  """`analysis.analyze_workdir`, with drift from the step-0 checkpoint's table when the run
+  saved no tables/table_0.npy."""
   from flax_posemb import analysis  # pylint: disable=g-import-not-at-top  (heavy)
-  if model_lib.POSITION_TABLE_PATH[0] not in params:
-    raise ValueError(f'--analyze needs a learned position table; this run uses '
-                     f'position_embedding={config.model.position_embedding!r}.')
-  table = np.asarray(model_lib.position_table(params))
   initial = None
   if not os.path.exists(os.path.join(workdir, 'tables', 'table_0.npy')) and step != 0:
     try:
       initial = np.asarray(model_lib.position_table(checkpointing.restore_params(workdir, 0)[0]))
     except (FileNotFoundError, checkpointing.CheckpointDamagedError) as e:
       logging.warning('No initial table for the drift analysis: %s', e)
-  s = evaluation.eval_settings(config, overrides)
-  return analysis.analyze_workdir(
-      workdir, table, os.path.join(out_dir, 'analysis'), step=step, initial=initial,
-      per_position=out.per_position, bucket_size=s['bucket_size'],
-      bucket_edges=s['bucket_edges'])
+  return analysis.analyze_workdir(workdir, table, out_dir, step=step, initial=initial,
+                                  per_position=per_position, bucket_size=s['bucket_size'],
+                                  bucket_edges=s['bucket_edges'])
 
 
 def evaluate_and_compare(workdirs: Sequence[str], *, output: str | None = None,

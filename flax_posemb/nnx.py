@@ -28,17 +28,24 @@ __all__ = ['Block', 'Dense', 'LearnedPositionEmbedding', 'RotaryEmbedding',
            'load_linen_params', 'position_table', 'to_linen_params']
 
 
-class LearnedPositionEmbedding(nnx.Module):
+class _Table(nnx.Module):
+  """Parameter ``embedding`` [rows, features] drawn from the ``params`` stream."""
+
+  def __init__(self, rows: int, features: int, *,
+               embedding_init: initializers.InitFn = initializers.gpt2(),
+               dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32, rngs: nnx.Rngs):
+    self.dtype = dtype or param_dtype
+    self.embedding = nnx.Param(embedding_init(rngs.params(), (rows, features), param_dtype))
+
+
+class LearnedPositionEmbedding(_Table):
   """Learned table ``embedding`` [num_positions, features]; out-of-range ids raise when
   ``check_positions`` (`embeddings.check_position_range`), else read clamped rows."""
 
-  def __init__(self, num_positions: int, features: int, *,
-               embedding_init: initializers.InitFn = initializers.gpt2(),
-               dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
-               check_positions: bool = True, rngs: nnx.Rngs):
-    self.dtype, self.check_positions = dtype or param_dtype, check_positions
-    self.embedding = nnx.Param(
-        embedding_init(rngs.params(), (num_positions, features), param_dtype))
+  def __init__(self, num_positions: int, features: int, *, check_positions: bool = True,
+               **kwargs):
+    super().__init__(num_positions, features, **kwargs)
+    self.check_positions = check_positions
 
   def __call__(self, positions: Array) -> Array:
     """int ``[...]`` -> ``[..., features]`` in ``dtype`` (None: ``param_dtype``)."""
@@ -46,17 +53,9 @@ class LearnedPositionEmbedding(nnx.Module):
                                        check_positions=self.check_positions, dtype=self.dtype)
 
 
-class TokenEmbedding(nnx.Module):
+class TokenEmbedding(_Table):
   """Token table ``embedding`` [num_embeddings, features] with the tied output head (ids
   past the table give NaN rows)."""
-
-  def __init__(self, num_embeddings: int, features: int, *,
-               embedding_init: initializers.InitFn = initializers.gpt2(),
-               dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
-               rngs: nnx.Rngs):
-    self.dtype = dtype or param_dtype
-    self.embedding = nnx.Param(
-        embedding_init(rngs.params(), (num_embeddings, features), param_dtype))
 
   def __call__(self, ids: Array) -> Array:
     """int ``[...]`` -> ``[..., features]`` in ``dtype``."""
