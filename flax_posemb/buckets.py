@@ -97,10 +97,6 @@ def _num(x: float) -> float | None:  # JSON: None instead of nan/inf
   return x if math.isfinite(x) else None
 
 
-def _se(var: float) -> float | None:
-  return _num(math.sqrt(max(var, 0.0)) if np.isfinite(var) else math.nan)
-
-
 def bucket_rows(per_window: dict[str, np.ndarray]) -> list[dict[str, Any]]:
   """results.json bucket rows (docs/DESIGN.md) of ``per_window``."""
   loss, cov, nn = bucket_stats(per_window)
@@ -133,6 +129,7 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
   """Last minus best bucket, and the slope of loss over the second half's buckets (weighted
   least squares, 1 / stderr^2 or equal weights), with standard errors from `bucket_stats`."""
   loss, cov, _ = bucket_stats(per_window)
+  se = lambda var: _num(math.sqrt(max(var, 0.0)) if np.isfinite(var) else math.nan)  # noqa: E731
   edges = np.asarray(per_window['edges'])
   valid = np.where(np.asarray(per_window['win_count']).sum(0) > 0)[0]
   out: dict[str, Any] = {'last_minus_best': None, 'last_minus_best_stderr': None,
@@ -142,7 +139,7 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
     return out
   last, best = int(valid[-1]), int(valid[np.argmin(loss[valid])])
   out.update(best_bucket=best, last_minus_best=float(loss[last] - loss[best]),
-             last_minus_best_stderr=_se(cov[last, last] + cov[best, best] - 2 * cov[last, best]))
+             last_minus_best_stderr=se(cov[last, last] + cov[best, best] - 2 * cov[last, best]))
   mid = (edges[:-1] + edges[1:] - 1) / 2.0
   sel = np.array([i for i in valid if mid[i] >= edges[-1] / 2.0], np.int64)
   out['slope_buckets'] = [int(i) for i in sel]
@@ -152,7 +149,7 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
   w = 1.0 / d if np.all(np.isfinite(d)) and np.all(d > 0) else np.ones_like(x)
   xw = np.sum(w * x) / np.sum(w)
   a = w * (x - xw) / np.sum(w * (x - xw) ** 2)
-  out.update(slope=float(a @ y), slope_stderr=_se(float(a @ cov[np.ix_(sel, sel)] @ a)))
+  out.update(slope=float(a @ y), slope_stderr=se(float(a @ cov[np.ix_(sel, sel)] @ a)))
   return out
 
 
@@ -228,12 +225,10 @@ class BucketAccumulator:
   def per_window(self) -> dict[str, np.ndarray]:
     """The contents of windows.npz (docs/DESIGN.md)."""
     nb = len(self.edges) - 1
-    if not self._parts:
-      return {'window_id': np.zeros(0, np.uint64), 'win_sum': np.zeros((0, nb)),
-              'win_count': np.zeros((0, nb)), 'edges': self.edges.copy()}
-    keys = set.intersection(*(set(p) for p in self._parts))
-    out = {k: np.concatenate([p[k] for p in self._parts]) for k in sorted(keys)}
-    return dict(out, edges=self.edges.copy())
+    parts = self._parts or [{'window_id': np.zeros(0, np.uint64), 'win_sum': np.zeros((0, nb)),
+                             'win_count': np.zeros((0, nb))}]
+    keys = sorted(set.intersection(*(set(p) for p in parts)))
+    return dict({k: np.concatenate([p[k] for p in parts]) for k in keys}, edges=self.edges.copy())
 
   def buckets(self, reference: dict[str, np.ndarray] | None = None) -> list[dict[str, Any]]:
     """`bucket_rows`; with ``reference`` ([>= L] 'bayes_loss', 'filter_loss'), their

@@ -186,13 +186,9 @@ def format_offsets(probe: dict[str, Any]) -> str:
 
 def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: str,
             per_window: Sequence[dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
-  """Comparison of runs evaluated with the same buckets: each run's bucket losses and, with
-  ``per_window`` (each run's windows.npz), every run minus the first paired over their
-  windows (`buckets.paired_difference`).
-
-  Returns:
-    {'files': {'json', 'csv', 'plot'}, 'table': text, 'paired': [{'label', 'minus', 'buckets'}]}.
-  """
+  """Each run's bucket losses and, with ``per_window`` (windows.npz), each run minus the first
+  paired over their windows: {'files': {'json', 'csv', 'plot'}, 'table', 'paired': [{'label',
+  'minus', 'buckets'}]}. Runs must share their buckets."""
   spans = [[(b['start'], b['end']) for b in r['buckets']] for r in results]
   for label, s in zip(labels[1:], spans[1:]):
     if s != spans[0]:

@@ -114,10 +114,9 @@ def _analyze(workdir, table, step, per_position, out_dir, s) -> dict[str, Any]:
 
 def evaluate_and_compare(workdirs: Sequence[str], *, output: str | None = None,
                          **kwargs) -> tuple[list[tuple[str, dict[str, Any]]], dict | None]:
-  """`evaluate_workdir` of each run; for several, their comparison (`eval_report.compare`
-  plus out_dir) in ``output`` (each run's outputs in ``output/LABEL``; default
-  ``compare_<A>_vs_<B>[_<variant>]`` beside the first run). Returns ``([(label, run), ...],
-  comparison or None)``."""
+  """``([(label, evaluate_workdir(run)), ...], comparison)``: for several runs `eval_report.compare`
+  plus out_dir (``output``, each run in ``output/LABEL``; default ``compare_<A>_vs_<B>[_<variant>]``
+  beside the first run), else None."""
   labels = [os.path.basename(os.path.normpath(w)) for w in workdirs]
   if len(set(labels)) < len(labels):
     labels = [os.path.normpath(w).replace(os.sep, '_') for w in workdirs]

@@ -80,13 +80,10 @@ def _make_eval_step(apply_fn: Callable, edges: tuple[int, ...], mesh: jax.shardi
 def accumulate(apply_fn: Callable, params, batches: Iterable[dict[str, np.ndarray]],
                edges: np.ndarray, *, offsets: Sequence[int] = (0,),
                mesh: jax.sharding.Mesh | None = None) -> list[buckets_lib.BucketAccumulator]:
-  """One `BucketAccumulator` per position-id shift K in ``offsets``, of ``batches`` (the same
-  global [B, T] batches on every process, optionally with the [B] `PROVENANCE_KEYS`) scored
-  once per K over the bucket ``edges`` [nb + 1] on ``mesh`` (default: all devices).
-
+  """One `BucketAccumulator` per shift K in ``offsets`` of ``batches`` (the same global [B, T]
+  batches on every process, optionally with [B] `PROVENANCE_KEYS`) over bucket ``edges``.
   Position ids must lie in [0, edges[-1]) (`sharding.global_batch` checks them) and
-  edges[-1] + max(offsets) within the position table (`eval_settings` checks that).
-  """
+  edges[-1] + max(offsets) within the position table (`eval_settings` checks that)."""
   mesh = mesh or sharding.make_mesh()
   step = make_eval_step(apply_fn, edges, mesh)
   params = jax.device_put(params, sharding.replicated(mesh))
@@ -114,8 +111,8 @@ def summarize(acc: buckets_lib.BucketAccumulator, *, step: int | None = None,
   """results.json dict and per-position vectors of one accumulator."""
   per_position = acc.per_position()
   if reference is not None:
-    n = len(per_position['position'])
-    reference = {k: np.asarray(reference[k], np.float64)[:n] for k in ('bayes_loss', 'filter_loss')}
+    reference = {k: np.asarray(reference[k], np.float64)[:len(acc.count)]
+                 for k in ('bayes_loss', 'filter_loss')}
     per_position.update(reference)
   per_window = acc.per_window()
   results = {'step': step, 'buckets': acc.buckets(reference),
@@ -192,30 +189,17 @@ def expected_params(model) -> Any:
   return jax.eval_shape(lambda: model.init(jax.random.key(0), x, x))['params']
 
 
-def check_compatible(model, params) -> None:
-  """`trees.TreeMismatchError` (a ValueError) naming the first path where ``params`` do not
-  fit ``model``."""
-  cfg = model.config
-  trees.check_same_tree(
+def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: int | None = None,
+                   offsets: Sequence[int] | None = None, mesh=None, **overrides) -> EvalOutput:
+  """Loss by position bucket of ``model`` (a `TransformerLM` of ``config.model``) on held-out
+  windows, recording ``step``. ``offsets``: the offset probe's shifts K (the same windows cut
+  to their first window_len - max(offsets) tokens, scored per K with position ids + K);
+  ``overrides``: `eval_settings` keys (None = config value)."""
+  s, cfg = eval_settings(config, dict(overrides, offsets=offsets)), model.config
+  trees.check_same_tree(  # a TreeMismatchError (ValueError) naming the first differing path
       'params', params, expected_params(model), 'checkpoint parameters do not match the model '
       f'config (max_len={cfg.max_len}, emb_dim={cfg.emb_dim}, num_layers={cfg.num_layers}, '
       f'vocab_size={cfg.vocab_size})', 'Fix: evaluate with the config saved in the checkpoint.')
-
-
-def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: int | None = None,
-                   offsets: Sequence[int] | None = None, mesh=None, **overrides) -> EvalOutput:
-  """Loss by position bucket of ``model`` (of ``config.model``) on held-out windows.
-
-  Args:
-    model, params, config: a `TransformerLM`, its parameters, the full run config.
-    step: training step recorded in the results.
-    offsets: the offset probe's shifts K: the same windows cut to their first
-      window_len - max(offsets) tokens, scored once per K with position ids + K.
-    mesh: device mesh with a 'data' axis (default: all devices).
-    **overrides: `eval_settings` keys (None = config value).
-  """
-  s = eval_settings(config, dict(overrides, offsets=offsets))
-  check_compatible(model, params)
   fn, offsets = model_apply_fn(model), s['offsets']
   full_edges = buckets_lib.make_edges(s['window_len'], s['bucket_size'], s['bucket_edges'])
   windows = make_batches(config, s)  # The same windows for both passes.

@@ -35,12 +35,9 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def param_sharding(shape: tuple[int, ...], mesh: Mesh, fsdp: bool) -> NamedSharding:
   """Replicated, or under fsdp split along the largest axis divisible by the device count."""
   n = mesh.shape['data']
-  if fsdp and n > 1 and len(shape) >= 2 and int(np.prod(shape)) >= FSDP_MIN_SIZE:
-    for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
-      if shape[axis] % n == 0:
-        spec = [None] * len(shape)
-        spec[axis] = 'data'
-        return NamedSharding(mesh, P(*spec))
+  axes = [a for a in sorted(range(len(shape)), key=lambda a: -shape[a]) if shape[a] % n == 0]
+  if fsdp and n > 1 and len(shape) >= 2 and int(np.prod(shape)) >= FSDP_MIN_SIZE and axes:
+    return NamedSharding(mesh, P(*('data' if a == axes[0] else None for a in range(len(shape)))))
   return replicated(mesh)
 
 
