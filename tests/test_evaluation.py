@@ -421,3 +421,14 @@ def test_window_groups_split_the_bucket_table_by_kind_start_depth_and_distance_t
   assert near['buckets'][1]['loss'] == pytest.approx(5.0) and near['documents'] == 2
   bible = next(g for g in tables['by_kind'] if g['group'] == 'bible')
   assert bible['buckets'][0]['loss'] == pytest.approx(np.mean([2, 4, 8, 10]))
+
+
+def test_the_evaluation_library_imports_no_runner_module():
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ('import sys, flax_posemb.evaluation; print(sorted(m for m in sys.modules if m in '
+          '{"flax_posemb.eval_workdir", "flax_posemb.eval_report", "flax_posemb.checkpointing", '
+          '"flax_posemb.workdir", "matplotlib"}))')
+  proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                        env=dict(os.environ, JAX_PLATFORMS='cpu'), timeout=120)
+  assert proc.returncode == 0 and proc.stdout.strip() == '[]', proc.stdout + proc.stderr[-2000:]
