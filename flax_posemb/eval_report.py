@@ -107,35 +107,29 @@ def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], 
   at once when all are written (`outputs.replace_files`); returns their paths by kind
   ('json', 'npz', 'windows', 'csv', 'plot'[, 'groups_csv'][, 'offsets_csv', 'offsets_plot'])."""
   os.makedirs(out_dir, exist_ok=True)
+  files, probe = {}, results.get('offset_probe')
   with outputs.replace_files(out_dir, OUTPUT_FILES) as stage:
-    files = _write_files(results, per_position, stage, title, per_window)
+    path = lambda name: os.path.join(stage, name)  # noqa: E731
+    for key, name, arrays in (('npz', 'per_position.npz', per_position),
+                              ('windows', 'windows.npz', per_window)):
+      if arrays is not None:
+        with outputs.atomic_write(path(name)) as f:
+          np.savez(f, **arrays)
+        files[key] = path(name)
+    files['csv'] = _bucket_csv(path('buckets.csv'), (), [((), results['buckets'])])
+    if results.get('by_depth') is not None:
+      files['groups_csv'] = _bucket_csv(path('groups.csv'), ('table', 'group'), [
+          ((t, g['group']), g['buckets']) for t in GROUP_TABLES for g in results[t]])
+    files['plot'] = plots.loss_by_position(per_position, results, path('loss_by_position.png'),
+                                           title)
+    if probe:
+      files['offsets_csv'] = _bucket_csv(path('offsets.csv'), ('offset',), [
+          ((r['offset'],), r['buckets']) for r in probe['by_offset']])
+      files['offsets_plot'] = plots.offset_probe(probe, path('offsets.png'))
+    files['json'] = path('results.json')  # last: its presence means the directory is complete
+    with outputs.atomic_write(files['json'], 'w') as f:
+      json.dump(json_safe(results), f, indent=1)
   return {k: os.path.join(out_dir, os.path.basename(v)) for k, v in files.items()}
-
-
-def _write_files(results, per_position, out_dir, title, per_window) -> dict[str, str]:
-  path = lambda name: os.path.join(out_dir, name)  # noqa: E731
-  files = {}
-  for key, name, arrays in (('npz', 'per_position.npz', per_position),
-                            ('windows', 'windows.npz', per_window)):
-    if arrays is not None:
-      with outputs.atomic_write(path(name)) as f:
-        np.savez(f, **arrays)
-      files[key] = path(name)
-  files['csv'] = _bucket_csv(path('buckets.csv'), (), [((), results['buckets'])])
-  if results.get('by_depth') is not None:
-    files['groups_csv'] = _bucket_csv(path('groups.csv'), ('table', 'group'), [
-        ((t, g['group']), g['buckets']) for t in GROUP_TABLES for g in results[t]])
-  files['plot'] = plots.loss_by_position(per_position, results, path('loss_by_position.png'), title)
-  probe = results.get('offset_probe')
-  if probe:
-    files['offsets_csv'] = _bucket_csv(path('offsets.csv'), ('offset',), [
-        ((r['offset'],), r['buckets']) for r in probe['by_offset']])
-    files['offsets_plot'] = plots.offset_probe(probe, path('offsets.png'))
-  # Last, and atomically: a results.json on disk means the directory is complete.
-  files['json'] = path('results.json')
-  with outputs.atomic_write(files['json'], 'w') as f:
-    json.dump(json_safe(results), f, indent=1)
-  return files
 
 
 def format_windows(summary: dict[str, Any]) -> str:
