@@ -132,9 +132,8 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
   se = lambda var: _num(math.sqrt(max(var, 0.0)) if np.isfinite(var) else math.nan)  # noqa: E731
   edges = np.asarray(per_window['edges'])
   valid = np.where(np.asarray(per_window['win_count']).sum(0) > 0)[0]
-  out: dict[str, Any] = {'last_minus_best': None, 'last_minus_best_stderr': None,
-                         'best_bucket': None, 'slope': None, 'slope_stderr': None,
-                         'slope_buckets': []}
+  keys = ('last_minus_best', 'last_minus_best_stderr', 'best_bucket', 'slope', 'slope_stderr')
+  out: dict[str, Any] = dict(dict.fromkeys(keys), slope_buckets=[])
   if len(valid) == 0:
     return out
   last, best = int(valid[-1]), int(valid[np.argmin(loss[valid])])

@@ -206,12 +206,10 @@ def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: s
     json.dump(json_safe(summary), f, indent=1)
   head = ['start', 'end'] + [f'{l}_{k}' for l in labels for k in ('loss', 'stderr')]
   head += [f'{p["label"]}_minus_{p["minus"]}_{k}' for p in paired for k in ('diff', 'stderr')]
-  lines = [','.join(head)]
-  for i, row in enumerate(rows):
-    vals = [row['start'], row['end']] + [row[l][k] for l in labels for k in ('loss', 'stderr')]
-    vals += [p['buckets'][i][k] for p in paired for k in ('diff', 'stderr')]
-    lines.append(','.join('' if v is None else str(v) for v in vals))
-  _write_lines(files['csv'], lines)
+  _write_lines(files['csv'], [','.join(head)] + [','.join('' if v is None else str(v) for v in (
+      [row['start'], row['end']] + [row[l][k] for l in labels for k in ('loss', 'stderr')]
+      + [p['buckets'][i][k] for p in paired for k in ('diff', 'stderr')]))
+      for i, row in enumerate(rows)])
   files['plot'] = plots.comparison(labels, results, os.path.join(out_dir, 'comparison.png'),
                                    paired=paired)
   return {'files': files, 'table': _comparison_table(labels, results, rows, paired),
