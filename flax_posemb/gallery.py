@@ -53,7 +53,7 @@ FIGURES = (
 
 def main(argv):
   del argv
-  from flax_posemb import evaluation, plots, training  # pylint: disable=g-import-not-at-top
+  from flax_posemb import eval_workdir, plots, training  # pylint: disable=g-import-not-at-top
   from flax_posemb.data import report  # pylint: disable=g-import-not-at-top
   runs = {}
   for policy in ('natural', 'packed_reset'):
@@ -62,9 +62,9 @@ def main(argv):
     c.eval_every_steps, c.allow_config_change = 0, True
     runs[policy] = os.path.join(FLAGS.workdir, policy)
     training.train_and_evaluate(c, runs[policy])
-  _, comp = evaluation.evaluate_and_compare(list(runs.values()))
-  probe = evaluation.evaluate_workdir(runs['natural'], offsets=[0, 16], analyze=True)
-  log2 = evaluation.evaluate_workdir(runs['natural'], bucket_edges='log2')
+  _, comp = eval_workdir.evaluate_and_compare(list(runs.values()))
+  probe = eval_workdir.evaluate_workdir(runs['natural'], offsets=[0, 16], analyze=True)
+  log2 = eval_workdir.evaluate_workdir(runs['natural'], bucket_edges='log2')
   os.makedirs(FLAGS.out, exist_ok=True)
   sources = {
       'loss_by_position.png': probe['files']['plot'],

@@ -127,15 +127,16 @@ def _mutated(params, path, value=None, delete=False):
 
 @pytest.mark.parametrize('change,match', [
     (lambda p: _mutated(p, ('pos_embed', 'embedding'), jnp.zeros((T + 1, D))),
-     r'params/pos_embed/embedding: shape \[13, 16\] does not match .*\[12, 16\]'),
+     r'params/pos_embed/embedding has shape \(13, 16\) in the linen params but \(12, 16\)'),
     (lambda p: _mutated(p, ('block_1', 'qkv', 'kernel'), jnp.zeros((D, 3 * D))),
-     r'params/block_1/qkv/kernel: shape'),
-    (lambda p: _mutated(p, ('block_0', 'ln_2'), delete=True), r'params/block_0/ln_2/\w+: missing'),
+     r'params/block_1/qkv/kernel has shape'),
+    (lambda p: _mutated(p, ('block_0', 'ln_2'), delete=True),
+     r'params/block_0/ln_2/\w+ has shape absent in the linen params'),
     (lambda p: _mutated(p, ('block_2',), {'ln_1': {'scale': jnp.ones(D)}}),
-     r'params/block_2/ln_1/scale: unexpected'),
-    (lambda p: _mutated(p, ('ln_f',), jnp.ones(D)), r'params/ln_f: expected a subtree'),
+     r'params/block_2/ln_1/scale has shape \(16,\) in the linen params but absent'),
+    (lambda p: _mutated(p, ('ln_f',), jnp.ones(D)), r'params/ln_f has shape \(16,\) in'),
     (lambda p: _mutated(p, ('token_embed', 'embedding'), {'w': jnp.ones((V, D))}),
-     r'params/token_embed/embedding: expected an array'),
+     r'params/token_embed/embedding has shape absent'),
 ])
 def test_load_linen_params_names_the_mismatched_path_and_writes_nothing(change, match):
   cfg = ModelConfig(**SMALL)
