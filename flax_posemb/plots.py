@@ -76,18 +76,10 @@ def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any
 
 def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[str, Any],
                             title: str = ''):
-  """Loss by position bucket with 95% intervals (a thin line per document kind when the
-  windows mix several); on the synthetic corpus the Bayes and filter bounds and, below, the
-  share of the position value each bucket's rows recover.
-
-  Args:
-    per_position: {'position' [L], 'loss' [L]}.
-    results: results.json dict ('buckets', 'step', optional 'by_kind').
-    title: figure title (default names the step).
-
-  Returns:
-    The matplotlib figure (TensorBoard takes it as an image).
-  """
+  """The figure (TensorBoard takes it as an image) of loss by position bucket with 95%
+  intervals from ``results`` (results.json), a thin line per document kind when the windows
+  mix several, and ``per_position`` ({'position', 'loss'}: [L]) off the synthetic corpus;
+  there the Bayes and filter bounds and, below, the share of the position value recovered."""
   b = _bucket_arrays(results['buckets'])
   synth = 'recovered' in b
   log = _log_buckets(b)
@@ -125,17 +117,17 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
   return fig
 
 
-def _paired_panel(ax, paired: Sequence[tuple[str, Sequence[dict[str, Any]]]], log: bool,
-                  ylabel: str) -> None:
-  """Paired differences per bucket with their 95% t intervals (rows of
-  ``buckets.paired_difference``), one series per (label, rows)."""
-  for j, (label, rows) in enumerate(paired):
-    rows = [r for r in rows if r['diff'] is not None]
-    if rows:
-      b = _bucket_arrays(rows, 'diff')
-      ax.errorbar(_bucket_x(b, log), b['diff'], yerr=b['half'], fmt='o-', capsize=3,
-                  color=f'C{j + 1}', label=label)
-  ax.axhline(0.0, color='k', lw=0.8)
+def _series(ax, series: Sequence[tuple[str, Sequence[dict[str, Any]]]], log: bool,
+            ylabel: str, value: str = 'loss', first_color: int = 0) -> None:
+  """Bucket rows' ``value`` with their 95% t intervals, one series per (label, rows); for
+  ``'diff'`` (rows of ``buckets.paired_difference``) with the zero line."""
+  for j, (label, rows) in enumerate(series):
+    if rows := [r for r in rows if r[value] is not None]:
+      b = _bucket_arrays(rows, value)
+      ax.errorbar(_bucket_x(b, log), b[value], yerr=b['half'], fmt='o-', capsize=3,
+                  color=f'C{j + first_color}', label=label)
+  if value == 'diff':
+    ax.axhline(0.0, color='k', lw=0.8)
   ax.set_ylabel(ylabel)
   ax.legend(fontsize=8)
 
@@ -149,24 +141,20 @@ def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]], path: P
   log = _log_buckets(arrays[0])
   n = 1 + int(synth) + int(bool(paired))
   fig, axes = plt.subplots(n, 1, figsize=(8, 2.2 + 2.2 * n), sharex=True, squeeze=False)
-  for i, (label, a) in enumerate(zip(labels, arrays)):
-    x = _bucket_x(a, log)
-    axes[0, 0].errorbar(x, a['loss'], yerr=a['half'], fmt='o-', capsize=3, color=f'C{i}',
-                        label=label)
-    if synth:
-      axes[1, 0].errorbar(x, a['loss'] - a['bayes_loss'], yerr=a['half'], fmt='o-',
-                          capsize=3, color=f'C{i}')
   if synth:
     axes[0, 0].plot(_bucket_x(arrays[0], log), arrays[0]['bayes_loss'], 'k-', lw=1,
                     label='Bayes')
+    for i, a in enumerate(arrays):
+      axes[1, 0].errorbar(_bucket_x(a, log), a['loss'] - a['bayes_loss'], yerr=a['half'],
+                          fmt='o-', capsize=3, color=f'C{i}')
     axes[1, 0].axhline(0.0, color='k', lw=0.8)
     axes[1, 0].set_ylabel('excess loss over Bayes')
-  if paired:
-    _paired_panel(axes[-1, 0], [(f"{p['label']} - {p['minus']}", p['buckets']) for p in paired],
-                  log, 'paired difference (nats)')
-  axes[0, 0].set_ylabel('loss (nats / token)')
-  axes[0, 0].legend(fontsize=8)
+  _series(axes[0, 0], [(l, r['buckets']) for l, r in zip(labels, results)], log,
+          'loss (nats / token)')
   axes[0, 0].set_title('loss by position bucket')
+  if paired:
+    _series(axes[-1, 0], [(f"{p['label']} - {p['minus']}", p['buckets']) for p in paired],
+            log, 'paired difference (nats)', 'diff', 1)
   _bucket_xaxis(axes[-1, 0], log, 'position + 1 (log scale)' if log
                 else 'position (bucket midpoint)')
   return _save(fig, path)
@@ -178,19 +166,14 @@ def offset_probe(probe: dict[str, Any], path: Path) -> str:
   paired = probe.get('paired_vs_first') or []
   fig, axes = plt.subplots(2 if paired else 1, 1, figsize=(8, 7 if paired else 4.2),
                            sharex=True, squeeze=False)
-  ax = axes[0, 0]
   log = _log_buckets(_bucket_arrays(probe['by_offset'][0]['buckets']))
-  for i, r in enumerate(probe['by_offset']):
-    a = _bucket_arrays(r['buckets'])
-    ax.errorbar(_bucket_x(a, log), a['loss'], yerr=a['half'], fmt='o-', capsize=3,
-                color=f'C{i}', label=f"K = {r['offset']}")
-  ax.set_ylabel('loss (nats / token)')
-  ax.set_title('offset probe: same texts, rows p + K')
-  ax.legend(fontsize=8)
+  _series(axes[0, 0], [(f"K = {r['offset']}", r['buckets']) for r in probe['by_offset']],
+          log, 'loss (nats / token)')
+  axes[0, 0].set_title('offset probe: same texts, rows p + K')
   if paired:
-    _paired_panel(axes[1, 0], [(f"K = {p['offset']} - K = {p['minus_offset']} (95% CI)",
-                                p['buckets']) for p in paired], log,
-                  'paired difference\nK - K0 (nats / token)')
+    _series(axes[1, 0], [(f"K = {p['offset']} - K = {p['minus_offset']} (95% CI)",
+                          p['buckets']) for p in paired], log,
+            'paired difference\nK - K0 (nats / token)', 'diff', 1)
   _bucket_xaxis(axes[-1, 0], log, 'context length' + (' (log scale)' if log else ' - 1') +
                 ' (position ids shifted by K)')
   return _save(fig, path)
@@ -219,19 +202,9 @@ def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.nd
                    probe_edges: np.ndarray, probe_error: np.ndarray, path: Path,
                    snapshot_drift: np.ndarray | None = None,
                    snapshot_steps: Sequence[int] = (), probe_r2: float | None = None) -> str:
-  """Four panels: row norm, drift from init, PCA, position-probe error.
-
-  Args:
-    norms: [L] L2 norm of each row.
-    drift: [L] ||row - initial row|| or None.
-    pca_ratio: [k] explained-variance ratio of each principal component.
-    probe_edges: [nb + 1] bucket edges for ``probe_error``.
-    probe_error: [nb] mean absolute error of the held-out linear position probe per bucket.
-    path: output PNG.
-    snapshot_drift: optional [S, L] drift of the saved snapshots.
-    snapshot_steps: [S] their steps.
-    probe_r2: held-out R^2 of the probe (low: position is barely linearly decodable).
-  """
+  """Row norms [L], drift from init ([L] or per snapshot [S, L] at ``snapshot_steps``),
+  PCA explained-variance ratios [k], and the held-out linear position probe's error [nb]
+  per bucket of ``probe_edges`` [nb + 1] with its R^2."""
   fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
   pos = np.arange(len(norms))
   axes[0, 0].plot(pos, norms)

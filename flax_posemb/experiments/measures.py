@@ -16,15 +16,13 @@ import scipy.stats
 
 from flax_posemb import analysis, outputs, stats
 
-VECTORS = ('bucket_loss', 'bucket_excess', 'bucket_recovered', 'bucket_exposure',
-           'bucket_row_grad', 'bucket_occ_signal', 'bucket_downstream_signal',
-           'bucket_update_rss', 'bucket_drift', 'bucket_train_loss', 'bucket_row_norm')
 # Bucket vector -> the per-position vector it averages (``position_vectors``).
 _SOURCES = {'bucket_exposure': 'exposure', 'bucket_row_grad': 'row_grad',
             'bucket_occ_signal': 'signal_per_occurrence',
             'bucket_downstream_signal': 'signal_per_downstream',
             'bucket_update_rss': 'update_rss', 'bucket_drift': 'drift',
             'bucket_train_loss': 'mean_loss', 'bucket_row_norm': 'row_norm'}
+VECTORS = ('bucket_loss', 'bucket_excess', 'bucket_recovered', *_SOURCES)
 # name -> bucket vector whose last / first bucket it is.
 _LATE_OVER_EARLY = {'exposure': 'bucket_exposure', 'row_grad': 'bucket_row_grad',
                     'occ_signal': 'bucket_occ_signal',
@@ -85,9 +83,8 @@ def bucket_means(values: np.ndarray, edges: list[tuple[int, int]]) -> np.ndarray
   """``[len(edges)]``: mean of the finite ``values[start:end]`` (NaN if none)."""
   out = []
   for start, end in edges:
-    v = np.asarray(values[start:end], dtype=np.float64)
-    v = v[np.isfinite(v)]
-    out.append(float(v.mean()) if v.size else float('nan'))
+    v = np.asarray(values[start:end], np.float64)
+    out.append(float(v[np.isfinite(v)].mean()) if np.isfinite(v).any() else float('nan'))
   return np.array(out)
 
 
@@ -143,20 +140,10 @@ def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
                  train_seconds: float = float('nan'),
                  per_position: Mapping[str, np.ndarray] | None = None,
                  rare_exposure: float = 100.0) -> dict[str, Any]:
-  """All measures of one finished run.
-
-  Args:
-    run_dir: the run's workdir.
-    eval_results: the final evaluation's results dict.
-    num_steps: optimizer steps of the run.
-    train_seconds: wall-clock seconds of training.
-    per_position: the evaluation's ``loss`` and ``bayes_loss`` (``[L]`` each), for the
-      rare-row measures.
-    rare_exposure: rows with fewer cumulative training tokens than this are "rare".
-
-  Returns:
-    ``{'scalars': {name: float}, 'vectors': {name: [per bucket]}, 'buckets': [[start, end]]}``.
-  """
+  """``{'scalars': {name: float}, 'vectors': {name: [per bucket]}, 'buckets': [[start,
+  end]]}`` of a finished run, from its files, its final evaluation (results dict and
+  per-position ``loss``, ``bayes_loss`` ``[L]``) and training seconds; rows seen fewer than
+  ``rare_exposure`` times are "rare"."""
   buckets = eval_results['buckets']
   edges = [(int(b['start']), int(b['end'])) for b in buckets]
   get = lambda key: np.array([float(b.get(key, float('nan'))) for b in buckets])

@@ -7,11 +7,10 @@ paired per-seed differences, the fixed verdict rule and Holm-Bonferroni (docs/DE
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import ml_collections
 import numpy as np
@@ -45,51 +44,24 @@ def fmt_interval(iv: Mapping[str, Any], nd: int = 4) -> str:
   return f"{fmt(iv['mean'], nd)} [{fmt(iv['low'], nd)}, {fmt(iv['high'], nd)}]"
 
 
-@dataclasses.dataclass(frozen=True)
-class RunTable:
-  """The runs' measures over (arm, seed): ``done`` ``[A, S]``, ``scalars`` measure ->
-  ``[A, S]``, ``vectors`` measure -> ``[A, S, B]`` (NaN where unfinished or unmeasured)."""
-  arms: tuple[str, ...]
-  seeds: tuple[int, ...]
-  done: np.ndarray
-  scalars: dict[str, np.ndarray]
-  vectors: dict[str, np.ndarray]
+def _by_arm(runs: list[Mapping[str, Any]]) -> dict[str, dict[int, Mapping[str, Any]]]:
+  """arm (grid order, unfinished arms included) -> {seed: measures}, seeds ascending."""
+  out = {r['arm']: {} for r in runs}
+  for r in sorted((r for r in runs if r['done']), key=lambda r: int(r['seed'])):
+    out[r['arm']][int(r['seed'])] = r['measures']
+  return out
 
-  @classmethod
-  def from_runs(cls, runs: list[Mapping[str, Any]]) -> RunTable:
-    """From ``sweep.run_sweep``'s ``runs`` (unfinished rows only name their arm)."""
-    arms = tuple(dict.fromkeys(r['arm'] for r in runs))
-    rows = [r for r in runs if r['done']]
-    seeds = tuple(sorted({int(r['seed']) for r in rows}))
-    num_buckets = len(rows[0]['measures']['buckets']) if rows else 0
-    shape = (len(arms), len(seeds))
-    names = lambda kind: sorted({k for r in rows for k in r['measures'][kind]})
-    table = cls(arms, seeds, np.zeros(shape, bool),
-                {k: np.full(shape, np.nan) for k in names('scalars')},
-                {k: np.full(shape + (num_buckets,), np.nan) for k in names('vectors')})
-    for r in rows:
-      at = (arms.index(r['arm']), seeds.index(int(r['seed'])))
-      table.done[at] = True
-      for k, v in r['measures']['scalars'].items():
-        table.scalars[k][at] = np.nan if v is None else v
-      for k, v in r['measures']['vectors'].items():
-        table.vectors[k][at] = np.array(v, np.float64)
-    return table
 
-  def finished_seeds(self, arm: str) -> list[int]:
-    return [s for s, d in zip(self.seeds, self.done[self.arms.index(arm)]) if d]
+def _values(runs: Mapping[int, Mapping[str, Any]], metric: str) -> dict[int, float]:
+  """seed -> scalar ``metric`` (NaN where not measured)."""
+  v = {s: m['scalars'].get(metric) for s, m in runs.items()}
+  return {s: np.nan if x is None else float(x) for s, x in v.items()}
 
-  def values(self, arm: str, metric: str) -> dict[int, float]:
-    """seed -> scalar ``metric`` of ``arm`` over its finished seeds."""
-    row = self.arms.index(arm)
-    col = self.scalars.get(metric, np.full(self.done.shape, np.nan))[row]
-    return {s: float(col[j]) for j, s in enumerate(self.seeds) if self.done[row, j]}
 
-  def vector_differences(self, metric: str, arm: str, baseline: str) -> np.ndarray:
-    """``[n, B]`` per-seed ``arm - baseline`` of vector ``metric`` over their shared seeds."""
-    a, b = self.arms.index(arm), self.arms.index(baseline)
-    shared = self.done[a] & self.done[b]
-    return self.vectors[metric][a, shared] - self.vectors[metric][b, shared]
+def _vectors(runs: Mapping[int, Mapping[str, Any]], metric: str, seeds) -> np.ndarray:
+  """``[len(seeds), B]`` vector ``metric`` of those seeds (NaN where not measured)."""
+  return np.array([runs[s]['vectors'].get(metric, [np.nan] * len(runs[s]['buckets']))
+                   for s in seeds], np.float64).reshape(len(seeds), -1)
 
 
 def _intervals(x: np.ndarray) -> list[dict[str, Any]]:
@@ -105,79 +77,81 @@ def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
 def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
   """The JSON-ready summary of a sweep (``sweep.run_sweep`` output): per-arm intervals,
   claims with Holm, profiles, analyses, budget and stated settings."""
-  table = RunTable.from_runs(sweep_out['runs'])
+  by_arm = _by_arm(sweep_out['runs'])
   rows = [r for r in sweep_out['runs'] if r['done']]
-  claims = paired.with_holm(_claims(exp, table))
+  claims = paired.with_holm(_claims(exp, by_arm))
   tested = [c for c in claims if c['verdict'] != paired.NOT_MEASURED]
   analyses = {}
   if 'cosine_convergence' in exp.analyses:
     analyses['cosine_convergence'] = _convergence(exp, sweep_out)
-  if windows := _window_groups(rows, table.arms):
+  if windows := _window_groups(rows, by_arm):
     analyses['windows'] = windows
   return {
       'experiment': exp.name, 'title': exp.title, 'question': exp.question,
       'complete': sweep_out['complete'], 'quick': bool(sweep_out.get('quick')),
       'buckets': rows[0]['measures']['buckets'] if rows else [],
       'settings': scales.stated_settings(rows[0]['config']) if rows else {},
-      'budget': sweep_out['budget'], 'arms': _arms(table, rows), 'claims': claims,
+      'budget': sweep_out['budget'], 'arms': _arms(by_arm, rows), 'claims': claims,
       'multiplicity': {'method': 'holm', 'claims_tested': len(tested), 'alpha': 0.05,
                        'verdicts_changed': sum(c['verdict_holm'] != c['verdict']
                                                for c in tested)},
-      'profiles': _profiles(exp, table), 'analyses': analyses,
+      'profiles': _profiles(exp, by_arm), 'analyses': analyses,
       'runs': [{'arm': r['arm'], 'seed': r['seed'], 'key': r['key'], 'done': r['done'],
                 'overrides': dict(next(a for a in exp.arms if a.name == r['arm']).overrides)}
                for r in sweep_out['runs']],
   }
 
 
-def _arms(table: RunTable, rows: list[Mapping[str, Any]]) -> dict[str, Any]:
+def _arms(by_arm: Mapping[str, Mapping[int, Any]], rows: list[Mapping[str, Any]]
+          ) -> dict[str, Any]:
   """arm -> {seeds, scalars: {name: interval}, vectors: {name: [interval per bucket]},
   corpus, tokenizer} (the last four only with a finished run)."""
   settings = {r['arm']: scales.stated_settings(r['config']) for r in rows}
+  names = lambda kind: sorted({k for r in rows for k in r['measures'][kind]})
   out = {}
-  for i, a in enumerate(table.arms):
-    finished = table.done[i]
-    out[a] = {'seeds': table.finished_seeds(a), 'scalars': {}, 'vectors': {}}
-    if finished.any():
-      out[a]['scalars'] = {k: paired.t_interval(v[i, finished]).as_dict()
-                           for k, v in table.scalars.items()}
-      out[a]['vectors'] = {k: _intervals(v[i, finished]) for k, v in table.vectors.items()}
+  for a, runs in by_arm.items():
+    out[a] = {'seeds': list(runs), 'scalars': {}, 'vectors': {}}
+    if runs:
+      out[a]['scalars'] = {k: paired.t_interval(list(_values(runs, k).values())).as_dict()
+                           for k in names('scalars')}
+      out[a]['vectors'] = {k: _intervals(_vectors(runs, k, list(runs)))
+                           for k in names('vectors')}
       out[a].update(corpus=settings[a]['corpus'], tokenizer=settings[a]['tokenizer'])
   return out
 
 
-def _claims(exp: ml_collections.ConfigDict, table: RunTable) -> list[dict[str, Any]]:
+def _claims(exp: ml_collections.ConfigDict, by_arm: Mapping[str, Any]) -> list[dict[str, Any]]:
   claims = []
   for c in exp.claims:
-    if c.arm not in table.arms or (c.baseline and c.baseline not in table.arms):
+    if c.arm not in by_arm or (c.baseline and c.baseline not in by_arm):
       continue
-    av = table.values(c.arm, c.metric)
-    bv = table.values(c.baseline, c.metric) if c.baseline else {s: 0.0 for s in av}
+    av = _values(by_arm[c.arm], c.metric)
+    bv = _values(by_arm[c.baseline], c.metric) if c.baseline else {s: 0.0 for s in av}
     claims.append({'id': c.id, 'text': c.text, 'metric': c.metric, 'arm': c.arm,
                    'baseline': c.baseline, 'direction': c.direction, 'margin': c.margin,
                    **paired.judge(av, bv, c.direction, c.margin)})
   return claims
 
 
-def _profiles(exp: ml_collections.ConfigDict, table: RunTable) -> list[dict[str, Any]]:
+def _profiles(exp: ml_collections.ConfigDict, by_arm: Mapping[str, Any]) -> list[dict[str, Any]]:
   """Each profile's finished arms and their per-bucket paired differences."""
   profiles = []
   for p in exp.profiles:
-    present = [a for a in p.arms if a in table.arms and table.finished_seeds(a)]
+    present = [a for a in p.arms if by_arm.get(a)]
     if not present:
       continue
     prof = {'metric': p.metric, 'title': p.title, 'arms': present, 'baseline': p.baseline,
             'differences': {}}
-    if p.baseline in table.arms and table.finished_seeds(p.baseline):
-      for a in present:
-        d = table.vector_differences(p.metric, a, p.baseline)
-        if a != p.baseline and d.shape[0]:
-          prof['differences'][a] = _intervals(d)
+    for a in present if by_arm.get(p.baseline) else ():
+      shared = sorted(set(by_arm[a]) & set(by_arm[p.baseline]))
+      if a != p.baseline and shared:
+        prof['differences'][a] = _intervals(_vectors(by_arm[a], p.metric, shared)
+                                            - _vectors(by_arm[p.baseline], p.metric, shared))
     profiles.append(prof)
   return profiles
 
 
-def _window_groups(rows: list[Mapping[str, Any]], arms: tuple[str, ...]) -> dict[str, Any]:
+def _window_groups(rows: list[Mapping[str, Any]], arms: Iterable[str]) -> dict[str, Any]:
   """The windows' provenance (the same for every run) and the last bucket's rise over the
   one before it per ``by_depth`` / ``by_end`` group and arm; ``{}`` without provenance."""
   paths = [(r['arm'], os.path.join(r['run_dir'], sweep.EVAL_DIR, 'results.json')) for r in rows]
@@ -189,7 +163,7 @@ def _window_groups(rows: list[Mapping[str, Any]], arms: tuple[str, ...]) -> dict
 
 
 def _rise(name: str, results: list[tuple[str, Mapping[str, Any]]],
-          arms: tuple[str, ...]) -> dict[str, Any]:
+          arms: Iterable[str]) -> dict[str, Any]:
   first = results[0][1].get(name) or []
   labels = [g['group'] for g in first]
   per_arm = {a: {k: [] for k in labels} for a in arms}

@@ -57,17 +57,9 @@ def arm(name: str, overrides: Mapping[str, Any] | None = None,
 
 def claim(claim_id: str, text: str, metric: str, arm_name: str, baseline: str,
           direction: str, margin: float = 0.0) -> ml_collections.ConfigDict:
-  """A claim on ``metric(arm) - metric(baseline)`` per seed (baseline '' compares with 0).
-
-  Args:
-    claim_id: short identifier.
-    text: the claim in words.
-    metric: a per-run scalar (``measures.SCALARS``).
-    arm_name: the arm predicted to differ.
-    baseline: the arm it is compared with.
-    direction: 'greater' / 'less' (the predicted sign) or 'equivalent'.
-    margin: half-width of the equivalence band (metric units), > 0 for 'equivalent'.
-  """
+  """A claim on the per-seed ``metric(arm) - metric(baseline)`` (``measures.SCALARS``;
+  baseline '' compares with 0): ``direction`` 'greater' / 'less' (the predicted sign) or
+  'equivalent' (within +-``margin``, in metric units)."""
   return ml_collections.ConfigDict({
       'id': claim_id, 'text': text, 'metric': metric, 'arm': arm_name, 'baseline': baseline,
       'direction': direction, 'margin': float(margin)})

@@ -128,21 +128,12 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
               eval_fn: EvalFn = default_evaluate,
               estimator: budget_lib.Estimator = budget_lib.estimate_scored_per_row,
               max_runs: int = -1) -> dict[str, Any]:
-  """Runs (or resumes) every run of the grid and measures each.
+  """Runs (or resumes) every run of ``exp``'s grid and measures each.
 
-  Args:
-    exp: experiment config (``spec.load``).
-    workdir: experiment workdir.
-    quick: two arms, one seed, the 'quick' scale.
-    run_store: directory of run workdirs shared across experiments ('' = ``workdir/runs``).
-    train_fn: trains one run.
-    eval_fn: evaluates one run.
-    estimator: scored targets per row of a config, for budget equalization.
-    max_runs: train at most this many new runs (-1: all); the next call continues.
-
-  Returns:
-    ``{'runs': [{arm, seed, key, run_dir, done, record, measures, config}], 'budget',
-    'complete', 'store', 'quick'}``.
+  ``run_store`` ('' = ``workdir/runs``) may be shared across experiments; ``max_runs``
+  (-1: all) stops after that many new runs, and the next call continues. Returns
+  ``{'runs': [{arm, seed, key, run_dir, done, record, measures, config}], 'budget',
+  'complete', 'store', 'quick'}``.
   """
   store = run_store or os.path.join(workdir, 'runs')
   os.makedirs(store, exist_ok=True)
