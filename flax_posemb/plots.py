@@ -39,8 +39,7 @@ def _bucket_arrays(rows: Sequence[dict[str, Any]], value: str = 'loss') -> dict[
   """The columns the rows have, ``mid``, and ``half``: the half-width of each row's ``ci95``."""
   out = {k: _col(rows, k) for k in ('start', 'end', value, 'bayes_loss', 'filter_loss',
                                      'recovered') if rows and k in rows[0]}
-  ci = np.array([[np.nan if x is None else x for x in (r.get('ci95') or (None, None))]
-                 for r in rows], np.float64).reshape(-1, 2)
+  ci = np.array([[np.nan if x is None else x for x in r['ci95']] for r in rows], np.float64)
   out['half'] = (ci[:, 1] - ci[:, 0]) / 2
   out['mid'] = (out['start'] + out['end'] - 1) / 2
   return out

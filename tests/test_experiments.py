@@ -103,9 +103,9 @@ def test_t_interval_ignores_nan_and_is_undefined_below_two_values():
 
 
 def test_paired_differences_use_only_shared_seeds_in_order():
-  seeds, d = paired.paired_differences({0: 1.0, 1: 2.0, 3: 5.0}, {1: 1.5, 0: 0.0, 2: 9.0})
-  assert seeds == [0, 1]
-  np.testing.assert_allclose(d, [1.0, 0.5])
+  j = paired.judge({0: 1.0, 1: 2.0, 3: 5.0}, {1: 1.5, 0: 0.0, 2: 9.0}, 'greater')
+  assert j['seeds'] == [0, 1]
+  np.testing.assert_allclose(j['differences'], [1.0, 0.5])
 
 
 @pytest.mark.parametrize('low,high,direction,margin,expected', [

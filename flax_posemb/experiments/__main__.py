@@ -3,7 +3,7 @@
 One config: runs in WORKDIR/runs (or --run_store), report in WORKDIR (or --report_dir).
 Several configs or a suite file (configs/experiments/all.py): experiment NAME in
 WORKDIR/NAME, runs shared in WORKDIR/store, reports in REPORT_DIR/NAME plus an index
-REPORT_DIR/README.md. Exit codes: flax_posemb.cli (2 bad input, 75 preempted).
+REPORT_DIR/README.md. Exit codes: flax_posemb.cli (2 bad input, 3 non-finite, 75 preempted).
 """
 
 from __future__ import annotations

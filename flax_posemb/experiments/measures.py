@@ -162,10 +162,8 @@ def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
 def _scalars(eval_results: Mapping[str, Any], vec: Mapping[str, np.ndarray],
              pos: Mapping[str, np.ndarray], num_steps: int,
              train_seconds: float) -> dict[str, float]:
-  overall = eval_results.get('overall', {})
-  overall_loss = overall.get('loss') if isinstance(overall, Mapping) else overall
-  deg = eval_results.get('degradation', {})
-  deg = deg.get('last_minus_best', deg.get('value')) if isinstance(deg, Mapping) else deg
+  overall_loss = eval_results['overall']['loss']
+  deg = eval_results['degradation']['last_minus_best']
   first, last = lambda k: float(vec[k][0]), lambda k: float(vec[k][-1])
   s = {'final_loss': float(overall_loss if overall_loss is not None
                            else np.nanmean(vec['bucket_loss'])),

@@ -87,13 +87,6 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
   return out
 
 
-def paired_differences(arm: Mapping[int, float], baseline: Mapping[int, float]
-                       ) -> tuple[list[int], np.ndarray]:
-  """``(shared seeds ascending, arm[s] - baseline[s] of shape [len(seeds)])``."""
-  seeds = sorted(set(arm) & set(baseline))
-  return seeds, np.array([float(arm[s]) - float(baseline[s]) for s in seeds], np.float64)
-
-
 def verdict(interval: Interval, direction: str, margin: float = 0.0) -> str:
   """The fixed rule on the interval of the mean paired difference ``arm - baseline``."""
   lo, hi = interval.low, interval.high
@@ -111,8 +104,10 @@ def verdict(interval: Interval, direction: str, margin: float = 0.0) -> str:
 def judge(arm: Mapping[int, float], baseline: Mapping[int, float], direction: str,
           margin: float = 0.0, level: float = 0.95) -> dict:
   """``{'seeds', 'differences', 'interval', 'verdict', 'p_value'}`` of a paired claim
-  (seed -> metric maps); the verdict is ``NOT_MEASURED`` without a finite difference."""
-  seeds, d = paired_differences(arm, baseline)
+  (seed -> metric maps) over the shared seeds, ascending; the verdict is ``NOT_MEASURED``
+  without a finite difference."""
+  seeds = sorted(set(arm) & set(baseline))
+  d = np.array([float(arm[s]) - float(baseline[s]) for s in seeds], np.float64)
   interval = t_interval(d, level)
   return {'seeds': seeds, 'differences': [float(x) for x in d],
           'interval': interval.as_dict(),

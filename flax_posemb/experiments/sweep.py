@@ -87,8 +87,7 @@ def execute_run(run: spec.Run, run_dir: str, offsets: tuple[int, ...], train_fn:
   _write_json(os.path.join(eval_dir, 'results.json'), eval_report.json_safe(results))
   np.savez(os.path.join(eval_dir, 'per_position.npz'),
            **{k: np.asarray(v) for k, v in per_position.items()})
-  record = {'key': run.key, 'seed': run.seed, 'train_seconds': t1 - t0,
-            'eval_seconds': t2 - t1,
+  record = {'key': run.key, 'seed': run.seed, 'train_seconds': t1 - t0, 'eval_seconds': t2 - t1,
             'finished': datetime.datetime.now(datetime.timezone.utc).isoformat(),
             'train_result': eval_report.json_safe(
                 train_out if isinstance(train_out, (dict, list)) else repr(train_out))}
@@ -100,8 +99,7 @@ def _measured_row(run: spec.Run, run_dir: str, rare_exposure: float) -> dict[str
   """The sweep's row of a finished run, with its measures."""
   record = measures.load_json(os.path.join(run_dir, DONE))
   results = measures.load_json(os.path.join(run_dir, EVAL_DIR, 'results.json'))
-  with np.load(os.path.join(run_dir, EVAL_DIR, 'per_position.npz')) as z:
-    per_position = {k: np.asarray(z[k]) for k in z.files}
+  per_position = outputs.load_npz(os.path.join(run_dir, EVAL_DIR, 'per_position.npz'))
   m = measures.run_measures(run_dir, results, int(run.config.num_train_steps),
                             record['train_seconds'], per_position=per_position,
                             rare_exposure=rare_exposure)
