@@ -82,17 +82,9 @@ def _measure(arms: dict[str, ml_collections.ConfigDict], estimator: Estimator,
 def equalize(runs: list[spec.Run], budget_config: ml_collections.ConfigDict,
              estimator: Estimator = estimate_scored_per_row,
              cache_path: str | None = None) -> tuple[list[spec.Run], Budget]:
-  """Sets each arm's batch size so that all arms see the same scored tokens per step.
-
-  Args:
-    runs: the grid (``spec.expand``).
-    budget_config: the experiment's ``budget`` section.
-    estimator: scored targets per row of a config (the data pipeline by default).
-    cache_path: JSON of earlier estimates, so a resumed sweep keeps its batch sizes.
-
-  Returns:
-    ``(runs with batch sizes set, Budget)``.
-  """
+  """``(runs, Budget)``: each arm's batch size set so that all arms of the grid see the
+  same scored tokens per step (``estimator``: scored targets per row of a config; the
+  estimates are kept in ``cache_path``, so a resumed sweep keeps its batch sizes)."""
   arms: dict[str, ml_collections.ConfigDict] = {}
   for r in runs:
     arms.setdefault(r.arm, r.config)
