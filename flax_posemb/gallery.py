@@ -1,13 +1,8 @@
-"""The figure gallery: every run-level figure once, from two tiny runs.
+"""The figure gallery: every run-level figure once, from two tiny runs (natural and
+packed_reset, synthetic corpus), each with the question it answers.
 
   python -m flax_posemb.gallery                     # -> runs/gallery/
   python -m flax_posemb.gallery --out docs/gallery  # regenerates the committed docs/gallery/
-
-Trains the tiny config (synthetic corpus) under `natural` and `packed_reset` exposure for a
-few hundred steps, evaluates both (offset probe, log2 buckets, table analysis, a paired
-comparison) and the data exposure report, then copies each figure into OUT with a README
-saying which question it answers. Experiment figures live in each committed report
-(docs/experiments/*/).
 """
 
 from __future__ import annotations
