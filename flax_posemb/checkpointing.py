@@ -47,8 +47,8 @@ class _Damage(Exception):
   """A step whose files were read but fail their digest or hold NaN/inf."""
 
 
-# What reading a damaged step raises (TensorStore reports through ValueError); anything else
-# (out of memory, a device error) propagates as it is.
+# Root causes of a failed read that damaged files give (TensorStore reports a ValueError, which
+# Orbax wraps in a plain Exception); others (out of memory, a device error) propagate.
 _READ_ERRORS = (_Damage, OSError, ValueError, KeyError, TypeError, AttributeError)
 
 
@@ -143,10 +143,15 @@ def _verify(item: str, value: PyTree, integrity: dict[str, Any] | None) -> None:
       raise _Damage(f'{", ".join(wrong[:5])} fail the checksum written at save time')
 
 
-def _describe(e: BaseException) -> str:
-  """One line of the root cause (Orbax wraps TensorStore's reason, which names the file)."""
+def _root(e: BaseException) -> BaseException:
   while e.__cause__ is not None:
     e = e.__cause__
+  return e
+
+
+def _describe(e: BaseException) -> str:
+  """One line of the root cause (Orbax wraps TensorStore's reason, which names the file)."""
+  e = _root(e)
   return f'{type(e).__name__}: {(str(e).strip().splitlines() or [""])[0]}'[:300]
 
 
@@ -154,7 +159,7 @@ class Checkpointer:
   """Saves and restores the full state of one run (all hosts make the same calls)."""
 
   def __init__(self, directory: str | os.PathLike[str], *, max_to_keep: int,
-               read_only: bool = False):
+               async_save: bool = True, read_only: bool = False):
     """``max_to_keep`` newest steps are kept, and step 0 (the initial table); ``read_only``
     (a reader such as eval) never writes and sees new steps on `restore`."""
     self.directory, self._read_only = _absolute(directory), read_only
@@ -166,7 +171,7 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(self.directory, item_handlers=handlers,
                                           options=ocp.CheckpointManagerOptions(
         preservation_policy=policy, create=not read_only, read_only=read_only,
-        enable_async_checkpointing=not read_only, cleanup_tmp_directories=not read_only))
+        enable_async_checkpointing=async_save and not read_only, cleanup_tmp_directories=not read_only))
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
@@ -238,8 +243,8 @@ class Checkpointer:
       if stored is None:
         raise _Damage(f'the {item} metadata of {self.step_dir(step)} is missing or unreadable')
       trees.check_same_tree(item, stored, want, f'The checkpoint at {self.step_dir(step)} was '
-                            'written by a different model', 'Use a fresh --workdir (or the '
-                            'config that wrote this checkpoint).', error=CheckpointMismatchError)
+                            'written by another model', 'Use a fresh --workdir or the config '
+                            'that wrote it (eval: another --step).', error=CheckpointMismatchError)
     out = dict(self._manager.restore(step, args=ocp.args.Composite(
         config=ocp.args.JsonRestore(), **items)))
     if 'stats' in out:
@@ -326,7 +331,9 @@ class Checkpointer:
         return read(s), dataclasses.replace(info, step=s)
       except CheckpointMismatchError:
         raise
-      except _READ_ERRORS as e:
+      except Exception as e:  # pylint: disable=broad-except
+        if not isinstance(_root(e), _READ_ERRORS):
+          raise
         error = e
       steps = self._steps()
       if s not in steps or not self.step_dir(s).exists() or step is None and steps[-1] > s:
@@ -370,17 +377,21 @@ class Checkpointer:
   def __enter__(self) -> Checkpointer:
     return self
 
-  def __exit__(self, exc_type, exc, tb) -> None:
-    """Waits for pending saves and closes, also after a failed save: the error that stopped
-    the run (often the same full disk) stays the one reported."""
+  def close(self) -> None:
+    """Waits for pending saves and closes, also after a failed save (whose error it raises)."""
     try:
       self._manager.wait_until_finished()
+    finally:
+      self._manager.close()
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    try:
+      self.close()
     except Exception as e:  # pylint: disable=broad-except
       if exc is None:
         raise
+      # The error that stopped the run (often the same full disk) stays the one reported.
       logger.warning('The checkpoint save in progress failed too: %s', _describe(e))
-    finally:
-      self._manager.close()
 
 
 def restore_params(workdir_or_ckpt_dir: str | os.PathLike[str], step: int | None = None,

@@ -15,8 +15,8 @@ traceback of a user error too.
 
 ``run(main, prog)`` is ``absl.app.run`` with these rules applied to flag parsing too (an
 unknown ``--config.key``, a value of the wrong type, a missing or broken config file), and
-``main`` returning an exit code. ``Preempted`` / ``exit_early_on_sigterm`` cover a SIGTERM that
-arrives before the training loop has its own handler.
+``main`` returning an exit code. SIGTERM has one handler (`exit_early_on_sigterm`,
+`defer_sigterm`).
 """
 
 from __future__ import annotations
@@ -318,41 +318,63 @@ def check_output_dir(path: str, what: str = '--workdir') -> None:
 
 
 class Preempted(BaseException):
-  """SIGTERM before the training loop installed its own handler (a BaseException, so that
-  no ``except Exception`` on the way swallows it)."""
+  """SIGTERM before training started: stop at once (no ``except Exception`` swallows it)."""
+
+
+_SIGTERM = {'requested': False, 'deferred': False}
+
+
+def _on_sigterm(signum, frame) -> None:
+  """The process's one SIGTERM handler (README, "SIGTERM at any time is safe")."""
+  del signum, frame
+  _SIGTERM['requested'] = True
+  if not _SIGTERM['deferred']:
+    raise Preempted()
+
+
+def sigterm_requested() -> bool:
+  """Whether SIGTERM arrived since `defer_sigterm` began (the training loop then saves)."""
+  return _SIGTERM['requested']
 
 
 @contextlib.contextmanager
-def exit_early_on_sigterm(prog: str, workdir: str, remove: bool = True
-                          ) -> Iterator[Callable[[], None]]:
-  """SIGTERM during setup (model, data, compilation): stop at once, leave nothing behind.
-
-  Yields ``started()``, to call once the training loop runs (it has its own SIGTERM
-  handler that saves a checkpoint; a SIGTERM after the loop only lets the run finish).
-  Before that, SIGTERM raises ``Preempted``: if ``workdir`` did not exist when this process
-  started and is still empty and unlocked (``workdir.remove_unused``: another run may have
-  taken it meanwhile), it is removed again (unless ``remove`` is False: multi-host runs share
-  it); then the process exits ``EXIT_PREEMPTED`` with a message.
-  """
-  created = not os.path.exists(workdir)
-  state = {'started': False, 'signalled': False}
-
-  def handle(signum, frame):
-    del signum, frame
-    state['signalled'] = True
-    if not state['started']:
-      raise Preempted()
-
-  old = signal.signal(signal.SIGTERM, handle)
+def defer_sigterm(install: bool = True) -> Iterator[None]:
+  """From here on SIGTERM only sets `sigterm_requested` (training: the loop saves a
+  checkpoint and stops). Installs the handler for the block if the process has not (a
+  library caller); ``install=False`` on several hosts, where JAX's notifier owns SIGTERM."""
+  _SIGTERM.update(requested=False, deferred=True)
+  old = None
+  if install and signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+    try:
+      old = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # Not the main thread: no handler.
+      pass
   try:
-    yield lambda: state.update(started=True)
+    yield
+  finally:
+    if old is not None:
+      signal.signal(signal.SIGTERM, old)
+      _SIGTERM['deferred'] = False
+
+
+@contextlib.contextmanager
+def exit_early_on_sigterm(prog: str, workdir: str, remove: bool = True) -> Iterator[None]:
+  """Installs the one SIGTERM handler for a training CLI and takes a SIGTERM held since start
+  (train.py blocks it while importing). Until training begins (`defer_sigterm`), SIGTERM
+  stops at once: it removes ``workdir`` if this process created it and it is still empty and
+  unlocked (`workdir.remove_unused`; not if ``remove`` is False: hosts share it), and exits
+  ``EXIT_PREEMPTED``."""
+  created = not os.path.exists(workdir)
+  old = signal.signal(signal.SIGTERM, _on_sigterm)
+  try:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    yield
   except Preempted:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # A second SIGTERM: let cleanup finish.
-    removed = ''
     from flax_posemb import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-    if remove and created and workdir_lib.remove_unused(workdir):
-      removed = f'; removed {workdir}, which this run had created'
-    fail(prog, f'SIGTERM before the first training step: stopped during setup{removed}. '
-         'Re-run the same command to start (or resume) the run.', EXIT_PREEMPTED)
+    removed = remove and created and workdir_lib.remove_unused(workdir)
+    fail(prog, 'SIGTERM while starting, before the first training step: stopped'
+         + (f'; removed {workdir}, which this run had created' if removed else '')
+         + '. Re-run the same command to start (or resume) the run.', EXIT_PREEMPTED)
   finally:
     signal.signal(signal.SIGTERM, old)

@@ -466,7 +466,7 @@ def test_step_deleted_while_read_is_replaced_by_the_new_latest(tmp_path, monkeyp
   monkeypatch.setattr(checkpointing.Checkpointer, 'restore_params_only', racing)
   with caplog.at_level(logging.WARNING, logger=LOGGER):
     restored, _, info = checkpointing.restore_params_with_info(tmp_path)
-  writer.__exit__(None, None, None)
+  writer.close()
   assert calls == [5, 7]
   assert info.step == 7 and info.vanished == [5] and info.fell_back_from == []
   _assert_trees_equal(restored, jax.tree.map(lambda x: x + 1, params))
