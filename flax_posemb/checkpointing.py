@@ -23,7 +23,6 @@ from flax_posemb import trees
 
 logger = logging.getLogger(__name__)
 ITEMS = ('params', 'opt_state', 'data_iter', 'stats', 'config')
-PyTree = Any
 # Root causes of failed reads of damaged files (Orbax wraps TensorStore's ValueError in a plain
 # Exception); any other failure (out of memory, a device error) propagates as it is.
 _READ_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError)
@@ -37,10 +36,6 @@ class CheckpointDamagedError(RuntimeError):
   """A checkpoint is missing files, truncated, garbled, fails its digests or holds NaN/inf."""
 
 
-class _Damage(ValueError):
-  """Files that were read but fail their digests or hold NaN/inf."""
-
-
 @dataclasses.dataclass
 class RestoreInfo:
   """The step read (``requested`` None: the newest), the damaged newer steps skipped
@@ -52,19 +47,15 @@ class RestoreInfo:
   to_json = dataclasses.asdict
 
 
-def _absolute(path: str | os.PathLike[str]) -> epath.Path:  # As Orbax needs (gs://... are).
-  return epath.Path(path if '://' in str(path) else os.path.abspath(path))
-
-
 def checkpoint_dir(workdir: str | os.PathLike[str]) -> epath.Path:
-  """``WORKDIR/checkpoints``, the directory a `Checkpointer` manages."""
-  return _absolute(workdir) / 'checkpoints'
+  """``WORKDIR/checkpoints``, absolute (as Orbax needs)."""
+  return epath.Path(os.path.abspath(workdir)) / 'checkpoints'
 
 
 @jax.jit
 def _device_digests(leaves: list[jax.Array]) -> list[tuple[jax.Array, ...]]:
   """Per leaf: all finite, and two sums mod 2**32 of its 32-bit words (position-weighted;
-  murmur3-mixed), exact integer sums, so independent of the sharding."""
+  murmur3-mixed): exact integer sums, so independent of the sharding."""
   out = []
   for x in leaves:
     x = jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
@@ -86,11 +77,11 @@ def _blake(value: Any) -> str:
   return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def _digests(item: str, tree: PyTree, saved: dict[str, Any] | None = None) -> dict[str, str]:
+def _digests(item: str, tree: Any, saved: dict[str, Any] | None = None) -> dict[str, str]:
   """{path: digest} of an item: jax arrays on their devices (only the results come to the
   host), host arrays (stats: int64 exact) with BLAKE2b, config and data_iter as JSON. With the
-  step's ``saved`` digests (restore), the one integrity check: `_Damage` unless the values are
-  finite and match them (a step saved before digests existed: finiteness only)."""
+  step's ``saved`` digests, the one integrity check: CheckpointDamagedError unless the values
+  are finite and match them (no digests, from before they existed: finiteness only)."""
   if item in ('config', 'data_iter'):
     bad, out = [], {item: _blake(tree)}
   else:
@@ -106,11 +97,11 @@ def _digests(item: str, tree: PyTree, saved: dict[str, Any] | None = None) -> di
         bad += [p] * (np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all())
         out[p] = _blake(f'{x.dtype.str}{x.shape}'.encode() + x.tobytes())
   if saved is not None and bad:
-    raise _Damage(f'non-finite values in {", ".join(bad[:5])}')
-  want = out if saved is None or saved.get('version') is None else saved.get(item) or {}
+    raise CheckpointDamagedError(f'non-finite values in {", ".join(bad[:5])}')
+  want = out if saved is None or 'version' not in saved else saved.get(item) or {}
   want = want if isinstance(want, dict) else {item: want}
   if wrong := sorted(p for p in set(want) | set(out) if want.get(p) != out.get(p)):
-    raise _Damage(f'{", ".join(wrong[:5])} fail the checksum written at save time')
+    raise CheckpointDamagedError(f'{", ".join(wrong[:5])} fail the checksum written at save time')
   return out
 
 
@@ -119,19 +110,19 @@ def _describe(e: BaseException) -> str | None:
   None if it is no failed read of damaged files."""
   while e.__cause__ is not None:
     e = e.__cause__
-  text = (str(e).strip().splitlines() or [''])[0]
-  if isinstance(e, _READ_ERRORS):
-    return (text if isinstance(e, _Damage) else f'{type(e).__name__}: {text}')[:300]
+  text = (str(e).strip().splitlines() or [''])[0][:300]
+  if isinstance(e, CheckpointDamagedError):
+    return text
+  return f'{type(e).__name__}: {text}' if isinstance(e, _READ_ERRORS) else None
 
 
 class Checkpointer:
-  """Saves and restores the full state of one run (all hosts make the same calls)."""
+  """The state of one run (all hosts make the same calls): keeps the ``max_to_keep`` newest
+  steps and step 0; a ``read_only`` reader (eval) writes nothing."""
 
   def __init__(self, directory: str | os.PathLike[str], *, max_to_keep: int,
                async_save: bool = True, read_only: bool = False):
-    """Keeps the ``max_to_keep`` newest steps and step 0; a ``read_only`` reader (eval) writes
-    nothing and lists the steps again on each restore."""
-    self.directory, self._read_only = _absolute(directory), read_only
+    self.directory, self._read_only = epath.Path(os.path.abspath(directory)), read_only
     keep = ocp.checkpoint_managers
     options = ocp.CheckpointManagerOptions(
         preservation_policy=keep.AnyPreservationPolicy([keep.LatestN(max_to_keep),
@@ -139,7 +130,8 @@ class Checkpointer:
         create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only,
         enable_async_checkpointing=async_save and not read_only)
     handlers = {k: ocp.StandardCheckpointHandler() for k in ('params', 'opt_state', 'stats')}
-    handlers.update(config=ocp.JsonCheckpointHandler(), data_iter=grain.checkpoint.CheckpointHandler())
+    handlers.update(config=ocp.JsonCheckpointHandler(),
+                    data_iter=grain.checkpoint.CheckpointHandler())
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
   def all_steps(self) -> list[int]:
@@ -152,25 +144,25 @@ class Checkpointer:
     """A step's custom metadata: ``integrity`` (its digests) and ``metrics``."""
     return dict(self._manager.metadata(step).custom_metadata or {})
 
-  def save(self, step: int, *, params: PyTree, opt_state: PyTree, data_iter: Any,
-           stats: PyTree | None, config: Any, metrics: dict[str, float] | None = None) -> bool:
+  def save(self, step: int, *, params: Any, opt_state: Any, data_iter: Any, stats: Any,
+           config: dict[str, Any], metrics: dict[str, float] | None = None) -> bool:
     """Saves the state after ``step`` updates (asynchronously); False if the step exists.
     ``stats``: host arrays and scalars, none of size 0 (None or {}: not saved); ``metrics``:
     scalars kept in the step's metadata (`step_metadata`)."""
     items = dict(params=params, opt_state=opt_state,
                  stats=jax.tree.map(lambda x: np.asarray(jax.device_get(x)), dict(stats or {})))
-    config = dict(config.to_dict() if hasattr(config, 'to_dict') else config)
     # On the device, before Orbax's copy: the caller donates these buffers next.
-    integrity = dict({k: _digests(k, v) for k, v in items.items()}, config=_blake(config),
-                     version=1)
-    if '://' not in str(self.directory):  # ENOSPC here, not in each of Orbax's writer threads.
-      self._manager.wait_until_finished()  # Orbax waits anyway: the previous save is on disk.
-      need = sum(x.nbytes for x in jax.tree.leaves(items))  # uncompressed: an upper bound
-      if need > (free := shutil.disk_usage(self.directory).free):
-        raise OSError(errno.ENOSPC, f'No space left on device for the checkpoint of step {step}'
-                      f': it needs up to {need / 1e6:.1f} MB and {self.directory} has '
-                      f'{free / 1e6:.1f} MB free. Free some space and re-run the same command: '
-                      'it resumes from the last checkpoint.')
+    integrity = dict({k: _digests(k, v) for k, v in items.items()}, version=1,
+                     config=_blake(config))
+    # ENOSPC here, not from each of Orbax's writer threads; Orbax would wait for the previous
+    # save anyway. The uncompressed size is an upper bound.
+    self._manager.wait_until_finished()
+    need = sum(x.nbytes for x in jax.tree.leaves(items))
+    if need > (free := shutil.disk_usage(self.directory).free):
+      raise OSError(errno.ENOSPC, f'No space left on device for the checkpoint of step {step}: '
+                    f'it needs up to {need / 1e6:.1f} MB and {self.directory} has '
+                    f'{free / 1e6:.1f} MB free. Free some space and re-run the same command: it '
+                    'resumes from the last checkpoint.')
     args = {k: ocp.args.StandardSave(v) for k, v in items.items() if k != 'stats' or v}
     args['config'] = ocp.args.JsonSave(config)
     if data_iter is not None:
@@ -178,22 +170,21 @@ class Checkpointer:
       if jax.process_count() == 1:  # Hosts' states differ; the step's metadata is host 0's.
         integrity['data_iter'] = _blake(data_iter.get_state())
     custom = dict(integrity=integrity, metrics={k: float(v) for k, v in (metrics or {}).items()})
-    if not self._manager.save(step, args=ocp.args.Composite(**args), custom_metadata=custom):
-      logger.warning('A checkpoint of step %d exists in %s; not overwritten.', step,
-                     self.directory)
-      return False
-    return True
+    if not (saved := self._manager.save(step, args=ocp.args.Composite(**args),
+                                        custom_metadata=custom)):
+      logger.warning('A checkpoint of step %d exists in %s; not overwritten.', step, self.directory)
+    return saved
 
-  def _read(self, step: int, abstract: dict[str, PyTree], data_iter: Any = None,
-            expected: dict[str, PyTree] | None = None) -> dict[str, Any]:
+  def _read(self, step: int, abstract: dict[str, Any], data_iter: Any = None,
+            expected: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``abstract`` items (trees of ShapeDtypeStructs or arrays, with shardings), config,
     stats (with opt_state) and ``data_iter`` of a step, verified; the stored trees must fit
     ``expected`` (default: ``abstract``)."""
     meta, where = self._manager.metadata(step), self.directory / str(step)
     saved, integrity = meta.item_handlers or {}, (meta.custom_metadata or {}).get('integrity')
     if integrity is None and meta.commit_timestamp_nsecs is None:  # No metadata file read.
-      raise _Damage(f'{where}/_CHECKPOINT_METADATA is missing or garbled: the checksums '
-                    'written at save time are unknown')
+      raise CheckpointDamagedError(f'{where}/_CHECKPOINT_METADATA is missing or garbled: the '
+                                   'checksums written at save time are unknown')
     if data_iter is not None and 'data_iter' not in saved:
       raise CheckpointMismatchError(f'{where} was saved without a data iterator: a run cannot '
                                     'resume its data order from it; use a fresh --workdir.')
@@ -216,16 +207,15 @@ class Checkpointer:
       _digests(item, out[item], integrity or {})
     return out
 
-  def _stored_tree(self, step: int, item: str) -> PyTree:
+  def _stored_tree(self, step: int, item: str) -> Any:
     tree = getattr((self._manager.metadata(step).item_metadata or {}).get(item), 'tree', None)
     if tree is None:
-      raise _Damage(f'the {item} metadata of {self.directory / str(step)} is missing or '
-                    'unreadable')
+      raise CheckpointDamagedError(f'the {item} metadata of {self.directory / str(step)} is '
+                                   'missing or unreadable')
     return tree
 
-  def restore(self, step: int | None = None, *, abstract_params: PyTree,
-              abstract_opt_state: PyTree, data_iter: Any, fallback: bool = False
-              ) -> dict[str, Any]:
+  def restore(self, step: int | None = None, *, abstract_params: Any, abstract_opt_state: Any,
+              data_iter: Any, fallback: bool = False) -> dict[str, Any]:
     """``step`` (None: the newest; see `first_readable`) as dict ``step``, ``params``,
     ``opt_state``, ``stats``, ``config``, ``data_iter`` (state), ``restore_info``."""
     r, info = self.first_readable(step, lambda s: self._read(
@@ -237,7 +227,7 @@ class Checkpointer:
     return self.first_readable(None, lambda s: self._read(s, {}), False)[0]['config']
 
   def restore_params_only(self, step: int, sharding: jax.sharding.Sharding | None = None,
-                          expected: PyTree = None) -> tuple[PyTree, dict[str, Any], int]:
+                          expected: Any = None) -> tuple[Any, dict[str, Any], int]:
     """``(params, config, step)`` as stored (the tree must fit ``expected``, the run's params,
     if given), placed by ``sharding`` (None: the first local device)."""
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -316,7 +306,7 @@ class Checkpointer:
 
 
 def restore_params(workdir_or_ckpt_dir: str | os.PathLike[str], step: int | None = None,
-                   sharding: jax.sharding.Sharding | None = None) -> tuple[PyTree, dict, int]:
+                   sharding: jax.sharding.Sharding | None = None) -> tuple[Any, dict, int]:
   """``(params, config, step)``; see `restore_params_with_info`."""
   params, config, info = restore_params_with_info(workdir_or_ckpt_dir, step, sharding)
   return params, config, info.step
@@ -324,7 +314,7 @@ def restore_params(workdir_or_ckpt_dir: str | os.PathLike[str], step: int | None
 
 def restore_params_with_info(workdir_or_ckpt_dir: str | os.PathLike[str], step: int | None = None,
                              sharding: jax.sharding.Sharding | None = None,
-                             expected: PyTree = None) -> tuple[PyTree, dict, RestoreInfo]:
+                             expected: Any = None) -> tuple[Any, dict, RestoreInfo]:
   """``(params, config, RestoreInfo)`` of a workdir (or its ``checkpoints/``), read without
   writing (`Checkpointer.restore_params_only`, `Checkpointer.first_readable`)."""
   path = checkpoint_dir(workdir_or_ckpt_dir)
