@@ -3,6 +3,7 @@ rules are in docs/DESIGN.md, "Training outputs (workdir)"."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -111,9 +112,9 @@ def _describe(e: BaseException) -> str | None:
   while e.__cause__ is not None:
     e = e.__cause__
   text = (str(e).strip().splitlines() or [''])[0][:300]
-  if isinstance(e, CheckpointDamagedError):
-    return text
-  return f'{type(e).__name__}: {text}' if isinstance(e, _READ_ERRORS) else None
+  if isinstance(e, (CheckpointDamagedError, *_READ_ERRORS)):
+    return text if isinstance(e, CheckpointDamagedError) else f'{type(e).__name__}: {text}'
+  return None
 
 
 class Checkpointer:
@@ -177,9 +178,9 @@ class Checkpointer:
 
   def _read(self, step: int, abstract: dict[str, Any], data_iter: Any = None,
             expected: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``abstract`` items (trees of ShapeDtypeStructs or arrays, with shardings), config,
-    stats (with opt_state) and ``data_iter`` of a step, verified; the stored trees must fit
-    ``expected`` (default: ``abstract``)."""
+    """The ``abstract`` items (trees of ShapeDtypeStructs or arrays with shardings, or one
+    Sharding: as stored), config, stats (with opt_state) and ``data_iter`` of a step,
+    verified; the stored trees must fit ``expected`` (default: ``abstract``)."""
     meta, where = self._manager.metadata(step), self.directory / str(step)
     saved, integrity = meta.item_handlers or {}, (meta.custom_metadata or {}).get('integrity')
     if integrity is None and meta.commit_timestamp_nsecs is None:  # No metadata file read.
@@ -188,8 +189,13 @@ class Checkpointer:
     if data_iter is not None and 'data_iter' not in saved:
       raise CheckpointMismatchError(f'{where} was saved without a data iterator: a run cannot '
                                     'resume its data order from it; use a fresh --workdir.')
-    for item, want in (abstract if expected is None else expected).items():
-      trees.check_same_tree(item, self._stored_tree(step, item), want, f'The checkpoint at '
+    for item, want in abstract.items():
+      if (stored := getattr((meta.item_metadata or {}).get(item), 'tree', None)) is None:
+        raise CheckpointDamagedError(f'the {item} metadata of {where} is missing or unreadable')
+      if isinstance(want, jax.sharding.Sharding):  # As stored, placed there.
+        abstract = {**abstract, item: jax.tree.map(
+            lambda x, s=want: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), stored)}
+      trees.check_same_tree(item, stored, (expected or abstract)[item], 'The checkpoint at '
                             f'{where} was written by another model', 'Use a fresh --workdir '
                             'or the config that wrote it (eval: another --step).',
                             error=CheckpointMismatchError)
@@ -206,13 +212,6 @@ class Checkpointer:
     for item in {*args, 'config'} - unchecked:
       _digests(item, out[item], integrity or {})
     return out
-
-  def _stored_tree(self, step: int, item: str) -> Any:
-    tree = getattr((self._manager.metadata(step).item_metadata or {}).get(item), 'tree', None)
-    if tree is None:
-      raise CheckpointDamagedError(f'the {item} metadata of {self.directory / str(step)} is '
-                                   'missing or unreadable')
-    return tree
 
   def restore(self, step: int | None = None, *, abstract_params: Any, abstract_opt_state: Any,
               data_iter: Any, fallback: bool = False) -> dict[str, Any]:
@@ -231,9 +230,7 @@ class Checkpointer:
     """``(params, config, step)`` as stored (the tree must fit ``expected``, the run's params,
     if given), placed by ``sharding`` (None: the first local device)."""
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                            self._stored_tree(step, 'params'))
-    r = self._read(step, dict(params=abstract),
+    r = self._read(step, dict(params=sharding),
                    expected=None if expected is None else dict(params=expected))
     return r['params'], r['config'], step
 
@@ -296,13 +293,9 @@ class Checkpointer:
     return self
 
   def __exit__(self, exc_type, exc, tb) -> None:
-    try:
+    # After an error, that one (often the same full disk) stays the one reported.
+    with contextlib.nullcontext() if exc is None else contextlib.suppress(Exception):
       self.close()
-    except Exception as e:  # pylint: disable=broad-except
-      if exc is None:
-        raise
-      # The error that stopped the run (often the same full disk) stays the one reported.
-      logger.warning('The checkpoint save in progress failed too: %s', _describe(e) or e)
 
 
 def restore_params(workdir_or_ckpt_dir: str | os.PathLike[str], step: int | None = None,

@@ -50,8 +50,7 @@ def _is_user_error(e: BaseException) -> bool:
 
 def define_debug_flag() -> None:
   from absl import flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_bool('debug', False, 'Show the traceback of user errors too (or set '
-                    'FLAX_POSEMB_DEBUG=1).')
+  flags.DEFINE_bool('debug', False, 'Show the traceback of user errors (or FLAX_POSEMB_DEBUG=1).')
 
 
 def fail(prog: str, message: str, code: int = EXIT_USER_ERROR) -> None:
@@ -80,11 +79,9 @@ def guarded(prog: str) -> Callable[[Callable[..., int | None]], Callable[..., in
 
 
 def _one_line(e: BaseException) -> str:
-  """The message of ``e`` (multi-line messages are kept: they are one message)."""
+  """The message of ``e`` (a KeyError's without its quotes)."""
   text = str(e).strip()
-  if isinstance(e, KeyError) and text.startswith(("'", '"')):
-    text = text[1:-1]
-  return text or type(e).__name__
+  return (text[1:-1] if isinstance(e, KeyError) and text[:1] in '\'"' else text) or type(e).__name__
 
 
 def _flag_error_message(e: BaseException, argv: Sequence[str]) -> str:
@@ -149,17 +146,15 @@ HUGE_PAGES_OFF = 'FLAX_POSEMB_HUGE_PAGES'  # =0: never restart on huge pages.
 def huge_pages_apply() -> bool:
   """Whether `start_on_huge_pages` restarts: glibc >= 2.35 (the tunable's first release),
   transparent huge pages in ``madvise`` mode, the tunable not set, ``HUGE_PAGES_OFF`` not 0."""
-  if os.environ.get(HUGE_PAGES_OFF) == '0' or 'glibc.malloc.hugetlb' in os.environ.get(
-      'GLIBC_TUNABLES', ''):
-    return False
   lib, version = platform.libc_ver()
   try:
-    if lib != 'glibc' or tuple(int(x) for x in version.split('.')[:2]) < (2, 35):
-      return False
     with open('/sys/kernel/mm/transparent_hugepage/enabled') as f:
-      return '[madvise]' in f.read()
-  except (OSError, ValueError):
+      madvise = '[madvise]' in f.read()
+  except OSError:
     return False
+  return (madvise and lib == 'glibc' and tuple(map(int, version.split('.')[:2])) >= (2, 35)
+          and os.environ.get(HUGE_PAGES_OFF) != '0'
+          and 'glibc.malloc.hugetlb' not in os.environ.get('GLIBC_TUNABLES', ''))
 
 
 def start_on_huge_pages() -> None:
@@ -176,15 +171,14 @@ def start_on_huge_pages() -> None:
 
 
 def run(main: Callable[[list[str]], int | None], prog: str) -> None:
-  """``app.run(main)`` with one-message errors (`parse_flags`, `guarded`) and quiet
-  third-party logs; ``main``'s return value is the exit code."""
+  """``app.run(main)`` with one-message errors and quiet third-party logs; ``main``'s return
+  value is the exit code."""
   from absl import app  # pylint: disable=g-import-not-at-top
 
-  def main_with_logging(argv):
+  def main_quietly(argv):
     quiet_third_party()
     return main(argv)
-  app.run(guarded(prog)(functools.wraps(main)(main_with_logging)),
-          flags_parser=parse_flags(prog))
+  app.run(guarded(prog)(main_quietly), flags_parser=parse_flags(prog))
 
 
 # Libraries whose INFO records are noise at the default verbosity (Orbax logs every file it

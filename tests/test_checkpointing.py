@@ -543,3 +543,21 @@ def test_a_checkpoint_that_cannot_fit_is_refused_before_anything_is_written(tmp_
       _save(ck, 2, params, opt_state, None)
     assert e.value.errno == errno.ENOSPC and ck.all_steps() == [1]
   assert not [p for p in tmp_path.iterdir() if p.name.startswith('2')]  # nothing written
+
+
+def test_a_read_failure_that_is_not_about_the_files_is_not_called_damage(tmp_path, monkeypatch):
+  """Out of memory (a RuntimeError of the device, at the root of Orbax's wrapper) propagates
+  as it is: no warning, no fallback, never CheckpointDamagedError."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    _save(ck, 1, params, opt_state, None)
+    _save(ck, 2, params, opt_state, None)
+
+  def out_of_memory(*args, **kwargs):
+    raise Exception('restore failed') from RuntimeError('RESOURCE_EXHAUSTED: out of memory')
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'restore', out_of_memory)
+  with pytest.raises(Exception, match='restore failed') as e:
+    checkpointing.restore_params(tmp_path)
+  assert not isinstance(e.value, checkpointing.CheckpointDamagedError)

@@ -391,3 +391,15 @@ def test_train_py_sigterm_while_importing_exits_75_with_a_message(tmp_path):
   lines = _message_lines(err)
   assert len(lines) == 1 and lines[0].startswith('train.py: SIGTERM while starting'), lines
   assert not wd.exists()
+
+
+def test_during_training_the_one_sigterm_handler_only_sets_a_flag_and_is_removed_after():
+  """Library callers (no CLI): `defer_sigterm` installs the one handler for the block, where a
+  SIGTERM is a flag the training loop polls, and puts the previous handler back."""
+  before = signal.getsignal(signal.SIGTERM)
+  with cli.defer_sigterm():
+    assert not cli.sigterm_requested()
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.01)
+    assert cli.sigterm_requested()
+  assert signal.getsignal(signal.SIGTERM) is before
