@@ -158,7 +158,7 @@ class Checkpointer:
     # ENOSPC here, not from each of Orbax's writer threads; Orbax would wait for the previous
     # save anyway. The uncompressed size is an upper bound.
     self._manager.wait_until_finished()
-    need = sum(x.nbytes for x in jax.tree.leaves(items))
+    need = sum(getattr(x, 'nbytes', 0) for x in jax.tree.leaves(items))
     if need > (free := shutil.disk_usage(self.directory).free):
       raise OSError(errno.ENOSPC, f'No space left on device for the checkpoint of step {step}: '
                     f'it needs up to {need / 1e6:.1f} MB and {self.directory} has '
