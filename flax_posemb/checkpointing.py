@@ -146,10 +146,11 @@ class Checkpointer:
     return dict(self._manager.metadata(step).custom_metadata or {})
 
   def save(self, step: int, *, params: Any, opt_state: Any, data_iter: Any, stats: Any,
-           config: dict[str, Any], metrics: dict[str, float] | None = None) -> bool:
+           config: Any, metrics: dict[str, float] | None = None) -> bool:
     """Saves the state after ``step`` updates (asynchronously); False if the step exists.
-    ``stats``: host arrays and scalars, none of size 0 (None or {}: not saved); ``metrics``:
-    scalars kept in the step's metadata (`step_metadata`)."""
+    ``stats``: host arrays and scalars, none of size 0 (None or {}: not saved); ``config``: a
+    dict or ConfigDict; ``metrics``: scalars kept in the step's metadata (`step_metadata`)."""
+    config = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
     items = dict(params=params, opt_state=opt_state,
                  stats=jax.tree.map(lambda x: np.asarray(jax.device_get(x)), dict(stats or {})))
     # On the device, before Orbax's copy: the caller donates these buffers next.
