@@ -263,12 +263,6 @@ def test_packed_on_synthetic_needs_period_dividing_context():
     data.validate_config(cfg.data, max_len=128)
 
 
-def test_bad_batch_size_for_process_count():
-  with pytest.raises(ValueError, match='multiple of'):
-    data.make_train_iterator(_cfg().data, batch_size=3, seed=0, num_train_steps=1,
-                             process_count=2)
-
-
 @pytest.mark.parametrize('policy', data.POLICIES)
 def test_synthetic_tokens_follow_the_dynamics_of_their_position_ids(policy):
   """Every target is drawn from the matrix of its position id (+1), in every policy."""
@@ -344,7 +338,7 @@ def test_packed_reset_without_max_len_restarts_positions_at_the_row_length(tmp_p
   b = next(data.make_train_iterator(cfg.data, batch_size=8, seed=0, num_train_steps=4))
   assert b['positions'].max() == 15
   with pytest.raises(ValueError, match='longer than the position table'):
-    data.make_train_iterator(cfg.data, batch_size=8, seed=0, num_train_steps=4, max_len=8)
+    data.validate_config(cfg.data, max_len=8)
 
 
 @pytest.mark.parametrize('policy', ['packed', 'packed_reset', 'natural_chunked', 'natural'])
