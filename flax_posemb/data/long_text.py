@@ -198,8 +198,9 @@ def split_stats(lengths, seq_len: int) -> dict[str, int]:
 
 
 def check_held_out(lengths) -> None:
-  """Refuses held-out long works (byte-token lengths) below the guarantee: `GUARANTEE_MIN_WINDOWS`
-  deep windows at `GUARANTEE_CONTEXT` from `GUARANTEE_MIN_DOCS` documents of >= 8 contexts."""
+  """Refuses held-out long works (byte-token lengths) below the guarantee:
+  `GUARANTEE_MIN_WINDOWS` deep windows at `GUARANTEE_CONTEXT` from `GUARANTEE_MIN_DOCS`
+  documents of >= 8 contexts."""
   t = GUARANTEE_CONTEXT
   s = split_stats(lengths, t)
   if s['docs_ge_8t'] < GUARANTEE_MIN_DOCS or s['deep_windows'] < GUARANTEE_MIN_WINDOWS:

@@ -30,12 +30,8 @@ _PACK_CHUNK = 256  # Documents per Grain element fed to the packer.
 
 
 def validate_config(data_config, max_len: int) -> None:
-  """Raises ValueError naming the problem and the fix: the one check of `config.data`.
-
-  Args:
-    data_config: `config.data`.
-    max_len: rows of the model's position table (`config.model.max_len`).
-  """
+  """Raises ValueError naming the problem and the fix: the one check of `config.data`
+  against a position table of `max_len` rows (`config.model.max_len`)."""
   for problem in _problems(data_config, int(max_len)):
     raise ValueError(problem)
 
@@ -133,16 +129,11 @@ def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_st
                         ) -> grain.DatasetIterator:
   """Infinite iterator of process-local training batches, with ``get_state`` / ``set_state``.
 
-  Args:
-    data_config: `config.data`, validated (`validate_config`).
-    batch_size: global rows per step; each process yields ``batch_size // process_count``.
-    seed: shuffle and policy randomness (offsets, resampled lengths).
-    num_train_steps: sets the switch step of `length_schedule`.
-    process_index: this process (`jax.process_index()`).
-    process_count: `jax.process_count()`.
-    max_len: position-table rows L of `packed_reset` (docs/DESIGN.md); None: ``seq_len``.
-    with_doc_ids: batches also carry ``doc_ids`` ``[b, T]`` int32 (the split's document
-      index of every token, -1: padding) for reports on batch diversity.
+  `data_config` is valid (`validate_config`); each process yields ``batch_size //
+  process_count`` rows of the global batch; `seed` draws the order, offsets and resampled
+  lengths; `num_train_steps` sets `length_schedule`'s switch; `max_len` is `packed_reset`'s
+  L (docs/DESIGN.md; None: ``seq_len``); `with_doc_ids` adds ``doc_ids`` ``[b, T]`` int32
+  (each token's document, -1: padding) for the report's batch diversity.
 
   Returns:
     Batch dicts of ``[batch_size // process_count, T]`` arrays (docs/DESIGN.md "Batch").
@@ -319,19 +310,11 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
                       min_start: int = 0) -> Iterator[dict[str, np.ndarray]]:
   """Finite iterator of evaluation batches (docs/DESIGN.md "Evaluation outputs").
 
-  Args:
-    data_config: `config.data`.
-    split: split name.
-    window_len: W, tokens per row.
-    num_windows: rows in total (the last batch is padded with empty rows).
-    batch_size: rows per batch.
-    policy: 'windows' (W + 1 consecutive tokens at positions ``0..W-1``) or 'natural'
-      (rows as the training `natural` policy makes them).
-    seed: chooses the documents and windows.
-    window_start: 'windows' only: 'first' (a document's first W + 1 tokens) or 'deep'
-      (`_deep_windows`; text sources only).
-    min_doc_len: 'deep': shortest document (0: 4 * W).
-    min_start: 'deep': first token a window may start at (0: W).
+  `num_windows` rows of W = `window_len` tokens in batches of `batch_size` (the last padded
+  with empty rows). `policy` 'windows': W + 1 consecutive tokens at positions ``0..W-1``,
+  from a document's start (`window_start` 'first') or deep inside long documents ('deep',
+  text only: `_deep_windows` with `min_doc_len` (0: 4W) and `min_start` (0: W)); 'natural':
+  rows as the training `natural` policy makes them. `seed` chooses documents and windows.
 
   Returns:
     Batch dicts: the batch arrays ``[batch_size, W]`` and ``PROVENANCE_KEYS``

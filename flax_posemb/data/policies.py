@@ -48,15 +48,10 @@ class PackIterDataset(grain.IterDataset):
   Grain's packers (`FirstFitPackIterDataset`, `ConcatThenSplitIterDataset`) do not give
   these rows: docs/DESIGN.md "Row order".
 
-  Args:
-    parent: IterDataset of chunks, ``[n]`` int document indices.
-    materialize: ``(chunk, column) -> sequence of token arrays``, the chunk's documents,
-      the first placed at row column `column` (deterministic; may be lazy).
-    seq_len: T.
-    reset: `packed_reset`: in-document positions, one segment per document.
-    min_tokens: documents with fewer tokens are skipped.
-    max_len: `packed_reset`: position-table rows L (pair ``p`` gets id ``p mod L``).
-    chunked: `natural_chunked`: pieces of at most T pairs, one per padded row.
+  `parent` yields chunks of ``[n]`` document indices; ``materialize(chunk, column)`` gives
+  their tokens (deterministic, may be lazy), the first document placed at row column
+  `column`. `reset`: `packed_reset` (L = `max_len`); `chunked`: `natural_chunked`;
+  documents of fewer than `min_tokens` tokens are skipped.
   """
 
   def __init__(self, parent: grain.IterDataset,

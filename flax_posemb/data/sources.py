@@ -40,15 +40,9 @@ class DocSource(abc.ABC):
   @abc.abstractmethod
   def doc(self, index: int, *, start: int = 0, max_pairs: int | None,
           num_pairs: int | None = None) -> np.ndarray:
-    """Tokens ``[n]`` int32 of document `index`.
-
-    Args:
-      index: in ``[0, len(self))``.
-      start: position id of the first token (synthetic only).
-      max_pairs: truncate to ``max_pairs + 1`` tokens; None: the whole document.
-      num_pairs: synthetic: generate exactly this many pairs; real text: crop to at most
-        this many.
-    """
+    """Tokens ``[n]`` int32 of document `index`, truncated to ``max_pairs + 1`` (None: whole);
+    synthetic: generated from position id `start`, exactly `num_pairs` pairs if given; real
+    text: cropped to at most `num_pairs` pairs."""
 
 
 class SyntheticSource(DocSource):
@@ -97,15 +91,9 @@ class SyntheticSource(DocSource):
 
 
 class TextSource(DocSource):
-  """Tokenized documents of random-access records (e.g. a TFDS data source).
-
-  Args:
-    records: ``records[i]`` is a dict with `feature` (str or bytes), or the text itself.
-    tokenizer: a `tokenizers.Tokenizer`.
-    feature: key of the text in each record ('' = the record is the text).
-    on_decode_error: one of `DECODE_ERROR_MODES`.
-    kind: kind of a document whose record has no 'kind' field (the source's name).
-  """
+  """Tokenized documents of random-access records (a TFDS data source): ``records[i]`` is a
+  dict whose `feature` is the text (str or bytes), or the text itself (`feature` '');
+  `kind` is that of a record without a 'kind' field."""
 
   def __init__(self, records: Sequence[Any], tokenizer: tokenizers_lib.Tokenizer,
                feature: str = 'text', on_decode_error: str = 'replace', kind: str = 'text'):
