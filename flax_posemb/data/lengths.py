@@ -26,19 +26,11 @@ class LengthDist:
   token_shares: tuple[float, ...]
 
   def sample(self, u_bucket: float, u_len: float) -> int:
-    """Maps two uniforms in [0, 1) to a length (a scalar int in ``[1, edges[-1]]``)."""
-    cum = 0.0
-    b = len(self.doc_probs) - 1
-    for i, p in enumerate(self.doc_probs):
-      cum += p
-      if u_bucket < cum:
-        b = i
-        break
-    lo, hi = self.edges[b], self.edges[b + 1]
-    return lo + 1 + min(int(u_len * (hi - lo)), hi - lo - 1)
+    """Maps two uniforms in [0, 1) to a length in ``[1, edges[-1]]``."""
+    return int(self.sample_many(np.array([u_bucket]), np.array([u_len]))[0])
 
   def sample_many(self, u_bucket: np.ndarray, u_len: np.ndarray) -> np.ndarray:
-    """Vectorized `sample`: uniforms ``[n]``, ``[n]`` -> lengths ``[n]`` int64 (identical)."""
+    """Uniforms ``[n]``, ``[n]`` -> lengths ``[n]`` int64."""
     cum = np.cumsum(np.asarray(self.doc_probs, np.float64))
     b = np.minimum(np.searchsorted(cum, u_bucket, side='right'), len(cum) - 1)
     e = np.asarray(self.edges, np.int64)

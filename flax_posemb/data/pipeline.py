@@ -182,8 +182,8 @@ def _stream_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, table
     return order.take(g)
 
   def materialize(chunk, column: int):
-    if not src.positional:
-      return _WholeDocs(src, chunk)
+    if not src.positional:  # Lazy: a document is tokenized when the packer reaches it.
+      return grain.MapDataset.source(chunk).map(lambda d: src.doc(int(d), max_pairs=None))
     # Synthetic documents are generated for the position ids they occupy: from 0
     # (packed_reset, natural_chunked) or from their row column (packed).
     pairs = src.pairs_many(chunk, t)
@@ -233,19 +233,6 @@ def _row_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, batch_si
     min_tokens = int(c.min_doc_len)
     ds = ds.filter(lambda r: r['segment_ids'].sum() >= min_tokens - 1)
   return ds
-
-
-class _WholeDocs:
-  """Lazy sequence of untruncated documents: tokenized when the packer reaches them."""
-
-  def __init__(self, src: sources.DocSource, indices: np.ndarray):
-    self._src, self._indices = src, indices
-
-  def __len__(self) -> int:
-    return len(self._indices)
-
-  def __getitem__(self, j: int) -> np.ndarray:
-    return self._src.doc(int(self._indices[j]), max_pairs=None)
 
 
 def exit_with_parent(worker_index: int = 0, worker_count: int = 1,

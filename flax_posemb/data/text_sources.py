@@ -141,7 +141,7 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
   def _docs(self, bad: list[str] | None = None):
     """(key, text) of every document in file order; keys of invalid UTF-8 go to `bad`."""
     cfg = self._source()
-    if getattr(cfg, 'hf_dataset', ''):
+    if cfg.hf_dataset:
       yield from hf_documents(cfg.hf_dataset, cfg.text_field)
       return
     for path in cfg.files:
@@ -156,7 +156,7 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
         if _ESCAPED.search(doc):  # Mode 'error' refused the file before the build.
           if bad is not None:
             bad.append(key)
-          if getattr(cfg, 'on_decode_error', 'replace') == 'skip':
+          if cfg.on_decode_error == 'skip':
             continue
           doc = doc.encode('utf-8', 'surrogateescape').decode('utf-8', errors='replace')
         yield key, doc
@@ -167,7 +167,7 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
     bad: list[str] = []
     scores = {key: _hash_percent(key) for key, _ in self._docs(bad)}
     self.info.metadata['decode_errors'] = {
-        'mode': getattr(self._source(), 'on_decode_error', 'replace'),
+        'mode': self._source().on_decode_error,
         'documents': len(bad), 'files': sorted({k.rsplit(':', 1)[0] for k in bad})[:20]}
     val = {k for k, v in scores.items() if v < pct}
     if pct > 0 and not val and len(scores) >= 2:  # Tiny corpus: still one validation doc.
