@@ -257,6 +257,16 @@ def test_bad_config_is_a_clear_error(field, value, match):
     data.validate_config(cfg.data, max_len=128)
 
 
+def test_validate_config_owns_the_synthetic_parameters_and_the_text_splits():
+  cfg = _cfg()
+  cfg.data.synthetic.num_docs = 0
+  with pytest.raises(ValueError, match='num_docs >= 1'):
+    data.validate_config(cfg.data, max_len=128)
+  cfg = _cfg(source='stdlib', eval_split='test')
+  with pytest.raises(ValueError, match="use 'train' or 'validation'"):
+    data.validate_config(cfg.data, max_len=128)
+
+
 def test_packed_on_synthetic_needs_period_dividing_context():
   cfg = _cfg('packed', seq_len=120)
   with pytest.raises(ValueError, match='cannot be honoured'):
