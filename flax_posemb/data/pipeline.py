@@ -1,18 +1,10 @@
-"""Grain pipelines: training iterator, evaluation batches, config checks.
+"""Grain pipelines: the training iterator, evaluation batches and the data config check.
 
-Training (`make_train_iterator`) for one-document-per-row policies is a random-access
-chain: a shuffled, repeated document order (a new shuffle every epoch, from `seed`) ->
-the process-local rows of each global batch -> row building -> batching; a row is the
-first T pairs of its document. The streaming policies (`packed`, `packed_reset`,
-`natural_chunked`) stream each process's share of the document order (documents ``g`` with
-``g % process_count == process_index``) whole, without truncation, into rows, then shuffle
-the rows in windows of `data.shuffle_rows` (docs/DESIGN.md "Row order"). The returned
-Grain iterator has ``get_state()`` / ``set_state()``, so a restore continues exactly.
+Row order, streaming and resume: docs/DESIGN.md "Data policies and tokens".
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import time
@@ -30,76 +22,81 @@ from flax_posemb.data import synthetic as synthetic_lib
 SOURCES = ('synthetic', 'stdlib', 'local_text', 'tfds', 'long_text')
 TOKENIZERS = ('byte', 'sentencepiece')
 DECODE_ERROR_MODES = sources.DECODE_ERROR_MODES
+EVAL_POLICIES = ('windows', 'natural')
+WINDOW_STARTS = ('first', 'deep')
+PROVENANCE_KEYS = ('doc', 'start', 'doc_len', 'kind')  # [B] beside an eval batch's [B, T].
 _BIG = 2**62 // 64  # "Infinite" number of rows (Grain datasets are indexed lazily).
 _PACK_CHUNK = 256  # Documents per Grain element fed to the packer.
 
 
 def validate_config(data_config, max_len: int) -> None:
-  """Raises ValueError naming the problem and the fix for a bad data config.
+  """Raises ValueError naming the problem and the fix: the one check of `config.data`
+  against a position table of `max_len` rows (`config.model.max_len`)."""
+  for problem in _problems(data_config, int(max_len)):
+    raise ValueError(problem)
 
-  Args:
-    data_config: the `config.data` ConfigDict.
-    max_len: rows of the model's position table (`config.model.max_len`).
-  """
-  c = data_config
+
+def _problems(c, max_len: int) -> Iterator[str]:
+  """The config's problems, in order (later checks assume the earlier ones passed)."""
+  t, policy = int(c.seq_len), c.position_policy
   if c.source not in SOURCES:
-    raise ValueError(f'Unknown data.source {c.source!r}; use one of {SOURCES}.')
-  if c.position_policy not in policies.POLICIES:
-    raise ValueError(f'Unknown data.position_policy {c.position_policy!r}; use one of '
-                     f'{policies.POLICIES}.')
+    yield f'Unknown data.source {c.source!r}; use one of {SOURCES}.'
+  if policy not in policies.POLICIES:
+    yield f'Unknown data.position_policy {policy!r}; use one of {policies.POLICIES}.'
   if sources.decode_mode(c) not in DECODE_ERROR_MODES:
-    raise ValueError(f'Unknown data.on_decode_error {c.on_decode_error!r}; use one of '
-                     f'{DECODE_ERROR_MODES}.')
+    yield f'Unknown data.on_decode_error {c.on_decode_error!r}; use one of {DECODE_ERROR_MODES}.'
   for key in ('num_workers', 'prefetch', 'shuffle_rows'):
     if int(c.get(key, 0)) < 0:
-      raise ValueError(f'data.{key} must be >= 0, got {c[key]}.')
-  t = int(c.seq_len)
-  if t < 1:
-    raise ValueError(f'data.seq_len must be >= 1, got {t}.')
-  if t > max_len:
-    raise ValueError(
-        f'data.seq_len={t} is longer than the position table (model.max_len={max_len}): '
-        'positions would index rows that do not exist. Lower data.seq_len or raise '
-        'model.max_len.')
+      yield f'data.{key} must be >= 0, got {c[key]}.'
+  if not 1 <= t <= max_len:
+    yield (f'data.seq_len={t} must be in [1, {max_len}]: a row longer than the position table '
+           f'(model.max_len={max_len}) would index rows that do not exist. Lower data.seq_len '
+           'or increase model.max_len.')
   if int(c.min_doc_len) < 2:
-    raise ValueError(f'data.min_doc_len must be >= 2 (one input/target pair), got '
-                     f'{c.min_doc_len}.')
-  if c.position_policy == 'length_schedule':
-    if not 1 <= int(c.schedule_seq_len) <= t:
-      raise ValueError(f'data.schedule_seq_len={c.schedule_seq_len} must be in [1, '
-                       f'data.seq_len={t}].')
-    if not 0.0 <= float(c.schedule_fraction) <= 1.0:
-      raise ValueError(f'data.schedule_fraction={c.schedule_fraction} must be in [0, 1].')
-  if c.position_policy == 'resampled':
+    yield f'data.min_doc_len must be >= 2 (one input/target pair), got {c.min_doc_len}.'
+  if policy == 'length_schedule' and not 1 <= int(c.schedule_seq_len) <= t:
+    yield f'data.schedule_seq_len={c.schedule_seq_len} must be in [1, data.seq_len={t}].'
+  if policy == 'length_schedule' and not 0.0 <= float(c.schedule_fraction) <= 1.0:
+    yield f'data.schedule_fraction={c.schedule_fraction} must be in [0, 1].'
+  if policy == 'resampled':
     lengths_lib.parse(c.resample_dist, t)
+  splits = (c.train_split, c.eval_split)
   if c.source == 'synthetic':
-    lengths_lib.parse(c.length_dist, t)
-    corp = synthetic_lib.from_config(c)
-    if c.position_policy in policies.PACKED_POLICIES and t % corp.period:
-      raise ValueError(
-          f'Policy {c.position_policy!r} cannot be honoured on the synthetic source with '
-          f'seq_len={t}: documents wrapping into the next row restart at position 0, which '
-          f'keeps their dynamics only if num_regimes*segment_len={corp.period} divides '
-          'seq_len. Change data.seq_len or data.synthetic.segment_len/num_regimes.')
-    for split in (c.train_split, c.eval_split):
-      if split not in synthetic_lib.SPLIT_IDS:
-        raise ValueError(f'Synthetic split {split!r} unknown; use one of '
-                         f'{sorted(synthetic_lib.SPLIT_IDS)}.')
-  else:
-    if c.tokenizer not in TOKENIZERS:
-      raise ValueError(f'Unknown data.tokenizer {c.tokenizer!r}; use one of {TOKENIZERS}.')
-    if c.source == 'tfds' and not c.name:
-      raise ValueError("data.source='tfds' needs data.name (e.g. 'wiki40b/en', 'pg19').")
-    if c.source == 'local_text' and not c.local_glob:
-      raise ValueError("data.source='local_text' needs data.local_glob (e.g. "
-                       "'/path/docs/*.txt').")
-    if c.source == 'local_text' and c.local_split_by not in ('file', 'line', 'paragraph'):
-      raise ValueError(f'data.local_split_by={c.local_split_by!r}: use file | line | '
-                       'paragraph.')
+    yield from _synthetic_problems(c, t, splits)
+    return
+  if c.tokenizer not in TOKENIZERS:
+    yield f'Unknown data.tokenizer {c.tokenizer!r}; use one of {TOKENIZERS}.'
+  if c.source == 'tfds' and not c.name:
+    yield "data.source='tfds' needs data.name (e.g. 'wiki40b/en', 'pg19')."
+  if c.source == 'local_text' and not c.local_glob:
+    yield "data.source='local_text' needs data.local_glob (e.g. '/path/docs/*.txt')."
+  if c.source == 'local_text' and c.local_split_by not in ('file', 'line', 'paragraph'):
+    yield f'data.local_split_by={c.local_split_by!r}: use file | line | paragraph.'
+  if c.source != 'tfds' and not set(splits) <= {'train', 'validation'}:
+    yield f"Splits {splits} of {c.source}: use 'train' or 'validation'."
+
+
+def _synthetic_problems(c, t: int, splits) -> Iterator[str]:
+  s = c.synthetic
+  if (int(s.vocab_size) < 2 or int(s.num_regimes) < 1 or int(s.segment_len) < 1
+      or float(s.concentration) <= 0 or int(s.num_docs) < 1):
+    yield ('data.synthetic needs vocab_size >= 2, num_regimes >= 1, segment_len >= 1, '
+           f'concentration > 0 and num_docs >= 1; got {s.to_dict()}.')
+    return
+  lengths_lib.parse(c.length_dist, t)
+  period = int(s.num_regimes) * int(s.segment_len)
+  if c.position_policy in policies.PACKED_POLICIES and t % period:
+    yield (f'Policy {c.position_policy!r} cannot be honoured on the synthetic source with '
+           f'seq_len={t}: documents wrapping into the next row restart at position 0, which '
+           f'keeps their dynamics only if num_regimes*segment_len={period} divides seq_len. '
+           'Change data.seq_len or data.synthetic.segment_len/num_regimes.')
+  for split in splits:
+    if split not in synthetic_lib.SPLIT_IDS:
+      yield f'Synthetic split {split!r} unknown; use one of {sorted(synthetic_lib.SPLIT_IDS)}.'
 
 
 def make_source(data_config, split: str) -> sources.DocSource:
-  """The `DocSource` of `split` for this config."""
+  """The `DocSource` of `split` for this (valid) config."""
   c = data_config
   if c.source == 'synthetic':
     dist = lengths_lib.parse(c.length_dist, int(c.seq_len))
@@ -119,85 +116,35 @@ def vocab_size(data_config) -> int:
 
 
 def reference_losses(data_config, length: int) -> dict[str, np.ndarray] | None:
-  """Per-position reference losses for the synthetic source, else None.
-
-  Returns:
-    {'bayes_loss': [length], 'filter_loss': [length]} float64; entry p is the expected loss
-    of the target at input position p (the token at position id p + 1) for a document
-    starting at position 0. None for real text.
-  """
+  """Synthetic source: {'bayes_loss', 'filter_loss'} ``[length]`` (docs/DESIGN.md
+  "Synthetic corpus"); None for real text."""
   if data_config.source != 'synthetic':
     return None
   return synthetic_lib.reference_losses(synthetic_lib.from_config(data_config), int(length))
-
-
-def _check_batch(batch: dict[str, np.ndarray], bound: int | None = None,
-                 keep_doc_ids: bool = False) -> dict[str, np.ndarray]:
-  if not keep_doc_ids:
-    batch = {k: v for k, v in batch.items() if k != policies.DOC_IDS}
-  pos = batch['positions']
-  t = pos.shape[1] if bound is None else bound
-  if pos.size and (pos.min() < 0 or pos.max() >= t):
-    raise RuntimeError(f'Data pipeline bug: position ids in [{pos.min()}, {pos.max()}] '
-                       f'outside [0, {t}).')
-  return batch
-
-
-def _check_nonempty(src: sources.DocSource, min_tokens: int, max_pairs: int) -> None:
-  """Raises if the first documents (up to 1000) contain none with `min_tokens` tokens."""
-  n = len(src)
-  if n == 0:
-    raise ValueError('The corpus is empty (0 documents); check data.source / data.name / '
-                     'data.local_glob.')
-  for i in range(min(n, 1000)):
-    if len(src.doc(i, max_pairs=max_pairs)) >= min_tokens:
-      return
-  raise ValueError(f'None of the first {min(n, 1000)} documents has >= data.min_doc_len='
-                   f'{min_tokens} tokens; the corpus is (nearly) empty.')
 
 
 def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_steps: int,
                         process_index: int = 0, process_count: int = 1,
                         max_len: int | None = None, with_doc_ids: bool = False
                         ) -> grain.DatasetIterator:
-  """Infinite iterator of process-local training batches.
+  """Infinite iterator of process-local training batches, with ``get_state`` / ``set_state``.
 
-  Args:
-    data_config: `config.data`.
-    batch_size: global rows per step; each process yields ``batch_size // process_count``.
-    seed: shuffle and policy randomness (offsets, resampled lengths).
-    num_train_steps: sets the switch step of `length_schedule`.
-    process_index: this process (`jax.process_index()`).
-    process_count: `jax.process_count()`.
-    max_len: rows of the position table (`config.model.max_len`); only `packed_reset`
-      uses it: a document keeps its in-document positions up to ``max_len - 1`` across
-      rows, then restarts at 0 as a new segment. None: ``seq_len`` (positions stay below
-      the row length, as in every other policy).
-    with_doc_ids: batches also carry ``doc_ids`` ``[b, T]`` int32, the split's index of the
-      document of every token (-1: padding), for reports on batch diversity.
+  `data_config` is valid (`validate_config`); each process yields ``batch_size //
+  process_count`` rows of the global batch; `seed` draws the order, offsets and resampled
+  lengths; `num_train_steps` sets `length_schedule`'s switch; `max_len` is `packed_reset`'s
+  L (docs/DESIGN.md; None: ``seq_len``); `with_doc_ids` adds ``doc_ids`` ``[b, T]`` int32
+  (each token's document, -1: padding) for the report's batch diversity.
 
   Returns:
-    A Grain `DatasetIterator` of batch dicts, arrays ``[batch_size // process_count, T]``
-    (T = `schedule_seq_len` for the first ``schedule_fraction * num_train_steps`` batches of
-    `length_schedule`, else `seq_len`), with ``get_state()`` / ``set_state(state)``.
+    Batch dicts of ``[batch_size // process_count, T]`` arrays (docs/DESIGN.md "Batch").
   """
   c = data_config
   table = int(c.seq_len) if max_len is None else int(max_len)
-  validate_config(c, max_len=table)
-  if batch_size < 1 or batch_size % process_count:
-    raise ValueError(f'batch_size={batch_size} must be a positive multiple of '
-                     f'process_count={process_count}.')
-  if seed < 0:
-    raise ValueError(f'seed must be >= 0, got {seed}.')
-  if not 0 <= process_index < process_count:
-    raise ValueError(f'process_index={process_index} not in [0, {process_count}).')
   src = make_source(c, c.train_split)
-  t, policy, b = int(c.seq_len), c.position_policy, batch_size // process_count
-  min_tokens = int(c.min_doc_len)
+  policy, b = c.position_policy, batch_size // process_count
   if not src.positional:
-    _check_nonempty(src, min_tokens, t)
+    _check_some_doc_long_enough(src, int(c.min_doc_len), int(c.seq_len))
   order = DocOrder(len(src), seed, bool(c.shuffle))
-
   if policy in policies.STREAM_POLICIES:
     ds = _stream_dataset(c, src, order, seed, table, process_index, process_count)
   else:
@@ -206,7 +153,8 @@ def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_st
   if policy == 'length_schedule':
     num_short = int(float(c.schedule_fraction) * int(num_train_steps))
     ds = policies.ScheduleCropIterDataset(ds, int(c.schedule_seq_len), num_short)
-  ds = ds.map(functools.partial(_check_batch, bound=max(table, t), keep_doc_ids=with_doc_ids))
+  if not with_doc_ids:
+    ds = ds.map(lambda batch: {k: batch[k] for k in policies.KEYS})
   if int(c.num_workers) > 0:
     if not flags.FLAGS.is_parsed():  # Grain workers read absl flags (a library caller
       flags.FLAGS.mark_as_parsed()  # outside app.run has not parsed any).
@@ -215,23 +163,29 @@ def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_st
   return iter(ds)
 
 
+def _check_some_doc_long_enough(src: sources.DocSource, min_tokens: int, max_pairs: int):
+  n = min(len(src), 1000)
+  if not any(len(src.doc(i, max_pairs=max_pairs)) >= min_tokens for i in range(n)):
+    raise ValueError(f'None of the first {n} documents has >= data.min_doc_len={min_tokens} '
+                     'tokens; the corpus is (nearly) empty.')
+
+
 def _stream_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, table: int,
                     process_index: int, process_count: int) -> grain.IterDataset:
-  """Rows of the streaming policies (packed, packed_reset, natural_chunked): whole documents
-  packed across rows, this process reading every ``process_count``-th document; the rows
-  then shuffled in windows of ``data.shuffle_rows``."""
+  """Rows of `packed`, `packed_reset`, `natural_chunked`: this process's every
+  ``process_count``-th document packed whole, rows shuffled in windows of `shuffle_rows`."""
   t, policy = int(c.seq_len), c.position_policy
   reset, chunked = policy == 'packed_reset', policy == 'natural_chunked'
 
   def fetch(i: int) -> np.ndarray:
     g = np.arange(i * _PACK_CHUNK, (i + 1) * _PACK_CHUNK) * process_count + process_index
-    return order.take(g)  # Document indices; the packer materializes them.
+    return order.take(g)
 
   def materialize(chunk, column: int):
-    if not src.positional:
-      return _WholeDocs(src, chunk)  # Tokenized one at a time, untruncated.
-    # Synthetic documents (<= T pairs by construction) are generated for the position
-    # ids they occupy: from 0 (packed_reset, natural_chunked) or their row column.
+    if not src.positional:  # Lazy: a document is tokenized when the packer reaches it.
+      return grain.MapDataset.source(chunk).map(lambda d: src.doc(int(d), max_pairs=None))
+    # Synthetic documents are generated for the position ids they occupy: from 0
+    # (packed_reset, natural_chunked) or from their row column (packed).
     pairs = src.pairs_many(chunk, t)
     starts = np.zeros_like(pairs) if reset or chunked else (
         column + np.concatenate([[0], np.cumsum(pairs)[:-1]])) % t
@@ -240,44 +194,39 @@ def _stream_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, table
   ds = grain.MapDataset.range(_BIG).map(fetch).to_iter_dataset(_read_options(c))
   ds = policies.PackIterDataset(ds, materialize, t, reset=reset, min_tokens=int(c.min_doc_len),
                                 max_len=table if reset else None, chunked=chunked)
-  window = int(c.shuffle_rows)
-  if c.shuffle and window > 1:
-    # Consecutive rows of the stream hold consecutive pieces of one document; a batch of
-    # them would compare batch diversity, not position exposure, with the row policies.
-    # Grain's window shuffle restores exactly (it re-reads the window from its start).
-    ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=window, seed=seed)
+  if c.shuffle and int(c.shuffle_rows) > 1:
+    ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=int(c.shuffle_rows),
+                                                     seed=seed)
   return ds
 
 
 def _row_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, batch_size: int,
                  process_index: int, process_count: int) -> grain.IterDataset:
-  """Rows of the one-window policies (natural, random_offset, length_schedule, resampled):
-  one document per row, its first T pairs; this process reads its block of each batch."""
+  """Rows of `natural`, `random_offset`, `length_schedule`, `resampled`: one document per
+  row, its first T pairs; this process reads its block of each global batch."""
   t, policy, b = int(c.seq_len), c.position_policy, batch_size // process_count
-  target = (lengths_lib.parse(c.resample_dist, t) if policy == 'resampled' else None)
+  target = lengths_lib.parse(c.resample_dist, t) if policy == 'resampled' else None
 
-  def make_row(i: int) -> dict[str, np.ndarray]:
-    g = (i // b) * batch_size + process_index * b + i % b  # Global row index.
-    d = int(order[g])
-    row = _window_row(g, d)
-    row[policies.DOC_IDS] = np.where(row['segment_ids'] > 0, d, -1).astype(np.int32)
-    return row
-
-  def _window_row(g: int, d: int) -> dict[str, np.ndarray]:
+  def window_row(g: int, d: int) -> dict[str, np.ndarray]:
     if policy == 'random_offset':
       rng = np.random.default_rng([seed, g, 1])
       if src.positional:
-        m = _num_pairs(src, d, t)
-        o = int(rng.integers(0, t - m + 1))
+        o = int(rng.integers(0, t - min(src.num_pairs(d), t) + 1))
         return policies.natural_row(src.doc(d, start=o, max_pairs=t), t, start=o)
       toks = src.doc(d, max_pairs=t)
       o = int(rng.integers(0, t - max(len(toks) - 1, 0) + 1))
       return policies.natural_row(toks, t, start=o)
     if policy == 'resampled':
-      rng = np.random.default_rng([seed, g, 2])
-      m = target.sample(*rng.random(2))
+      m = target.sample(*np.random.default_rng([seed, g, 2]).random(2))
       return policies.natural_row(src.doc(d, max_pairs=t, num_pairs=m), t)
     return policies.natural_row(src.doc(d, max_pairs=t), t)
+
+  def make_row(i: int) -> dict[str, np.ndarray]:
+    g = (i // b) * batch_size + process_index * b + i % b  # Global row index.
+    d = int(order[g])
+    row = window_row(g, d)
+    row[policies.DOC_IDS] = np.where(row['segment_ids'] > 0, d, -1).astype(np.int32)
+    return row
 
   ds = grain.MapDataset.range(_BIG).map(make_row).to_iter_dataset(_read_options(c))
   if not src.positional:
@@ -286,29 +235,13 @@ def _row_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, batch_si
   return ds
 
 
-class _WholeDocs:
-  """Lazy sequence of untruncated documents: tokenized when the packer reaches them."""
-
-  def __init__(self, src: sources.DocSource, indices: np.ndarray):
-    self._src, self._indices = src, indices
-
-  def __len__(self) -> int:
-    return len(self._indices)
-
-  def __getitem__(self, j: int) -> np.ndarray:
-    return self._src.doc(int(self._indices[j]), max_pairs=None)
-
-
 def exit_with_parent(worker_index: int = 0, worker_count: int = 1,
                      interval: float = 1.0) -> None:
-  """Grain ``worker_init_fn``: the worker ends itself when its parent process is gone.
+  """Grain ``worker_init_fn``: the worker exits when its parent process is gone.
 
-  A parent killed by SIGKILL (OOM killer, ``kill -9``, a scheduler) cannot stop its Grain
-  workers, which then keep running, reparented, holding memory. Grain has no option for
-  this; ``PR_SET_PDEATHSIG`` is unsuitable because it fires when the parent *thread* that
-  started the worker exits (Grain's mp_prefetch makes its worker iterators in a thread
-  pool). So a daemon thread
-  polls ``os.getppid()`` every ``interval`` seconds and exits the worker when it changed.
+  A parent killed by SIGKILL cannot stop its workers, and ``PR_SET_PDEATHSIG`` fires when
+  the parent *thread* exits (mp_prefetch starts workers from a thread pool), so a daemon
+  thread polls ``os.getppid()``.
   """
   del worker_index, worker_count
   parent = os.getppid()
@@ -322,128 +255,90 @@ def exit_with_parent(worker_index: int = 0, worker_count: int = 1,
 
 
 class DocOrder:
-  """Document index of global stream position ``g``: epoch ``g // n`` is a fresh
-  permutation of ``range(n)`` drawn from ``(seed, epoch)`` (identity if not shuffled)."""
+  """Document of global stream position ``g``: epoch ``g // n`` is a fresh permutation of
+  ``range(n)`` drawn from ``(seed, epoch)`` (identity if not shuffled). Kept instead of
+  Grain's `MapDataset.shuffle`: docs/DESIGN.md "Row order"."""
 
   def __init__(self, n: int, seed: int, shuffle: bool = True):
     self.n, self.seed, self.shuffle = int(n), int(seed), shuffle
     self._cache: dict[int, np.ndarray] = {}  # Two epochs: the current and the next.
 
   def _perm(self, epoch: int) -> np.ndarray:
-    perm = self._cache.get(epoch)
-    if perm is None:
-      perm = np.random.default_rng([self.seed, epoch, 0x0D0C]).permutation(self.n)
+    if epoch not in self._cache:
       if len(self._cache) >= 2:
         self._cache.pop(min(self._cache))
-      self._cache[epoch] = perm
-    return perm
+      self._cache[epoch] = np.random.default_rng([self.seed, epoch, 0x0D0C]).permutation(self.n)
+    return self._cache[epoch]
 
   def __getitem__(self, g: int) -> int:
-    epoch, i = divmod(int(g), self.n)
-    return int(self._perm(epoch)[i]) if self.shuffle else i
+    return int(self.take(np.array([g]))[0])
 
   def take(self, gs: np.ndarray) -> np.ndarray:
-    """Vectorized lookup: ``[m]`` stream positions -> ``[m]`` document indices."""
+    """``[m]`` stream positions -> ``[m]`` document indices."""
     gs = np.asarray(gs, np.int64)
     if not self.shuffle:
       return gs % self.n
     out = np.empty_like(gs)
     epochs = gs // self.n
     for e in np.unique(epochs):
-      sel = epochs == e
-      out[sel] = self._perm(int(e))[gs[sel] % self.n]
+      out[epochs == e] = self._perm(int(e))[gs[epochs == e] % self.n]
     return out
 
 
-def _num_pairs(src: sources.DocSource, index: int, max_pairs: int) -> int:
-  """Pairs of document `index` after truncation (cheap for the synthetic source)."""
-  if isinstance(src, sources.SyntheticSource):
-    return min(src.num_pairs(index), max_pairs)
-  return max(len(src.doc(index, max_pairs=max_pairs)) - 1, 0)
-
-
 def _read_options(c) -> grain.ReadOptions:
-  """One background reader thread builds elements ahead when `prefetch` > 0.
-
-  Rows are built in Python (GIL-bound), so more reader threads only add contention;
-  use `num_workers` (processes) to scale.
-  """
+  # Rows are built in Python (GIL-bound): one reader thread; `num_workers` scales.
   return grain.ReadOptions(num_threads=1 if int(c.prefetch) > 0 else 0,
                            prefetch_buffer_size=max(int(c.prefetch), 1) * 16)
-
-
-def _stack(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-  return {k: np.stack([r[k] for r in rows]) for k in policies.KEYS}
-
-
-EVAL_POLICIES = ('windows', 'natural')
-WINDOW_STARTS = ('first', 'deep')
-# Per-row provenance in evaluation batches ([B] arrays beside the [B, T] batch arrays).
-PROVENANCE_KEYS = ('doc', 'start', 'doc_len', 'kind')
 
 
 def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: int,
                       batch_size: int, policy: str = 'windows', seed: int = 0,
                       window_start: str = 'first', min_doc_len: int = 0,
                       min_start: int = 0) -> Iterator[dict[str, np.ndarray]]:
-  """Finite iterator of evaluation batches (the distribution of each mode: docs/DESIGN.md,
-  "Evaluation outputs").
+  """Finite iterator of evaluation batches (docs/DESIGN.md "Evaluation outputs").
 
-  Args:
-    data_config: `config.data`.
-    split: split name (e.g. `data_config.eval_split`).
-    window_len: W, tokens per row.
-    num_windows: rows in total.
-    batch_size: rows per batch; the last batch is padded with empty rows
-      (``segment_ids == 0``, ``loss_mask == 0``) to keep the shape.
-    policy: 'windows': W + 1 consecutive tokens of a document at positions ``0..W-1``
-      (synthetic: a full-length document generated from position 0). 'natural': rows as
-      the training `natural` policy makes them (documents truncated to W pairs, padded).
-    seed: chooses the documents and windows (the same arguments give the same windows).
-    window_start: 'windows' policy only: 'first' (a document's first W + 1 tokens) or
-      'deep' (`_deep_windows`; text sources only).
-    min_doc_len: 'deep': documents with fewer tokens give no window (0: 4 * W).
-    min_start: 'deep': no window starts before this token of its document (0: W).
+  `num_windows` rows of W = `window_len` tokens in batches of `batch_size` (the last padded
+  with empty rows). `policy` 'windows': W + 1 consecutive tokens at positions ``0..W-1``,
+  from a document's start (`window_start` 'first') or deep inside long documents ('deep',
+  text only: `_deep_windows` with `min_doc_len` (0: 4W) and `min_start` (0: W)); 'natural':
+  rows as the training `natural` policy makes them. `seed` chooses documents and windows.
 
   Returns:
-    Iterator of batch dicts: the batch arrays ``[batch_size, W]`` plus the provenance
-    ``PROVENANCE_KEYS`` ``[batch_size]``: document index in the split, token offset of the
-    window's first input token in it, document length in tokens, its kind
-    (`DocSource.kind`); padding rows have doc -1.
-
-  Raises:
-    ValueError: unknown policy or window start, or fewer documents (deep: slots) than
-      `num_windows` (the message says how many exist).
+    Batch dicts: the batch arrays ``[batch_size, W]`` and ``PROVENANCE_KEYS``
+    ``[batch_size]`` (document, offset of the first input token, document length, kind;
+    padding rows have doc -1).
   """
-  if policy not in EVAL_POLICIES:
-    raise ValueError(f'Unknown eval policy {policy!r}; use one of {EVAL_POLICIES}.')
-  if window_start not in WINDOW_STARTS:
-    raise ValueError(f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS} '
-                     "('random', one window per document, was replaced by 'deep': "
-                     'token-uniform windows deep inside long documents).')
-  if window_len < 1 or num_windows < 1 or batch_size < 1:
-    raise ValueError(f'window_len, num_windows and batch_size must be >= 1; got '
-                     f'{window_len}, {num_windows}, {batch_size}.')
   src = make_source(data_config, split)
-  w, n = int(window_len), len(src)
-  if policy == 'windows' and window_start == 'deep':
-    if src.positional:
-      raise ValueError("window_start='deep' needs a text source: synthetic documents are "
-                       'generated for the positions they occupy, so a window cut from inside '
-                       "one would not match its reference losses. Use window_start='first'.")
+  deep = policy == 'windows' and window_start == 'deep'
+  problem = None
+  if window_start not in WINDOW_STARTS:
+    problem = (f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS} (\'random\','
+               " one window per document, was replaced by 'deep': token-uniform windows deep "
+               'inside long documents).')
+  elif deep and src.positional:
+    problem = ("window_start='deep' needs a text source: synthetic documents are generated for "
+               'the positions they occupy, so a window cut from inside one would not match its '
+               "reference losses. Use window_start='first'.")
+  if problem:
+    raise ValueError(problem)
+  w = int(window_len)
+  if deep:
     min_doc_len, min_start = deep_limits(w, min_doc_len, min_start)
-    return _batches(src, _deep_windows(src, split, w, num_windows, min_doc_len, min_start,
-                                       seed), batch_size, w)
-  order = np.random.default_rng([int(seed), 0xE7A1]).permutation(n)
-  need = w + 1 if policy == 'windows' else int(data_config.min_doc_len)
-  windows = _first_windows(src, order, w, need, num_windows, full=policy == 'windows')
-  if len(windows) < num_windows:
-    raise ValueError(
-        f'Split {split!r} has only {len(windows)} documents with >= {need} tokens (of {n}), '
-        f'but num_windows={num_windows} were requested; lower eval.num_windows or the window '
-        'length, or use a corpus with longer documents (wiki40b, pg19; synthetic: raise '
-        'data.synthetic.num_docs).')
+    windows = _deep_windows(src, split, w, num_windows, min_doc_len, min_start, seed)
+  else:
+    order = np.random.default_rng([int(seed), 0xE7A1]).permutation(len(src))
+    need = w + 1 if policy == 'windows' else int(data_config.min_doc_len)
+    windows = _first_windows(src, order, w, need, num_windows, full=policy == 'windows')
+    _check_enough(len(windows), num_windows, f'Split {split!r} has only {len(windows)} '
+                  f'documents with >= {need} tokens (of {len(src)})', 'the window length')
   return _batches(src, windows, batch_size, w)
+
+
+def _check_enough(found: int, num_windows: int, what: str, lower: str) -> None:
+  if found < num_windows:
+    raise ValueError(f'{what}, but num_windows={num_windows} were requested; lower '
+                     f'eval.num_windows or {lower}, or use a corpus with longer documents '
+                     '(wiki40b, pg19; synthetic: more data.synthetic.num_docs).')
 
 
 Window = tuple[dict[str, np.ndarray], tuple[int, int, int]]  # (row, (doc, start, doc_len))
@@ -471,13 +366,11 @@ def _first_windows(src: sources.DocSource, order: np.ndarray, w: int, need: int,
 def _deep_windows(src: sources.DocSource, split: str, w: int, num_windows: int,
                   min_doc_len: int, min_start: int, seed: int) -> list[Window]:
   """Windows drawn token-uniformly (up to slot granularity) from the documents of at least
-  `min_doc_len` tokens, none starting before token `min_start` of its document.
+  `min_doc_len` tokens, none starting before token `min_start`.
 
-  Each such document's region ``[min_start, L)`` is cut into ``(L - min_start) // (w + 1)``
-  consecutive slots of ``w + 1`` tokens from a random origin in the region's slack; then
-  `num_windows` slots are drawn without replacement among all slots of all documents (so a
-  long document gives several non-overlapping windows). Tokenizes every document of the
-  split to learn its length: O(split).
+  A document's region ``[min_start, L)`` is cut into consecutive slots of ``w + 1`` tokens
+  from a random origin in the region's slack; `num_windows` slots are drawn without
+  replacement among all slots. Tokenizes every document of the split: O(split).
   """
   lengths = np.array([len(src.doc(i, max_pairs=None)) for i in range(len(src))], np.int64)
   span = w + 1
@@ -486,13 +379,10 @@ def _deep_windows(src: sources.DocSource, split: str, w: int, num_windows: int,
   rng = np.random.default_rng([int(seed), 0xDEE9])
   origin = min_start + rng.integers(0, region - slots * span + 1)
   total = int(slots.sum())
-  if total < num_windows:
-    raise ValueError(
-        f'Split {split!r} has only {total} deep window slots ({span} tokens each, from token '
-        f'{min_start} of the {int((slots > 0).sum())} documents with >= {min_doc_len} tokens '
-        f'that fit one; {len(lengths)} documents in all), but num_windows={num_windows} were '
-        'requested; lower eval.num_windows, eval.min_doc_len, eval.min_start or the window '
-        'length, or use a corpus with longer documents (pg19).')
+  _check_enough(total, num_windows, f'Split {split!r} has only {total} deep window slots '
+                f'({span} tokens each, from token {min_start} of the {int((slots > 0).sum())} '
+                f'documents with >= {min_doc_len} tokens that fit one; {len(lengths)} '
+                'documents in all)', 'eval.min_doc_len, eval.min_start or the window length')
   pick = np.sort(rng.choice(total, num_windows, replace=False))
   ends = np.cumsum(slots)
   docs = np.searchsorted(ends, pick, side='right')
@@ -506,15 +396,13 @@ def _deep_windows(src: sources.DocSource, split: str, w: int, num_windows: int,
 
 
 def deep_limits(window_len: int, min_doc_len: int, min_start: int) -> tuple[int, int]:
-  """'deep' windows' shortest document and first start; 0 means the default, 4 windows'
-  length and one window's length."""
+  """'deep' windows' shortest document and first start (0: 4 windows' length, one's)."""
   return int(min_doc_len) or 4 * int(window_len), int(min_start) or int(window_len)
 
 
 def deep_region(lengths, min_doc_len: int, min_start: int) -> np.ndarray:
-  """``[n]`` tokens of each document (of these lengths) that 'deep' windows may cover: 0
-  below `min_doc_len` tokens, else those from token `min_start` on; ``region // (T + 1)``
-  windows fit."""
+  """``[n]`` tokens of each document that 'deep' windows may cover (0 below
+  `min_doc_len`, else those from token `min_start` on)."""
   lengths = np.asarray(lengths, np.int64)
   return np.where(lengths >= min_doc_len, np.maximum(lengths - min_start, 0), 0)
 
@@ -525,7 +413,7 @@ def _batches(src: sources.DocSource, windows: list[Window], batch_size: int,
   for i in range(0, len(windows), batch_size):
     chunk = windows[i:i + batch_size]
     chunk += [pad] * (batch_size - len(chunk))
-    batch = _stack([row for row, _ in chunk])
+    batch = {k: np.stack([row[k] for row, _ in chunk]) for k in policies.KEYS}
     prov = np.array([p for _, p in chunk], np.int64).reshape(-1, 3)
     batch.update(doc=prov[:, 0], start=prov[:, 1], doc_len=prov[:, 2],
                  kind=np.array([src.kind(d) if d >= 0 else '' for d in prov[:, 0].tolist()]))

@@ -5,16 +5,11 @@
   python train.py --config configs/default.py --workdir runs/books \\
       --config.data.source=tfds --config.data.name=my_books --config.data.data_dir=DIR
 
-Inputs: ``.txt`` files (one document per file, line or blank-line paragraph: ``--split_by``),
-``.jsonl`` (one document per line, its ``--text_field``), ``.parquet`` (one document per row of
-its ``--text_field`` column; needs pyarrow), or a Hugging Face ``datasets`` dataset saved with
-``save_to_disk`` (``--hf_dataset``; needs the ``datasets`` library). Writes
-``DIR/NAME/1.0.0/`` (TFDS's own builder and array_record writer, the same build as the
-``local_text`` source) with splits ``train`` and ``validation`` (``--val_percent`` of the
-documents by key hash) and one string feature, ``text``; ``data.source=tfds`` reads it with
-no TensorFlow installed. The alternative for datasets in the TFDS catalogue (wiki40b, pg19):
-``pip install "flax_posemb[prepare]"`` (TensorFlow, Beam) and ``tfds build NAME
---file_format=array_record --data_dir=DIR``.
+Inputs: ``.txt`` (one document per file, line or paragraph: ``--split_by``), ``.jsonl``
+lines and ``.parquet`` rows (their ``--text_field``; parquet needs pyarrow), or a Hugging Face
+dataset saved with ``save_to_disk`` (``--hf_dataset``). Writes ``DIR/NAME/1.0.0/`` (the build
+of the ``local_text`` source) with splits ``train`` and ``validation`` (``--val_percent`` of
+the documents by key hash) and one feature, ``text``.
 
 Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message; --debug shows the traceback).
 """
@@ -22,9 +17,9 @@ Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message; --debug shows th
 from __future__ import annotations
 
 import contextlib
-import glob as glob_lib
 import io
 import os
+import re
 import shutil
 import types
 from typing import Any
@@ -43,80 +38,47 @@ SUFFIXES = ('.txt', '.jsonl', '.parquet')
 def prepare(name: str, data_dir: str, *, inputs: tuple[str, ...] = (), hf_dataset: str = '',
             split_by: str = 'file', text_field: str = 'text', val_percent: int = 5,
             on_decode_error: str = 'replace', overwrite: bool = False) -> dict[str, Any]:
-  """Builds ``data_dir/name/1.0.0`` from local files or a Hugging Face dataset on disk.
+  """Builds ``data_dir/name/1.0.0`` from the files of `inputs` (globs) or `hf_dataset`.
 
-  Args:
-    name: dataset name (``data.name``): lower-case letters, digits and underscores.
-    data_dir: TFDS data directory (``data.data_dir``).
-    inputs: globs of ``.txt`` / ``.jsonl`` / ``.parquet`` files.
-    hf_dataset: directory of a ``datasets`` dataset saved with ``save_to_disk`` (instead).
-    split_by: ``.txt`` document unit: file | line | paragraph.
-    text_field: the text's field in ``.jsonl`` lines, ``.parquet`` and Hugging Face columns.
-    val_percent: percent of documents (by hash of their key) in 'validation'.
-    on_decode_error: invalid UTF-8 in text files: replace | skip | error.
-    overwrite: replace an existing ``data_dir/name``.
-
-  Returns:
-    ``{'path', 'feature', 'splits': {split: documents}}``.
-
-  Raises:
-    ValueError: bad name, no or unsupported inputs, an existing dataset without
-      ``overwrite``, a missing text column, or a missing optional library.
+  The arguments are the command's flags (checked by them: a lower-case `name`, one input).
+  Returns ``{'path', 'feature', 'splits': {split: documents}}``.
   """
   from flax_posemb.data import text_sources  # pylint: disable=g-import-not-at-top  (TFDS)
-  files = _files(inputs, hf_dataset)
-  if not name.replace('_', '').isalnum() or name.lower() != name or name[0].isdigit():
-    raise ValueError(f'--name {name!r}: use lower-case letters, digits and underscores, '
-                     'starting with a letter (it becomes data.name).')
-  if split_by not in ('file', 'line', 'paragraph'):
-    raise ValueError(f'--split_by {split_by!r}: use file, line or paragraph.')
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  files = () if hf_dataset else tuple(os.path.abspath(f) for f in text_sources.glob_files(
+      inputs, SUFFIXES, f'--input {", ".join(inputs)}'))
   root = os.path.join(data_dir, name)
-  if os.path.exists(root):
-    if not overwrite:
-      raise ValueError(f'{root} exists; pass --overwrite to rebuild it, or another --name.')
-    shutil.rmtree(root)
+  if os.path.exists(root) and not overwrite:
+    raise ValueError(f'{root} exists; pass --overwrite to rebuild it, or another --name.')
+  shutil.rmtree(root, ignore_errors=True)
+  if on_decode_error == 'error':
+    text_sources.refuse_invalid_utf8([f for f in files if not f.endswith('.parquet')])
   source = text_sources.TextBuilderConfig(
       name='default', files=files, split_by=split_by, text_field=text_field,
       val_percent=val_percent, on_decode_error=on_decode_error, hf_dataset=hf_dataset,
       description=f'{hf_dataset or f"{len(files)} files"} (flax_posemb.data.prepare)')
-  builder_cls = types.new_class(
-      'Prepared', (text_sources._TextCorpus,), {'skip_registration': True},  # pylint: disable=protected-access
-      lambda ns: ns.update(name=name, SOURCE=source, __module__=__name__))
-  builder = builder_cls(data_dir=data_dir)
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  tfds.disable_progress_bar()  # TFDS's "Downloading..." prints and bars, for a local build.
-  with contextlib.redirect_stdout(io.StringIO()):
+  corpus = text_sources._TextCorpus  # pylint: disable=protected-access
+  builder = types.new_class('Prepared', (corpus,), {'skip_registration': True},
+                            lambda ns: ns.update(name=name, SOURCE=source, __module__=__name__))(
+                                data_dir=data_dir)
+  tfds.disable_progress_bar()
+  with contextlib.redirect_stdout(io.StringIO()):  # TFDS's prints, for a local build.
     builder.download_and_prepare(file_format='array_record')
-  shutil.rmtree(os.path.join(data_dir, 'downloads'), ignore_errors=True)  # empty, TFDS's
+  shutil.rmtree(os.path.join(data_dir, 'downloads'), ignore_errors=True)  # Empty, TFDS's.
   splits = {k: int(v.num_examples) for k, v in builder.info.splits.items()}
   return {'path': builder.data_dir, 'feature': FEATURE, 'splits': splits}
-
-
-def _files(inputs: tuple[str, ...], hf_dataset: str) -> tuple[str, ...]:
-  """The sorted files the globs match (none with --hf_dataset), checked."""
-  if bool(inputs) == bool(hf_dataset):
-    raise ValueError('give --input GLOB (.txt/.jsonl/.parquet files) or --hf_dataset DIR, '
-                     'not both and not neither.')
-  if hf_dataset:
-    if not os.path.isdir(hf_dataset):
-      raise ValueError(f'--hf_dataset {hf_dataset} is not a directory (a dataset saved with '
-                       'datasets.Dataset.save_to_disk).')
-    return ()
-  files = sorted({f for g in inputs for f in glob_lib.glob(os.path.expanduser(g), recursive=True)
-                  if os.path.isfile(f)})
-  if not files:
-    raise ValueError(f'--input {", ".join(inputs)} matches no files.')
-  bad = [f for f in files if not f.endswith(SUFFIXES)]
-  if bad:
-    raise ValueError(f'--input matches files that are not {"/".join(SUFFIXES)}: {bad[:3]}.')
-  return tuple(os.path.abspath(f) for f in files)
 
 
 def define_flags() -> None:
   """The command's flags (defined only when run as a program: the module is also a library)."""
   flags.DEFINE_string('name', None, 'Dataset name (then --config.data.name=NAME).')
-  flags.DEFINE_multi_string('input', [], 'Glob of .txt/.jsonl/.parquet files (repeatable).')
-  flags.DEFINE_string('hf_dataset', '', 'A Hugging Face dataset saved with save_to_disk.')
+  flags.register_validator(
+      'name', lambda n: n is None or re.fullmatch('[a-z][a-z0-9_]*', n) is not None,
+      '--name: use lower-case letters, digits and underscores, starting with a letter (it '
+      'becomes data.name).')
+  flags.DEFINE_multi_string('input', None, 'Glob of .txt/.jsonl/.parquet files (repeatable).')
+  flags.DEFINE_string('hf_dataset', None, 'A Hugging Face dataset saved with save_to_disk.')
+  flags.mark_flags_as_mutual_exclusive(['input', 'hf_dataset'], required=True)
   flags.DEFINE_string('data_dir', None, 'TFDS data directory (then --config.data.data_dir=DIR).')
   flags.DEFINE_enum('split_by', 'file', ['file', 'line', 'paragraph'], '.txt document unit.')
   flags.DEFINE_string('text_field', 'text', 'Text field of .jsonl lines / column of .parquet '
@@ -126,6 +88,7 @@ def define_flags() -> None:
   flags.DEFINE_enum('on_decode_error', 'replace', ['replace', 'skip', 'error'],
                     'Invalid UTF-8 in text files.')
   flags.DEFINE_bool('overwrite', False, 'Replace an existing DATA_DIR/NAME.')
+  flags.mark_flags_as_required(['name', 'data_dir'])
   cli.define_debug_flag()
 
 
@@ -135,12 +98,9 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise cli.UserError(f'unexpected arguments {argv[1:]}; every option is a --flag.')
-  for flag in ('name', 'data_dir'):
-    if not FLAGS[flag].value:
-      raise cli.UserError(f'--{flag} is required.')
   cli.check_output_dir(FLAGS.data_dir, '--data_dir')
-  out = prepare(FLAGS.name, FLAGS.data_dir, inputs=tuple(FLAGS.input),
-                hf_dataset=FLAGS.hf_dataset, split_by=FLAGS.split_by,
+  out = prepare(FLAGS.name, FLAGS.data_dir, inputs=tuple(FLAGS.input or ()),
+                hf_dataset=FLAGS.hf_dataset or '', split_by=FLAGS.split_by,
                 text_field=FLAGS.text_field, val_percent=FLAGS.val_percent,
                 on_decode_error=FLAGS.on_decode_error, overwrite=FLAGS.overwrite)
   splits = ', '.join(f'{k} {v} documents' for k, v in sorted(out['splits'].items()))

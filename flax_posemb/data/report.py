@@ -1,10 +1,5 @@
-"""Position-exposure report: how often each position id carries a real token.
-
-Run it before training to see the skew a policy produces:
-
-  python -m flax_posemb.data --config configs/tiny.py --num_batches 100 \
-      [--json exposure.json] [--png exposure.png]
-"""
+"""Position-exposure report (``python -m flax_posemb.data``): how often each position id
+carries a real token under a policy, and what each policy makes of the corpus."""
 
 from __future__ import annotations
 
@@ -16,59 +11,32 @@ import numpy as np
 from flax_posemb.data import pipeline
 
 
-def _length_buckets(seq_len: int, n: int = 6) -> list[tuple[int, int]]:
-  """Buckets ``(lo, hi]`` of lengths: 1/32, 1/16, 1/8, 1/4, 1/2, 1 of the context."""
-  edges = [0] + [max(1, int(round(seq_len / 2**(n - 1 - i)))) for i in range(n)]
-  return [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
-
-
 def _hist(lengths: np.ndarray, seq_len: int, beyond: bool = False) -> list[dict[str, Any]]:
-  """Documents and token share per length bucket; lengths ``[n]`` in pairs.
-
-  `beyond`: add buckets past the context, (T, 2T], (2T, 4T], (4T, 16T], (16T, inf).
-  """
-  total = max(int(lengths.sum()), 1)
-  out = []
-  buckets = _length_buckets(seq_len)
+  """Documents and token share per length bucket (1/32, 1/16, ..., 1 of the context; with
+  `beyond`, also (T, 2T], (2T, 4T], (4T, 16T], (16T, inf)) of lengths ``[n]`` in pairs."""
+  t, total = seq_len, max(int(lengths.sum()), 1)
+  edges = [0] + [max(1, int(round(t / 2**(5 - i)))) for i in range(6)]
+  buckets = [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
   if beyond:
-    t = seq_len
     buckets += [(t, 2 * t), (2 * t, 4 * t), (4 * t, 16 * t), (16 * t, None)]
+  out = []
   for lo, hi in buckets:
-    if hi is None:
-      sel = lengths > lo
-      out.append({'bucket': f'({lo},inf)', 'docs': int(sel.sum()),
-                  'token_share': float(lengths[sel].sum() / total)})
-      continue
-    sel = (lengths > lo) & (lengths <= hi)
-    out.append({'bucket': f'({lo},{hi}]', 'docs': int(sel.sum()),
+    sel = (lengths > lo) & (lengths <= (np.inf if hi is None else hi))
+    out.append({'bucket': f"({lo},{'inf)' if hi is None else f'{hi}]'}", 'docs': int(sel.sum()),
                 'token_share': float(lengths[sel].sum() / total)})
   return out
 
 
 def _segment_lengths(batch: dict[str, np.ndarray]) -> list[int]:
-  seg = batch['segment_ids']
-  out = []
-  for row in seg:
-    ids, counts = np.unique(row[row > 0], return_counts=True)
-    out += counts.tolist()
-  return out
+  return [n for row in batch['segment_ids'] for n in np.unique(row[row > 0],
+                                                               return_counts=True)[1].tolist()]
 
 
 def policy_shares(doc_pairs: np.ndarray, data_config, seed: int = 0) -> dict[str, Any]:
-  """What each policy makes of documents of these (untruncated) lengths.
-
-  Args:
-    doc_pairs: ``[n]`` untruncated document lengths (pairs) of a corpus sample.
-    data_config: `config.data` (seq_len, min_doc_len, schedule_*, resample_dist).
-    seed: draws of `resampled` lengths.
-
-  Returns:
-    {policy: {'token_share': share of the sample's pairs that reach a row (1 - dropped),
-    'last_over_first': expected real tokens in the last tenth of positions over the first
-    tenth (None where it depends on the run: random_offset, resampled)}}. Analytic: it
-    assumes every document is read once (one epoch) with `data.position_policy`'s rules
-    and ``max_len = seq_len`` for `packed_reset`.
-  """
+  """What each policy makes of documents of these untruncated lengths ``[n]`` (pairs),
+  analytically for one epoch (``max_len = seq_len``): {policy: {'token_share' of the pairs
+  reaching a row, 'last_over_first' real tokens of the last tenth of positions over the
+  first (None where the run decides: random_offset, resampled)}}."""
   from flax_posemb.data import lengths as lengths_lib  # pylint: disable=g-import-not-at-top
   c = data_config
   t = int(c.seq_len)
@@ -117,26 +85,9 @@ def length_stats(doc_pairs: np.ndarray, seq_len: int) -> dict[str, Any]:
 
 
 def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dict[str, Any]:
-  """Exposure of the training iterator of `config` (the full config: data + batch fields).
-
-  Args:
-    config: full config (`config.data`, `config.batch_size`, `config.seed`,
-      `config.num_train_steps`).
-    num_batches: batches drawn from the training iterator.
-    num_source_docs: documents sampled from the source for its length distribution
-      (0 = every document).
-
-  Returns:
-    JSON-serializable dict: 'counts' (real tokens per position, ``[seq_len]``), 'deciles'
-    (mean count per decile of positions, ``[10]``), 'last_over_first', padding fraction,
-    'segment_lengths' (per row segment, bucketed), 'doc_lengths' (sampled source documents,
-    untruncated, bucketed up to and past the context), 'doc_length_stats' (quantiles) and
-    'policies' (per policy: share of the sample's tokens it uses, analytic late/early
-    exposure; see `policy_shares`).
-  """
-  if int(num_batches) < 1:
-    raise ValueError(f'num_batches must be >= 1 (a report on no batches says nothing), got '
-                     f'{num_batches}.')
+  """JSON-serializable exposure report of `config`'s training iterator over `num_batches`
+  batches ('counts' ``[seq_len]`` real tokens per position, 'deciles' ``[10]``, ...) and of
+  `num_source_docs` sampled source documents (0 = all)."""
   c = config.data
   pipeline.validate_config(c, max_len=int(config.model.max_len))
   t = int(c.seq_len)
@@ -200,25 +151,12 @@ def _main_documents(doc_ids: np.ndarray) -> np.ndarray:
 
 def batch_diversity(main_docs: np.ndarray, doc_pairs: np.ndarray, data_config,
                     split_docs: int) -> dict[str, float | None]:
-  """How often rows of one batch come from one document, measured and under a random draw.
+  """Share of row pairs of a batch from one document and of batches all from one document,
+  measured on `main_docs` ``[num_batches, b]`` and (``random_*``) under a random draw of
+  rows from the policy's epoch (docs/DESIGN.md "Row order"); None for batches of one row.
 
-  A row is attributed to the document holding most of its tokens. The random draw picks
-  every row independently from the policy's epoch of rows: a document gets ``ceil(pairs /
-  T)`` rows under `natural_chunked`, rows in proportion to its pairs under `packed` and
-  `packed_reset`, one row under the row policies, none below `data.min_doc_len`. From a
-  random sample of k of the split's n documents, ``sum p^2`` over the sample estimates k/n
-  times the split's (``sum p^b``: (k/n)^(b-1) times), so the sample's value is scaled.
-
-  Args:
-    main_docs: ``[num_batches, b]`` document of each row (-1: an empty row).
-    doc_pairs: ``[k]`` untruncated pairs of a random sample of the split's documents.
-    data_config: `config.data` (position_policy, seq_len, min_doc_len).
-    split_docs: n, the documents of the split.
-
-  Returns:
-    ``same_doc_pairs`` / ``all_one_doc``: the share of row pairs within a batch from one
-    document and the share of batches whose rows all come from one document, measured;
-    ``random_*``: the same under the random draw (None for a batch of one row).
+  `doc_pairs` ``[k]`` are a random sample of the split's `split_docs` documents: the
+  sample's ``sum p^b`` estimates (k/n)^(b-1) times the split's, so it is scaled.
   """
   b = main_docs.shape[1]
   if b < 2:
@@ -240,9 +178,7 @@ def batch_diversity(main_docs: np.ndarray, doc_pairs: np.ndarray, data_config,
 
 
 def composition(data_config) -> list[dict[str, Any]]:
-  """Per split and kind of a corpus whose records carry a 'kind' (`long_text`): documents,
-  tokens, documents of >= 4 and >= 8 contexts and deep windows at ``data.seq_len``
-  (`long_text.split_stats`; tokens of the configured tokenizer, separator included)."""
+  """`long_text.split_stats` per split and kind of a `long_text` corpus at data.seq_len."""
   from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
   rows = []
   for split in ('train', 'validation'):
@@ -257,8 +193,7 @@ def composition(data_config) -> list[dict[str, Any]]:
 
 
 def _decode_errors(src) -> dict[str, Any] | None:
-  """Documents of invalid UTF-8 (data.on_decode_error): at the corpus build, and met while
-  reading records here (TFDS datasets); None for the synthetic source."""
+  """Documents of invalid UTF-8 found by the build and met while reading; None: synthetic."""
   if not hasattr(src, 'decode_errors'):
     return None
   out = dict(src.build_decode_errors or {'mode': src.on_decode_error, 'documents': 0,

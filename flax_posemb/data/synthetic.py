@@ -1,31 +1,10 @@
 """Procedural position-dependent corpus with a known optimal loss per position.
 
-Token ``x_p`` at absolute position id ``p >= 1`` is drawn from row ``x_{p-1}`` of transition
-matrix ``M[regime(p)]`` with ``regime(p) = floor(p / S) mod K``; the first token of a document
-is uniform. Rows of ``M`` are Dirichlet(concentration) draws from ``corpus seed``. The same
-dynamics recur every ``K * S`` positions, so late positions are not harder than early ones:
-only knowing the position (a good position-table row) tells a model which matrix applies.
-
-A document is generated *for the position ids it occupies* (``start`` argument), so
-`random_offset` and continuing `packed` rows stay consistent with their position ids. When
-``K * S`` divides the context ``T``, the regime of position ``p`` equals that of ``p mod T``,
-so a packed document that wraps into the next row (position ids restart at 0) keeps its
-dynamics.
-
-Reference losses (entry ``p`` is the expected loss of the target at input position ``p``,
-i.e. of the token at position id ``p + 1`` given tokens at ids ``<= p``, for a document
-starting at position 0):
-
-* ``bayes_loss``: exact, position known: ``sum_a pi_p(a) H(M[regime(p+1)][a])`` where
-  ``pi_p`` is the exact marginal of ``x_p``.
-* ``filter_loss``: a content-only predictor that knows the K matrices but not the position:
-  it filters the regime as a hidden sticky chain (stay with prob ``1 - 1/S``, else move to the
-  next regime in the cycle), starting from a uniform regime. Monte-Carlo over documents drawn
-  from the true process (fixed seed, so deterministic). A predictor that counts tokens from
-  the document start could beat it, so it is the loss of position-blind *content* inference,
-  not a lower bound for every model without position embeddings.
-
-The gap ``filter_loss - bayes_loss`` is what a good position row is worth.
+Token ``x_p`` at position id ``p >= 1`` is drawn from row ``x_{p-1}`` of ``M[(p // S) % K]``;
+the first token is uniform; rows of ``M`` are Dirichlet draws. Documents are generated for
+the position ids they occupy. `bayes_loss` (position known, exact) and `filter_loss`
+(position-blind regime filter, Monte-Carlo): docs/DESIGN.md "Synthetic corpus". Their gap is
+what a good position row is worth.
 """
 
 from __future__ import annotations
@@ -39,23 +18,11 @@ SPLIT_IDS = {'train': 0, 'validation': 1, 'test': 2}
 
 
 class SyntheticCorpus:
-  """The transition matrices and the document generator.
-
-  Args:
-    vocab_size: V, tokens are ``0..V-1``.
-    num_regimes: K transition matrices.
-    segment_len: S positions per regime.
-    concentration: Dirichlet concentration of every transition row.
-    seed: corpus seed (matrices and document contents).
-  """
+  """The K transition matrices over V tokens (S positions per regime, Dirichlet
+  `concentration`, corpus `seed`) and the document generator."""
 
   def __init__(self, vocab_size: int, num_regimes: int, segment_len: int,
                concentration: float, seed: int):
-    if vocab_size < 2 or num_regimes < 1 or segment_len < 1 or concentration <= 0:
-      raise ValueError(
-          'Synthetic corpus needs vocab_size >= 2, num_regimes >= 1, segment_len >= 1 and '
-          f'concentration > 0; got V={vocab_size}, K={num_regimes}, S={segment_len}, '
-          f'concentration={concentration}.')
     self.vocab_size = int(vocab_size)
     self.num_regimes = int(num_regimes)
     self.segment_len = int(segment_len)
@@ -81,11 +48,8 @@ class SyntheticCorpus:
     return (np.asarray(positions) // self.segment_len) % self.num_regimes
 
   def doc_uniforms(self, split: str, index: int, count: int) -> np.ndarray:
-    """The first `count` uniforms of document `index` of `split`, ``[count]`` float64.
-
-    A counter-based stream (SplitMix64 of a per-document key), so any prefix is cheap and
-    independent of the policy: uniforms 0 and 1 pick the length, 2.. the tokens.
-    """
+    """The first `count` uniforms ``[count]`` of document `index`: a counter-based stream
+    (SplitMix64), so any prefix is cheap; uniforms 0 and 1 pick the length, 2.. the tokens."""
     return self.doc_uniforms_many(split, np.asarray([index]), count)[0]
 
   def doc_uniforms_many(self, split: str, indices: np.ndarray, count: int) -> np.ndarray:
@@ -99,16 +63,8 @@ class SyntheticCorpus:
 
   def generate_many(self, uniforms: np.ndarray, starts: np.ndarray,
                     num_tokens: np.ndarray) -> list[np.ndarray]:
-    """Vectorized `generate` of many documents (identical tokens).
-
-    Args:
-      uniforms: ``[n, L]`` floats in [0, 1), row j's first ``num_tokens[j]`` are used.
-      starts: ``[n]`` start position ids.
-      num_tokens: ``[n]`` document lengths in tokens (<= L).
-
-    Returns:
-      List of n int32 arrays, array j ``[num_tokens[j]]``.
-    """
+    """Vectorized `generate`: uniforms ``[n, L]``, start ids ``[n]``, lengths ``[n]`` (<= L)
+    -> n int32 arrays ``[num_tokens[j]]`` (identical tokens)."""
     n = len(starts)
     num_tokens = np.asarray(num_tokens, np.int64)
     order = np.argsort(-num_tokens, kind='stable')  # Longest first: active docs = prefix.
@@ -133,15 +89,7 @@ class SyntheticCorpus:
     return out
 
   def generate(self, uniforms: np.ndarray, start: int) -> np.ndarray:
-    """Generates one document occupying position ids ``start, start+1, ...``.
-
-    Args:
-      uniforms: ``[n]`` floats in [0, 1); one per token.
-      start: position id of the first token.
-
-    Returns:
-      ``[n]`` int32 tokens.
-    """
+    """One document ``[n]`` int32 at position ids ``start, ...`` from uniforms ``[n]``."""
     u = uniforms.tolist()
     n = len(u)
     if n == 0:
@@ -159,11 +107,7 @@ class SyntheticCorpus:
 
   def sample_batch(self, rng: np.random.Generator, num_docs: int, length: int,
                    start: int = 0) -> np.ndarray:
-    """Vectorized sampling of `num_docs` documents of `length` tokens from `start`.
-
-    Returns:
-      ``[num_docs, length]`` int32 tokens.
-    """
+    """``[num_docs, length]`` int32: documents from position id `start`."""
     x = np.empty((num_docs, length), np.int32)
     x[:, 0] = rng.integers(0, self.vocab_size, num_docs)
     for j in range(1, length):
@@ -188,16 +132,8 @@ class SyntheticCorpus:
 
   def filter_loss(self, length: int, num_docs: int = 4096,
                   seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Monte-Carlo loss of the position-blind regime filter (see module doc).
-
-    Args:
-      length: number of input positions.
-      num_docs: Monte-Carlo documents.
-      seed: Monte-Carlo seed.
-
-    Returns:
-      (mean ``[length]``, standard error ``[length]``), float64.
-    """
+    """Monte-Carlo loss of the position-blind regime filter over `length` positions:
+    (mean ``[length]``, standard error ``[length]``) float64."""
     rng = np.random.default_rng([self.seed, 0xF1, seed])
     x = self.sample_batch(rng, num_docs, length + 1, start=0)
     k, s = self.num_regimes, self.segment_len
@@ -218,14 +154,6 @@ class SyntheticCorpus:
 
 
 _M64 = (1 << 64) - 1
-
-
-def _mix64(x: int) -> int:
-  """SplitMix64 finalizer of a Python int (mod 2**64)."""
-  x &= _M64
-  x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-  x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-  return x ^ (x >> 31)
 
 
 def _mix64_np(z: np.ndarray) -> np.ndarray:

@@ -1,24 +1,9 @@
 """Real-text sources through TFDS (array_record + `as_data_source`; no TensorFlow needed).
 
-* ``local_text``: the user's ``.txt`` / ``.jsonl`` files (`data.local_glob`), one document
-  per file, line or blank-line paragraph (`data.local_split_by`; a ``.jsonl`` line's
-  `data.text_feature` field is its text, one document per line).
-* ``stdlib``: this Python's standard-library ``.py`` files, each split into documents at
-  top-level ``def`` / ``class`` / decorator lines (a mix of short and long documents).
-  Available on every machine without download.
-* ``tfds``: any prepared TFDS text dataset (`data.name`, feature `data.text_feature`).
-
-``local_text`` and ``stdlib`` are `GeneratorBasedBuilder`s built on first use into the data
-directory. Their builder config name carries a content hash of the input files (and the
-Python version for ``stdlib``), so changed files or another Python build a new dataset.
-Splits: a document goes to 'validation' when a hash of its key falls in the first
-`data.val_percent` percent, else to 'train' (deterministic).
-
-Invalid UTF-8 (`data.on_decode_error`): 'replace' stores U+FFFD for the bad bytes, 'skip'
-drops the document, 'error' refuses to build, naming the file, document and byte. The build
-records how many documents (and which files) were affected in the dataset's metadata; every
-load logs a warning when there were any, and `TextSource.build_decode_errors` carries them
-(the exposure report prints them).
+``local_text`` (the user's .txt/.jsonl files) and ``stdlib`` (this Python's standard library
+split at top-level definitions) are `GeneratorBasedBuilder`s built on first use into the data
+directory, named by a hash of their inputs; ``tfds`` reads any prepared TFDS dataset. Splits,
+invalid UTF-8 and feature lookup: docs/DESIGN.md "Data policies and tokens".
 """
 
 from __future__ import annotations
@@ -27,6 +12,7 @@ import contextlib
 import fcntl
 import glob as glob_lib
 import hashlib
+import importlib
 import inspect
 import io
 import json
@@ -69,9 +55,9 @@ def _hash_files(paths: list[str], extra: str) -> str:
   return h.hexdigest()[:12]
 
 
-def _refuse_invalid_utf8(paths: list[str]) -> None:
-  """data.on_decode_error=error: raises ValueError naming the first file that is not valid
-  UTF-8 (checked before the build starts, so a refused corpus leaves nothing behind)."""
+def refuse_invalid_utf8(paths: list[str]) -> None:
+  """data.on_decode_error=error: refuses the first file that is not valid UTF-8, before a
+  build starts (a refused corpus leaves nothing behind)."""
   for p in paths:
     with open(p, 'rb') as f:
       raw = f.read()
@@ -86,23 +72,24 @@ def _refuse_invalid_utf8(paths: list[str]) -> None:
           'document, counted).') from None
 
 
-def _split_text(text: str, split_by: str) -> list[str]:
-  if split_by == 'file':
-    return [text]
-  if split_by == 'line':
-    return text.split('\n')
-  return re.split(r'\n[ \t]*\n', text)
+def _file_docs(path: str, content: str, cfg) -> list[str]:
+  """The documents of one .txt/.jsonl/.py file's text."""
+  if path.endswith('.jsonl'):
+    recs = [json.loads(line) for line in content.split('\n') if line.strip()]
+    return [str(r.get(cfg.text_field, '')) if isinstance(r, dict) else str(r) for r in recs]
+  if cfg.split_by == 'python':
+    return split_python_source(content)
+  if cfg.split_by == 'line':
+    return content.split('\n')
+  return [content] if cfg.split_by == 'file' else re.split(r'\n[ \t]*\n', content)
 
 
 _TOP_LEVEL = re.compile(r'(def |class |async def |@)')
 
 
 def split_python_source(text: str) -> list[str]:
-  """Splits a module at top-level def/class/decorator lines (decorators stay attached).
-
-  Returns:
-    Non-blank documents; their concatenation is `text` minus blank-only parts.
-  """
+  """Non-blank documents of a module cut at top-level def/class/decorator lines
+  (decorators stay attached); together they are `text` minus blank-only parts."""
   docs, cur, prev_decorator = [], [], False
   for line in text.splitlines(keepends=True):
     if _TOP_LEVEL.match(line) and not prev_decorator and cur:
@@ -116,18 +103,16 @@ def split_python_source(text: str) -> list[str]:
 
 
 class TextBuilderConfig(tfds.core.BuilderConfig):
-  """Builder config of the text corpora: the documents to write."""
+  """The documents of a text corpus: `files` (or a Hugging Face dataset on disk), cut by
+  `split_by` (file | line | paragraph | python)."""
 
   def __init__(self, *, name: str, files: tuple[str, ...], split_by: str,
                text_field: str, val_percent: int, description: str = '',
                on_decode_error: str = 'replace', hf_dataset: str = ''):
     super().__init__(name=name, version=tfds.core.Version('1.0.0'), description=description)
-    self.files = files
-    self.hf_dataset = hf_dataset  # A Hugging Face `datasets` dataset saved to disk (prepare).
-    self.split_by = split_by  # file | line | paragraph | python
-    self.text_field = text_field
-    self.val_percent = val_percent
-    self.on_decode_error = on_decode_error  # replace | skip | error
+    self.files, self.hf_dataset, self.split_by = files, hf_dataset, split_by
+    self.text_field, self.val_percent, self.on_decode_error = (text_field, val_percent,
+                                                               on_decode_error)
 
 
 class _TextCorpus(tfds.core.GeneratorBasedBuilder):
@@ -154,10 +139,9 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
     return self.builder_config or self.SOURCE
 
   def _docs(self, bad: list[str] | None = None):
-    """Yields (key, text) of every document, in file order; appends the keys of documents
-    with invalid UTF-8 to `bad` (they are replaced, skipped or refused: on_decode_error)."""
+    """(key, text) of every document in file order; keys of invalid UTF-8 go to `bad`."""
     cfg = self._source()
-    if getattr(cfg, 'hf_dataset', ''):
+    if cfg.hf_dataset:
       yield from hf_documents(cfg.hf_dataset, cfg.text_field)
       return
     for path in cfg.files:
@@ -166,31 +150,13 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
             path, cfg.text_field)))
         continue
       with open(path, 'rb') as f:
-        content = f.read().decode('utf-8', errors='surrogateescape')  # Lossless.
-      if path.endswith('.jsonl'):
-        docs = []
-        for line in content.split('\n'):
-          if line.strip():
-            rec = json.loads(line)
-            docs.append(str(rec.get(cfg.text_field, '')) if isinstance(rec, dict) else str(rec))
-      elif cfg.split_by == 'python':
-        docs = split_python_source(content)
-      else:
-        docs = _split_text(content, cfg.split_by)
+        docs = _file_docs(path, f.read().decode('utf-8', 'surrogateescape'), cfg)  # Lossless.
       for i, doc in enumerate(docs):
         key = f'{path}:{i}'
-        escaped = _ESCAPED.search(doc)
-        if escaped:
+        if _ESCAPED.search(doc):  # Mode 'error' refused the file before the build.
           if bad is not None:
             bad.append(key)
-          mode = getattr(cfg, 'on_decode_error', 'replace')
-          if mode == 'error':
-            raise ValueError(
-                f'{path} is not valid UTF-8 (document {i} of the file, byte '
-                f'0x{ord(escaped.group()) - 0xDC00:02x}); data.on_decode_error=error refuses '
-                'it. Fix or remove the file, or set --config.data.on_decode_error=replace '
-                '(U+FFFD, counted) or skip (drop the document, counted).')
-          if mode == 'skip':
+          if cfg.on_decode_error == 'skip':
             continue
           doc = doc.encode('utf-8', 'surrogateescape').decode('utf-8', errors='replace')
         yield key, doc
@@ -201,7 +167,7 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
     bad: list[str] = []
     scores = {key: _hash_percent(key) for key, _ in self._docs(bad)}
     self.info.metadata['decode_errors'] = {
-        'mode': getattr(self._source(), 'on_decode_error', 'replace'),
+        'mode': self._source().on_decode_error,
         'documents': len(bad), 'files': sorted({k.rsplit(':', 1)[0] for k in bad})[:20]}
     val = {k for k, v in scores.items() if v < pct}
     if pct > 0 and not val and len(scores) >= 2:  # Tiny corpus: still one validation doc.
@@ -228,27 +194,19 @@ class Stdlib(_TextCorpus):
 
 
 def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
-  """Builds the dataset once; a file lock keeps concurrent processes from racing."""
+  """The dataset, built once (a file lock keeps concurrent processes from racing)."""
   builder = builder_cls(config=config, data_dir=ddir)
-  if builder.is_prepared():
-    _warn_decode_errors(builder)
-    return builder
-  lock = os.path.join(ddir, f'.{builder.name}_{config.name}.lock')
-  with open(lock, 'w') as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
+  if not builder.is_prepared():
+    with open(os.path.join(ddir, f'.{builder.name}_{config.name}.lock'), 'w') as f:
+      fcntl.flock(f, fcntl.LOCK_EX)  # Released when the file closes.
       builder = builder_cls(config=config, data_dir=ddir)
       if not builder.is_prepared():
-        # TFDS prints "Downloading and preparing dataset Unknown size..." and progress bars
-        # for what is a local build: one log line says what happens instead.
         logging.info('Building the %s corpus (%s) into %s ...', builder.name,
                      config.description, ddir)
         tfds.disable_progress_bar()
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()):  # TFDS's prints, for a local build.
           builder.download_and_prepare(file_format='array_record')
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
-  builder = builder_cls(config=config, data_dir=ddir)
+        builder = builder_cls(config=config, data_dir=ddir)
   _warn_decode_errors(builder)
   return builder
 
@@ -268,45 +226,55 @@ def _warn_decode_errors(builder) -> None:
   if not found or not found['documents'] or builder.builder_config.name in _WARNED:
     return
   _WARNED.add(builder.builder_config.name)
-  what = ('replaced the invalid bytes by U+FFFD' if found['mode'] == 'replace'
-          else 'dropped them')
-  logging.warning('%s: %d document(s) are not valid UTF-8 (files: %s); '
-                  'data.on_decode_error=%s %s. Use data.on_decode_error=error to refuse such '
-                  'files.', builder.name, found['documents'], ', '.join(found['files'][:5]),
-                  found['mode'], what)
+  logging.warning('%s: %d document(s) are not valid UTF-8 (files: %s); data.on_decode_error=%s '
+                  '%s. Use data.on_decode_error=error to refuse such files.', builder.name,
+                  found['documents'], ', '.join(found['files'][:5]), found['mode'],
+                  'replaced the invalid bytes by U+FFFD' if found['mode'] == 'replace'
+                  else 'dropped them')
+
+
+def _optional_import(module: str, path: str):
+  try:
+    return importlib.import_module(module)
+  except ImportError:
+    raise ValueError(f'{path}: reading it needs the {module.split(".")[0]} library (pip '
+                     f'install {module.split(".")[0]}).') from None
+
+
+def _check_column(path: str, column: str, columns: list[str]) -> None:
+  if column not in columns:
+    raise ValueError(f'{path} has no column {column!r} (data.text_feature / --text_field); '
+                     f'its columns are {columns}.')
 
 
 def parquet_texts(path: str, column: str) -> list[str]:
   """The ``column`` of a Parquet file as a list of documents (needs pyarrow)."""
-  try:
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise ValueError(f'{path}: reading .parquet files needs pyarrow (pip install pyarrow).'
-                     ) from None
-  names = pq.read_schema(path).names
-  if column not in names:
-    raise ValueError(f'{path} has no column {column!r} (data.text_feature / --text_field); '
-                     f'its columns are {names}.')
-  return ['' if t is None else str(t) for t in pq.read_table(path, columns=[column])
-          .column(column).to_pylist()]
+  pq = _optional_import('pyarrow.parquet', path)
+  _check_column(path, column, pq.read_schema(path).names)
+  return ['' if t is None else str(t)
+          for t in pq.read_table(path, columns=[column]).column(column).to_pylist()]
 
 
 def hf_documents(path: str, column: str):
-  """(key, text) of every row of a Hugging Face dataset saved with ``save_to_disk`` (needs the
-  ``datasets`` library); a ``DatasetDict``'s splits in order, keys ``SPLIT:ROW``."""
-  try:
-    import datasets  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise ValueError(f'{path}: reading a Hugging Face dataset needs the datasets library '
-                     '(pip install datasets).') from None
+  """(key, text) of every row of a Hugging Face dataset saved with ``save_to_disk``; a
+  ``DatasetDict``'s splits in order, keys ``SPLIT:ROW``."""
+  datasets = _optional_import('datasets', path)
   ds = datasets.load_from_disk(path)
-  parts = ds.items() if isinstance(ds, datasets.DatasetDict) else [('all', ds)]
-  for split, part in parts:
-    if column not in part.column_names:
-      raise ValueError(f'{path} ({split}) has no column {column!r} (--text_field); its '
-                       f'columns are {part.column_names}.')
+  for split, part in ds.items() if isinstance(ds, datasets.DatasetDict) else [('all', ds)]:
+    _check_column(f'{path} ({split})', column, part.column_names)
     for i, text in enumerate(part[column]):
       yield f'{split}:{i}', '' if text is None else str(text)
+
+
+def glob_files(globs, suffixes: tuple[str, ...], what: str) -> list[str]:
+  """The sorted files that `globs` match, all ending in one of `suffixes`."""
+  files = sorted({f for g in globs for f in glob_lib.glob(os.path.expanduser(g), recursive=True)
+                  if os.path.isfile(f)})
+  bad = [f for f in files if not f.endswith(suffixes)]
+  if not files or bad:
+    raise ValueError(f'{what} matches ' + (f'files that are not {"/".join(suffixes)}: '
+                                           f'{bad[:3]}.' if bad else 'no files.'))
+  return files
 
 
 def stdlib_files() -> list[str]:
@@ -320,66 +288,51 @@ def stdlib_files() -> list[str]:
   return out
 
 
+def _local_builder(c, ddir: str):
+  """The prepared builder of data.source local_text or stdlib."""
+  val_percent, mode = int(c.val_percent), sources.decode_mode(c)
+  if c.source == 'stdlib':
+    files = stdlib_files()
+    ver = f'py{sys.version_info.major}{sys.version_info.minor}'
+    h = _hash_files(files, f'{ver}|{val_percent}|{_BUILD_FORMAT}|{mode}')
+    return _prepare(Stdlib, TextBuilderConfig(
+        name=f'{ver}_{h}', files=tuple(files), split_by='python', text_field='text',
+        val_percent=val_percent, on_decode_error=mode,
+        description=f'Python {sys.version.split()[0]} stdlib, {len(files)} files'), ddir)
+  files = glob_files([c.local_glob], ('.txt', '.jsonl'), f'data.local_glob={c.local_glob!r}')
+  h = _hash_files(files, f'{c.local_split_by}|{c.text_feature}|{val_percent}|'
+                  f'{_BUILD_FORMAT}|{mode}')
+  if mode == 'error':
+    refuse_invalid_utf8(files)
+  return _prepare(LocalText, TextBuilderConfig(
+      name=f'h{h}', files=tuple(files), split_by=c.local_split_by, text_field=c.text_feature,
+      val_percent=val_percent, description=f'{len(files)} files from {c.local_glob}',
+      on_decode_error=mode), ddir)
+
+
+def data_source(builder, split: str, name: str):
+  """`builder`'s random-access records of `split`; a split it lacks is refused."""
+  splits = builder.info.splits
+  if split not in splits:
+    raise ValueError(
+        f'{name}: split {split!r} has no documents (no split {split!r}; its splits are '
+        f'{sorted(splits)}, {sum(s.num_examples for s in splits.values())} documents in all). '
+        'Set data.train_split / data.eval_split; a corpus built here may be too small for '
+        'data.val_percent.')
+  return builder.as_data_source(split=split)
+
+
 def _records(data_config, split: str):
-  """(records, text feature, build decode errors or None): random-access records (dicts
-  with a text feature) of `split`."""
+  """(records, text feature, build decode errors or None) of `split`."""
   c = data_config
   ddir = data_dir(c)
-  val_percent = int(c.val_percent)
-  mode = sources.decode_mode(c)
   if c.source in ('local_text', 'stdlib'):
-    if split not in ('train', 'validation'):
-      raise ValueError(f"Split {split!r} unknown for {c.source}; use 'train' or 'validation'.")
-    if c.source == 'local_text':
-      files = sorted(glob_lib.glob(os.path.expanduser(c.local_glob), recursive=True))
-      files = [f for f in files if os.path.isfile(f)]
-      if not files:
-        raise ValueError(f'data.local_glob={c.local_glob!r} matches no files; the corpus '
-                         'is empty.')
-      bad = [f for f in files if not f.endswith(('.txt', '.jsonl'))]
-      if bad:
-        raise ValueError(f'local_text reads .txt or .jsonl files only; got {bad[:3]}.')
-      h = _hash_files(files, f'{c.local_split_by}|{c.text_feature}|{val_percent}|'
-                      f'{_BUILD_FORMAT}|{mode}')
-      if mode == 'error':
-        _refuse_invalid_utf8(files)
-      config = TextBuilderConfig(name=f'h{h}', files=tuple(files), split_by=c.local_split_by,
-                                 text_field=c.text_feature, val_percent=val_percent,
-                                 description=f'{len(files)} files from {c.local_glob}',
-                                 on_decode_error=mode)
-      builder = _prepare(LocalText, config, ddir)
-    else:
-      files = stdlib_files()
-      ver = f'py{sys.version_info.major}{sys.version_info.minor}'
-      h = _hash_files(files, f'{ver}|{val_percent}|{_BUILD_FORMAT}|{mode}')
-      config = TextBuilderConfig(
-          name=f'{ver}_{h}', files=tuple(files), split_by='python', text_field='text',
-          val_percent=val_percent, on_decode_error=mode,
-          description=f'Python {sys.version.split()[0]} stdlib, {len(files)} files')
-      builder = _prepare(Stdlib, config, ddir)
-    if split not in builder.info.splits:
-      raise ValueError(
-          f'{c.source} split {split!r} has no documents (corpus of '
-          f'{sum(s.num_examples for s in builder.info.splits.values())} documents, '
-          f'data.val_percent={val_percent}); the corpus is empty or too small, or change '
-          'data.val_percent.')
-    return builder.as_data_source(split=split), 'text', decode_errors(builder)
+    builder = _local_builder(c, ddir)
+    return data_source(builder, split, c.source), 'text', decode_errors(builder)
   if c.source == 'long_text':
     from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
-    return long_text.records(c, split, ddir), 'text', None
+    return data_source(long_text.builder(c, ddir), split, 'long_text'), 'text', None
   return (*tfds_records(c.name, split, ddir, c.text_feature), None)
-
-
-def prepare_hint(name: str, ddir: str) -> str:
-  """The commands that prepare TFDS dataset `name` as array_record into `ddir`."""
-  return (f'Prepare it once (on any machine; TensorFlow is needed only there) with\n'
-          f'  pip install "flax_posemb[prepare]"  # brings TensorFlow/Beam for preparation\n'
-          f'  tfds build {name.split(":")[0]} --file_format=array_record --data_dir={ddir}\n'
-          f'(prepared on another machine: copy its {name.split(":")[0].split("/")[0]}/ '
-          f'directory into {ddir}). For '
-          f'long-context studies use corpora with long documents '
-          f'({", ".join(LONG_DOC_CORPORA)}); lm1b is shuffled single sentences and useless '
-          'for long context.')
 
 
 def prepared_datasets(ddir: str) -> list[str]:
@@ -394,9 +347,8 @@ def prepared_datasets(ddir: str) -> list[str]:
 
 
 def not_prepared_message(name: str, ddir: str) -> str:
-  """Why TFDS dataset ``name`` cannot be read from ``ddir``, and the fixes. Without TensorFlow
-  TFDS cannot tell a catalog dataset that was never prepared from a name that does not
-  exist, so the message gives both."""
+  """Why TFDS dataset ``name`` cannot be read from ``ddir`` and both fixes (without
+  TensorFlow TFDS cannot tell an unprepared catalog dataset from an unknown name)."""
   base = name.split(':')[0]
   listed = prepared_datasets(ddir)
   listed = ', '.join(listed[:20]) + (' ...' if len(listed) > 20 else '') if listed else 'none'
@@ -408,26 +360,22 @@ def not_prepared_message(name: str, ddir: str) -> str:
       f'--data_dir={ddir} (built elsewhere: copy its {base.split("/")[0]}/ directory into '
       f'{ddir}). If it is your own text: python -m flax_posemb.data.prepare --name {base} '
       f"--input 'FILES' --data_dir {ddir} (README, \"Configs and data\"). Otherwise check "
-      'the spelling: catalog names are lowercase, e.g. pg19, wiki40b/en. Prepared datasets '
-      f'in {ddir}: {listed}.')
+      'the spelling: catalog names are lowercase, e.g. pg19, wiki40b/en; a dataset with '
+      'several prepared configs needs NAME/CONFIG. For long-context studies use corpora with '
+      f'long documents ({", ".join(LONG_DOC_CORPORA)}). Prepared datasets in {ddir}: {listed}.')
 
 
 def find_builder_dir(name: str, ddir: str) -> str | None:
-  """The prepared directory ``ddir/NAME[/CONFIG]/VERSION`` of `name`, or None.
-
-  `name` is ``NAME``, ``NAME/CONFIG`` or either with ``:VERSION``; without a config, a
-  dataset with exactly one prepared config is found too. The highest prepared version wins.
-  """
+  """The prepared directory ``ddir/NAME[/CONFIG]/VERSION`` of `name` (``NAME``,
+  ``NAME/CONFIG``, either with ``:VERSION``; a dataset's only prepared config is found
+  without its name), the highest version; None if there is none or several configs."""
   base, _, version = name.partition(':')
   root = os.path.join(ddir, *base.split('/'))
-  pattern = version or '*'
-  cands = glob_lib.glob(os.path.join(root, pattern, 'dataset_info.json'))
+  cands = glob_lib.glob(os.path.join(root, version or '*', 'dataset_info.json'))
   if not cands and '/' not in base:
-    cands = glob_lib.glob(os.path.join(root, '*', pattern, 'dataset_info.json'))
+    cands = glob_lib.glob(os.path.join(root, '*', version or '*', 'dataset_info.json'))
     if len({os.path.dirname(os.path.dirname(x)) for x in cands}) > 1:
-      configs = sorted({os.path.basename(os.path.dirname(os.path.dirname(x))) for x in cands})
-      raise ValueError(f'TFDS dataset {base!r} has several prepared configs in {ddir}: '
-                       f'{configs}; name one in data.name (e.g. {base}/{configs[0]}).')
+      return None
 
   def key(path):
     try:
@@ -441,24 +389,20 @@ def find_builder_dir(name: str, ddir: str) -> str | None:
 
 def string_features(features) -> list[str]:
   """Names of the top-level text/string features of a TFDS `FeaturesDict`."""
-  out = []
-  for k, f in features.items():
-    if isinstance(f, tfds.features.Text) or str(getattr(f, 'dtype', '')) in (
-        "<dtype: 'string'>", 'object', 'string') or getattr(f, 'np_dtype', None) == object:
-      out.append(k)
-  return out
+  return [k for k, f in features.items() if isinstance(f, tfds.features.Text) or str(
+      getattr(f, 'dtype', '')) in ("<dtype: 'string'>", 'object', 'string')
+          or getattr(f, 'np_dtype', None) == object]
 
 
 def pick_text_feature(features, wanted: str, name: str) -> str:
   """`wanted` if the dataset has it, else its only string feature, else its only string
-  feature named like '*text*'; else a clear error listing the string features."""
+  feature named like '*text*' (pg19: 'book_text'); else an error listing them."""
   if features is None or wanted in features:
     return wanted
   texts = string_features(features)
-  named = [k for k in texts if 'text' in k.lower()]
-  for cands in (texts, named):
+  for cands in (texts, [k for k in texts if 'text' in k.lower()]):
     if len(cands) == 1:
-      return cands[0]  # E.g. pg19's 'book_text' (next to 'book_title', 'url', ...).
+      return cands[0]
   raise ValueError(
       f'TFDS dataset {name!r} has no feature {wanted!r} (data.text_feature); its string '
       f'features are {texts} (all features: {sorted(features)}). Set '
@@ -470,30 +414,16 @@ _LOGGED_FEATURES: set[tuple[str, str]] = set()
 
 def _log_feature(name: str, feature: str, wanted: str) -> None:
   """Logs (once per dataset and process) which feature is read as the text."""
-  if (name, feature) in _LOGGED_FEATURES:
-    return
-  _LOGGED_FEATURES.add((name, feature))
-  why = '' if feature == wanted else (f' (picked: the dataset has no {wanted!r}; set '
-                                       'data.text_feature to choose another)')
-  logging.info('TFDS dataset %s: text feature %r%s.', name, feature, why)
+  if (name, feature) not in _LOGGED_FEATURES:
+    _LOGGED_FEATURES.add((name, feature))
+    why = '' if feature == wanted else (f' (picked: the dataset has no {wanted!r}; set '
+                                         'data.text_feature to choose another)')
+    logging.info('TFDS dataset %s: text feature %r%s.', name, feature, why)
 
 
 def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
-  """Random-access records of a prepared TFDS dataset and its text feature.
-
-  Reads the builder directory under `ddir` directly (`tfds.builder_from_directory`), so a
-  dataset prepared elsewhere with ``tfds build NAME --file_format=array_record`` is read
-  without TensorFlow (TFDS registers wiki40b, c4, pg19, ... only when TensorFlow imports).
-  Falls back to `tfds.data_source` for registered datasets.
-
-  Returns:
-    (records, feature): records[i] is a dict; `feature` the key of its text (`text_feature`
-    if present, else the dataset's only string feature, e.g. pg19's 'book_text').
-
-  Raises:
-    ValueError: no prepared dataset of that name (`not_prepared_message`), not array_record,
-      unknown split (lists the splits) or no usable text feature (lists them).
-  """
+  """(records, text feature) of a prepared TFDS dataset, read from its directory under
+  `ddir` without TensorFlow (docs/DESIGN.md); else through `tfds.data_source`."""
   path = find_builder_dir(name, ddir)
   if path is None:
     try:
@@ -502,22 +432,18 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
       raise ValueError(not_prepared_message(name, ddir)) from None
     info = getattr(records, 'dataset_info', None)
     feature = pick_text_feature(getattr(info, 'features', None), text_feature, name)
-    _log_feature(name, feature, text_feature)
-    return records, feature
-  builder = tfds.builder_from_directory(path)
-  fmt = getattr(builder.info, 'file_format', None)
-  fmt = str(getattr(fmt, 'value', fmt) or '')
-  if fmt and 'array_record' not in fmt.lower():
-    raise ValueError(f'TFDS dataset {name!r} in {path} is stored as {fmt}, which has no '
-                     f'random access without TensorFlow; rebuild it as array_record. '
-                     f'{prepare_hint(name, ddir)}')
-  if split not in builder.info.splits:
-    raise ValueError(f'TFDS dataset {name!r} has no split {split!r}; its splits are '
-                     f'{sorted(builder.info.splits)} (set data.train_split / '
-                     'data.eval_split).')
-  feature = pick_text_feature(builder.info.features, text_feature, name)
+  else:
+    builder = tfds.builder_from_directory(path)
+    fmt = getattr(builder.info, 'file_format', None)
+    fmt = str(getattr(fmt, 'value', fmt) or '')
+    if fmt and 'array_record' not in fmt.lower():
+      raise ValueError(f'TFDS dataset {name!r} in {path} is stored as {fmt}, which has no '
+                       'random access without TensorFlow; rebuild it with tfds build '
+                       f'{name.split(":")[0]} --file_format=array_record --data_dir={ddir}.')
+    records = data_source(builder, split, f'TFDS dataset {name!r}')
+    feature = pick_text_feature(builder.info.features, text_feature, name)
   _log_feature(name, feature, text_feature)
-  return builder.as_data_source(split=split), feature
+  return records, feature
 
 
 def make_tokenizer(data_config) -> tokenizers.Tokenizer:
@@ -526,8 +452,6 @@ def make_tokenizer(data_config) -> tokenizers.Tokenizer:
   c = data_config
   if c.tokenizer == 'byte':
     return tokenizers.ByteTokenizer()
-  if c.tokenizer != 'sentencepiece':
-    raise ValueError(f'Unknown data.tokenizer {c.tokenizer!r}; use byte | sentencepiece.')
   if c.spm_model:
     return tokenizers.SentencePieceTokenizer(model_file=c.spm_model)
   records, feature, _ = _records(c, c.train_split)
@@ -543,12 +467,9 @@ def make_tokenizer(data_config) -> tokenizers.Tokenizer:
 
 
 def make_text_source(data_config, split: str) -> sources.TextSource:
-  """`TextSource` of `split` for source local_text | stdlib | tfds."""
-  records, feature, found = _records(data_config, split)
-  if len(records) == 0:
-    raise ValueError(f'Split {split!r} of data.source={data_config.source!r} has no '
-                     'documents; the corpus is empty.')
+  """`TextSource` of `split` for source local_text | stdlib | long_text | tfds."""
   c = data_config
+  records, feature, found = _records(c, split)
   src = sources.TextSource(records, make_tokenizer(c), feature,
                            on_decode_error=sources.decode_mode(c),
                            kind=c.name if c.source == 'tfds' else c.source)

@@ -1,11 +1,6 @@
-"""Tokenizers for real text behind one small interface.
-
-* `ByteTokenizer` (default, no files): ids 0..255 are UTF-8 bytes, id 256 (`SEP`) is the
-  document separator, ``vocab_size = 257``.
-* `SentencePieceTokenizer`: a SentencePiece model loaded from a file, or trained on the
-  corpus (unigram, byte fallback). Its BOS piece is the document separator.
-
-`encode_doc(text)` is ``[sep_id] + encode(text)``: every document starts with the separator.
+"""Tokenizers for real text: `ByteTokenizer` (UTF-8 bytes 0..255, separator 256) and
+`SentencePieceTokenizer` (from a file, or trained on the corpus; its BOS piece separates
+documents). ``encode_doc(text)`` is ``[sep_id] + encode(text)``.
 """
 
 from __future__ import annotations
@@ -23,11 +18,9 @@ class Tokenizer(Protocol):
   vocab_size: int  # Every id is < vocab_size.
   sep_id: int  # Document separator prepended by `encode_doc`.
 
-  def encode(self, text: str) -> list[int]:
-    """Token ids of `text`."""
+  def encode(self, text: str) -> list[int]: ...
 
-  def decode(self, ids) -> str:
-    """Text of token ids (separators dropped)."""
+  def decode(self, ids) -> str: ...  # Separators dropped.
 
   def encode_doc(self, text: str, max_tokens: int | None = None) -> list[int]:
     """``[sep_id] + encode(text)``, truncated to `max_tokens` tokens."""
@@ -54,7 +47,7 @@ class ByteTokenizer:
 
 
 class SentencePieceTokenizer:
-  """A SentencePiece model (from a file or serialized bytes)."""
+  """A SentencePiece model (from a file or serialized bytes); a missing file is refused."""
 
   def __init__(self, model_file: str | None = None, model_proto: bytes | None = None):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
@@ -68,11 +61,8 @@ class SentencePieceTokenizer:
     self.model_proto = model_proto
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     self.vocab_size = int(self._sp.get_piece_size())
-    sep = self._sp.bos_id() if self._sp.bos_id() >= 0 else self._sp.eos_id()
-    if sep < 0:
-      raise ValueError('The SentencePiece model has neither a BOS nor an EOS piece to use as '
-                       'document separator; train it with bos_id >= 0.')
-    self.sep_id = int(sep)
+    # The BOS piece separates documents (EOS if it has none; models trained here have both).
+    self.sep_id = int(self._sp.bos_id() if self._sp.bos_id() >= 0 else self._sp.eos_id())
 
   def encode(self, text: str) -> list[int]:
     return list(self._sp.encode(text))
