@@ -1,11 +1,8 @@
-"""Analysis of a learned position table: norms, drift, similarity, PCA, a position probe.
+"""Analysis of position tables and of statistics window files (docs/DESIGN.md §Statistics).
 
-Pure numpy functions of a table `[L, D]` (row p = position p), plus `analyze_workdir`,
-which reads a run's snapshots (`tables/table_STEP.npy`) and per-position training
-statistics (`stats/window_STEP.npz`, key `count`), writes `analysis.json` and plots, and
-relates loss, recovered position value and drift to cumulative exposure; and
-`write_table_analysis`, the same analysis (less drift and exposure) of any table, e.g. one
-read by `flax_posemb.tables.load_table` (`eval.py --analyze --table`).
+Numpy functions of a table `[L, D]` (row p = position p); `analyze_workdir` (a run's table,
+snapshots and windows), `write_table_analysis` (any table) and `analyze_stats` (any
+directory of window files) write JSON, arrays and plots.
 """
 
 from __future__ import annotations
@@ -57,18 +54,8 @@ def pca_explained_variance(table: np.ndarray) -> np.ndarray:
 
 
 def cosine_by_offset(table: np.ndarray, offsets=None) -> dict[int, float]:
-  """Mean cosine similarity of rows p and p + k, for each offset k.
-
-  A trained table's neighbours are similar and the similarity decays with k; a random
-  (untrained) one is ~0 at every k. O(L * D) per offset, unlike the [L, L] matrix.
-
-  Args:
-    table: [L, D] position table.
-    offsets: offsets k (1 <= k < L); default 1, 2, 4, ... < L.
-
-  Returns:
-    {k: mean over p of cos(table[p], table[p + k])} (zero rows count as 0).
-  """
+  """{k: mean over p of cos(table[p], table[p + k])} for `offsets` k (default 1, 2, 4, ...
+  < L) of a [L, D] table; zero rows count as 0. O(L * D) per offset."""
   t = np.asarray(table, np.float64)
   num = t.shape[0]
   n = np.linalg.norm(t, axis=1, keepdims=True)
@@ -83,17 +70,11 @@ RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
 def position_probe(table: np.ndarray, folds: int = 5,
                    ridge: float | tuple[float, ...] = RIDGE_GRID) -> dict[str, Any]:
-  """Held-out linear regression of the position from its row.
+  """Held-out ridge regression of the position from its row of a [L, D] table.
 
-  Rows are split into `folds` interleaved folds (p mod folds); each fold's positions are
-  predicted by a ridge regression (with intercept) fitted on the other folds. With several
-  ridge strengths, the one with the lowest held-out squared error is reported (one
-  hyper-parameter chosen on the same folds: slightly optimistic).
-
-  Args:
-    table: [L, D] position table.
-    folds: number of folds (>= 2, <= L).
-    ridge: ridge strength(s) relative to the mean eigenvalue of the training Gram matrix.
+  Fold f holds the rows p with p mod `folds` == f (2 <= folds <= L); of the `ridge`
+  strengths (relative to the mean eigenvalue of the training Gram matrix) the one with the
+  lowest held-out squared error is reported (chosen on the same folds: slightly optimistic).
 
   Returns:
     {'prediction': [L], 'abs_error': [L], 'r2': float, 'ridge': float} on held-out rows.
@@ -128,27 +109,22 @@ def position_probe(table: np.ndarray, folds: int = 5,
 load_npz = outputs.load_npz  # ValueError naming a truncated / garbled file
 
 
-def cumulative_exposure(workdir: str, upto_step: int | None = None) -> np.ndarray | None:
-  """[L] tokens seen per position up to `upto_step` (None if the run has no statistics).
+def window_files(stats_dir: str, upto_step: int | None = None) -> list[tuple[int, str]]:
+  """``(step, path)`` of the window files ``stats_dir/window_STEP.npz`` up to ``upto_step``."""
+  return [(s, p) for s, p in outputs.step_files(os.path.join(stats_dir, 'window_*.npz'))
+          if upto_step is None or s <= upto_step]
 
-  Uses the exact `cumulative_count` of the last window file at or before `upto_step` when
-  present (written by `stats.PositionStats.save`), else sums the windows' `count` vectors.
-  """
-  files = [(s, p) for s, p in outputs.window_files(workdir)
-           if upto_step is None or s <= upto_step]
+
+def cumulative_exposure(stats_dir: str, upto_step: int | None = None) -> np.ndarray | None:
+  """[L] tokens seen per position up to `upto_step` (None without window files): the exact
+  `cumulative_count` of the last window file when present, else the sum of the `count`s."""
+  files = window_files(stats_dir, upto_step)
   if not files:
     return None
   last = load_npz(files[-1][1])
   if 'cumulative_count' in last:
     return np.asarray(last['cumulative_count'], np.float64)
-  total = None
-  for _, path in files:
-    z = load_npz(path)
-    if 'count' not in z:
-      raise ValueError(f'{path} has no per-position "count" vector (keys: {sorted(z)}).')
-    c = np.asarray(z['count'], np.float64)
-    total = c if total is None else total + c
-  return total
+  return sum(np.asarray(load_npz(p)['count'], np.float64) for _, p in files)
 
 
 def analyze_table(table: np.ndarray, *, initial: np.ndarray | None = None,
@@ -219,7 +195,7 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
                                   bucket_size=bucket_size, bucket_edges=bucket_edges)
   summary['step'] = step
   files = _table_plots(table, summary, arrays, output)
-  exposure = cumulative_exposure(workdir, step)
+  exposure = cumulative_exposure(os.path.join(workdir, 'stats'), step)
   if exposure is not None:
     num = min(len(exposure), table.shape[0])
     arrays['exposure'] = exposure
@@ -236,17 +212,7 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
     if 'drift' in arrays:
       series['drift'] = arrays['drift'][:num]
     series['norm'] = arrays['norm'][:num]
-    summary['exposure'] = {'total_tokens': float(exposure.sum()),
-                           'min_position_exposure': float(exposure[:num].min()),
-                           'max_position_exposure': float(exposure[:num].max())}
-    rho = {}
-    for name, y in series.items():
-      ok = np.isfinite(y) & (exposure[:num] > 0)
-      if ok.sum() > 2:
-        rho[name] = _spearman(exposure[:num][ok], y[ok])
-        summary['exposure'][f'spearman_{name}'] = rho[name]
-    files['exposure_plot'] = plots.exposure_relation(
-        exposure[:num], series, os.path.join(output, 'exposure_relation.png'), rho=rho)
+    summary['exposure'] = _exposure_relation(exposure[:num], series, output, files)
   np.savez(os.path.join(output, 'analysis.npz'), **arrays)
   files['arrays'] = os.path.join(output, 'analysis.npz')
   files['json'] = os.path.join(output, 'analysis.json')
@@ -312,6 +278,54 @@ def write_table_analysis(table: np.ndarray | str, output: str, *, source: str = 
   with outputs.atomic_write(files['json'], 'w') as f:
     json.dump(json_safe(summary), f, indent=1)
   return summary
+
+
+def analyze_stats(stats_dir: str, output: str) -> dict[str, Any]:
+  """Analyses any directory of window files (`PositionStatistics`'s, or a run's `stats/`):
+  writes stats_analysis.json, stats_analysis.npz (the fields summed over all windows, their
+  `stats.derived` ratios, `exposure`) and exposure_relation.png (the ratios against exposure).
+
+  Returns:
+    The stats_analysis.json dict: 'windows', 'first_step', 'last_step', 'exposure' (totals and
+    Spearman correlations with exposure), 'files'.
+  """
+  from flax_posemb import stats  # pylint: disable=g-import-not-at-top
+  files = window_files(stats_dir)
+  if not files:
+    raise ValueError(f'{stats_dir} holds no statistics window files (window_STEP.npz).')
+  windows = [load_npz(p) for _, p in files]
+  arrays = {k: sum(np.asarray(w[k], np.float64) for w in windows)
+            for k in stats.FIELDS if k in windows[0]}
+  arrays.update(stats.derived(arrays), exposure=cumulative_exposure(stats_dir))
+  series = {k: arrays[k] for k in ('mean_loss', 'signal_per_occurrence', 'coherence',
+                                   'update_sq') if k in arrays}
+  os.makedirs(output, exist_ok=True)
+  out = {'json': os.path.join(output, 'stats_analysis.json'),
+         'arrays': os.path.join(output, 'stats_analysis.npz')}
+  summary = {'source': stats_dir, 'windows': len(files), 'last_step': files[-1][0],
+             'first_step': int(windows[0].get('first_step', files[0][0])),
+             'exposure': _exposure_relation(arrays['exposure'], series, output, out),
+             'files': out}
+  with outputs.atomic_write(out['arrays']) as f:
+    np.savez(f, **arrays)
+  with outputs.atomic_write(out['json'], 'w') as f:
+    json.dump(json_safe(summary), f, indent=1)
+  return summary
+
+
+def _exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray], output: str,
+                       files: dict[str, str]) -> dict[str, Any]:
+  """Exposure totals and each series' Spearman correlation with it; the plot into `files`."""
+  out = {'total_tokens': float(exposure.sum()), 'min_position_exposure': float(exposure.min()),
+         'max_position_exposure': float(exposure.max())}
+  rho = {}
+  for name, y in series.items():
+    ok = np.isfinite(y) & (exposure > 0)
+    if ok.sum() > 2:
+      rho[name] = out[f'spearman_{name}'] = _spearman(exposure[ok], y[ok])
+  files['exposure_plot'] = plots.exposure_relation(
+      exposure, series, os.path.join(output, 'exposure_relation.png'), rho=rho)
+  return out
 
 
 def _pad(x: np.ndarray, n: int) -> np.ndarray:
