@@ -8,6 +8,7 @@ the window files, reports them to TensorBoard and saves/restores its state with 
 from __future__ import annotations
 
 import collections.abc
+import functools
 import os
 from typing import Any, Callable, Iterator, Mapping
 
@@ -80,15 +81,8 @@ def update_sq(old_table: Array, new_table: Array) -> Array:
 
 
 def downstream_targets(segment_ids: Array, loss_mask: Array) -> Array:
-  """Loss-bearing targets at or after each token within its (contiguous) segment.
-
-  Args:
-    segment_ids: ``[B, T]`` int, 0 = padding.
-    loss_mask: ``[B, T]`` float, 1.0 where the target at ``t`` is scored.
-
-  Returns:
-    ``[B, T]`` float32: ``sum_{t' >= t, same segment} loss_mask[b, t']``.
-  """
+  """``[B, T]`` float32 ``sum_{t' >= t, same segment} loss_mask[b, t']`` of ``[B, T]``
+  ``segment_ids`` (contiguous segments) and ``loss_mask``."""
   seg = segment_ids[:, ::-1]
   val = loss_mask.astype(jnp.float32)[:, ::-1]
   # In reversed order a segment "starts" where the id differs from its predecessor.
@@ -96,9 +90,7 @@ def downstream_targets(segment_ids: Array, loss_mask: Array) -> Array:
       [jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
 
   def combine(a, b):
-    av, af = a
-    bv, bf = b
-    return jnp.where(bf, bv, av + bv), af | bf
+    return jnp.where(b[1], b[0], a[0] + b[0]), a[1] | b[1]
 
   out, _ = jax.lax.associative_scan(combine, (val, start), axis=1)
   return out[:, ::-1]
@@ -106,47 +98,27 @@ def downstream_targets(segment_ids: Array, loss_mask: Array) -> Array:
 
 def loss_stats(token_loss: Array, batch: Mapping[str, Array],
                num_positions: int) -> PositionStats:
-  """Statistics that need no gradient: ``count``, ``loss_sum``, ``loss_count``.
-
-  Args:
-    token_loss: ``[B, T]`` per-token loss (any value where ``loss_mask`` is 0).
-    batch: ``positions``, ``segment_ids`` (int ``[B, T]``) and ``loss_mask`` (float ``[B, T]``).
-    num_positions: rows in the position table.
-  """
+  """``LOSS_FIELDS`` (no gradient needed) of ``[B, T]`` token losses and a batch."""
   pos = batch['positions'].reshape(-1)
   mask = batch['loss_mask'].astype(jnp.float32).reshape(-1)
   loss = jnp.where(mask > 0, token_loss.astype(jnp.float32).reshape(-1), 0.0) * mask
 
-  def scatter(x):
-    return jax.ops.segment_sum(x, pos, num_segments=num_positions)
-
+  scatter = functools.partial(jax.ops.segment_sum, segment_ids=pos, num_segments=num_positions)
   return PositionStats(count=scatter((batch['segment_ids'] > 0).reshape(-1).astype(jnp.int32)),
                        loss_sum=scatter(loss), loss_count=scatter((mask > 0).astype(jnp.int32)))
 
 
 def occurrence_stats(g: Array, token_loss: Array, batch: Mapping[str, Array],
                      num_positions: int) -> PositionStats:
-  """Scatters one (micro)batch's per-occurrence quantities onto table rows.
-
-  Args:
-    g: ``[B, T, D]`` gradient of the sum-reduced loss w.r.t. the embedding sum.
-    token_loss: ``[B, T]`` per-token loss (any value where ``loss_mask`` is 0).
-    batch: ``positions``, ``segment_ids`` (int ``[B, T]``) and ``loss_mask`` (float ``[B, T]``).
-    num_positions: rows in the position table.
-
-  Returns:
-    Statistics without ``row_sq``/``update_sq`` and with ``row_grad`` ``[num_positions, D]``
-    (call ``finish`` once the step's microbatches are summed).
-  """
+  """One (micro)batch's statistics from ``g`` ``[B, T, D]``, the gradient of the sum-reduced
+  loss w.r.t. the embedding sum: unfinished (``row_grad``, no ``row_sq``/``update_sq``)."""
   pos = batch['positions'].reshape(-1)
   real = (batch['segment_ids'] > 0).reshape(-1)
   g = jnp.where(real[:, None], g.astype(jnp.float32).reshape(pos.shape[0], -1), 0.0)
   sq = jnp.sum(g * g, axis=-1)
   down = downstream_targets(batch['segment_ids'], batch['loss_mask']).reshape(-1)
 
-  def scatter(x):
-    return jax.ops.segment_sum(x, pos, num_segments=num_positions)
-
+  scatter = functools.partial(jax.ops.segment_sum, segment_ids=pos, num_segments=num_positions)
   return loss_stats(token_loss, batch, num_positions).replace(
       occ_norm=scatter(jnp.sqrt(sq)), occ_sq=scatter(sq),
       downstream=scatter(down * real.astype(jnp.float32)), row_grad=scatter(g))
@@ -305,16 +277,9 @@ def _add_curve(writer: Any, tag: str, values: np.ndarray, step: int) -> None:
 
 
 def derived(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:
-  """The ratios of docs/DESIGN.md §Statistics, NaN where undefined (or not collected).
-
-  Args:
-    stats: mapping with (some of) ``FIELDS``, each ``[P]``: a ``PositionStats``, or
-      ``np.load`` of a window file.
-
-  Returns:
-    Dict ``coherence``, ``signal_per_occurrence``, ``signal_per_downstream``, ``mean_loss``,
-    each ``[P]`` float64.
-  """
+  """``[P]`` float64 ratios ``coherence``, ``signal_per_occurrence``, ``signal_per_downstream``
+  and ``mean_loss`` (docs/DESIGN.md §Statistics) of a mapping with (some of) ``FIELDS`` (a
+  ``PositionStats``, a window file), NaN where undefined or not collected."""
   size = len(np.asarray(stats['count']))
   s = {k: np.asarray(stats[k], np.float64) if k in stats else np.full(size, np.nan)
        for k in FIELDS}

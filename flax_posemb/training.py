@@ -83,7 +83,10 @@ def _validate_eval(config: ml_collections.ConfigDict, mcfg: model_lib.ModelConfi
   if not 1 <= int(s['window_len']) <= mcfg.max_len:
     raise ValueError(f"eval.window_len={s['window_len']} must be in [1, model.max_len="
                      f'{mcfg.max_len}]; 0 means model.max_len.')
-  buckets_lib.make_edges(int(s['window_len']), int(s['bucket_size']), s['bucket_edges'])
+  try:
+    buckets_lib.make_edges(int(s['window_len']), int(s['bucket_size']), s['bucket_edges'])
+  except ValueError as e:
+    raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
   for key in ('num_windows', 'batch_size'):
     if int(s[key]) < 1:
       raise ValueError(f'eval.{key} must be >= 1, got {s[key]}.')

@@ -64,7 +64,7 @@ def test_analyze_workdir_writes_plots_json_and_exposure_relation(tmp_path):
   assert summary['exposure']['total_tokens'] == pytest.approx(2 * count.sum())  # step 30 excluded
   np.savez(os.path.join(workdir, 'stats', 'window_00000025.npz'), count=count,
            cumulative_count=np.arange(64) * 7)  # exact counts win when present
-  np.testing.assert_array_equal(analysis.cumulative_exposure(workdir, 25), np.arange(64) * 7)
+  np.testing.assert_array_equal(analysis.cumulative_exposure(os.path.join(workdir, 'stats'), 25), np.arange(64) * 7)
   assert summary['exposure']['spearman_loss'] == pytest.approx(-1.0)  # rarer -> worse
   assert summary['exposure']['spearman_recovered'] == pytest.approx(1.0)
   assert list(summary['snapshot_mean_drift']) == ['0', '10', '20']
@@ -92,7 +92,7 @@ def test_window_readers_ignore_temporary_files(tmp_path):
   (stats / 'window_15.npz.tmp.npz').write_bytes(b'PK\x03\x04half')  # an old killed writer
   (stats / '.window_15.npz.tmp').write_bytes(b'PK\x03\x04half')  # the current temp name
   (stats / 'window_x.npz').write_bytes(b'')
-  np.testing.assert_array_equal(analysis.cumulative_exposure(workdir), [30, 40])
+  np.testing.assert_array_equal(analysis.cumulative_exposure(str(stats)), [30, 40])
   assert [int(w['step']) for w in measures.load_windows(workdir)] == [5, 10]
 
 
@@ -104,7 +104,7 @@ def test_truncated_window_file_is_a_clear_error_naming_it(tmp_path):
   path = tmp_path / 'stats' / 'window_10.npz'
   path.write_bytes(path.read_bytes()[:40])
   with pytest.raises(ValueError, match='window_10.npz is damaged'):
-    analysis.cumulative_exposure(workdir)
+    analysis.cumulative_exposure(str(tmp_path / 'stats'))
   with pytest.raises(ValueError, match='window_10.npz is damaged'):
     measures.load_windows(workdir)
-  assert analysis.cumulative_exposure(workdir, upto_step=5) is not None
+  assert analysis.cumulative_exposure(str(tmp_path / 'stats'), upto_step=5) is not None
