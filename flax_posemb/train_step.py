@@ -73,12 +73,8 @@ def position_statistics(model: model_lib.TransformerLM, config: ml_collections.C
 def init_state(model: model_lib.TransformerLM, config: ml_collections.ConfigDict,
                mesh: Mesh, rng: jax.Array
                ) -> tuple[TrainState, optax.GradientTransformation, TrainState]:
-  """Initial sharded state on ``mesh`` (axis ``'data'``) from PRNG key ``rng``.
-
-  Returns:
-    ``(state, tx, state_shardings)``: the state, the optimizer and a ``TrainState`` of
-    shardings (for jit and for restoring checkpoints onto this mesh).
-  """
+  """``(state, tx, state_shardings)``: the initial state on ``mesh`` (axis ``'data'``) from
+  PRNG key ``rng``, the optimizer, and the state's shardings (for jit and restoring)."""
   seq = int(config.data.seq_len)
   dummy = jnp.zeros((1, seq), jnp.int32)
 
@@ -103,17 +99,9 @@ def init_state(model: model_lib.TransformerLM, config: ml_collections.ConfigDict
 
 def accumulated(value_and_grad: Callable[..., tuple], accum: int, mesh: Mesh
                 ) -> Callable[..., tuple]:
-  """``value_and_grad`` summed over ``accum`` microbatches (row ``i`` in microbatch
-  ``i % accum``), gradients in float32; statistics still unfinished.
-
-  Args:
-    value_and_grad: ``value_and_grad_with_position_stats(..., finish=False)``.
-    accum: microbatches per step.
-    mesh: mesh with axis ``'data'`` (each microbatch stays split over it).
-
-  Returns:
-    ``f(params, batch, rng, denom) -> (loss, grads, stats)``.
-  """
+  """``f(params, batch, rng, denom) -> (loss, grads, stats)``: ``value_and_grad`` (with
+  ``finish=False``) summed over ``accum`` microbatches (row ``i`` in microbatch ``i % accum``,
+  each split over the mesh's ``'data'`` axis), gradients in float32, statistics unfinished."""
   micro_sh = NamedSharding(mesh, P(None, 'data'))
 
   def one(params, mb, key, denom):
@@ -144,21 +132,11 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
                     ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
   """The jitted train step ``(state, batch, rng) -> (state, metrics)``; state is donated.
 
-  Args:
-    model: the model.
-    tx: optimizer from ``optim.make_optimizer``.
-    config: full config (``grad_accum_steps``, 0 = ``auto.grad_accum_steps``; ``optimizer``).
-    mesh: mesh with axis ``'data'``.
-    state_shardings: ``TrainState`` of shardings from ``init_state``.
-    statistics: the loop's statistics object (default ``position_statistics``).
-
-  Returns:
-    A function of ``state``, ``batch`` (dict of global ``[B, T]`` arrays, ``BATCH_KEYS``)
-    and ``rng`` (PRNG key of this step, used for dropout) returning the new state and
-    ``metrics``: float32 scalars ``loss`` (mean over scored targets), ``grad_norm``
-    (global norm before clipping), ``learning_rate`` (of this update), ``tokens`` (real
-    input tokens), ``targets`` (scored targets), ``finite`` (1.0 if loss and grad norm are
-    finite).
+  ``batch``: global ``[B, T]`` arrays (``BATCH_KEYS``); ``rng``: this step's dropout key;
+  ``tx``: ``optim.make_optimizer``'s; ``state_shardings``: ``init_state``'s; ``statistics``:
+  the loop's statistics object (default ``position_statistics``). ``metrics``: float32
+  scalars ``loss`` (mean over scored targets), ``grad_norm`` (before clipping),
+  ``learning_rate``, ``tokens``, ``targets`` and ``finite`` (1.0 if loss and grad norm are).
   """
   cfg = model.config
   # Training resolves 0 (auto) at startup and records it; direct callers get the same rule.
@@ -169,34 +147,24 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
   gradients = accumulated(statistics.value_and_grad(token_loss_fn(model), finish=False),
                           accum, mesh)
   schedule = optim.make_schedule(config)
-  has_table = cfg.position_embedding == 'learned'
   row_scale = bool(config.optimizer.row_lr_scale)
 
   def step_fn(state, batch, rng):
     batch = {k: batch[k] for k in BATCH_KEYS}
-    real = batch['segment_ids'] > 0
     n_targets = jnp.sum(batch['loss_mask'].astype(jnp.float32))
     loss, grads, step_stats = gradients(state.params, batch, rng, jnp.maximum(n_targets, 1.0))
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-    extra = {}
-    if row_scale:
-      extra['position_counts'] = jax.ops.segment_sum(
-          real.reshape(-1).astype(jnp.float32), batch['positions'].reshape(-1),
-          num_segments=cfg.max_len)
+    extra = {'position_counts': step_stats['count'].astype(jnp.float32)} if row_scale else {}
     updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
     params = optax.apply_updates(state.params, updates)
     tables = ((model_lib.position_table(state.params), model_lib.position_table(params))
-              if has_table else ())
+              if cfg.position_embedding == 'learned' else ())
     window = statistics.inside_step(state.stats, step_stats, *tables)
     grad_norm = optax.tree.norm(grads)
-    metrics = {
-        'loss': loss,
-        'grad_norm': grad_norm,
-        'learning_rate': jnp.asarray(schedule(state.step), jnp.float32),
-        'tokens': jnp.sum(real.astype(jnp.float32)),
-        'targets': n_targets,
-        'finite': (jnp.isfinite(loss) & jnp.isfinite(grad_norm)).astype(jnp.float32),
-    }
+    metrics = dict(loss=loss, grad_norm=grad_norm, targets=n_targets,
+                   learning_rate=jnp.asarray(schedule(state.step), jnp.float32),
+                   tokens=jnp.sum((batch['segment_ids'] > 0).astype(jnp.float32)),
+                   finite=(jnp.isfinite(loss) & jnp.isfinite(grad_norm)).astype(jnp.float32))
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                       stats=window), metrics
 

@@ -110,12 +110,10 @@ class MetricsLog:
     self._t0, self._elapsed0 = time.time(), 0.0
 
   def restore(self, saved: dict[str, Any]) -> None:
-    """Loads the counters of a checkpoint's ``stats`` item."""
     self.counters = {k: np.asarray(saved[k]).item() for k in self.counters}
     self._elapsed0 = float(self.counters['elapsed'])
 
   def add_step(self, metrics: dict[str, float]) -> None:
-    """Accounts one step's metrics (already on the host)."""
     self.counters['loss_sum'] += metrics['loss']
     self.counters['loss_steps'] += 1
     self.counters['tokens'] += int(metrics['tokens'])
@@ -145,14 +143,12 @@ class MetricsLog:
     return row
 
   def write(self, row: dict[str, Any]) -> None:
-    """Appends one row to metrics.jsonl (lead host)."""
     if self.tb is not None:
       workdir_lib.append_row(self.workdir, row)
 
   def write_eval(self, step: int, results: dict[str, Any], per_position: dict[str, Any],
                  title: str) -> None:
-    """Metrics row, console line and TensorBoard (overall and per-bucket loss, `recovered`,
-    degradation, the loss-by-position figure) of one periodic evaluation."""
+    """Metrics row, console line and TensorBoard scalars and figure of one evaluation."""
     self.write(dict(step=step, eval=results))
     o, d = results['overall'], results['degradation']
     lmb = d['last_minus_best']
@@ -184,26 +180,6 @@ class MetricsLog:
     metrics = {'hparam/eval_loss': (ev.get('overall') or {}).get('loss'),
                'hparam/last_minus_best': (ev.get('degradation') or {}).get('last_minus_best')}
     self.tb.add_hparams(hparams, {k: v for k, v in metrics.items() if v is not None})
-
-
-def restore_or_init(ckpt: checkpointing.Checkpointer, state: step_lib.TrainState,
-                    shardings: step_lib.TrainState, data_iter: Any
-                    ) -> tuple[step_lib.TrainState, int | None, dict[str, Any]]:
-  """The latest checkpoint's params, optimizer state and data position, or ``state``.
-
-  Returns:
-    ``(state, resumed_from, saved_stats)``: ``resumed_from`` is None for a fresh run;
-    ``saved_stats`` is the checkpoint's ``stats`` item ({} if fresh).
-  """
-  if ckpt.latest_step() is None:
-    return state, None, {}
-  # No fallback: a damaged latest step stops the run (CheckpointDamagedError names it and
-  # says how to resume from the previous one) instead of training over it.
-  r = ckpt.restore(abstract_params=state.params, abstract_opt_state=state.opt_state,
-                   data_iter=data_iter, fallback=False)
-  step = int(r['step'])
-  return state.replace(step=jax.device_put(np.int32(step), shardings.step), params=r['params'],
-                       opt_state=r['opt_state']), step, r['stats']
 
 
 class _Preemption:
@@ -259,54 +235,66 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     ValueError: bad config values, or a workdir that cannot be used as asked.
   """
   config = resolve_auto(config, workdir)
-  mcfg = validate(config)
+  validate(config)
   mesh = sharding.make_mesh()
   sharding.check_batch_layout(config, mesh)
-  lead = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
   with contextlib.ExitStack() as stack:
-    if lead:
+    if jax.process_index() == 0:
       stack.enter_context(workdir_lib.Lock(workdir))
     preempt = stack.enter_context(_Preemption())
     ckpt = stack.enter_context(checkpointing.Checkpointer(
         checkpointing.checkpoint_dir(workdir), max_to_keep=int(config.max_to_keep)))
     preempt.ckpt = ckpt
-    # Before anything is restored or written, on every host (they read the same files, so
-    # they all stop together): refuse what would lose work.
-    if ckpt.latest_step() is None:
-      workdir_lib.check_fresh_start(workdir)
-      changes = {}
-    else:
-      changes = workdir_lib.check_resume_config(workdir, config, ckpt.latest_config())
-    model = step_lib.make_model(config)
-    init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
-    state, tx, shardings = step_lib.init_state(model, config, mesh, init_rng)
-    initial_table = _table(model, state.params)
-    data_iter = data_lib.make_train_iterator(
-        config.data, batch_size=int(config.batch_size), seed=int(config.seed),
-        num_train_steps=int(config.num_train_steps), process_index=jax.process_index(),
-        process_count=jax.process_count(), max_len=mcfg.max_len)
-    state, resumed_from, saved = restore_or_init(ckpt, state, shardings, data_iter)
-    tb = TensorBoard(os.path.join(workdir, 'tensorboard'), (resumed_from or 0) + 1) if lead else None
-    statistics = step_lib.position_statistics(
-        model, config, log_every=int(config.log_every_steps), writer=tb,
-        directory=os.path.join(workdir, 'stats') if lead else None, initial_table=initial_table)
-    log = MetricsLog(workdir, tb, lead and bool(config.progress_bar))
-    if resumed_from is not None:
-      state = state.replace(stats=jax.device_put(statistics.restore(saved), shardings.stats))
-      log.restore(saved)
-      logging.info('Resuming from the checkpoint of step %d in %s.', resumed_from,
-                   ckpt.directory)
-    if lead:
-      workdir_lib.truncate_outputs(workdir, resumed_from or 0)
-      workdir_lib.write_config(workdir, config)
-      if changes:
-        log.write({'step': resumed_from, 'config_change': changes})
-    loop = _Loop(config, workdir, model, mesh, ckpt, log, data_iter, hooks, statistics,
-                 shardings)
-    return loop.run(state, step_lib.make_train_step(model, tx, config, mesh, shardings,
-                                                    statistics),
-                    dropout_rng, resumed_from, preempt)
+    loop, state, resumed_from = _start(config, workdir, mesh, ckpt, hooks)
+    return loop.run(state, resumed_from, preempt)
+
+
+def _start(config: ml_collections.ConfigDict, workdir: str, mesh: Any,
+           ckpt: checkpointing.Checkpointer, hooks: Sequence[Hook]) -> tuple[Any, Any, Any]:
+  """``(loop, state, resumed_from)``: the initial or latest checkpoint's state and the loop."""
+  # Before anything is restored or written, on every host (they read the same files, so
+  # they all stop together): refuse what would lose work.
+  resumed_from, saved = ckpt.latest_step(), {}
+  if resumed_from is None:
+    workdir_lib.check_fresh_start(workdir)
+    changes = {}
+  else:
+    changes = workdir_lib.check_resume_config(workdir, config, ckpt.latest_config())
+  model = step_lib.make_model(config)
+  init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
+  state, tx, shardings = step_lib.init_state(model, config, mesh, init_rng)
+  initial_table = _table(model, state.params)
+  data_iter = data_lib.make_train_iterator(
+      config.data, batch_size=int(config.batch_size), seed=int(config.seed),
+      num_train_steps=int(config.num_train_steps), process_index=jax.process_index(),
+      process_count=jax.process_count(), max_len=model.config.max_len)
+  if resumed_from is not None:
+    # No fallback: a damaged latest step stops the run (CheckpointDamagedError names it and
+    # says how to resume from the previous one) instead of training over it.
+    r = ckpt.restore(abstract_params=state.params, abstract_opt_state=state.opt_state,
+                     data_iter=data_iter, fallback=False)
+    resumed_from, saved = int(r['step']), r['stats']
+  lead = jax.process_index() == 0
+  tb = TensorBoard(os.path.join(workdir, 'tensorboard'), (resumed_from or 0) + 1) if lead else None
+  statistics = step_lib.position_statistics(
+      model, config, log_every=int(config.log_every_steps), writer=tb,
+      directory=os.path.join(workdir, 'stats') if lead else None, initial_table=initial_table)
+  log = MetricsLog(workdir, tb, lead and bool(config.progress_bar))
+  if resumed_from is not None:
+    state = step_lib.TrainState(
+        step=jax.device_put(np.int32(resumed_from), shardings.step), params=r['params'],
+        opt_state=r['opt_state'], stats=jax.device_put(statistics.restore(saved), shardings.stats))
+    log.restore(saved)
+    logging.info('Resuming from the checkpoint of step %d in %s.', resumed_from, ckpt.directory)
+  if lead:
+    workdir_lib.truncate_outputs(workdir, resumed_from or 0)
+    workdir_lib.write_config(workdir, config)
+    if changes:
+      log.write({'step': resumed_from, 'config_change': changes})
+  train_step = step_lib.make_train_step(model, tx, config, mesh, shardings, statistics)
+  return _Loop(config, workdir, model, mesh, ckpt, log, data_iter, hooks, statistics,
+               shardings, train_step, dropout_rng), state, resumed_from
 
 
 def _table(model: model_lib.TransformerLM, params: Any) -> np.ndarray | None:
@@ -320,10 +308,11 @@ class _Loop:
   """The step loop and what happens at log, eval and checkpoint steps."""
 
   def __init__(self, config, workdir, model, mesh, ckpt, log, data_iter, hooks, statistics,
-               shardings):
+               shardings, train_step, dropout_rng):
     self.config, self.workdir, self.model, self.mesh = config, workdir, model, mesh
     self.ckpt, self.log, self.data_iter, self.hooks = ckpt, log, data_iter, hooks
     self.statistics, self.shardings = statistics, shardings
+    self.train_step, self.dropout_rng = train_step, dropout_rng
     self.lead = jax.process_index() == 0
     self.divergence = divergence_bound(config)
 
@@ -339,7 +328,7 @@ class _Loop:
                           config=self.config.to_dict(), metrics=metrics)
 
   def snapshot(self, state: step_lib.TrainState, step: int) -> np.ndarray | None:
-    """Writes ``tables/table_STEP.npy``; returns the table (None without one)."""
+    """Writes ``tables/table_STEP.npy`` and returns the table (None without one)."""
     table = _table(self.model, state.params)
     if self.lead and table is not None:
       with outputs.atomic_write(os.path.join(self.workdir, 'tables', f'table_{step}.npy')) as f:
@@ -364,16 +353,14 @@ class _Loop:
     from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
     from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
     out = evaluation.run_evaluation(self.model, state.params, self.config, step=step)
-    res = eval_report.json_safe(out.results)
-    d = self.config.data
-    self.log.write_eval(step, res, out.per_position,
-                        f'{d.position_policy}, {self.config.model.position_init} init, step {step}')
-    table = _table(self.model, state.params)
-    if table is not None:
+    res, c = eval_report.json_safe(out.results), self.config
+    self.log.write_eval(step, res, out.per_position, f'{c.data.position_policy}, '
+                        f'{c.model.position_init} init, step {step}')
+    if (table := _table(self.model, state.params)) is not None:
       self.statistics.report_table(step, table)
     return res
 
-  def run(self, state, train_step, dropout_rng, resumed_from, preempt) -> dict[str, Any]:
+  def run(self, state, resumed_from, preempt) -> dict[str, Any]:
     c, start = self.config, resumed_from or 0
     num_steps = int(c.num_train_steps)
     if resumed_from is None:
@@ -393,7 +380,7 @@ class _Loop:
           self.stopped(result, start)
           break
         batch = sharding.global_batch(next(self.data_iter), self.mesh, self.model.config.max_len)
-        state, metrics = train_step(state, batch, jax.random.fold_in(dropout_rng, step))
+        state, metrics = self.train_step(state, batch, jax.random.fold_in(self.dropout_rng, step))
         if pending is not None:  # Read the previous step back while this one runs.
           self.absorb(*pending)
         pending = (step, metrics)
