@@ -103,8 +103,7 @@ class MetricsLog:
   def __init__(self, workdir: str, tb: TensorBoard | None, progress_bar: bool = False):
     self.workdir, self.tb, self.progress_bar = workdir, tb, progress_bar
     self.counters = dict(loss_sum=0.0, loss_steps=0, tokens=0, elapsed=0.0)
-    self.last: dict[str, float] = {}
-    self.last_row: dict[str, Any] = {}  # the last training row written, with its step
+    self.last, self.last_row = {}, {}  # the last step's metrics; the last training row
     self.last_eval: dict[str, Any] | None = None
     self._clock = (time.time(), 0.0)  # window start, tokens in window
     self._t0, self._elapsed0 = time.time(), 0.0
@@ -157,17 +156,16 @@ class MetricsLog:
     self.last_eval = results
     if self.tb is None:
       return
-    w = self.tb
-    w.add_scalar('eval/loss', o['loss'], step)
-    for k in ('last_minus_best', 'slope'):
-      if d.get(k) is not None:
-        w.add_scalar(f'eval/degradation/{k}', d[k], step)
+    scalars = {'eval/loss': o['loss'], 'eval/degradation/last_minus_best': lmb,
+               'eval/degradation/slope': d.get('slope')}
     for b in results['buckets']:
-      for k in ('loss', 'excess_loss', 'recovered'):
-        if b.get(k) is not None:
-          w.add_scalar(f'eval_bucket_{k}/{b["start"]:05d}-{b["end"]:05d}', b[k], step)
+      scalars.update({f'eval_bucket_{k}/{b["start"]:05d}-{b["end"]:05d}': b.get(k)
+                      for k in ('loss', 'excess_loss', 'recovered')})
+    for tag, value in scalars.items():
+      if value is not None:
+        self.tb.add_scalar(tag, value, step)
     from flax_posemb import plots  # pylint: disable=g-import-not-at-top  (matplotlib)
-    w.add_figure('eval/loss_by_position', plots.loss_by_position_figure(
+    self.tb.add_figure('eval/loss_by_position', plots.loss_by_position_figure(
         per_position, results, title), step)
 
   def write_hparams(self, config: ml_collections.ConfigDict) -> None:
