@@ -110,7 +110,7 @@ load_npz = outputs.load_npz  # ValueError naming a truncated / garbled file
 
 
 def window_files(stats_dir: str, upto_step: int | None = None) -> list[tuple[int, str]]:
-  """``(step, path)`` of the window files ``stats_dir/window_STEP.npz`` up to ``upto_step``."""
+  """``(step, path)`` of ``stats_dir/window_STEP.npz`` up to ``upto_step``, in step order."""
   return [(s, p) for s, p in outputs.step_files(os.path.join(stats_dir, 'window_*.npz'))
           if upto_step is None or s <= upto_step]
 
@@ -307,5 +307,7 @@ def _pad(x: np.ndarray, n: int) -> np.ndarray:
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> float | None:
   """Spearman rank correlation (ties get average ranks), None where undefined."""
+  if np.ptp(x) == 0 or np.ptp(y) == 0:  # a constant series: no rank correlation
+    return None
   c = scipy.stats.spearmanr(x, y).statistic
   return float(c) if math.isfinite(c) else None

@@ -57,9 +57,8 @@ def validate(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
 
 
 def resolve_auto(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
-  """A copy of ``config`` with its auto fields (attention, microbatches) made concrete for this
-  platform (``auto.resolve_config``), so ``config.json`` records what runs; a resume keeps the
-  values its ``config.json`` recorded."""
+  """A copy of ``config`` with its auto fields made concrete (``auto.resolve_config``), so
+  ``config.json`` records what runs; a resume keeps the values its ``config.json`` recorded."""
   config = config.copy_and_resolve_references()
   saved = workdir_lib.saved_config(workdir) if os.path.isdir(workdir) else None
   for key, (_, value) in auto_lib.resolve_config(config, saved=saved).items():
@@ -96,9 +95,8 @@ def _validate_eval(config: ml_collections.ConfigDict, mcfg: model_lib.ModelConfi
 
 
 class MetricsLog:
-  """``metrics.jsonl`` rows, loss and eval scalars in TensorBoard, and the console lines (the
-  per-position statistics are ``stats.PositionStatistics``'s). ``counters`` go into the
-  checkpoint's ``stats`` item, so a resumed run continues the same logging window."""
+  """``metrics.jsonl`` rows, loss and eval scalars in TensorBoard and the console lines;
+  ``counters`` go into the checkpoint's ``stats`` item (a resume continues the window)."""
 
   def __init__(self, workdir: str, tb: TensorBoard | None, progress_bar: bool = False):
     self.workdir, self.tb, self.progress_bar = workdir, tb, progress_bar
@@ -215,23 +213,9 @@ class _Preemption:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        hooks: Sequence[Hook] = ()) -> dict[str, Any]:
-  """Trains (or resumes) a run in ``workdir`` (docs/DESIGN.md §Training outputs).
-
-  Args:
-    config: full config (``defaults.base()`` fields).
-    workdir: run directory (created if missing).
-    hooks: callables ``hook(step, metrics)`` run on the host after each step's metrics
-      (``loss``, ``grad_norm``, ``learning_rate``, ``tokens``, ...) are read back.
-
-  Returns:
-    Dict ``step`` (last step done), ``loss`` (last logged window loss), ``resumed_from``
-    (restored step or None), ``preempted`` (bool), ``eval`` (last evaluation results or None).
-
-  Raises:
-    NonFiniteLossError: the loss became NaN/inf or diverged (the last good checkpoint is kept).
-    checkpointing.CheckpointDamagedError: the latest checkpoint is damaged (named).
-    ValueError: bad config values, or a workdir that cannot be used as asked.
-  """
+  """Trains (or resumes) a run of ``config`` (``defaults.base()`` fields) in ``workdir``;
+  outputs, return value and errors: docs/DESIGN.md §Training outputs. ``hooks``: callables
+  ``hook(step, metrics)`` run on the host once each step's metrics are read back."""
   config = resolve_auto(config, workdir)
   validate(config)
   mesh = sharding.make_mesh()
@@ -408,9 +392,7 @@ class _Loop:
     """Writes again the rows of the restored ``step`` that metrics.jsonl lost (a half-written
     last line, which a resume drops): the training row, stored with the checkpoint when the
     step ended a logging window, and the periodic evaluation, run again."""
-    row = self.ckpt.step_metadata(step).get('metrics', {})
-    # 'tokens': a whole row, stored only by a step that wrote one (`save`); older versions
-    # stored only a loss.
+    row = self.ckpt.step_metadata(step).get('metrics', {})  # whole only if it has 'tokens'
     if self.lead and 'tokens' in row and not workdir_lib.has_row(self.workdir, step, 'loss'):
       self.log.write({'step': step, **row, 'tokens': int(row['tokens'])})
     if self.eval_due(step) and not workdir_lib.has_row(self.workdir, step, 'eval'):

@@ -108,3 +108,23 @@ def test_truncated_window_file_is_a_clear_error_naming_it(tmp_path):
   with pytest.raises(ValueError, match='window_10.npz is damaged'):
     measures.load_windows(workdir)
   assert analysis.cumulative_exposure(str(tmp_path / 'stats'), upto_step=5) is not None
+
+
+def test_stats_analysis_sums_any_directory_of_windows_and_relates_them_to_exposure(tmp_path):
+  d = tmp_path / 'mine'
+  d.mkdir()
+  count = np.arange(1, 9)
+  for step in (3, 6):
+    np.savez(d / f'window_{step}.npz', step=np.int64(step), first_step=np.int64(step - 2),
+             count=count, loss_sum=count * 2.0, loss_count=count, occ_norm=count * 3.0,
+             cumulative_count=count * step // 3)
+  summary = analysis.analyze_stats(str(d), str(tmp_path / 'out'))
+  assert (summary['windows'], summary['first_step'], summary['last_step']) == (2, 1, 6)
+  assert summary['exposure']['total_tokens'] == 2 * count.sum()
+  arrays = np.load(summary['files']['arrays'])
+  np.testing.assert_array_equal(arrays['count'], 2 * count)
+  np.testing.assert_array_equal(arrays['signal_per_occurrence'], 3.0)
+  np.testing.assert_array_equal(arrays['mean_loss'], 2.0)
+  assert os.path.getsize(summary['files']['exposure_plot']) > 0
+  with pytest.raises(ValueError, match='no statistics window files'):
+    analysis.analyze_stats(str(tmp_path / 'out'), str(tmp_path / 'out2'))
