@@ -128,3 +128,18 @@ def test_stats_analysis_sums_any_directory_of_windows_and_relates_them_to_exposu
   assert os.path.getsize(summary['files']['exposure_plot']) > 0
   with pytest.raises(ValueError, match='no statistics window files'):
     analysis.analyze_stats(str(tmp_path / 'out'), str(tmp_path / 'out2'))
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--analyze', '--stats', 'DIR/none', '--output', 'DIR/o'], 'no statistics window files'),
+    (['--stats', 'DIR', '--output', 'DIR/o'], 'needs --analyze and --output'),
+    (['--analyze', '--stats', 'DIR', '--workdir', 'DIR'], 'no --workdir'),
+])
+def test_eval_stats_bad_input_is_one_line_and_exit_code_2(tmp_path, args, message):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from conftest import ROOT, SUBPROCESS_ENV  # pylint: disable=g-import-not-at-top
+  argv = [a.replace('DIR', str(tmp_path)) for a in args]
+  proc = subprocess.run([sys.executable, str(ROOT / 'eval.py'), *argv], cwd=str(ROOT),
+                        env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2 and message in proc.stderr and 'Traceback' not in proc.stderr

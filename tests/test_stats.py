@@ -386,10 +386,10 @@ def nnx_user_loop(config, directory):
   from flax_posemb import nnx as posemb_nnx  # pylint: disable=g-import-not-at-top
   mcfg, _, linen_params, tx, batches, optax = _user_setup(config)
   model = posemb_nnx.TransformerLM(mcfg, rngs=nnx.Rngs(0))
-  posemb_nnx.load_linen_params(model, linen_params)  # the trainer's init
 
   # ---- the user loop: as in the README ----
   graphdef, param_state, rest = nnx.split(model, nnx.Param, ...)
+  nnx.replace_by_pure_dict(param_state, linen_params)  # the trainer's init
   params = nnx.to_pure_dict(param_state)
 
   def token_loss_fn(p, embed_delta, batch):
