@@ -1,9 +1,6 @@
-"""Per-position learning-signal statistics (docs/DESIGN.md §Statistics: fields, window files).
-
-``value_and_grad_with_position_stats`` computes one step's ``PositionStats`` for any model in one
-backward pass; ``PositionStatistics`` accumulates them into windows in any training loop, writes
-the window files, reports them to TensorBoard and saves/restores its state with a checkpoint.
-"""
+"""Per-position learning-signal statistics of any model and training loop: one step's
+(``value_and_grad_with_position_stats``) and a loop's windows (``PositionStatistics``).
+Fields, window files, TensorBoard curves: docs/DESIGN.md §Statistics."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""TensorBoard events of a run, written by the caller's thread a whole record at a time.
-
-Not tensorboardX's SummaryWriter: that writes from a thread of its own and flushes again at
-exit, so a full disk reached it as more tracebacks after the run's own. Here a failed write
-raises in the caller, once, like every other output (`outputs.append_whole`).
-"""
+"""TensorBoard events written by the caller's thread a whole record at a time: unlike
+tensorboardX's SummaryWriter (a thread of its own, flushed again at exit), a failed write
+raises in the caller, once, like every other output (`outputs.append_whole`)."""
 
 from __future__ import annotations
 
@@ -47,12 +44,10 @@ class TensorBoard:
     self._add(event_pb2.Event(step=int(global_step)), summary.scalar(tag, value))
 
   def add_histogram_raw(self, tag: str, global_step: int, **histogram: Any) -> None:
-    """A histogram from its buckets (``summary.histogram_raw``'s arguments)."""
     self._add(event_pb2.Event(step=int(global_step)), summary.histogram_raw(tag, **histogram))
 
   def add_image(self, tag: str, img_tensor: Any, global_step: int,
                 dataformats: str = 'CHW') -> None:
-    """An image: uint8, or float in [0, 1]."""
     self._add(event_pb2.Event(step=int(global_step)),
               summary.image(tag, img_tensor, dataformats=dataformats))
 
