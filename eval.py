@@ -8,7 +8,7 @@
 Restores only params + config from each run's latest (or --step) Orbax checkpoint onto the
 available devices; writes WORKDIR/eval/step_N/ (or --output) and prints the bucket table, where
 the windows come from, loss by window group (kind, depth, distance to the end) and the plot
-path (flax_posemb.evaluation.evaluate_workdir); --table: analysis.write_table_analysis;
+path (flax_posemb.eval_workdir.evaluate_workdir); --table: analysis.write_table_analysis;
 --stats: analysis.analyze_stats.
 Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback; --debug shows it).
 """
@@ -56,14 +56,14 @@ def main(argv):
   try:
     offsets = [int(k) for k in FLAGS.offsets.split(',')] if FLAGS.offsets else None
   except ValueError:
-    raise cli.UserError(f'--offsets must be comma-separated integers >= 0, e.g. 0,16,64; got '
-                        f'{FLAGS.offsets!r}.') from None
+    offsets = [-1]
   if offsets and min(offsets) < 0:
-    raise cli.UserError(f'--offsets must be >= 0, got {FLAGS.offsets!r}.')
+    raise cli.UserError(f'--offsets must be >= 0 and comma-separated integers, e.g. 0,16,64; '
+                        f'got {FLAGS.offsets!r}.')
   for w in (w for w in FLAGS.workdir if not os.path.isdir(w)):
     raise cli.UserError(f'--workdir {w} is not a directory; give a training workdir.')
-  from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
-  runs, comp = evaluation.evaluate_and_compare(  # cli.run reports bad input in one line
+  from flax_posemb import eval_workdir  # pylint: disable=g-import-not-at-top
+  runs, comp = eval_workdir.evaluate_and_compare(  # cli.run reports bad input in one line
       FLAGS.workdir, output=FLAGS.output, step=FLAGS.step, offsets=offsets,
       analyze=FLAGS.analyze, split=FLAGS.split, policy=FLAGS.position_policy,
       window_start=FLAGS.window_start, min_doc_len=FLAGS.min_doc_len,

@@ -10,24 +10,12 @@ Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, nothing written)
 loss became non-finite, 75 preempted by SIGTERM (re-run the same command to resume).
 """
 
-import os
 import signal
-import sys
+
+# Held, not lost, until the one handler takes it (cli.exit_early_on_sigterm, in main).
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 PROG = 'train.py'
-
-
-def _sigterm_while_starting(signum, frame):
-  """SIGTERM while still importing (seconds; before `cli.exit_early_on_sigterm`): nothing
-  was written yet, so stop at once with a message and exit 75 (cli.EXIT_PREEMPTED)."""
-  del signum, frame
-  sys.stderr.write(f'{PROG}: SIGTERM while starting, before setup: stopped, nothing was '
-                   'written. Re-run the same command to start (or resume) the run.\n')
-  sys.stderr.flush()
-  os._exit(75)  # The default action would kill silently with -15.
-
-
-signal.signal(signal.SIGTERM, _sigterm_while_starting)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
@@ -55,7 +43,7 @@ def main(argv):
   cli.start_on_huge_pages()  # Before anything is written: the process may restart.
   cli.check_output_dir(FLAGS.workdir)  # The config is checked first in train_and_evaluate.
   multi = FLAGS.distributed or FLAGS.coordinator_address
-  with cli.exit_early_on_sigterm(PROG, FLAGS.workdir, remove=not multi) as started:
+  with cli.exit_early_on_sigterm(PROG, FLAGS.workdir, remove=not multi):
     import jax  # pylint: disable=g-import-not-at-top
     if FLAGS.cpu_collectives:
       jax.config.update('jax_cpu_collectives_implementation', FLAGS.cpu_collectives)
@@ -64,8 +52,7 @@ def main(argv):
                                  num_processes=FLAGS.num_processes,
                                  process_id=FLAGS.process_id)
     from flax_posemb import training  # pylint: disable=g-import-not-at-top
-    result = training.train_and_evaluate(FLAGS.config, FLAGS.workdir,
-                                         hooks=[lambda step, metrics: started()])
+    result = training.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   if result['preempted']:
     print(f"Training preempted at step {result['step']} (checkpoint saved); re-run the same "
           f'command to resume. Exit code {cli.EXIT_PREEMPTED}.', flush=True)

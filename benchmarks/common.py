@@ -90,7 +90,6 @@ def base_config() -> Cfg:
   """Defaults of the train step's config without ml_collections (see `Cfg`)."""
   from flax_posemb import model as model_lib
   model = dataclasses.asdict(model_lib.ModelConfig())
-  model['check_positions'] = False  # as defaults.model(): positions are checked on the host
   return Cfg(seed=0, num_train_steps=200, batch_size=32, grad_accum_steps=0,
              collect_stats=True, fsdp=False, data=Cfg(seq_len=128), model=Cfg(model),
              optimizer=Cfg(_OPTIMIZER_DEFAULTS))

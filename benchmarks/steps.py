@@ -44,7 +44,7 @@ def library_train(shape: common.Shape, collect_stats: bool, seed: int = 0,
     shape: model and batch shape.
     collect_stats: the config's `collect_stats`.
     seed: init / batch seed.
-    **overrides: dotted config overrides, e.g. `{'model.check_positions': False}`.
+    **overrides: dotted config overrides, e.g. `{'model.remat': True}`.
   """
   key = (shape, collect_stats, seed, tuple(sorted(overrides.items())))
   if key not in _CACHE:

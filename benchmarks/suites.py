@@ -168,11 +168,6 @@ def run_side_by_side(opts: Options) -> dict[str, Any]:
   shape = opts.main_shape
   peak = get_peak(opts)['flops_per_s']
   runners = [(steps.library_train(shape, cs), 'library', None) for cs in (True, False)]
-  if not opts.mini:  # diagnosis: the in-graph position guard's share of the step (the
-    # training loop checks positions on the host instead, so configs turn the guard off)
-    check = steps.library_train(shape, True, **{'model.check_positions': True})
-    check.name = 'flax_posemb (stats on, in-graph position guard on)'
-    runners.append((check, 'library', None))
   builders = _peer_builders(shape, opts)
   wanted = [p for p in opts.peers.split(',') if p]
   if 'reference' in wanted and not opts.mini:

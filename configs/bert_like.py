@@ -41,7 +41,6 @@ def get_config():
   config.model.token_init = 'bert'  # BERT initializes every embedding table the same way.
   config.model.dtype = 'bfloat16'  # bf16 compute on accelerators; logits and loss stay fp32.
   config.model.param_dtype = 'float32'  # fp32 master parameters.
-  config.model.check_positions = False  # Skip the per-step host callback; the data pipeline checks positions.
   config.optimizer.learning_rate = 1e-4  # BERT's peak learning rate.
   config.optimizer.warmup_steps = 1000  # Linear warmup (BERT: 10k of 1M steps).
   config.optimizer.b2 = 0.999  # BERT's Adam beta2.

@@ -37,7 +37,6 @@ def get_config():
   config.model.mlp_dim = 3072  # 4 x width.
   config.model.dtype = 'bfloat16'  # bf16 compute on accelerators; logits and loss stay fp32.
   config.model.param_dtype = 'float32'  # fp32 master parameters.
-  config.model.check_positions = False  # Skip the per-step host callback; the data pipeline checks positions.
   config.optimizer.learning_rate = 6e-4  # nanoGPT's GPT-2 small peak learning rate.
   config.optimizer.warmup_steps = 1000  # Linear warmup over the first 5% of steps.
   config.eval.bucket_edges = '0,32,64,128,256,512,768,1024'  # Finer buckets early, where loss falls fastest.

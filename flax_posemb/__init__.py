@@ -1,8 +1,7 @@
 """flax_posemb: learned position embeddings in JAX/Flax.
 
-Light on purpose: importing the package loads only the model-side modules
-(initializers, embeddings, model); data, training and plotting are imported
-from their own modules.
+Importing the package loads only the model side; data, training and plotting are imported from
+their own modules.
 """
 
 from flax_posemb import initializers
@@ -15,14 +14,6 @@ from flax_posemb.model import POSITION_TABLE_PATH
 from flax_posemb.model import TransformerLM
 from flax_posemb.model import position_table
 
-__all__ = [
-    'LearnedPositionEmbedding',
-    'ModelConfig',
-    'POSITION_TABLE_PATH',
-    'SinusoidalPositionEmbedding',
-    'TokenEmbedding',
-    'TransformerLM',
-    'apply_rope',
-    'initializers',
-    'position_table',
-]
+__all__ = ['LearnedPositionEmbedding', 'ModelConfig', 'POSITION_TABLE_PATH',
+           'SinusoidalPositionEmbedding', 'TokenEmbedding', 'TransformerLM', 'apply_rope',
+           'initializers', 'position_table']

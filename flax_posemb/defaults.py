@@ -1,11 +1,6 @@
-"""Default configuration sections shared by every `configs/*.py`.
+"""Default configuration sections shared by every `configs/*.py` (docs/DESIGN.md, Config).
 
-Each section is owned by one stage of the pipeline and documents every field in a
-one-line comment. `configs/NAME.py` files call `base()` and override what they need,
-so a field added here is available (with its default) to every config.
-
-The config is an `ml_collections.ConfigDict`; it is locked after `base()` returns so
-that a typo on the command line (`--config.modle.num_layers=2`) is an error.
+Every field has a one-line comment; `base()` locks the config, so a misspelled field is an error.
 """
 
 from __future__ import annotations
@@ -53,15 +48,9 @@ def data() -> ml_collections.ConfigDict:
 
 
 def model() -> ml_collections.ConfigDict:
-  """Model section: `flax_posemb.model.ModelConfig`'s fields and defaults (documented there).
-
-  One difference: the in-graph position guard is off, because train.py and eval.py check
-  every batch's positions on the host before it reaches the device.
-  """
+  """Model section: `flax_posemb.model.ModelConfig`'s fields and defaults (documented there)."""
   from flax_posemb import model as model_lib  # pylint: disable=g-import-not-at-top
-  fields = dataclasses.asdict(model_lib.ModelConfig())
-  fields['check_positions'] = False
-  return ml_collections.ConfigDict(fields)
+  return ml_collections.ConfigDict(dataclasses.asdict(model_lib.ModelConfig()))
 
 
 def optimizer() -> ml_collections.ConfigDict:
@@ -101,11 +90,10 @@ def evaluation() -> ml_collections.ConfigDict:
 
 # Fields that do not change what a run computes: the experiments' run identity ignores them.
 NON_SEMANTIC = ('progress_bar', 'checkpoint_every_steps', 'max_to_keep', 'data.num_workers',
-                'data.prefetch', 'data.data_dir', 'model.check_positions', 'allow_config_change')
-# What a resumed run may change besides: how it logs and how it is evaluated. Anything else
-# (including num_train_steps, which shapes the learning-rate schedule) needs
-# allow_config_change=True.
-# (Not data.num_workers: the data iterator's saved state depends on it.)
+                'data.prefetch', 'data.data_dir', 'allow_config_change')
+# What a resumed run may change besides (not data.num_workers: the data iterator's state
+# depends on it); anything else needs allow_config_change=True. A field removed since a run
+# started (e.g. model.check_positions) is no change (workdir.config_changes).
 RESUME_MAY_CHANGE = tuple(k for k in NON_SEMANTIC if k != 'data.num_workers') + (
     'log_every_steps', 'eval_every_steps', 'eval')
 # What a run saved before a field existed ran with, where that is not the field's default

@@ -1,13 +1,8 @@
-"""The figure gallery: every run-level figure once, from two tiny runs.
+"""The figure gallery: every run-level figure once, from two tiny runs (natural and
+packed_reset, synthetic corpus), each with the question it answers.
 
   python -m flax_posemb.gallery                     # -> runs/gallery/
   python -m flax_posemb.gallery --out docs/gallery  # regenerates the committed docs/gallery/
-
-Trains the tiny config (synthetic corpus) under `natural` and `packed_reset` exposure for a
-few hundred steps, evaluates both (offset probe, log2 buckets, table analysis, a paired
-comparison) and the data exposure report, then copies each figure into OUT with a README
-saying which question it answers. Experiment figures live in each committed report
-(docs/experiments/*/).
 """
 
 from __future__ import annotations
@@ -53,7 +48,7 @@ FIGURES = (
 
 def main(argv):
   del argv
-  from flax_posemb import evaluation, plots, training  # pylint: disable=g-import-not-at-top
+  from flax_posemb import eval_workdir, plots, training  # pylint: disable=g-import-not-at-top
   from flax_posemb.data import report  # pylint: disable=g-import-not-at-top
   runs = {}
   for policy in ('natural', 'packed_reset'):
@@ -62,9 +57,9 @@ def main(argv):
     c.eval_every_steps, c.allow_config_change = 0, True
     runs[policy] = os.path.join(FLAGS.workdir, policy)
     training.train_and_evaluate(c, runs[policy])
-  _, comp = evaluation.evaluate_and_compare(list(runs.values()))
-  probe = evaluation.evaluate_workdir(runs['natural'], offsets=[0, 16], analyze=True)
-  log2 = evaluation.evaluate_workdir(runs['natural'], bucket_edges='log2')
+  _, comp = eval_workdir.evaluate_and_compare(list(runs.values()))
+  probe = eval_workdir.evaluate_workdir(runs['natural'], offsets=[0, 16], analyze=True)
+  log2 = eval_workdir.evaluate_workdir(runs['natural'], bucket_edges='log2')
   os.makedirs(FLAGS.out, exist_ok=True)
   sources = {
       'loss_by_position.png': probe['files']['plot'],

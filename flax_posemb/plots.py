@@ -1,7 +1,8 @@
 """Every matplotlib figure of the project (Agg backend; no computation here).
 
-Each function takes already-computed arrays / results dicts, writes one PNG and returns
-its path. Functions are independent of one another.
+Each function takes already-computed arrays or results dicts, writes one PNG and returns its
+path. Error bars are the 95% t intervals the results carry (``ci95``: documents - 1 degrees
+of freedom for buckets, seeds - 1 for experiments).
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
+Path = str | os.PathLike[str]
+_MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '*', '<', '>')
+_LINESTYLES = ('-', '--', ':', '-.')
 
-def _save(fig, path: str | os.PathLike[str]) -> str:
+
+def _save(fig, path: Path) -> str:
   path = os.fspath(path)
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   fig.tight_layout()
@@ -26,26 +31,23 @@ def _save(fig, path: str | os.PathLike[str]) -> str:
   return path
 
 
-def _bucket_arrays(results: dict[str, Any]) -> dict[str, np.ndarray]:
-  rows = results['buckets']
-  def col(k):
-    return np.array([np.nan if r.get(k) is None else r[k] for r in rows], np.float64)
-  out = {k: col(k) for k in ('start', 'end', 'loss', 'stderr', 'bayes_loss', 'filter_loss',
-                             'recovered') if rows and k in rows[0]}
-  if rows:
-    out['mid'] = (out['start'] + out['end'] - 1) / 2
+def _col(rows: Sequence[dict[str, Any]], key: str) -> np.ndarray:
+  return np.array([np.nan if r.get(key) is None else r[key] for r in rows], np.float64)
+
+
+def _bucket_arrays(rows: Sequence[dict[str, Any]], value: str = 'loss') -> dict[str, np.ndarray]:
+  """The columns the rows have, ``mid``, and ``half``: the half-width of each row's ``ci95``."""
+  out = {k: _col(rows, k) for k in ('start', 'end', value, 'bayes_loss', 'filter_loss',
+                                     'recovered') if rows and k in rows[0]}
+  ci = np.array([[np.nan if x is None else x for x in r['ci95']] for r in rows], np.float64)
+  out['half'] = (ci[:, 1] - ci[:, 0]) / 2
+  out['mid'] = (out['start'] + out['end'] - 1) / 2
   return out
-
-
-def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any],
-                     path: str | os.PathLike[str], title: str = '') -> str:
-  """Writes ``loss_by_position_figure`` to ``path`` (PNG) and returns the path."""
-  return _save(loss_by_position_figure(per_position, results, title), path)
 
 
 def _log_buckets(b: dict[str, np.ndarray]) -> bool:
   """Whether bucket widths grow geometrically (log2 buckets): then x is drawn on a log axis."""
-  w = b['end'] - b['start'] if 'end' in b else np.array([])
+  w = b['end'] - b['start']
   return len(w) >= 4 and w[-1] >= 4 * max(w[1], 1)
 
 
@@ -54,22 +56,30 @@ def _bucket_x(b: dict[str, np.ndarray], log: bool) -> np.ndarray:
   return np.sqrt((b['start'] + 1) * b['end']) if log else b['mid']
 
 
+def _bucket_xaxis(ax, log: bool, label: str) -> None:
+  if log:
+    ax.set_xscale('log')
+  ax.set_xlabel(label)
+
+
+def _outside_legend(ax) -> None:
+  """The legend right of the axes, where it covers no data or error bar."""
+  ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any],
+                     path: Path, title: str = '') -> str:
+  """Writes ``loss_by_position_figure`` to ``path`` (PNG) and returns the path."""
+  return _save(loss_by_position_figure(per_position, results, title), path)
+
+
 def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[str, Any],
                             title: str = ''):
-  """Loss by position bucket with 95% intervals (and a thin line per document kind when the
-  windows mix several); on the synthetic corpus the Bayes (position known) and filter
-  (position unknown) bounds per bucket and, below, the share of the value of position
-  information each bucket's rows recover, with its interval.
-
-  Args:
-    per_position: {'position' [L], 'loss' [L], optional 'bayes_loss' [L], 'filter_loss' [L]}.
-    results: results.json dict (its 'buckets', 'step', optional 'by_kind').
-    title: figure title (default names the step); callers name the run (policy, init, step).
-
-  Returns:
-    The matplotlib figure (TensorBoard takes it as an image).
-  """
-  b = _bucket_arrays(results)
+  """The figure (TensorBoard takes it as an image) of loss by position bucket with 95%
+  intervals from ``results`` (results.json), a thin line per document kind when the windows
+  mix several, and ``per_position`` ({'position', 'loss'}: [L]) off the synthetic corpus;
+  there the Bayes and filter bounds and, below, the share of the position value recovered."""
+  b = _bucket_arrays(results['buckets'])
   synth = 'recovered' in b
   log = _log_buckets(b)
   x = _bucket_x(b, log)
@@ -79,12 +89,11 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
   if not synth:  # On the synthetic corpus per-position loss is a regime sawtooth: buckets only.
     pos = np.asarray(per_position['position']) + (1 if log else 0)
     ax.plot(pos, per_position['loss'], lw=0.6, alpha=0.35, color='C0', label='per position')
-  ax.errorbar(x, b['loss'], yerr=1.96 * b['stderr'], fmt='o-', color='C0', capsize=3,
+  ax.errorbar(x, b['loss'], yerr=b['half'], fmt='o-', color='C0', capsize=3,
               label='model, bucket mean (95% CI)')
   kinds = results.get('by_kind') or []
   for i, g in enumerate(kinds if len(kinds) > 1 else []):  # The source mix: a thin line each.
-    loss = [np.nan if r['loss'] is None else r['loss'] for r in g['buckets']]
-    ax.plot(x, loss, '.-', lw=0.8, ms=3, color=f'C{i + 3}',
+    ax.plot(x, _col(g['buckets'], 'loss'), '.-', lw=0.8, ms=3, color=f'C{i + 3}',
             label=f"{g['group']} ({g['windows']} windows, {g['documents']} docs)")
   if synth:
     ax.plot(x, b['bayes_loss'], 'k.-', lw=1, label='Bayes (position known)')
@@ -92,134 +101,85 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
   ax.set_ylabel('loss (nats / token)')
   _outside_legend(ax)
   ax.set_title(title or f"loss by position, step {results.get('step')}", fontsize=10)
-  if synth:
+  if synth:  # recovered = (filter - loss) / (filter - bayes): the loss interval, rescaled.
     ax2 = axes[1, 0]
-    gap = b['filter_loss'] - b['bayes_loss']
     with np.errstate(invalid='ignore', divide='ignore'):
-      se = b['stderr'] / np.abs(gap)
-    ax2.errorbar(x, b['recovered'], yerr=1.96 * se, fmt='o-', color='C2', capsize=3,
+      half = b['half'] / np.abs(b['filter_loss'] - b['bayes_loss'])
+    ax2.errorbar(x, b['recovered'], yerr=half, fmt='o-', color='C2', capsize=3,
                  label='recovered (95% CI)')
     ax2.axhline(1.0, color='k', lw=0.8, label='1 = Bayes: all of the position value')
     ax2.axhline(0.0, color='gray', lw=0.8, ls='--', label='0 = position-blind filter')
     ax2.set_ylabel('share of the position value\nrecovered by the rows')
     _outside_legend(ax2)
-  if log:
-    axes[-1, 0].set_xscale('log')
-  axes[-1, 0].set_xlabel('position + 1 (log scale; = context length)' if log
-                         else 'position (= context length - 1)')
+  _bucket_xaxis(axes[-1, 0], log, 'position + 1 (log scale; = context length)' if log
+                else 'position (= context length - 1)')
   return fig
 
 
-def _outside_legend(ax) -> None:
-  """The legend right of the axes, where it covers no data or error bar."""
-  ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+def _series(ax, series: Sequence[tuple[str, Sequence[dict[str, Any]]]], log: bool,
+            ylabel: str, value: str = 'loss', first_color: int = 0) -> None:
+  """Bucket rows' ``value`` with their 95% t intervals, one series per (label, rows); for
+  ``'diff'`` (rows of ``buckets.paired_difference``) with the zero line."""
+  for j, (label, rows) in enumerate(series):
+    if rows := [r for r in rows if r[value] is not None]:
+      b = _bucket_arrays(rows, value)
+      ax.errorbar(_bucket_x(b, log), b[value], yerr=b['half'], fmt='o-', capsize=3,
+                  color=f'C{j + first_color}', label=label)
+  if value == 'diff':
+    ax.axhline(0.0, color='k', lw=0.8)
+  ax.set_ylabel(ylabel)
+  ax.legend(fontsize=8)
 
 
-def _paired_panel(ax, paired: Sequence[tuple[str, Sequence[dict[str, Any]]]], log: bool,
-                  first_color: int = 1) -> None:
-  """Paired differences per bucket with their 95% t intervals (rows of
-  `buckets.paired_difference`: start, end, diff, ci95), one series per (label, rows)."""
-  for j, (label, rows) in enumerate(paired):
-    rows = [r for r in rows if r['diff'] is not None]
-    if not rows:
-      continue
-    b = {k: np.array([r[k] for r in rows], np.float64) for k in ('start', 'end')}
-    b['mid'] = (b['start'] + b['end'] - 1) / 2
-    diff = np.array([r['diff'] for r in rows])
-    lo = diff - np.array([r['ci95'][0] for r in rows])
-    hi = np.array([r['ci95'][1] for r in rows]) - diff
-    ax.errorbar(_bucket_x(b, log), diff, yerr=[lo, hi], fmt='o-', capsize=3,
-                color=f'C{j + first_color}', label=label)
-  ax.axhline(0.0, color='k', lw=0.8)
-
-
-def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]],
-               path: str | os.PathLike[str], paired: Sequence[dict[str, Any]] = ()) -> str:
+def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]], path: Path,
+               paired: Sequence[dict[str, Any]] = ()) -> str:
   """Bucket loss (95% CI) of several runs; excess over Bayes if available; and, with
-  ``paired`` differences (``eval_report.compare``), a panel of each run minus the first with
-  its paired 95% interval."""
-  arrays = [_bucket_arrays(r) for r in results]
+  ``paired`` differences (``eval_report.compare``), each run minus the first."""
+  arrays = [_bucket_arrays(r['buckets']) for r in results]
   synth = all('bayes_loss' in a for a in arrays)
   log = _log_buckets(arrays[0])
-  for a in arrays:
-    a['x'] = _bucket_x(a, log)
   n = 1 + int(synth) + int(bool(paired))
   fig, axes = plt.subplots(n, 1, figsize=(8, 2.2 + 2.2 * n), sharex=True, squeeze=False)
-  for i, (label, a) in enumerate(zip(labels, arrays)):
-    axes[0, 0].errorbar(a['x'], a['loss'], yerr=1.96 * a['stderr'], fmt='o-', capsize=3,
-                        color=f'C{i}', label=label)
-    if synth:
-      axes[1, 0].errorbar(a['x'], a['loss'] - a['bayes_loss'], yerr=1.96 * a['stderr'],
-                          fmt='o-', capsize=3, color=f'C{i}')
   if synth:
-    axes[0, 0].plot(arrays[0]['x'], arrays[0]['bayes_loss'], 'k-', lw=1, label='Bayes')
+    axes[0, 0].plot(_bucket_x(arrays[0], log), arrays[0]['bayes_loss'], 'k-', lw=1,
+                    label='Bayes')
+    for i, a in enumerate(arrays):
+      axes[1, 0].errorbar(_bucket_x(a, log), a['loss'] - a['bayes_loss'], yerr=a['half'],
+                          fmt='o-', capsize=3, color=f'C{i}')
     axes[1, 0].axhline(0.0, color='k', lw=0.8)
     axes[1, 0].set_ylabel('excess loss over Bayes')
-  if paired:
-    ax = axes[-1, 0]
-    _paired_panel(ax, [(f"{p['label']} - {p['minus']}", p['buckets']) for p in paired], log)
-    ax.set_ylabel('paired difference (nats)')
-    ax.legend(fontsize=8)
-  axes[0, 0].set_ylabel('loss (nats / token)')
-  axes[0, 0].legend(fontsize=8)
+  _series(axes[0, 0], [(l, r['buckets']) for l, r in zip(labels, results)], log,
+          'loss (nats / token)')
   axes[0, 0].set_title('loss by position bucket')
-  if log:
-    axes[-1, 0].set_xscale('log')
-  axes[-1, 0].set_xlabel('position + 1 (log scale)' if log else 'position (bucket midpoint)')
+  if paired:
+    _series(axes[-1, 0], [(f"{p['label']} - {p['minus']}", p['buckets']) for p in paired],
+            log, 'paired difference (nats)', 'diff', 1)
+  _bucket_xaxis(axes[-1, 0], log, 'position + 1 (log scale)' if log
+                else 'position (bucket midpoint)')
   return _save(fig, path)
 
 
-def offset_probe(probe: dict[str, Any], path: str | os.PathLike[str]) -> str:
+def offset_probe(probe: dict[str, Any], path: Path) -> str:
   """Loss by context length for each position offset K (results['offset_probe']) and, below,
-  the paired difference K - K0 per bucket with its 95% interval (what the console reports)."""
+  the paired difference K - K0 per bucket with its 95% interval."""
   paired = probe.get('paired_vs_first') or []
   fig, axes = plt.subplots(2 if paired else 1, 1, figsize=(8, 7 if paired else 4.2),
                            sharex=True, squeeze=False)
-  ax = axes[0, 0]
-  log = _log_buckets(_bucket_arrays(probe['by_offset'][0]))
-  for i, r in enumerate(probe['by_offset']):
-    a = _bucket_arrays(r)
-    ax.errorbar(_bucket_x(a, log), a['loss'], yerr=1.96 * a['stderr'], fmt='o-', capsize=3,
-                color=f'C{i}', label=f"K = {r['offset']}")
-  ax.set_ylabel('loss (nats / token)')
-  ax.set_title('offset probe: same texts, rows p + K')
-  ax.legend(fontsize=8)
+  log = _log_buckets(_bucket_arrays(probe['by_offset'][0]['buckets']))
+  _series(axes[0, 0], [(f"K = {r['offset']}", r['buckets']) for r in probe['by_offset']],
+          log, 'loss (nats / token)')
+  axes[0, 0].set_title('offset probe: same texts, rows p + K')
   if paired:
-    ax2 = axes[1, 0]
-    _paired_panel(ax2, [(f"K = {p['offset']} - K = {p['minus_offset']} (95% CI)", p['buckets'])
-                        for p in paired], log)
-    ax2.set_ylabel('paired difference\nK - K0 (nats / token)')
-    ax2.legend(fontsize=8)
-  if log:
-    axes[-1, 0].set_xscale('log')
-  axes[-1, 0].set_xlabel('context length' + (' (log scale)' if log else ' - 1') +
-                         ' (position ids shifted by K)')
+    _series(axes[1, 0], [(f"K = {p['offset']} - K = {p['minus_offset']} (95% CI)",
+                          p['buckets']) for p in paired], log,
+            'paired difference\nK - K0 (nats / token)', 'diff', 1)
+  _bucket_xaxis(axes[-1, 0], log, 'context length' + (' (log scale)' if log else ' - 1') +
+                ' (position ids shifted by K)')
   return _save(fig, path)
 
 
-def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.ndarray,
-                   probe_edges: np.ndarray, probe_error: np.ndarray,
-                   path: str | os.PathLike[str], snapshot_drift: np.ndarray | None = None,
-                   snapshot_steps: Sequence[int] = (), probe_r2: float | None = None) -> str:
-  """Four panels: row norm [L], drift from init [L] (and per snapshot [S, L]), PCA, probe error.
-
-  Args:
-    norms: [L] L2 norm of each row.
-    drift: [L] ||row - initial row|| or None.
-    pca_ratio: [k] explained-variance ratio of each principal component.
-    probe_edges: [nb + 1] bucket edges for `probe_error`.
-    probe_error: [nb] mean absolute error of the held-out linear position probe per bucket.
-    path: output PNG.
-    snapshot_drift: optional [S, L] ||row(step_s) - initial row|| for saved snapshots.
-    snapshot_steps: [S] steps of those snapshots.
-    probe_r2: held-out R^2 of the probe, printed on its panel (a low R^2 means the rows barely
-      encode position linearly, whatever the error profile looks like).
-  """
-  fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-  pos = np.arange(len(norms))
-  axes[0, 0].plot(pos, norms)
-  axes[0, 0].set(title='row norm', xlabel='position', ylabel='||row||')
-  ax = axes[0, 1]
+def _drift_panel(ax, fig, pos: np.ndarray, drift: np.ndarray | None,
+                 snapshot_drift: np.ndarray | None, snapshot_steps: Sequence[int]) -> None:
   if snapshot_drift is not None and len(snapshot_drift):
     # One colour per snapshot on a step colour bar: every line is identified, none twice.
     steps = np.asarray(snapshot_steps, np.float64)
@@ -230,31 +190,43 @@ def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.nd
     fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label='step')
   elif drift is not None:
     ax.plot(pos, drift, 'k', lw=1.2, label='evaluated table')
-  elif snapshot_drift is None or not len(snapshot_drift):
-    # A table from elsewhere has no initial table: say so rather than show blank axes.
+    ax.legend(fontsize=8)
+  else:  # A table from elsewhere has no initial table: say so rather than show blank axes.
     ax.text(0.5, 0.5, 'no initial table\n(drift needs a training run)', ha='center',
             va='center', transform=ax.transAxes, color='gray')
   ax.set(title='drift from the initial table', xlabel='position', ylabel='||row - row_0||')
-  if ax.get_legend_handles_labels()[0]:
-    ax.legend(fontsize=8)
+
+
+def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.ndarray,
+                   probe_edges: np.ndarray, probe_error: np.ndarray, path: Path,
+                   snapshot_drift: np.ndarray | None = None,
+                   snapshot_steps: Sequence[int] = (), probe_r2: float | None = None) -> str:
+  """Row norms [L], drift from init ([L] or per snapshot [S, L] at ``snapshot_steps``),
+  PCA explained-variance ratios [k], and the held-out linear position probe's error [nb]
+  per bucket of ``probe_edges`` [nb + 1] with its R^2."""
+  fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+  pos = np.arange(len(norms))
+  axes[0, 0].plot(pos, norms)
+  axes[0, 0].set(title='row norm', xlabel='position', ylabel='||row||')
+  _drift_panel(axes[0, 1], fig, pos, drift, snapshot_drift, snapshot_steps)
   k = np.arange(1, len(pca_ratio) + 1)
   axes[1, 0].bar(k, pca_ratio)
   axes[1, 0].plot(k, np.cumsum(pca_ratio), 'k.-', label='cumulative')
   axes[1, 0].set(title='PCA explained variance', xlabel='component', ylabel='ratio')
   axes[1, 0].legend(fontsize=8)
-  mid = (probe_edges[:-1] + probe_edges[1:] - 1) / 2
-  axes[1, 1].plot(mid, probe_error, 'o-')
+  ax = axes[1, 1]
+  ax.plot((probe_edges[:-1] + probe_edges[1:] - 1) / 2, probe_error, 'o-')
   r2 = '' if probe_r2 is None else f' R^2 = {probe_r2:.2f}'
-  axes[1, 1].set(title=f'linear position probe (held-out rows){r2}', xlabel='position',
-                 ylabel='mean |predicted - true| position')
+  ax.set(title=f'linear position probe (held-out rows){r2}', xlabel='position',
+         ylabel='mean |predicted - true| position')
   if probe_r2 is not None and probe_r2 < 0.5:
-    axes[1, 1].text(0.5, 0.9, 'low R^2: position is barely linearly decodable from these rows;\n'
-                    'the error profile is not a ranking of positions', ha='center', va='top',
-                    transform=axes[1, 1].transAxes, fontsize=7, color='C3')
+    ax.text(0.5, 0.9, 'low R^2: position is barely linearly decodable from these rows;\n'
+            'the error profile is not a ranking of positions', ha='center', va='top',
+            transform=ax.transAxes, fontsize=7, color='C3')
   return _save(fig, path)
 
 
-def cosine_heatmap(sim: np.ndarray, path: str | os.PathLike[str], title: str = '') -> str:
+def cosine_heatmap(sim: np.ndarray, path: Path, title: str = '') -> str:
   """[L, L] cosine similarity between position rows."""
   fig, ax = plt.subplots(figsize=(6, 5))
   im = ax.imshow(sim, vmin=-1, vmax=1, cmap='RdBu_r', origin='lower', interpolation='nearest')
@@ -263,46 +235,43 @@ def cosine_heatmap(sim: np.ndarray, path: str | os.PathLike[str], title: str = '
   return _save(fig, path)
 
 
-def exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray],
-                      path: str | os.PathLike[str], rho: dict[str, float | None] | None = None
-                      ) -> str:
-  """Per-position quantities against cumulative training exposure (log x), one panel each,
-  with the Spearman rank correlation printed on each panel.
-
-  Args:
-    exposure: [L] cumulative number of training tokens seen at each position.
-    series: name -> [L] values (e.g. 'loss', 'recovered', 'drift'); nan entries are skipped.
-    path: output PNG.
-    rho: name -> Spearman correlation of the series with exposure (None: not shown).
-  """
-  names = list(series)
-  fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
+def exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray], path: Path,
+                      rho: dict[str, float | None] | None = None) -> str:
+  """Per-position quantities (name -> [L], NaN skipped) against cumulative training
+  exposure [L] (log x), one panel each, with Spearman ``rho`` printed where given."""
+  fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.8), squeeze=False)
   pos = np.arange(len(exposure))
-  for ax, name in zip(axes[0], names):
-    y = np.asarray(series[name], np.float64)
+  for ax, (name, y) in zip(axes[0], series.items()):
+    y = np.asarray(y, np.float64)
     ok = np.isfinite(y) & (exposure > 0)
     sc = ax.scatter(exposure[ok], y[ok], c=pos[ok], s=10, cmap='viridis')
     ax.set_xscale('log')
     ax.set(xlabel='cumulative training exposure (tokens)', ylabel=name, title=f'{name} vs exposure')
-    r = (rho or {}).get(name)
-    if r is not None:
+    if (r := (rho or {}).get(name)) is not None:
       ax.text(0.03, 0.95, f'Spearman rho = {r:+.2f}', transform=ax.transAxes, va='top',
               fontsize=8, bbox=dict(facecolor='white', alpha=0.7, lw=0))
   fig.colorbar(sc, ax=axes[0, -1], label='position')
   return _save(fig, path)
 
 
-# --- Experiment report figures (flax_posemb.experiments.report) -------------------------------
+def data_exposure(report: dict[str, Any], path: Path) -> str:
+  """Real-token count per position and source document-length shares
+  (``flax_posemb.data.report.exposure``: 'counts' [T], 'doc_lengths' buckets)."""
+  counts = np.asarray(report['counts'], np.float64)
+  fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+  a.plot(np.arange(len(counts)), counts, lw=1)
+  a.set(xlabel='position id', ylabel='real tokens seen',
+        title=f"{report['source']} / {report['policy']}: exposure per position")
+  a.set_ylim(bottom=0)
+  hist = report['doc_lengths']
+  b.bar([h['bucket'] for h in hist], [100 * h['token_share'] for h in hist])
+  b.set(xlabel='document length bucket ((input, target) pairs = tokens - 1)',
+        ylabel='token share (%)', title='source document lengths')
+  b.tick_params(axis='x', labelrotation=30)
+  return _save(fig, path)
 
 
-def _interval_arrays(intervals: Sequence[dict[str, Any]]) -> tuple[np.ndarray, ...]:
-  get = lambda k: np.array([np.nan if iv.get(k) is None else iv[k] for iv in intervals],
-                           np.float64)
-  return get('mean'), get('low'), get('high')
-
-
-_MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '*', '<', '>')
-_LINESTYLES = ('-', '--', ':', '-.')
+# --- Experiment report figures (flax_posemb.experiments.report): intervals over seeds ---------
 
 
 def _arm_styles(names: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -314,8 +283,8 @@ def _arm_styles(names: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 def _errorbars(ax, x: np.ndarray, intervals: Sequence[dict[str, Any]], style: dict[str, Any],
                label: str) -> Any:
-  """Means with 95% error bars; entries without an interval (one seed) get no bar."""
-  mean, low, high = _interval_arrays(intervals)
+  """Means with their t-interval bars; entries without an interval (one seed) get none."""
+  mean, low, high = (_col(intervals, k) for k in ('mean', 'low', 'high'))
   err = np.stack([mean - low, high - mean])
   return ax.errorbar(x, mean, yerr=np.where(np.isfinite(err), err, 0.0), ms=4, capsize=2,
                      lw=1.2, elinewidth=0.9, label=label, **style)
@@ -326,33 +295,21 @@ def _seed_note(n: int) -> str:
           else 'no finished run')
 
 
-def _legend_axis(fig, gs, handles, labels) -> None:
-  ax = fig.add_subplot(gs)
-  ax.axis('off')
-  ax.legend(handles, labels, loc='center left', fontsize=8, frameon=False)
+def _bucket_panel(ax, x, bucket_labels, ylabel: str, title: str) -> None:
+  ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
+  ax.set_xlabel('position bucket (rows of the table)')
+  ax.set_ylabel(ylabel)
+  ax.set_title(title, fontsize=9)
 
 
-def experiment_profile(path: str | os.PathLike[str], bucket_labels: Sequence[str],
+def experiment_profile(path: Path, bucket_labels: Sequence[str],
                        series: dict[str, Sequence[dict[str, Any]]], *,
                        differences: dict[str, Sequence[dict[str, Any]]] | None = None,
                        baseline: str = '', title: str = '', ylabel: str = '',
                        n_seeds: int = 0, log_y: bool = False) -> str:
-  """Per-bucket means over seeds with 95% error bars per arm; right: paired differences.
-
-  Arms differ in colour, marker and line style and are shifted slightly along x, so equal
-  curves stay visible; the legend has its own column.
-
-  Args:
-    path: PNG path.
-    bucket_labels: one label per bucket, e.g. '0-8'.
-    series: arm -> per-bucket intervals ({mean, low, high}).
-    differences: arm -> per-bucket intervals of (arm - baseline), or None/empty.
-    baseline: the baseline arm's name (panel title).
-    title: figure title (what is compared and the run's identity).
-    ylabel: y-axis label with units.
-    n_seeds: seeds per arm (stated; 1 means no interval).
-    log_y: logarithmic y axis for the left panel (e.g. exposure counts).
-  """
+  """Per-bucket means over seeds per arm (intervals ``{mean, low, high}``) and, right, the
+  paired differences against ``baseline``; arms differ in colour, marker and line style and
+  are shifted slightly along x; the legend has its own column."""
   two = bool(differences)
   names = list(dict.fromkeys([*series, *(differences or {})]))
   style = _arm_styles(names)
@@ -361,53 +318,40 @@ def experiment_profile(path: str | os.PathLike[str], bucket_labels: Sequence[str
   x = np.arange(len(bucket_labels), dtype=np.float64)
   jitter = {n: 0.08 * (i - (len(names) - 1) / 2) for i, n in enumerate(names)}
   ax = fig.add_subplot(gs[0, 0])
-  handles = {}
-  for name, ivs in series.items():
-    handles[name] = _errorbars(ax, x + jitter[name], ivs, style[name], name)
+  handles = {n: _errorbars(ax, x + jitter[n], ivs, style[n], n) for n, ivs in series.items()}
   if log_y:
     ax.set_yscale('log')
-  ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
-  ax.set_xlabel('position bucket (rows of the table)')
-  ax.set_ylabel(ylabel)
-  ax.set_title(f'mean per arm ({_seed_note(n_seeds)})', fontsize=9)
+  _bucket_panel(ax, x, bucket_labels, ylabel, f'mean per arm ({_seed_note(n_seeds)})')
   if two:
     ax = fig.add_subplot(gs[0, 1])
-    for name, ivs in differences.items():
-      handles.setdefault(name, _errorbars(ax, x + jitter[name], ivs, style[name], name))
+    for n, ivs in differences.items():
+      handles.setdefault(n, _errorbars(ax, x + jitter[n], ivs, style[n], n))
     ax.axhline(0.0, color='k', lw=0.8)
-    ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
-    ax.set_xlabel('position bucket (rows of the table)')
-    ax.set_ylabel(f'difference: arm - {baseline}')
-    ax.set_title(f'paired difference vs {baseline} ({_seed_note(n_seeds)})', fontsize=9)
-  _legend_axis(fig, gs[0, -1], list(handles.values()), list(handles))
+    _bucket_panel(ax, x, bucket_labels, f'difference: arm - {baseline}',
+                  f'paired difference vs {baseline} ({_seed_note(n_seeds)})')
+  legend_ax = fig.add_subplot(gs[0, -1])
+  legend_ax.axis('off')
+  legend_ax.legend(list(handles.values()), list(handles), loc='center left', fontsize=8,
+                   frameon=False)
   fig.suptitle(title, fontsize=10)
   return _save(fig, path)
 
 
-def experiment_metric_bars(path: str | os.PathLike[str],
-                           panels: dict[str, dict[str, dict[str, Any]]], *,
+def experiment_metric_bars(path: Path, panels: dict[str, dict[str, dict[str, Any]]], *,
                            ylabels: dict[str, str], title: str = '', n_seeds: int = 0) -> str:
-  """One panel per group of arms measured in the same units (e.g. per corpus): each arm's
-  mean over seeds with its 95% interval, as a point (no bar: the axis need not start at 0).
-
-  Args:
-    path: PNG path.
-    panels: panel title -> {arm: interval ({mean, low, high, n})}.
-    ylabels: panel title -> y-axis label with units.
-    title: figure title.
-    n_seeds: seeds per arm (stated; 1 means no interval).
-  """
+  """One panel per group of arms in the same units (panel -> {arm: interval}): each arm's
+  mean with its interval as a point (the axis need not start at 0)."""
   widths = [max(2.0, 0.55 * len(arms) + 1.0) for arms in panels.values()] or [2.0]
   fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(max(sum(widths) + 1.2, 8.0), 4.2),
                            squeeze=False, gridspec_kw={'width_ratios': widths})
   for ax, (panel, intervals) in zip(axes[0], panels.items()):
-    names = list(intervals)
-    style = _arm_styles(names)
-    x = np.arange(len(names), dtype=np.float64)
-    for i, name in enumerate(names):
-      _errorbars(ax, x[i:i + 1], [intervals[name]], {**style[name], 'ls': 'none'}, name)
-    ax.set_xticks(x, names, rotation=45, ha='right', fontsize=7)
-    ax.set_xlim(-0.6, len(names) - 0.4)
+    style = _arm_styles(list(intervals))
+    for i, name in enumerate(intervals):
+      _errorbars(ax, np.array([float(i)]), [intervals[name]], {**style[name], 'ls': 'none'},
+                 name)
+    ax.set_xticks(np.arange(len(intervals)), list(intervals), rotation=45, ha='right',
+                  fontsize=7)
+    ax.set_xlim(-0.6, len(intervals) - 0.4)
     ax.margins(y=0.15)
     ax.set_ylabel(ylabels.get(panel, ''))
     ax.set_title(f'{panel}\n({_seed_note(n_seeds)})', fontsize=9)
@@ -416,42 +360,17 @@ def experiment_metric_bars(path: str | os.PathLike[str],
   return _save(fig, path)
 
 
-def experiment_curve(path: str | os.PathLike[str], steps: Sequence[int],
-                     intervals: Sequence[dict[str, Any]], *, threshold: float | None = None,
-                     xlabel: str = '', ylabel: str = '', title: str = '',
-                     n_seeds: int = 0) -> str:
+def experiment_curve(path: Path, steps: Sequence[int], intervals: Sequence[dict[str, Any]], *,
+                     threshold: float | None = None, xlabel: str = '', ylabel: str = '',
+                     title: str = '', n_seeds: int = 0) -> str:
   """A curve over training steps with its 95% band (and an optional threshold line)."""
-  mean, low, high = _interval_arrays(intervals)
   fig, ax = plt.subplots(figsize=(7, 4))
-  ax.plot(steps, mean, marker='o', ms=3, label=f'mean ({_seed_note(n_seeds)})')
-  ax.fill_between(steps, low, high, alpha=0.2)
+  ax.plot(steps, _col(intervals, 'mean'), marker='o', ms=3,
+          label=f'mean ({_seed_note(n_seeds)})')
+  ax.fill_between(steps, _col(intervals, 'low'), _col(intervals, 'high'), alpha=0.2)
   if threshold is not None:
     ax.axhline(threshold, color='k', ls='--', lw=0.8, label=f'threshold {threshold}')
   ax.legend(fontsize=7, loc='lower right')
-  ax.set_xlabel(xlabel)
-  ax.set_ylabel(ylabel)
+  ax.set(xlabel=xlabel, ylabel=ylabel)
   ax.set_title(title, fontsize=9)
-  return _save(fig, path)
-
-
-def data_exposure(report: dict[str, Any], path: str | os.PathLike[str]) -> str:
-  """Real-token count per position and source document-length shares (data exposure report).
-
-  Args:
-    report: `flax_posemb.data.report.exposure` dict ('counts' [T], 'doc_lengths' buckets).
-    path: output PNG.
-  """
-  counts = np.asarray(report['counts'], np.float64)
-  fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-  a.plot(np.arange(len(counts)), counts, lw=1)
-  a.set_xlabel('position id')
-  a.set_ylabel('real tokens seen')
-  a.set_ylim(bottom=0)
-  a.set_title(f"{report['source']} / {report['policy']}: exposure per position")
-  hist = report['doc_lengths']
-  b.bar([h['bucket'] for h in hist], [100 * h['token_share'] for h in hist])
-  b.set_xlabel('document length bucket ((input, target) pairs = tokens - 1)')
-  b.set_ylabel('token share (%)')
-  b.set_title('source document lengths')
-  b.tick_params(axis='x', labelrotation=30)
   return _save(fig, path)

@@ -1,11 +1,5 @@
-"""Meshes, shardings and the host-to-device boundary of batches.
-
-A 1-D ``jax.sharding.Mesh`` with axis ``'data'`` spans all devices (all hosts). Batches are
-sharded along it; parameters are replicated or, with ``fsdp=True``, matrices with at least
-``FSDP_MIN_SIZE`` elements are sharded along their largest divisible axis (the Adam moments
-follow). XLA inserts the cross-device reductions, so per-position statistics are
-global-batch figures on any number of devices.
-"""
+"""Meshes (1-D, axis ``'data'``, all devices of all hosts), shardings (batches along
+'data'; parameters replicated or, with fsdp, split) and the host-to-device batch boundary."""
 
 from __future__ import annotations
 
@@ -19,7 +13,6 @@ from flax_posemb import embeddings
 from flax_posemb.batch import BATCH_KEYS
 
 FSDP_MIN_SIZE = 2 ** 14  # Matrices with at least this many elements are sharded under fsdp.
-
 PyTree = Any
 
 
@@ -40,15 +33,11 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def param_sharding(shape: tuple[int, ...], mesh: Mesh, fsdp: bool) -> NamedSharding:
-  """Sharding of one parameter (or optimizer moment) of ``shape``: replicated unless fsdp
-  applies, then split along the largest axis divisible by the device count."""
+  """Replicated, or under fsdp split along the largest axis divisible by the device count."""
   n = mesh.shape['data']
-  if fsdp and n > 1 and len(shape) >= 2 and int(np.prod(shape)) >= FSDP_MIN_SIZE:
-    for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
-      if shape[axis] % n == 0:
-        spec = [None] * len(shape)
-        spec[axis] = 'data'
-        return NamedSharding(mesh, P(*spec))
+  axes = [a for a in sorted(range(len(shape)), key=lambda a: -shape[a]) if shape[a] % n == 0]
+  if fsdp and n > 1 and len(shape) >= 2 and int(np.prod(shape)) >= FSDP_MIN_SIZE and axes:
+    return NamedSharding(mesh, P(*('data' if a == axes[0] else None for a in range(len(shape)))))
   return replicated(mesh)
 
 
@@ -58,41 +47,27 @@ def tree_shardings(tree: PyTree, mesh: Mesh, fsdp: bool) -> PyTree:
 
 
 def check_batch_layout(config: Any, mesh: Mesh) -> None:
-  """Raises a clear ValueError if the batch cannot be split over devices/microbatches."""
+  """Raises a ValueError if ``config.batch_size`` cannot be split evenly over the
+  microbatches (``grad_accum_steps``), the devices and the processes."""
   b, a, n = int(config.batch_size), int(config.grad_accum_steps), mesh.size
-  if a < 1:
-    raise ValueError(f'grad_accum_steps must be >= 1 (or 0 = auto, resolved at startup), '
-                     f'got {a}.')
-  if b < 1 or b % (a * n):
+  if a < 1 or b < 1 or b % (a * n) or b % jax.process_count():
     raise ValueError(
         f'batch_size={b} must be a positive multiple of grad_accum_steps * device count = '
-        f'{a} * {n} = {a * n} (each microbatch is split evenly over the devices). Set '
-        f'--config.batch_size to a multiple of {a * n}.')
-  if b % jax.process_count():
-    raise ValueError(f'batch_size={b} must be divisible by the process count '
-                     f'{jax.process_count()}.')
+        f'{a} * {n} = {a * n} (each microbatch is split evenly over the devices) and of the '
+        f'process count {jax.process_count()}; grad_accum_steps must be >= 1 (0 = auto, '
+        f'resolved at startup). Set --config.batch_size to a multiple of {max(a, 1) * n}.')
 
 
 def global_batch(batch: dict[str, np.ndarray], mesh: Mesh,
                  max_len: int | None = None) -> dict[str, jax.Array]:
-  """Assembles the process-local ``[B / process_count, T]`` rows into global arrays.
+  """Global ``[B, T]`` arrays (``batch_sharding``) of this process's rows of ``BATCH_KEYS``.
 
-  This is where batches cross from host to device, so it is where every position id is
-  checked (scored or not): the compiled steps then need no in-graph guard.
-
-  Args:
-    batch: this process's rows of each ``BATCH_KEYS`` array (other keys are dropped).
-    mesh: mesh with axis ``'data'``.
-    max_len: position-table rows; when given, an id outside ``[0, max_len)`` raises a
-      ``ValueError`` naming it.
-
-  Returns:
-    Dict of global ``[B, T]`` jax arrays sharded by ``batch_sharding``.
-  """
+  Batches cross from host to device here: the one check of position ids (scored or not);
+  with ``max_len``, an id outside ``[0, max_len)`` raises a ValueError naming it."""
   missing = [k for k in BATCH_KEYS if k not in batch]
   if missing:
     raise ValueError(f'batch lacks {missing}; a batch must hold {list(BATCH_KEYS)} '
-                   '(docs/DESIGN.md).')
+                     '(docs/DESIGN.md).')
   if max_len is not None:
     embeddings.check_position_range(np.asarray(batch['positions']), max_len)
   sh = batch_sharding(mesh)

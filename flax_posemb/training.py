@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import time
 from typing import Any, Callable, Sequence
 
@@ -20,6 +19,7 @@ from absl import logging
 
 from flax_posemb import auto as auto_lib
 from flax_posemb import checkpointing
+from flax_posemb import cli
 from flax_posemb import data as data_lib
 from flax_posemb import model as model_lib
 from flax_posemb import outputs
@@ -179,36 +179,18 @@ class MetricsLog:
 
 
 class _Preemption:
-  """SIGTERM as a flag, installed before setup so an early signal is not lost; the loop checks
-  it after each step. On several hosts Orbax's preemption sync point (JAX's preemption
-  service) makes every host stop at the same step."""
+  """SIGTERM as the loop sees it: the process's one handler (`cli.defer_sigterm`) on one host;
+  on several, JAX's notifier owns SIGTERM and Orbax's sync point stops all at the same step."""
 
-  def __init__(self):
-    self.requested, self.ckpt, self._old = False, None, None
+  def __init__(self, ckpt: checkpointing.Checkpointer):
+    self.ckpt = ckpt
 
-  def __enter__(self):
-    if jax.process_count() > 1:
-      # JAX's preemption notifier owns SIGTERM on several hosts (reached_preemption reads
-      # it); a Python handler would replace it and the hosts would never agree to stop.
-      return self
-    try:
-      self._old = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # Not the main thread: no handler.
-      self._old = None
-    return self
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
-
-  def __exit__(self, *exc):
-    if self._old is not None:
-      signal.signal(signal.SIGTERM, self._old)
+  @property
+  def requested(self) -> bool:
+    return cli.sigterm_requested()
 
   def reached(self, step: int) -> bool:
-    if jax.process_count() == 1 or self.ckpt is None:
-      return self.requested
-    return self.ckpt.reached_preemption(step)
+    return self.ckpt.reached_preemption(step) if jax.process_count() > 1 else self.requested
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -224,10 +206,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   with contextlib.ExitStack() as stack:
     if jax.process_index() == 0:
       stack.enter_context(workdir_lib.Lock(workdir))
-    preempt = stack.enter_context(_Preemption())
+    stack.enter_context(cli.defer_sigterm(install=jax.process_count() == 1))
     ckpt = stack.enter_context(checkpointing.Checkpointer(
         checkpointing.checkpoint_dir(workdir), max_to_keep=int(config.max_to_keep)))
-    preempt.ckpt = ckpt
+    preempt = _Preemption(ckpt)
     loop, state, resumed_from = _start(config, workdir, mesh, ckpt, hooks)
     return loop.run(state, resumed_from, preempt)
 

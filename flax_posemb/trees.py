@@ -1,5 +1,4 @@
-"""Tree-shape compatibility: the one comparison behind checkpoint restore, evaluation of a
-checkpoint and NNX loading of linen params."""
+"""The one tree-shape comparison: checkpoint restore, evaluation, NNX loading."""
 
 from __future__ import annotations
 
@@ -14,19 +13,14 @@ class TreeMismatchError(ValueError):
   """Two trees that should hold the same arrays differ in a path or a shape."""
 
 
-def shapes(tree: PyTree) -> dict[str, tuple[int, ...]]:
-  """``{'a/0/b': shape}`` of every leaf (stored metadata turns tuples into lists and dicts, so
-  paths are compared as strings)."""
-  return {jax.tree_util.keystr(p, simple=True, separator='/'): tuple(x.shape)
-          for p, x in jax.tree_util.tree_leaves_with_path(tree)}
-
-
 def check_same_tree(item: str, stored: PyTree, expected: PyTree, problem: str, fix: str, *,
                     where: str = 'the checkpoint',
                     error: type[Exception] = TreeMismatchError) -> None:
   """Raises ``error``: ``problem``, the first path whose shape differs between ``stored``
   (found in ``where``) and ``expected`` (or that only one has), then ``fix``."""
-  got, want = shapes(stored), shapes(expected)
+  # String paths: stored metadata turns tuples into lists and dicts.
+  got, want = ({jax.tree_util.keystr(p, simple=True, separator='/'): tuple(x.shape)
+                for p, x in jax.tree_util.tree_leaves_with_path(t)} for t in (stored, expected))
   for path in sorted(set(got) | set(want)):
     if got.get(path) != want.get(path):
       raise error(f'{problem}: {item}/{path} has shape {got.get(path, "absent")} in '

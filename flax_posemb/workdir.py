@@ -1,21 +1,10 @@
-"""What lives in a training workdir, apart from checkpoints: the lock, the run's config,
-and the outputs that a resume truncates.
-
-* ``.lock`` — held (``fcntl.flock``) by the one training process that writes the workdir;
-  it records the holder's host and pid for the message a second process gets. The kernel
-  releases the lock when its holder dies, even by ``kill -9``, so a lock is never stale. The
-  file stays (removing it would let a waiter lock a file that is no longer the lock).
-* ``config.json`` — the resolved config of the run. A resume compares the new config with
-  it and with the config stored in the checkpoint it resumes from (``check_resume_config``)
-  and refuses changes of meaning unless ``allow_config_change``.
-* ``metrics.jsonl``, ``stats/window_STEP.npz``, ``tables/table_STEP.npy`` — outputs indexed
-  by step; ``truncate_outputs`` drops those after the restored step. Every file is written
-  under a hidden temporary name and renamed (``outputs.atomic_write``), so a kill or a full disk never
-  leaves a partial file under a result's name; leftovers of any kind are removed, never read.
-"""
+"""A training workdir apart from its checkpoints: the lock, ``config.json`` against the
+checkpoint's config, and the outputs a resume truncates (docs/DESIGN.md, "Training outputs
+(workdir)")."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import glob
@@ -30,9 +19,7 @@ from flax_posemb import defaults
 from flax_posemb import outputs
 from flax_posemb.outputs import atomic_write
 
-LOCK_FILE = '.lock'
-CONFIG_FILE = 'config.json'
-METRICS_FILE = 'metrics.jsonl'
+LOCK_FILE, CONFIG_FILE, METRICS_FILE = '.lock', 'config.json', 'metrics.jsonl'
 
 
 class WorkdirError(ValueError):
@@ -40,29 +27,29 @@ class WorkdirError(ValueError):
 
 
 class Lock:
-  """Exclusive lock on a workdir for one training process (see the module docstring)."""
+  """``flock`` on ``WORKDIR/.lock`` for the one training process; it records the holder's
+  host and pid, and the kernel releases it when the holder dies (never stale)."""
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, LOCK_FILE)
     self._fd = None
 
-  def __enter__(self) -> 'Lock':
+  def __enter__(self) -> Lock:
     os.makedirs(os.path.dirname(self.path), exist_ok=True)
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
       os.close(fd)
-      if e.errno == errno.ENOLCK:
-        raise WorkdirError(f'{self.path}: this filesystem does not support file locks; put '
-                           'the workdir on a local or lock-capable filesystem.') from None
-      if e.errno not in (errno.EAGAIN, errno.EACCES):
+      if e.errno not in (errno.EAGAIN, errno.EACCES, errno.ENOLCK):
         raise
       raise WorkdirError(
+          f'{self.path}: this filesystem does not support file locks; put the workdir on a '
+          'local or lock-capable filesystem.' if e.errno == errno.ENOLCK else
           f'{os.path.dirname(self.path)} is in use by another training process '
           f'({self._holder()}). Wait for it to finish or stop it; two processes must not '
           'write one workdir.') from None
-    if not _is_at(fd, self.path):  # `remove_unused` deleted the file between our open and flock: no lock.
+    if not _is_at(fd, self.path):  # `remove_unused` deleted it between our open and flock.
       os.close(fd)
       return self.__enter__()
     os.ftruncate(fd, 0)
@@ -81,12 +68,11 @@ class Lock:
 
   def __exit__(self, *exc) -> None:
     if self._fd is not None:
-      os.close(self._fd)  # Releases the lock.
+      os.close(self._fd)  # Releases the lock; the file stays (a waiter may hold it open).
       self._fd = None
 
 
 def _is_at(fd: int, path: str) -> bool:
-  """Whether the open file ``fd`` is still the file at ``path``."""
   try:
     return os.fstat(fd).st_ino == os.stat(path).st_ino
   except FileNotFoundError:
@@ -94,36 +80,25 @@ def _is_at(fd: int, path: str) -> bool:
 
 
 def remove_unused(workdir: str) -> bool:
-  """Removes ``workdir`` if it holds nothing but its lock file and no process holds the lock
-  (a run stopped during setup, before it wrote anything); returns whether it did.
-
-  Decided under the lock: a directory that another run is using, or has written anything
-  into, is never removed, whoever created it.
-  """
+  """Removes ``workdir`` if, under its lock, it holds nothing but the lock file (a run stopped
+  during setup); a directory another run uses or wrote into is never removed."""
   if not os.path.isdir(workdir):
     return False
   try:
     with Lock(workdir) as lock:
       if set(os.listdir(workdir)) - {LOCK_FILE}:
         return False
-      os.remove(lock.path)  # A waiter that opened it notices (see `Lock.__enter__`).
+      os.remove(lock.path)  # A waiter that opened it notices (`Lock.__enter__`).
       os.rmdir(workdir)
       return True
   except (WorkdirError, OSError):
     return False
 
 
-def _flat(d: dict[str, Any]) -> dict[str, Any]:
-  return traverse_util.flatten_dict(d, sep='.')
-
-
 def flat_config(config: Any) -> dict[str, Any]:
   """``{'a.b': value}`` of a ConfigDict or a config dict (JSON values)."""
-  return _flat(config if isinstance(config, dict) else json.loads(config.to_json_best_effort()))
-
-
-def _may_change(key: str) -> bool:
-  return any(key == f or key.startswith(f + '.') for f in defaults.RESUME_MAY_CHANGE)
+  config = config if isinstance(config, dict) else json.loads(config.to_json_best_effort())
+  return traverse_util.flatten_dict(config, sep='.')
 
 
 def saved_config(workdir: str) -> dict[str, Any] | None:
@@ -141,116 +116,96 @@ def saved_config(workdir: str) -> dict[str, Any] | None:
 
 
 def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
-  """Fields whose value changes the run's meaning, ``{'a.b': [saved, new]}`` (dotted keys)."""
-  old, new = _flat(saved), flat_config(config)
-  base = flat_config(defaults.base())
+  """Fields whose value changes the run's meaning, ``{'a.b': [saved, new]}``: a field added
+  since the run started ran with its default, a field removed since is no change."""
+  old, new, base = flat_config(saved), flat_config(config), flat_config(defaults.base())
 
   def changed(k):
-    if k not in old:  # A field added since the run started: it ran with the default.
+    if any(k == f or k.startswith(f + '.') for f in defaults.RESUME_MAY_CHANGE):
+      return False
+    if k not in old:
       return new.get(k) != defaults.BEFORE_FIELD.get(k, base.get(k))
-    return k in new and old[k] != new[k]  # A field removed since is no change.
-  return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
-          if changed(k) and not _may_change(k)}
+    return k in new and old[k] != new[k]
+  return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new)) if changed(k)}
 
 
 def check_resume_config(workdir: str, config: Any,
                         stored: dict[str, Any]) -> dict[str, list[Any]]:
-  """The one drift check of a resume: raises ``WorkdirError`` listing meaningful changes of
-  ``config`` from ``stored`` (the config saved in the checkpoint resumed from) and from the
-  run's ``config.json`` when present (so a run whose two disagree is refused too), unless
-  ``config.allow_config_change``; returns the changes (empty if none)."""
+  """The one drift check of a resume: ``WorkdirError`` listing the changes of ``config`` from
+  ``stored`` (the checkpoint's config) and ``config.json``, unless ``allow_config_change``;
+  returns the changes."""
   saved = saved_config(workdir)
   changes = {**({} if saved is None else config_changes(saved, config)),
              **config_changes(stored, config)}
   if changes and not config.get('allow_config_change', False):
-    listed = '; '.join(f'{k}: {a!r} -> {b!r}' for k, a, b in
-                       ((k, *v) for k, v in list(changes.items())[:8]))
+    listed = '; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in list(changes.items())[:8])
     raise WorkdirError(
         f'{workdir} holds a run with another config ({listed}; compared with its checkpoint '
-        f'and {CONFIG_FILE}). Nothing was changed. Resume '
-        'with the original values, use a fresh --workdir, or pass '
-        '--config.allow_config_change=True to continue with the new values (recorded in '
-        'metrics.jsonl).')
+        f'and {CONFIG_FILE}). Nothing was changed. Resume with the original values, use a '
+        'fresh --workdir, or pass --config.allow_config_change=True to continue with the new '
+        'values (recorded in metrics.jsonl).')
   return changes
 
 
 def write_config(workdir: str, config: Any) -> None:
-  """Writes ``config.json`` (atomically)."""
   with atomic_write(os.path.join(workdir, CONFIG_FILE), 'w') as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
 
 
-def step_outputs(workdir: str) -> list[tuple[int, str]]:
-  """``(step, path)`` of every finished step-indexed output file (windows and tables)."""
-  return sorted(outputs.window_files(workdir) + outputs.table_files(workdir))
-
-
 def check_fresh_start(workdir: str) -> None:
-  """Refuses to start over on a workdir that has trained outputs but no checkpoints (a
-  missing ``checkpoints/`` would otherwise wipe them)."""
-  trained = [p for s, p in step_outputs(workdir) if s > 0]
+  """Refuses to start over on a workdir with trained outputs but no checkpoints."""
+  trained = [p for s, p in _step_outputs(workdir) if s > 0]
   if trained or _metric_rows(workdir):
     raise WorkdirError(
         f'{workdir} has outputs of a trained run ({METRICS_FILE}, {len(trained)} window/table '
         'files) but no checkpoint to resume from. Nothing was changed. Restore its '
-        "checkpoints/ directory, use a fresh --workdir, or delete the old outputs.")
+        'checkpoints/ directory, use a fresh --workdir, or delete the old outputs.')
 
 
-def _metric_rows(workdir: str) -> list[str]:
-  path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [line for line in f if line.strip()]
+def _step_outputs(workdir: str) -> list[tuple[int, str]]:
+  return sorted(outputs.window_files(workdir) + outputs.table_files(workdir))
+
+
+def _metric_rows(workdir: str) -> list[tuple[str, dict[str, Any]]]:
+  """``(line, row)`` of ``metrics.jsonl``; a half-written last line of a killed run is
+  skipped."""
+  path, rows = os.path.join(workdir, METRICS_FILE), []
+  with open(path) if os.path.exists(path) else contextlib.nullcontext([]) as lines:
+    for line in lines:
+      with contextlib.suppress(ValueError):
+        row = json.loads(line)
+        rows += [(line, row)] if isinstance(row, dict) else []
+  return rows
 
 
 def truncate_outputs(workdir: str, step: int) -> None:
-  """Drops metrics rows and output files after ``step``, half-written lines and leftover
-  temporaries of any name (a killed run's). A damaged output file up to ``step`` (which
-  the resume cannot write again) is a ValueError naming it, raised before anything changes."""
-  for s, path in step_outputs(workdir):
+  """Drops the metrics rows and output files after ``step`` and leftover temporaries of any
+  name; a damaged output up to ``step`` (not written again) is a ValueError naming it,
+  raised before anything changes."""
+  finished = _step_outputs(workdir)
+  for s, path in finished:
     if s <= step:
       (outputs.load_npz if path.endswith('.npz') else outputs.load_npy)(path)
-  rows = _metric_rows(workdir)
-  if rows:
-    keep = []
-    for line in rows:
-      try:
-        if json.loads(line)['step'] <= step:
-          keep.append(line)
-      except (ValueError, KeyError, TypeError):
-        continue  # A half-written last line of a killed run.
+  if os.path.exists(os.path.join(workdir, METRICS_FILE)):
     with atomic_write(os.path.join(workdir, METRICS_FILE), 'w') as f:
-      f.writelines(keep)
-  finished = step_outputs(workdir)
-  for s, path in finished:
-    if s > step:
-      os.remove(path)
-  keep = {path for _, path in finished}
+      f.writelines(line for line, r in _metric_rows(workdir) if r.get('step', step + 1) <= step)
+  keep = {path for s, path in finished if s <= step}
   for pattern in (outputs.WINDOW_FILES, outputs.TABLE_FILES):
     sub, name = os.path.split(pattern)
     prefix = name.split('*')[0]
     for path in glob.glob(os.path.join(workdir, sub, f'{prefix}*')) + glob.glob(
         os.path.join(workdir, sub, f'.{prefix}*')):
       if path not in keep:
-        os.remove(path)  # Leftovers of a killed write: window_5.npz.tmp.npz, .table_5.npy.tmp
+        os.remove(path)  # A later step's output, or a killed write's leftover.
 
 
 def append_row(workdir: str, row: dict[str, Any], default: Callable[[Any], Any] = float):
-  """Appends one JSON row to ``metrics.jsonl``, whole or not at all (``outputs.append_whole``:
-  a failed write, e.g. a full disk, leaves no half-written line to lose on resume)."""
+  """Appends one JSON row to ``metrics.jsonl``, whole or not at all."""
   outputs.append_whole(os.path.join(workdir, METRICS_FILE),
                        (json.dumps(row, default=default) + '\n').encode())
 
 
 def has_row(workdir: str, step: int, key: str) -> bool:
-  """Whether ``metrics.jsonl`` holds a row of ``step`` with ``key``: ``'loss'`` for the
-  training row, ``'eval'`` for the periodic evaluation."""
-  for line in _metric_rows(workdir):
-    try:
-      row = json.loads(line)
-    except ValueError:
-      continue
-    if row.get('step') == step and key in row:
-      return True
-  return False
+  """Whether ``metrics.jsonl`` holds a row of ``step`` with ``key`` ('loss': the training
+  row; 'eval': the periodic evaluation)."""
+  return any(r.get('step') == step and key in r for _, r in _metric_rows(workdir))

@@ -48,7 +48,7 @@ def test_blocked_attention_keeps_the_value_dtype():
 
 def _cfg(impl, **kw):
   return ModelConfig(vocab_size=32, num_layers=2, num_heads=2, emb_dim=16, mlp_dim=32,
-                     max_len=32, attention_impl=impl, check_positions=False, **kw)
+                     max_len=32, attention_impl=impl, **kw)
 
 
 def _batch():

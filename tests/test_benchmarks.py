@@ -45,8 +45,7 @@ def test_reference_model_computes_the_same_function_as_the_library_model():
   from flax_posemb import model as model_lib
   s = common.MINI
   mc = model_lib.ModelConfig(vocab_size=s.vocab_size, num_layers=2, num_heads=s.num_heads,
-                             emb_dim=s.emb_dim, mlp_dim=s.mlp, max_len=s.seq_len,
-                             check_positions=False)
+                             emb_dim=s.emb_dim, mlp_dim=s.mlp, max_len=s.seq_len)
   lm = model_lib.TransformerLM(mc)
   batch = common.synthetic_batch(s.replace(num_layers=2), seed=3, packed_docs=2)
   params = lm.init(jax.random.key(0), batch['inputs'], batch['positions'],

@@ -111,29 +111,6 @@ def test_round_trip_is_exact_for_every_item(tmp_path):
   assert set(checkpointing.ITEMS) <= layout
 
 
-@pytest.mark.parametrize('where', ['params', 'opt_state', 'stats'])
-def test_non_finite_state_is_never_saved(tmp_path, caplog, where):
-  params, opt_state = _trained_state(_params())
-  stats = _stats()
-  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
-    assert _save(ck, 0, params, opt_state, _data_iter())
-    ck.wait_until_finished()
-    if where == 'params':
-      params = dict(params, ln={'scale': params['ln']['scale'].at[1].set(jnp.nan),
-                                'bias': params['ln']['bias']})
-    elif where == 'opt_state':
-      opt_state = jax.tree.map(lambda x: x * jnp.inf if x.ndim == 2 else x,
-                               opt_state)
-    else:
-      stats = dict(stats, loss_sum=np.array([np.nan, 1.0]))
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-      assert not _save(ck, 5, params, opt_state, _data_iter(), stats=stats)
-    ck.wait_until_finished()
-    assert ck.all_steps() == [0]
-  assert 'non-finite' in caplog.text and where in caplog.text
-  assert not (tmp_path / '5').exists()
-
-
 def test_max_to_keep_always_keeps_step_zero(tmp_path):
   params, opt_state = _trained_state(_params())
   it = _data_iter()
@@ -211,7 +188,7 @@ def test_corrupted_latest_falls_back_with_warning_and_is_kept(
     with caplog.at_level(logging.WARNING, logger=LOGGER):
       r = ck.restore(abstract_params=_abstract(params),
                      abstract_opt_state=_abstract(opt_state),
-                     data_iter=_data_iter())
+                     data_iter=_data_iter(), fallback=True)
     assert r['step'] == 10
     _assert_trees_equal(r['params'], params)
     assert str(tmp_path / '20') in caplog.text
@@ -292,13 +269,9 @@ def test_missing_checkpoint_errors_name_the_directory(tmp_path):
                  data_iter=None)
 
 
-def test_bad_arguments_are_clear_errors(tmp_path):
-  with pytest.raises(ValueError, match='max_to_keep'):
-    checkpointing.Checkpointer(tmp_path, max_to_keep=0)
+def test_a_config_that_is_not_json_is_a_clear_error(tmp_path):
   params, opt_state = _trained_state(_params())
   with checkpointing.Checkpointer(tmp_path, max_to_keep=1) as ck:
-    with pytest.raises(ValueError, match='stats/empty'):
-      _save(ck, 1, params, opt_state, None, stats={'empty': np.zeros((0,))})
     with pytest.raises(TypeError, match='JSON'):
       _save(ck, 1, params, opt_state, None, config={'f': object()})
 
@@ -411,7 +384,7 @@ def test_flipped_params_byte_names_the_damaged_step_and_falls_back(tmp_path, cap
   # (caught by the checksum), sometimes it breaks the compressed frame (a read error).
   with pytest.raises(checkpointing.CheckpointDamagedError, match='is damaged') as e:
     checkpointing.restore_params(tmp_path, step=2)
-  assert step_dir in str(e.value) and e.value.steps == [2]
+  assert step_dir in str(e.value)
   with caplog.at_level(logging.WARNING, logger=LOGGER):
     _, _, info = checkpointing.restore_params_with_info(tmp_path)
   assert info.step == 1 and [d['step'] for d in info.fell_back_from] == [2]
@@ -420,8 +393,8 @@ def test_flipped_params_byte_names_the_damaged_step_and_falls_back(tmp_path, cap
     with pytest.raises(checkpointing.CheckpointDamagedError, match=step_dir):
       ck.restore(2, abstract_params=_abstract(params),
                  abstract_opt_state=_abstract(opt_state), data_iter=_data_iter())
-    r = ck.restore(abstract_params=_abstract(params),
-                   abstract_opt_state=_abstract(opt_state), data_iter=_data_iter())
+    r = ck.restore(abstract_params=_abstract(params), abstract_opt_state=_abstract(opt_state),
+                   data_iter=_data_iter(), fallback=True)
     assert r['step'] == 1 and r['restore_info'].fell_back_from[0]['step'] == 2
     with pytest.raises(checkpointing.CheckpointDamagedError, match='previous checkpoint'):
       ck.restore(abstract_params=_abstract(params), abstract_opt_state=_abstract(opt_state),
@@ -441,16 +414,12 @@ def test_params_replaced_by_other_valid_bytes_fail_the_checksum(tmp_path):
     checkpointing.restore_params(tmp_path, step=1)
 
 
-def test_checkpoint_holding_nan_is_refused_on_restore(tmp_path, monkeypatch):
+def test_checkpoint_holding_nan_is_refused_on_restore(tmp_path):
   params, opt_state = _trained_state(_params())
   bad = jax.tree.map(lambda x: x, params)
   bad['ln']['scale'] = bad['ln']['scale'].at[0].set(jnp.nan)
-  # A NaN written by a version without the save-time check (or by another tool).
-  monkeypatch.setattr(checkpointing, '_inspect_arrays',
-                      lambda name, tree: ([], {}))
-  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:  # saving never judges values
     assert _save(ck, 3, bad, opt_state, None)
-  monkeypatch.undo()
   with pytest.raises(checkpointing.CheckpointDamagedError, match='non-finite.*ln/scale'):
     checkpointing.restore_params(tmp_path, step=3)
   with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
@@ -479,10 +448,10 @@ def test_step_deleted_while_read_is_replaced_by_the_new_latest(tmp_path, monkeyp
   """A trainer with max_to_keep=1 saves step 7 and deletes step 5 between the reader's
   listing and its restore: the reader reads step 7, never falls back to step 0."""
   params, opt_state = _trained_state(_params())
-  writer = checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=1,
-                                      async_save=False)
+  writer = checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=1)
   _save(writer, 0, _params(), opt_state, None)
   _save(writer, 5, params, opt_state, None)
+  writer.wait_until_finished()
   real = checkpointing.Checkpointer.restore_params_only
   calls = []
 
@@ -574,3 +543,21 @@ def test_a_checkpoint_that_cannot_fit_is_refused_before_anything_is_written(tmp_
       _save(ck, 2, params, opt_state, None)
     assert e.value.errno == errno.ENOSPC and ck.all_steps() == [1]
   assert not [p for p in tmp_path.iterdir() if p.name.startswith('2')]  # nothing written
+
+
+def test_a_read_failure_that_is_not_about_the_files_is_not_called_damage(tmp_path, monkeypatch):
+  """Out of memory (a RuntimeError of the device, at the root of Orbax's wrapper) propagates
+  as it is: no warning, no fallback, never CheckpointDamagedError."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    _save(ck, 1, params, opt_state, None)
+    _save(ck, 2, params, opt_state, None)
+
+  def out_of_memory(*args, **kwargs):
+    raise Exception('restore failed') from RuntimeError('RESOURCE_EXHAUSTED: out of memory')
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'restore', out_of_memory)
+  with pytest.raises(Exception, match='restore failed') as e:
+    checkpointing.restore_params(tmp_path)
+  assert not isinstance(e.value, checkpointing.CheckpointDamagedError)

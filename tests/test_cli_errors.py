@@ -136,7 +136,7 @@ SETUP_SCRIPT = textwrap.dedent('''
     from flax_posemb import cli
     workdir = sys.argv[1]
     from flax_posemb import workdir as workdir_lib
-    with cli.exit_early_on_sigterm('train.py', workdir) as started:
+    with cli.exit_early_on_sigterm('train.py', workdir):
       with workdir_lib.Lock(workdir):  # setup had created the workdir and its lock file
         pass
       os.kill(os.getpid(), signal.SIGTERM)
@@ -151,7 +151,7 @@ def test_sigterm_before_training_removes_the_new_workdir_and_exits_75(tmp_path):
                         capture_output=True, text=True, timeout=60)
   assert proc.returncode == cli.EXIT_PREEMPTED, proc.stderr
   assert not os.path.exists(wd) and 'not interrupted' not in proc.stdout
-  assert proc.stderr.strip().startswith('train.py: SIGTERM before the first training step')
+  assert proc.stderr.strip().startswith('train.py: SIGTERM while starting, before the first')
   # An existing workdir (a resume) is never removed.
   os.makedirs(os.path.join(wd, 'keep'))
   proc = subprocess.run([sys.executable, '-c', SETUP_SCRIPT, wd], env=SUBPROCESS_ENV,
@@ -371,10 +371,11 @@ def test_a_really_full_disk_exits_1_with_one_traceback_and_nothing_else(small_di
     assert noise not in proc.stderr, proc.stderr[-6000:]
 
 
-def _catches_sigterm(pid):
+def _holds_sigterm(pid):
+  """Whether the process blocks (holds) or catches SIGTERM: train.py blocks it first thing."""
   with open(f'/proc/{pid}/status') as f:
-    caught = next(l for l in f if l.startswith('SigCgt:')).split()[1]
-  return bool(int(caught, 16) >> (signal.SIGTERM - 1) & 1)
+    masks = [int(l.split()[1], 16) for l in f if l.startswith(('SigBlk:', 'SigCgt:'))]
+  return any(m >> (signal.SIGTERM - 1) & 1 for m in masks)
 
 
 def test_train_py_sigterm_while_importing_exits_75_with_a_message(tmp_path):
@@ -382,7 +383,7 @@ def test_train_py_sigterm_while_importing_exits_75_with_a_message(tmp_path):
   wd = tmp_path / 'wd'
   proc = subprocess.Popen([sys.executable, *[a.replace('WD', str(wd)) for a in TRAIN]],
                           cwd=str(ROOT), env=SUBPROCESS_ENV, stderr=subprocess.PIPE, text=True)
-  while proc.poll() is None and not _catches_sigterm(proc.pid):
+  while proc.poll() is None and not _holds_sigterm(proc.pid):
     time.sleep(0.001)
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=60)
@@ -390,3 +391,15 @@ def test_train_py_sigterm_while_importing_exits_75_with_a_message(tmp_path):
   lines = _message_lines(err)
   assert len(lines) == 1 and lines[0].startswith('train.py: SIGTERM while starting'), lines
   assert not wd.exists()
+
+
+def test_during_training_the_one_sigterm_handler_only_sets_a_flag_and_is_removed_after():
+  """Library callers (no CLI): `defer_sigterm` installs the one handler for the block, where a
+  SIGTERM is a flag the training loop polls, and puts the previous handler back."""
+  before = signal.getsignal(signal.SIGTERM)
+  with cli.defer_sigterm():
+    assert not cli.sigterm_requested()
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.01)
+    assert cli.sigterm_requested()
+  assert signal.getsignal(signal.SIGTERM) is before

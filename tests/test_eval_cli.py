@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, SUBPROCESS_ENV, tiny_config
 
 from flax_posemb import checkpointing
-from flax_posemb import evaluation
+from flax_posemb import eval_workdir
 from flax_posemb.model import ModelConfig, TransformerLM
 
 MAX_LEN = 32  # tiny_config's table size
@@ -87,7 +87,7 @@ def test_eval_cli_prints_table_and_plot_and_compares_two_runs(runs, tmp_path):
 
 
 def test_eval_default_output_dir_and_step_selection(runs):
-  run = evaluation.evaluate_workdir(runs[1], step=0, bucket_edges='log2')
+  run = eval_workdir.evaluate_workdir(runs[1], step=0, bucket_edges='log2')
   assert run['out_dir'] == os.path.join(runs[1], 'eval', 'step_0_bucket_edges-log2')
   assert run['results']['step'] == 0
   assert [b['end'] for b in run['results']['buckets']] == [1, 2, 4, 8, 16, 32]
@@ -95,13 +95,13 @@ def test_eval_default_output_dir_and_step_selection(runs):
 
 
 def test_each_variant_writes_its_own_directory_and_no_stale_files(runs):
-  plain = evaluation.evaluate_workdir(runs[1], step=10)
-  probe = evaluation.evaluate_workdir(runs[1], step=10, offsets=[0, 8])
+  plain = eval_workdir.evaluate_workdir(runs[1], step=10)
+  probe = eval_workdir.evaluate_workdir(runs[1], step=10, offsets=[0, 8])
   assert plain['out_dir'].endswith(os.path.join('eval', 'step_10'))
   assert probe['out_dir'].endswith(os.path.join('eval', 'step_10_offsets-0-8'))
   assert not os.path.exists(os.path.join(plain['out_dir'], 'offsets.csv'))
   open(os.path.join(plain['out_dir'], 'offsets.png'), 'w').close()  # a stale file
-  evaluation.evaluate_workdir(runs[1], step=10)
+  eval_workdir.evaluate_workdir(runs[1], step=10)
   assert not os.path.exists(os.path.join(plain['out_dir'], 'offsets.png'))
   with np.load(os.path.join(plain['out_dir'], 'windows.npz')) as w:  # per-window sums
     means = w['win_sum'].sum(0) / w['win_count'].sum(0)
@@ -114,11 +114,11 @@ def test_paired_comparison_of_a_run_with_itself_is_zero_and_is_named_after_the_r
   import shutil  # pylint: disable=g-import-not-at-top
   twin = str(tmp_path / 'twin')
   shutil.copytree(runs[1], twin)
-  _, comp = evaluation.evaluate_and_compare([runs[1], twin], step=10)
+  _, comp = eval_workdir.evaluate_and_compare([runs[1], twin], step=10)
   assert os.path.basename(comp['out_dir']) == f'compare_{os.path.basename(runs[1])}_vs_twin_step_10'
   for b in comp['paired'][0]['buckets']:
     assert b['diff'] == 0.0 and b['stderr'] == 0.0
-  ((_, r0), (_, r1)), comp = evaluation.evaluate_and_compare([runs[0], runs[1]], step=10)
+  ((_, r0), (_, r1)), comp = eval_workdir.evaluate_and_compare([runs[0], runs[1]], step=10)
   for d, b0, b1 in zip(comp['paired'][0]['buckets'], r0['results']['buckets'],
                        r1['results']['buckets']):
     assert d['diff'] == pytest.approx(b1['loss'] - b0['loss'], abs=1e-9)
@@ -130,17 +130,17 @@ def test_checkpoint_of_a_different_context_length_is_a_clear_error(tmp_path):
   bigger.data.seq_len = 2 * MAX_LEN
   workdir = _make_run(str(tmp_path / 'mismatch'), bigger, _config())
   with pytest.raises(ValueError, match=r'do not match the model config \(max_len=64.*pos_embed'):
-    evaluation.evaluate_workdir(workdir)
+    eval_workdir.evaluate_workdir(workdir)
 
 
 def test_offset_past_the_table_via_workdir_is_a_clear_error(runs, tmp_path):
   with pytest.raises(ValueError, match=f'largest valid offset is {MAX_LEN - 1}'):
-    evaluation.evaluate_workdir(runs[1], offsets=[0, MAX_LEN], output=str(tmp_path))
+    eval_workdir.evaluate_workdir(runs[1], offsets=[0, MAX_LEN], output=str(tmp_path))
 
 
 def test_comparison_of_different_windows_is_a_clear_error(runs, tmp_path):
-  a = evaluation.evaluate_workdir(runs[1], output=str(tmp_path / 'a'))['results']
-  b = evaluation.evaluate_workdir(runs[1], window_len=16, output=str(tmp_path / 'b'))['results']
+  a = eval_workdir.evaluate_workdir(runs[1], output=str(tmp_path / 'a'))['results']
+  b = eval_workdir.evaluate_workdir(runs[1], window_len=16, output=str(tmp_path / 'b'))['results']
   from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match='different windows'):
     eval_report.compare(['a', 'b'], [a, b], str(tmp_path / 'compare'))
@@ -171,7 +171,7 @@ def test_eval_reads_the_new_latest_when_the_step_is_deleted_mid_read(tiny_run, t
     return real(self, step, *args)
 
   monkeypatch.setattr(checkpointing.Checkpointer, 'restore_params_only', racing)
-  run = evaluation.evaluate_workdir(workdir, output=str(tmp_path / 'out'))
+  run = eval_workdir.evaluate_workdir(workdir, output=str(tmp_path / 'out'))
   assert calls == [20, 30]
   assert run['step'] == 30 and run['results']['step'] == 30
   ck = run['results']['checkpoint']
@@ -217,7 +217,7 @@ def test_eval_cli_names_a_damaged_latest_and_the_step_it_evaluated(tiny_run, tmp
   assert saved['step'] == 10
   assert [d['step'] for d in saved['checkpoint']['fell_back_from']] == [20]
   with pytest.raises(checkpointing.CheckpointDamagedError, match='checkpoints/20'):
-    evaluation.evaluate_workdir(workdir, step=20, output=out)
+    eval_workdir.evaluate_workdir(workdir, step=20, output=out)
 
 
 def test_checkpoint_of_another_model_in_a_runs_checkpoints_is_refused(tiny_run, tmp_path):
@@ -230,20 +230,20 @@ def test_checkpoint_of_another_model_in_a_runs_checkpoints_is_refused(tiny_run, 
   os.rename(os.path.join(other, 'checkpoints', '3'), os.path.join(workdir, 'checkpoints', '30'))
   step_dir = os.path.join(workdir, 'checkpoints', '30')
   with pytest.raises(checkpointing.CheckpointMismatchError, match=f'{step_dir}.*another model'):
-    evaluation.evaluate_workdir(workdir, output=str(tmp_path / 'out'))
+    eval_workdir.evaluate_workdir(workdir, output=str(tmp_path / 'out'))
   r = subprocess.run([sys.executable, str(ROOT / 'eval.py'), '--workdir', workdir, '--output',
                       str(tmp_path / 'out')], capture_output=True, text=True,
                      env=SUBPROCESS_ENV, timeout=600)
   assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr[-2000:]
   assert not os.path.exists(tmp_path / 'out' / 'results.json')
-  assert evaluation.evaluate_workdir(workdir, step=20, output=str(tmp_path / 'ok'))['step'] == 20
+  assert eval_workdir.evaluate_workdir(workdir, step=20, output=str(tmp_path / 'ok'))['step'] == 20
 
 
 def test_a_killed_eval_rerun_leaves_the_previous_complete_results(tiny_run, tmp_path,
                                                                   monkeypatch):
   from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
   out = str(tmp_path / 'out')
-  first = evaluation.evaluate_workdir(tiny_run[0], step=10, output=out)
+  first = eval_workdir.evaluate_workdir(tiny_run[0], step=10, output=out)
   before = {n: open(os.path.join(out, n), 'rb').read() for n in os.listdir(out)}
   assert 'results.json' in before
 
@@ -251,11 +251,11 @@ def test_a_killed_eval_rerun_leaves_the_previous_complete_results(tiny_run, tmp_
     raise KeyboardInterrupt  # the re-run dies half-way through writing
   monkeypatch.setattr(eval_report.plots, 'loss_by_position', killed)
   with pytest.raises(KeyboardInterrupt):
-    evaluation.evaluate_workdir(tiny_run[0], step=20, output=out)
+    eval_workdir.evaluate_workdir(tiny_run[0], step=20, output=out)
   assert {n: open(os.path.join(out, n), 'rb').read() for n in os.listdir(out)} == before
   assert os.listdir(tmp_path) == ['out']  # no leftover beside it
   monkeypatch.undo()
-  again = evaluation.evaluate_workdir(tiny_run[0], step=20, output=out)
+  again = eval_workdir.evaluate_workdir(tiny_run[0], step=20, output=out)
   assert json.load(open(again['files']['json']))['step'] == 20 != first['step']
   assert os.listdir(tmp_path) == ['out']
 

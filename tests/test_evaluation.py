@@ -82,7 +82,7 @@ def test_stderr_is_spread_of_window_means_over_sqrt_windows():
   acc = buckets_lib.BucketAccumulator(edges)
   means = np.array([[1.0, 2.0], [1.5, 2.5], [0.5, 3.5], [2.0, 2.0]])
   acc.add(np.zeros(8), np.zeros(8), means * 4, np.full((4, 2), 4.0))
-  loss, cov = acc.bucket_stats()
+  loss, cov = buckets_lib.bucket_stats(acc.per_window())[:2]
   np.testing.assert_allclose(loss, means.mean(0))
   np.testing.assert_allclose(np.sqrt(np.diag(cov)), means.std(0, ddof=1) / 2.0)
   rows = acc.buckets()
@@ -90,7 +90,7 @@ def test_stderr_is_spread_of_window_means_over_sqrt_windows():
   lo, hi = rows[0]['ci95']
   np.testing.assert_allclose(hi - lo, 2 * 3.182446305284263 * rows[0]['stderr'])  # t, 3 df
   # Last minus best uses the paired covariance: the per-window differences' spread.
-  d = acc.degradation()
+  d = buckets_lib.degradation(acc.per_window())
   diff = means[:, 1] - means[:, 0]
   np.testing.assert_allclose(d['last_minus_best'], diff.mean())
   np.testing.assert_allclose(d['last_minus_best_stderr'], diff.std(ddof=1) / 2.0)
@@ -102,7 +102,7 @@ def test_stderr_with_unequal_counts_is_the_ratio_estimator():
   c = np.array([[2.0], [5.0], [1.0]])
   acc.add(np.zeros(8), np.zeros(8), s, c)
   acc.add(np.zeros(8), np.zeros(8), np.zeros((2, 1)), np.zeros((2, 1)))  # empty windows
-  loss, cov = acc.bucket_stats()
+  loss, cov = buckets_lib.bucket_stats(acc.per_window())[:2]
   ratio = s.sum() / c.sum()
   expect = 3 / 2 * np.sum((s - ratio * c) ** 2) / c.sum() ** 2
   np.testing.assert_allclose(loss[0], ratio)
@@ -118,7 +118,7 @@ def test_degradation_slope_recovers_a_linear_trend():
   noise = rng.normal(0, 0.01, (50, 1))
   means = 2.0 + 0.003 * mid[None, :] + noise  # common per-window shift: slope stays exact
   acc.add(np.zeros(70), np.zeros(70), means * 10, np.full(means.shape, 10.0))
-  d = acc.degradation()
+  d = buckets_lib.degradation(acc.per_window())
   assert d['slope_buckets'] == [4, 5, 6]  # midpoints >= 35
   np.testing.assert_allclose(d['slope'], 0.003, rtol=1e-9)
   assert d['slope_stderr'] < 1e-9  # a shift shared by all buckets does not blur the slope
@@ -144,29 +144,31 @@ def test_offset_zero_equals_plain_and_offsets_shift_rows_only():
   model, params = _model(max_len=24)
   edges = np.array([0, 8, 16])
   fn = evaluation.model_apply_fn(model)
-  plain, = evaluation.accumulate(fn, params, _batches(), edges, max_len=24)
-  zero, four = evaluation.accumulate(fn, params, _batches(), edges, offsets=(0, 4), max_len=24)
+  plain, = evaluation.accumulate(fn, params, _batches(), edges)
+  zero, four = evaluation.accumulate(fn, params, _batches(), edges, offsets=(0, 4))
   np.testing.assert_array_equal(plain.loss_sum, zero.loss_sum)
   np.testing.assert_array_equal(plain.per_window()['win_sum'], zero.per_window()['win_sum'])
   np.testing.assert_array_equal(plain.count, four.count)  # indexed by context, not by row
   assert not np.allclose(plain.loss_sum, four.loss_sum)
 
 
-def test_offset_past_the_table_names_the_largest_valid_offset():
-  model, params = _model(max_len=20)
-  with pytest.raises(ValueError, match='largest valid offset is 4'):
-    evaluation.accumulate(evaluation.model_apply_fn(model), params, _batches(),
-                          np.array([0, 16]), offsets=(0, 5), max_len=20)
+def test_evaluation_settings_are_checked_once_against_the_position_table():
+  c = _synthetic_config(max_len=20)
+  c.eval.window_len = 16
+  assert evaluation.eval_settings(c, {'offsets': [4, 0]})['offsets'] == [0, 4]
+  with pytest.raises(ValueError, match='largest valid offset is 15'):
+    evaluation.eval_settings(c, {'offsets': [0, 16]})
+  with pytest.raises(ValueError, match='exceeds the model context'):
+    evaluation.eval_settings(c, {'window_len': 32})
+  with pytest.raises(ValueError, match='eval.min_start must be >= 0'):
+    evaluation.eval_settings(c, {'min_start': -1})
 
 
 def test_incompatible_checkpoint_is_a_clear_error():
-  model16, params16 = _model(max_len=16)
-  model32, _ = _model(max_len=32)
-  with pytest.raises(ValueError, match=r'max_len=32.*pos_embed.*\(16, 16\)'):
-    evaluation.check_compatible(model32, params16, 16)
-  with pytest.raises(ValueError, match='exceeds the model context'):
-    evaluation.check_compatible(model16, params16, 32)
-  evaluation.check_compatible(model16, params16, 16)
+  _, params16 = _model(max_len=16)
+  c = _synthetic_config(max_len=32)
+  with pytest.raises(ValueError, match=r'max_len=32.*params/pos_embed/embedding has shape \(16,'):
+    evaluation.run_evaluation(TransformerLM(ModelConfig.from_config(c.model)), params16, c)
 
 
 def test_format_table_lists_every_bucket():
@@ -260,7 +262,7 @@ def test_sharded_over_four_devices_matches_one_device():
 
 
 @pytest.mark.parametrize('where,value,match', [
-    ('scored', -1, 'negative'),        # a negative id on a scored token
+    ('scored', -1, 'Position id -1 is negative'),  # not booked at position 0
     ('unscored', 40, r'40 is outside the position table \[0, 16\)'),  # past the table, masked
 ])
 def test_every_position_id_the_model_sees_is_checked_on_the_host(where, value, match):
@@ -273,7 +275,7 @@ def test_every_position_id_the_model_sees_is_checked_on_the_host(where, value, m
     assert batch['loss_mask'][1, 14] == 0
   with pytest.raises(ValueError, match=match):
     evaluation.accumulate(evaluation.model_apply_fn(model), params, [batch],
-                          np.array([0, 8, 16]), max_len=T)
+                          np.array([0, 8, 16]))
 
 
 def _accumulate_windows(shift=0.0, seed=0, n=40, nb=3):
@@ -356,8 +358,9 @@ def _windows_of_documents(means, doc=None):
 def test_clustered_stderr_equals_the_window_stderr_when_every_window_has_its_own_document():
   means = np.random.default_rng(3).normal(2.0, 1.0, (12, 2))
   own, none = _windows_of_documents(means, np.arange(12) * 7), _windows_of_documents(means)
-  assert own.buckets() == none.buckets() and own.overall() == none.overall()
-  assert own.degradation() == none.degradation()
+  a, b = own.per_window(), none.per_window()
+  assert own.buckets() == none.buckets() and buckets_lib.overall(a) == buckets_lib.overall(b)
+  assert buckets_lib.degradation(a) == buckets_lib.degradation(b)
   assert own.buckets()[0]['documents'] == own.buckets()[0]['windows'] == 12
   np.testing.assert_allclose(own.buckets()[1]['stderr'], means[:, 1].std(ddof=1) / np.sqrt(12))
 
@@ -370,10 +373,12 @@ def test_clustered_stderr_is_larger_when_windows_of_one_document_agree():
   np.testing.assert_allclose(row['stderr'], per_doc[:, 0].std(ddof=1) / 2.0)  # 4 clusters
   np.testing.assert_allclose(naive_row['stderr'], per_doc[doc, 0].std(ddof=1) / np.sqrt(20))
   assert row['stderr'] > 1.5 * naive_row['stderr']
-  assert (row['windows'], row['documents'], clustered.overall()['documents']) == (20, 4, 4)
+  whole = buckets_lib.overall(clustered.per_window())
+  naive_whole = buckets_lib.overall(naive.per_window())
+  assert (row['windows'], row['documents'], whole['documents']) == (20, 4, 4)
   lo, hi = row['ci95']
   np.testing.assert_allclose(hi - lo, 2 * scipy.stats.t.ppf(0.975, 3) * row['stderr'])
-  assert clustered.overall()['stderr'] > 1.5 * naive.overall()['stderr']
+  assert whole['stderr'] > 1.5 * naive_whole['stderr']
 
 
 def test_paired_difference_clusters_by_document():
@@ -418,10 +423,12 @@ def test_window_groups_split_the_bucket_table_by_kind_start_depth_and_distance_t
   assert bible['buckets'][0]['loss'] == pytest.approx(np.mean([2, 4, 8, 10]))
 
 
-def test_a_negative_scored_position_is_refused_not_booked_at_position_zero():
-  model, params = _model()
-  batches = _batches()
-  batches[1]['positions'][0, 5] = -1  # scored; the table check is off (max_len=None)
-  with pytest.raises(ValueError, match='scored position id -1 is negative'):
-    evaluation.accumulate(evaluation.model_apply_fn(model), params, batches,
-                          np.array([0, 8, 16]))
+def test_the_evaluation_library_imports_no_runner_module():
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ('import sys, flax_posemb.evaluation; print(sorted(m for m in sys.modules if m in '
+          '{"flax_posemb.eval_workdir", "flax_posemb.eval_report", "flax_posemb.checkpointing", '
+          '"flax_posemb.workdir", "matplotlib"}))')
+  proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                        env=dict(os.environ, JAX_PLATFORMS='cpu'), timeout=120)
+  assert proc.returncode == 0 and proc.stdout.strip() == '[]', proc.stdout + proc.stderr[-2000:]

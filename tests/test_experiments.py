@@ -103,9 +103,9 @@ def test_t_interval_ignores_nan_and_is_undefined_below_two_values():
 
 
 def test_paired_differences_use_only_shared_seeds_in_order():
-  seeds, d = paired.paired_differences({0: 1.0, 1: 2.0, 3: 5.0}, {1: 1.5, 0: 0.0, 2: 9.0})
-  assert seeds == [0, 1]
-  np.testing.assert_allclose(d, [1.0, 0.5])
+  j = paired.judge({0: 1.0, 1: 2.0, 3: 5.0}, {1: 1.5, 0: 0.0, 2: 9.0}, 'greater')
+  assert j['seeds'] == [0, 1]
+  np.testing.assert_allclose(j['differences'], [1.0, 0.5])
 
 
 @pytest.mark.parametrize('low,high,direction,margin,expected', [
@@ -123,12 +123,13 @@ def test_verdict_rule_supports_contradicts_or_leaves_inconclusive(low, high, dir
   assert paired.verdict(iv, direction, margin) == expected
 
 
-def test_verdict_rejects_an_unknown_direction_and_a_missing_margin():
-  iv = paired.Interval(0.0, -1.0, 1.0, 5, 0.5)
-  with pytest.raises(ValueError, match='direction'):
-    paired.verdict(iv, 'bigger')
-  with pytest.raises(ValueError, match='margin'):
-    paired.verdict(iv, 'equivalent', 0.0)
+def test_experiment_validation_rejects_an_unknown_direction_and_a_missing_margin():
+  """The verdict rule is checked once, when the experiment config is loaded."""
+  exp = _load('init_comparison')
+  exp.claims = (spec.claim('a', 'a', 'final_loss', 'zeros', 'gpt2', 'bigger'),
+                spec.claim('b', 'b', 'final_loss', 'zeros', 'gpt2', 'equivalent', 0.0))
+  with pytest.raises(ValueError, match=r"claim 'a': direction 'bigger'.*claim 'b'.*margin > 0"):
+    spec.validate(exp)
 
 
 # --- experiment configs and the paired grid ---------------------------------------------------
@@ -379,12 +380,6 @@ def test_suite_file_expands_to_the_four_experiments_with_the_scale():
                                       'long_text')]
   assert spec.load(paths[0]).scale == 'accelerator'
   assert spec.load(paths[3]).offsets == (0, 128)  # long_text at GPT-2-small context
-
-
-def test_cpu_scale_runs_without_the_host_callback_guard():
-  """The guard's host callback would keep every train step out of the compilation cache."""
-  for name in CONFIGS:
-    assert not spec.expand(_load(name))[0].config.model.check_positions
 
 
 # --- the whole pipeline: --quick ---------------------------------------------------------------

@@ -101,7 +101,7 @@ def test_bad_overrides_and_missing_std_raise():
     initializers.get('gpt2', std=-1.0)
   with pytest.raises(ValueError, match='token_init'):
     initializers.get('same_as_token')
-  with pytest.raises(ValueError, match='takes no std'):
+  with pytest.raises(ValueError, match='does not accept'):
     initializers.resolve('word2vec', token_init=initializers.get('gpt2'), std=0.1)
 
 

@@ -32,9 +32,8 @@ def _init(cfg, inputs, positions, segment_ids=None):
 
 
 def test_config_model_section_is_built_from_model_config():
-  # train/eval configs turn the in-graph guard off (the host checks every batch); nothing
-  # else may differ, and an override on the command line reaches the model.
-  assert ModelConfig.from_config(defaults.model()) == ModelConfig(check_positions=False)
+  # Nothing may differ, and an override on the command line reaches the model.
+  assert ModelConfig.from_config(defaults.model()) == ModelConfig()
   section = defaults.model()
   section.num_layers = 3
   assert ModelConfig.from_config(section).num_layers == 3
@@ -43,6 +42,15 @@ def test_config_model_section_is_built_from_model_config():
 def test_from_config_rejects_unknown_keys():
   with pytest.raises(ValueError, match='num_layer'):
     ModelConfig.from_config({'num_layer': 2})
+
+
+def test_an_old_run_with_the_removed_check_positions_field_loads_and_resumes():
+  # Runs saved before the in-model position guard was removed record model.check_positions.
+  from flax_posemb import workdir
+  old = defaults.base().to_dict()
+  old['model']['check_positions'] = False
+  assert ModelConfig.from_config(old['model']) == ModelConfig()
+  assert workdir.config_changes(old, defaults.base()) == {}
 
 
 @pytest.mark.parametrize('bad,match', [
@@ -55,6 +63,10 @@ def test_from_config_rejects_unknown_keys():
     ({'position_init': 'normal'}, 'position_init_std'),
     ({'token_init': 'same_as_token'}, 'token_init'),
     ({'num_layers': 0}, 'positive'),
+    ({'position_embedding': 'rope', 'emb_dim': 12, 'num_heads': 4}, 'even head dim'),
+    ({'token_init': 'zeros', 'token_init_std': 0.1}, 'takes no std'),
+    ({'token_init': 'zeros', 'position_init': 'sinusoidal'}, 'position_init_std'),
+    ({'position_embedding': 'sinusoidal', 'token_init': 'zeros'}, 'position_init_std'),
     ({'position_embedding': 'rope', 'position_init': 'nope'}, 'valid names'),
 ])
 def test_bad_config_values_raise_clear_errors(bad, match):
@@ -147,15 +159,6 @@ def test_embed_delta_grads_summed_by_position_equal_table_grad():
   table_grad = np.asarray(position_table(g_params))
   assert np.abs(table_grad).max() > 0
   np.testing.assert_allclose(table_grad, expected, rtol=1e-5, atol=1e-9)
-
-
-def test_positions_out_of_table_raise_in_model_under_jit():
-  cfg = ModelConfig(**SMALL)
-  inputs, positions = _batch()
-  model, variables = _init(cfg, inputs, positions)
-  with pytest.raises(Exception, match=f'Position id {T}'):
-    jax.block_until_ready(jax.jit(model.apply)({'params': variables['params']}, inputs,
-                                               positions + 1))
 
 
 @pytest.mark.parametrize('kind', ['rope', 'sinusoidal', 'none'])

@@ -127,15 +127,16 @@ def _mutated(params, path, value=None, delete=False):
 
 @pytest.mark.parametrize('change,match', [
     (lambda p: _mutated(p, ('pos_embed', 'embedding'), jnp.zeros((T + 1, D))),
-     r'params/pos_embed/embedding: shape \[13, 16\] does not match .*\[12, 16\]'),
+     r'params/pos_embed/embedding has shape \(13, 16\) in the linen params but \(12, 16\)'),
     (lambda p: _mutated(p, ('block_1', 'qkv', 'kernel'), jnp.zeros((D, 3 * D))),
-     r'params/block_1/qkv/kernel: shape'),
-    (lambda p: _mutated(p, ('block_0', 'ln_2'), delete=True), r'params/block_0/ln_2/\w+: missing'),
+     r'params/block_1/qkv/kernel has shape'),
+    (lambda p: _mutated(p, ('block_0', 'ln_2'), delete=True),
+     r'params/block_0/ln_2/\w+ has shape absent in the linen params'),
     (lambda p: _mutated(p, ('block_2',), {'ln_1': {'scale': jnp.ones(D)}}),
-     r'params/block_2/ln_1/scale: unexpected'),
-    (lambda p: _mutated(p, ('ln_f',), jnp.ones(D)), r'params/ln_f: expected a subtree'),
+     r'params/block_2/ln_1/scale has shape \(16,\) in the linen params but absent'),
+    (lambda p: _mutated(p, ('ln_f',), jnp.ones(D)), r'params/ln_f has shape \(16,\) in'),
     (lambda p: _mutated(p, ('token_embed', 'embedding'), {'w': jnp.ones((V, D))}),
-     r'params/token_embed/embedding: expected an array'),
+     r'params/token_embed/embedding has shape absent'),
 ])
 def test_load_linen_params_names_the_mismatched_path_and_writes_nothing(change, match):
   cfg = ModelConfig(**SMALL)
@@ -173,22 +174,6 @@ def test_embed_delta_grads_summed_by_position_equal_table_grad():
   np.testing.assert_allclose(table_grad, expected, rtol=1e-5, atol=1e-9)
 
 
-def test_out_of_range_positions_raise_eagerly_and_under_jit():
-  cfg = ModelConfig(**SMALL)
-  model = posemb_nnx.TransformerLM(cfg, rngs=nnx.Rngs(0))
-  inputs, positions = _batch(2)
-  with pytest.raises(ValueError, match=f'Position id {T} is outside'):
-    model(inputs, positions + 1)
-  with pytest.raises(Exception, match='Position id -1 is negative'):
-    jax.block_until_ready(nnx.jit(lambda m, i, p: m(i, p))(model, inputs, positions - 1))
-  with pytest.raises(TypeError, match='integer'):
-    model(inputs, positions.astype(jnp.float32))
-  # check_positions=False turns the guard off (the ids read clamped rows).
-  unchecked = posemb_nnx.TransformerLM(ModelConfig(**SMALL, check_positions=False),
-                                       rngs=nnx.Rngs(0))
-  assert np.all(np.isfinite(unchecked(inputs, positions + 1)))
-
-
 def test_embedding_modules_match_linen_and_the_pure_functions():
   init = initializers.get('gpt2')
   pos = jnp.asarray([[0, 3, 7], [7, 7, 1]], jnp.int32)
@@ -196,8 +181,6 @@ def test_embedding_modules_match_linen_and_the_pure_functions():
   table = learned.embedding[...]
   assert table.shape == (8, 4)
   np.testing.assert_array_equal(learned(pos), np.asarray(table)[np.asarray(pos)])
-  with pytest.raises(ValueError, match='Position id 8'):
-    learned(pos + 1)
   tok = posemb_nnx.TokenEmbedding(8, 4, embedding_init=init, dtype=jnp.bfloat16,
                                   rngs=nnx.Rngs(0))
   linen_tok = embeddings.TokenEmbedding(8, 4, init, dtype=jnp.bfloat16)

@@ -70,8 +70,17 @@ def test_row_scale_acts_after_adam():
   assert any(np.array_equal(e, 2 * counts) for e in exposure)
 
 
-def test_bad_optimizer_values_are_rejected():
+@pytest.mark.parametrize('key,value,match', [
+    ('b2', 1.0, r'b2 must be in \[0, 1\)'), ('learning_rate', 0.0, '> 0'),
+    ('grad_clip_norm', float('nan'), 'grad_clip_norm must be finite'),
+    ('warmup_steps', -1, 'int >= 0'),
+    ('row_lr_scale', True, None)])
+def test_bad_optimizer_values_are_rejected_at_startup(key, value, match):
   c = defaults.base()
-  c.optimizer.b2 = 1.0
-  with pytest.raises(ValueError, match='b2'):
-    optim.make_optimizer(c, params())
+  c.optimizer[key] = value
+  if match is None:  # row_lr_scale needs a learned table
+    optim.validate(c)
+    c.model.position_embedding = 'rope'
+    match = 'needs a learned position table'
+  with pytest.raises(ValueError, match=match):
+    optim.validate(c)

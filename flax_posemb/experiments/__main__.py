@@ -1,15 +1,9 @@
 """CLI: python -m flax_posemb.experiments CONFIG[:scale] [CONFIG ...] --workdir DIR [--quick] ...
 
-One experiment config: its runs in WORKDIR/runs (or --run_store), its report in WORKDIR (or
---report_dir). Several configs, or a suite file such as configs/experiments/all.py: all of
-them in this one process, experiment NAME in WORKDIR/NAME, runs shared in WORKDIR/store (or
---run_store), reports in REPORT_DIR/NAME plus an index REPORT_DIR/README.md.
-
-CONFIG arguments are positional (anywhere among the flags); absl flags as in train.py and
-eval.py, logging through absl (--verbosity, --logtostderr, ...).
-
-Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback; --debug or
-FLAX_POSEMB_DEBUG=1 shows it), 3 a run's loss became non-finite.
+One config: runs in WORKDIR/runs (or --run_store), report in WORKDIR (or --report_dir).
+Several configs or a suite file (configs/experiments/all.py): experiment NAME in
+WORKDIR/NAME, runs shared in WORKDIR/store, reports in REPORT_DIR/NAME plus an index
+REPORT_DIR/README.md. Exit codes: flax_posemb.cli (2 bad input, 3 non-finite, 75 preempted).
 """
 
 from __future__ import annotations
@@ -41,17 +35,14 @@ FLAGS = flags.FLAGS
 
 
 def main(argv: list[str]) -> int | None:
-  configs = argv[1:]
-  if not configs:
-    raise cli.UserError('an experiment config is required, e.g. '
-                        'configs/experiments/init_comparison.py (or the suite all.py).')
-  if not FLAGS.workdir:
-    raise cli.UserError('--workdir is required (the experiment workdir).')
+  if len(argv) < 2 or not FLAGS.workdir:
+    raise cli.UserError('an experiment config (e.g. configs/experiments/init_comparison.py, '
+                        'or the suite all.py) and --workdir are required.')
   cli.start_on_huge_pages()  # Before anything is written: the process may restart.
   for flag in ('workdir', 'run_store', 'report_dir'):
     if FLAGS[flag].value:
       cli.check_output_dir(FLAGS[flag].value, f'--{flag}')
-  paths = spec.expand_paths(configs)
+  paths = spec.expand_paths(argv[1:])
   for path in paths:  # Every experiment config is checked before anything runs.
     spec.load(path)
   if not FLAGS['verbosity'].present:  # One line per run; Orbax/TFDS INFO only with --verbosity.

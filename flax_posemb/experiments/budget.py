@@ -1,19 +1,7 @@
-"""Budget equalization: the same steps and the same real (scored) tokens per step per arm.
+"""Budget equalization: the same steps and scored tokens per step for every arm.
 
-Arms differ in how many of a row's slots carry real tokens (``natural`` rows are mostly
-padding; ``packed`` rows are full), so equal rows per step would give the padded arms less
-data. With ``budget.equalize == 'real_tokens'`` every arm gets
-``batch_size = round(target / r_arm)`` rows per step, where ``r_arm`` is the arm's mean
-number of scored targets (``loss_mask`` sum) per row, measured on ``budget.estimate_batches``
-batches of its own pipeline at seed 0, and ``target = budget.target_tokens_per_step`` when
-set (> 0; the same number in every experiment of a scale, so coinciding arms of different
-experiments stay identical runs), else ``reference batch_size x r_reference`` (the reference
-arm keeps the base batch size). For ``length_schedule`` the estimate is the
-step-weighted mean of its short and full phases, so the budget matches over the run (fewer
-tokens per step in the short phase, more after). Rounding leaves a residual of at most half
-a row's tokens; the report lists each arm's measured tokens per step from the training
-statistics, so what was actually seen is on record. ``'none'`` keeps the base batch size
-for every arm (the report still lists tokens seen). Steps are always equal.
+The rule (``batch_size = round(target / scored per row)``, length_schedule phases, the cache):
+docs/DESIGN.md "Experiments outputs".
 """
 
 from __future__ import annotations
@@ -28,31 +16,19 @@ import numpy as np
 
 from flax_posemb.experiments import spec
 
-MODES = ('real_tokens', 'none')
-# Estimator: (training config, num_batches) -> mean scored targets per row.
+# (training config, num_batches) -> mean scored targets per row.
 Estimator = Callable[[ml_collections.ConfigDict, int], float]
 
 
 def estimate_scored_per_row(config: ml_collections.ConfigDict, num_batches: int) -> float:
-  """Mean ``loss_mask`` sum per row of the training pipeline of ``config``.
-
-  ``length_schedule`` is estimated per phase (short and full) and weighted by the fraction
-  of steps in each.
-
-  Args:
-    config: resolved training config.
-    num_batches: batches to draw.
-
-  Returns:
-    Mean scored targets per row.
-  """
-  if config.data.position_policy == 'length_schedule':
-    f = float(config.data.schedule_fraction)
-    short = spec.apply_overrides(config, (('data.schedule_fraction', 1.0),), 'budget')
-    full = spec.apply_overrides(config, (('data.schedule_fraction', 0.0),), 'budget')
-    return (f * _pipeline_mean(short, num_batches)
-            + (1.0 - f) * _pipeline_mean(full, num_batches))
-  return _pipeline_mean(config, num_batches)
+  """Mean ``loss_mask`` sum per row of ``config``'s training pipeline; ``length_schedule``
+  weights its short and full phases by their share of the steps."""
+  if config.data.position_policy != 'length_schedule':
+    return _pipeline_mean(config, num_batches)
+  f = float(config.data.schedule_fraction)
+  phase = lambda x: _pipeline_mean(
+      spec.apply_overrides(config, (('data.schedule_fraction', x),), 'budget'), num_batches)
+  return f * phase(1.0) + (1.0 - f) * phase(0.0)
 
 
 def _pipeline_mean(config: ml_collections.ConfigDict, num_batches: int) -> float:
@@ -61,25 +37,14 @@ def _pipeline_mean(config: ml_collections.ConfigDict, num_batches: int) -> float
                                     seed=int(config.seed),
                                     num_train_steps=int(config.num_train_steps),
                                     max_len=int(config.model.max_len))
-  total, rows = 0.0, 0
-  for _ in range(num_batches):
-    batch = next(it)
-    total += float(np.asarray(batch['loss_mask']).sum())
-    rows += int(batch['loss_mask'].shape[0])
-  return total / max(rows, 1)
+  masks = [np.asarray(next(it)['loss_mask']) for _ in range(num_batches)]
+  return sum(float(m.sum()) for m in masks) / max(sum(m.shape[0] for m in masks), 1)
 
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-  """Outcome of equalization.
-
-  Attributes:
-    mode: 'real_tokens' or 'none'.
-    reference: arm whose batch size is kept.
-    target_tokens_per_step: scored targets per step every arm aims at.
-    per_row: arm -> measured scored targets per row.
-    batch_size: arm -> rows per step.
-  """
+  """Mode, reference arm, target scored tokens per step, and per arm: measured scored
+  tokens per row and rows per step."""
   mode: str
   reference: str
   target_tokens_per_step: float
@@ -90,33 +55,9 @@ class Budget:
     return dataclasses.asdict(self)
 
 
-def equalize(runs: list[spec.Run], budget_config: ml_collections.ConfigDict,
-             estimator: Estimator = estimate_scored_per_row,
-             cache_path: str | None = None) -> tuple[list[spec.Run], Budget]:
-  """Sets each arm's batch size so that all arms see the same scored tokens per step.
-
-  Args:
-    runs: the grid (``spec.expand``).
-    budget_config: ``{equalize, target_tokens_per_step, reference_arm, estimate_batches}``.
-    estimator: measures scored targets per row of a config (the data pipeline by default).
-    cache_path: JSON file holding earlier estimates (keyed by arm run key at seed 0), so a
-      resumed sweep reproduces the same batch sizes without re-measuring.
-
-  Returns:
-    ``(runs with batch sizes set, Budget)``.
-  """
-  mode = budget_config.equalize
-  if mode not in MODES:
-    raise ValueError(f'budget.equalize {mode!r} is not one of {MODES}.')
-  arms: dict[str, ml_collections.ConfigDict] = {}
-  for r in runs:
-    arms.setdefault(r.arm, r.config)
-  reference = budget_config.reference_arm or next(iter(arms))
-  if reference not in arms:
-    reference = next(iter(arms))  # e.g. --quick keeps two arms only.
-  base_rows = {a: int(c.batch_size) for a, c in arms.items()}
-  if mode == 'none':
-    return runs, Budget(mode, reference, float('nan'), {}, base_rows)
+def _measure(arms: dict[str, ml_collections.ConfigDict], estimator: Estimator,
+             num_batches: int, cache_path: str | None) -> dict[str, float]:
+  """Scored targets per row of each arm at seed 0, through the cache keyed by run key."""
   cache = {}
   if cache_path and os.path.exists(cache_path):
     with open(cache_path) as f:
@@ -126,7 +67,7 @@ def equalize(runs: list[spec.Run], budget_config: ml_collections.ConfigDict,
     probe = spec.apply_overrides(c, (('seed', 0),), f'arm {a!r}')
     key = spec.run_key(probe)
     if key not in cache:
-      cache[key] = float(estimator(probe, int(budget_config.estimate_batches)))
+      cache[key] = float(estimator(probe, num_batches))
     per_row[a] = cache[key]
     if not per_row[a] > 0:
       raise ValueError(f'arm {a!r}: its pipeline gave no scored targets per row; check its '
@@ -135,10 +76,29 @@ def equalize(runs: list[spec.Run], budget_config: ml_collections.ConfigDict,
     os.makedirs(os.path.dirname(cache_path) or '.', exist_ok=True)
     with open(cache_path, 'w') as f:
       json.dump(cache, f, indent=1, sort_keys=True)
+  return per_row
+
+
+def equalize(runs: list[spec.Run], budget_config: ml_collections.ConfigDict,
+             estimator: Estimator = estimate_scored_per_row,
+             cache_path: str | None = None) -> tuple[list[spec.Run], Budget]:
+  """``(runs, Budget)``: each arm's batch size set so that all arms of the grid see the
+  same scored tokens per step (``estimator``: scored targets per row of a config; the
+  estimates are kept in ``cache_path``, so a resumed sweep keeps its batch sizes)."""
+  arms: dict[str, ml_collections.ConfigDict] = {}
+  for r in runs:
+    arms.setdefault(r.arm, r.config)
+  reference = budget_config.reference_arm
+  if reference not in arms:  # Unset, or not among --quick's two arms.
+    reference = next(iter(arms))
+  base_rows = {a: int(c.batch_size) for a, c in arms.items()}
+  if budget_config.equalize == 'none':
+    return runs, Budget('none', reference, float('nan'), {}, base_rows)
+  per_row = _measure(arms, estimator, int(budget_config.estimate_batches), cache_path)
   target = float(budget_config.get('target_tokens_per_step', 0) or 0)
   if target <= 0:
     target = base_rows[reference] * per_row[reference]
   batch = {a: max(1, int(round(target / per_row[a]))) for a in arms}
   out = [dataclasses.replace(r, config=spec.apply_overrides(
       r.config, (('batch_size', batch[r.arm]),), f'arm {r.arm!r}')) for r in runs]
-  return out, Budget(mode, reference, target, per_row, batch)
+  return out, Budget('real_tokens', reference, target, per_row, batch)

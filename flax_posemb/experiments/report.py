@@ -1,18 +1,16 @@
-"""Aggregates a sweep into ``summary.json`` and writes ``REPORT.md`` with inline plots.
+"""Aggregates a sweep into ``summary.json`` and writes ``REPORT.md`` with its figures.
 
-Every number in the report is a mean over seeds with its 95% Student-t interval (``paired``);
-claims use the paired difference per seed and the verdict rule fixed in the experiment config,
-with the Holm-Bonferroni adjustment over the experiment's claims reported alongside. Pandas is
-not used: the data is one [arm, seed] array per measure (``RunTable``) and numpy covers it.
+Numbers are means over seeds with 95% Student-t intervals (``paired``); claims use the
+paired per-seed differences, the fixed verdict rule and Holm-Bonferroni (docs/DESIGN.md
+"Experiments outputs").
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import ml_collections
 import numpy as np
@@ -20,14 +18,14 @@ import numpy as np
 from flax_posemb import eval_report
 from flax_posemb.experiments import measures, paired, scales, sweep
 
-# Per-arm scalars shown in the arm table of the report (others are in summary.json).
+# Per-arm scalars of the report's arm table (all of them are in summary.json).
 TABLE_SCALARS = ('final_loss', 'loss_late_minus_early', 'excess_late', 'recovered_late',
                  'exposure_late_over_early', 'update_late_over_early', 'drift_late',
                  'tokens_per_step', 'train_seconds', 'step_seconds')
 
 
-def _finite(x: float) -> bool:
-  return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+def _finite(x: Any) -> bool:
+  return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def fmt(x: Any, nd: int = 4) -> str:
@@ -46,58 +44,24 @@ def fmt_interval(iv: Mapping[str, Any], nd: int = 4) -> str:
   return f"{fmt(iv['mean'], nd)} [{fmt(iv['low'], nd)}, {fmt(iv['high'], nd)}]"
 
 
-@dataclasses.dataclass(frozen=True)
-class RunTable:
-  """The finished runs' measures as arrays over (arm, seed): the one table the report reads.
+def _by_arm(runs: list[Mapping[str, Any]]) -> dict[str, dict[int, Mapping[str, Any]]]:
+  """arm (grid order, unfinished arms included) -> {seed: measures}, seeds ascending."""
+  out = {r['arm']: {} for r in runs}
+  for r in sorted((r for r in runs if r['done']), key=lambda r: int(r['seed'])):
+    out[r['arm']][int(r['seed'])] = r['measures']
+  return out
 
-  Attributes:
-    arms: arm names, in grid order (arms without a finished run included).
-    seeds: seeds with at least one finished run, ascending.
-    done: ``[A, S]`` whether run (arm, seed) finished.
-    scalars: measure -> ``[A, S]`` (NaN where not finished or not measured).
-    vectors: measure -> ``[A, S, B]`` per position bucket (same NaN rule).
-  """
-  arms: tuple[str, ...]
-  seeds: tuple[int, ...]
-  done: np.ndarray
-  scalars: dict[str, np.ndarray]
-  vectors: dict[str, np.ndarray]
 
-  @classmethod
-  def from_runs(cls, runs: list[Mapping[str, Any]]) -> RunTable:
-    """From ``sweep.run_sweep``'s ``runs`` (unfinished rows only name their arm)."""
-    arms = tuple(dict.fromkeys(r['arm'] for r in runs))
-    rows = [r for r in runs if r['done']]
-    seeds = tuple(sorted({int(r['seed']) for r in rows}))
-    num_buckets = len(rows[0]['measures']['buckets']) if rows else 0
-    shape = (len(arms), len(seeds))
-    names = lambda kind: sorted({k for r in rows for k in r['measures'][kind]})
-    table = cls(arms, seeds, np.zeros(shape, bool),
-                {k: np.full(shape, np.nan) for k in names('scalars')},
-                {k: np.full(shape + (num_buckets,), np.nan) for k in names('vectors')})
-    for r in rows:
-      at = (arms.index(r['arm']), seeds.index(int(r['seed'])))
-      table.done[at] = True
-      for k, v in r['measures']['scalars'].items():
-        table.scalars[k][at] = np.nan if v is None else v
-      for k, v in r['measures']['vectors'].items():
-        table.vectors[k][at] = np.array(v, np.float64)
-    return table
+def _values(runs: Mapping[int, Mapping[str, Any]], metric: str) -> dict[int, float]:
+  """seed -> scalar ``metric`` (NaN where not measured)."""
+  v = {s: m['scalars'].get(metric) for s, m in runs.items()}
+  return {s: np.nan if x is None else float(x) for s, x in v.items()}
 
-  def finished_seeds(self, arm: str) -> list[int]:
-    return [s for s, d in zip(self.seeds, self.done[self.arms.index(arm)]) if d]
 
-  def values(self, arm: str, metric: str) -> dict[int, float]:
-    """seed -> scalar ``metric`` of ``arm`` over its finished seeds (NaN if not measured)."""
-    row = self.arms.index(arm)
-    col = self.scalars.get(metric, np.full(self.done.shape, np.nan))[row]
-    return {s: float(col[j]) for j, s in enumerate(self.seeds) if self.done[row, j]}
-
-  def vector_differences(self, metric: str, arm: str, baseline: str) -> np.ndarray:
-    """``[n, B]`` per-seed ``arm - baseline`` of vector ``metric`` over their shared seeds."""
-    a, b = self.arms.index(arm), self.arms.index(baseline)
-    shared = self.done[a] & self.done[b]
-    return self.vectors[metric][a, shared] - self.vectors[metric][b, shared]
+def _vectors(runs: Mapping[int, Mapping[str, Any]], metric: str, seeds) -> np.ndarray:
+  """``[len(seeds), B]`` vector ``metric`` of those seeds (NaN where not measured)."""
+  return np.array([runs[s]['vectors'].get(metric, [np.nan] * len(runs[s]['buckets']))
+                   for s in seeds], np.float64).reshape(len(seeds), -1)
 
 
 def _intervals(x: np.ndarray) -> list[dict[str, Any]]:
@@ -106,224 +70,185 @@ def _intervals(x: np.ndarray) -> list[dict[str, Any]]:
 
 
 def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
-  """A Markdown table: header, separator, one line per row."""
   return ['| ' + ' | '.join(map(str, r)) + ' |'
           for r in [header, ['---'] * len(header), *rows]]
 
 
 def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
-  """The machine-readable summary of a sweep (JSON-ready).
-
-  Args:
-    exp: experiment config.
-    sweep_out: ``sweep.run_sweep`` output.
-
-  Returns:
-    ``{experiment, arms: {arm: {scalars: {name: interval}, vectors: {name: [interval per
-    bucket]}, seeds, corpus, tokenizer}}, claims: [...], multiplicity, profiles: [...],
-    analyses: {...}, budget, settings}``.
-  """
-  table = RunTable.from_runs(sweep_out['runs'])
+  """The JSON-ready summary of a sweep (``sweep.run_sweep`` output): per-arm intervals,
+  claims with Holm, profiles, analyses, budget and stated settings."""
+  by_arm = _by_arm(sweep_out['runs'])
   rows = [r for r in sweep_out['runs'] if r['done']]
-  corpus = {r['arm']: scales.stated_settings(r['config']) for r in rows}
-  arms_out = {}
-  for i, a in enumerate(table.arms):
-    finished = table.done[i]
-    arms_out[a] = {'seeds': table.finished_seeds(a), 'scalars': {}, 'vectors': {}}
-    if finished.any():
-      arms_out[a]['scalars'] = {k: paired.t_interval(v[i, finished]).as_dict()
-                                for k, v in table.scalars.items()}
-      arms_out[a]['vectors'] = {k: _intervals(v[i, finished]) for k, v in table.vectors.items()}
-      arms_out[a].update(corpus=corpus[a]['corpus'], tokenizer=corpus[a]['tokenizer'])
-  claims = []
-  for c in exp.claims:
-    if c.arm not in table.arms or (c.baseline and c.baseline not in table.arms):
-      continue
-    av = table.values(c.arm, c.metric)
-    bv = table.values(c.baseline, c.metric) if c.baseline else {s: 0.0 for s in av}  # '' = 0.
-    claims.append({'id': c.id, 'text': c.text, 'metric': c.metric, 'arm': c.arm,
-                   'baseline': c.baseline, 'direction': c.direction, 'margin': c.margin,
-                   **paired.judge(av, bv, c.direction, c.margin)})
-  claims = paired.with_holm(claims)
+  claims = paired.with_holm(_claims(exp, by_arm))
   tested = [c for c in claims if c['verdict'] != paired.NOT_MEASURED]
-  multiplicity = {'method': 'holm', 'claims_tested': len(tested), 'alpha': 0.05,
-                  'verdicts_changed': sum(c['verdict_holm'] != c['verdict'] for c in tested)}
-  profiles = _profiles(exp, table)
   analyses = {}
   if 'cosine_convergence' in exp.analyses:
     analyses['cosine_convergence'] = _convergence(exp, sweep_out)
-  windows = _window_groups(rows, table.arms)
-  if windows:
+  if windows := _window_groups(rows, by_arm):
     analyses['windows'] = windows
-  first = rows[0]['config'] if rows else None
   return {
       'experiment': exp.name, 'title': exp.title, 'question': exp.question,
       'complete': sweep_out['complete'], 'quick': bool(sweep_out.get('quick')),
       'buckets': rows[0]['measures']['buckets'] if rows else [],
-      'settings': scales.stated_settings(first) if first is not None else {},
-      'budget': sweep_out['budget'], 'arms': arms_out, 'claims': claims,
-      'multiplicity': multiplicity, 'profiles': profiles, 'analyses': analyses,
+      'settings': scales.stated_settings(rows[0]['config']) if rows else {},
+      'budget': sweep_out['budget'], 'arms': _arms(by_arm, rows), 'claims': claims,
+      'multiplicity': {'method': 'holm', 'claims_tested': len(tested), 'alpha': 0.05,
+                       'verdicts_changed': sum(c['verdict_holm'] != c['verdict']
+                                               for c in tested)},
+      'profiles': _profiles(exp, by_arm), 'analyses': analyses,
       'runs': [{'arm': r['arm'], 'seed': r['seed'], 'key': r['key'], 'done': r['done'],
-                'overrides': dict(_arm(exp, r['arm']).overrides)} for r in sweep_out['runs']],
+                'overrides': dict(next(a for a in exp.arms if a.name == r['arm']).overrides)}
+               for r in sweep_out['runs']],
   }
 
 
-def _profiles(exp: ml_collections.ConfigDict, table: RunTable) -> list[dict[str, Any]]:
-  """Per-bucket intervals of each profile's arms and their paired differences."""
+def _arms(by_arm: Mapping[str, Mapping[int, Any]], rows: list[Mapping[str, Any]]
+          ) -> dict[str, Any]:
+  """arm -> {seeds, scalars: {name: interval}, vectors: {name: [interval per bucket]},
+  corpus, tokenizer} (the last four only with a finished run)."""
+  settings = {r['arm']: scales.stated_settings(r['config']) for r in rows}
+  names = lambda kind: sorted({k for r in rows for k in r['measures'][kind]})
+  out = {}
+  for a, runs in by_arm.items():
+    out[a] = {'seeds': list(runs), 'scalars': {}, 'vectors': {}}
+    if runs:
+      out[a]['scalars'] = {k: paired.t_interval(list(_values(runs, k).values())).as_dict()
+                           for k in names('scalars')}
+      out[a]['vectors'] = {k: _intervals(_vectors(runs, k, list(runs)))
+                           for k in names('vectors')}
+      out[a].update(corpus=settings[a]['corpus'], tokenizer=settings[a]['tokenizer'])
+  return out
+
+
+def _claims(exp: ml_collections.ConfigDict, by_arm: Mapping[str, Any]) -> list[dict[str, Any]]:
+  claims = []
+  for c in exp.claims:
+    if c.arm not in by_arm or (c.baseline and c.baseline not in by_arm):
+      continue
+    av = _values(by_arm[c.arm], c.metric)
+    bv = _values(by_arm[c.baseline], c.metric) if c.baseline else {s: 0.0 for s in av}
+    claims.append({'id': c.id, 'text': c.text, 'metric': c.metric, 'arm': c.arm,
+                   'baseline': c.baseline, 'direction': c.direction, 'margin': c.margin,
+                   **paired.judge(av, bv, c.direction, c.margin)})
+  return claims
+
+
+def _profiles(exp: ml_collections.ConfigDict, by_arm: Mapping[str, Any]) -> list[dict[str, Any]]:
+  """Each profile's finished arms and their per-bucket paired differences."""
   profiles = []
   for p in exp.profiles:
-    present = [a for a in p.arms if a in table.arms and table.finished_seeds(a)]
+    present = [a for a in p.arms if by_arm.get(a)]
     if not present:
       continue
     prof = {'metric': p.metric, 'title': p.title, 'arms': present, 'baseline': p.baseline,
             'differences': {}}
-    if p.baseline in table.arms and table.finished_seeds(p.baseline):
-      for a in present:
-        d = table.vector_differences(p.metric, a, p.baseline)
-        if a != p.baseline and d.shape[0]:
-          prof['differences'][a] = _intervals(d)
+    for a in present if by_arm.get(p.baseline) else ():
+      shared = sorted(set(by_arm[a]) & set(by_arm[p.baseline]))
+      if a != p.baseline and shared:
+        prof['differences'][a] = _intervals(_vectors(by_arm[a], p.metric, shared)
+                                            - _vectors(by_arm[p.baseline], p.metric, shared))
     profiles.append(prof)
   return profiles
 
 
-def _window_groups(rows: list[Mapping[str, Any]], arms: list[str]) -> dict[str, Any]:
-  """Where the evaluation windows come from, and the last bucket's rise by window group.
-
-  Every run of an experiment is evaluated on the same windows (same split, eval seed and
-  window length), so the provenance summary of the first run stands for all. The rise is
-  the last bucket's loss minus the one before it, per group of ``by_depth`` / ``by_end``
-  (`buckets.provenance_tables`): the same rise at every depth and far from the document
-  end is a position effect; a rise only near the end is the documents' endings.
-
-  Returns:
-    ``{}`` when the runs recorded no provenance, else ``{'summary': results['windows'],
-    'rise': {table: {'groups': [names], 'arms': {arm: [interval per group]}}}}``.
-  """
+def _window_groups(rows: list[Mapping[str, Any]], arms: Iterable[str]) -> dict[str, Any]:
+  """The windows' provenance (the same for every run) and the last bucket's rise over the
+  one before it per ``by_depth`` / ``by_end`` group and arm; ``{}`` without provenance."""
   paths = [(r['arm'], os.path.join(r['run_dir'], sweep.EVAL_DIR, 'results.json')) for r in rows]
   results = [(a, measures.load_json(p)) for a, p in paths if os.path.exists(p)]
   if not results or 'windows' not in results[0][1]:
     return {}
-  rise = {}
-  for name in eval_report.GROUP_TABLES[1:]:  # by_depth, by_end
-    first = results[0][1].get(name) or []
-    labels = [g['group'] for g in first]
-    per_arm = {a: {k: [] for k in labels} for a in arms}
-    for arm, res in results:
-      for g in res.get(name) or []:
-        losses = [b['loss'] for b in g['buckets'][-2:]]
-        if g['group'] in labels and len(losses) == 2 and None not in losses:
-          per_arm[arm][g['group']].append(losses[1] - losses[0])
-    rise[name] = {
-        'groups': [f"{g['group']} ({g['windows']} windows, {g['documents']} docs)" for g in first],
-        'arms': {a: [paired.t_interval(v[k]).as_dict() for k in labels]
-                 for a, v in per_arm.items() if any(v.values())}}
-  return {'summary': results[0][1]['windows'], 'rise': rise}
+  return {'summary': results[0][1]['windows'],
+          'rise': {name: _rise(name, results, arms) for name in eval_report.GROUP_TABLES[1:]}}
 
 
-def _arm(exp: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-  return next(a for a in exp.arms if a.name == name)
+def _rise(name: str, results: list[tuple[str, Mapping[str, Any]]],
+          arms: Iterable[str]) -> dict[str, Any]:
+  first = results[0][1].get(name) or []
+  labels = [g['group'] for g in first]
+  per_arm = {a: {k: [] for k in labels} for a in arms}
+  for arm, res in results:
+    for g in res.get(name) or []:
+      losses = [b['loss'] for b in g['buckets'][-2:]]
+      if g['group'] in labels and len(losses) == 2 and None not in losses:
+        per_arm[arm][g['group']].append(losses[1] - losses[0])
+  return {'groups': [f"{g['group']} ({g['windows']} windows, {g['documents']} docs)"
+                     for g in first],
+          'arms': {a: [paired.t_interval(v[k]).as_dict() for k in labels]
+                   for a, v in per_arm.items() if any(v.values())}}
 
 
 def _convergence(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
-  groups = sweep.seed_groups(sweep_out['runs'])
   per_seed = {s: measures.convergence_step(g, float(exp.convergence_threshold))
-              for s, g in groups.items() if len(g) >= 2}
+              for s, g in sweep.seed_groups(sweep_out['runs']).items() if len(g) >= 2}
   if not per_seed:
     return {}
   steps = min((v['steps'] for v in per_seed.values()), key=len)
   curves = np.array([v['agreement'][:len(steps)] for v in per_seed.values()], np.float64)
   return {
       'threshold': float(exp.convergence_threshold), 'steps': steps,
-      'agreement': [paired.t_interval(curves[:, j]).as_dict() for j in range(len(steps))],
-      'converged_step': paired.t_interval([v['converged_step'] for v in per_seed.values()
-                                           ]).as_dict(),
+      'agreement': _intervals(curves),
+      'converged_step': paired.t_interval([v['converged_step']
+                                           for v in per_seed.values()]).as_dict(),
       'never_converged_seeds': [s for s, v in per_seed.items()
                                 if not math.isfinite(v['converged_step'])],
   }
 
 
-def _arm_corpus(summary: Mapping[str, Any], arm: str) -> tuple[str, str]:
-  """(corpus, tokenizer) of an arm: recorded per arm, else its overrides over the settings."""
-  a = summary['arms'][arm]
-  if 'corpus' in a:
-    return a['corpus'], a['tokenizer']
-  over = next((r['overrides'] for r in summary['runs'] if r['arm'] == arm), {})
-  corpus = over.get('data.source', summary['settings'].get('corpus', ''))
-  tokenizer = ('synthetic' if corpus == 'synthetic' else
-               over.get('data.tokenizer', summary['settings'].get('tokenizer', '')))
-  return corpus, tokenizer
-
-
-def _identity(summary: Mapping[str, Any]) -> str:
-  """The run identity stated in every figure title: scale, steps, seeds."""
-  s = summary['settings']
-  n = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
-  return (f'{summary["experiment"]}: {s.get("model", "?")}, context {s.get("seq_len", "?")}, '
-          f'{s.get("num_train_steps", "?")} steps, {n} seed(s) per arm')
+def _n_seeds(summary: Mapping[str, Any]) -> int:
+  return max((len(v['seeds']) for v in summary['arms'].values()), default=0)
 
 
 def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
+  """Writes the report's figures; returns (title, file name) of each."""
   from flax_posemb import plots  # pylint: disable=g-import-not-at-top
+  s, n_seeds = summary['settings'], _n_seeds(summary)
+  identity = (f'{summary["experiment"]}: {s.get("model", "?")}, context '
+              f'{s.get("seq_len", "?")}, {s.get("num_train_steps", "?")} steps, '
+              f'{n_seeds} seed(s) per arm')
   made = []
-  labels = [f'{a}-{b}' for a, b in summary['buckets']]
-  n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
-  identity = _identity(summary)
   for i, p in enumerate(summary['profiles']):
     name = f'profile_{i}_{p["metric"]}.png'
     series = {a: summary['arms'][a]['vectors'][p['metric']] for a in p['arms']}
-    tokenizers = {_arm_corpus(summary, a)[1] for a in p['arms']}
+    tokenizers = {summary['arms'][a]['tokenizer'] for a in p['arms']}
     means = np.array([iv['mean'] for ivs in series.values() for iv in ivs
                       if iv.get('mean') is not None], np.float64)
-    log_y = bool(p['metric'] == 'bucket_exposure' and means.size and means.min() > 0
-                 and means.max() > 100 * means.min())
+    title = p['title'] if 'bucket' in p['title'] else f'{p["title"]} by position bucket'
     plots.experiment_profile(
-        os.path.join(out_dir, name), labels, series, differences=p['differences'],
-        baseline=p['baseline'], n_seeds=n_seeds, log_y=log_y,
-        title=(p['title'] if 'bucket' in p['title'] else f'{p["title"]} by position bucket')
-        + f'\n{identity}',
+        os.path.join(out_dir, name), [f'{a}-{b}' for a, b in summary['buckets']], series,
+        differences=p['differences'], baseline=p['baseline'], n_seeds=n_seeds,
+        log_y=bool(p['metric'] == 'bucket_exposure' and means.size and means.min() > 0
+                   and means.max() > 100 * means.min()),
+        title=f'{title}\n{identity}',
         ylabel=measures.label(p['metric'], tokenizers.pop() if len(tokenizers) == 1 else ''))
     made.append((p['title'], name))
   panels: dict[str, dict[str, Any]] = {}
   ylabels = {}
   for a, v in summary['arms'].items():
-    if not v['seeds']:
-      continue
-    corpus, tokenizer = _arm_corpus(summary, a)
-    panel = corpus if tokenizer in ('synthetic', '') else f'{corpus} ({tokenizer} tokens)'
-    panels.setdefault(panel, {})[a] = v['scalars'].get('final_loss', {})
-    ylabels[panel] = measures.label('final_loss', tokenizer)
-  name = 'final_loss.png'
-  plots.experiment_metric_bars(os.path.join(out_dir, name), panels, ylabels=ylabels,
-                               n_seeds=n_seeds,
-                               title=f'Final held-out loss per arm, one panel per corpus\n'
-                               f'{identity}')
-  made.append(('Final held-out loss per arm (one panel per corpus)', name))
-  conv = summary['analyses'].get('cosine_convergence')
-  if conv:
-    name = 'cosine_convergence.png'
-    plots.experiment_curve(os.path.join(out_dir, name), conv['steps'], conv['agreement'],
-                           threshold=conv['threshold'], xlabel='training step',
-                           ylabel='agreement of the inits\' cosine structure\n(mean pairwise '
-                           'Pearson r)', n_seeds=n_seeds,
-                           title=f'Do the inits converge to one similarity structure?\n'
-                           f'{identity}')
-    made.append(('Cross-init agreement of the cosine-similarity structure', name))
+    if v['seeds']:
+      panel = (v['corpus'] if v['tokenizer'] in ('synthetic', '')
+               else f'{v["corpus"]} ({v["tokenizer"]} tokens)')
+      panels.setdefault(panel, {})[a] = v['scalars'].get('final_loss', {})
+      ylabels[panel] = measures.label('final_loss', v['tokenizer'])
+  plots.experiment_metric_bars(
+      os.path.join(out_dir, 'final_loss.png'), panels, ylabels=ylabels, n_seeds=n_seeds,
+      title=f'Final held-out loss per arm, one panel per corpus\n{identity}')
+  made.append(('Final held-out loss per arm (one panel per corpus)', 'final_loss.png'))
+  if conv := summary['analyses'].get('cosine_convergence'):
+    plots.experiment_curve(
+        os.path.join(out_dir, 'cosine_convergence.png'), conv['steps'], conv['agreement'],
+        threshold=conv['threshold'], xlabel='training step', n_seeds=n_seeds,
+        ylabel="agreement of the inits' cosine structure\n(mean pairwise Pearson r)",
+        title=f'Do the inits converge to one similarity structure?\n{identity}')
+    made.append(('Cross-init agreement of the cosine-similarity structure',
+                 'cosine_convergence.png'))
   return made
 
 
 def write(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any], out_dir: str,
           command: str) -> dict[str, Any]:
-  """Writes ``summary.json``, the plots and ``REPORT.md`` into ``out_dir``.
-
-  Args:
-    exp: experiment config.
-    sweep_out: ``sweep.run_sweep`` output.
-    out_dir: report directory (created).
-    command: the exact command that produced the sweep.
-
-  Returns:
-    The summary dict.
-  """
+  """Writes ``summary.json``, the figures and ``REPORT.md`` into ``out_dir``; returns the
+  summary. ``command`` is the command line that produced the sweep."""
   os.makedirs(out_dir, exist_ok=True)
   summary = aggregate(exp, sweep_out)
   summary['command'] = command
@@ -344,27 +269,21 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
     lines += ['**Partial sweep:** some runs have not finished; numbers use the finished '
               'seeds only.', '']
   if exp.notes and summary['complete'] and not summary['quick']:  # Notes cite full runs.
-    lines += ['## What changed since the previous report', '']
-    lines += [f'- {n}' for n in exp.notes] + ['']
+    lines += ['## What changed since the previous report', '', *(f'- {n}' for n in exp.notes),
+              '']
   lines += _setup_lines(summary) + _claims_lines(summary) + _arms_lines(exp, summary)
-  lines += _windows_lines(summary.get('analyses', {}).get('windows'))
-  lines += ['## Figures', '']
-  for title, name in figures:
-    lines += [f'![{title}]({name})', '']
+  lines += _windows_lines(summary['analyses'].get('windows'))
+  lines += ['## Figures', '', *(x for t, n in figures for x in (f'![{t}]({n})', ''))]
   lines += ['## Configs', '', 'Arms (dotted overrides of the shared base config):', '']
-  for a in exp.arms:
-    if a.name in summary['arms']:
-      lines.append(f'- `{a.name}`: ' + (', '.join(f'`{k}={v!r}`' for k, v in a.overrides)
-                                         or 'base config'))
-  lines += ['', 'Every run\'s full resolved config is in `config.json` / `run.json` of its run '
+  lines += [f'- `{a.name}`: ' + (', '.join(f'`{k}={v!r}`' for k, v in a.overrides)
+                                  or 'base config') for a in exp.arms if a.name in summary['arms']]
+  lines += ['', "Every run's full resolved config is in `config.json` / `run.json` of its run "
             'directory; `summary.json` holds every measure per arm.', '']
   return '\n'.join(lines)
 
 
 def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
-  s = summary['settings']
-  b = summary['budget']
-  n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
+  s, b = summary['settings'], summary['budget']
   lines = ['## Setup', '',
            f'- Command: `{summary["command"]}`',
            f'- Corpus: {s.get("corpus")} (tokenizer: {s.get("tokenizer")}), context '
@@ -372,8 +291,9 @@ def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
            f'- Token-embedding init: `{s.get("token_init")}` (std {fmt(s.get("token_init_std"))}); '
            f'Adam beta2 = {s.get("beta2")}; weight decay {s.get("weight_decay")}, applied to the '
            f'position table: {s.get("decay_position_table")} (unless an arm overrides these).',
-           f'- {n_seeds} seed(s) per arm, paired: seed s of every arm shares the model-init and '
-           f'data-order seed. {s.get("num_train_steps")} optimizer steps for every arm.']
+           f'- {_n_seeds(summary)} seed(s) per arm, paired: seed s of every arm shares the '
+           f'model-init and data-order seed. {s.get("num_train_steps")} optimizer steps for '
+           'every arm.']
   if b['mode'] == 'real_tokens':
     lines.append(
         f'- Budget: same steps and same scored (unmasked) tokens per step. Each arm\'s rows '
@@ -404,8 +324,7 @@ def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
            f'correction where it differs ({m.get("verdicts_changed", 0)} do).', '']
   rows = []
   for c in summary['claims']:
-    pred = (f'|d| < {c["margin"]}' if c['direction'] == 'equivalent'
-            else '> 0' if c['direction'] == 'greater' else '< 0')
+    pred = {'equivalent': f'|d| < {c["margin"]}', 'greater': '> 0'}.get(c['direction'], '< 0')
     holm = c.get('verdict_holm', c['verdict'])
     rows.append([c['text'], f'`{c["metric"]}`', f'{c["arm"]} - {c["baseline"] or "0"}', pred,
                  fmt_interval(c['interval']), c['interval']['n'], f'**{c["verdict"]}**',
@@ -434,10 +353,8 @@ def _arms_lines(exp: ml_collections.ConfigDict, summary: Mapping[str, Any]) -> l
     rows += [[f'{a} - {p["baseline"]}', *(fmt_interval(iv, 3) for iv in d)]
              for a, d in p['differences'].items()]
     lines += [f'### {p["title"]} (per position bucket)', '']
-    lines += _md_table(['arm', *(f'{x}-{y}' for x, y in summary['buckets'])], rows)
-    lines.append('')
-  conv = summary['analyses'].get('cosine_convergence')
-  if conv:
+    lines += _md_table(['arm', *(f'{x}-{y}' for x, y in summary['buckets'])], rows) + ['']
+  if conv := summary['analyses'].get('cosine_convergence'):
     lines += ['### Convergence of the similarity structure across inits', '',
               f'First logged step from which the mean pairwise correlation of the inits\' '
               f'row cosine-similarity matrices stays >= {conv["threshold"]}: '
@@ -461,6 +378,5 @@ def _windows_lines(windows: Mapping[str, Any] | None) -> list[str]:
   for name, t in windows['rise'].items():
     lines += [f'### By {titles.get(name, name)}', '']
     lines += _md_table(['arm', *t['groups']], [[a, *(fmt_interval(iv, 3) for iv in ivs)]
-                                               for a, ivs in t['arms'].items()])
-    lines.append('')
+                                               for a, ivs in t['arms'].items()]) + ['']
   return lines

@@ -1,20 +1,8 @@
-"""The sweep runner: trains and evaluates every run of an experiment grid, resumably.
+"""The sweep runner: trains, evaluates and measures every run of an experiment grid, resumably.
 
-Layout under the experiment workdir ``W``:
-
-* ``W/experiment.json``: the experiment config as run; ``W/budget.json``: measured scored
-  tokens per row per arm (reused on resume); ``W/manifest.json``: arm, seed, run key and
-  run directory of every run;
-* ``STORE/KEY/`` (``STORE`` = ``--run_store``, default ``W/runs``): one training workdir per
-  distinct resolved config (``spec.run_key``). Experiments given the same store share the
-  runs whose configs coincide. ``STORE/KEY/DONE.json`` is the completion marker, written
-  last and atomically: a run with it is skipped; a run without it is (re)started, and
-  training resumes from its latest checkpoint.
-* ``STORE/KEY/experiment_eval/``: ``results.json`` and ``per_position.npz`` of the final
-  evaluation (with the offset probe when the experiment asks for it).
-
-All runs execute in this one process, seed-major, so runs of the same shapes reuse JAX's
-compilation caches (in memory, and on disk through the persistent compilation cache).
+All runs execute in this one process, seed-major, so runs of one shape share JAX's
+compilation caches. The experiment workdir and run store: docs/DESIGN.md "Experiments
+outputs".
 """
 
 from __future__ import annotations
@@ -29,8 +17,7 @@ from typing import Any, Callable, Mapping
 import ml_collections
 import numpy as np
 
-from flax_posemb import eval_report
-from flax_posemb import outputs
+from flax_posemb import eval_report, outputs
 from flax_posemb.experiments import budget as budget_lib
 from flax_posemb.experiments import measures, spec
 
@@ -46,16 +33,11 @@ EvalFn = Callable[[ml_collections.ConfigDict, str, tuple[int, ...]],
 
 
 class Preempted(Exception):
-  """SIGTERM stopped a run's training (its checkpoint is saved): the sweep stops, the run is
-  not marked done, and re-running the same command resumes it."""
+  """SIGTERM stopped a run's training (checkpoint saved); re-running resumes the sweep."""
 
 
 def default_train(config: ml_collections.ConfigDict, run_dir: str) -> Any:
-  """Trains with ``flax_posemb.training.train_and_evaluate`` (resumes from checkpoints).
-
-  Raises:
-    Preempted: SIGTERM arrived (the training loop saved a checkpoint first).
-  """
+  """``training.train_and_evaluate`` (resumes from checkpoints); raises ``Preempted``."""
   from flax_posemb import training  # pylint: disable=g-import-not-at-top
   result = training.train_and_evaluate(config, run_dir)
   if result.get('preempted'):
@@ -66,40 +48,24 @@ def default_train(config: ml_collections.ConfigDict, run_dir: str) -> Any:
 
 def default_evaluate(config: ml_collections.ConfigDict, run_dir: str,
                      offsets: tuple[int, ...]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """Final evaluation of a run's latest checkpoint (params only) with the evaluation library.
-
-  Args:
-    config: the run's training config.
-    run_dir: its workdir.
-    offsets: offset-probe shifts (empty for none).
-
-  Returns:
-    ``(results dict, per-position vectors)`` of ``evaluation.run_evaluation``.
-  """
+  """``evaluation.run_evaluation`` of the latest checkpoint's params; with offsets the main
+  table is still the full-window evaluation and the probe is ``results['offset_probe']``."""
   from flax_posemb import checkpointing, evaluation  # pylint: disable=g-import-not-at-top
   from flax_posemb import model as model_lib  # pylint: disable=g-import-not-at-top
   params, _, step = checkpointing.restore_params(run_dir)
   model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model))
-  # With offsets the main table is still the plain full-window evaluation; the probe (same
-  # texts cut to window_len - max(offsets)) is added as results['offset_probe'].
   out = evaluation.run_evaluation(model, params, config, step=step,
                                   offsets=list(offsets) if any(offsets) else None)
   return eval_report.json_safe(out.results), out.per_position
 
 
 def _write_json(path: str, obj: Any) -> None:
+  def default(x):  # ConfigDicts inside tuples (the arms), numpy values.
+    if isinstance(x, ml_collections.ConfigDict):
+      return x.to_dict()
+    return x.tolist() if isinstance(x, (np.generic, np.ndarray)) else str(x)
   with outputs.atomic_write(path, 'w') as f:
-    json.dump(obj, f, indent=1, sort_keys=False, default=_json_default)
-
-
-def _json_default(x: Any) -> Any:
-  if isinstance(x, np.generic):
-    return x.item()
-  if isinstance(x, np.ndarray):
-    return x.tolist()
-  if isinstance(x, ml_collections.ConfigDict):
-    return x.to_dict()
-  return str(x)
+    json.dump(obj, f, indent=1, default=default)
 
 
 def is_done(run_dir: str) -> bool:
@@ -114,22 +80,45 @@ def execute_run(run: spec.Run, run_dir: str, offsets: tuple[int, ...], train_fn:
               {'key': run.key, 'seed': run.seed, 'config': run.config.to_dict()})
   t0 = time.perf_counter()
   train_out = train_fn(run.config, run_dir)
-  train_seconds = time.perf_counter() - t0
   t1 = time.perf_counter()
   results, per_position = eval_fn(run.config, run_dir, tuple(offsets))
-  eval_seconds = time.perf_counter() - t1
+  t2 = time.perf_counter()
   eval_dir = os.path.join(run_dir, EVAL_DIR)
-  os.makedirs(eval_dir, exist_ok=True)
   _write_json(os.path.join(eval_dir, 'results.json'), eval_report.json_safe(results))
   np.savez(os.path.join(eval_dir, 'per_position.npz'),
            **{k: np.asarray(v) for k, v in per_position.items()})
-  record = {'key': run.key, 'seed': run.seed, 'train_seconds': train_seconds,
-            'eval_seconds': eval_seconds,
+  record = {'key': run.key, 'seed': run.seed, 'train_seconds': t1 - t0, 'eval_seconds': t2 - t1,
             'finished': datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            'train_result': eval_report.json_safe(train_out if isinstance(train_out, (dict, list))
-                                         else repr(train_out))}
+            'train_result': eval_report.json_safe(
+                train_out if isinstance(train_out, (dict, list)) else repr(train_out))}
   _write_json(os.path.join(run_dir, DONE), record)
   return record
+
+
+def _measured_row(run: spec.Run, run_dir: str, rare_exposure: float) -> dict[str, Any]:
+  """The sweep's row of a finished run, with its measures."""
+  record = measures.load_json(os.path.join(run_dir, DONE))
+  results = measures.load_json(os.path.join(run_dir, EVAL_DIR, 'results.json'))
+  per_position = outputs.load_npz(os.path.join(run_dir, EVAL_DIR, 'per_position.npz'))
+  m = measures.run_measures(run_dir, results, int(run.config.num_train_steps),
+                            record['train_seconds'], per_position=per_position,
+                            rare_exposure=rare_exposure)
+  return {'arm': run.arm, 'seed': run.seed, 'key': run.key, 'run_dir': run_dir, 'done': True,
+          'record': record, 'measures': m, 'config': run.config}
+
+
+def _plan(exp: ml_collections.ConfigDict, workdir: str, store: str, quick: bool,
+          estimator: budget_lib.Estimator) -> tuple[list[spec.Run], budget_lib.Budget]:
+  """The budgeted grid, recorded in ``workdir`` (experiment, budget and manifest JSON)."""
+  runs = spec.expand(exp, quick=quick)
+  runs, budget = budget_lib.equalize(runs, exp.budget, estimator,
+                                     os.path.join(workdir, 'budget.json'))
+  _write_json(os.path.join(workdir, 'experiment.json'),
+              {'experiment': exp.to_dict(), 'quick': quick})
+  _write_json(os.path.join(workdir, 'manifest.json'),
+              [{'arm': r.arm, 'seed': r.seed, 'key': r.key,
+                'run_dir': os.path.relpath(os.path.join(store, r.key), workdir)} for r in runs])
+  return runs, budget
 
 
 def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = False,
@@ -137,44 +126,23 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
               eval_fn: EvalFn = default_evaluate,
               estimator: budget_lib.Estimator = budget_lib.estimate_scored_per_row,
               max_runs: int = -1) -> dict[str, Any]:
-  """Runs (or resumes) every run of the experiment grid and measures each.
+  """Runs (or resumes) every run of ``exp``'s grid and measures each.
 
-  Args:
-    exp: experiment config (``spec.load``).
-    workdir: experiment workdir.
-    quick: two arms, one seed, the 'quick' scale.
-    run_store: directory of run workdirs (shared across experiments); '' = ``workdir/runs``.
-    train_fn: trains one run (default: ``training.train_and_evaluate``).
-    eval_fn: evaluates one run (default: ``evaluation.run_evaluation`` of its checkpoint).
-    estimator: scored targets per row of a config, for budget equalization.
-    max_runs: stop after training this many new runs (-1: all); finished runs are kept and
-      the next call continues.
-
-  Returns:
-    ``{'runs': [{arm, seed, key, run_dir, done, record, measures}], 'budget': {...},
-    'complete': bool, 'quick': bool}``.
+  ``run_store`` ('' = ``workdir/runs``) may be shared across experiments; ``max_runs``
+  (-1: all) stops after that many new runs, and the next call continues. Returns
+  ``{'runs': [{arm, seed, key, run_dir, done, record, measures, config}], 'budget',
+  'complete', 'store', 'quick'}``.
   """
-  os.makedirs(workdir, exist_ok=True)
   store = run_store or os.path.join(workdir, 'runs')
   os.makedirs(store, exist_ok=True)
-  runs = spec.expand(exp, quick=quick)
-  runs, budget = budget_lib.equalize(runs, exp.budget, estimator,
-                                     os.path.join(workdir, 'budget.json'))
-  _write_json(os.path.join(workdir, 'experiment.json'),
-              {'experiment': exp.to_dict(), 'quick': quick})
-  manifest = [{'arm': r.arm, 'seed': r.seed, 'key': r.key,
-               'run_dir': os.path.relpath(os.path.join(store, r.key), workdir)} for r in runs]
-  _write_json(os.path.join(workdir, 'manifest.json'), manifest)
-  offsets = tuple(int(k) for k in exp.offsets)
-  trained = 0
-  rows = []
-  done_keys: dict[str, dict[str, Any]] = {}
+  runs, budget = _plan(exp, workdir, store, quick, estimator)
+  trained, rows, measured = 0, [], {}
   for i, r in enumerate(runs):
     run_dir = os.path.join(store, r.key)
     label = f'[{i + 1}/{len(runs)}] {exp.name} arm={r.arm} seed={r.seed} ({r.key})'
-    if r.key in done_keys or is_done(run_dir):
+    if r.key in measured or is_done(run_dir):
       logger.info('%s: already done, skipped', label)
-    elif max_runs >= 0 and trained >= max_runs:
+    elif 0 <= max_runs <= trained:
       logger.info('%s: not run (max_runs reached)', label)
       rows.append({'arm': r.arm, 'seed': r.seed, 'key': r.key, 'run_dir': run_dir,
                    'done': False})
@@ -182,21 +150,13 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
     else:
       logger.info('%s: training %d steps, batch %d', label, r.config.num_train_steps,
                   r.config.batch_size)
-      rec = execute_run(r, run_dir, offsets, train_fn, eval_fn)
+      rec = execute_run(r, run_dir, tuple(int(k) for k in exp.offsets), train_fn, eval_fn)
       trained += 1
       logger.info('%s: done in %.1f s (train) + %.1f s (eval)', label, rec['train_seconds'],
                   rec['eval_seconds'])
-    if r.key not in done_keys:
-      done_keys[r.key] = measures.load_json(os.path.join(run_dir, DONE))
-    rec = done_keys[r.key]
-    results = measures.load_json(os.path.join(run_dir, EVAL_DIR, 'results.json'))
-    with np.load(os.path.join(run_dir, EVAL_DIR, 'per_position.npz')) as z:
-      per_position = {k: np.asarray(z[k]) for k in z.files}
-    m = measures.run_measures(run_dir, results, int(r.config.num_train_steps),
-                              rec['train_seconds'], per_position=per_position,
-                              rare_exposure=float(exp.rare_exposure))
-    rows.append({'arm': r.arm, 'seed': r.seed, 'key': r.key, 'run_dir': run_dir, 'done': True,
-                 'record': rec, 'measures': m, 'config': r.config})
+    if r.key not in measured:
+      measured[r.key] = _measured_row(r, run_dir, float(exp.rare_exposure))
+    rows.append(dict(measured[r.key], arm=r.arm, seed=r.seed, config=r.config))
   return {'runs': rows, 'budget': budget.as_dict(), 'complete': all(x['done'] for x in rows),
           'store': store, 'quick': quick}
 
