@@ -36,8 +36,8 @@ class NonFiniteLossError(FloatingPointError):
   """The training loss or gradient norm became NaN/inf."""
 
 
-def validate(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
-  """Checks the config before anything is built; returns the model config."""
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Checks the config before anything is built (sections: their own validators)."""
   for key in ('num_train_steps', 'log_every_steps', 'checkpoint_every_steps', 'batch_size',
               'max_to_keep'):
     if int(config[key]) < 1:
@@ -52,8 +52,7 @@ def validate(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
     raise ValueError(f'divergence_loss must be finite, got {config.divergence_loss}.')
   optim_lib.validate(config)
   if int(config.eval_every_steps) > 0:
-    _validate_eval(config, mcfg)
-  return mcfg
+    _validate_eval(config)
 
 
 def resolve_auto(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
@@ -73,15 +72,12 @@ def divergence_bound(config: ml_collections.ConfigDict) -> float:
   return bound if bound >= 0 else 3.0 * math.log(int(config.model.vocab_size))
 
 
-def _validate_eval(config: ml_collections.ConfigDict, mcfg: model_lib.ModelConfig) -> None:
+def _validate_eval(config: ml_collections.ConfigDict) -> None:
   """The periodic evaluation's settings, and enough evaluation documents, checked at startup
   (not at the first eval step, after a checkpoint interval of training)."""
   from flax_posemb import buckets as buckets_lib  # pylint: disable=g-import-not-at-top
   from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
-  s = evaluation.eval_settings(config, {})
-  if not 1 <= int(s['window_len']) <= mcfg.max_len:
-    raise ValueError(f"eval.window_len={s['window_len']} must be in [1, model.max_len="
-                     f'{mcfg.max_len}]; 0 means model.max_len.')
+  s = evaluation.eval_settings(config, {})  # checks window_len and the deep-window limits
   try:
     buckets_lib.make_edges(int(s['window_len']), int(s['bucket_size']), s['bucket_edges'])
   except ValueError as e:
