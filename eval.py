@@ -3,11 +3,13 @@
   python eval.py --workdir runs/tiny
   python eval.py --workdir runs/a --workdir runs/b --window_start deep  # paired A-B
   python eval.py --analyze --table gpt2.safetensors:wpe.weight --output out/wpe  # any table, no run
+  python eval.py --analyze --stats runs/mine/stats --output out/mine  # any window files, no run
 
 Restores only params + config from each run's latest (or --step) Orbax checkpoint onto the
 available devices; writes WORKDIR/eval/step_N/ (or --output) and prints the bucket table, where
 the windows come from, loss by window group (kind, depth, distance to the end) and the plot
-path (flax_posemb.eval_workdir.evaluate_workdir); --table: analysis.write_table_analysis.
+path (flax_posemb.eval_workdir.evaluate_workdir); --table: analysis.write_table_analysis;
+--stats: analysis.analyze_stats.
 Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback; --debug shows it).
 """
 
@@ -38,6 +40,8 @@ flags.DEFINE_string('output', None, 'Output directory (default WORKDIR/eval/step
 flags.DEFINE_bool('analyze', False, 'Also analyse the position table (norms, drift, PCA, probe).')
 flags.DEFINE_string('table', None, 'With --analyze --output and no --workdir: analyse this '
                     'table file, PATH.npy, PATH.npz[:KEY] or PATH.safetensors[:KEY].')
+flags.DEFINE_string('stats', None, 'With --analyze --output and no --workdir: analyse this '
+                    'directory of statistics window files (window_STEP.npz).')
 cli.define_debug_flag()
 FLAGS = flags.FLAGS
 
@@ -47,7 +51,7 @@ def main(argv):
     raise cli.UserError(f'unexpected arguments {argv[1:]}; every option is a --flag.')
   if FLAGS.buckets and FLAGS.bucket_edges:
     raise cli.UserError('give either --buckets log2 or --bucket_edges, not both.')
-  if FLAGS.table is not None or not FLAGS.workdir:
+  if FLAGS.table is not None or FLAGS.stats is not None or not FLAGS.workdir:
     return analyze_table_file()  # Before importing jax: a table needs only numpy.
   try:
     offsets = [int(k) for k in FLAGS.offsets.split(',')] if FLAGS.offsets else None
@@ -77,9 +81,15 @@ def main(argv):
 def analyze_table_file():
   """--table: bad input is one line on stderr and exit code 2, never a traceback."""
   from flax_posemb import analysis  # pylint: disable=g-import-not-at-top
-  if FLAGS.table is None or FLAGS.workdir or not (FLAGS.analyze and FLAGS.output):
-    raise cli.UserError('--table PATH needs --analyze and --output DIR, and no --workdir; '
-                        'without --table, give --workdir RUN.')
+  if FLAGS.stats is not None and FLAGS.table is None and not FLAGS.workdir and FLAGS.analyze \
+     and FLAGS.output:
+    summary = analysis.analyze_stats(FLAGS.stats, FLAGS.output)
+    print(f"{summary['windows']} windows\nresults: {summary['files']['json']}\n"
+          f"plot: {summary['files']['exposure_plot']}")
+    return
+  if FLAGS.table is None or FLAGS.stats or FLAGS.workdir or not (FLAGS.analyze and FLAGS.output):
+    raise cli.UserError('--table PATH or --stats DIR needs --analyze and --output DIR, and no '
+                        '--workdir; without them, give --workdir RUN.')
   summary = analysis.write_table_analysis(
       FLAGS.table, FLAGS.output, bucket_size=FLAGS.bucket_size or 16,
       bucket_edges=FLAGS.buckets or FLAGS.bucket_edges or '')

@@ -1,11 +1,8 @@
-"""Analysis of a learned position table: norms, drift, similarity, PCA, a position probe.
+"""Analysis of position tables and of statistics window files (docs/DESIGN.md §Statistics).
 
-Pure numpy functions of a table `[L, D]` (row p = position p), plus `analyze_workdir`,
-which reads a run's snapshots (`tables/table_STEP.npy`) and per-position training
-statistics (`stats/window_STEP.npz`, key `count`), writes `analysis.json` and plots, and
-relates loss, recovered position value and drift to cumulative exposure; and
-`write_table_analysis`, the same analysis (less drift and exposure) of any table, e.g. one
-read by `flax_posemb.tables.load_table` (`eval.py --analyze --table`).
+Numpy functions of a table `[L, D]` (row p = position p); `analyze_workdir` (a run's table,
+snapshots and windows), `write_table_analysis` (any table) and `analyze_stats` (any
+directory of window files) write JSON, arrays and plots.
 """
 
 from __future__ import annotations
@@ -57,18 +54,8 @@ def pca_explained_variance(table: np.ndarray) -> np.ndarray:
 
 
 def cosine_by_offset(table: np.ndarray, offsets=None) -> dict[int, float]:
-  """Mean cosine similarity of rows p and p + k, for each offset k.
-
-  A trained table's neighbours are similar and the similarity decays with k; a random
-  (untrained) one is ~0 at every k. O(L * D) per offset, unlike the [L, L] matrix.
-
-  Args:
-    table: [L, D] position table.
-    offsets: offsets k (1 <= k < L); default 1, 2, 4, ... < L.
-
-  Returns:
-    {k: mean over p of cos(table[p], table[p + k])} (zero rows count as 0).
-  """
+  """{k: mean over p of cos(table[p], table[p + k])} for `offsets` k (default 1, 2, 4, ...
+  < L) of a [L, D] table; zero rows count as 0. O(L * D) per offset."""
   t = np.asarray(table, np.float64)
   num = t.shape[0]
   n = np.linalg.norm(t, axis=1, keepdims=True)
@@ -83,17 +70,11 @@ RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
 def position_probe(table: np.ndarray, folds: int = 5,
                    ridge: float | tuple[float, ...] = RIDGE_GRID) -> dict[str, Any]:
-  """Held-out linear regression of the position from its row.
+  """Held-out ridge regression of the position from its row of a [L, D] table.
 
-  Rows are split into `folds` interleaved folds (p mod folds); each fold's positions are
-  predicted by a ridge regression (with intercept) fitted on the other folds. With several
-  ridge strengths, the one with the lowest held-out squared error is reported (one
-  hyper-parameter chosen on the same folds: slightly optimistic).
-
-  Args:
-    table: [L, D] position table.
-    folds: number of folds (>= 2, <= L).
-    ridge: ridge strength(s) relative to the mean eigenvalue of the training Gram matrix.
+  Fold f holds the rows p with p mod `folds` == f (2 <= folds <= L); of the `ridge`
+  strengths (relative to the mean eigenvalue of the training Gram matrix) the one with the
+  lowest held-out squared error is reported (chosen on the same folds: slightly optimistic).
 
   Returns:
     {'prediction': [L], 'abs_error': [L], 'r2': float, 'ridge': float} on held-out rows.
@@ -128,27 +109,22 @@ def position_probe(table: np.ndarray, folds: int = 5,
 load_npz = outputs.load_npz  # ValueError naming a truncated / garbled file
 
 
-def cumulative_exposure(workdir: str, upto_step: int | None = None) -> np.ndarray | None:
-  """[L] tokens seen per position up to `upto_step` (None if the run has no statistics).
+def window_files(stats_dir: str, upto_step: int | None = None) -> list[tuple[int, str]]:
+  """``(step, path)`` of ``stats_dir/window_STEP.npz`` up to ``upto_step``, in step order."""
+  return [(s, p) for s, p in outputs.step_files(os.path.join(stats_dir, 'window_*.npz'))
+          if upto_step is None or s <= upto_step]
 
-  Uses the exact `cumulative_count` of the last window file at or before `upto_step` when
-  present (written by `stats.PositionStats.save`), else sums the windows' `count` vectors.
-  """
-  files = [(s, p) for s, p in outputs.window_files(workdir)
-           if upto_step is None or s <= upto_step]
+
+def cumulative_exposure(stats_dir: str, upto_step: int | None = None) -> np.ndarray | None:
+  """[L] tokens seen per position up to `upto_step` (None without window files): the exact
+  `cumulative_count` of the last window file when present, else the sum of the `count`s."""
+  files = window_files(stats_dir, upto_step)
   if not files:
     return None
   last = load_npz(files[-1][1])
   if 'cumulative_count' in last:
     return np.asarray(last['cumulative_count'], np.float64)
-  total = None
-  for _, path in files:
-    z = load_npz(path)
-    if 'count' not in z:
-      raise ValueError(f'{path} has no per-position "count" vector (keys: {sorted(z)}).')
-    c = np.asarray(z['count'], np.float64)
-    total = c if total is None else total + c
-  return total
+  return sum(np.asarray(load_npz(p)['count'], np.float64) for _, p in files)
 
 
 def analyze_table(table: np.ndarray, *, initial: np.ndarray | None = None,
@@ -158,6 +134,7 @@ def analyze_table(table: np.ndarray, *, initial: np.ndarray | None = None,
   table = np.asarray(table, np.float64)
   num = table.shape[0]
   edges = buckets_lib.make_edges(num, bucket_size, bucket_edges)
+  by_bucket = lambda v: [float(v[a:b].mean()) for a, b in zip(edges[:-1], edges[1:])]  # noqa: E731
   # Seconds for small tables; a minute or more for a GPT-2-sized one on a busy CPU.
   logging.info('Analysing a [%d, %d] position table: held-out position probe (%d ridge '
                'strengths x %d folds), PCA, cosine similarity, plots ...', num,
@@ -166,28 +143,25 @@ def analyze_table(table: np.ndarray, *, initial: np.ndarray | None = None,
   pca = pca_explained_variance(table)
   arrays = {'norm': row_norms(table), 'probe_prediction': probe['prediction'],
             'probe_abs_error': probe['abs_error'], 'pca_ratio': pca}
-  bucket_err = [float(probe['abs_error'][a:b].mean()) for a, b in zip(edges[:-1], edges[1:])]
   summary: dict[str, Any] = {
-      'rows': num, 'features': int(table.shape[1]),
-      'norm_by_bucket': [float(arrays['norm'][a:b].mean()) for a, b in zip(edges[:-1], edges[1:])],
+      'rows': num, 'features': int(table.shape[1]), 'norm_by_bucket': by_bucket(arrays['norm']),
       'pca_explained_variance': [float(v) for v in pca[:16]],
       'pca_components_for_90pct': int(np.searchsorted(np.cumsum(pca), 0.9) + 1),
-      'probe': {'r2': probe['r2'], 'ridge': probe['ridge'], 'bucket_edges': edges.tolist(), 'abs_error_by_bucket': bucket_err},
+      'probe': {'r2': probe['r2'], 'ridge': probe['ridge'], 'bucket_edges': edges.tolist(),
+                'abs_error_by_bucket': by_bucket(probe['abs_error'])},
       'cosine_by_offset': {str(k): v for k, v in cosine_by_offset(table).items()},
   }
   if initial is not None:
     arrays['drift'] = drift(table, initial)
-    summary['drift_by_bucket'] = [float(arrays['drift'][a:b].mean())
-                                  for a, b in zip(edges[:-1], edges[1:])]
+    summary['drift_by_bucket'] = by_bucket(arrays['drift'])
   if snapshots and initial is not None:
     arrays['snapshot_steps'] = np.array([s for s, _ in snapshots])
     arrays['snapshot_drift'] = np.stack([drift(t, initial) for _, t in snapshots])
     summary['snapshot_mean_drift'] = {str(s): float(d.mean()) for s, d in
                                       zip(arrays['snapshot_steps'], arrays['snapshot_drift'])}
   if len(snapshots) > 1:
-    steps = [np.linalg.norm(np.asarray(b, np.float64) - np.asarray(a, np.float64), axis=1)
-             for (_, a), (_, b) in zip(snapshots, snapshots[1:])]
-    arrays['snapshot_step_change'] = np.stack(steps)
+    arrays['snapshot_step_change'] = np.stack([drift(b, a) for (_, a), (_, b)
+                                               in zip(snapshots, snapshots[1:])])
   return summary, arrays
 
 
@@ -195,23 +169,16 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
                     initial: np.ndarray | None = None,
                     per_position: dict[str, np.ndarray] | None = None, bucket_size: int = 16,
                     bucket_edges: str = '') -> dict[str, Any]:
-  """Analyses `table` [L, D] of a run and writes analysis.json, analysis.npz and plots.
+  """Analyses `table` [L, D] of the run in `workdir` at `step` (its snapshots and windows up
+  to `step`); writes analysis.json, analysis.npz and plots into `output`.
 
   Args:
-    workdir: training workdir (reads tables/table_STEP.npy and stats/window_STEP.npz).
-    table: the position table to analyse [L, D].
-    output: directory for the outputs.
-    step: training step of `table` (limits snapshots and exposure to steps <= step).
     initial: initial table [L, D]; default tables/table_0.npy if present.
     per_position: evaluation vectors ('loss' [L'], optional 'bayes_loss', 'filter_loss'),
-      related to cumulative exposure when training statistics exist.
-    bucket_size: bucket width for summaries; bucket_edges: explicit edges or 'log2'.
-
-  Returns:
-    The analysis.json dict, with 'files' naming what was written.
+      related to cumulative exposure when the run has window files.
+    bucket_size, bucket_edges: buckets of the summaries (`buckets.make_edges`).
   """
-  snaps = [(s, p) for s, p in outputs.table_files(workdir)
-           if step is None or s <= step]
+  snaps = [(s, p) for s, p in outputs.table_files(workdir) if step is None or s <= step]
   if initial is None and snaps and snaps[0][0] == 0:
     initial = outputs.load_npy(snaps[0][1])
   snapshots = [(s, outputs.load_npy(p)) for s, p in snaps]
@@ -219,81 +186,65 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
                                   bucket_size=bucket_size, bucket_edges=bucket_edges)
   summary['step'] = step
   files = _table_plots(table, summary, arrays, output)
-  exposure = cumulative_exposure(workdir, step)
+  exposure = cumulative_exposure(os.path.join(workdir, 'stats'), step)
   if exposure is not None:
     num = min(len(exposure), table.shape[0])
     arrays['exposure'] = exposure
     series: dict[str, np.ndarray] = {}
     if per_position is not None:
-      n = min(num, len(per_position['loss']))
-      series['loss'] = _pad(per_position['loss'][:n], num)
-      if 'bayes_loss' in per_position:
-        gap = per_position['filter_loss'][:n] - per_position['bayes_loss'][:n]
+      pp = {k: _pad(per_position[k][:num], num) for k in ('loss', 'bayes_loss', 'filter_loss')
+            if k in per_position}
+      series['loss'] = pp['loss']
+      if 'bayes_loss' in pp:
+        gap = pp['filter_loss'] - pp['bayes_loss']
         with np.errstate(invalid='ignore', divide='ignore'):
-          rec = np.where(np.abs(gap) > 1e-9, (per_position['filter_loss'][:n]
-                                              - per_position['loss'][:n]) / gap, np.nan)
-        series['recovered'] = _pad(rec, num)
+          series['recovered'] = np.where(np.abs(gap) > 1e-9,
+                                         (pp['filter_loss'] - pp['loss']) / gap, np.nan)
     if 'drift' in arrays:
       series['drift'] = arrays['drift'][:num]
     series['norm'] = arrays['norm'][:num]
-    summary['exposure'] = {'total_tokens': float(exposure.sum()),
-                           'min_position_exposure': float(exposure[:num].min()),
-                           'max_position_exposure': float(exposure[:num].max())}
-    rho = {}
-    for name, y in series.items():
-      ok = np.isfinite(y) & (exposure[:num] > 0)
-      if ok.sum() > 2:
-        rho[name] = _spearman(exposure[:num][ok], y[ok])
-        summary['exposure'][f'spearman_{name}'] = rho[name]
-    files['exposure_plot'] = plots.exposure_relation(
-        exposure[:num], series, os.path.join(output, 'exposure_relation.png'), rho=rho)
-  np.savez(os.path.join(output, 'analysis.npz'), **arrays)
-  files['arrays'] = os.path.join(output, 'analysis.npz')
-  files['json'] = os.path.join(output, 'analysis.json')
-  summary['files'] = files
-  with outputs.atomic_write(files['json'], 'w') as f:
-    json.dump(json_safe(summary), f, indent=1)
-  return summary
+    summary['exposure'] = _exposure_relation(exposure[:num], series, output, files)
+  return _write(summary, arrays, files, output, 'analysis')
 
 
 def _table_plots(table: np.ndarray, summary: dict[str, Any], arrays: dict[str, np.ndarray],
                  output: str) -> dict[str, str]:
   """Writes table_analysis.png and cosine_similarity.png of `analyze_table`'s results."""
   os.makedirs(output, exist_ok=True)
+  probe = summary['probe']
   return {
       'table_plot': plots.table_analysis(
           arrays['norm'], arrays.get('drift'), arrays['pca_ratio'],
-          np.asarray(summary['probe']['bucket_edges']), np.asarray(summary['probe']['abs_error_by_bucket']),
+          np.asarray(probe['bucket_edges']), np.asarray(probe['abs_error_by_bucket']),
           os.path.join(output, 'table_analysis.png'), arrays.get('snapshot_drift'),
-          arrays.get('snapshot_steps', ()), probe_r2=summary['probe']['r2']),
+          arrays.get('snapshot_steps', ()), probe_r2=probe['r2']),
       'cosine_plot': plots.cosine_heatmap(cosine_similarity(table),
                                           os.path.join(output, 'cosine_similarity.png')),
   }
 
 
+def _write(summary: dict[str, Any], arrays: dict[str, np.ndarray] | None,
+           files: dict[str, str], output: str, name: str) -> dict[str, Any]:
+  """Writes NAME.npz (`arrays`, unless None) and NAME.json (`summary` with `files`)."""
+  if arrays is not None:
+    files['arrays'] = os.path.join(output, f'{name}.npz')
+    with outputs.atomic_write(files['arrays']) as f:
+      np.savez(f, **arrays)
+  files['json'] = os.path.join(output, f'{name}.json')
+  summary['files'] = files
+  with outputs.atomic_write(files['json'], 'w') as f:
+    json.dump(json_safe(summary), f, indent=1)
+  return summary
+
+
 def write_table_analysis(table: np.ndarray | str, output: str, *, source: str = '',
                          bucket_size: int = 16, bucket_edges: str = '') -> dict[str, Any]:
-  """Analyses a table without a training run; writes table_analysis.json and plots.
-
-  Norms, cosine structure, PCA and the held-out position probe, as `analyze_workdir`;
-  drift and exposure need a run's snapshots and statistics, so they are omitted (listed
-  under 'skipped').
+  """`analyze_workdir`'s analysis of any table, less drift and exposure (listed under
+  'skipped'); writes table_analysis.json and the plots into `output`.
 
   Args:
-    table: [L, D] position table (any float dtype), or a file spec read with
-      `tables.load_table` (`PATH.npy`, `PATH.npz[:KEY]`, `PATH.safetensors[:KEY]`).
-    output: output directory (created).
+    table: [L >= 2, D] position table, or a file spec for `tables.load_table`.
     source: where the table came from (recorded in the JSON; default: the spec).
-    bucket_size: bucket width for summaries; bucket_edges: explicit edges or 'log2'.
-
-  Returns:
-    The table_analysis.json dict: 'source', 'rows', 'features', 'norm_by_bucket',
-    'cosine_by_offset', 'pca_explained_variance', 'pca_components_for_90pct', 'probe',
-    'skipped', and 'files' (json, table_plot, cosine_plot paths).
-
-  Raises:
-    ValueError: `table` is not 2-D with at least 2 rows (the probe needs 2 folds), or
-      the spec cannot be loaded (missing file or key, see `tables.load_table`).
   """
   if isinstance(table, str):
     source = source or table
@@ -306,12 +257,46 @@ def write_table_analysis(table: np.ndarray | str, output: str, *, source: str = 
   summary = {'source': source, **summary,
              'skipped': {'drift': 'needs the initial table and snapshots of a training run',
                          'exposure': "needs a training run's per-position statistics"}}
-  files = _table_plots(table, summary, arrays, output)
-  files['json'] = os.path.join(output, 'table_analysis.json')
-  summary['files'] = files
-  with outputs.atomic_write(files['json'], 'w') as f:
-    json.dump(json_safe(summary), f, indent=1)
-  return summary
+  return _write(summary, None, _table_plots(table, summary, arrays, output), output,
+                'table_analysis')
+
+
+def analyze_stats(stats_dir: str, output: str) -> dict[str, Any]:
+  """Analyses any directory of window files (`PositionStatistics`'s, or a run's `stats/`):
+  writes stats_analysis.npz (the fields summed over all windows, their `stats.derived` ratios,
+  `exposure`), exposure_relation.png (the ratios against exposure) and stats_analysis.json
+  ('windows', 'first_step', 'last_step', 'exposure': totals and Spearman correlations)."""
+  from flax_posemb import stats  # pylint: disable=g-import-not-at-top
+  files = window_files(stats_dir)
+  if not files:
+    raise ValueError(f'{stats_dir} holds no statistics window files (window_STEP.npz).')
+  windows = [load_npz(p) for _, p in files]
+  arrays = {k: sum(np.asarray(w[k], np.float64) for w in windows)
+            for k in stats.FIELDS if k in windows[0]}
+  arrays.update(stats.derived(arrays), exposure=cumulative_exposure(stats_dir))
+  series = {k: arrays[k] for k in ('mean_loss', 'signal_per_occurrence', 'coherence',
+                                   'update_sq') if k in arrays}
+  os.makedirs(output, exist_ok=True)
+  out: dict[str, str] = {}
+  summary = {'source': stats_dir, 'windows': len(files), 'last_step': files[-1][0],
+             'first_step': int(windows[0].get('first_step', files[0][0])),
+             'exposure': _exposure_relation(arrays['exposure'], series, output, out)}
+  return _write(summary, arrays, out, output, 'stats_analysis')
+
+
+def _exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray], output: str,
+                       files: dict[str, str]) -> dict[str, Any]:
+  """Exposure totals and each series' Spearman correlation with it; the plot into `files`."""
+  out = {'total_tokens': float(exposure.sum()), 'min_position_exposure': float(exposure.min()),
+         'max_position_exposure': float(exposure.max())}
+  rho = {}
+  for name, y in series.items():
+    ok = np.isfinite(y) & (exposure > 0)
+    if ok.sum() > 2:
+      rho[name] = out[f'spearman_{name}'] = _spearman(exposure[ok], y[ok])
+  files['exposure_plot'] = plots.exposure_relation(
+      exposure, series, os.path.join(output, 'exposure_relation.png'), rho=rho)
+  return out
 
 
 def _pad(x: np.ndarray, n: int) -> np.ndarray:
@@ -322,5 +307,7 @@ def _pad(x: np.ndarray, n: int) -> np.ndarray:
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> float | None:
   """Spearman rank correlation (ties get average ranks), None where undefined."""
+  if np.ptp(x) == 0 or np.ptp(y) == 0:  # a constant series: no rank correlation
+    return None
   c = scipy.stats.spearmanr(x, y).statistic
   return float(c) if math.isfinite(c) else None

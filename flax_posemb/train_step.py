@@ -1,17 +1,10 @@
-"""The train state and the jitted train step with per-position statistics.
+"""The train state and the jitted train step (statistics: docs/DESIGN.md §Statistics).
 
-One compiled step (``make_train_step``) takes ``(state, batch, rng)`` and returns the new
-state and a metrics dict. The loss, the parameter gradients and the statistics come from
-``stats.value_and_grad_with_position_stats`` (one backward pass); the loss is the mean token
-loss over the ``loss_mask`` targets of the whole global batch. Under gradient accumulation
-the batch is cut into ``grad_accum_steps`` microbatches (row ``i`` goes to microbatch
-``i % grad_accum_steps``), each microbatch loss is divided by the *global* target count, and
-gradients and statistics are added over microbatches before ``row_sq`` is squared.
-
-Statistics are summed on device in ``TrainState.stats`` until the loop flushes them at each
-log step. With ``collect_stats=False`` only ``stats.LOSS_FIELDS`` are kept; the loss and the
-update are bit-identical either way (tested on CPU, with and without accumulation), because
-both modes take the same joint gradient and read the token losses the same way.
+The loss, gradients and statistics come from one backward pass (``PositionStatistics``); under
+gradient accumulation row ``i`` of the batch goes to microbatch ``i % grad_accum_steps``, each
+microbatch loss is divided by the *global* target count, and gradients and statistics are
+summed before ``row_sq`` is squared. The loss and the update are bit-identical with statistics
+on or off.
 """
 
 from __future__ import annotations
@@ -39,14 +32,8 @@ PyTree = Any
 
 @flax.struct.dataclass
 class TrainState:
-  """Everything the step updates.
-
-  Attributes:
-    step: int32 scalar, optimizer steps done.
-    params: model parameters.
-    opt_state: optax state.
-    stats: ``stats.PositionStats`` summed since the last log step.
-  """
+  """Everything the step updates: ``step`` (int32 scalar, optimizer steps done), ``params``,
+  ``opt_state`` and ``stats``, the statistics window (``PositionStatistics.init``)."""
   step: jax.Array
   params: PyTree
   opt_state: PyTree
@@ -75,21 +62,19 @@ def token_loss_fn(model: model_lib.TransformerLM) -> Callable[..., jax.Array]:
   return fn
 
 
+def position_statistics(model: model_lib.TransformerLM, config: ml_collections.ConfigDict,
+                        **kwargs) -> stats_lib.PositionStatistics:
+  """The statistics object of ``model``'s table and ``config.collect_stats`` (``kwargs``: its
+  host-side arguments: ``log_every``, ``directory``, ``writer``, ``initial_table``)."""
+  return stats_lib.PositionStatistics(model.config.max_len, model.config.emb_dim,
+                                      collect=bool(config.collect_stats), **kwargs)
+
+
 def init_state(model: model_lib.TransformerLM, config: ml_collections.ConfigDict,
                mesh: Mesh, rng: jax.Array
                ) -> tuple[TrainState, optax.GradientTransformation, TrainState]:
-  """Initial sharded state.
-
-  Args:
-    model: the model.
-    config: full config.
-    mesh: mesh with axis ``'data'``.
-    rng: PRNG key for parameter init.
-
-  Returns:
-    ``(state, tx, state_shardings)``: the state, the optimizer and a ``TrainState`` of
-    shardings (for jit and for restoring checkpoints onto this mesh).
-  """
+  """``(state, tx, state_shardings)``: the initial state on ``mesh`` (axis ``'data'``) from
+  PRNG key ``rng``, the optimizer, and the state's shardings (for jit and restoring)."""
   seq = int(config.data.seq_len)
   dummy = jnp.zeros((1, seq), jnp.int32)
 
@@ -101,7 +86,7 @@ def init_state(model: model_lib.TransformerLM, config: ml_collections.ConfigDict
   p_sh = sharding.tree_shardings(abstract, mesh, config.fsdp)
   tx = optim.make_optimizer(config, abstract)
   o_sh = sharding.tree_shardings(jax.eval_shape(tx.init, abstract), mesh, config.fsdp)
-  stats = stats_lib.PositionStats.zeros(model.config.max_len, collect=config.collect_stats)
+  stats = position_statistics(model, config).init()
   repl = sharding.replicated(mesh)
   shardings = TrainState(step=repl, params=p_sh, opt_state=o_sh,
                          stats=jax.tree.map(lambda _: repl, stats))
@@ -114,17 +99,9 @@ def init_state(model: model_lib.TransformerLM, config: ml_collections.ConfigDict
 
 def accumulated(value_and_grad: Callable[..., tuple], accum: int, mesh: Mesh
                 ) -> Callable[..., tuple]:
-  """``value_and_grad`` summed over ``accum`` microbatches (row ``i`` in microbatch
-  ``i % accum``), gradients in float32; statistics still unfinished.
-
-  Args:
-    value_and_grad: ``value_and_grad_with_position_stats(..., finish=False)``.
-    accum: microbatches per step.
-    mesh: mesh with axis ``'data'`` (each microbatch stays split over it).
-
-  Returns:
-    ``f(params, batch, rng, denom) -> (loss, grads, stats)``.
-  """
+  """``f(params, batch, rng, denom) -> (loss, grads, stats)``: ``value_and_grad`` (with
+  ``finish=False``) summed over ``accum`` microbatches (row ``i`` in microbatch ``i % accum``,
+  each split over the mesh's ``'data'`` axis), gradients in float32, statistics unfinished."""
   micro_sh = NamedSharding(mesh, P(None, 'data'))
 
   def one(params, mb, key, denom):
@@ -150,67 +127,46 @@ def accumulated(value_and_grad: Callable[..., tuple], accum: int, mesh: Mesh
 
 
 def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransformation,
-                    config: ml_collections.ConfigDict, mesh: Mesh, state_shardings: TrainState
+                    config: ml_collections.ConfigDict, mesh: Mesh, state_shardings: TrainState,
+                    statistics: stats_lib.PositionStatistics | None = None
                     ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
   """The jitted train step ``(state, batch, rng) -> (state, metrics)``; state is donated.
 
-  Args:
-    model: the model.
-    tx: optimizer from ``optim.make_optimizer``.
-    config: full config (``grad_accum_steps``, 0 = ``auto.grad_accum_steps``; ``collect_stats``,
-      ``optimizer``).
-    mesh: mesh with axis ``'data'``.
-    state_shardings: ``TrainState`` of shardings from ``init_state``.
-
-  Returns:
-    A function of ``state``, ``batch`` (dict of global ``[B, T]`` arrays, ``BATCH_KEYS``)
-    and ``rng`` (PRNG key of this step, used for dropout) returning the new state and
-    ``metrics``: float32 scalars ``loss`` (mean over scored targets), ``grad_norm``
-    (global norm before clipping), ``learning_rate`` (of this update), ``tokens`` (real
-    input tokens), ``targets`` (scored targets), ``finite`` (1.0 if loss and grad norm are
-    finite).
+  ``batch``: global ``[B, T]`` arrays (``BATCH_KEYS``); ``rng``: this step's dropout key;
+  ``tx``: ``optim.make_optimizer``'s; ``state_shardings``: ``init_state``'s; ``statistics``:
+  the loop's statistics object (default ``position_statistics``). ``metrics``: float32
+  scalars ``loss`` (mean over scored targets), ``grad_norm`` (before clipping),
+  ``learning_rate``, ``tokens``, ``targets`` and ``finite`` (1.0 if loss and grad norm are).
   """
   cfg = model.config
   # Training resolves 0 (auto) at startup and records it; direct callers get the same rule.
   accum = auto.grad_accum_steps(int(config.grad_accum_steps), platform=jax.default_backend(),
                                 batch_size=int(config.batch_size),
                                 seq_len=int(config.data.seq_len), num_devices=mesh.size)
-  gradients = accumulated(stats_lib.value_and_grad_with_position_stats(
-      token_loss_fn(model), cfg.max_len, collect=bool(config.collect_stats),
-      embed_dim=cfg.emb_dim, finish=False), accum, mesh)
+  statistics = statistics or position_statistics(model, config)
+  gradients = accumulated(statistics.value_and_grad(token_loss_fn(model), finish=False),
+                          accum, mesh)
   schedule = optim.make_schedule(config)
-  has_table = cfg.position_embedding == 'learned'
   row_scale = bool(config.optimizer.row_lr_scale)
 
   def step_fn(state, batch, rng):
     batch = {k: batch[k] for k in BATCH_KEYS}
-    real = batch['segment_ids'] > 0
     n_targets = jnp.sum(batch['loss_mask'].astype(jnp.float32))
     loss, grads, step_stats = gradients(state.params, batch, rng, jnp.maximum(n_targets, 1.0))
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-    extra = {}
-    if row_scale:
-      extra['position_counts'] = jax.ops.segment_sum(
-          real.reshape(-1).astype(jnp.float32), batch['positions'].reshape(-1),
-          num_segments=cfg.max_len)
+    extra = {'position_counts': step_stats['count'].astype(jnp.float32)} if row_scale else {}
     updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
     params = optax.apply_updates(state.params, updates)
-    step_stats = step_stats.finish()
-    if step_stats.collects_gradients:
-      step_stats = step_stats.replace(update_sq=stats_lib.update_sq(
-          model_lib.position_table(state.params), model_lib.position_table(params))
-          if has_table else jnp.zeros((cfg.max_len,), jnp.float32))
+    tables = ((model_lib.position_table(state.params), model_lib.position_table(params))
+              if cfg.position_embedding == 'learned' else ())
+    window = statistics.inside_step(state.stats, step_stats, *tables)
     grad_norm = optax.tree.norm(grads)
-    metrics = {
-        'loss': loss,
-        'grad_norm': grad_norm,
-        'learning_rate': jnp.asarray(schedule(state.step), jnp.float32),
-        'tokens': jnp.sum(real.astype(jnp.float32)),
-        'targets': n_targets,
-        'finite': (jnp.isfinite(loss) & jnp.isfinite(grad_norm)).astype(jnp.float32),
-    }
+    metrics = dict(loss=loss, grad_norm=grad_norm, targets=n_targets,
+                   learning_rate=jnp.asarray(schedule(state.step), jnp.float32),
+                   tokens=jnp.sum((batch['segment_ids'] > 0).astype(jnp.float32)),
+                   finite=(jnp.isfinite(loss) & jnp.isfinite(grad_norm)).astype(jnp.float32))
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
-                      stats=state.stats + step_stats), metrics
+                      stats=window), metrics
 
   repl = sharding.replicated(mesh)
   b_sh = {k: sharding.batch_sharding(mesh) for k in BATCH_KEYS}

@@ -64,7 +64,7 @@ def test_analyze_workdir_writes_plots_json_and_exposure_relation(tmp_path):
   assert summary['exposure']['total_tokens'] == pytest.approx(2 * count.sum())  # step 30 excluded
   np.savez(os.path.join(workdir, 'stats', 'window_00000025.npz'), count=count,
            cumulative_count=np.arange(64) * 7)  # exact counts win when present
-  np.testing.assert_array_equal(analysis.cumulative_exposure(workdir, 25), np.arange(64) * 7)
+  np.testing.assert_array_equal(analysis.cumulative_exposure(os.path.join(workdir, 'stats'), 25), np.arange(64) * 7)
   assert summary['exposure']['spearman_loss'] == pytest.approx(-1.0)  # rarer -> worse
   assert summary['exposure']['spearman_recovered'] == pytest.approx(1.0)
   assert list(summary['snapshot_mean_drift']) == ['0', '10', '20']
@@ -92,7 +92,7 @@ def test_window_readers_ignore_temporary_files(tmp_path):
   (stats / 'window_15.npz.tmp.npz').write_bytes(b'PK\x03\x04half')  # an old killed writer
   (stats / '.window_15.npz.tmp').write_bytes(b'PK\x03\x04half')  # the current temp name
   (stats / 'window_x.npz').write_bytes(b'')
-  np.testing.assert_array_equal(analysis.cumulative_exposure(workdir), [30, 40])
+  np.testing.assert_array_equal(analysis.cumulative_exposure(str(stats)), [30, 40])
   assert [int(w['step']) for w in measures.load_windows(workdir)] == [5, 10]
 
 
@@ -104,7 +104,42 @@ def test_truncated_window_file_is_a_clear_error_naming_it(tmp_path):
   path = tmp_path / 'stats' / 'window_10.npz'
   path.write_bytes(path.read_bytes()[:40])
   with pytest.raises(ValueError, match='window_10.npz is damaged'):
-    analysis.cumulative_exposure(workdir)
+    analysis.cumulative_exposure(str(tmp_path / 'stats'))
   with pytest.raises(ValueError, match='window_10.npz is damaged'):
     measures.load_windows(workdir)
-  assert analysis.cumulative_exposure(workdir, upto_step=5) is not None
+  assert analysis.cumulative_exposure(str(tmp_path / 'stats'), upto_step=5) is not None
+
+
+def test_stats_analysis_sums_any_directory_of_windows_and_relates_them_to_exposure(tmp_path):
+  d = tmp_path / 'mine'
+  d.mkdir()
+  count = np.arange(1, 9)
+  for step in (3, 6):
+    np.savez(d / f'window_{step}.npz', step=np.int64(step), first_step=np.int64(step - 2),
+             count=count, loss_sum=count * 2.0, loss_count=count, occ_norm=count * 3.0,
+             cumulative_count=count * step // 3)
+  summary = analysis.analyze_stats(str(d), str(tmp_path / 'out'))
+  assert (summary['windows'], summary['first_step'], summary['last_step']) == (2, 1, 6)
+  assert summary['exposure']['total_tokens'] == 2 * count.sum()
+  arrays = np.load(summary['files']['arrays'])
+  np.testing.assert_array_equal(arrays['count'], 2 * count)
+  np.testing.assert_array_equal(arrays['signal_per_occurrence'], 3.0)
+  np.testing.assert_array_equal(arrays['mean_loss'], 2.0)
+  assert os.path.getsize(summary['files']['exposure_plot']) > 0
+  with pytest.raises(ValueError, match='no statistics window files'):
+    analysis.analyze_stats(str(tmp_path / 'out'), str(tmp_path / 'out2'))
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--analyze', '--stats', 'DIR/none', '--output', 'DIR/o'], 'no statistics window files'),
+    (['--stats', 'DIR', '--output', 'DIR/o'], 'needs --analyze and --output'),
+    (['--analyze', '--stats', 'DIR', '--workdir', 'DIR'], 'no --workdir'),
+])
+def test_eval_stats_bad_input_is_one_line_and_exit_code_2(tmp_path, args, message):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from conftest import ROOT, SUBPROCESS_ENV  # pylint: disable=g-import-not-at-top
+  argv = [a.replace('DIR', str(tmp_path)) for a in args]
+  proc = subprocess.run([sys.executable, str(ROOT / 'eval.py'), *argv], cwd=str(ROOT),
+                        env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2 and message in proc.stderr and 'Traceback' not in proc.stderr

@@ -35,7 +35,8 @@ def _python_blocks() -> list[str]:
   return re.findall(r'```python\n(.*?)```', (ROOT / 'README.md').read_text(), re.S)
 
 
-def test_readme_python_examples_run():
+def test_readme_python_examples_run(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # the examples write runs/... relative to the working directory
   blocks = _python_blocks()
   assert len(blocks) >= 3
   for block in blocks:

@@ -428,6 +428,35 @@ def test_tensorboard_gets_bucket_scalars_the_figure_and_hparams(tiny_run):
   assert any(t.startswith('_hparams_') for t in tags)
 
 
+def test_tensorboard_gets_per_position_statistics_and_the_cosine_image(tiny_run):
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  import glob as glob_lib  # pylint: disable=g-import-not-at-top
+  import struct  # pylint: disable=g-import-not-at-top
+  (path,) = glob_lib.glob(os.path.join(tiny_run[0], 'tensorboard', 'events.out.tfevents.*'))
+  data, i, histograms, images = open(path, 'rb').read(), 0, {}, {}
+  while i < len(data):  # TFRecord framing: length, crc, payload, crc
+    n, = struct.unpack('<Q', data[i:i + 8])
+    event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+    i += 12 + n + 4
+    for v in event.summary.value:
+      if v.HasField('histo'):
+        histograms[v.tag, event.step] = v.histo
+      elif v.HasField('image'):
+        images[v.tag, event.step] = v.image
+  for name in ('count', 'signal_per_occurrence', 'coherence', 'update_sq', 'drift'):
+    assert sorted(s for t, s in histograms if t == f'positions/{name}') == [5, 10, 15, 20], name
+  count = histograms['positions/count', 10]
+  assert list(count.bucket_limit) == list(range(1, 33))  # one bucket per position
+  with np.load(os.path.join(tiny_run[0], 'stats', 'window_10.npz')) as z:
+    np.testing.assert_array_equal(count.bucket, z['count'])
+  drift = np.linalg.norm(np.load(os.path.join(tiny_run[0], 'tables', 'table_10.npy'))
+                         - np.load(os.path.join(tiny_run[0], 'tables', 'table_0.npy')), axis=1)
+  np.testing.assert_allclose(histograms['positions/drift', 10].bucket, drift, rtol=1e-5)
+  assert sorted(s for t, s in images if t == 'positions/cosine_similarity') == [10, 20]
+  assert (images['positions/cosine_similarity', 20].height,
+          images['positions/cosine_similarity', 20].width) == (32, 32)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('verbosity', ['0', '1'])
 def test_periodic_eval_results_reach_the_console_without_library_noise(tmp_path, verbosity):

@@ -168,7 +168,7 @@ def test_a_tensorboard_write_on_a_full_disk_raises_in_the_caller_and_leaves_no_p
   real = os.write
   monkeypatch.setattr(os, 'write', lambda fd, data: real(fd, data[:len(data) // 2]))
   with pytest.raises(OSError, match='short write'):
-    tb.scalar('train/loss', 1.0, 1)
+    tb.add_scalar('train/loss', 1.0, 1)
   monkeypatch.undo()
   assert open(tb.path, 'rb').read() == before and threading.active_count() == threads
 

@@ -1,0 +1,66 @@
+"""TensorBoard events written by the caller's thread a whole record at a time: unlike
+tensorboardX's SummaryWriter (a thread of its own, flushed again at exit), a failed write
+raises in the caller, once, like every other output (`outputs.append_whole`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+from tensorboardX import summary
+from tensorboardX.proto import event_pb2
+from tensorboardX.record_writer import masked_crc32c
+
+from flax_posemb import outputs
+
+
+class TensorBoard:
+  """Event file ``LOGDIR/events.out.tfevents.*`` in tensorboardX's format; ``add_*`` take
+  tensorboardX ``SummaryWriter``'s arguments, so either can be a statistics writer."""
+
+  def __init__(self, logdir: str, purge_step: int | None = None):
+    self.logdir = logdir
+    os.makedirs(logdir, exist_ok=True)
+    self.path = os.path.join(logdir, f'events.out.tfevents.{time.time():.0f}.'
+                             f'{socket.gethostname()}')
+    self._add(event_pb2.Event(file_version='brain.Event:2'))
+    if purge_step is not None:  # TensorBoard drops later events of an earlier attempt.
+      self._add(event_pb2.Event(step=purge_step, session_log=event_pb2.SessionLog(
+          status=event_pb2.SessionLog.START)))
+
+  def _add(self, event: Any, summ: Any = None) -> None:
+    event.wall_time = time.time()
+    if summ is not None:
+      event.summary.CopyFrom(summ)
+    data = event.SerializeToString()
+    head = struct.pack('<Q', len(data))  # TFRecord framing: length, crc, payload, crc
+    outputs.append_whole(self.path, head + struct.pack('<I', masked_crc32c(head)) + data
+                         + struct.pack('<I', masked_crc32c(data)))
+
+  def add_scalar(self, tag: str, value: float, global_step: int) -> None:
+    self._add(event_pb2.Event(step=int(global_step)), summary.scalar(tag, value))
+
+  def add_histogram_raw(self, tag: str, global_step: int, **histogram: Any) -> None:
+    self._add(event_pb2.Event(step=int(global_step)), summary.histogram_raw(tag, **histogram))
+
+  def add_image(self, tag: str, img_tensor: Any, global_step: int,
+                dataformats: str = 'CHW') -> None:
+    self._add(event_pb2.Event(step=int(global_step)),
+              summary.image(tag, img_tensor, dataformats=dataformats))
+
+  def add_figure(self, tag: str, figure: Any, global_step: int) -> None:
+    """A matplotlib figure as an image (the figure is closed)."""
+    from tensorboardX.utils import figure_to_image  # pylint: disable=g-import-not-at-top
+    self.add_image(tag, figure_to_image(figure), global_step)
+
+  def add_hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
+    """Hyperparameters and final metrics in ``LOGDIR/hparams`` (TensorBoard's HParams tab),
+    as tensorboardX's ``add_hparams(name='hparams')`` writes them."""
+    run = TensorBoard(os.path.join(self.logdir, 'hparams'))
+    for s in summary.hparams(hparams, metrics):  # experiment, session start and end
+      run._add(event_pb2.Event(step=0), s)  # pylint: disable=protected-access
+    for k, v in metrics.items():
+      run.add_scalar(k, v, 0)
