@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from flax_posemb.experiments import budget, measures, paired, spec, sweep
+from flax_posemb.experiments import measures, paired, spec, sweep
 
 CONFIGS = ('init_comparison', 'exposure', 'init_x_exposure')
 
@@ -208,7 +208,7 @@ def test_claim_naming_a_missing_arm_is_a_clear_error():
 
 def test_budget_gives_padded_policies_more_rows_and_equal_scored_tokens(tmp_path):
   exp = _load('exposure')
-  runs, b = budget.equalize(spec.expand(exp, quick=True), exp.budget,
+  runs, b = sweep.equalize(spec.expand(exp, quick=True), exp.budget,
                             cache_path=str(tmp_path / 'budget.json'))
   assert b.batch_size['syn/natural'] > b.batch_size['syn/packed']
   for arm, rows in b.batch_size.items():
@@ -217,7 +217,7 @@ def test_budget_gives_padded_policies_more_rows_and_equal_scored_tokens(tmp_path
   # The cache makes a resumed sweep reproduce the same sizes without measuring again.
   def no_measuring(config, n):
     raise AssertionError('estimator called despite the cache')
-  _, again = budget.equalize(spec.expand(exp, quick=True), exp.budget, no_measuring,
+  _, again = sweep.equalize(spec.expand(exp, quick=True), exp.budget, no_measuring,
                              str(tmp_path / 'budget.json'))
   assert again.batch_size == b.batch_size
 
@@ -361,7 +361,7 @@ def test_coinciding_arms_of_different_experiments_are_one_run_after_budgeting(tm
   def keys(name, arms):
     exp = _load(name)
     runs = [r for r in spec.expand(exp) if r.arm in arms]
-    runs, _ = budget.equalize(runs, exp.budget, cache_path=str(tmp_path / f'{name}.json'))
+    runs, _ = sweep.equalize(runs, exp.budget, cache_path=str(tmp_path / f'{name}.json'))
     return {(r.arm, r.seed): r.key for r in runs}
   ic = keys('init_comparison', ('gpt2', 'zeros'))
   ex = keys('exposure', ('syn/packed', 'syn/packed_reset'))

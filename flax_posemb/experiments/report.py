@@ -16,12 +16,30 @@ import ml_collections
 import numpy as np
 
 from flax_posemb import eval_report
-from flax_posemb.experiments import measures, paired, scales, sweep
+from flax_posemb.experiments import measures, paired, sweep
 
 # Per-arm scalars of the report's arm table (all of them are in summary.json).
 TABLE_SCALARS = ('final_loss', 'loss_late_minus_early', 'excess_late', 'recovered_late',
                  'exposure_late_over_early', 'update_late_over_early', 'drift_late',
                  'tokens_per_step', 'train_seconds', 'step_seconds')
+
+
+def stated_settings(config: ml_collections.ConfigDict) -> dict[str, object]:
+  """The settings every report states (token init, beta2, weight decay, corpus, shapes)."""
+  d, m = config.data, config.model
+  return {
+      'token_init': m.token_init,
+      'token_init_std': float(m.token_init_std),
+      'beta2': float(config.optimizer.b2),
+      'weight_decay': float(config.optimizer.weight_decay),
+      'decay_position_table': bool(config.optimizer.decay_position_table),
+      'corpus': d.source if d.source != 'tfds' else f'tfds:{d.name}',
+      'tokenizer': d.tokenizer if d.source != 'synthetic' else 'synthetic',
+      'seq_len': int(d.seq_len),
+      'model': (f'{m.num_layers} layers, {m.num_heads} heads, width {m.emb_dim}, table '
+                f'{m.max_len} rows'),
+      'num_train_steps': int(config.num_train_steps),
+  }
 
 
 def _finite(x: Any) -> bool:
@@ -90,7 +108,7 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
       'experiment': exp.name, 'title': exp.title, 'question': exp.question,
       'complete': sweep_out['complete'], 'quick': bool(sweep_out.get('quick')),
       'buckets': rows[0]['measures']['buckets'] if rows else [],
-      'settings': scales.stated_settings(rows[0]['config']) if rows else {},
+      'settings': stated_settings(rows[0]['config']) if rows else {},
       'budget': sweep_out['budget'], 'arms': _arms(by_arm, rows), 'claims': claims,
       'multiplicity': {'method': 'holm', 'claims_tested': len(tested), 'alpha': 0.05,
                        'verdicts_changed': sum(c['verdict_holm'] != c['verdict']
@@ -106,7 +124,7 @@ def _arms(by_arm: Mapping[str, Mapping[int, Any]], rows: list[Mapping[str, Any]]
           ) -> dict[str, Any]:
   """arm -> {seeds, scalars: {name: interval}, vectors: {name: [interval per bucket]},
   corpus, tokenizer} (the last four only with a finished run)."""
-  settings = {r['arm']: scales.stated_settings(r['config']) for r in rows}
+  settings = {r['arm']: stated_settings(r['config']) for r in rows}
   names = lambda kind: sorted({k for r in rows for k in r['measures'][kind]})
   out = {}
   for a, runs in by_arm.items():

@@ -1,4 +1,5 @@
-"""The sweep runner: trains, evaluates and measures every run of an experiment grid, resumably.
+"""The sweep runner: equalizes the budget, then trains, evaluates and measures every run of an
+experiment grid, resumably.
 
 All runs execute in this one process, seed-major, so runs of one shape share JAX's
 compilation caches. The experiment workdir and run store: docs/DESIGN.md "Experiments
@@ -7,6 +8,7 @@ outputs".
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -18,7 +20,6 @@ import ml_collections
 import numpy as np
 
 from flax_posemb import eval_report, outputs
-from flax_posemb.experiments import budget as budget_lib
 from flax_posemb.experiments import measures, spec
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,88 @@ TrainFn = Callable[[ml_collections.ConfigDict, str], Any]
 # (training config, run dir, offsets) -> (results dict, per-position dict of arrays).
 EvalFn = Callable[[ml_collections.ConfigDict, str, tuple[int, ...]],
                   tuple[dict[str, Any], dict[str, np.ndarray]]]
+
+# (training config, num_batches) -> mean scored targets per row.
+Estimator = Callable[[ml_collections.ConfigDict, int], float]
+
+
+def estimate_scored_per_row(config: ml_collections.ConfigDict, num_batches: int) -> float:
+  """Mean ``loss_mask`` sum per row of ``config``'s training pipeline; ``length_schedule``
+  weights its short and full phases by their share of the steps."""
+  if config.data.position_policy != 'length_schedule':
+    return _pipeline_mean(config, num_batches)
+  f = float(config.data.schedule_fraction)
+  phase = lambda x: _pipeline_mean(
+      spec.apply_overrides(config, (('data.schedule_fraction', x),), 'budget'), num_batches)
+  return f * phase(1.0) + (1.0 - f) * phase(0.0)
+
+
+def _pipeline_mean(config: ml_collections.ConfigDict, num_batches: int) -> float:
+  from flax_posemb.data import pipeline  # pylint: disable=g-import-not-at-top
+  it = pipeline.make_train_iterator(config.data, batch_size=int(config.batch_size),
+                                    seed=int(config.seed),
+                                    num_train_steps=int(config.num_train_steps),
+                                    max_len=int(config.model.max_len))
+  masks = [np.asarray(next(it)['loss_mask']) for _ in range(num_batches)]
+  return sum(float(m.sum()) for m in masks) / max(sum(m.shape[0] for m in masks), 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """Mode, reference arm, target scored tokens per step, and per arm: measured scored
+  tokens per row and rows per step."""
+  mode: str
+  reference: str
+  target_tokens_per_step: float
+  per_row: dict[str, float]
+  batch_size: dict[str, int]
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def _measure(arms: dict[str, ml_collections.ConfigDict], estimator: Estimator,
+             num_batches: int, cache_path: str | None) -> dict[str, float]:
+  """Scored targets per row of each arm at seed 0, through the cache keyed by run key."""
+  cache = measures.load_json(cache_path) if cache_path and os.path.exists(cache_path) else {}
+  per_row = {}
+  for a, c in arms.items():
+    probe = spec.apply_overrides(c, (('seed', 0),), f'arm {a!r}')
+    key = spec.run_key(probe)
+    if key not in cache:
+      cache[key] = float(estimator(probe, num_batches))
+    per_row[a] = cache[key]
+    if not per_row[a] > 0:
+      raise ValueError(f'arm {a!r}: its pipeline gave no scored targets per row; check its '
+                       'data settings.')
+  if cache_path:
+    _write_json(cache_path, dict(sorted(cache.items())))
+  return per_row
+
+
+def equalize(runs: list[spec.Run], budget_config: ml_collections.ConfigDict,
+             estimator: Estimator = estimate_scored_per_row,
+             cache_path: str | None = None) -> tuple[list[spec.Run], Budget]:
+  """``(runs, Budget)``: each arm's batch size set so that all arms of the grid see the
+  same scored tokens per step (``estimator``: scored targets per row of a config; the
+  estimates are kept in ``cache_path``, so a resumed sweep keeps its batch sizes)."""
+  arms: dict[str, ml_collections.ConfigDict] = {}
+  for r in runs:
+    arms.setdefault(r.arm, r.config)
+  reference = budget_config.reference_arm
+  if reference not in arms:  # Unset, or not among --quick's two arms.
+    reference = next(iter(arms))
+  base_rows = {a: int(c.batch_size) for a, c in arms.items()}
+  if budget_config.equalize == 'none':
+    return runs, Budget('none', reference, float('nan'), {}, base_rows)
+  per_row = _measure(arms, estimator, int(budget_config.estimate_batches), cache_path)
+  target = float(budget_config.get('target_tokens_per_step', 0) or 0)
+  if target <= 0:
+    target = base_rows[reference] * per_row[reference]
+  batch = {a: max(1, int(round(target / per_row[a]))) for a in arms}
+  out = [dataclasses.replace(r, config=spec.apply_overrides(
+      r.config, (('batch_size', batch[r.arm]),), f'arm {r.arm!r}')) for r in runs]
+  return out, Budget('real_tokens', reference, target, per_row, batch)
 
 
 class Preempted(Exception):
@@ -108,10 +191,10 @@ def _measured_row(run: spec.Run, run_dir: str, rare_exposure: float) -> dict[str
 
 
 def _plan(exp: ml_collections.ConfigDict, workdir: str, store: str, quick: bool,
-          estimator: budget_lib.Estimator) -> tuple[list[spec.Run], budget_lib.Budget]:
+          estimator: Estimator) -> tuple[list[spec.Run], Budget]:
   """The budgeted grid, recorded in ``workdir`` (experiment, budget and manifest JSON)."""
   runs = spec.expand(exp, quick=quick)
-  runs, budget = budget_lib.equalize(runs, exp.budget, estimator,
+  runs, budget = equalize(runs, exp.budget, estimator,
                                      os.path.join(workdir, 'budget.json'))
   _write_json(os.path.join(workdir, 'experiment.json'),
               {'experiment': exp.to_dict(), 'quick': quick})
@@ -124,7 +207,7 @@ def _plan(exp: ml_collections.ConfigDict, workdir: str, store: str, quick: bool,
 def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = False,
               run_store: str = '', train_fn: TrainFn = default_train,
               eval_fn: EvalFn = default_evaluate,
-              estimator: budget_lib.Estimator = budget_lib.estimate_scored_per_row,
+              estimator: Estimator = estimate_scored_per_row,
               max_runs: int = -1) -> dict[str, Any]:
   """Runs (or resumes) every run of ``exp``'s grid and measures each.
 
