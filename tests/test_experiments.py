@@ -386,7 +386,7 @@ def test_suite_file_expands_to_the_four_experiments_with_the_scale():
 
 
 def test_quick_suite_runs_the_whole_pipeline_shares_runs_and_resumes(tmp_path):
-  from flax_posemb.experiments import runner, sweep  # pylint: disable=g-import-not-at-top
+  from flax_posemb import experiments  # pylint: disable=g-import-not-at-top
   trained = []
 
   def counting_train(config, run_dir):
@@ -396,8 +396,8 @@ def test_quick_suite_runs_the_whole_pipeline_shares_runs_and_resumes(tmp_path):
   workdir, reports = str(tmp_path / 'exp'), str(tmp_path / 'docs')
   paths = [os.path.join('configs', 'experiments', f'{n}.py') for n in ('init_comparison',
                                                                       'exposure')]
-  summaries = runner.run_suite(paths, workdir, quick=True, report_dir=reports,
-                               train_fn=counting_train, command='test')
+  summaries = experiments.run_suite(paths, workdir, quick=True, report_dir=reports,
+                                    train_fn=counting_train, command='test')
   # init_comparison's gpt2 is exposure's syn/packed: 3 distinct runs for 4 arms.
   assert len(trained) == 3
   assert set(summaries) == {'init_comparison', 'exposure'}
@@ -417,9 +417,9 @@ def test_quick_suite_runs_the_whole_pipeline_shares_runs_and_resumes(tmp_path):
   assert 'init_comparison/REPORT.md' in index and 'exposure/REPORT.md' in index
   # Resume: finished runs are skipped; a run without its marker is trained again.
   os.remove(os.path.join(trained[-1], sweep.DONE))
-  runner.run_experiment(paths[1], os.path.join(workdir, 'exposure'), quick=True,
-                        run_store=os.path.join(workdir, 'store'), train_fn=counting_train,
-                        command='test')
+  experiments.run_experiment(paths[1], os.path.join(workdir, 'exposure'), quick=True,
+                             run_store=os.path.join(workdir, 'store'), train_fn=counting_train,
+                             command='test')
   assert trained[3:] == [trained[2]]
 
 
@@ -435,10 +435,10 @@ def test_a_preempted_run_is_not_marked_done(tmp_path, monkeypatch):
 
 
 def test_long_text_quick_report_states_where_its_windows_come_from(tmp_path):
-  from flax_posemb.experiments import runner  # pylint: disable=g-import-not-at-top
+  from flax_posemb import experiments  # pylint: disable=g-import-not-at-top
   out = str(tmp_path / 'report')
-  runner.run_experiment(os.path.join('configs', 'experiments', 'long_text.py'),
-                        str(tmp_path / 'exp'), quick=True, report_dir=out, command='test')
+  experiments.run_experiment(os.path.join('configs', 'experiments', 'long_text.py'),
+                             str(tmp_path / 'exp'), quick=True, report_dir=out, command='test')
   report = open(os.path.join(out, 'REPORT.md')).read()
   windows = json.load(open(os.path.join(out, 'summary.json')))['analyses']['windows']
   summary = windows['summary']
