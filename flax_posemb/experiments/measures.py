@@ -1,8 +1,5 @@
-"""Per-run measures read from a finished run's window files, table snapshots and evaluation.
-
-What each vector and scalar means and which windows it uses: docs/DESIGN.md "Experiments
-outputs".
-"""
+"""Per-run measures read from a finished run's window files, table snapshots and evaluation
+(their meaning: docs/DESIGN.md "Experiments outputs")."""
 
 from __future__ import annotations
 
@@ -60,7 +57,7 @@ def loss_unit(tokenizer: str) -> str:
 
 
 def label(metric: str, tokenizer: str = '') -> str:
-  """Axis label of ``metric`` with its unit (the metric name if it has none)."""
+  """Axis label of ``metric`` with its unit."""
   return LABELS.get(metric, metric).format(loss=loss_unit(tokenizer))
 
 
@@ -70,7 +67,7 @@ def load_json(path: str) -> Any:
 
 
 def load_windows(run_dir: str) -> list[dict[str, np.ndarray]]:
-  """The run's statistics windows in step order (a damaged file is a named ValueError)."""
+  """The run's statistics windows in step order."""
   return [outputs.load_npz(path) for _, path in outputs.window_files(run_dir)]
 
 
@@ -90,8 +87,8 @@ def bucket_means(values: np.ndarray, edges: list[tuple[int, int]]) -> np.ndarray
 
 def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
                      tables: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
-  """``[max_len]`` vectors: ``exposure``, ``row_grad``, ``update_rss``, ``scored_total``,
-  ``drift``, ``row_norm`` and ``stats.derived`` of the summed second-half windows."""
+  """``[max_len]`` per-position vectors of a run (``stats.derived`` of the second half and
+  more)."""
   out: dict[str, np.ndarray] = {}
   if windows:
     late = [w for w in windows if int(w['step']) > num_steps // 2] or windows[-1:]
@@ -114,8 +111,7 @@ def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
 
 
 def step_seconds(run_dir: str) -> float:
-  """Steady-state seconds per step from ``metrics.jsonl`` (training rows after the first,
-  which includes compilation); NaN below two rows. Wall-clock: indicative."""
+  """Steady-state seconds per step from ``metrics.jsonl`` (after the first row; NaN if none)."""
   path = os.path.join(run_dir, 'metrics.jsonl')
   if not os.path.exists(path):
     return float('nan')
@@ -140,10 +136,8 @@ def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
                  train_seconds: float = float('nan'),
                  per_position: Mapping[str, np.ndarray] | None = None,
                  rare_exposure: float = 100.0) -> dict[str, Any]:
-  """``{'scalars': {name: float}, 'vectors': {name: [per bucket]}, 'buckets': [[start,
-  end]]}`` of a finished run, from its files, its final evaluation (results dict and
-  per-position ``loss``, ``bayes_loss`` ``[L]``) and training seconds; rows seen fewer than
-  ``rare_exposure`` times are "rare"."""
+  """``{'scalars', 'vectors', 'buckets'}`` of a finished run, from its files, its final
+  evaluation (results dict and per-position vectors ``[L]``) and training seconds."""
   buckets = eval_results['buckets']
   edges = [(int(b['start']), int(b['end'])) for b in buckets]
   get = lambda key: np.array([float(b.get(key, float('nan'))) for b in buckets])
@@ -215,8 +209,7 @@ def _rare_rows(pos: Mapping[str, np.ndarray], per_position: Mapping[str, np.ndar
 
 
 def structure_agreement(tables: Mapping[str, np.ndarray]) -> float:
-  """Mean pairwise Pearson r of the arms' cosine-similarity structures (upper triangles of
-  ``[max_len, emb_dim]`` tables at one step); a structure without variance counts 0."""
+  """Mean pairwise Pearson r of the tables' cosine-similarity structures (constant: 0)."""
   structs = []
   for t in tables.values():
     cos = analysis.cosine_similarity(t)
@@ -227,9 +220,8 @@ def structure_agreement(tables: Mapping[str, np.ndarray]) -> float:
 
 
 def convergence_step(run_dirs: Mapping[str, str], threshold: float) -> dict[str, Any]:
-  """When the inits' tables (arm -> run dir, one seed) reach one cosine structure:
-  ``{'steps', 'agreement', 'converged_step'}``, the first step from which the agreement
-  stays >= threshold (NaN if never)."""
+  """``{'steps', 'agreement', 'converged_step'}`` of the arms' runs (arm -> run dir): the first
+  step from which their cosine structures agree >= threshold (NaN if never)."""
   snaps = {a: load_tables(d) for a, d in run_dirs.items()}
   common = sorted(set.intersection(*(set(s) for s in snaps.values()))) if snaps else []
   agreement = [structure_agreement({a: s[step] for a, s in snaps.items()}) for step in common]

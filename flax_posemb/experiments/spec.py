@@ -1,9 +1,5 @@
-"""Experiment configs: the base config per scale, loading and validation (once, here), arm
-overrides, the paired grid (scales: docs/DESIGN.md "Experiments outputs").
-
-An experiment config is ``new(...)`` with its fields filled (the field list is ``new``);
-``load`` validates it, and the rest of the package trusts it.
-"""
+"""Experiment configs (``new``'s fields): the base config per scale, loading and validation
+(once, here), arm overrides, the paired grid (docs/DESIGN.md "Experiments outputs")."""
 
 from __future__ import annotations
 
@@ -108,9 +104,8 @@ def arm(name: str, overrides: Mapping[str, Any] | None = None,
 
 def claim(claim_id: str, text: str, metric: str, arm_name: str, baseline: str,
           direction: str, margin: float = 0.0) -> ml_collections.ConfigDict:
-  """A claim on the per-seed ``metric(arm) - metric(baseline)`` (``measures.SCALARS``;
-  baseline '' compares with 0): ``direction`` 'greater' / 'less' (the predicted sign) or
-  'equivalent' (within +-``margin``, in metric units)."""
+  """A claim on the per-seed ``metric(arm) - metric(baseline)`` (baseline '': 0), ``direction``
+  'greater' / 'less' or 'equivalent' (within +-``margin``)."""
   return ml_collections.ConfigDict({
       'id': claim_id, 'text': text, 'metric': metric, 'arm': arm_name, 'baseline': baseline,
       'direction': direction, 'margin': float(margin)})
@@ -118,15 +113,14 @@ def claim(claim_id: str, text: str, metric: str, arm_name: str, baseline: str,
 
 def profile(metric: str, arms: Iterable[str], baseline: str = '',
             title: str = '') -> ml_collections.ConfigDict:
-  """``metric`` (``measures.VECTORS``) per bucket across ``arms``, with paired differences
-  against ``baseline`` when given."""
+  """``metric`` per bucket across ``arms`` (paired differences against ``baseline``)."""
   return ml_collections.ConfigDict({'metric': metric, 'arms': tuple(arms),
                                     'baseline': baseline, 'title': title or metric})
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """One run of the grid: arm, shared seed, resolved (locked) training config."""
+  """One run of the grid."""
   arm: str
   seed: int
   config: ml_collections.ConfigDict
@@ -147,8 +141,8 @@ def _module(path: str):
 
 
 def expand_paths(paths: Iterable[str]) -> list[str]:
-  """``NAME.py[:scale]`` paths in order without duplicates; a suite file (``EXPERIMENTS``:
-  file names relative to it) is replaced by its experiments, its ``:scale`` passed on."""
+  """``NAME.py[:scale]`` paths without duplicates, a suite file (``EXPERIMENTS``) replaced by
+  its experiments."""
   out: list[str] = []
   for entry in paths:
     path, _, arg = entry.partition(':')
@@ -206,11 +200,8 @@ def validate(exp: ml_collections.ConfigDict) -> None:
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[tuple[str, Any]],
                     where: str = '') -> ml_collections.ConfigDict:
-  """A locked copy of ``config`` with dotted-key ``overrides`` set in order.
-
-  ``ConfigDict.update_from_flattened_dict`` type-checks (an int may widen to a float). An
-  unknown key or a value of the wrong type is a ``ValueError`` naming ``where`` and the key.
-  """
+  """A locked copy of ``config`` with dotted-key ``overrides`` set in order (a bad key or type
+  is a ``ValueError`` naming ``where`` and the key)."""
   config = ml_collections.ConfigDict(config.to_dict())
   config.lock()  # An unknown key is an error instead of a new field.
   for key, value in overrides:  # One at a time, so that an error names its key.
@@ -233,8 +224,8 @@ def _arm_configs(exp: ml_collections.ConfigDict, scale: str):
 
 
 def expand(exp: ml_collections.ConfigDict, quick: bool = False) -> list[Run]:
-  """Every arm at every seed, seed-major; ``quick``: ``quick_arms`` at the first seed, on
-  the 'quick' scale. All arms at a seed share ``config.seed`` (init, dropout, data order)."""
+  """Every arm at every seed, seed-major (``quick``: ``quick_arms``, first seed, 'quick'
+  scale)."""
   arm_configs = dict(_arm_configs(exp, 'quick' if quick else exp.scale))
   arm_names = list(exp.quick_arms) if quick else list(arm_configs)
   seeds = list(exp.seeds)[:1] if quick else list(exp.seeds)
@@ -244,8 +235,7 @@ def expand(exp: ml_collections.ConfigDict, quick: bool = False) -> list[Run]:
 
 
 def run_key(config: ml_collections.ConfigDict) -> str:
-  """12 hex digits of the resolved config minus ``defaults.NON_SEMANTIC``: equal keys are
-  the same computation, trained once."""
+  """12 hex digits of the resolved config minus ``defaults.NON_SEMANTIC``."""
   d = config.to_dict()
   for key in defaults.NON_SEMANTIC:
     *parents, leaf = key.split('.')
