@@ -51,12 +51,6 @@ def model_apply_fn(model) -> Callable:
   return apply
 
 
-def make_eval_step(apply_fn: Callable, edges: np.ndarray, mesh: jax.sharding.Mesh):
-  """Jitted, cached (params, batch, offset) -> {'loss_sum', 'count': [L], 'win_sum',
-  'win_count': [B, nb]}; the model sees ``positions + offset``, sums are by ``positions``."""
-  return _make_eval_step(apply_fn, tuple(int(e) for e in edges), mesh)
-
-
 @functools.lru_cache(maxsize=32)
 def _make_eval_step(apply_fn: Callable, edges: tuple[int, ...], mesh: jax.sharding.Mesh):
   length, nb = edges[-1], len(edges) - 1
@@ -74,6 +68,12 @@ def _make_eval_step(apply_fn: Callable, edges: tuple[int, ...], mesh: jax.shardi
             'win_count': jnp.einsum('bt,btk->bk', mask, onehot)}
 
   return jax.jit(step, out_shardings=sharding.replicated(mesh))
+
+
+def make_eval_step(apply_fn: Callable, edges: np.ndarray, mesh: jax.sharding.Mesh):
+  """Jitted, cached (params, batch, offset) -> {'loss_sum', 'count': [L], 'win_sum',
+  'win_count': [B, nb]}; the model sees ``positions + offset``, sums are by ``positions``."""
+  return _make_eval_step(apply_fn, tuple(int(e) for e in edges), mesh)
 
 
 def accumulate(apply_fn: Callable, params, batches: Iterable[dict[str, np.ndarray]],

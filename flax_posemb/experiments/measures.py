@@ -21,20 +21,10 @@ _SOURCES = {'bucket_exposure': 'exposure', 'bucket_row_grad': 'row_grad',
             'bucket_train_loss': 'mean_loss', 'bucket_row_norm': 'row_norm'}
 VECTORS = ('bucket_loss', 'bucket_excess', 'bucket_recovered', *_SOURCES)
 # name -> bucket vector whose last / first bucket it is.
-_LATE_OVER_EARLY = {'exposure': 'bucket_exposure', 'row_grad': 'bucket_row_grad',
-                    'occ_signal': 'bucket_occ_signal',
-                    'downstream_signal': 'bucket_downstream_signal',
-                    'update': 'bucket_update_rss', 'drift': 'bucket_drift',
-                    'row_norm': 'bucket_row_norm'}
+_LATE_OVER_EARLY = {'update': 'bucket_update_rss', **{k: f'bucket_{k}' for k in (
+    'exposure', 'row_grad', 'occ_signal', 'downstream_signal', 'drift', 'row_norm')}}
 _RARE = ('rare_row_fraction', 'loss_rare_rows', 'loss_common_late_rows', 'excess_rare_rows',
          'excess_common_late_rows')
-SCALARS = ('final_loss', 'loss_early', 'loss_late', 'loss_late_minus_early', 'degradation',
-           'excess_early', 'excess_late', 'excess_late_minus_early', 'recovered_early',
-           'recovered_late', *(f'{k}_late_over_early' for k in _LATE_OVER_EARLY),
-           'update_rss_late', 'drift_late', 'drift_mean', 'signal_loss_corr', 'train_seconds',
-           'step_seconds', 'tokens_per_step', 'train_tokens_per_second', *_RARE)
-# Plus 'offset_penalty_K' per probe offset K > 0: overall loss at shift K minus at shift 0.
-
 # Axis labels of the figures; '{loss}' is the corpus's loss unit (``loss_unit``).
 LABELS = {
     'bucket_loss': 'held-out loss ({loss})',
