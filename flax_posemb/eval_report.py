@@ -29,10 +29,6 @@ def _fmt(x: float | None, nd: int = 4) -> str:
   return '-' if x is None else f'{x:.{nd}f}'
 
 
-def _pm(loss: float | None, se: float | None) -> str:
-  return '-' if loss is None else f'{loss:.4f}+-{_fmt(se)}'
-
-
 def _span(b: dict[str, Any]) -> str:
   return f"[{b['start']}, {b['end']})"
 
@@ -146,7 +142,7 @@ def format_windows(summary: dict[str, Any]) -> str:
 
 
 def _cells(rows: list[dict[str, Any]]) -> list[str]:
-  return [_pm(r['loss'], r['stderr']) for r in rows]
+  return ['-' if r['loss'] is None else f"{r['loss']:.4f}+-{_fmt(r['stderr'])}" for r in rows]
 
 
 def _grid(corner: str, spans: list[dict], heads: list[str], columns: list[list[str]],

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -200,12 +201,8 @@ def _rare_rows(pos: Mapping[str, np.ndarray], per_position: Mapping[str, np.ndar
 
 def structure_agreement(tables: Mapping[str, np.ndarray]) -> float:
   """Mean pairwise Pearson r of the tables' cosine-similarity structures (constant: 0)."""
-  structs = []
-  for t in tables.values():
-    cos = analysis.cosine_similarity(t)
-    structs.append(cos[np.triu_indices(cos.shape[0], k=1)])
-  vals = [_pearson(structs[i], structs[j])
-          for i in range(len(structs)) for j in range(i + 1, len(structs))]
+  structs = [analysis.cosine_similarity(t)[np.triu_indices(len(t), k=1)] for t in tables.values()]
+  vals = [_pearson(a, b) for a, b in itertools.combinations(structs, 2)]
   return float(np.mean([v if math.isfinite(v) else 0.0 for v in vals])) if vals else float('nan')
 
 

@@ -186,8 +186,12 @@ def _rise(name: str, results: list[tuple[str, Mapping[str, Any]]],
 
 
 def _convergence(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
+  groups: dict[int, dict[str, str]] = {}  # seed -> {arm: run_dir}
+  for r in sweep_out['runs']:
+    if r['done']:
+      groups.setdefault(r['seed'], {})[r['arm']] = r['run_dir']
   per_seed = {s: measures.convergence_step(g, float(exp.convergence_threshold))
-              for s, g in sweep.seed_groups(sweep_out['runs']).items() if len(g) >= 2}
+              for s, g in groups.items() if len(g) >= 2}
   if not per_seed:
     return {}
   steps = min((v['steps'] for v in per_seed.values()), key=len)

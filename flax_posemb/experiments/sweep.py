@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import ml_collections
 import numpy as np
@@ -225,12 +225,3 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
     rows.append(dict(measured[r.key], arm=r.arm, seed=r.seed, config=r.config))
   return {'runs': rows, 'budget': budget.as_dict(), 'complete': all(x['done'] for x in rows),
           'store': store, 'quick': quick}
-
-
-def seed_groups(rows: list[Mapping[str, Any]]) -> dict[int, dict[str, str]]:
-  """seed -> {arm: run_dir} over finished runs."""
-  out: dict[int, dict[str, str]] = {}
-  for x in rows:
-    if x['done']:
-      out.setdefault(x['seed'], {})[x['arm']] = x['run_dir']
-  return out
