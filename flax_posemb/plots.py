@@ -109,13 +109,14 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
 
 def _series(ax, series: Sequence[tuple[str, Sequence[dict[str, Any]]]], log: bool,
             ylabel: str, value: str = 'loss', first_color: int = 0) -> None:
-  """Bucket rows' ``value`` (95% CI), one series per (label, rows); ``'diff'``: zero line."""
+  """Bucket rows' ``value`` (95% CI), one series per (label, rows), with a zero line for
+  differences."""
   for j, (label, rows) in enumerate(series):
     if rows := [r for r in rows if r[value] is not None]:
       b = _bucket_arrays(rows, value)
       ax.errorbar(_bucket_x(b, log), b[value], yerr=b['half'], fmt='o-', capsize=3,
                   color=f'C{j + first_color}', label=label)
-  if value == 'diff':
+  if value != 'loss':
     ax.axhline(0.0, color='k', lw=0.8)
   ax.set_ylabel(ylabel)
   ax.legend(fontsize=8)
@@ -124,21 +125,16 @@ def _series(ax, series: Sequence[tuple[str, Sequence[dict[str, Any]]]], log: boo
 def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]], path: Path,
                paired: Sequence[dict[str, Any]] = ()) -> str:
   """Bucket loss (95% CI) of several runs, excess over Bayes, ``paired`` differences."""
-  arrays = [_bucket_arrays(r['buckets']) for r in results]
-  synth = all('bayes_loss' in a for a in arrays)
-  log = _log_buckets(arrays[0])
+  first = _bucket_arrays(results[0]['buckets'])
+  synth = all('bayes_loss' in r['buckets'][0] for r in results)
+  log = _log_buckets(first)
   n = 1 + int(synth) + int(bool(paired))
   fig, axes = plt.subplots(n, 1, figsize=(8, 2.2 + 2.2 * n), sharex=True, squeeze=False)
+  runs = [(l, r['buckets']) for l, r in zip(labels, results)]
   if synth:
-    axes[0, 0].plot(_bucket_x(arrays[0], log), arrays[0]['bayes_loss'], 'k-', lw=1,
-                    label='Bayes')
-    for i, a in enumerate(arrays):
-      axes[1, 0].errorbar(_bucket_x(a, log), a['loss'] - a['bayes_loss'], yerr=a['half'],
-                          fmt='o-', capsize=3, color=f'C{i}')
-    axes[1, 0].axhline(0.0, color='k', lw=0.8)
-    axes[1, 0].set_ylabel('excess loss over Bayes')
-  _series(axes[0, 0], [(l, r['buckets']) for l, r in zip(labels, results)], log,
-          'loss (nats / token)')
+    axes[0, 0].plot(_bucket_x(first, log), first['bayes_loss'], 'k-', lw=1, label='Bayes')
+    _series(axes[1, 0], runs, log, 'excess loss over Bayes', 'excess_loss')
+  _series(axes[0, 0], runs, log, 'loss (nats / token)')
   axes[0, 0].set_title('loss by position bucket')
   if paired:
     _series(axes[-1, 0], [(f"{p['label']} - {p['minus']}", p['buckets']) for p in paired],
