@@ -149,8 +149,7 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def provenance_tables(per_window: dict[str, np.ndarray], window_len: int) -> dict[str, Any]:
-  """{'windows', 'by_kind', 'by_depth', 'by_end'}: where the windows come from and bucket loss
-  by window group (docs/DESIGN.md)."""
+  """Where the windows come from and bucket loss by window group (docs/DESIGN.md)."""
   t = int(window_len)
   doc, start, doc_len = (np.asarray(per_window[k], np.int64) for k in ('doc', 'start', 'doc_len'))
   kind = np.asarray(per_window['kind']).astype(str)
@@ -225,8 +224,7 @@ class BucketAccumulator:
     return dict({k: np.concatenate([p[k] for p in parts]) for k in keys}, edges=self.edges.copy())
 
   def buckets(self, reference: dict[str, np.ndarray] | None = None) -> list[dict[str, Any]]:
-    """`bucket_rows`, with ``reference`` ([>= L] 'bayes_loss', 'filter_loss') their means,
-    excess_loss and recovered."""
+    """`bucket_rows`, with the synthetic ``reference`` losses ([>= L]) if given."""
     rows = bucket_rows(self.per_window())
     for row in rows if reference is not None else ():
       w = self.count[row['start']:row['end']]

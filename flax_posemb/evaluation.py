@@ -163,8 +163,7 @@ def eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) 
 
 def make_batches(config: ml_collections.ConfigDict, s: dict[str, Any]
                  ) -> tuple[dict[str, np.ndarray], ...]:
-  """`data.make_eval_batches` of the settings ``s``, built once per process and data config
-  (read-only)."""
+  """`data.make_eval_batches` of the settings ``s``, built once per process (read-only)."""
   return _batches(json.dumps(config.data.to_dict(), sort_keys=True, default=str),
                   tuple((k, s[k]) for k in SETTINGS_KEYS + ('batch_size',)))
 

@@ -131,8 +131,7 @@ _remat_block = nnx.remat(_apply_block, static_argnums=(4,), graph_updates=False)
 
 
 class TransformerLM(nnx.Module):
-  """GPT-2-style decoder-only LM: the maths, parameters and initializers of
-  `model.TransformerLM`."""
+  """The NNX twin of `model.TransformerLM`."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     cfg = self.config = config
@@ -160,8 +159,7 @@ class TransformerLM(nnx.Module):
   def __call__(self, inputs: Array, positions: Array, segment_ids: Array | None = None, *,
                deterministic: bool = True, embed_delta: Array | None = None,
                rngs: nnx.Rngs | None = None) -> Array:
-    """float32 logits [B, T, vocab_size] of ``inputs``, ``positions``, ``segment_ids`` [B, T]
-    (``embed_delta`` [B, T, emb_dim]), as linen's."""
+    """float32 logits [B, T, vocab_size], as `model.TransformerLM`'s."""
     cfg = self.config
     pos_rows = None if self.pos_embed is None else self.pos_embed(positions)
     x = layers.embedding_sum(self.token_embed(inputs), pos_rows, embed_delta)

@@ -109,8 +109,7 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
 
 def _series(ax, series: Sequence[tuple[str, Sequence[dict[str, Any]]]], log: bool,
             ylabel: str, value: str = 'loss', first_color: int = 0) -> None:
-  """Bucket rows' ``value`` (95% CI), one series per (label, rows), with a zero line for
-  differences."""
+  """Bucket rows' ``value`` (95% CI), one series per (label, rows)."""
   for j, (label, rows) in enumerate(series):
     if rows := [r for r in rows if r[value] is not None]:
       b = _bucket_arrays(rows, value)

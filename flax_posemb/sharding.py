@@ -46,8 +46,7 @@ def tree_shardings(tree: PyTree, mesh: Mesh, fsdp: bool) -> PyTree:
 
 
 def check_batch_layout(config: Any, mesh: Mesh) -> None:
-  """ValueError unless ``config.batch_size`` splits evenly over microbatches, devices and
-  processes."""
+  """ValueError unless ``batch_size`` splits over microbatches, devices and processes."""
   b, a, n = int(config.batch_size), int(config.grad_accum_steps), mesh.size
   if a < 1 or b < 1 or b % (a * n) or b % jax.process_count():
     raise ValueError(

@@ -78,8 +78,7 @@ def bucket_means(values: np.ndarray, edges: list[tuple[int, int]]) -> np.ndarray
 
 def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
                      tables: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
-  """``[max_len]`` per-position vectors of a run (``stats.derived`` of the second half and
-  more)."""
+  """``[max_len]`` per-position vectors of a run (docs/DESIGN.md)."""
   out: dict[str, np.ndarray] = {}
   if windows:
     late = [w for w in windows if int(w['step']) > num_steps // 2] or windows[-1:]
@@ -207,8 +206,7 @@ def structure_agreement(tables: Mapping[str, np.ndarray]) -> float:
 
 
 def convergence_step(run_dirs: Mapping[str, str], threshold: float) -> dict[str, Any]:
-  """``{'steps', 'agreement', 'converged_step'}`` of the arms' runs (arm -> run dir): the first
-  step from which their cosine structures agree >= threshold (NaN if never)."""
+  """When the arms' tables (arm -> run dir) agree >= ``threshold`` from then on."""
   snaps = {a: load_tables(d) for a, d in run_dirs.items()}
   common = sorted(set.intersection(*(set(s) for s in snaps.values()))) if snaps else []
   agreement = [structure_agreement({a: s[step] for a, s in snaps.items()}) for step in common]

@@ -96,8 +96,7 @@ def verdict(interval: Interval, direction: str, margin: float = 0.0) -> str:
 
 def judge(arm: Mapping[int, float], baseline: Mapping[int, float], direction: str,
           margin: float = 0.0, level: float = 0.95) -> dict:
-  """``{'seeds', 'differences', 'interval', 'verdict', 'p_value'}`` of a paired claim (seed ->
-  metric maps) over the shared seeds."""
+  """Interval, verdict and p value of a paired claim (seed -> metric maps)."""
   seeds = sorted(set(arm) & set(baseline))
   d = np.array([float(arm[s]) - float(baseline[s]) for s in seeds], np.float64)
   interval = t_interval(d, level)

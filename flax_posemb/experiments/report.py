@@ -258,8 +258,7 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
 
 def write(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any], out_dir: str,
           command: str) -> dict[str, Any]:
-  """Writes ``summary.json``, the figures and ``REPORT.md`` of the sweep run by ``command``
-  into ``out_dir``; returns the summary."""
+  """Writes ``summary.json``, the figures and ``REPORT.md``; returns the summary."""
   os.makedirs(out_dir, exist_ok=True)
   summary = aggregate(exp, sweep_out)
   summary['command'] = command

@@ -141,8 +141,7 @@ def _module(path: str):
 
 
 def expand_paths(paths: Iterable[str]) -> list[str]:
-  """``NAME.py[:scale]`` paths without duplicates, a suite file (``EXPERIMENTS``) replaced by
-  its experiments."""
+  """``NAME.py[:scale]`` paths without duplicates, suites replaced by their experiments."""
   out: list[str] = []
   for entry in paths:
     path, _, arg = entry.partition(':')
@@ -224,8 +223,7 @@ def _arm_configs(exp: ml_collections.ConfigDict, scale: str):
 
 
 def expand(exp: ml_collections.ConfigDict, quick: bool = False) -> list[Run]:
-  """Every arm at every seed, seed-major (``quick``: ``quick_arms``, first seed, 'quick'
-  scale)."""
+  """Every arm at every seed, seed-major (``quick``: ``quick_arms`` at the first seed)."""
   arm_configs = dict(_arm_configs(exp, 'quick' if quick else exp.scale))
   arm_names = list(exp.quick_arms) if quick else list(arm_configs)
   seeds = list(exp.seeds)[:1] if quick else list(exp.seeds)

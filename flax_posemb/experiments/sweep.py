@@ -32,8 +32,7 @@ Estimator = Callable[[ml_collections.ConfigDict, int], float]
 
 
 def estimate_scored_per_row(config: ml_collections.ConfigDict, num_batches: int) -> float:
-  """Mean ``loss_mask`` sum per row of ``config``'s training pipeline (``length_schedule``:
-  its phases weighted by their steps)."""
+  """Mean ``loss_mask`` sum per row of ``config``'s training pipeline."""
   if config.data.position_policy != 'length_schedule':
     return _pipeline_mean(config, num_batches)
   f = float(config.data.schedule_fraction)
@@ -197,8 +196,7 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
               eval_fn: EvalFn = default_evaluate, estimator: Estimator = estimate_scored_per_row,
               max_runs: int = -1) -> dict[str, Any]:
   """Runs (or resumes) and measures every run of ``exp``'s grid: at most ``max_runs`` new
-  ones (-1: all), in ``run_store`` ('' = ``workdir/runs``, may be shared). Returns {'runs',
-  'budget', 'complete', 'store', 'quick'}."""
+  ones (-1: all), in ``run_store`` ('' = ``workdir/runs``, may be shared)."""
   store = run_store or os.path.join(workdir, 'runs')
   os.makedirs(store, exist_ok=True)
   runs, budget = _plan(exp, workdir, store, quick, estimator)
