@@ -146,29 +146,27 @@ def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
 def _scalars(eval_results: Mapping[str, Any], vec: Mapping[str, np.ndarray],
              pos: Mapping[str, np.ndarray], num_steps: int,
              train_seconds: float) -> dict[str, float]:
-  overall_loss = eval_results['overall']['loss']
-  deg = eval_results['degradation']['last_minus_best']
-  first, last = lambda k: float(vec[k][0]), lambda k: float(vec[k][-1])
-  s = {'final_loss': float(overall_loss if overall_loss is not None
-                           else np.nanmean(vec['bucket_loss'])),
-       'loss_early': first('bucket_loss'), 'loss_late': last('bucket_loss'),
-       'degradation': float(deg) if deg is not None else float('nan'),
-       'excess_early': first('bucket_excess'), 'excess_late': last('bucket_excess'),
-       'recovered_early': first('bucket_recovered'), 'recovered_late': last('bucket_recovered'),
-       'update_rss_late': last('bucket_update_rss'), 'drift_late': last('bucket_drift'),
-       'drift_mean': float(np.nanmean(pos['drift'])) if 'drift' in pos else float('nan'),
+  nan = float('nan')
+  overall, deg = eval_results['overall']['loss'], eval_results['degradation']['last_minus_best']
+  s = {'final_loss': float(np.nanmean(vec['bucket_loss']) if overall is None else overall),
+       'degradation': nan if deg is None else float(deg),
+       'update_rss_late': float(vec['bucket_update_rss'][-1]),
+       'drift_late': float(vec['bucket_drift'][-1]),
+       'drift_mean': float(np.nanmean(pos['drift'])) if 'drift' in pos else nan,
        'train_seconds': float(train_seconds)}
+  for k in ('loss', 'excess', 'recovered'):
+    s[f'{k}_early'], s[f'{k}_late'] = float(vec[f'bucket_{k}'][0]), float(vec[f'bucket_{k}'][-1])
   s['loss_late_minus_early'] = s['loss_late'] - s['loss_early']
   s['excess_late_minus_early'] = s['excess_late'] - s['excess_early']
   for name, v in _LATE_OVER_EARLY.items():
     ok = vec[v][0] and np.isfinite(vec[v][0])
-    s[f'{name}_late_over_early'] = float(vec[v][-1] / vec[v][0]) if ok else float('nan')
+    s[f'{name}_late_over_early'] = float(vec[v][-1] / vec[v][0]) if ok else nan
   s['signal_loss_corr'] = _pearson(pos.get('signal_per_occurrence', np.array([])),
                                    pos.get('mean_loss', np.array([])))
-  scored = float(pos['scored_total'].sum()) if 'scored_total' in pos else float('nan')
-  s['tokens_per_step'] = scored / num_steps if num_steps else float('nan')
+  scored = float(pos['scored_total'].sum()) if 'scored_total' in pos else nan
+  s['tokens_per_step'] = scored / num_steps if num_steps else nan
   s['train_tokens_per_second'] = (scored / train_seconds if train_seconds and
-                                  math.isfinite(train_seconds) else float('nan'))
+                                  math.isfinite(train_seconds) else nan)
   by_offset = {int(p['offset']): p['overall']['loss']
                for p in (eval_results.get('offset_probe') or {}).get('by_offset', [])}
   for k, loss in by_offset.items():
