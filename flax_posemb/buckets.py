@@ -1,6 +1,5 @@
-"""Position buckets and loss by bucket (numpy): per-window sums, means, and standard errors
-and t intervals of the ratio estimator clustered by document (docs/DESIGN.md, "Evaluation
-outputs")."""
+"""Position buckets and loss by bucket (numpy) with document-clustered standard errors and t
+intervals (docs/DESIGN.md, "Evaluation outputs")."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ QUANTILES = {'min': 0.0, 'p10': 0.1, 'p25': 0.25, 'median': 0.5, 'p75': 0.75, 'p
 
 
 def make_edges(length: int, bucket_size: int = 0, edges: str | list[int] = '') -> np.ndarray:
-  """int64 [nb + 1] bucket edges from 0 to ``length``: ``edges`` 'log2' (0, 1, 2, 4, ...),
-  increasing ints from 0 ('0,128,256' or a list; ``length`` appended), or '' (uniform buckets
-  of ``bucket_size``, the last may be shorter)."""
+  """int64 [nb + 1] edges from 0 to ``length``: ``edges`` 'log2', increasing ints from 0
+  ('0,128,256' or a list), or '' (uniform buckets of ``bucket_size``)."""
   if isinstance(edges, str) and edges.strip() == 'log2':
     return np.asarray([0] + [2 ** i for i in range(int(length).bit_length()) if 2 ** i < length]
                       + [length], np.int64)
@@ -32,7 +30,6 @@ def make_edges(length: int, bucket_size: int = 0, edges: str | list[int] = '') -
   except ValueError:
     out = None
   problem = next((msg for bad, msg in (
-      (length < 1, f'window length must be >= 1, got {length}.'),
       (out is None, f'bucket edges must be comma-separated integers or "log2", got {edges!r}.'),
       (out == [] and bucket_size < 1,
        f'bucket_size must be >= 1 (or give bucket edges), got {bucket_size}.'),
@@ -71,8 +68,7 @@ def _cluster_sums(x: np.ndarray, cl: np.ndarray) -> np.ndarray:
 
 def bucket_stats(per_window: dict[str, np.ndarray]
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Bucket means [nb], their covariance [nb, nb] (nan: undefined) and the clusters with
-  tokens in both buckets [nb, nb]."""
+  """Bucket means [nb], their covariance [nb, nb] and the clusters in both buckets [nb, nb]."""
   cl = clusters(per_window)
   s = _cluster_sums(np.asarray(per_window['win_sum'], np.float64), cl)
   c = _cluster_sums(np.asarray(per_window['win_count'], np.float64), cl)
@@ -126,8 +122,8 @@ def overall(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
-  """Last minus best bucket, and the slope of loss over the second half's buckets (weighted
-  least squares, 1 / stderr^2 or equal weights), with standard errors from `bucket_stats`."""
+  """Last minus best bucket and the (1 / stderr^2-weighted) slope over the second half, with
+  their standard errors."""
   loss, cov, _ = bucket_stats(per_window)
   se = lambda var: _num(math.sqrt(max(var, 0.0)) if np.isfinite(var) else math.nan)  # noqa: E731
   edges = np.asarray(per_window['edges'])
@@ -153,8 +149,7 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def provenance_tables(per_window: dict[str, np.ndarray], window_len: int) -> dict[str, Any]:
-  """Where the windows come from and bucket loss by window group: {'windows', 'by_kind',
-  'by_depth', 'by_end'} of ``per_window`` with provenance (docs/DESIGN.md)."""
+  """Where the windows come from and bucket loss by window group (docs/DESIGN.md)."""
   t = int(window_len)
   doc, start, doc_len = (np.asarray(per_window[k], np.int64) for k in ('doc', 'start', 'doc_len'))
   kind = np.asarray(per_window['kind']).astype(str)
@@ -195,8 +190,7 @@ def _groups(per_window, labels: np.ndarray, groups: list[tuple]) -> list[dict[st
 
 
 class BucketAccumulator:
-  """Per-position sums (float64 [L] ``loss_sum``, ``count``) and per-window bucket sums of
-  one evaluation pass."""
+  """Per-position [L] and per-window bucket sums of one evaluation pass."""
 
   def __init__(self, edges: np.ndarray):
     self.edges = np.asarray(edges, np.int64)
@@ -208,8 +202,8 @@ class BucketAccumulator:
   def add(self, pos_loss_sum: np.ndarray, pos_count: np.ndarray, win_sum: np.ndarray,
           win_count: np.ndarray, window_ids: np.ndarray | None = None,
           provenance: dict[str, np.ndarray] | None = None) -> None:
-    """Adds [L] per-position and [B, nb] per-window sums and counts, [B] uint64
-    ``window_ids`` (None: arrival order) and [B] provenance arrays (or None)."""
+    """Adds [L] and [B, nb] sums and counts, [B] ``window_ids`` (None: arrival order) and [B]
+    provenance arrays."""
     s, c = np.asarray(win_sum, np.float64), np.asarray(win_count, np.float64)
     real = c.sum(1) > 0
     if window_ids is None:
@@ -230,8 +224,7 @@ class BucketAccumulator:
     return dict({k: np.concatenate([p[k] for p in parts]) for k in keys}, edges=self.edges.copy())
 
   def buckets(self, reference: dict[str, np.ndarray] | None = None) -> list[dict[str, Any]]:
-    """`bucket_rows`; with ``reference`` ([>= L] 'bayes_loss', 'filter_loss'), their
-    token-weighted means, excess_loss and recovered = (filter - loss) / (filter - bayes)."""
+    """`bucket_rows`, with the synthetic ``reference`` losses ([>= L]) if given."""
     rows = bucket_rows(self.per_window())
     for row in rows if reference is not None else ():
       w = self.count[row['start']:row['end']]
@@ -273,10 +266,8 @@ def unique_window_ids(ids: np.ndarray, seen: dict[int, int]) -> np.ndarray:
 
 def paired_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
                       names: tuple[str, str] = ('A', 'B')) -> list[dict[str, Any]]:
-  """Per bucket, loss A - B over the windows both scored (``windows.npz`` contents) with the
-  delta-method paired standard error clustered by document: start, end, windows, documents,
-  loss_a, loss_b, diff, stderr, ci95 (t), unpaired_stderr (docs/DESIGN.md). Different bucket
-  edges or window sets raise a ValueError naming ``names`` and the fix."""
+  """Per bucket, loss A - B over the same windows (``windows.npz`` contents ``a``, ``b``) with
+  the paired document-clustered standard error (docs/DESIGN.md)."""
   ia, ib = np.asarray(a['window_id']), np.asarray(b['window_id'])
   ids_a, ids_b = set(ia.tolist()), set(ib.tolist())
   if (not np.array_equal(a['edges'], b['edges']) or len(ids_a) != len(ia)
@@ -284,11 +275,8 @@ def paired_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
     raise ValueError(
         f'{names[0]} and {names[1]} were evaluated on different windows or buckets '
         f'({len(ids_a - ids_b)} windows only in {names[0]}, {len(ids_b - ids_a)} only in '
-        f'{names[1]}, of {len(ia)} and {len(ib)}; '
-        f'edges {list(a["edges"])} and {list(b["edges"])}); a paired comparison needs the same '
-        'texts and buckets: evaluate both with the same data, split, window length, '
-        '--window_start, --min_doc_len, --min_start, --num_windows, eval seed and '
-        '--bucket_size/--bucket_edges.')
+        f'{names[1]}, of {len(ia)} and {len(ib)}; edges {list(a["edges"])} and '
+        f'{list(b["edges"])}); evaluate both with the same data, split, window and eval flags.')
   order = np.argsort(ib)[np.searchsorted(np.sort(ib), ia)]
   # The documents from whichever run recorded them: by window alone understates the error.
   cl = clusters(a if 'doc' in a or 'doc' not in b else dict(a, doc=np.asarray(b['doc'])[order]))

@@ -1,5 +1,5 @@
-"""Outputs of an evaluation (files, text tables) and the comparison of runs (file layout:
-docs/DESIGN.md, "Evaluation outputs")."""
+"""Outputs of an evaluation (files, text tables) and the comparison of runs (docs/DESIGN.md,
+"Evaluation outputs")."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from flax_posemb import buckets as buckets_lib
 from flax_posemb import outputs
 from flax_posemb import plots
 
-# Every file an evaluation directory can hold, the completion marker first (all replaced
-# together by a new evaluation there).
+# Every file an evaluation directory can hold, the completion marker first.
 OUTPUT_FILES = ('results.json', 'per_position.npz', 'windows.npz', 'buckets.csv', 'groups.csv',
                 'loss_by_position.png', 'offsets.csv', 'offsets.png')
 CSV_COLUMNS = ('start', 'end', 'tokens', 'windows', 'documents', 'loss', 'stderr', 'ci95_lo',
@@ -28,10 +27,6 @@ PM_NOTE = 'loss in nats per token +- one clustered standard error'
 
 def _fmt(x: float | None, nd: int = 4) -> str:
   return '-' if x is None else f'{x:.{nd}f}'
-
-
-def _pm(loss: float | None, se: float | None) -> str:
-  return '-' if loss is None else f'{loss:.4f}+-{_fmt(se)}'
 
 
 def _span(b: dict[str, Any]) -> str:
@@ -60,8 +55,7 @@ def format_table(results: dict[str, Any]) -> str:
 
 
 def format_results(results: dict[str, Any]) -> str:
-  """The bucket table, then (when recorded) the windows' provenance, the window groups and
-  the offset probe."""
+  """The bucket table, then the windows' provenance, groups and offset probe if recorded."""
   text = [format_table(results)]
   if results.get('windows'):
     text += [format_windows(results['windows']), format_groups(results)]
@@ -103,9 +97,8 @@ def _bucket_csv(path: str, head: tuple[str, ...], tables: list[tuple[tuple, list
 def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], out_dir: str,
                   title: str = '', per_window: dict[str, np.ndarray] | None = None
                   ) -> dict[str, str]:
-  """Writes an evaluation's files into ``out_dir``, replacing an earlier evaluation's there
-  at once when all are written (`outputs.replace_files`); returns their paths by kind
-  ('json', 'npz', 'windows', 'csv', 'plot'[, 'groups_csv'][, 'offsets_csv', 'offsets_plot'])."""
+  """Writes an evaluation's files into ``out_dir``, replacing an earlier evaluation's at once
+  (`outputs.replace_files`); returns their paths by kind."""
   os.makedirs(out_dir, exist_ok=True)
   files, probe = {}, results.get('offset_probe')
   with outputs.replace_files(out_dir, OUTPUT_FILES) as stage:
@@ -149,7 +142,7 @@ def format_windows(summary: dict[str, Any]) -> str:
 
 
 def _cells(rows: list[dict[str, Any]]) -> list[str]:
-  return [_pm(r['loss'], r['stderr']) for r in rows]
+  return ['-' if r['loss'] is None else f"{r['loss']:.4f}+-{_fmt(r['stderr'])}" for r in rows]
 
 
 def _grid(corner: str, spans: list[dict], heads: list[str], columns: list[list[str]],
@@ -161,8 +154,7 @@ def _grid(corner: str, spans: list[dict], heads: list[str], columns: list[list[s
 
 
 def format_groups(results: dict[str, Any]) -> str:
-  """Bucket loss per window group, one table per `GROUP_TABLES` entry with two groups or
-  more (one group repeats the bucket table); '' when none has."""
+  """Bucket loss per window group, one table per `GROUP_TABLES` entry with two groups or more."""
   out = []
   for table in (t for t in GROUP_TABLES if len(results.get(t) or []) > 1):
     heads = [f"{g['group']} ({g['windows']}w/{g['documents']}d)" for g in results[table]]
@@ -181,8 +173,7 @@ def format_offsets(probe: dict[str, Any]) -> str:
 def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: str,
             per_window: Sequence[dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
   """Each run's bucket losses and, with ``per_window`` (windows.npz), each run minus the first
-  paired over their windows: {'files': {'json', 'csv', 'plot'}, 'table', 'paired': [{'label',
-  'minus', 'buckets'}]}. Runs must share their buckets."""
+  paired over their windows: {'files', 'table', 'paired'}."""
   spans = [[(b['start'], b['end']) for b in r['buckets']] for r in results]
   for label, s in zip(labels[1:], spans[1:]):
     if s != spans[0]:
@@ -202,7 +193,7 @@ def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: s
                       for l, r in zip(labels, results)], 'buckets': rows, 'paired': paired}
   files = {'json': os.path.join(out_dir, 'comparison.json'),
            'csv': os.path.join(out_dir, 'comparison.csv')}
-  with open(files['json'], 'w') as f:
+  with outputs.atomic_write(files['json'], 'w') as f:
     json.dump(json_safe(summary), f, indent=1)
   head = ['start', 'end'] + [f'{l}_{k}' for l in labels for k in ('loss', 'stderr')]
   head += [f'{p["label"]}_minus_{p["minus"]}_{k}' for p in paired for k in ('diff', 'stderr')]

@@ -26,8 +26,7 @@ VARIANT_KEYS = ('split', 'policy', 'window_start', 'min_doc_len', 'min_start', '
 
 def variant_name(step: int | None, *, offsets: Sequence[int] | None = None,
                  analyze: bool = False, **overrides) -> str:
-  """``step_N`` plus every option given (``step_400_window_start-deep_offsets-0-64``), so
-  variants never share an output directory."""
+  """``step_N`` plus every option given (``step_400_window_start-deep_offsets-0-64``)."""
   parts = ([] if step is None else [f'step_{step}']) + [
       f"{k}-{str(overrides[k]).replace(',', '-').replace(os.sep, '-')}" for k in VARIANT_KEYS
       if overrides.get(k) not in (None, '')]
@@ -49,8 +48,7 @@ def checkpoint_note(info: checkpointing.RestoreInfo) -> str:
 
 
 def _make_model(config: dict[str, Any]):
-  """The model of a stored config: its position table comes from the checkpoint (a
-  ``file:`` init's file may be gone); cuDNN attention (some GPUs only) becomes 'auto'."""
+  """The model of a stored config; its table comes from the checkpoint, not a ``file:``."""
   config = ml_collections.ConfigDict(config)
   if str(config.model.get('position_init', '')).startswith('file:'):
     config.model.position_init = 'zeros'
@@ -64,8 +62,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
                      **overrides) -> dict[str, Any]:
   """Evaluates a run's checkpoint (``step``, default the newest readable one) into
   ``output`` (default ``WORKDIR/eval/<variant_name>``), with the table analysis if
-  ``analyze``; ``offsets``, ``overrides``: `evaluation.run_evaluation`. Returns {'results',
-  'per_position', 'per_window', 'files', 'out_dir', 'step', 'table', 'note', 'checkpoint'}."""
+  ``analyze``; ``offsets``, ``overrides``: `evaluation.run_evaluation`."""
   mesh = sharding.make_mesh()
   run = workdir_lib.saved_config(workdir)  # the run whose checkpoint this must be
   params, cfg, info = checkpointing.restore_params_with_info(
@@ -98,8 +95,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
 
 
 def _analyze(workdir, table, step, per_position, out_dir, s) -> dict[str, Any]:
-  """`analysis.analyze_workdir`, with drift from the step-0 checkpoint's table when the run
-  saved no tables/table_0.npy."""
+  """`analysis.analyze_workdir`, with the step-0 checkpoint's table if no table_0.npy."""
   from flax_posemb import analysis  # pylint: disable=g-import-not-at-top  (heavy)
   initial = None
   if not os.path.exists(os.path.join(workdir, 'tables', 'table_0.npy')) and step != 0:
@@ -114,9 +110,8 @@ def _analyze(workdir, table, step, per_position, out_dir, s) -> dict[str, Any]:
 
 def evaluate_and_compare(workdirs: Sequence[str], *, output: str | None = None,
                          **kwargs) -> tuple[list[tuple[str, dict[str, Any]]], dict | None]:
-  """``([(label, evaluate_workdir(run)), ...], comparison)``: for several runs `eval_report.compare`
-  plus out_dir (``output``, each run in ``output/LABEL``; default ``compare_<A>_vs_<B>[_<variant>]``
-  beside the first run), else None."""
+  """``([(label, evaluate_workdir(run)), ...], comparison)``: for several runs
+  `eval_report.compare` plus out_dir (default ``compare_<A>_vs_<B>[_<variant>]``), else None."""
   labels = [os.path.basename(os.path.normpath(w)) for w in workdirs]
   if len(set(labels)) < len(labels):
     labels = [os.path.normpath(w).replace(os.sep, '_') for w in workdirs]

@@ -44,18 +44,11 @@ class EvalOutput:
 
 @functools.lru_cache(maxsize=16)
 def model_apply_fn(model) -> Callable:
-  """(params, inputs, positions, segment_ids [B, T]) -> logits [B, T, V] of a TransformerLM."""
+  """(params, inputs, positions, segment_ids [B, T]) -> logits [B, T, V] of ``model``."""
   def apply(params, inputs, positions, segment_ids):
     return model.apply({'params': params}, inputs, positions, segment_ids=segment_ids,
                        deterministic=True)
   return apply
-
-
-def make_eval_step(apply_fn: Callable, edges: np.ndarray, mesh: jax.sharding.Mesh):
-  """Jitted (params, batch, offset) -> {'loss_sum', 'count': [L], 'win_sum', 'win_count':
-  [B, nb]} (float32, replicated); the model sees ``positions + offset``, sums are indexed by
-  ``positions``. Cached, so periodic evaluations of one model compile once."""
-  return _make_eval_step(apply_fn, tuple(int(e) for e in edges), mesh)
 
 
 @functools.lru_cache(maxsize=32)
@@ -77,13 +70,17 @@ def _make_eval_step(apply_fn: Callable, edges: tuple[int, ...], mesh: jax.shardi
   return jax.jit(step, out_shardings=sharding.replicated(mesh))
 
 
+def make_eval_step(apply_fn: Callable, edges: np.ndarray, mesh: jax.sharding.Mesh):
+  """Jitted, cached (params, batch, offset) -> {'loss_sum', 'count': [L], 'win_sum',
+  'win_count': [B, nb]}; the model sees ``positions + offset``, sums are by ``positions``."""
+  return _make_eval_step(apply_fn, tuple(int(e) for e in edges), mesh)
+
+
 def accumulate(apply_fn: Callable, params, batches: Iterable[dict[str, np.ndarray]],
                edges: np.ndarray, *, offsets: Sequence[int] = (0,),
                mesh: jax.sharding.Mesh | None = None) -> list[buckets_lib.BucketAccumulator]:
-  """One `BucketAccumulator` per shift K in ``offsets`` of ``batches`` (the same global [B, T]
-  batches on every process, optionally with [B] `PROVENANCE_KEYS`) over bucket ``edges``.
-  Position ids must lie in [0, edges[-1]) (`sharding.global_batch` checks them) and
-  edges[-1] + max(offsets) within the position table (`eval_settings` checks that)."""
+  """One `BucketAccumulator` over ``edges`` per shift K in ``offsets`` of ``batches`` (the same
+  global [B, T] batches on every process, optionally with [B] `PROVENANCE_KEYS`)."""
   mesh = mesh or sharding.make_mesh()
   step = make_eval_step(apply_fn, edges, mesh)
   params = jax.device_put(params, sharding.replicated(mesh))
@@ -135,10 +132,8 @@ def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> dict[str, Any]:
-  """The ``eval`` section of ``config`` (missing fields: `defaults.evaluation`) with
-  ``overrides`` (None = keep) and the probe's ``offsets``, resolved (0 = default) and checked:
-  the one place. Keys: split, policy, window_len, `SETTINGS_KEYS`, batch_size, bucket_size,
-  bucket_edges, offsets (sorted, or None)."""
+  """The ``eval`` section of ``config`` with ``overrides`` (None = keep) and the probe's
+  ``offsets``, resolved (0 = default) and checked: the one place."""
   ev = defaults.evaluation().to_dict()
   ev.update(config.get('eval', ml_collections.ConfigDict()).to_dict())
   s = {'split': config.data.get('eval_split', defaults.data().eval_split),
@@ -168,8 +163,7 @@ def eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) 
 
 def make_batches(config: ml_collections.ConfigDict, s: dict[str, Any]
                  ) -> tuple[dict[str, np.ndarray], ...]:
-  """`data.make_eval_batches` of the settings ``s``, built once per process and data config
-  (one scan of the split for the startup check and every evaluation); read-only."""
+  """`data.make_eval_batches` of the settings ``s``, built once per process (read-only)."""
   return _batches(json.dumps(config.data.to_dict(), sort_keys=True, default=str),
                   tuple((k, s[k]) for k in SETTINGS_KEYS + ('batch_size',)))
 
@@ -191,10 +185,8 @@ def expected_params(model) -> Any:
 
 def run_evaluation(model, params, config: ml_collections.ConfigDict, *, step: int | None = None,
                    offsets: Sequence[int] | None = None, mesh=None, **overrides) -> EvalOutput:
-  """Loss by position bucket of ``model`` (a `TransformerLM` of ``config.model``) on held-out
-  windows, recording ``step``. ``offsets``: the offset probe's shifts K (the same windows cut
-  to their first window_len - max(offsets) tokens, scored per K with position ids + K);
-  ``overrides``: `eval_settings` keys (None = config value)."""
+  """Loss by position bucket of ``model`` on held-out windows, recording ``step``, with the
+  offset probe's shifts K ``offsets``; ``overrides``: `eval_settings` keys (None = config)."""
   s, cfg = eval_settings(config, dict(overrides, offsets=offsets)), model.config
   trees.check_same_tree(  # a TreeMismatchError (ValueError) naming the first differing path
       'params', params, expected_params(model), 'checkpoint parameters do not match the model '

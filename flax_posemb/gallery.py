@@ -13,7 +13,7 @@ import shutil
 from absl import flags
 from ml_collections import config_flags
 
-from flax_posemb import cli
+from flax_posemb import cli, outputs
 
 PROG = 'python -m flax_posemb.gallery'
 cli.name_main_module(PROG, __name__)
@@ -26,23 +26,26 @@ flags.DEFINE_integer('steps', 300, 'Training steps of each run.', lower_bound=1)
 cli.define_debug_flag()
 FLAGS = flags.FLAGS
 
-# (file in OUT, question it answers); filled from the runs' outputs by `main`.
+# (file in OUT, its evaluation and file key in `main`, question it answers).
 FIGURES = (
-    ('loss_by_position.png', 'Where in the context is the model worse, and how much of the '
-     'value of knowing the position do the rows there recover (synthetic bounds, 95% CI)?'),
-    ('loss_by_position_log2.png', 'The same on log2 buckets (log axis): the first positions, '
-     'where context grows fastest.'),
-    ('offsets.png', 'Offset probe: the same texts read with rows p + K; does shifting to '
-     'later rows hurt (worse late rows) at equal context?'),
-    ('comparison.png', 'Two runs on the same windows: their losses, and the paired '
-     'difference with its 95% interval.'),
-    ('table_analysis.png', 'What did the table learn: row norms, drift from init over '
-     'training, PCA, and how linearly decodable position is (R^2 on the panel).'),
-    ('cosine_similarity.png', 'Cosine similarity between position rows.'),
-    ('exposure_relation.png', 'Per-position quantities against training exposure, with '
-     'Spearman rho.'),
-    ('data_exposure.png', 'Before training: how often each position is seen, and how long '
-     'the source documents are.'),
+    ('loss_by_position.png', 'probe', 'plot', 'Where in the context is the model worse, and '
+     'how much of the value of knowing the position do the rows there recover (synthetic '
+     'bounds, 95% CI)?'),
+    ('loss_by_position_log2.png', 'log2', 'plot', 'The same on log2 buckets (log axis): the '
+     'first positions, where context grows fastest.'),
+    ('offsets.png', 'probe', 'offsets_plot', 'Offset probe: the same texts read with rows '
+     'p + K; does shifting to later rows hurt (worse late rows) at equal context?'),
+    ('comparison.png', 'comparison', 'plot', 'Two runs on the same windows: their losses, '
+     'and the paired difference with its 95% interval.'),
+    ('table_analysis.png', 'probe', 'analysis_table_plot', 'What did the table learn: row '
+     'norms, drift from init over training, PCA, and how linearly decodable position is '
+     '(R^2 on the panel).'),
+    ('cosine_similarity.png', 'probe', 'analysis_cosine_plot', 'Cosine similarity between '
+     'position rows.'),
+    ('exposure_relation.png', 'probe', 'analysis_exposure_plot', 'Per-position quantities '
+     'against training exposure, with Spearman rho.'),
+    ('data_exposure.png', None, None, 'Before training: how often each position is seen, and '
+     'how long the source documents are.'),
 )
 
 
@@ -57,21 +60,14 @@ def main(argv):
     c.eval_every_steps, c.allow_config_change = 0, True
     runs[policy] = os.path.join(FLAGS.workdir, policy)
     training.train_and_evaluate(c, runs[policy])
-  _, comp = eval_workdir.evaluate_and_compare(list(runs.values()))
-  probe = eval_workdir.evaluate_workdir(runs['natural'], offsets=[0, 16], analyze=True)
-  log2 = eval_workdir.evaluate_workdir(runs['natural'], bucket_edges='log2')
+  natural = runs['natural']
+  evals = {'comparison': eval_workdir.evaluate_and_compare(list(runs.values()))[1],
+           'probe': eval_workdir.evaluate_workdir(natural, offsets=[0, 16], analyze=True),
+           'log2': eval_workdir.evaluate_workdir(natural, bucket_edges='log2')}
   os.makedirs(FLAGS.out, exist_ok=True)
-  sources = {
-      'loss_by_position.png': probe['files']['plot'],
-      'loss_by_position_log2.png': log2['files']['plot'],
-      'offsets.png': probe['files']['offsets_plot'],
-      'comparison.png': comp['files']['plot'],
-      'table_analysis.png': probe['files']['analysis_table_plot'],
-      'cosine_similarity.png': probe['files']['analysis_cosine_plot'],
-      'exposure_relation.png': probe['files']['analysis_exposure_plot'],
-  }
-  for name, path in sources.items():
-    shutil.copyfile(path, os.path.join(FLAGS.out, name))
+  for name, source, key, _ in FIGURES:
+    if source:
+      shutil.copyfile(evals[source]['files'][key], os.path.join(FLAGS.out, name))
   c = FLAGS.config.copy_and_resolve_references()
   c.data.position_policy = 'natural'
   plots.data_exposure(report.exposure(c, 50), os.path.join(FLAGS.out, 'data_exposure.png'))
@@ -79,11 +75,11 @@ def main(argv):
            f'{FLAGS.out}` (tiny config, synthetic corpus, natural vs packed_reset, '
            f'{FLAGS.steps} steps); each figure once, with the question it answers.', '']
   before = os.path.isdir(os.path.join(FLAGS.out, 'before'))
-  for name, question in FIGURES:
+  for name, _, _, question in FIGURES:
     lines += [f'## {name}', '', question, '', f'![{name}]({name})', '']
     if before and os.path.exists(os.path.join(FLAGS.out, 'before', name)):
       lines += [f'Before the figure rework: [before/{name}](before/{name}).', '']
-  with open(os.path.join(FLAGS.out, 'README.md'), 'w') as f:
+  with outputs.atomic_write(os.path.join(FLAGS.out, 'README.md'), 'w') as f:
     f.write('\n'.join(lines))
   print(f'gallery: {os.path.join(FLAGS.out, "README.md")}')
 

@@ -1,6 +1,5 @@
-"""Flax NNX twins of the linen embeddings and `TransformerLM`, built on the same functions
-(`layers`, `embeddings`): equal parameters give equal logits. Attribute paths are the linen
-parameter paths (docs/DESIGN.md, "Model"); dropout forks the construction ``rngs``."""
+"""Flax NNX twins of the linen embeddings and `TransformerLM` on the same functions: equal
+parameters give equal logits; attribute paths are the linen parameter paths (docs/DESIGN.md)."""
 
 from __future__ import annotations
 
@@ -21,15 +20,9 @@ from flax_posemb.model import sinusoid_scale
 Array = jax.Array
 Dtype = Any
 
-apply_rope = embeddings.apply_rope
-
-__all__ = ['Block', 'Dense', 'LearnedPositionEmbedding', 'RotaryEmbedding',
-           'SinusoidalPositionEmbedding', 'TokenEmbedding', 'TransformerLM', 'apply_rope',
-           'load_linen_params', 'position_table', 'to_linen_params']
-
 
 class _Table(nnx.Module):
-  """Parameter ``embedding`` [rows, features] drawn from the ``params`` stream."""
+  """Parameter ``embedding`` [rows, features]."""
 
   def __init__(self, rows: int, features: int, *,
                embedding_init: initializers.InitFn = initializers.gpt2(),
@@ -39,21 +32,17 @@ class _Table(nnx.Module):
 
 
 class LearnedPositionEmbedding(_Table):
-  """Learned table ``embedding`` [num_positions, features]; ids are assumed in range (the host
-  checks them, `sharding.global_batch`)."""
+  """Learned table ``embedding`` [num_positions, features] (ids checked on the host)."""
 
   def __call__(self, positions: Array) -> Array:
-    """int ``[...]`` -> ``[..., features]`` in ``dtype`` (None: ``param_dtype``)."""
     return embeddings.lookup_positions(self.embedding[...], positions,
                                        dtype=self.dtype)
 
 
 class TokenEmbedding(_Table):
-  """Token table ``embedding`` [num_embeddings, features] with the tied output head (ids
-  past the table give NaN rows)."""
+  """Token table ``embedding`` [num_embeddings, features] with the tied output head."""
 
   def __call__(self, ids: Array) -> Array:
-    """int ``[...]`` -> ``[..., features]`` in ``dtype``."""
     return embeddings.lookup_tokens(self.embedding[...], ids, self.dtype)
 
   def attend(self, x: Array) -> Array:
@@ -70,14 +59,12 @@ class SinusoidalPositionEmbedding(nnx.Module):
     self.dtype = dtype
 
   def __call__(self, positions: Array) -> Array:
-    """int ``[...]`` -> ``[..., features]``."""
     return embeddings.sinusoidal_encoding(positions, self.features, scale=self.scale,
                                           max_wavelength=self.max_wavelength, dtype=self.dtype)
 
 
 class RotaryEmbedding(nnx.Module):
-  """RoPE (`apply_rope`) as a module, for models assembled from these parts
-  (`TransformerLM` applies it inside `layers.attention`)."""
+  """RoPE (`embeddings.apply_rope`) as a module (`TransformerLM` applies it in attention)."""
 
   def __init__(self, max_wavelength: float = 10_000.0):
     self.max_wavelength = max_wavelength
@@ -124,8 +111,7 @@ class Block(nnx.Module):
 
   def __call__(self, x: Array, mask: Array | None, positions: Array, *,
                deterministic: bool = True, rngs: nnx.Rngs | None = None) -> Array:
-    """``x`` [B, T, D], ``mask`` bool [B, 1, T, T] (None: causal only), int ``positions``
-    [B, T] (for RoPE) -> [B, T, D]."""
+    """``x`` [B, T, D], ``mask`` bool [B, 1, T, T] (None: causal), ``positions`` [B, T]."""
     return layers.block(
         x, mask, positions, ln_1=self.ln_1, qkv=self.qkv, attn_out=self.attn_out,
         ln_2=self.ln_2, mlp_in=self.mlp_in, mlp_out=self.mlp_out,
@@ -145,8 +131,7 @@ _remat_block = nnx.remat(_apply_block, static_argnums=(4,), graph_updates=False)
 
 
 class TransformerLM(nnx.Module):
-  """GPT-2-style decoder-only LM; the maths, parameters and initializers of
-  `model.TransformerLM` (``rngs``: ``params`` and ``dropout`` streams, or ``default``)."""
+  """The NNX twin of `model.TransformerLM`."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     cfg = self.config = config
@@ -174,9 +159,7 @@ class TransformerLM(nnx.Module):
   def __call__(self, inputs: Array, positions: Array, segment_ids: Array | None = None, *,
                deterministic: bool = True, embed_delta: Array | None = None,
                rngs: nnx.Rngs | None = None) -> Array:
-    """float32 logits [B, T, vocab_size] of int32 ``inputs``, ``positions`` and
-    ``segment_ids`` (0 = padding; None: one document per row) [B, T], as linen's
-    (``embed_delta`` [B, T, emb_dim]); ``rngs``' ``dropout`` stream overrides the model's."""
+    """float32 logits [B, T, vocab_size], as `model.TransformerLM`'s."""
     cfg = self.config
     pos_rows = None if self.pos_embed is None else self.pos_embed(positions)
     x = layers.embedding_sum(self.token_embed(inputs), pos_rows, embed_delta)
@@ -194,9 +177,8 @@ def to_linen_params(model: TransformerLM) -> dict[str, Any]:
 
 
 def load_linen_params(model: TransformerLM, params: Mapping[str, Any]) -> TransformerLM:
-  """Copies linen `TransformerLM` params (or ``{'params': ...}``) into ``model`` in place,
-  cast to its parameter dtypes; a tree that differs in a path or shape raises
-  `trees.TreeMismatchError` (a ValueError) naming the first such path, writing nothing."""
+  """Copies linen params (or ``{'params': ...}``) into ``model`` in place, cast to its dtypes;
+  a different tree raises `trees.TreeMismatchError` and writes nothing."""
   if set(params) == {'params'}:
     params = params['params']
   state = nnx.state(model, nnx.Param)
@@ -209,8 +191,7 @@ def load_linen_params(model: TransformerLM, params: Mapping[str, Any]) -> Transf
 
 
 def position_table(model: TransformerLM) -> Array:
-  """The learned position table ``[max_len, emb_dim]``; KeyError when the model has none
-  (position_embedding != 'learned'), as `model.position_table` for linen params."""
+  """The learned position table ``[max_len, emb_dim]`` (KeyError if none)."""
   if not isinstance(getattr(model, 'pos_embed', None), LearnedPositionEmbedding):
     raise KeyError("No learned position table at model.pos_embed.embedding; the model's "
                    "position_embedding is not 'learned'.")

@@ -1,9 +1,5 @@
-"""Every matplotlib figure of the project (Agg backend; no computation here).
-
-Each function takes already-computed arrays or results dicts, writes one PNG and returns its
-path. Error bars are the 95% t intervals the results carry (``ci95``: documents - 1 degrees
-of freedom for buckets, seeds - 1 for experiments).
-"""
+"""Every matplotlib figure of the project (Agg backend): each function draws computed arrays or
+results dicts (error bars: the 95% t intervals they carry) into one PNG and returns its path."""
 
 from __future__ import annotations
 
@@ -57,9 +53,7 @@ def _bucket_x(b: dict[str, np.ndarray], log: bool) -> np.ndarray:
 
 
 def _bucket_xaxis(ax, log: bool, label: str) -> None:
-  if log:
-    ax.set_xscale('log')
-  ax.set_xlabel(label)
+  ax.set(xscale='log' if log else 'linear', xlabel=label)
 
 
 def _outside_legend(ax) -> None:
@@ -69,16 +63,13 @@ def _outside_legend(ax) -> None:
 
 def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any],
                      path: Path, title: str = '') -> str:
-  """Writes ``loss_by_position_figure`` to ``path`` (PNG) and returns the path."""
   return _save(loss_by_position_figure(per_position, results, title), path)
 
 
 def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[str, Any],
                             title: str = ''):
-  """The figure (TensorBoard takes it as an image) of loss by position bucket with 95%
-  intervals from ``results`` (results.json), a thin line per document kind when the windows
-  mix several, and ``per_position`` ({'position', 'loss'}: [L]) off the synthetic corpus;
-  there the Bayes and filter bounds and, below, the share of the position value recovered."""
+  """Loss by position bucket (95% CI) of ``results`` (results.json), a line per document kind,
+  ``per_position`` loss [L] or, on the synthetic corpus, the bounds and the share recovered."""
   b = _bucket_arrays(results['buckets'])
   synth = 'recovered' in b
   log = _log_buckets(b)
@@ -118,14 +109,13 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
 
 def _series(ax, series: Sequence[tuple[str, Sequence[dict[str, Any]]]], log: bool,
             ylabel: str, value: str = 'loss', first_color: int = 0) -> None:
-  """Bucket rows' ``value`` with their 95% t intervals, one series per (label, rows); for
-  ``'diff'`` (rows of ``buckets.paired_difference``) with the zero line."""
+  """Bucket rows' ``value`` (95% CI), one series per (label, rows)."""
   for j, (label, rows) in enumerate(series):
     if rows := [r for r in rows if r[value] is not None]:
       b = _bucket_arrays(rows, value)
       ax.errorbar(_bucket_x(b, log), b[value], yerr=b['half'], fmt='o-', capsize=3,
                   color=f'C{j + first_color}', label=label)
-  if value == 'diff':
+  if value != 'loss':
     ax.axhline(0.0, color='k', lw=0.8)
   ax.set_ylabel(ylabel)
   ax.legend(fontsize=8)
@@ -133,23 +123,17 @@ def _series(ax, series: Sequence[tuple[str, Sequence[dict[str, Any]]]], log: boo
 
 def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]], path: Path,
                paired: Sequence[dict[str, Any]] = ()) -> str:
-  """Bucket loss (95% CI) of several runs; excess over Bayes if available; and, with
-  ``paired`` differences (``eval_report.compare``), each run minus the first."""
-  arrays = [_bucket_arrays(r['buckets']) for r in results]
-  synth = all('bayes_loss' in a for a in arrays)
-  log = _log_buckets(arrays[0])
+  """Bucket loss (95% CI) of several runs, excess over Bayes, ``paired`` differences."""
+  first = _bucket_arrays(results[0]['buckets'])
+  synth = all('bayes_loss' in r['buckets'][0] for r in results)
+  log = _log_buckets(first)
   n = 1 + int(synth) + int(bool(paired))
   fig, axes = plt.subplots(n, 1, figsize=(8, 2.2 + 2.2 * n), sharex=True, squeeze=False)
+  runs = [(l, r['buckets']) for l, r in zip(labels, results)]
   if synth:
-    axes[0, 0].plot(_bucket_x(arrays[0], log), arrays[0]['bayes_loss'], 'k-', lw=1,
-                    label='Bayes')
-    for i, a in enumerate(arrays):
-      axes[1, 0].errorbar(_bucket_x(a, log), a['loss'] - a['bayes_loss'], yerr=a['half'],
-                          fmt='o-', capsize=3, color=f'C{i}')
-    axes[1, 0].axhline(0.0, color='k', lw=0.8)
-    axes[1, 0].set_ylabel('excess loss over Bayes')
-  _series(axes[0, 0], [(l, r['buckets']) for l, r in zip(labels, results)], log,
-          'loss (nats / token)')
+    axes[0, 0].plot(_bucket_x(first, log), first['bayes_loss'], 'k-', lw=1, label='Bayes')
+    _series(axes[1, 0], runs, log, 'excess loss over Bayes', 'excess_loss')
+  _series(axes[0, 0], runs, log, 'loss (nats / token)')
   axes[0, 0].set_title('loss by position bucket')
   if paired:
     _series(axes[-1, 0], [(f"{p['label']} - {p['minus']}", p['buckets']) for p in paired],
@@ -160,8 +144,7 @@ def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]], path: P
 
 
 def offset_probe(probe: dict[str, Any], path: Path) -> str:
-  """Loss by context length for each position offset K (results['offset_probe']) and, below,
-  the paired difference K - K0 per bucket with its 95% interval."""
+  """Loss by context length per offset K (results['offset_probe']) and the paired K - K0."""
   paired = probe.get('paired_vs_first') or []
   fig, axes = plt.subplots(2 if paired else 1, 1, figsize=(8, 7 if paired else 4.2),
                            sharex=True, squeeze=False)
@@ -201,9 +184,8 @@ def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.nd
                    probe_edges: np.ndarray, probe_error: np.ndarray, path: Path,
                    snapshot_drift: np.ndarray | None = None,
                    snapshot_steps: Sequence[int] = (), probe_r2: float | None = None) -> str:
-  """Row norms [L], drift from init ([L] or per snapshot [S, L] at ``snapshot_steps``),
-  PCA explained-variance ratios [k], and the held-out linear position probe's error [nb]
-  per bucket of ``probe_edges`` [nb + 1] with its R^2."""
+  """Row norms [L], drift from init ([L] or [S, L] at ``snapshot_steps``), PCA ratios [k] and
+  the linear position probe's error [nb] per bucket of ``probe_edges`` [nb + 1]."""
   fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
   pos = np.arange(len(norms))
   axes[0, 0].plot(pos, norms)
@@ -237,8 +219,7 @@ def cosine_heatmap(sim: np.ndarray, path: Path, title: str = '') -> str:
 
 def exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray], path: Path,
                       rho: dict[str, float | None] | None = None) -> str:
-  """Per-position quantities (name -> [L], NaN skipped) against cumulative training
-  exposure [L] (log x), one panel each, with Spearman ``rho`` printed where given."""
+  """Per-position quantities (name -> [L]) against training exposure [L], with ``rho``."""
   fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.8), squeeze=False)
   pos = np.arange(len(exposure))
   for ax, (name, y) in zip(axes[0], series.items()):
@@ -255,8 +236,7 @@ def exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray], path:
 
 
 def data_exposure(report: dict[str, Any], path: Path) -> str:
-  """Real-token count per position and source document-length shares
-  (``flax_posemb.data.report.exposure``: 'counts' [T], 'doc_lengths' buckets)."""
+  """Real tokens per position and document-length shares (``data.report.exposure``)."""
   counts = np.asarray(report['counts'], np.float64)
   fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
   a.plot(np.arange(len(counts)), counts, lw=1)
@@ -271,11 +251,8 @@ def data_exposure(report: dict[str, Any], path: Path) -> str:
   return _save(fig, path)
 
 
-# --- Experiment report figures (flax_posemb.experiments.report): intervals over seeds ---------
-
-
 def _arm_styles(names: Sequence[str]) -> dict[str, dict[str, Any]]:
-  """One colour, marker and line style per arm (two arms never look alike)."""
+  """One colour, marker and line style per arm."""
   cycle = plt.rcParams['axes.prop_cycle'].by_key()['color']
   return {n: {'color': cycle[i % len(cycle)], 'marker': _MARKERS[i % len(_MARKERS)],
               'ls': _LINESTYLES[i % len(_LINESTYLES)]} for i, n in enumerate(names)}
@@ -283,7 +260,6 @@ def _arm_styles(names: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 def _errorbars(ax, x: np.ndarray, intervals: Sequence[dict[str, Any]], style: dict[str, Any],
                label: str) -> Any:
-  """Means with their t-interval bars; entries without an interval (one seed) get none."""
   mean, low, high = (_col(intervals, k) for k in ('mean', 'low', 'high'))
   err = np.stack([mean - low, high - mean])
   return ax.errorbar(x, mean, yerr=np.where(np.isfinite(err), err, 0.0), ms=4, capsize=2,
@@ -307,9 +283,7 @@ def experiment_profile(path: Path, bucket_labels: Sequence[str],
                        differences: dict[str, Sequence[dict[str, Any]]] | None = None,
                        baseline: str = '', title: str = '', ylabel: str = '',
                        n_seeds: int = 0, log_y: bool = False) -> str:
-  """Per-bucket means over seeds per arm (intervals ``{mean, low, high}``) and, right, the
-  paired differences against ``baseline``; arms differ in colour, marker and line style and
-  are shifted slightly along x; the legend has its own column."""
+  """Per-bucket intervals over seeds per arm and, right, paired differences to ``baseline``."""
   two = bool(differences)
   names = list(dict.fromkeys([*series, *(differences or {})]))
   style = _arm_styles(names)
@@ -339,8 +313,7 @@ def experiment_profile(path: Path, bucket_labels: Sequence[str],
 
 def experiment_metric_bars(path: Path, panels: dict[str, dict[str, dict[str, Any]]], *,
                            ylabels: dict[str, str], title: str = '', n_seeds: int = 0) -> str:
-  """One panel per group of arms in the same units (panel -> {arm: interval}): each arm's
-  mean with its interval as a point (the axis need not start at 0)."""
+  """One panel per group of arms in the same units (panel -> {arm: interval})."""
   widths = [max(2.0, 0.55 * len(arms) + 1.0) for arms in panels.values()] or [2.0]
   fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(max(sum(widths) + 1.2, 8.0), 4.2),
                            squeeze=False, gridspec_kw={'width_ratios': widths})

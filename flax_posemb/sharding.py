@@ -1,5 +1,5 @@
-"""Meshes (1-D, axis ``'data'``, all devices of all hosts), shardings (batches along
-'data'; parameters replicated or, with fsdp, split) and the host-to-device batch boundary."""
+"""The 1-D ``'data'`` mesh, shardings (batches along 'data'; parameters replicated or, with
+fsdp, split) and the host-to-device batch boundary."""
 
 from __future__ import annotations
 
@@ -23,12 +23,11 @@ def make_mesh(devices: Any = None) -> Mesh:
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
-  """Sharding of an array copied to every device of ``mesh``."""
   return NamedSharding(mesh, P())
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Sharding of ``[B, T]`` batch arrays: rows over ``'data'``."""
+  """``[B, T]`` batch rows over ``'data'``."""
   return NamedSharding(mesh, P('data'))
 
 
@@ -47,8 +46,7 @@ def tree_shardings(tree: PyTree, mesh: Mesh, fsdp: bool) -> PyTree:
 
 
 def check_batch_layout(config: Any, mesh: Mesh) -> None:
-  """Raises a ValueError if ``config.batch_size`` cannot be split evenly over the
-  microbatches (``grad_accum_steps``), the devices and the processes."""
+  """ValueError unless ``batch_size`` splits over microbatches, devices and processes."""
   b, a, n = int(config.batch_size), int(config.grad_accum_steps), mesh.size
   if a < 1 or b < 1 or b % (a * n) or b % jax.process_count():
     raise ValueError(
@@ -60,10 +58,8 @@ def check_batch_layout(config: Any, mesh: Mesh) -> None:
 
 def global_batch(batch: dict[str, np.ndarray], mesh: Mesh,
                  max_len: int | None = None) -> dict[str, jax.Array]:
-  """Global ``[B, T]`` arrays (``batch_sharding``) of this process's rows of ``BATCH_KEYS``.
-
-  Batches cross from host to device here: the one check of position ids (scored or not);
-  with ``max_len``, an id outside ``[0, max_len)`` raises a ValueError naming it."""
+  """Global ``[B, T]`` arrays of this process's rows of ``BATCH_KEYS``: the one host-to-device
+  boundary, where position ids are checked against ``[0, max_len)``."""
   missing = [k for k in BATCH_KEYS if k not in batch]
   if missing:
     raise ValueError(f'batch lacks {missing}; a batch must hold {list(BATCH_KEYS)} '

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from flax_posemb.experiments import budget, measures, paired, spec, sweep
+from flax_posemb.experiments import measures, paired, spec, sweep
 
 CONFIGS = ('init_comparison', 'exposure', 'init_x_exposure')
 
@@ -208,7 +208,7 @@ def test_claim_naming_a_missing_arm_is_a_clear_error():
 
 def test_budget_gives_padded_policies_more_rows_and_equal_scored_tokens(tmp_path):
   exp = _load('exposure')
-  runs, b = budget.equalize(spec.expand(exp, quick=True), exp.budget,
+  runs, b = sweep.equalize(spec.expand(exp, quick=True), exp.budget,
                             cache_path=str(tmp_path / 'budget.json'))
   assert b.batch_size['syn/natural'] > b.batch_size['syn/packed']
   for arm, rows in b.batch_size.items():
@@ -217,7 +217,7 @@ def test_budget_gives_padded_policies_more_rows_and_equal_scored_tokens(tmp_path
   # The cache makes a resumed sweep reproduce the same sizes without measuring again.
   def no_measuring(config, n):
     raise AssertionError('estimator called despite the cache')
-  _, again = budget.equalize(spec.expand(exp, quick=True), exp.budget, no_measuring,
+  _, again = sweep.equalize(spec.expand(exp, quick=True), exp.budget, no_measuring,
                              str(tmp_path / 'budget.json'))
   assert again.batch_size == b.batch_size
 
@@ -361,7 +361,7 @@ def test_coinciding_arms_of_different_experiments_are_one_run_after_budgeting(tm
   def keys(name, arms):
     exp = _load(name)
     runs = [r for r in spec.expand(exp) if r.arm in arms]
-    runs, _ = budget.equalize(runs, exp.budget, cache_path=str(tmp_path / f'{name}.json'))
+    runs, _ = sweep.equalize(runs, exp.budget, cache_path=str(tmp_path / f'{name}.json'))
     return {(r.arm, r.seed): r.key for r in runs}
   ic = keys('init_comparison', ('gpt2', 'zeros'))
   ex = keys('exposure', ('syn/packed', 'syn/packed_reset'))
@@ -386,7 +386,7 @@ def test_suite_file_expands_to_the_four_experiments_with_the_scale():
 
 
 def test_quick_suite_runs_the_whole_pipeline_shares_runs_and_resumes(tmp_path):
-  from flax_posemb.experiments import runner, sweep  # pylint: disable=g-import-not-at-top
+  from flax_posemb import experiments  # pylint: disable=g-import-not-at-top
   trained = []
 
   def counting_train(config, run_dir):
@@ -396,8 +396,8 @@ def test_quick_suite_runs_the_whole_pipeline_shares_runs_and_resumes(tmp_path):
   workdir, reports = str(tmp_path / 'exp'), str(tmp_path / 'docs')
   paths = [os.path.join('configs', 'experiments', f'{n}.py') for n in ('init_comparison',
                                                                       'exposure')]
-  summaries = runner.run_suite(paths, workdir, quick=True, report_dir=reports,
-                               train_fn=counting_train, command='test')
+  summaries = experiments.run_suite(paths, workdir, quick=True, report_dir=reports,
+                                    train_fn=counting_train, command='test')
   # init_comparison's gpt2 is exposure's syn/packed: 3 distinct runs for 4 arms.
   assert len(trained) == 3
   assert set(summaries) == {'init_comparison', 'exposure'}
@@ -417,9 +417,9 @@ def test_quick_suite_runs_the_whole_pipeline_shares_runs_and_resumes(tmp_path):
   assert 'init_comparison/REPORT.md' in index and 'exposure/REPORT.md' in index
   # Resume: finished runs are skipped; a run without its marker is trained again.
   os.remove(os.path.join(trained[-1], sweep.DONE))
-  runner.run_experiment(paths[1], os.path.join(workdir, 'exposure'), quick=True,
-                        run_store=os.path.join(workdir, 'store'), train_fn=counting_train,
-                        command='test')
+  experiments.run_experiment(paths[1], os.path.join(workdir, 'exposure'), quick=True,
+                             run_store=os.path.join(workdir, 'store'), train_fn=counting_train,
+                             command='test')
   assert trained[3:] == [trained[2]]
 
 
@@ -435,10 +435,10 @@ def test_a_preempted_run_is_not_marked_done(tmp_path, monkeypatch):
 
 
 def test_long_text_quick_report_states_where_its_windows_come_from(tmp_path):
-  from flax_posemb.experiments import runner  # pylint: disable=g-import-not-at-top
+  from flax_posemb import experiments  # pylint: disable=g-import-not-at-top
   out = str(tmp_path / 'report')
-  runner.run_experiment(os.path.join('configs', 'experiments', 'long_text.py'),
-                        str(tmp_path / 'exp'), quick=True, report_dir=out, command='test')
+  experiments.run_experiment(os.path.join('configs', 'experiments', 'long_text.py'),
+                             str(tmp_path / 'exp'), quick=True, report_dir=out, command='test')
   report = open(os.path.join(out, 'REPORT.md')).read()
   windows = json.load(open(os.path.join(out, 'summary.json')))['analyses']['windows']
   summary = windows['summary']

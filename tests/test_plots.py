@@ -13,7 +13,7 @@ def _rows(losses, edges=(0, 4, 8, 12), synth=False, half=0.3):
     r = dict(start=a, end=b, loss=loss, stderr=0.05, ci95=[loss - half, loss + half],
              tokens=10, windows=10)
     if synth:
-      r.update(bayes_loss=1.0, filter_loss=2.0, recovered=2.0 - loss)
+      r.update(bayes_loss=1.0, filter_loss=2.0, excess_loss=loss - 1.0, recovered=2.0 - loss)
     out.append(r)
   return out
 

@@ -7,7 +7,7 @@ Arms: five position policies on the synthetic corpus ('syn/...'). Real text is t
 of `long_text.py` (long documents, context 512, deep windows): the context-64 arms on the
 standard-library sources that used to live here had almost no exposure skew to test (their
 documents nearly fill the rows). Budget: every arm gets the
-same scored tokens per step (``scales.TARGET_TOKENS_PER_STEP``; rows per step set from each
+same scored tokens per step (``spec.TARGET_TOKENS_PER_STEP``; rows per step set from each
 policy's measured scored tokens per row), and the same steps. Baselines: the packed arms see every position
 equally often with equally long attention spans, so they are the control for "late".
 """

@@ -7,7 +7,7 @@
 
 The token table uses Flax's default init (normal, std 1/sqrt(width)), not 0.02, so that
 'same_as_token' is a distinct arm. All arms share the packed policy; rows per step are set
-to the scale's scored-token budget (``scales.TARGET_TOKENS_PER_STEP``) like every experiment.
+to the scale's scored-token budget (``spec.TARGET_TOKENS_PER_STEP``) like every experiment.
 """
 
 from flax_posemb.experiments import spec

@@ -1,9 +1,95 @@
-"""Experiments: paired sweeps of training runs, their measures, and the report
-(``python -m flax_posemb.experiments``; docs/DESIGN.md "Experiments outputs")."""
+"""Experiments: paired sweeps of training runs, their measures, and the report; from configs to
+reports (``python -m flax_posemb.experiments``; docs/DESIGN.md "Experiments outputs")."""
 
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import shlex
+import sys
+from typing import Any
+
+from flax_posemb import outputs
+from flax_posemb.experiments import report, spec, sweep
 from flax_posemb.experiments.paired import judge, t_interval, verdict, with_holm
-from flax_posemb.experiments.runner import run_experiment
 from flax_posemb.experiments.spec import arm, claim, expand, load, profile
 
-__all__ = ['arm', 'claim', 'expand', 'judge', 'load', 'profile', 'run_experiment',
+__all__ = ['arm', 'claim', 'expand', 'judge', 'load', 'profile', 'run_experiment', 'run_suite',
            't_interval', 'verdict', 'with_holm']
+logger = logging.getLogger(__name__)
+
+
+def enable_compilation_cache(cache_dir: str) -> None:
+  """JAX's persistent compilation cache ('' disables), so runs of equal shapes compile once."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if not cache_dir:
+    return
+  os.makedirs(cache_dir, exist_ok=True)
+  jax.config.update('jax_compilation_cache_dir', cache_dir)
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+
+
+def _command(command: str) -> str:
+  return command or 'python -m flax_posemb.experiments ' + ' '.join(
+      shlex.quote(a) for a in sys.argv[1:])
+
+
+def run_experiment(config_path: str, workdir: str, *, report_dir: str = '', command: str = '',
+                   **sweep_kwargs: Any) -> dict[str, Any]:
+  """Runs (or resumes, `sweep.run_sweep` with ``sweep_kwargs``) ``NAME.py[:scale]`` and writes
+  its report into ``report_dir`` ('' = ``workdir``), stating ``command`` ('' = this argv)."""
+  exp = spec.load(config_path)
+  out = sweep.run_sweep(exp, workdir, **sweep_kwargs)
+  summary = report.write(exp, out, report_dir or workdir, _command(command))
+  logger.info('report: %s', os.path.join(report_dir or workdir, 'REPORT.md'))
+  return summary
+
+
+def run_suite(config_paths: list[str], workdir: str, *, run_store: str = '',
+              report_dir: str = '', max_runs: int = -1, command: str = '',
+              **sweep_kwargs: Any) -> dict[str, dict[str, Any]]:
+  """Several experiments sharing one run store (default ``workdir/store``; ``max_runs`` counts
+  over the suite): name -> summary; layout: docs/DESIGN.md "Experiments outputs"."""
+  store = run_store or os.path.join(workdir, 'store')
+  os.makedirs(store, exist_ok=True)
+  out_root = report_dir or workdir
+  command = _command(command)
+  summaries: dict[str, dict[str, Any]] = {}
+  for path in spec.expand_paths(config_paths):
+    name = spec.load(path).name
+    before = _count_done(store)
+    summaries[name] = run_experiment(
+        path, os.path.join(workdir, name), run_store=store, report_dir=os.path.join(out_root, name),
+        max_runs=max_runs, command=command, **sweep_kwargs)
+    if max_runs >= 0:
+      max_runs = max(0, max_runs - (_count_done(store) - before))
+  write_index(summaries, out_root, command)
+  return summaries
+
+
+def _count_done(store: str) -> int:
+  return sum(sweep.is_done(os.path.join(store, d)) for d in os.listdir(store))
+
+
+def write_index(summaries: dict[str, dict[str, Any]], out_dir: str, command: str) -> str:
+  """Writes ``out_dir/README.md``: per experiment its verdict counts and links; returns it."""
+  lines = ['# Experiments', '', f'Produced by `{command}` (one process, one shared run '
+           'store: arms whose resolved configs coincide across experiments are one run).', '']
+  for name, s in summaries.items():
+    count = lambda key: ', '.join(f'{n} {v}' for v, n in collections.Counter(
+        c.get(key, c['verdict']) for c in s['claims']).items()) or 'no claims'
+    verdicts = count('verdict')
+    if m := s.get('multiplicity'):
+      verdicts += (f' ({m["claims_tested"]} claims tested; after Holm-Bonferroni: '
+                   f'{count("verdict_holm")})')
+    partial = '' if s.get('complete', True) else ' **(partial sweep)**'
+    lines += [f'## [{s["title"]}]({name}/REPORT.md){partial}', '', s['question'], '',
+              f'Verdicts: {verdicts}. Data: [`summary.json`]({name}/summary.json).', '']
+    if s.get('figures'):
+      lines += [f'![{name}]({name}/{s["figures"][0]})', '']
+  path = os.path.join(out_dir, 'README.md')
+  with outputs.atomic_write(path, 'w') as f:
+    f.write('\n'.join(lines))
+  return path

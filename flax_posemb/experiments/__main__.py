@@ -1,9 +1,7 @@
 """CLI: python -m flax_posemb.experiments CONFIG[:scale] [CONFIG ...] --workdir DIR [--quick] ...
 
-One config: runs in WORKDIR/runs (or --run_store), report in WORKDIR (or --report_dir).
-Several configs or a suite file (configs/experiments/all.py): experiment NAME in
-WORKDIR/NAME, runs shared in WORKDIR/store, reports in REPORT_DIR/NAME plus an index
-REPORT_DIR/README.md. Exit codes: flax_posemb.cli (2 bad input, 3 non-finite, 75 preempted).
+Layout of one experiment or a suite: docs/DESIGN.md "Experiments outputs"; exit codes:
+flax_posemb.cli (2 bad input, 3 non-finite, 75 preempted).
 """
 
 from __future__ import annotations
@@ -20,7 +18,8 @@ from flax_posemb import cli
 PROG = 'python -m flax_posemb.experiments'
 cli.name_main_module(PROG, __name__)
 
-from flax_posemb.experiments import runner, spec, sweep  # pylint: disable=g-import-not-at-top,wrong-import-position
+from flax_posemb import experiments  # pylint: disable=g-import-not-at-top,wrong-import-position
+from flax_posemb.experiments import spec, sweep  # pylint: disable=wrong-import-position
 
 flags.DEFINE_string('workdir', None, 'Experiment workdir (resumed if it exists).')
 flags.DEFINE_bool('quick', False, 'Two tiny arms, one seed, a few steps (pipeline check).')
@@ -48,14 +47,14 @@ def main(argv: list[str]) -> int | None:
   if not FLAGS['verbosity'].present:  # One line per run; Orbax/TFDS INFO only with --verbosity.
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger('flax_posemb').setLevel(logging.INFO)
-  runner.enable_compilation_cache(FLAGS.compilation_cache)
+  experiments.enable_compilation_cache(FLAGS.compilation_cache)
   kwargs = dict(quick=FLAGS.quick, run_store=FLAGS.run_store, report_dir=FLAGS.report_dir,
                 max_runs=FLAGS.max_runs)
   try:
     if len(paths) == 1:
-      summaries = {'': runner.run_experiment(paths[0], FLAGS.workdir, **kwargs)}
+      summaries = {'': experiments.run_experiment(paths[0], FLAGS.workdir, **kwargs)}
     else:
-      summaries = runner.run_suite(paths, FLAGS.workdir, **kwargs)
+      summaries = experiments.run_suite(paths, FLAGS.workdir, **kwargs)
   except sweep.Preempted as e:
     print(f'{PROG}: {e}', file=sys.stderr)
     return cli.EXIT_PREEMPTED

@@ -1,11 +1,9 @@
-"""Per-run measures read from a finished run's window files, table snapshots and evaluation.
-
-What each vector and scalar means and which windows it uses: docs/DESIGN.md "Experiments
-outputs".
-"""
+"""Per-run measures read from a finished run's window files, table snapshots and evaluation
+(their meaning: docs/DESIGN.md "Experiments outputs")."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -24,20 +22,10 @@ _SOURCES = {'bucket_exposure': 'exposure', 'bucket_row_grad': 'row_grad',
             'bucket_train_loss': 'mean_loss', 'bucket_row_norm': 'row_norm'}
 VECTORS = ('bucket_loss', 'bucket_excess', 'bucket_recovered', *_SOURCES)
 # name -> bucket vector whose last / first bucket it is.
-_LATE_OVER_EARLY = {'exposure': 'bucket_exposure', 'row_grad': 'bucket_row_grad',
-                    'occ_signal': 'bucket_occ_signal',
-                    'downstream_signal': 'bucket_downstream_signal',
-                    'update': 'bucket_update_rss', 'drift': 'bucket_drift',
-                    'row_norm': 'bucket_row_norm'}
+_LATE_OVER_EARLY = {'update': 'bucket_update_rss', **{k: f'bucket_{k}' for k in (
+    'exposure', 'row_grad', 'occ_signal', 'downstream_signal', 'drift', 'row_norm')}}
 _RARE = ('rare_row_fraction', 'loss_rare_rows', 'loss_common_late_rows', 'excess_rare_rows',
          'excess_common_late_rows')
-SCALARS = ('final_loss', 'loss_early', 'loss_late', 'loss_late_minus_early', 'degradation',
-           'excess_early', 'excess_late', 'excess_late_minus_early', 'recovered_early',
-           'recovered_late', *(f'{k}_late_over_early' for k in _LATE_OVER_EARLY),
-           'update_rss_late', 'drift_late', 'drift_mean', 'signal_loss_corr', 'train_seconds',
-           'step_seconds', 'tokens_per_step', 'train_tokens_per_second', *_RARE)
-# Plus 'offset_penalty_K' per probe offset K > 0: overall loss at shift K minus at shift 0.
-
 # Axis labels of the figures; '{loss}' is the corpus's loss unit (``loss_unit``).
 LABELS = {
     'bucket_loss': 'held-out loss ({loss})',
@@ -60,7 +48,7 @@ def loss_unit(tokenizer: str) -> str:
 
 
 def label(metric: str, tokenizer: str = '') -> str:
-  """Axis label of ``metric`` with its unit (the metric name if it has none)."""
+  """Axis label of ``metric`` with its unit."""
   return LABELS.get(metric, metric).format(loss=loss_unit(tokenizer))
 
 
@@ -70,7 +58,7 @@ def load_json(path: str) -> Any:
 
 
 def load_windows(run_dir: str) -> list[dict[str, np.ndarray]]:
-  """The run's statistics windows in step order (a damaged file is a named ValueError)."""
+  """The run's statistics windows in step order."""
   return [outputs.load_npz(path) for _, path in outputs.window_files(run_dir)]
 
 
@@ -90,8 +78,7 @@ def bucket_means(values: np.ndarray, edges: list[tuple[int, int]]) -> np.ndarray
 
 def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
                      tables: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
-  """``[max_len]`` vectors: ``exposure``, ``row_grad``, ``update_rss``, ``scored_total``,
-  ``drift``, ``row_norm`` and ``stats.derived`` of the summed second-half windows."""
+  """``[max_len]`` per-position vectors of a run (docs/DESIGN.md)."""
   out: dict[str, np.ndarray] = {}
   if windows:
     late = [w for w in windows if int(w['step']) > num_steps // 2] or windows[-1:]
@@ -114,8 +101,7 @@ def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
 
 
 def step_seconds(run_dir: str) -> float:
-  """Steady-state seconds per step from ``metrics.jsonl`` (training rows after the first,
-  which includes compilation); NaN below two rows. Wall-clock: indicative."""
+  """Steady-state seconds per step from ``metrics.jsonl`` (after the first row; NaN if none)."""
   path = os.path.join(run_dir, 'metrics.jsonl')
   if not os.path.exists(path):
     return float('nan')
@@ -140,10 +126,8 @@ def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
                  train_seconds: float = float('nan'),
                  per_position: Mapping[str, np.ndarray] | None = None,
                  rare_exposure: float = 100.0) -> dict[str, Any]:
-  """``{'scalars': {name: float}, 'vectors': {name: [per bucket]}, 'buckets': [[start,
-  end]]}`` of a finished run, from its files, its final evaluation (results dict and
-  per-position ``loss``, ``bayes_loss`` ``[L]``) and training seconds; rows seen fewer than
-  ``rare_exposure`` times are "rare"."""
+  """``{'scalars', 'vectors', 'buckets'}`` of a finished run, from its files, its final
+  evaluation (results dict and per-position vectors ``[L]``) and training seconds."""
   buckets = eval_results['buckets']
   edges = [(int(b['start']), int(b['end'])) for b in buckets]
   get = lambda key: np.array([float(b.get(key, float('nan'))) for b in buckets])
@@ -162,29 +146,27 @@ def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
 def _scalars(eval_results: Mapping[str, Any], vec: Mapping[str, np.ndarray],
              pos: Mapping[str, np.ndarray], num_steps: int,
              train_seconds: float) -> dict[str, float]:
-  overall_loss = eval_results['overall']['loss']
-  deg = eval_results['degradation']['last_minus_best']
-  first, last = lambda k: float(vec[k][0]), lambda k: float(vec[k][-1])
-  s = {'final_loss': float(overall_loss if overall_loss is not None
-                           else np.nanmean(vec['bucket_loss'])),
-       'loss_early': first('bucket_loss'), 'loss_late': last('bucket_loss'),
-       'degradation': float(deg) if deg is not None else float('nan'),
-       'excess_early': first('bucket_excess'), 'excess_late': last('bucket_excess'),
-       'recovered_early': first('bucket_recovered'), 'recovered_late': last('bucket_recovered'),
-       'update_rss_late': last('bucket_update_rss'), 'drift_late': last('bucket_drift'),
-       'drift_mean': float(np.nanmean(pos['drift'])) if 'drift' in pos else float('nan'),
+  nan = float('nan')
+  overall, deg = eval_results['overall']['loss'], eval_results['degradation']['last_minus_best']
+  s = {'final_loss': float(np.nanmean(vec['bucket_loss']) if overall is None else overall),
+       'degradation': nan if deg is None else float(deg),
+       'update_rss_late': float(vec['bucket_update_rss'][-1]),
+       'drift_late': float(vec['bucket_drift'][-1]),
+       'drift_mean': float(np.nanmean(pos['drift'])) if 'drift' in pos else nan,
        'train_seconds': float(train_seconds)}
+  for k in ('loss', 'excess', 'recovered'):
+    s[f'{k}_early'], s[f'{k}_late'] = float(vec[f'bucket_{k}'][0]), float(vec[f'bucket_{k}'][-1])
   s['loss_late_minus_early'] = s['loss_late'] - s['loss_early']
   s['excess_late_minus_early'] = s['excess_late'] - s['excess_early']
   for name, v in _LATE_OVER_EARLY.items():
     ok = vec[v][0] and np.isfinite(vec[v][0])
-    s[f'{name}_late_over_early'] = float(vec[v][-1] / vec[v][0]) if ok else float('nan')
+    s[f'{name}_late_over_early'] = float(vec[v][-1] / vec[v][0]) if ok else nan
   s['signal_loss_corr'] = _pearson(pos.get('signal_per_occurrence', np.array([])),
                                    pos.get('mean_loss', np.array([])))
-  scored = float(pos['scored_total'].sum()) if 'scored_total' in pos else float('nan')
-  s['tokens_per_step'] = scored / num_steps if num_steps else float('nan')
+  scored = float(pos['scored_total'].sum()) if 'scored_total' in pos else nan
+  s['tokens_per_step'] = scored / num_steps if num_steps else nan
   s['train_tokens_per_second'] = (scored / train_seconds if train_seconds and
-                                  math.isfinite(train_seconds) else float('nan'))
+                                  math.isfinite(train_seconds) else nan)
   by_offset = {int(p['offset']): p['overall']['loss']
                for p in (eval_results.get('offset_probe') or {}).get('by_offset', [])}
   for k, loss in by_offset.items():
@@ -215,21 +197,14 @@ def _rare_rows(pos: Mapping[str, np.ndarray], per_position: Mapping[str, np.ndar
 
 
 def structure_agreement(tables: Mapping[str, np.ndarray]) -> float:
-  """Mean pairwise Pearson r of the arms' cosine-similarity structures (upper triangles of
-  ``[max_len, emb_dim]`` tables at one step); a structure without variance counts 0."""
-  structs = []
-  for t in tables.values():
-    cos = analysis.cosine_similarity(t)
-    structs.append(cos[np.triu_indices(cos.shape[0], k=1)])
-  vals = [_pearson(structs[i], structs[j])
-          for i in range(len(structs)) for j in range(i + 1, len(structs))]
+  """Mean pairwise Pearson r of the tables' cosine-similarity structures (constant: 0)."""
+  structs = [analysis.cosine_similarity(t)[np.triu_indices(len(t), k=1)] for t in tables.values()]
+  vals = [_pearson(a, b) for a, b in itertools.combinations(structs, 2)]
   return float(np.mean([v if math.isfinite(v) else 0.0 for v in vals])) if vals else float('nan')
 
 
 def convergence_step(run_dirs: Mapping[str, str], threshold: float) -> dict[str, Any]:
-  """When the inits' tables (arm -> run dir, one seed) reach one cosine structure:
-  ``{'steps', 'agreement', 'converged_step'}``, the first step from which the agreement
-  stays >= threshold (NaN if never)."""
+  """When the arms' tables (arm -> run dir) agree >= ``threshold`` from then on."""
   snaps = {a: load_tables(d) for a, d in run_dirs.items()}
   common = sorted(set.intersection(*(set(s) for s in snaps.values()))) if snaps else []
   agreement = [structure_agreement({a: s[step] for a, s in snaps.items()}) for step in common]

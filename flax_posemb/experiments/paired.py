@@ -1,8 +1,5 @@
-"""Paired statistics across seeds, the fixed verdict rule and Holm-Bonferroni.
-
-The rule and the correction: docs/DESIGN.md "Experiments outputs". Directions and margins
-are validated once, by ``spec.validate``.
-"""
+"""Paired statistics across seeds, the fixed verdict rule and Holm-Bonferroni (docs/DESIGN.md
+"Experiments outputs"; directions and margins are validated by ``spec.validate``)."""
 
 from __future__ import annotations
 
@@ -60,11 +57,7 @@ def t_interval(values: Sequence[float] | np.ndarray, level: float = 0.95) -> Int
 def decision_p_value(values: Sequence[float] | np.ndarray, direction: str,
                      margin: float = 0.0) -> float:
   """Smallest alpha at which the (1 - alpha) interval of ``values`` ``[n]`` is decisive
-  under ``verdict`` (1 below two finite values): what ``holm`` adjusts.
-
-  Directional: the two-sided one-sample t-test of mean 0. Equivalent: the smaller of TOST
-  (both bounds inside the band) and the interval lying beyond one side of it.
-  """
+  under ``verdict`` (equivalent: TOST, or the interval beyond one side of the band)."""
   x = _finite(values)
   if x.size < 2:
     return 1.0
@@ -103,9 +96,7 @@ def verdict(interval: Interval, direction: str, margin: float = 0.0) -> str:
 
 def judge(arm: Mapping[int, float], baseline: Mapping[int, float], direction: str,
           margin: float = 0.0, level: float = 0.95) -> dict:
-  """``{'seeds', 'differences', 'interval', 'verdict', 'p_value'}`` of a paired claim
-  (seed -> metric maps) over the shared seeds, ascending; the verdict is ``NOT_MEASURED``
-  without a finite difference."""
+  """Interval, verdict and p value of a paired claim (seed -> metric maps)."""
   seeds = sorted(set(arm) & set(baseline))
   d = np.array([float(arm[s]) - float(baseline[s]) for s in seeds], np.float64)
   interval = t_interval(d, level)
@@ -116,8 +107,7 @@ def judge(arm: Mapping[int, float], baseline: Mapping[int, float], direction: st
 
 
 def with_holm(judgements: Sequence[dict], alpha: float = 0.05) -> list[dict]:
-  """``judge`` outputs plus ``p_holm`` and ``verdict_holm`` over the measured ones (one
-  family); the primary verdict is kept."""
+  """``judge`` outputs plus ``p_holm`` and ``verdict_holm`` over the measured ones."""
   out = [dict(j) for j in judgements]
   tested = [j for j in out if j['verdict'] != NOT_MEASURED]
   for j, p in zip(tested, holm([j['p_value'] for j in tested])):

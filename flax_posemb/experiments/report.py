@@ -1,13 +1,8 @@
-"""Aggregates a sweep into ``summary.json`` and writes ``REPORT.md`` with its figures.
-
-Numbers are means over seeds with 95% Student-t intervals (``paired``); claims use the
-paired per-seed differences, the fixed verdict rule and Holm-Bonferroni (docs/DESIGN.md
-"Experiments outputs").
-"""
+"""Aggregates a sweep into ``summary.json`` and writes ``REPORT.md`` with its figures
+(docs/DESIGN.md "Experiments outputs")."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any, Iterable, Mapping
@@ -15,13 +10,28 @@ from typing import Any, Iterable, Mapping
 import ml_collections
 import numpy as np
 
-from flax_posemb import eval_report
-from flax_posemb.experiments import measures, paired, scales, sweep
+from flax_posemb import eval_report, outputs
+from flax_posemb.experiments import measures, paired, sweep
 
 # Per-arm scalars of the report's arm table (all of them are in summary.json).
 TABLE_SCALARS = ('final_loss', 'loss_late_minus_early', 'excess_late', 'recovered_late',
                  'exposure_late_over_early', 'update_late_over_early', 'drift_late',
                  'tokens_per_step', 'train_seconds', 'step_seconds')
+
+
+def stated_settings(config: ml_collections.ConfigDict) -> dict[str, object]:
+  """The settings every report states (token init, beta2, weight decay, corpus, shapes)."""
+  d, m = config.data, config.model
+  o = config.optimizer
+  return {
+      'token_init': m.token_init, 'token_init_std': float(m.token_init_std),
+      'beta2': float(o.b2), 'weight_decay': float(o.weight_decay),
+      'decay_position_table': bool(o.decay_position_table),
+      'corpus': d.source if d.source != 'tfds' else f'tfds:{d.name}',
+      'tokenizer': d.tokenizer if d.source != 'synthetic' else 'synthetic',
+      'seq_len': int(d.seq_len), 'num_train_steps': int(config.num_train_steps),
+      'model': f'{m.num_layers} layers, {m.num_heads} heads, width {m.emb_dim}, table '
+               f'{m.max_len} rows'}
 
 
 def _finite(x: Any) -> bool:
@@ -75,8 +85,7 @@ def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
-  """The JSON-ready summary of a sweep (``sweep.run_sweep`` output): per-arm intervals,
-  claims with Holm, profiles, analyses, budget and stated settings."""
+  """The JSON-ready summary of a sweep (``sweep.run_sweep`` output)."""
   by_arm = _by_arm(sweep_out['runs'])
   rows = [r for r in sweep_out['runs'] if r['done']]
   claims = paired.with_holm(_claims(exp, by_arm))
@@ -90,7 +99,7 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
       'experiment': exp.name, 'title': exp.title, 'question': exp.question,
       'complete': sweep_out['complete'], 'quick': bool(sweep_out.get('quick')),
       'buckets': rows[0]['measures']['buckets'] if rows else [],
-      'settings': scales.stated_settings(rows[0]['config']) if rows else {},
+      'settings': stated_settings(rows[0]['config']) if rows else {},
       'budget': sweep_out['budget'], 'arms': _arms(by_arm, rows), 'claims': claims,
       'multiplicity': {'method': 'holm', 'claims_tested': len(tested), 'alpha': 0.05,
                        'verdicts_changed': sum(c['verdict_holm'] != c['verdict']
@@ -104,9 +113,8 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
 
 def _arms(by_arm: Mapping[str, Mapping[int, Any]], rows: list[Mapping[str, Any]]
           ) -> dict[str, Any]:
-  """arm -> {seeds, scalars: {name: interval}, vectors: {name: [interval per bucket]},
-  corpus, tokenizer} (the last four only with a finished run)."""
-  settings = {r['arm']: scales.stated_settings(r['config']) for r in rows}
+  """arm -> {seeds[, scalars, vectors, corpus, tokenizer]} (intervals over seeds)."""
+  settings = {r['arm']: stated_settings(r['config']) for r in rows}
   names = lambda kind: sorted({k for r in rows for k in r['measures'][kind]})
   out = {}
   for a, runs in by_arm.items():
@@ -152,8 +160,7 @@ def _profiles(exp: ml_collections.ConfigDict, by_arm: Mapping[str, Any]) -> list
 
 
 def _window_groups(rows: list[Mapping[str, Any]], arms: Iterable[str]) -> dict[str, Any]:
-  """The windows' provenance (the same for every run) and the last bucket's rise over the
-  one before it per ``by_depth`` / ``by_end`` group and arm; ``{}`` without provenance."""
+  """The windows' provenance and the last bucket's rise per window group and arm."""
   paths = [(r['arm'], os.path.join(r['run_dir'], sweep.EVAL_DIR, 'results.json')) for r in rows]
   results = [(a, measures.load_json(p)) for a, p in paths if os.path.exists(p)]
   if not results or 'windows' not in results[0][1]:
@@ -179,8 +186,12 @@ def _rise(name: str, results: list[tuple[str, Mapping[str, Any]]],
 
 
 def _convergence(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
+  groups: dict[int, dict[str, str]] = {}  # seed -> {arm: run_dir}
+  for r in sweep_out['runs']:
+    if r['done']:
+      groups.setdefault(r['seed'], {})[r['arm']] = r['run_dir']
   per_seed = {s: measures.convergence_step(g, float(exp.convergence_threshold))
-              for s, g in sweep.seed_groups(sweep_out['runs']).items() if len(g) >= 2}
+              for s, g in groups.items() if len(g) >= 2}
   if not per_seed:
     return {}
   steps = min((v['steps'] for v in per_seed.values()), key=len)
@@ -247,16 +258,14 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
 
 def write(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any], out_dir: str,
           command: str) -> dict[str, Any]:
-  """Writes ``summary.json``, the figures and ``REPORT.md`` into ``out_dir``; returns the
-  summary. ``command`` is the command line that produced the sweep."""
+  """Writes ``summary.json``, the figures and ``REPORT.md``; returns the summary."""
   os.makedirs(out_dir, exist_ok=True)
   summary = aggregate(exp, sweep_out)
   summary['command'] = command
   figures = _plots(summary, out_dir)
   summary['figures'] = [f for _, f in figures]
-  with open(os.path.join(out_dir, 'summary.json'), 'w') as f:
-    json.dump(eval_report.json_safe(summary), f, indent=1)
-  with open(os.path.join(out_dir, 'REPORT.md'), 'w') as f:
+  sweep.write_json(os.path.join(out_dir, 'summary.json'), eval_report.json_safe(summary))
+  with outputs.atomic_write(os.path.join(out_dir, 'REPORT.md'), 'w') as f:
     f.write(markdown(exp, summary, figures))
   return summary
 
@@ -364,7 +373,6 @@ def _arms_lines(exp: ml_collections.ConfigDict, summary: Mapping[str, Any]) -> l
 
 
 def _windows_lines(windows: Mapping[str, Any] | None) -> list[str]:
-  """The evaluation windows' provenance and the last bucket's rise by depth and end."""
   if not windows:
     return []
   lines = ['## Evaluation windows', '', 'Every run is scored on the same held-out windows '

@@ -1,8 +1,5 @@
-"""Experiment configs: loading and validation (once, here), arm overrides, the paired grid.
-
-An experiment config is ``new(...)`` with its fields filled (the field list is ``new``);
-``load`` validates it, and the rest of the package trusts it.
-"""
+"""Experiment configs (``new``'s fields): the base config per scale, loading and validation
+(once, here), arm overrides, the paired grid (docs/DESIGN.md "Experiments outputs")."""
 
 from __future__ import annotations
 
@@ -10,15 +7,65 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import math
 import os
 from typing import Any, Iterable, Mapping
 
 import ml_collections
 
 from flax_posemb import defaults
-from flax_posemb.experiments import paired, scales
+from flax_posemb.experiments import paired
 
 BUDGET_MODES = ('real_tokens', 'none')
+# Scored tokens per optimizer step of every arm (the budget): 2 full rows at 'quick', 5 at
+# 'cpu', 16 at 'accelerator'.
+TARGET_TOKENS_PER_STEP = {'quick': 64, 'cpu': 320, 'accelerator': 16 * 1024}
+
+_SHARED = {
+    'progress_bar': False, 'eval_every_steps': 0, 'data.source': 'synthetic',
+    'data.position_policy': 'packed', 'model.position_embedding': 'learned',
+    'model.position_init': 'gpt2', 'optimizer.b2': 0.95, 'optimizer.weight_decay': 0.1,
+    'optimizer.decay_position_table': True,
+    # Flax nn.Embed's default (std 1/sqrt(width), set below), so 'same_as_token' differs
+    # from every position init's 0.02.
+    'model.token_init': 'normal'}
+_SMALL = {'data.synthetic.num_regimes': 2, 'data.synthetic.segment_len': 4,
+          'model.num_heads': 2, 'eval.bucket_size': 8}
+_PER_SCALE = {
+    'quick': {  # The whole pipeline in seconds; its numbers mean nothing.
+        **_SMALL, 'num_train_steps': 4, 'batch_size': 4, 'log_every_steps': 2,
+        'checkpoint_every_steps': 4, 'data.seq_len': 32, 'data.schedule_seq_len': 8,
+        'data.synthetic.num_docs': 2_000, 'model.num_layers': 1, 'model.emb_dim': 16,
+        'model.mlp_dim': 32, 'model.max_len': 32, 'optimizer.warmup_steps': 1,
+        'eval.num_windows': 4, 'eval.batch_size': 4},
+    'cpu': {
+        **_SMALL, 'num_train_steps': 500, 'batch_size': 16, 'log_every_steps': 25,
+        'checkpoint_every_steps': 500, 'data.seq_len': 64, 'data.schedule_seq_len': 16,
+        'data.synthetic.num_docs': 20_000,
+        # 16 tokens: 500 steps learn the transition matrices (packed recovers ~0.9 in every
+        # bucket), so the late-row penalty is measurable; with 64 the model stays below the
+        # content-only filter everywhere.
+        'data.synthetic.vocab_size': 16, 'model.num_layers': 2, 'model.emb_dim': 32,
+        'model.mlp_dim': 128, 'model.max_len': 64, 'optimizer.warmup_steps': 20,
+        'eval.num_windows': 64, 'eval.batch_size': 32},
+    'accelerator': {  # GPT-2-small shapes.
+        'num_train_steps': 5000, 'batch_size': 32, 'log_every_steps': 100,
+        'checkpoint_every_steps': 1000, 'data.seq_len': 1024, 'data.schedule_seq_len': 128,
+        'data.synthetic.vocab_size': 64, 'model.num_layers': 12, 'model.num_heads': 12,
+        'model.emb_dim': 768, 'model.mlp_dim': 3072, 'model.max_len': 1024,
+        'model.dtype': 'bfloat16', 'optimizer.learning_rate': 6e-4,
+        'optimizer.warmup_steps': 200, 'eval.bucket_edges': '0,32,64,128,256,512,768,1024',
+        'eval.num_windows': 256, 'eval.batch_size': 32},
+}
+
+
+def base_config(scale: str) -> ml_collections.ConfigDict:
+  """The locked training config shared by every arm of every experiment at ``scale``."""
+  c = defaults.base()
+  c.update_from_flattened_dict({**_SHARED, **_PER_SCALE[scale]})
+  c.model.token_init_std = 1.0 / math.sqrt(c.model.emb_dim)
+  c.model.vocab_size = c.data.synthetic.vocab_size
+  return c
 
 
 def new(name: str, title: str, question: str, scale: str = 'cpu') -> ml_collections.ConfigDict:
@@ -26,7 +73,7 @@ def new(name: str, title: str, question: str, scale: str = 'cpu') -> ml_collecti
   c = ml_collections.ConfigDict()
   c.name, c.title = name, title
   c.question = question  # One paragraph.
-  c.scale = scale  # 'cpu' | 'accelerator': scales.base_config.
+  c.scale = scale  # 'cpu' | 'accelerator': base_config.
   c.base_overrides = ()  # Dotted-key overrides of the base config for every arm.
   c.arms = ()  # arm(...) each.
   c.seeds = (0, 1, 2, 3, 4)  # Seed s of every arm shares data order and model init.
@@ -41,8 +88,8 @@ def new(name: str, title: str, question: str, scale: str = 'cpu') -> ml_collecti
   c.report_scalars = ()  # Extra per-arm scalars tabulated in REPORT.md.
   c.notes = ()  # What changed since the previous committed report (listed first).
   c.budget = ml_collections.ConfigDict({
-      'equalize': 'real_tokens',  # BUDGET_MODES (budget.py).
-      'target_tokens_per_step': float(scales.TARGET_TOKENS_PER_STEP.get(scale, 0)),
+      'equalize': 'real_tokens',  # BUDGET_MODES (sweep.equalize).
+      'target_tokens_per_step': float(TARGET_TOKENS_PER_STEP.get(scale, 0)),
       'reference_arm': '',  # Keeps the base batch size when no target is set (<= 0).
       'estimate_batches': 20})  # Batches drawn to measure scored tokens per row.
   return c
@@ -57,9 +104,8 @@ def arm(name: str, overrides: Mapping[str, Any] | None = None,
 
 def claim(claim_id: str, text: str, metric: str, arm_name: str, baseline: str,
           direction: str, margin: float = 0.0) -> ml_collections.ConfigDict:
-  """A claim on the per-seed ``metric(arm) - metric(baseline)`` (``measures.SCALARS``;
-  baseline '' compares with 0): ``direction`` 'greater' / 'less' (the predicted sign) or
-  'equivalent' (within +-``margin``, in metric units)."""
+  """A claim on the per-seed ``metric(arm) - metric(baseline)`` (baseline '': 0), ``direction``
+  'greater' / 'less' or 'equivalent' (within +-``margin``)."""
   return ml_collections.ConfigDict({
       'id': claim_id, 'text': text, 'metric': metric, 'arm': arm_name, 'baseline': baseline,
       'direction': direction, 'margin': float(margin)})
@@ -67,15 +113,14 @@ def claim(claim_id: str, text: str, metric: str, arm_name: str, baseline: str,
 
 def profile(metric: str, arms: Iterable[str], baseline: str = '',
             title: str = '') -> ml_collections.ConfigDict:
-  """``metric`` (``measures.VECTORS``) per bucket across ``arms``, with paired differences
-  against ``baseline`` when given."""
+  """``metric`` per bucket across ``arms`` (paired differences against ``baseline``)."""
   return ml_collections.ConfigDict({'metric': metric, 'arms': tuple(arms),
                                     'baseline': baseline, 'title': title or metric})
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """One run of the grid: arm, shared seed, resolved (locked) training config."""
+  """One run of the grid."""
   arm: str
   seed: int
   config: ml_collections.ConfigDict
@@ -96,8 +141,7 @@ def _module(path: str):
 
 
 def expand_paths(paths: Iterable[str]) -> list[str]:
-  """``NAME.py[:scale]`` paths in order without duplicates; a suite file (``EXPERIMENTS``:
-  file names relative to it) is replaced by its experiments, its ``:scale`` passed on."""
+  """``NAME.py[:scale]`` paths without duplicates, suites replaced by their experiments."""
   out: list[str] = []
   for entry in paths:
     path, _, arg = entry.partition(':')
@@ -155,11 +199,8 @@ def validate(exp: ml_collections.ConfigDict) -> None:
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[tuple[str, Any]],
                     where: str = '') -> ml_collections.ConfigDict:
-  """A locked copy of ``config`` with dotted-key ``overrides`` set in order.
-
-  ``ConfigDict.update_from_flattened_dict`` type-checks (an int may widen to a float). An
-  unknown key or a value of the wrong type is a ``ValueError`` naming ``where`` and the key.
-  """
+  """A locked copy of ``config`` with dotted-key ``overrides`` set in order (a bad key or type
+  is a ``ValueError`` naming ``where`` and the key)."""
   config = ml_collections.ConfigDict(config.to_dict())
   config.lock()  # An unknown key is an error instead of a new field.
   for key, value in overrides:  # One at a time, so that an error names its key.
@@ -174,7 +215,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[tuple
 
 
 def _arm_configs(exp: ml_collections.ConfigDict, scale: str):
-  base = apply_overrides(scales.base_config(scale), tuple(exp.base_overrides),
+  base = apply_overrides(base_config(scale), tuple(exp.base_overrides),
                          f'experiment {exp.name!r} base_overrides')
   last = tuple(exp.quick_overrides) if scale == 'quick' else ()
   for a in exp.arms:
@@ -182,8 +223,7 @@ def _arm_configs(exp: ml_collections.ConfigDict, scale: str):
 
 
 def expand(exp: ml_collections.ConfigDict, quick: bool = False) -> list[Run]:
-  """Every arm at every seed, seed-major; ``quick``: ``quick_arms`` at the first seed, on
-  the 'quick' scale. All arms at a seed share ``config.seed`` (init, dropout, data order)."""
+  """Every arm at every seed, seed-major (``quick``: ``quick_arms`` at the first seed)."""
   arm_configs = dict(_arm_configs(exp, 'quick' if quick else exp.scale))
   arm_names = list(exp.quick_arms) if quick else list(arm_configs)
   seeds = list(exp.seeds)[:1] if quick else list(exp.seeds)
@@ -193,8 +233,7 @@ def expand(exp: ml_collections.ConfigDict, quick: bool = False) -> list[Run]:
 
 
 def run_key(config: ml_collections.ConfigDict) -> str:
-  """12 hex digits of the resolved config minus ``defaults.NON_SEMANTIC``: equal keys are
-  the same computation, trained once."""
+  """12 hex digits of the resolved config minus ``defaults.NON_SEMANTIC``."""
   d = config.to_dict()
   for key in defaults.NON_SEMANTIC:
     *parents, leaf = key.split('.')

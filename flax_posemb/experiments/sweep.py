@@ -1,24 +1,20 @@
-"""The sweep runner: trains, evaluates and measures every run of an experiment grid, resumably.
-
-All runs execute in this one process, seed-major, so runs of one shape share JAX's
-compilation caches. The experiment workdir and run store: docs/DESIGN.md "Experiments
-outputs".
-"""
+"""The sweep runner: equalizes the budget, then trains, evaluates and measures every run of an
+experiment grid in this one process, resumably (docs/DESIGN.md "Experiments outputs")."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
 import os
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import ml_collections
 import numpy as np
 
 from flax_posemb import eval_report, outputs
-from flax_posemb.experiments import budget as budget_lib
 from flax_posemb.experiments import measures, spec
 
 logger = logging.getLogger(__name__)
@@ -30,6 +26,83 @@ TrainFn = Callable[[ml_collections.ConfigDict, str], Any]
 # (training config, run dir, offsets) -> (results dict, per-position dict of arrays).
 EvalFn = Callable[[ml_collections.ConfigDict, str, tuple[int, ...]],
                   tuple[dict[str, Any], dict[str, np.ndarray]]]
+
+# (training config, num_batches) -> mean scored targets per row.
+Estimator = Callable[[ml_collections.ConfigDict, int], float]
+
+
+def estimate_scored_per_row(config: ml_collections.ConfigDict, num_batches: int) -> float:
+  """Mean ``loss_mask`` sum per row of ``config``'s training pipeline."""
+  if config.data.position_policy != 'length_schedule':
+    return _pipeline_mean(config, num_batches)
+  f = float(config.data.schedule_fraction)
+  phase = lambda x: _pipeline_mean(
+      spec.apply_overrides(config, (('data.schedule_fraction', x),), 'budget'), num_batches)
+  return f * phase(1.0) + (1.0 - f) * phase(0.0)
+
+
+def _pipeline_mean(config: ml_collections.ConfigDict, num_batches: int) -> float:
+  from flax_posemb.data import pipeline  # pylint: disable=g-import-not-at-top
+  it = pipeline.make_train_iterator(
+      config.data, batch_size=int(config.batch_size), seed=int(config.seed),
+      num_train_steps=int(config.num_train_steps), max_len=int(config.model.max_len))
+  return float(np.mean([np.asarray(next(it)['loss_mask']).sum(1) for _ in range(num_batches)]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """The equalized budget; per arm its scored tokens per row and rows per step."""
+  mode: str
+  reference: str
+  target_tokens_per_step: float
+  per_row: dict[str, float]
+  batch_size: dict[str, int]
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def _measure(arms: dict[str, ml_collections.ConfigDict], estimator: Estimator,
+             num_batches: int, cache_path: str | None) -> dict[str, float]:
+  """Scored targets per row of each arm at seed 0, through the cache keyed by run key."""
+  cache = measures.load_json(cache_path) if cache_path and os.path.exists(cache_path) else {}
+  per_row = {}
+  for a, c in arms.items():
+    probe = spec.apply_overrides(c, (('seed', 0),), f'arm {a!r}')
+    key = spec.run_key(probe)
+    if key not in cache:
+      cache[key] = float(estimator(probe, num_batches))
+    per_row[a] = cache[key]
+    if not per_row[a] > 0:
+      raise ValueError(f'arm {a!r}: its pipeline gave no scored targets per row; check its '
+                       'data settings.')
+  if cache_path:
+    write_json(cache_path, dict(sorted(cache.items())))
+  return per_row
+
+
+def equalize(runs: list[spec.Run], budget_config: ml_collections.ConfigDict,
+             estimator: Estimator = estimate_scored_per_row,
+             cache_path: str | None = None) -> tuple[list[spec.Run], Budget]:
+  """``(runs, Budget)`` with each arm's batch size set to the same scored tokens per step
+  (estimates cached in ``cache_path``: a resumed sweep keeps its batch sizes)."""
+  arms: dict[str, ml_collections.ConfigDict] = {}
+  for r in runs:
+    arms.setdefault(r.arm, r.config)
+  reference = budget_config.reference_arm
+  if reference not in arms:  # Unset, or not among --quick's two arms.
+    reference = next(iter(arms))
+  base_rows = {a: int(c.batch_size) for a, c in arms.items()}
+  if budget_config.equalize == 'none':
+    return runs, Budget('none', reference, float('nan'), {}, base_rows)
+  per_row = _measure(arms, estimator, int(budget_config.estimate_batches), cache_path)
+  target = float(budget_config.get('target_tokens_per_step', 0) or 0)
+  if target <= 0:
+    target = base_rows[reference] * per_row[reference]
+  batch = {a: max(1, int(round(target / per_row[a]))) for a in arms}
+  out = [dataclasses.replace(r, config=spec.apply_overrides(
+      r.config, (('batch_size', batch[r.arm]),), f'arm {r.arm!r}')) for r in runs]
+  return out, Budget('real_tokens', reference, target, per_row, batch)
 
 
 class Preempted(Exception):
@@ -48,18 +121,17 @@ def default_train(config: ml_collections.ConfigDict, run_dir: str) -> Any:
 
 def default_evaluate(config: ml_collections.ConfigDict, run_dir: str,
                      offsets: tuple[int, ...]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """``evaluation.run_evaluation`` of the latest checkpoint's params; with offsets the main
-  table is still the full-window evaluation and the probe is ``results['offset_probe']``."""
+  """``evaluation.run_evaluation`` of the latest checkpoint's params."""
   from flax_posemb import checkpointing, evaluation  # pylint: disable=g-import-not-at-top
-  from flax_posemb import model as model_lib  # pylint: disable=g-import-not-at-top
+  from flax_posemb import train_step  # pylint: disable=g-import-not-at-top
   params, _, step = checkpointing.restore_params(run_dir)
-  model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model))
-  out = evaluation.run_evaluation(model, params, config, step=step,
+  out = evaluation.run_evaluation(train_step.make_model(config), params, config, step=step,
                                   offsets=list(offsets) if any(offsets) else None)
   return eval_report.json_safe(out.results), out.per_position
 
 
-def _write_json(path: str, obj: Any) -> None:
+def write_json(path: str, obj: Any) -> None:
+  """``obj`` as indented JSON, written atomically."""
   def default(x):  # ConfigDicts inside tuples (the arms), numpy values.
     if isinstance(x, ml_collections.ConfigDict):
       return x.to_dict()
@@ -76,22 +148,21 @@ def execute_run(run: spec.Run, run_dir: str, offsets: tuple[int, ...], train_fn:
                 eval_fn: EvalFn) -> dict[str, Any]:
   """Trains (or resumes), evaluates and marks one run done; returns its DONE record."""
   os.makedirs(run_dir, exist_ok=True)
-  _write_json(os.path.join(run_dir, 'run.json'),
-              {'key': run.key, 'seed': run.seed, 'config': run.config.to_dict()})
+  write_json(os.path.join(run_dir, 'run.json'),
+             {'key': run.key, 'seed': run.seed, 'config': run.config.to_dict()})
   t0 = time.perf_counter()
   train_out = train_fn(run.config, run_dir)
   t1 = time.perf_counter()
   results, per_position = eval_fn(run.config, run_dir, tuple(offsets))
   t2 = time.perf_counter()
   eval_dir = os.path.join(run_dir, EVAL_DIR)
-  _write_json(os.path.join(eval_dir, 'results.json'), eval_report.json_safe(results))
-  np.savez(os.path.join(eval_dir, 'per_position.npz'),
-           **{k: np.asarray(v) for k, v in per_position.items()})
+  write_json(os.path.join(eval_dir, 'results.json'), eval_report.json_safe(results))
+  np.savez(os.path.join(eval_dir, 'per_position.npz'), **per_position)
   record = {'key': run.key, 'seed': run.seed, 'train_seconds': t1 - t0, 'eval_seconds': t2 - t1,
             'finished': datetime.datetime.now(datetime.timezone.utc).isoformat(),
             'train_result': eval_report.json_safe(
                 train_out if isinstance(train_out, (dict, list)) else repr(train_out))}
-  _write_json(os.path.join(run_dir, DONE), record)
+  write_json(os.path.join(run_dir, DONE), record)
   return record
 
 
@@ -101,38 +172,30 @@ def _measured_row(run: spec.Run, run_dir: str, rare_exposure: float) -> dict[str
   results = measures.load_json(os.path.join(run_dir, EVAL_DIR, 'results.json'))
   per_position = outputs.load_npz(os.path.join(run_dir, EVAL_DIR, 'per_position.npz'))
   m = measures.run_measures(run_dir, results, int(run.config.num_train_steps),
-                            record['train_seconds'], per_position=per_position,
-                            rare_exposure=rare_exposure)
+                            record['train_seconds'], per_position, rare_exposure)
   return {'arm': run.arm, 'seed': run.seed, 'key': run.key, 'run_dir': run_dir, 'done': True,
           'record': record, 'measures': m, 'config': run.config}
 
 
 def _plan(exp: ml_collections.ConfigDict, workdir: str, store: str, quick: bool,
-          estimator: budget_lib.Estimator) -> tuple[list[spec.Run], budget_lib.Budget]:
+          estimator: Estimator) -> tuple[list[spec.Run], Budget]:
   """The budgeted grid, recorded in ``workdir`` (experiment, budget and manifest JSON)."""
-  runs = spec.expand(exp, quick=quick)
-  runs, budget = budget_lib.equalize(runs, exp.budget, estimator,
-                                     os.path.join(workdir, 'budget.json'))
-  _write_json(os.path.join(workdir, 'experiment.json'),
-              {'experiment': exp.to_dict(), 'quick': quick})
-  _write_json(os.path.join(workdir, 'manifest.json'),
-              [{'arm': r.arm, 'seed': r.seed, 'key': r.key,
-                'run_dir': os.path.relpath(os.path.join(store, r.key), workdir)} for r in runs])
+  runs, budget = equalize(spec.expand(exp, quick=quick), exp.budget, estimator,
+                          os.path.join(workdir, 'budget.json'))
+  write_json(os.path.join(workdir, 'experiment.json'),
+             {'experiment': exp.to_dict(), 'quick': quick})
+  write_json(os.path.join(workdir, 'manifest.json'),
+             [{'arm': r.arm, 'seed': r.seed, 'key': r.key,
+               'run_dir': os.path.relpath(os.path.join(store, r.key), workdir)} for r in runs])
   return runs, budget
 
 
 def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = False,
               run_store: str = '', train_fn: TrainFn = default_train,
-              eval_fn: EvalFn = default_evaluate,
-              estimator: budget_lib.Estimator = budget_lib.estimate_scored_per_row,
+              eval_fn: EvalFn = default_evaluate, estimator: Estimator = estimate_scored_per_row,
               max_runs: int = -1) -> dict[str, Any]:
-  """Runs (or resumes) every run of ``exp``'s grid and measures each.
-
-  ``run_store`` ('' = ``workdir/runs``) may be shared across experiments; ``max_runs``
-  (-1: all) stops after that many new runs, and the next call continues. Returns
-  ``{'runs': [{arm, seed, key, run_dir, done, record, measures, config}], 'budget',
-  'complete', 'store', 'quick'}``.
-  """
+  """Runs (or resumes) and measures every run of ``exp``'s grid: at most ``max_runs`` new
+  ones (-1: all), in ``run_store`` ('' = ``workdir/runs``, may be shared)."""
   store = run_store or os.path.join(workdir, 'runs')
   os.makedirs(store, exist_ok=True)
   runs, budget = _plan(exp, workdir, store, quick, estimator)
@@ -159,12 +222,3 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
     rows.append(dict(measured[r.key], arm=r.arm, seed=r.seed, config=r.config))
   return {'runs': rows, 'budget': budget.as_dict(), 'complete': all(x['done'] for x in rows),
           'store': store, 'quick': quick}
-
-
-def seed_groups(rows: list[Mapping[str, Any]]) -> dict[int, dict[str, str]]:
-  """seed -> {arm: run_dir} over finished runs."""
-  out: dict[int, dict[str, str]] = {}
-  for x in rows:
-    if x['done']:
-      out.setdefault(x['seed'], {})[x['arm']] = x['run_dir']
-  return out
