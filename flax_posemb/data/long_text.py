@@ -215,33 +215,19 @@ def check_held_out(lengths) -> None:
 class LongText(text_sources._TextCorpus):  # pylint: disable=protected-access
   """Shakespeare + KJV Bible (+ Python docs) + short stdlib documents, with their kind."""
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self, description=self.builder_config.description,
-        features=tfds.features.FeaturesDict({'text': tfds.features.Text(),
-                                             'kind': tfds.features.Text()}),
-        metadata=tfds.core.MetadataDict())
+  FEATURES = ('text', 'kind')
 
-  def _split_generators(self, dl_manager):
-    del dl_manager
-    cfg = self.builder_config
-    docs = [(key, kind, len(text.encode('utf-8')) + 1, '\ufffd' in text)
-            for key, kind, text in iter_documents(cfg.parts)]
-    val = held_out_keys([(key, kind) for key, kind, _, _ in docs], cfg.val_percent)
-    check_held_out([n for key, kind, n, _ in docs if key in val and kind in LONG_KINDS])
-    # The packaged texts are read with errors='replace'; a document that needed it is
-    # counted like in the other text corpora, so it never passes silently.
-    bad = [key for key, _, _, replaced in docs if replaced]
-    self.info.metadata['decode_errors'] = {
-        'mode': 'replace', 'documents': len(bad),
-        'files': sorted({k.split(':')[1] for k in bad})[:20]}  # kind:file[:index]
-    return {'train': self._generate_examples(val, False),
-            'validation': self._generate_examples(val, True)}
-
-  def _generate_examples(self, val: set[str], validation: bool):
+  def _docs(self, bad: list[str]):
     for key, kind, text in iter_documents(self.builder_config.parts):
-      if (key in val) == validation:
-        yield key, {'text': text, 'kind': kind}
+      # Read with errors='replace': such a document is counted like in the other corpora.
+      if '\ufffd' in text:
+        bad.append(key.split(':')[1])
+      yield key, kind, text
+
+  def _held_out(self, docs: list[tuple[str, str, int]]) -> set[str]:
+    val = held_out_keys([(key, kind) for key, kind, _ in docs], self.builder_config.val_percent)
+    check_held_out([n for key, kind, n in docs if key in val and kind in LONG_KINDS])
+    return val
 
 
 def builder(data_config, ddir: str):

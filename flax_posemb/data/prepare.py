@@ -16,8 +16,6 @@ Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message; --debug shows th
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
 import shutil
@@ -44,7 +42,6 @@ def prepare(name: str, data_dir: str, *, inputs: tuple[str, ...] = (), hf_datase
   Returns ``{'path', 'feature', 'splits': {split: documents}}``.
   """
   from flax_posemb.data import text_sources  # pylint: disable=g-import-not-at-top  (TFDS)
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   files = () if hf_dataset else tuple(os.path.abspath(f) for f in text_sources.glob_files(
       inputs, SUFFIXES, f'--input {", ".join(inputs)}'))
   root = os.path.join(data_dir, name)
@@ -61,9 +58,7 @@ def prepare(name: str, data_dir: str, *, inputs: tuple[str, ...] = (), hf_datase
   builder = types.new_class('Prepared', (corpus,), {'skip_registration': True},
                             lambda ns: ns.update(name=name, SOURCE=source, __module__=__name__))(
                                 data_dir=data_dir)
-  tfds.disable_progress_bar()
-  with contextlib.redirect_stdout(io.StringIO()):  # TFDS's prints, for a local build.
-    builder.download_and_prepare(file_format='array_record')
+  text_sources.build(builder)
   shutil.rmtree(os.path.join(data_dir, 'downloads'), ignore_errors=True)  # Empty, TFDS's.
   splits = {k: int(v.num_examples) for k, v in builder.info.splits.items()}
   return {'path': builder.data_dir, 'feature': FEATURE, 'splits': splits}

@@ -116,10 +116,12 @@ class TextBuilderConfig(tfds.core.BuilderConfig):
 
 
 class _TextCorpus(tfds.core.GeneratorBasedBuilder):
-  """Documents from local files; splits by hashed document key."""
+  """The documents of a `TextBuilderConfig` (records: `FEATURES`), split by document key."""
 
   VERSION = tfds.core.Version('1.0.0')
   BUILDER_CONFIGS = []
+  SOURCE: TextBuilderConfig | None = None  # The documents of a builder without configs.
+  FEATURES = ('text',)
 
   # TFDS' default probes `importlib_resources` (not installed here); the file is enough.
   @tfds.core.utils.classproperty
@@ -130,59 +132,56 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self, description=self._source().description,
-        features=tfds.features.FeaturesDict({'text': tfds.features.Text()}),
+        features=tfds.features.FeaturesDict({f: tfds.features.Text() for f in self.FEATURES}),
         metadata=tfds.core.MetadataDict())
-
-  SOURCE: TextBuilderConfig | None = None  # The documents of a builder without configs.
 
   def _source(self) -> TextBuilderConfig:
     return self.builder_config or self.SOURCE
 
-  def _docs(self, bad: list[str] | None = None):
-    """(key, text) of every document in file order; keys of invalid UTF-8 go to `bad`."""
+  def _docs(self, bad: list[str]):
+    """(key, kind, text) of every document in file order; files of invalid UTF-8 go to `bad`."""
     cfg = self._source()
     if cfg.hf_dataset:
-      yield from hf_documents(cfg.hf_dataset, cfg.text_field)
+      yield from ((key, '', doc) for key, doc in hf_documents(cfg.hf_dataset, cfg.text_field))
       return
     for path in cfg.files:
       if path.endswith('.parquet'):
-        yield from ((f'{path}:{i}', doc) for i, doc in enumerate(parquet_texts(
+        yield from ((f'{path}:{i}', '', doc) for i, doc in enumerate(parquet_texts(
             path, cfg.text_field)))
         continue
       with open(path, 'rb') as f:
         docs = _file_docs(path, f.read().decode('utf-8', 'surrogateescape'), cfg)  # Lossless.
       for i, doc in enumerate(docs):
-        key = f'{path}:{i}'
         if _ESCAPED.search(doc):  # Mode 'error' refused the file before the build.
-          if bad is not None:
-            bad.append(key)
+          bad.append(path)
           if cfg.on_decode_error == 'skip':
             continue
           doc = doc.encode('utf-8', 'surrogateescape').decode('utf-8', errors='replace')
-        yield key, doc
+        yield f'{path}:{i}', '', doc
 
-  def _split_generators(self, dl_manager):
-    del dl_manager
+  def _held_out(self, docs: list[tuple[str, str, int]]) -> set[str]:
+    """Keys of the validation documents among (key, kind, tokens) `docs`."""
     pct = self._source().val_percent
-    bad: list[str] = []
-    scores = {key: _hash_percent(key) for key, _ in self._docs(bad)}
-    self.info.metadata['decode_errors'] = {
-        'mode': self._source().on_decode_error,
-        'documents': len(bad), 'files': sorted({k.rsplit(':', 1)[0] for k in bad})[:20]}
+    scores = {key: _hash_percent(key) for key, _, _ in docs}
     val = {k for k, v in scores.items() if v < pct}
     if pct > 0 and not val and len(scores) >= 2:  # Tiny corpus: still one validation doc.
       val = {min(scores, key=scores.get)}
-    out = {}
-    if len(val) < len(scores):
-      out['train'] = self._generate_examples(val, False)
-    if val:
-      out['validation'] = self._generate_examples(val, True)
-    return out
+    return val
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    bad: list[str] = []
+    docs = [(key, kind, len(text.encode('utf-8')) + 1) for key, kind, text in self._docs(bad)]
+    val = self._held_out(docs)
+    self.info.metadata['decode_errors'] = {'mode': self._source().on_decode_error,
+                                           'documents': len(bad), 'files': sorted(set(bad))[:20]}
+    return {split: self._generate_examples(val, split == 'validation')
+            for split, n in (('train', len(docs) - len(val)), ('validation', len(val))) if n}
 
   def _generate_examples(self, val: set[str], validation: bool):
-    for key, doc in self._docs():
+    for key, kind, text in self._docs([]):
       if (key in val) == validation:
-        yield key, {'text': doc}
+        yield key, dict(zip(self.FEATURES, (text, kind)))
 
 
 class LocalText(_TextCorpus):
@@ -191,6 +190,13 @@ class LocalText(_TextCorpus):
 
 class Stdlib(_TextCorpus):
   """The Python standard library's .py files, split at top-level definitions."""
+
+
+def build(builder) -> None:
+  """Writes `builder`'s dataset as array_record (TFDS prints silenced)."""
+  tfds.disable_progress_bar()
+  with contextlib.redirect_stdout(io.StringIO()):
+    builder.download_and_prepare(file_format='array_record')
 
 
 def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
@@ -203,9 +209,7 @@ def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
       if not builder.is_prepared():
         logging.info('Building the %s corpus (%s) into %s ...', builder.name,
                      config.description, ddir)
-        tfds.disable_progress_bar()
-        with contextlib.redirect_stdout(io.StringIO()):  # TFDS's prints, for a local build.
-          builder.download_and_prepare(file_format='array_record')
+        build(builder)
         builder = builder_cls(config=config, data_dir=ddir)
   _warn_decode_errors(builder)
   return builder
