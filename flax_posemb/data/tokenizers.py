@@ -63,6 +63,11 @@ class SentencePieceTokenizer:
     self.vocab_size = int(self._sp.get_piece_size())
     # The BOS piece separates documents (EOS if it has none; models trained here have both).
     self.sep_id = int(self._sp.bos_id() if self._sp.bos_id() >= 0 else self._sp.eos_id())
+    if self.sep_id < 0:
+      raise ValueError(
+          f'SentencePiece model {model_file or "(serialized)"} has neither a BOS nor an EOS '
+          'piece, so documents cannot be separated. Train it with --bos_id or --eos_id >= 0, '
+          "or set data.spm_model='' to train one on the corpus.")
 
   def encode(self, text: str) -> list[int]:
     return list(self._sp.encode(text))
