@@ -179,8 +179,8 @@ def test_sentencepiece_trained_on_the_corpus_is_cached_and_round_trips(tmp_path)
   b = next(data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1))
   assert b['inputs'].max() < tok.vocab_size
   cfg.data.spm_model = str(tmp_path / 'missing.model')
-  with pytest.raises(FileNotFoundError, match='spm_model'):
-    text_sources.make_tokenizer(cfg.data)
+  with pytest.raises(ValueError, match='data.spm_model=.*missing.model'):
+    data.validate_config(cfg.data, max_len=128)
 
 
 def test_sentencepiece_model_without_bos_or_eos_is_refused_naming_the_file(tmp_path):

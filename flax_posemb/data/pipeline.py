@@ -61,6 +61,9 @@ def _problems(c, max_len: int) -> Iterator[str]:
     return
   if c.tokenizer not in TOKENIZERS:
     yield f'Unknown data.tokenizer {c.tokenizer!r}; use one of {TOKENIZERS}.'
+  if c.tokenizer == 'sentencepiece' and c.spm_model and not os.path.isfile(c.spm_model):
+    yield (f'data.spm_model={c.spm_model!r} is not a file; set it to an existing .model file '
+           "or to '' to train one on the corpus.")
   if c.source == 'tfds' and not c.name:
     yield "data.source='tfds' needs data.name (e.g. 'wiki40b/en', 'pg19')."
   if c.source == 'local_text' and not c.local_glob:

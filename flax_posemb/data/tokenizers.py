@@ -47,15 +47,11 @@ class ByteTokenizer:
 
 
 class SentencePieceTokenizer:
-  """A SentencePiece model (from a file or serialized bytes); a missing file is refused."""
+  """A SentencePiece model (from a file or serialized bytes)."""
 
   def __init__(self, model_file: str | None = None, model_proto: bytes | None = None):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     if model_proto is None:
-      if not model_file or not os.path.exists(model_file):
-        raise FileNotFoundError(
-            f'SentencePiece model file {model_file!r} not found; set data.spm_model to an '
-            "existing .model file or to '' to train one on the corpus.")
       with open(model_file, 'rb') as f:
         model_proto = f.read()
     self.model_proto = model_proto
