@@ -36,11 +36,8 @@ SUFFIXES = ('.txt', '.jsonl', '.parquet')
 def prepare(name: str, data_dir: str, *, inputs: tuple[str, ...] = (), hf_dataset: str = '',
             split_by: str = 'file', text_field: str = 'text', val_percent: int = 5,
             on_decode_error: str = 'replace', overwrite: bool = False) -> dict[str, Any]:
-  """Builds ``data_dir/name/1.0.0`` from the files of `inputs` (globs) or `hf_dataset`.
-
-  The arguments are the command's flags (checked by them: a lower-case `name`, one input).
-  Returns ``{'path', 'feature', 'splits': {split: documents}}``.
-  """
+  """Builds ``data_dir/name/1.0.0`` from `inputs` (globs) or `hf_dataset` (the flags,
+  checked by them): ``{'path', 'feature', 'splits': {split: documents}}``."""
   from flax_posemb.data import text_sources  # pylint: disable=g-import-not-at-top  (TFDS)
   files = () if hf_dataset else tuple(os.path.abspath(f) for f in text_sources.glob_files(
       inputs, SUFFIXES, f'--input {", ".join(inputs)}'))

@@ -1,32 +1,36 @@
-"""Tokenizers for real text: `ByteTokenizer` (UTF-8 bytes 0..255, separator 256) and
-`SentencePieceTokenizer` (from a file, or trained on the corpus; its BOS piece separates
-documents). ``encode_doc(text)`` is ``[sep_id] + encode(text)``.
-"""
+"""Tokenizers for real text: UTF-8 bytes, or SentencePiece (its BOS piece separates
+documents)."""
 
 from __future__ import annotations
 
+import abc
 import io
 import os
-from typing import Iterable, Protocol
+from typing import Iterable
 
 import numpy as np
 
 
-class Tokenizer(Protocol):
-  """Text <-> token ids."""
+class Tokenizer(abc.ABC):
+  """Text <-> token ids below `vocab_size`; `sep_id` separates documents."""
 
-  vocab_size: int  # Every id is < vocab_size.
-  sep_id: int  # Document separator prepended by `encode_doc`.
+  vocab_size: int
+  sep_id: int
+  CHARS_PER_TOKEN = 1  # `encode_doc`'s cheap pre-cut: a token covers at most this many chars.
 
-  def encode(self, text: str) -> list[int]: ...
-
-  def decode(self, ids) -> str: ...  # Separators dropped.
+  @abc.abstractmethod
+  def encode(self, text: str) -> list[int]:
+    """The token ids of `text`."""
 
   def encode_doc(self, text: str, max_tokens: int | None = None) -> list[int]:
     """``[sep_id] + encode(text)``, truncated to `max_tokens` tokens."""
+    if max_tokens is not None:
+      text = text[:max(int(max_tokens), 0) * self.CHARS_PER_TOKEN]
+    ids = [self.sep_id] + self.encode(text)
+    return ids if max_tokens is None else ids[:max_tokens]
 
 
-class ByteTokenizer:
+class ByteTokenizer(Tokenizer):
   """UTF-8 bytes 0..255 plus separator 256."""
 
   vocab_size = 257
@@ -39,15 +43,11 @@ class ByteTokenizer:
     return bytes(int(i) for i in np.asarray(ids).ravel() if 0 <= int(i) < 256).decode(
         'utf-8', errors='replace')
 
-  def encode_doc(self, text: str, max_tokens: int | None = None) -> list[int]:
-    if max_tokens is not None:
-      text = text[:max(int(max_tokens), 0)]  # A char is >= 1 byte: cheap pre-cut.
-    ids = [self.sep_id] + list(text.encode('utf-8'))
-    return ids if max_tokens is None else ids[:max_tokens]
 
-
-class SentencePieceTokenizer:
+class SentencePieceTokenizer(Tokenizer):
   """A SentencePiece model (from a file or serialized bytes)."""
+
+  CHARS_PER_TOKEN = 32  # Pieces rarely exceed 32 chars.
 
   def __init__(self, model_file: str | None = None, model_proto: bytes | None = None):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
@@ -70,12 +70,6 @@ class SentencePieceTokenizer:
 
   def decode(self, ids) -> str:
     return self._sp.decode([int(i) for i in np.asarray(ids).ravel() if int(i) != self.sep_id])
-
-  def encode_doc(self, text: str, max_tokens: int | None = None) -> list[int]:
-    if max_tokens is not None:
-      text = text[:max(int(max_tokens), 0) * 32]  # Pieces rarely exceed 32 chars.
-    ids = [self.sep_id] + self.encode(text)
-    return ids if max_tokens is None else ids[:max_tokens]
 
   @classmethod
   def train(cls, texts: Iterable[str], vocab_size: int,
