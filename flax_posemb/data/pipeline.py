@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -243,14 +244,6 @@ class DocOrder:
 
   def __init__(self, n: int, seed: int, shuffle: bool = True):
     self.n, self.seed, self.shuffle = int(n), int(seed), shuffle
-    self._cache: dict[int, np.ndarray] = {}  # Two epochs: the current and the next.
-
-  def _perm(self, epoch: int) -> np.ndarray:
-    if epoch not in self._cache:
-      if len(self._cache) >= 2:
-        self._cache.pop(min(self._cache))
-      self._cache[epoch] = np.random.default_rng([self.seed, epoch, 0x0D0C]).permutation(self.n)
-    return self._cache[epoch]
 
   def __getitem__(self, g: int) -> int:
     return int(self.take(np.array([g]))[0])
@@ -263,8 +256,13 @@ class DocOrder:
     out = np.empty_like(gs)
     epochs = gs // self.n
     for e in np.unique(epochs):
-      out[epochs == e] = self._perm(int(e))[gs[epochs == e] % self.n]
+      out[epochs == e] = _permutation(self.n, self.seed, int(e))[gs[epochs == e] % self.n]
     return out
+
+
+@functools.lru_cache(maxsize=4)  # The current and the next epoch of two orders.
+def _permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+  return np.random.default_rng([seed, epoch, 0x0D0C]).permutation(n)
 
 
 def _read_options(c) -> grain.ReadOptions:

@@ -1,15 +1,8 @@
-"""Prepares local text as a TFDS array_record dataset, without TensorFlow.
+"""Prepares local text as a TFDS array_record dataset, without TensorFlow (README "Configs
+and data"): ``DIR/NAME/1.0.0/`` with splits train/validation and one feature, ``text``.
 
   python -m flax_posemb.data.prepare --name my_books --input 'books/*.txt' --data_dir DIR
   python -m flax_posemb.data.prepare --name my_books --hf_dataset PATH --data_dir DIR
-  python train.py --config configs/default.py --workdir runs/books \\
-      --config.data.source=tfds --config.data.name=my_books --config.data.data_dir=DIR
-
-Inputs: ``.txt`` (one document per file, line or paragraph: ``--split_by``), ``.jsonl``
-lines and ``.parquet`` rows (their ``--text_field``; parquet needs pyarrow), or a Hugging Face
-dataset saved with ``save_to_disk`` (``--hf_dataset``). Writes ``DIR/NAME/1.0.0/`` (the build
-of the ``local_text`` source) with splits ``train`` and ``validation`` (``--val_percent`` of
-the documents by key hash) and one feature, ``text``.
 
 Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message; --debug shows the traceback).
 """
@@ -62,7 +55,7 @@ def prepare(name: str, data_dir: str, *, inputs: tuple[str, ...] = (), hf_datase
 
 
 def define_flags() -> None:
-  """The command's flags (defined only when run as a program: the module is also a library)."""
+  """The command's flags (defined only when run as a program)."""
   flags.DEFINE_string('name', None, 'Dataset name (then --config.data.name=NAME).')
   flags.register_validator(
       'name', lambda n: n is None or re.fullmatch('[a-z][a-z0-9_]*', n) is not None,
