@@ -19,12 +19,16 @@ def _hist(lengths: np.ndarray, seq_len: int, beyond: bool = False) -> list[dict[
   buckets = [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
   if beyond:
     buckets += [(t, 2 * t), (2 * t, 4 * t), (4 * t, 16 * t), (16 * t, None)]
-  out = []
-  for lo, hi in buckets:
-    sel = (lengths > lo) & (lengths <= (np.inf if hi is None else hi))
-    out.append({'bucket': f"({lo},{'inf)' if hi is None else f'{hi}]'}", 'docs': int(sel.sum()),
-                'token_share': float(lengths[sel].sum() / total)})
-  return out
+  sels = [(lo, hi, (lengths > lo) & (lengths <= (np.inf if hi is None else hi)))
+          for lo, hi in buckets]
+  return [{'bucket': f"({lo},{'inf)' if hi is None else f'{hi}]'}", 'docs': int(sel.sum()),
+           'token_share': float(lengths[sel].sum() / total)} for lo, hi, sel in sels]
+
+
+def _deciles(counts: np.ndarray) -> tuple[np.ndarray, float | None]:
+  """Mean counts per tenth of positions ``[10]`` and the last over the first (None: 0)."""
+  d = np.array([x.mean() for x in np.array_split(counts.astype(np.float64), 10)])
+  return d, float(d[-1] / d[0]) if d[0] else None
 
 
 def policy_shares(doc_pairs: np.ndarray, data_config, seed: int = 0) -> dict[str, Any]:
@@ -37,11 +41,7 @@ def policy_shares(doc_pairs: np.ndarray, data_config, seed: int = 0) -> dict[str
   n = n[n + 1 >= int(c.min_doc_len)]  # Shorter documents are skipped by every policy.
   total = max(int(np.asarray(doc_pairs).sum()), 1)
   used = lambda cap: float(np.minimum(n, cap).sum() / total)
-
-  def ratio(counts):
-    d = np.array([x.mean() for x in np.array_split(counts.astype(np.float64), 10)])
-    return float(d[-1] / d[0]) if d[0] else None
-
+  ratio = lambda counts: _deciles(counts)[1]
   p = np.arange(t)
   srt = np.sort(n)
   alive = lambda q: len(srt) - np.searchsorted(srt, q, side='right')  # #{n > q}.
@@ -90,7 +90,7 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
   # packed_reset keeps in-document positions up to the table; every other policy stays < T.
   counts, slots, seg_lens, main_docs = _count_batches(
       it, num_batches, max_len if c.position_policy == 'packed_reset' else t)
-  deciles = np.array([x.mean() for x in np.array_split(counts.astype(np.float64), 10)])
+  deciles, last_over_first = _deciles(counts)
   src = pipeline.make_source(c, c.train_split)
   order = pipeline.DocOrder(len(src), int(config.seed), True)
   k = len(src) if num_source_docs <= 0 else min(num_source_docs, len(src))
@@ -103,7 +103,7 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
       'real_tokens': int(counts.sum()), 'token_slots': int(slots),
       'padding_fraction': float(1 - counts.sum() / max(slots, 1)),
       'counts': counts.tolist(), 'deciles': deciles.tolist(),
-      'last_over_first': float(deciles[-1] / deciles[0]) if deciles[0] else None,
+      'last_over_first': last_over_first,
       'segment_lengths': _hist(np.asarray(seg_lens), t),
       'doc_lengths': _hist(doc_lens, t, beyond=True),
       'doc_length_stats': length_stats(doc_lens, t),
