@@ -179,8 +179,21 @@ def test_sentencepiece_trained_on_the_corpus_is_cached_and_round_trips(tmp_path)
   b = next(data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1))
   assert b['inputs'].max() < tok.vocab_size
   cfg.data.spm_model = str(tmp_path / 'missing.model')
-  with pytest.raises(FileNotFoundError, match='spm_model'):
-    text_sources.make_tokenizer(cfg.data)
+  with pytest.raises(ValueError, match='data.spm_model=.*missing.model'):
+    data.validate_config(cfg.data, max_len=128)
+
+
+def test_sentencepiece_model_without_bos_or_eos_is_refused_naming_the_file(tmp_path):
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  words = ['alpha', 'beta', 'gamma', 'delta']
+  path = tmp_path / 'nosep.model'
+  with open(path, 'wb') as f:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([' '.join(words[i % 4:] + words[:i % 4]) for i in range(50)]),
+        model_writer=f, vocab_size=20, bos_id=-1, eos_id=-1, unk_id=0,
+        hard_vocab_limit=False, minloglevel=2)
+  with pytest.raises(ValueError, match=r'nosep\.model has neither a BOS nor an EOS'):
+    tokenizers.SentencePieceTokenizer(model_file=str(path))
 
 
 def test_unknown_tokenizer_is_a_clear_error(tmp_path):

@@ -1,12 +1,7 @@
-"""Document-length distributions over ``[1, seq_len]`` (lengths count input/target pairs).
-
-A spec names one: ``'wikipedia'`` (token shares per length bucket 1/32, 1/16, ..., 1 of the
-context of 15.3/21.5/23.0/19.1/13.1/8.0 %: Pouransari et al., "Dataset Decomposition",
-arXiv 2405.13226), ``'uniform'``, ``'full'`` (every document ``seq_len``) or ``'a,b,c,...'``
-(token shares of n buckets with upper edges ``seq_len / 2**(n-1), ..., seq_len``; empty
-buckets of a short context merge into the next). Lengths are uniform within a bucket; a
-bucket's document probability is its token share over its mean length.
-"""
+"""Document-length distributions over ``[1, seq_len]`` pairs: ``'wikipedia'`` (token shares
+per bucket 1/32, 1/16, ..., 1 of the context: Pouransari et al., arXiv 2405.13226),
+``'uniform'``, ``'full'`` or token shares ``'a,b,c,...'`` of buckets with upper edges
+``seq_len / 2**(n-1), ..., seq_len``; lengths are uniform within a bucket."""
 
 from __future__ import annotations
 
@@ -19,8 +14,7 @@ WIKIPEDIA_SHARES = (15.3, 21.5, 23.0, 19.1, 13.1, 8.0)
 
 @dataclasses.dataclass(frozen=True)
 class LengthDist:
-  """Piecewise-uniform lengths: bucket ``b`` is ``(edges[b], edges[b+1]]`` with document
-  probability ``doc_probs[b]`` and expected token share ``token_shares[b]``."""
+  """Bucket ``b`` is ``(edges[b], edges[b+1]]`` (document probability ``doc_probs[b]``)."""
   edges: tuple[int, ...]
   doc_probs: tuple[float, ...]
   token_shares: tuple[float, ...]

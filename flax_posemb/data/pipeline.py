@@ -1,10 +1,9 @@
-"""Grain pipelines: the training iterator, evaluation batches and the data config check.
-
-Row order, streaming and resume: docs/DESIGN.md "Data policies and tokens".
-"""
+"""Grain pipelines: training iterator, evaluation batches, data config check (docs/DESIGN.md
+"Data policies and tokens")."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -30,8 +29,7 @@ _PACK_CHUNK = 256  # Documents per Grain element fed to the packer.
 
 
 def validate_config(data_config, max_len: int) -> None:
-  """Raises ValueError naming the problem and the fix: the one check of `config.data`
-  against a position table of `max_len` rows (`config.model.max_len`)."""
+  """The one check of `config.data` (a position table of `max_len` rows): ValueError."""
   for problem in _problems(data_config, int(max_len)):
     raise ValueError(problem)
 
@@ -39,12 +37,10 @@ def validate_config(data_config, max_len: int) -> None:
 def _problems(c, max_len: int) -> Iterator[str]:
   """The config's problems, in order (later checks assume the earlier ones passed)."""
   t, policy = int(c.seq_len), c.position_policy
-  if c.source not in SOURCES:
-    yield f'Unknown data.source {c.source!r}; use one of {SOURCES}.'
-  if policy not in policies.POLICIES:
-    yield f'Unknown data.position_policy {policy!r}; use one of {policies.POLICIES}.'
-  if sources.decode_mode(c) not in DECODE_ERROR_MODES:
-    yield f'Unknown data.on_decode_error {c.on_decode_error!r}; use one of {DECODE_ERROR_MODES}.'
+  for key, choices in (('source', SOURCES), ('position_policy', policies.POLICIES),
+                       ('on_decode_error', DECODE_ERROR_MODES)):
+    if c.get(key, 'replace') not in choices:
+      yield f'Unknown data.{key} {c[key]!r}; use one of {choices}.'
   for key in ('num_workers', 'prefetch', 'shuffle_rows'):
     if int(c.get(key, 0)) < 0:
       yield f'data.{key} must be >= 0, got {c[key]}.'
@@ -54,10 +50,10 @@ def _problems(c, max_len: int) -> Iterator[str]:
            'or increase model.max_len.')
   if int(c.min_doc_len) < 2:
     yield f'data.min_doc_len must be >= 2 (one input/target pair), got {c.min_doc_len}.'
-  if policy == 'length_schedule' and not 1 <= int(c.schedule_seq_len) <= t:
-    yield f'data.schedule_seq_len={c.schedule_seq_len} must be in [1, data.seq_len={t}].'
-  if policy == 'length_schedule' and not 0.0 <= float(c.schedule_fraction) <= 1.0:
-    yield f'data.schedule_fraction={c.schedule_fraction} must be in [0, 1].'
+  if policy == 'length_schedule' and not (1 <= int(c.schedule_seq_len) <= t
+                                          and 0 <= float(c.schedule_fraction) <= 1):
+    yield (f'data.schedule_seq_len={c.schedule_seq_len} must be in [1, data.seq_len={t}] and '
+           f'data.schedule_fraction={c.schedule_fraction} in [0, 1].')
   if policy == 'resampled':
     lengths_lib.parse(c.resample_dist, t)
   splits = (c.train_split, c.eval_split)
@@ -66,6 +62,9 @@ def _problems(c, max_len: int) -> Iterator[str]:
     return
   if c.tokenizer not in TOKENIZERS:
     yield f'Unknown data.tokenizer {c.tokenizer!r}; use one of {TOKENIZERS}.'
+  if c.tokenizer == 'sentencepiece' and c.spm_model and not os.path.isfile(c.spm_model):
+    yield (f'data.spm_model={c.spm_model!r} is not a file; set it to an existing .model file '
+           "or to '' to train one on the corpus.")
   if c.source == 'tfds' and not c.name:
     yield "data.source='tfds' needs data.name (e.g. 'wiki40b/en', 'pg19')."
   if c.source == 'local_text' and not c.local_glob:
@@ -116,8 +115,7 @@ def vocab_size(data_config) -> int:
 
 
 def reference_losses(data_config, length: int) -> dict[str, np.ndarray] | None:
-  """Synthetic source: {'bayes_loss', 'filter_loss'} ``[length]`` (docs/DESIGN.md
-  "Synthetic corpus"); None for real text."""
+  """Synthetic source: {'bayes_loss', 'filter_loss'} ``[length]``; None for real text."""
   if data_config.source != 'synthetic':
     return None
   return synthetic_lib.reference_losses(synthetic_lib.from_config(data_config), int(length))
@@ -127,17 +125,9 @@ def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_st
                         process_index: int = 0, process_count: int = 1,
                         max_len: int | None = None, with_doc_ids: bool = False
                         ) -> grain.DatasetIterator:
-  """Infinite iterator of process-local training batches, with ``get_state`` / ``set_state``.
-
-  `data_config` is valid (`validate_config`); each process yields ``batch_size //
-  process_count`` rows of the global batch; `seed` draws the order, offsets and resampled
-  lengths; `num_train_steps` sets `length_schedule`'s switch; `max_len` is `packed_reset`'s
-  L (docs/DESIGN.md; None: ``seq_len``); `with_doc_ids` adds ``doc_ids`` ``[b, T]`` int32
-  (each token's document, -1: padding) for the report's batch diversity.
-
-  Returns:
-    Batch dicts of ``[batch_size // process_count, T]`` arrays (docs/DESIGN.md "Batch").
-  """
+  """Infinite, resumable iterator of this process's ``[batch_size // process_count, T]``
+  batches (docs/DESIGN.md "Batch"); `max_len` is `packed_reset`'s L (None: ``seq_len``);
+  `with_doc_ids` adds ``doc_ids`` ``[b, T]`` int32 (-1: padding)."""
   c = data_config
   table = int(c.seq_len) if max_len is None else int(max_len)
   src = make_source(c, c.train_split)
@@ -172,8 +162,7 @@ def _check_some_doc_long_enough(src: sources.DocSource, min_tokens: int, max_pai
 
 def _stream_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, table: int,
                     process_index: int, process_count: int) -> grain.IterDataset:
-  """Rows of `packed`, `packed_reset`, `natural_chunked`: this process's every
-  ``process_count``-th document packed whole, rows shuffled in windows of `shuffle_rows`."""
+  """Rows of the `STREAM_POLICIES`: this process's every ``process_count``-th document."""
   t, policy = int(c.seq_len), c.position_policy
   reset, chunked = policy == 'packed_reset', policy == 'natural_chunked'
 
@@ -202,8 +191,7 @@ def _stream_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, table
 
 def _row_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, batch_size: int,
                  process_index: int, process_count: int) -> grain.IterDataset:
-  """Rows of `natural`, `random_offset`, `length_schedule`, `resampled`: one document per
-  row, its first T pairs; this process reads its block of each global batch."""
+  """Rows of the other policies, one document each; this process's block of each batch."""
   t, policy, b = int(c.seq_len), c.position_policy, batch_size // process_count
   target = lengths_lib.parse(c.resample_dist, t) if policy == 'resampled' else None
 
@@ -237,12 +225,8 @@ def _row_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, batch_si
 
 def exit_with_parent(worker_index: int = 0, worker_count: int = 1,
                      interval: float = 1.0) -> None:
-  """Grain ``worker_init_fn``: the worker exits when its parent process is gone.
-
-  A parent killed by SIGKILL cannot stop its workers, and ``PR_SET_PDEATHSIG`` fires when
-  the parent *thread* exits (mp_prefetch starts workers from a thread pool), so a daemon
-  thread polls ``os.getppid()``.
-  """
+  """Grain ``worker_init_fn``: the worker exits when its parent process is gone (polled:
+  ``PR_SET_PDEATHSIG`` fires when the parent *thread* exits, and mp_prefetch uses threads)."""
   del worker_index, worker_count
   parent = os.getppid()
 
@@ -255,20 +239,11 @@ def exit_with_parent(worker_index: int = 0, worker_count: int = 1,
 
 
 class DocOrder:
-  """Document of global stream position ``g``: epoch ``g // n`` is a fresh permutation of
-  ``range(n)`` drawn from ``(seed, epoch)`` (identity if not shuffled). Kept instead of
-  Grain's `MapDataset.shuffle`: docs/DESIGN.md "Row order"."""
+  """Document of stream position ``g``: epoch ``g // n`` is a permutation drawn from ``(seed,
+  epoch)`` (identity if not shuffled); not `MapDataset.shuffle`: docs/DESIGN.md "Row order"."""
 
   def __init__(self, n: int, seed: int, shuffle: bool = True):
     self.n, self.seed, self.shuffle = int(n), int(seed), shuffle
-    self._cache: dict[int, np.ndarray] = {}  # Two epochs: the current and the next.
-
-  def _perm(self, epoch: int) -> np.ndarray:
-    if epoch not in self._cache:
-      if len(self._cache) >= 2:
-        self._cache.pop(min(self._cache))
-      self._cache[epoch] = np.random.default_rng([self.seed, epoch, 0x0D0C]).permutation(self.n)
-    return self._cache[epoch]
 
   def __getitem__(self, g: int) -> int:
     return int(self.take(np.array([g]))[0])
@@ -281,8 +256,13 @@ class DocOrder:
     out = np.empty_like(gs)
     epochs = gs // self.n
     for e in np.unique(epochs):
-      out[epochs == e] = self._perm(int(e))[gs[epochs == e] % self.n]
+      out[epochs == e] = _permutation(self.n, self.seed, int(e))[gs[epochs == e] % self.n]
     return out
+
+
+@functools.lru_cache(maxsize=4)  # The current and the next epoch of two orders.
+def _permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+  return np.random.default_rng([seed, epoch, 0x0D0C]).permutation(n)
 
 
 def _read_options(c) -> grain.ReadOptions:
@@ -295,32 +275,19 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
                       batch_size: int, policy: str = 'windows', seed: int = 0,
                       window_start: str = 'first', min_doc_len: int = 0,
                       min_start: int = 0) -> Iterator[dict[str, np.ndarray]]:
-  """Finite iterator of evaluation batches (docs/DESIGN.md "Evaluation outputs").
-
-  `num_windows` rows of W = `window_len` tokens in batches of `batch_size` (the last padded
-  with empty rows). `policy` 'windows': W + 1 consecutive tokens at positions ``0..W-1``,
-  from a document's start (`window_start` 'first') or deep inside long documents ('deep',
-  text only: `_deep_windows` with `min_doc_len` (0: 4W) and `min_start` (0: W)); 'natural':
-  rows as the training `natural` policy makes them. `seed` chooses documents and windows.
-
-  Returns:
-    Batch dicts: the batch arrays ``[batch_size, W]`` and ``PROVENANCE_KEYS``
-    ``[batch_size]`` (document, offset of the first input token, document length, kind;
-    padding rows have doc -1).
-  """
+  """Finite iterator of `num_windows` evaluation rows of `window_len` tokens in batches
+  ``[batch_size, W]`` plus ``PROVENANCE_KEYS`` ``[batch_size]`` (padding rows: doc -1);
+  policies and window starts: docs/DESIGN.md "Evaluation outputs"."""
   src = make_source(data_config, split)
   deep = policy == 'windows' and window_start == 'deep'
-  problem = None
-  if window_start not in WINDOW_STARTS:
-    problem = (f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS} (\'random\','
-               " one window per document, was replaced by 'deep': token-uniform windows deep "
-               'inside long documents).')
-  elif deep and src.positional:
-    problem = ("window_start='deep' needs a text source: synthetic documents are generated for "
-               'the positions they occupy, so a window cut from inside one would not match its '
-               "reference losses. Use window_start='first'.")
-  if problem:
-    raise ValueError(problem)
+  if window_start not in WINDOW_STARTS or (deep and src.positional):
+    raise ValueError(
+        f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS} (\'random\', one '
+        "window per document, was replaced by 'deep': token-uniform windows deep inside long "
+        'documents).' if window_start not in WINDOW_STARTS else
+        "window_start='deep' needs a text source: synthetic documents are generated for the "
+        'positions they occupy, so a window cut from inside one would not match its reference '
+        "losses. Use window_start='first'.")
   w = int(window_len)
   if deep:
     min_doc_len, min_start = deep_limits(w, min_doc_len, min_start)
@@ -346,8 +313,8 @@ Window = tuple[dict[str, np.ndarray], tuple[int, int, int]]  # (row, (doc, start
 
 def _first_windows(src: sources.DocSource, order: np.ndarray, w: int, need: int,
                    num_windows: int, full: bool) -> list[Window]:
-  """The first ``w + 1`` tokens of the first documents (in ``order``) with at least
-  ``need`` tokens; synthetic documents are generated with ``w`` pairs if ``full``."""
+  """The first ``w + 1`` tokens of the first documents in `order` with >= `need` tokens
+  (synthetic: generated with ``w`` pairs if `full`)."""
   out = []
   for d in order[:num_windows if full and src.positional else None].tolist():
     if src.positional:
@@ -365,13 +332,8 @@ def _first_windows(src: sources.DocSource, order: np.ndarray, w: int, need: int,
 
 def _deep_windows(src: sources.DocSource, split: str, w: int, num_windows: int,
                   min_doc_len: int, min_start: int, seed: int) -> list[Window]:
-  """Windows drawn token-uniformly (up to slot granularity) from the documents of at least
-  `min_doc_len` tokens, none starting before token `min_start`.
-
-  A document's region ``[min_start, L)`` is cut into consecutive slots of ``w + 1`` tokens
-  from a random origin in the region's slack; `num_windows` slots are drawn without
-  replacement among all slots. Tokenizes every document of the split: O(split).
-  """
+  """`num_windows` slots of ``w + 1`` tokens drawn without replacement from the documents'
+  `deep_region`s, cut from a random origin in each region's slack (docs/DESIGN.md)."""
   lengths = np.array([len(src.doc(i, max_pairs=None)) for i in range(len(src))], np.int64)
   span = w + 1
   region = deep_region(lengths, min_doc_len, min_start)
@@ -401,8 +363,7 @@ def deep_limits(window_len: int, min_doc_len: int, min_start: int) -> tuple[int,
 
 
 def deep_region(lengths, min_doc_len: int, min_start: int) -> np.ndarray:
-  """``[n]`` tokens of each document that 'deep' windows may cover (0 below
-  `min_doc_len`, else those from token `min_start` on)."""
+  """``[n]`` tokens of each document that 'deep' windows may cover."""
   lengths = np.asarray(lengths, np.int64)
   return np.where(lengths >= min_doc_len, np.maximum(lengths - min_start, 0), 0)
 

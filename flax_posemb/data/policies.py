@@ -1,7 +1,5 @@
-"""Position policies: how documents become rows of ``T`` input/target pairs.
-
-What each policy puts in a row and its exposure: docs/DESIGN.md "Data policies and tokens".
-"""
+"""Position policies: how documents become rows of ``T`` input/target pairs (docs/DESIGN.md
+"Data policies and tokens")."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ POLICIES = ('natural', 'packed', 'packed_reset', 'random_offset', 'length_schedu
 PACKED_POLICIES = ('packed', 'packed_reset')  # Full rows, documents cross row boundaries.
 STREAM_POLICIES = PACKED_POLICIES + ('natural_chunked',)  # Every pair of every document.
 KEYS = BATCH_KEYS
-# Per-token document index (-1: padding), for reports on batch diversity.
-DOC_IDS = 'doc_ids'
+DOC_IDS = 'doc_ids'  # Per-token document index (-1: padding), for the report's batch diversity.
 
 
 def empty_row(seq_len: int) -> dict[str, np.ndarray]:
@@ -42,17 +39,9 @@ def natural_row(tokens: np.ndarray, seq_len: int, start: int = 0) -> dict[str, n
 
 
 class PackIterDataset(grain.IterDataset):
-  """Streams documents into rows without truncation (`packed`, `packed_reset`,
-  `natural_chunked`).
-
-  Grain's packers (`FirstFitPackIterDataset`, `ConcatThenSplitIterDataset`) do not give
-  these rows: docs/DESIGN.md "Row order".
-
-  `parent` yields chunks of ``[n]`` document indices; ``materialize(chunk, column)`` gives
-  their tokens (deterministic, may be lazy), the first document placed at row column
-  `column`. `reset`: `packed_reset` (L = `max_len`); `chunked`: `natural_chunked`;
-  documents of fewer than `min_tokens` tokens are skipped.
-  """
+  """Streams documents whole into the rows of the `STREAM_POLICIES` (not Grain's packers:
+  docs/DESIGN.md "Row order"). `parent` yields chunks of ``[n]`` document indices;
+  ``materialize(chunk, column)`` gives their tokens, the first placed at row column `column`."""
 
   def __init__(self, parent: grain.IterDataset,
                materialize: Callable[[Any, int], Sequence[np.ndarray]],
@@ -70,11 +59,7 @@ class PackIterDataset(grain.IterDataset):
 
 
 class _PackIterator(grain.DatasetIterator):
-  """Cuts rows from the stream of chunks, one document at a time.
-
-  State (all ints, exact on restore): the parent state before the current chunk, that
-  chunk's start column, the document index in the chunk and the next pair in it.
-  """
+  """State: the parent's before the current chunk, its start column, document and pair."""
 
   def __init__(self, parent, materialize, seq_len, reset, min_tokens, max_len, chunked):
     super().__init__(parent)
@@ -92,7 +77,7 @@ class _PackIterator(grain.DatasetIterator):
     self._load_doc()
 
   def _load_doc(self) -> None:
-    """Tokens of document `_doc` (None if it is too short or past the chunk's end)."""
+    """Tokens of document `_doc` (None if too short or past the chunk's end)."""
     self._tok = None
     if self._doc < len(self._docs):
       tok = np.asarray(self._docs[self._doc])
@@ -100,8 +85,7 @@ class _PackIterator(grain.DatasetIterator):
         self._tok = tok
 
   def _next_piece(self, need: int, column: int):
-    """Up to `need` pairs of the current document: (inputs, targets, in-document
-    positions, document ids), loading chunks as needed."""
+    """(inputs, targets, in-document positions, doc ids) of <= `need` pairs."""
     while True:
       if self._docs is None:
         self._load_chunk(0)
@@ -160,8 +144,7 @@ class _PackIterator(grain.DatasetIterator):
 
 
 class ScheduleCropIterDataset(grain.IterDataset):
-  """Crops batches ``[b, T] -> [b, short_len]`` for the first `num_short` batches (natural
-  rows from position 0: the same as truncating each document to `short_len` pairs)."""
+  """Crops the first `num_short` batches ``[b, T] -> [b, short_len]`` (`length_schedule`)."""
 
   def __init__(self, parent: grain.IterDataset, short_len: int, num_short: int):
     super().__init__(parent)

@@ -1,23 +1,14 @@
-"""Prepares local text as a TFDS array_record dataset, without TensorFlow.
+"""Prepares local text as a TFDS array_record dataset, without TensorFlow (README "Configs
+and data"): ``DIR/NAME/1.0.0/`` with splits train/validation and one feature, ``text``.
 
   python -m flax_posemb.data.prepare --name my_books --input 'books/*.txt' --data_dir DIR
   python -m flax_posemb.data.prepare --name my_books --hf_dataset PATH --data_dir DIR
-  python train.py --config configs/default.py --workdir runs/books \\
-      --config.data.source=tfds --config.data.name=my_books --config.data.data_dir=DIR
-
-Inputs: ``.txt`` (one document per file, line or paragraph: ``--split_by``), ``.jsonl``
-lines and ``.parquet`` rows (their ``--text_field``; parquet needs pyarrow), or a Hugging Face
-dataset saved with ``save_to_disk`` (``--hf_dataset``). Writes ``DIR/NAME/1.0.0/`` (the build
-of the ``local_text`` source) with splits ``train`` and ``validation`` (``--val_percent`` of
-the documents by key hash) and one feature, ``text``.
 
 Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message; --debug shows the traceback).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
 import shutil
@@ -38,13 +29,9 @@ SUFFIXES = ('.txt', '.jsonl', '.parquet')
 def prepare(name: str, data_dir: str, *, inputs: tuple[str, ...] = (), hf_dataset: str = '',
             split_by: str = 'file', text_field: str = 'text', val_percent: int = 5,
             on_decode_error: str = 'replace', overwrite: bool = False) -> dict[str, Any]:
-  """Builds ``data_dir/name/1.0.0`` from the files of `inputs` (globs) or `hf_dataset`.
-
-  The arguments are the command's flags (checked by them: a lower-case `name`, one input).
-  Returns ``{'path', 'feature', 'splits': {split: documents}}``.
-  """
+  """Builds ``data_dir/name/1.0.0`` from `inputs` (globs) or `hf_dataset` (the flags,
+  checked by them): ``{'path', 'feature', 'splits': {split: documents}}``."""
   from flax_posemb.data import text_sources  # pylint: disable=g-import-not-at-top  (TFDS)
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   files = () if hf_dataset else tuple(os.path.abspath(f) for f in text_sources.glob_files(
       inputs, SUFFIXES, f'--input {", ".join(inputs)}'))
   root = os.path.join(data_dir, name)
@@ -61,16 +48,14 @@ def prepare(name: str, data_dir: str, *, inputs: tuple[str, ...] = (), hf_datase
   builder = types.new_class('Prepared', (corpus,), {'skip_registration': True},
                             lambda ns: ns.update(name=name, SOURCE=source, __module__=__name__))(
                                 data_dir=data_dir)
-  tfds.disable_progress_bar()
-  with contextlib.redirect_stdout(io.StringIO()):  # TFDS's prints, for a local build.
-    builder.download_and_prepare(file_format='array_record')
+  text_sources.build(builder)
   shutil.rmtree(os.path.join(data_dir, 'downloads'), ignore_errors=True)  # Empty, TFDS's.
   splits = {k: int(v.num_examples) for k, v in builder.info.splits.items()}
   return {'path': builder.data_dir, 'feature': FEATURE, 'splits': splits}
 
 
 def define_flags() -> None:
-  """The command's flags (defined only when run as a program: the module is also a library)."""
+  """The command's flags (defined only when run as a program)."""
   flags.DEFINE_string('name', None, 'Dataset name (then --config.data.name=NAME).')
   flags.register_validator(
       'name', lambda n: n is None or re.fullmatch('[a-z][a-z0-9_]*', n) is not None,

@@ -19,24 +19,21 @@ def _hist(lengths: np.ndarray, seq_len: int, beyond: bool = False) -> list[dict[
   buckets = [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
   if beyond:
     buckets += [(t, 2 * t), (2 * t, 4 * t), (4 * t, 16 * t), (16 * t, None)]
-  out = []
-  for lo, hi in buckets:
-    sel = (lengths > lo) & (lengths <= (np.inf if hi is None else hi))
-    out.append({'bucket': f"({lo},{'inf)' if hi is None else f'{hi}]'}", 'docs': int(sel.sum()),
-                'token_share': float(lengths[sel].sum() / total)})
-  return out
+  sels = [(lo, hi, (lengths > lo) & (lengths <= (np.inf if hi is None else hi)))
+          for lo, hi in buckets]
+  return [{'bucket': f"({lo},{'inf)' if hi is None else f'{hi}]'}", 'docs': int(sel.sum()),
+           'token_share': float(lengths[sel].sum() / total)} for lo, hi, sel in sels]
 
 
-def _segment_lengths(batch: dict[str, np.ndarray]) -> list[int]:
-  return [n for row in batch['segment_ids'] for n in np.unique(row[row > 0],
-                                                               return_counts=True)[1].tolist()]
+def _deciles(counts: np.ndarray) -> tuple[np.ndarray, float | None]:
+  """Mean counts per tenth of positions ``[10]`` and the last over the first (None: 0)."""
+  d = np.array([x.mean() for x in np.array_split(counts.astype(np.float64), 10)])
+  return d, float(d[-1] / d[0]) if d[0] else None
 
 
 def policy_shares(doc_pairs: np.ndarray, data_config, seed: int = 0) -> dict[str, Any]:
-  """What each policy makes of documents of these untruncated lengths ``[n]`` (pairs),
-  analytically for one epoch (``max_len = seq_len``): {policy: {'token_share' of the pairs
-  reaching a row, 'last_over_first' real tokens of the last tenth of positions over the
-  first (None where the run decides: random_offset, resampled)}}."""
+  """{policy: {'token_share', 'last_over_first'}} of documents of untruncated lengths ``[n]``
+  (pairs), analytically for one epoch (``max_len = seq_len``; docs/DESIGN.md)."""
   from flax_posemb.data import lengths as lengths_lib  # pylint: disable=g-import-not-at-top
   c = data_config
   t = int(c.seq_len)
@@ -44,11 +41,7 @@ def policy_shares(doc_pairs: np.ndarray, data_config, seed: int = 0) -> dict[str
   n = n[n + 1 >= int(c.min_doc_len)]  # Shorter documents are skipped by every policy.
   total = max(int(np.asarray(doc_pairs).sum()), 1)
   used = lambda cap: float(np.minimum(n, cap).sum() / total)
-
-  def ratio(counts):
-    d = np.array([x.mean() for x in np.array_split(counts.astype(np.float64), 10)])
-    return float(d[-1] / d[0]) if d[0] else None
-
+  ratio = lambda counts: _deciles(counts)[1]
   p = np.arange(t)
   srt = np.sort(n)
   alive = lambda q: len(srt) - np.searchsorted(srt, q, side='right')  # #{n > q}.
@@ -85,9 +78,8 @@ def length_stats(doc_pairs: np.ndarray, seq_len: int) -> dict[str, Any]:
 
 
 def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dict[str, Any]:
-  """JSON-serializable exposure report of `config`'s training iterator over `num_batches`
-  batches ('counts' ``[seq_len]`` real tokens per position, 'deciles' ``[10]``, ...) and of
-  `num_source_docs` sampled source documents (0 = all)."""
+  """JSON-serializable exposure report of `num_batches` training batches ('counts'
+  ``[seq_len]``, 'deciles' ``[10]``, ...) and `num_source_docs` source documents (0 = all)."""
   c = config.data
   pipeline.validate_config(c, max_len=int(config.model.max_len))
   t = int(c.seq_len)
@@ -98,7 +90,7 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
   # packed_reset keeps in-document positions up to the table; every other policy stays < T.
   counts, slots, seg_lens, main_docs = _count_batches(
       it, num_batches, max_len if c.position_policy == 'packed_reset' else t)
-  deciles = np.array([x.mean() for x in np.array_split(counts.astype(np.float64), 10)])
+  deciles, last_over_first = _deciles(counts)
   src = pipeline.make_source(c, c.train_split)
   order = pipeline.DocOrder(len(src), int(config.seed), True)
   k = len(src) if num_source_docs <= 0 else min(num_source_docs, len(src))
@@ -111,7 +103,7 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
       'real_tokens': int(counts.sum()), 'token_slots': int(slots),
       'padding_fraction': float(1 - counts.sum() / max(slots, 1)),
       'counts': counts.tolist(), 'deciles': deciles.tolist(),
-      'last_over_first': float(deciles[-1] / deciles[0]) if deciles[0] else None,
+      'last_over_first': last_over_first,
       'segment_lengths': _hist(np.asarray(seg_lens), t),
       'doc_lengths': _hist(doc_lens, t, beyond=True),
       'doc_length_stats': length_stats(doc_lens, t),
@@ -134,7 +126,8 @@ def _count_batches(it, num_batches: int, length: int):
     real = b['segment_ids'] > 0
     np.add.at(counts, b['positions'][real], 1)
     slots += real.size
-    seg_lens += _segment_lengths(b)
+    seg_lens += [n for row in b['segment_ids']
+                 for n in np.unique(row[row > 0], return_counts=True)[1].tolist()]
     main_docs.append(_main_documents(b['doc_ids']))
   return counts, slots, seg_lens, np.stack(main_docs)
 
@@ -151,13 +144,9 @@ def _main_documents(doc_ids: np.ndarray) -> np.ndarray:
 
 def batch_diversity(main_docs: np.ndarray, doc_pairs: np.ndarray, data_config,
                     split_docs: int) -> dict[str, float | None]:
-  """Share of row pairs of a batch from one document and of batches all from one document,
-  measured on `main_docs` ``[num_batches, b]`` and (``random_*``) under a random draw of
-  rows from the policy's epoch (docs/DESIGN.md "Row order"); None for batches of one row.
-
-  `doc_pairs` ``[k]`` are a random sample of the split's `split_docs` documents: the
-  sample's ``sum p^b`` estimates (k/n)^(b-1) times the split's, so it is scaled.
-  """
+  """Shares of same-document row pairs and one-document batches in `main_docs` ``[num_batches,
+  b]`` and (``random_*``) for rows drawn at random from the policy's epoch, estimated from
+  `doc_pairs` ``[k]`` sampled of `split_docs` (docs/DESIGN.md "Row order")."""
   b = main_docs.shape[1]
   if b < 2:
     return {'same_doc_pairs': None, 'random_same_doc_pairs': None, 'all_one_doc': None,
@@ -240,11 +229,17 @@ def format_report(rep: dict[str, Any]) -> str:
   for key, title in (('doc_lengths', 'source document lengths (pairs, untruncated)'),
                      ('segment_lengths', 'row segments (pairs)')):
     lines.append(f'{title}:')
-    for h in rep[key]:
-      lines.append(f"  {h['bucket']:>14s}  docs {h['docs']:7d}  token share "
-                   f"{100 * h['token_share']:5.1f}%")
+    lines += [f"  {h['bucket']:>14s}  docs {h['docs']:7d}  token share "
+              f"{100 * h['token_share']:5.1f}%" for h in rep[key]]
   if rep.get('composition'):
-    lines += _format_composition(rep['composition'], t)
+    lines += [f'corpus by split and kind (tokens with separators; >=4T, >=8T: documents of at '
+              f'least 4 and 8 contexts; deep windows: what eval.window_start=deep can draw, '
+              f'{t + 1} tokens past the first {t} of a document of >= 4 contexts):',
+              f"  {'split':10s} {'kind':11s} {'docs':>6s} {'tokens':>10s} {'>=4T':>5s} "
+              f"{'>=8T':>5s} {'deep windows':>12s}"]
+    lines += [f"  {r['split']:10s} {r['kind']:11s} {r['docs']:6d} {r['tokens']:10d} "
+              f"{r['docs_ge_4t']:5d} {r['docs_ge_8t']:5d} {r['deep_windows']:12d}"
+              for r in rep['composition']]
   if 'policies' in rep:
     lines.append('per policy (analytic, one epoch of the sample): share of corpus tokens used, '
                  'late/early exposure')
@@ -253,18 +248,6 @@ def format_report(rep: dict[str, Any]) -> str:
       lines.append(f"  {mark} {name:16s} tokens used {100 * v['token_share']:6.2f}%  "
                    f"late/early {_fmt(v['last_over_first'])}")
   return '\n'.join(lines)
-
-
-def _format_composition(rows: list[dict[str, Any]], t: int) -> list[str]:
-  lines = [f'corpus by split and kind (tokens with separators; >=4T, >=8T: documents of at '
-           f'least 4 and 8 contexts; deep windows: what eval.window_start=deep can draw, {t + 1} '
-           f'tokens past the first {t} of a document of >= 4 contexts):',
-           f"  {'split':10s} {'kind':11s} {'docs':>6s} {'tokens':>10s} {'>=4T':>5s} "
-           f"{'>=8T':>5s} {'deep windows':>12s}"]
-  for r in rows:
-    lines.append(f"  {r['split']:10s} {r['kind']:11s} {r['docs']:6d} {r['tokens']:10d} "
-                 f"{r['docs_ge_4t']:5d} {r['docs_ge_8t']:5d} {r['deep_windows']:12d}")
-  return lines
 
 
 def _fmt(x) -> str:

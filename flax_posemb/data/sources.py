@@ -40,14 +40,12 @@ class DocSource(abc.ABC):
   @abc.abstractmethod
   def doc(self, index: int, *, start: int = 0, max_pairs: int | None,
           num_pairs: int | None = None) -> np.ndarray:
-    """Tokens ``[n]`` int32 of document `index`, truncated to ``max_pairs + 1`` (None: whole);
-    synthetic: generated from position id `start`, exactly `num_pairs` pairs if given; real
-    text: cropped to at most `num_pairs` pairs."""
+    """Tokens ``[n]`` int32 of document `index`, at most ``max_pairs + 1`` (None: all);
+    synthetic: from position id `start`, exactly `num_pairs` pairs if given."""
 
 
 class SyntheticSource(DocSource):
-  """Documents of the synthetic corpus of one split ('train' | 'validation' | 'test');
-  lengths (pairs) drawn from `length_dist`, raised to at least `min_pairs`."""
+  """Synthetic documents of one split, lengths from `length_dist` (>= `min_pairs`)."""
 
   positional = True
   default_kind = 'synthetic'
@@ -74,8 +72,7 @@ class SyntheticSource(DocSource):
 
   def docs_many(self, indices: np.ndarray, starts: np.ndarray, max_pairs: int,
                 num_pairs: int | None = None) -> list[np.ndarray]:
-    """`doc` of documents ``[n]`` starting at position ids ``[n]``, vectorized (identical
-    tokens); `num_pairs`: generate exactly this many pairs instead of each one's length."""
+    """Vectorized `doc` of documents ``[n]`` at position ids ``[n]`` (identical tokens)."""
     if num_pairs is None:
       pairs = self.pairs_many(indices, max_pairs)
     else:
@@ -91,9 +88,8 @@ class SyntheticSource(DocSource):
 
 
 class TextSource(DocSource):
-  """Tokenized documents of random-access records (a TFDS data source): ``records[i]`` is a
-  dict whose `feature` is the text (str or bytes), or the text itself (`feature` '');
-  `kind` is that of a record without a 'kind' field."""
+  """Tokenized documents of random-access records: dicts with the text at `feature` (or the
+  text itself, `feature` ''); `kind` of a record without one."""
 
   def __init__(self, records: Sequence[Any], tokenizer: tokenizers_lib.Tokenizer,
                feature: str = 'text', on_decode_error: str = 'replace', kind: str = 'text'):

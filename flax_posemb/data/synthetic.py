@@ -1,11 +1,5 @@
-"""Procedural position-dependent corpus with a known optimal loss per position.
-
-Token ``x_p`` at position id ``p >= 1`` is drawn from row ``x_{p-1}`` of ``M[(p // S) % K]``;
-the first token is uniform; rows of ``M`` are Dirichlet draws. Documents are generated for
-the position ids they occupy. `bayes_loss` (position known, exact) and `filter_loss`
-(position-blind regime filter, Monte-Carlo): docs/DESIGN.md "Synthetic corpus". Their gap is
-what a good position row is worth.
-"""
+"""Procedural corpus with a known optimal loss per position: token ``x_p`` is drawn from row
+``x_{p-1}`` of ``M[(p // S) % K]`` (docs/DESIGN.md "Synthetic corpus")."""
 
 from __future__ import annotations
 
@@ -48,8 +42,8 @@ class SyntheticCorpus:
     return (np.asarray(positions) // self.segment_len) % self.num_regimes
 
   def doc_uniforms(self, split: str, index: int, count: int) -> np.ndarray:
-    """The first `count` uniforms ``[count]`` of document `index`: a counter-based stream
-    (SplitMix64), so any prefix is cheap; uniforms 0 and 1 pick the length, 2.. the tokens."""
+    """The first `count` uniforms of document `index` (SplitMix64 counter stream; 0 and 1 pick
+    the length, 2.. the tokens)."""
     return self.doc_uniforms_many(split, np.asarray([index]), count)[0]
 
   def doc_uniforms_many(self, split: str, indices: np.ndarray, count: int) -> np.ndarray:

@@ -1,15 +1,12 @@
-"""Real-text sources through TFDS (array_record + `as_data_source`; no TensorFlow needed).
-
-``local_text`` (the user's .txt/.jsonl files) and ``stdlib`` (this Python's standard library
-split at top-level definitions) are `GeneratorBasedBuilder`s built on first use into the data
-directory, named by a hash of their inputs; ``tfds`` reads any prepared TFDS dataset. Splits,
-invalid UTF-8 and feature lookup: docs/DESIGN.md "Data policies and tokens".
-"""
+"""Real-text sources through TFDS array_record, without TensorFlow: the ``local_text`` and
+``stdlib`` corpora (built on first use) and prepared TFDS datasets (docs/DESIGN.md "Data
+policies and tokens")."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import glob as glob_lib
 import hashlib
 import importlib
@@ -56,8 +53,7 @@ def _hash_files(paths: list[str], extra: str) -> str:
 
 
 def refuse_invalid_utf8(paths: list[str]) -> None:
-  """data.on_decode_error=error: refuses the first file that is not valid UTF-8, before a
-  build starts (a refused corpus leaves nothing behind)."""
+  """data.on_decode_error=error: refuses the first file of invalid UTF-8 before a build."""
   for p in paths:
     with open(p, 'rb') as f:
       raw = f.read()
@@ -88,8 +84,7 @@ _TOP_LEVEL = re.compile(r'(def |class |async def |@)')
 
 
 def split_python_source(text: str) -> list[str]:
-  """Non-blank documents of a module cut at top-level def/class/decorator lines
-  (decorators stay attached); together they are `text` minus blank-only parts."""
+  """Non-blank documents of a module cut at top-level def/class (decorators attached)."""
   docs, cur, prev_decorator = [], [], False
   for line in text.splitlines(keepends=True):
     if _TOP_LEVEL.match(line) and not prev_decorator and cur:
@@ -103,8 +98,7 @@ def split_python_source(text: str) -> list[str]:
 
 
 class TextBuilderConfig(tfds.core.BuilderConfig):
-  """The documents of a text corpus: `files` (or a Hugging Face dataset on disk), cut by
-  `split_by` (file | line | paragraph | python)."""
+  """The documents of `files` (or a saved Hugging Face dataset), cut by `split_by`."""
 
   def __init__(self, *, name: str, files: tuple[str, ...], split_by: str,
                text_field: str, val_percent: int, description: str = '',
@@ -116,10 +110,12 @@ class TextBuilderConfig(tfds.core.BuilderConfig):
 
 
 class _TextCorpus(tfds.core.GeneratorBasedBuilder):
-  """Documents from local files; splits by hashed document key."""
+  """The documents of a `TextBuilderConfig` (records: `FEATURES`), split by document key."""
 
   VERSION = tfds.core.Version('1.0.0')
   BUILDER_CONFIGS = []
+  SOURCE: TextBuilderConfig | None = None  # The documents of a builder without configs.
+  FEATURES = ('text',)
 
   # TFDS' default probes `importlib_resources` (not installed here); the file is enough.
   @tfds.core.utils.classproperty
@@ -130,59 +126,56 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self, description=self._source().description,
-        features=tfds.features.FeaturesDict({'text': tfds.features.Text()}),
+        features=tfds.features.FeaturesDict({f: tfds.features.Text() for f in self.FEATURES}),
         metadata=tfds.core.MetadataDict())
-
-  SOURCE: TextBuilderConfig | None = None  # The documents of a builder without configs.
 
   def _source(self) -> TextBuilderConfig:
     return self.builder_config or self.SOURCE
 
-  def _docs(self, bad: list[str] | None = None):
-    """(key, text) of every document in file order; keys of invalid UTF-8 go to `bad`."""
+  def _docs(self, bad: list[str]):
+    """(key, kind, text) of every document in file order; files of invalid UTF-8 go to `bad`."""
     cfg = self._source()
     if cfg.hf_dataset:
-      yield from hf_documents(cfg.hf_dataset, cfg.text_field)
+      yield from ((key, '', doc) for key, doc in hf_documents(cfg.hf_dataset, cfg.text_field))
       return
     for path in cfg.files:
       if path.endswith('.parquet'):
-        yield from ((f'{path}:{i}', doc) for i, doc in enumerate(parquet_texts(
+        yield from ((f'{path}:{i}', '', doc) for i, doc in enumerate(parquet_texts(
             path, cfg.text_field)))
         continue
       with open(path, 'rb') as f:
         docs = _file_docs(path, f.read().decode('utf-8', 'surrogateescape'), cfg)  # Lossless.
       for i, doc in enumerate(docs):
-        key = f'{path}:{i}'
         if _ESCAPED.search(doc):  # Mode 'error' refused the file before the build.
-          if bad is not None:
-            bad.append(key)
+          bad.append(path)
           if cfg.on_decode_error == 'skip':
             continue
           doc = doc.encode('utf-8', 'surrogateescape').decode('utf-8', errors='replace')
-        yield key, doc
+        yield f'{path}:{i}', '', doc
 
-  def _split_generators(self, dl_manager):
-    del dl_manager
+  def _held_out(self, docs: list[tuple[str, str, int]]) -> set[str]:
+    """Keys of the validation documents among (key, kind, tokens) `docs`."""
     pct = self._source().val_percent
-    bad: list[str] = []
-    scores = {key: _hash_percent(key) for key, _ in self._docs(bad)}
-    self.info.metadata['decode_errors'] = {
-        'mode': self._source().on_decode_error,
-        'documents': len(bad), 'files': sorted({k.rsplit(':', 1)[0] for k in bad})[:20]}
+    scores = {key: _hash_percent(key) for key, _, _ in docs}
     val = {k for k, v in scores.items() if v < pct}
     if pct > 0 and not val and len(scores) >= 2:  # Tiny corpus: still one validation doc.
       val = {min(scores, key=scores.get)}
-    out = {}
-    if len(val) < len(scores):
-      out['train'] = self._generate_examples(val, False)
-    if val:
-      out['validation'] = self._generate_examples(val, True)
-    return out
+    return val
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    bad: list[str] = []
+    docs = [(key, kind, len(text.encode('utf-8')) + 1) for key, kind, text in self._docs(bad)]
+    val = self._held_out(docs)
+    self.info.metadata['decode_errors'] = {'mode': self._source().on_decode_error,
+                                           'documents': len(bad), 'files': sorted(set(bad))[:20]}
+    return {split: self._generate_examples(val, split == 'validation')
+            for split, n in (('train', len(docs) - len(val)), ('validation', len(val))) if n}
 
   def _generate_examples(self, val: set[str], validation: bool):
-    for key, doc in self._docs():
+    for key, kind, text in self._docs([]):
       if (key in val) == validation:
-        yield key, {'text': doc}
+        yield key, dict(zip(self.FEATURES, (text, kind)))
 
 
 class LocalText(_TextCorpus):
@@ -191,6 +184,13 @@ class LocalText(_TextCorpus):
 
 class Stdlib(_TextCorpus):
   """The Python standard library's .py files, split at top-level definitions."""
+
+
+def build(builder) -> None:
+  """Writes `builder`'s dataset as array_record (TFDS prints silenced)."""
+  tfds.disable_progress_bar()
+  with contextlib.redirect_stdout(io.StringIO()):
+    builder.download_and_prepare(file_format='array_record')
 
 
 def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
@@ -203,11 +203,12 @@ def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
       if not builder.is_prepared():
         logging.info('Building the %s corpus (%s) into %s ...', builder.name,
                      config.description, ddir)
-        tfds.disable_progress_bar()
-        with contextlib.redirect_stdout(io.StringIO()):  # TFDS's prints, for a local build.
-          builder.download_and_prepare(file_format='array_record')
+        build(builder)
         builder = builder_cls(config=config, data_dir=ddir)
-  _warn_decode_errors(builder)
+  found = decode_errors(builder)
+  if found and found['documents']:
+    _warn_decode_errors(builder.name, found['documents'], ', '.join(found['files'][:5]),
+                        found['mode'])
   return builder
 
 
@@ -217,19 +218,11 @@ def decode_errors(builder) -> dict | None:
   return dict(meta['decode_errors']) if meta and 'decode_errors' in meta else None
 
 
-_WARNED: set[str] = set()
-
-
-def _warn_decode_errors(builder) -> None:
-  """Logs (once per dataset and process) the documents the build found invalid UTF-8 in."""
-  found = decode_errors(builder)
-  if not found or not found['documents'] or builder.builder_config.name in _WARNED:
-    return
-  _WARNED.add(builder.builder_config.name)
+@functools.cache  # Once per dataset and process.
+def _warn_decode_errors(name: str, documents: int, files: str, mode: str) -> None:
   logging.warning('%s: %d document(s) are not valid UTF-8 (files: %s); data.on_decode_error=%s '
-                  '%s. Use data.on_decode_error=error to refuse such files.', builder.name,
-                  found['documents'], ', '.join(found['files'][:5]), found['mode'],
-                  'replaced the invalid bytes by U+FFFD' if found['mode'] == 'replace'
+                  '%s. Use data.on_decode_error=error to refuse such files.', name, documents,
+                  files, mode, 'replaced the invalid bytes by U+FFFD' if mode == 'replace'
                   else 'dropped them')
 
 
@@ -256,8 +249,7 @@ def parquet_texts(path: str, column: str) -> list[str]:
 
 
 def hf_documents(path: str, column: str):
-  """(key, text) of every row of a Hugging Face dataset saved with ``save_to_disk``; a
-  ``DatasetDict``'s splits in order, keys ``SPLIT:ROW``."""
+  """(``SPLIT:ROW``, text) of every row of a dataset saved with ``save_to_disk``."""
   datasets = _optional_import('datasets', path)
   ds = datasets.load_from_disk(path)
   for split, part in ds.items() if isinstance(ds, datasets.DatasetDict) else [('all', ds)]:
@@ -335,22 +327,13 @@ def _records(data_config, split: str):
   return (*tfds_records(c.name, split, ddir, c.text_feature), None)
 
 
-def prepared_datasets(ddir: str) -> list[str]:
-  """Names (``NAME`` or ``NAME/CONFIG``) of the datasets prepared under ``ddir``."""
-  found = set()
-  for depth in ('*/*', '*/*/*'):
-    for info in glob_lib.glob(os.path.join(ddir, depth, 'dataset_info.json')):
-      parts = os.path.relpath(os.path.dirname(info), ddir).split(os.sep)
-      if parts[-1][:1].isdigit():  # NAME[/CONFIG]/VERSION
-        found.add('/'.join(parts[:-1]))
-  return sorted(found)
-
-
 def not_prepared_message(name: str, ddir: str) -> str:
   """Why TFDS dataset ``name`` cannot be read from ``ddir`` and both fixes (without
   TensorFlow TFDS cannot tell an unprepared catalog dataset from an unknown name)."""
   base = name.split(':')[0]
-  listed = prepared_datasets(ddir)
+  infos = [os.path.relpath(os.path.dirname(x), ddir).split(os.sep) for depth in ('*/*', '*/*/*')
+           for x in glob_lib.glob(os.path.join(ddir, depth, 'dataset_info.json'))]
+  listed = sorted({'/'.join(p[:-1]) for p in infos if p[-1][:1].isdigit()})  # NAME[/CONF]/VER
   listed = ', '.join(listed[:20]) + (' ...' if len(listed) > 20 else '') if listed else 'none'
   return (
       f'No prepared dataset {name!r} (data.name) under {ddir} (no '
@@ -366,9 +349,8 @@ def not_prepared_message(name: str, ddir: str) -> str:
 
 
 def find_builder_dir(name: str, ddir: str) -> str | None:
-  """The prepared directory ``ddir/NAME[/CONFIG]/VERSION`` of `name` (``NAME``,
-  ``NAME/CONFIG``, either with ``:VERSION``; a dataset's only prepared config is found
-  without its name), the highest version; None if there is none or several configs."""
+  """The prepared ``ddir/NAME[/CONFIG]/VERSION`` of `name` (``NAME[/CONFIG][:VERSION]``; an
+  only config needs no name), the highest version; None if none or several configs."""
   base, _, version = name.partition(':')
   root = os.path.join(ddir, *base.split('/'))
   cands = glob_lib.glob(os.path.join(root, version or '*', 'dataset_info.json'))
@@ -376,15 +358,10 @@ def find_builder_dir(name: str, ddir: str) -> str | None:
     cands = glob_lib.glob(os.path.join(root, '*', version or '*', 'dataset_info.json'))
     if len({os.path.dirname(os.path.dirname(x)) for x in cands}) > 1:
       return None
-
-  def key(path):
-    try:
-      return tuple(int(x) for x in os.path.basename(os.path.dirname(path)).split('.'))
-    except ValueError:
-      return (-1,)
-
-  cands = [x for x in cands if key(x) != (-1,)]
-  return os.path.dirname(max(cands, key=key)) if cands else None
+  versions = {os.path.dirname(x): os.path.basename(os.path.dirname(x)) for x in cands}
+  versions = {d: [int(x) for x in v.split('.')] for d, v in versions.items()
+              if re.fullmatch(r'\d+(\.\d+)*', v)}
+  return max(versions, key=versions.get) if versions else None
 
 
 def string_features(features) -> list[str]:
@@ -395,8 +372,7 @@ def string_features(features) -> list[str]:
 
 
 def pick_text_feature(features, wanted: str, name: str) -> str:
-  """`wanted` if the dataset has it, else its only string feature, else its only string
-  feature named like '*text*' (pg19: 'book_text'); else an error listing them."""
+  """`wanted`, else the only string feature, else the only one named '*text*' (pg19)."""
   if features is None or wanted in features:
     return wanted
   texts = string_features(features)
@@ -409,16 +385,11 @@ def pick_text_feature(features, wanted: str, name: str) -> str:
       f'--config.data.text_feature to one of them.')
 
 
-_LOGGED_FEATURES: set[tuple[str, str]] = set()
-
-
+@functools.cache  # Once per dataset and process.
 def _log_feature(name: str, feature: str, wanted: str) -> None:
-  """Logs (once per dataset and process) which feature is read as the text."""
-  if (name, feature) not in _LOGGED_FEATURES:
-    _LOGGED_FEATURES.add((name, feature))
-    why = '' if feature == wanted else (f' (picked: the dataset has no {wanted!r}; set '
-                                         'data.text_feature to choose another)')
-    logging.info('TFDS dataset %s: text feature %r%s.', name, feature, why)
+  why = '' if feature == wanted else (f' (picked: the dataset has no {wanted!r}; set '
+                                       'data.text_feature to choose another)')
+  logging.info('TFDS dataset %s: text feature %r%s.', name, feature, why)
 
 
 def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
@@ -447,8 +418,7 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
 
 
 def make_tokenizer(data_config) -> tokenizers.Tokenizer:
-  """The configured tokenizer; a SentencePiece model is trained on the train split once and
-  cached in the data directory."""
+  """The configured tokenizer (SentencePiece: trained on the train split once, cached)."""
   c = data_config
   if c.tokenizer == 'byte':
     return tokenizers.ByteTokenizer()

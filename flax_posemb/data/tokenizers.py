@@ -1,32 +1,36 @@
-"""Tokenizers for real text: `ByteTokenizer` (UTF-8 bytes 0..255, separator 256) and
-`SentencePieceTokenizer` (from a file, or trained on the corpus; its BOS piece separates
-documents). ``encode_doc(text)`` is ``[sep_id] + encode(text)``.
-"""
+"""Tokenizers for real text: UTF-8 bytes, or SentencePiece (its BOS piece separates
+documents)."""
 
 from __future__ import annotations
 
+import abc
 import io
 import os
-from typing import Iterable, Protocol
+from typing import Iterable
 
 import numpy as np
 
 
-class Tokenizer(Protocol):
-  """Text <-> token ids."""
+class Tokenizer(abc.ABC):
+  """Text <-> token ids below `vocab_size`; `sep_id` separates documents."""
 
-  vocab_size: int  # Every id is < vocab_size.
-  sep_id: int  # Document separator prepended by `encode_doc`.
+  vocab_size: int
+  sep_id: int
+  CHARS_PER_TOKEN = 1  # `encode_doc`'s cheap pre-cut: a token covers at most this many chars.
 
-  def encode(self, text: str) -> list[int]: ...
-
-  def decode(self, ids) -> str: ...  # Separators dropped.
+  @abc.abstractmethod
+  def encode(self, text: str) -> list[int]:
+    """The token ids of `text`."""
 
   def encode_doc(self, text: str, max_tokens: int | None = None) -> list[int]:
     """``[sep_id] + encode(text)``, truncated to `max_tokens` tokens."""
+    if max_tokens is not None:
+      text = text[:max(int(max_tokens), 0) * self.CHARS_PER_TOKEN]
+    ids = [self.sep_id] + self.encode(text)
+    return ids if max_tokens is None else ids[:max_tokens]
 
 
-class ByteTokenizer:
+class ByteTokenizer(Tokenizer):
   """UTF-8 bytes 0..255 plus separator 256."""
 
   vocab_size = 257
@@ -39,23 +43,15 @@ class ByteTokenizer:
     return bytes(int(i) for i in np.asarray(ids).ravel() if 0 <= int(i) < 256).decode(
         'utf-8', errors='replace')
 
-  def encode_doc(self, text: str, max_tokens: int | None = None) -> list[int]:
-    if max_tokens is not None:
-      text = text[:max(int(max_tokens), 0)]  # A char is >= 1 byte: cheap pre-cut.
-    ids = [self.sep_id] + list(text.encode('utf-8'))
-    return ids if max_tokens is None else ids[:max_tokens]
 
+class SentencePieceTokenizer(Tokenizer):
+  """A SentencePiece model (from a file or serialized bytes)."""
 
-class SentencePieceTokenizer:
-  """A SentencePiece model (from a file or serialized bytes); a missing file is refused."""
+  CHARS_PER_TOKEN = 32  # Pieces rarely exceed 32 chars.
 
   def __init__(self, model_file: str | None = None, model_proto: bytes | None = None):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     if model_proto is None:
-      if not model_file or not os.path.exists(model_file):
-        raise FileNotFoundError(
-            f'SentencePiece model file {model_file!r} not found; set data.spm_model to an '
-            "existing .model file or to '' to train one on the corpus.")
       with open(model_file, 'rb') as f:
         model_proto = f.read()
     self.model_proto = model_proto
@@ -63,18 +59,17 @@ class SentencePieceTokenizer:
     self.vocab_size = int(self._sp.get_piece_size())
     # The BOS piece separates documents (EOS if it has none; models trained here have both).
     self.sep_id = int(self._sp.bos_id() if self._sp.bos_id() >= 0 else self._sp.eos_id())
+    if self.sep_id < 0:
+      raise ValueError(
+          f'SentencePiece model {model_file or "(serialized)"} has neither a BOS nor an EOS '
+          'piece, so documents cannot be separated. Train it with --bos_id or --eos_id >= 0, '
+          "or set data.spm_model='' to train one on the corpus.")
 
   def encode(self, text: str) -> list[int]:
     return list(self._sp.encode(text))
 
   def decode(self, ids) -> str:
     return self._sp.decode([int(i) for i in np.asarray(ids).ravel() if int(i) != self.sep_id])
-
-  def encode_doc(self, text: str, max_tokens: int | None = None) -> list[int]:
-    if max_tokens is not None:
-      text = text[:max(int(max_tokens), 0) * 32]  # Pieces rarely exceed 32 chars.
-    ids = [self.sep_id] + self.encode(text)
-    return ids if max_tokens is None else ids[:max_tokens]
 
   @classmethod
   def train(cls, texts: Iterable[str], vocab_size: int,
