@@ -1,12 +1,9 @@
-"""Named registry of embedding-table initializers, each with its source (docs/REFERENCES.md).
-
-`get(name)` builds one; a model resolves position initializers (`same_as_token`, the default
-`sinusoidal` scale, `file:` tables) with `resolve`; `from_array` wraps a table from elsewhere.
-"""
+"""Named embedding-table initializers (`get`, `resolve`); sources in docs/REFERENCES.md."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -36,11 +33,9 @@ class Initializer:
   overrides: tuple[tuple[str, Any], ...] = ()
 
   def __call__(self, key: Array, shape, dtype=jnp.float32) -> Array:
-    """Draws an array of `shape` (e.g. `[rows, features]`) and `dtype`."""
     return self.fn(key, tuple(shape), dtype)
 
   def expected_std(self, features: int) -> float:
-    """Realized std of the entries of a `[*, features]` table."""
     return float(self.std_fn(int(features)))
 
 
@@ -52,8 +47,20 @@ def _check_std(name: str, std: Any) -> float:
   return float(std)
 
 
-def _normal(name: str, std: float, truncated: bool = False) -> Initializer:
-  """Normal(0, std), or TF's truncated normal: cut at 2 std and not rescaled."""
+# Normal(0, std) entries: name -> (default std, TF truncation: cut at 2 std, not rescaled).
+_NORMALS = {
+    'gpt2': (0.02, False),  # nanoGPT (karpathy/nanoGPT model.py), Hugging Face GPT-2: all tables.
+    'gpt2_openai': (0.01, False),  # OpenAI GPT-2 (openai/gpt-2 src/model.py) `wpe`; Levanter.
+    'bert': (0.02, True),  # BERT (google-research/bert modeling.py): realized std ~0.0176.
+    'normal': (None, False),  # Parametric (e.g. MaxText's trainable position table: std 1.0).
+    'truncated_normal': (None, True),  # Parametric, truncated as `bert`.
+}
+
+
+def _normal(name: str, std: float | None = None) -> Initializer:
+  default, truncated = _NORMALS[name]
+  std = _check_std(name, default if std is None else std)
+
   def init(key, shape, dtype=jnp.float32):
     z = (jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) if truncated
          else jax.random.normal(key, shape, jnp.float32))
@@ -69,17 +76,8 @@ def _uniform(name: str, bound_fn: Callable[[int], float], overrides=()) -> Initi
   return Initializer(name, init, lambda f: bound_fn(f) / math.sqrt(3.0), overrides)
 
 
-def sinusoid_table(num_positions: int, features: int,
-                   max_wavelength: float = 10_000.0) -> np.ndarray:
-  """float64 `[num_positions, features]` Vaswani sinusoid (see `sinusoid_at`), RMS ~ 1/sqrt(2)."""
-  return sinusoid_at(np.arange(num_positions), features, max_wavelength)
-
-
 def sinusoid_at(positions, features: int, max_wavelength: float = 10_000.0):
-  """Sinusoid rows `[..., features]` at `positions` `[...]` (NumPy: float64, JAX: float32).
-
-  Column `2i` is `sin(p / max_wavelength**(2i/features))`, column `2i+1` the matching cos.
-  """
+  """Vaswani sinusoid `[..., features]` at `positions` `[...]` (NumPy: float64, JAX: float32)."""
   xp = jnp if isinstance(positions, jax.Array) else np
   dt = jnp.float32 if xp is jnp else np.float64
   i = xp.arange(features) // 2
@@ -88,32 +86,7 @@ def sinusoid_at(positions, features: int, max_wavelength: float = 10_000.0):
   return xp.where(xp.arange(features) % 2 == 0, xp.sin(angle), xp.cos(angle))
 
 
-# ---- Registry: each builder takes only keyword overrides; its docstring names the source.
-
-def gpt2(std: float = 0.02) -> Initializer:
-  """Normal(0, 0.02): nanoGPT (`karpathy/nanoGPT` model.py) and Hugging Face GPT-2, every embedding."""
-  return _normal('gpt2', _check_std('gpt2', std))
-
-
-def gpt2_openai(std: float = 0.01) -> Initializer:
-  """Normal(0, 0.01): OpenAI's GPT-2 code (`openai/gpt-2` src/model.py) for `wpe`; Levanter too."""
-  return _normal('gpt2_openai', _check_std('gpt2_openai', std))
-
-
-def bert(std: float = 0.02) -> Initializer:
-  """BERT (`google-research/bert` modeling.py): TF truncated normal(0.02), cut at 2 std, not
-  rescaled (realized std ~0.0176; `jax.nn.initializers.truncated_normal` rescales)."""
-  return _normal('bert', _check_std('bert', std), truncated=True)
-
-
-def normal(std: float | None = None) -> Initializer:
-  """Parametric Normal(0, std) (e.g. MaxText's trainable position embedding: std 1.0)."""
-  return _normal('normal', _check_std('normal', std))
-
-
-def truncated_normal(std: float | None = None) -> Initializer:
-  """Parametric TF-style truncated normal, cut at 2 std, not rescaled (as `bert`)."""
-  return _normal('truncated_normal', _check_std('truncated_normal', std), truncated=True)
+gpt2 = functools.partial(_normal, 'gpt2')  # The default of the embedding modules.
 
 
 def flax_default() -> Initializer:
@@ -139,13 +112,12 @@ def zeros() -> Initializer:
 
 
 def sinusoidal(std: float | None = None, max_wavelength: float = 10_000.0) -> Initializer:
-  """Learnable table initialized with the Vaswani et al. (2017) sinusoid, scaled to RMS `std`
-  (through `resolve` the token embedding's realized std: the raw RMS 0.71 dwarfs a 0.02 table)."""
+  """Vaswani et al. (2017) sinusoid as a learnable table of RMS `std` (`resolve`: the token's)."""
   std = _check_std('sinusoidal', std)
 
   def init(key, shape, dtype=jnp.float32):
     del key  # Deterministic.
-    table = sinusoid_table(shape[0], shape[1], max_wavelength)
+    table = sinusoid_at(np.arange(shape[0]), shape[1], max_wavelength)
     rms = float(np.sqrt(np.mean(table**2))) or 1.0
     return jnp.asarray(table * (std / rms), dtype)
   return Initializer('sinusoidal', init, lambda f: std,
@@ -161,8 +133,9 @@ def same_as_token(token_init: Initializer | None = None) -> Initializer:
 
 
 _BUILDERS: dict[str, Callable[..., Initializer]] = {
-    f.__name__: f for f in (gpt2, gpt2_openai, bert, normal, truncated_normal, flax_default,
-                            word2vec, small_uniform, zeros, sinusoidal, same_as_token)}
+    **{n: functools.partial(_normal, n) for n in _NORMALS},
+    **{f.__name__: f for f in (flax_default, word2vec, small_uniform, zeros, sinusoidal,
+                               same_as_token)}}
 NAMES: tuple[str, ...] = tuple(sorted(_BUILDERS))
 # Names whose `std` can be overridden (model.position_init_std / token_init_std).
 STD_NAMES: tuple[str, ...] = tuple(
@@ -170,8 +143,7 @@ STD_NAMES: tuple[str, ...] = tuple(
 
 
 def get(name: str, **overrides: Any) -> Initializer:
-  """The initializer registered as `name` (one of `NAMES`), built with `overrides` (`std=` for
-  `STD_NAMES`, `bound=` for `small_uniform`, `token_init=` for `same_as_token`)."""
+  """The initializer registered as `name` (one of `NAMES`), built with keyword `overrides`."""
   builder = _BUILDERS.get(name)
   accepted = inspect.signature(builder).parameters if builder else {}
   if builder is None or not set(overrides) <= set(accepted):
@@ -205,8 +177,6 @@ def resolve(name: str, *, token_init: Initializer, std: float | None = None,
                        (('std', f'same_as_token:{token_init.name}'),))
   return get(name, **({} if std is None else {'std': std}))
 
-
-# ---- Tables from elsewhere ----------------------------------------------------------
 
 # How a table with another number of rows is fitted (never another width): 'error' (rows
 # must match), 'truncate' (keep the first rows), 'interpolate' (resample rows linearly,
@@ -259,9 +229,8 @@ def fit_rows(table: np.ndarray, rows: int, resize: str = 'error') -> np.ndarray:
 
 
 def from_array(array, *, resize: str = 'error', name: str = 'from_array') -> Initializer:
-  """An initializer returning a copy of `array` `[R, D]` (e.g. GPT-2's `wpe`), fitted by
-  `resize` (`RESIZE_RULES`); a shape it cannot fill raises ValueError naming both and the fix.
-  `name` is the `Initializer`'s (`resolve` passes the `file:` spec)."""
+  """An initializer returning a copy of `array` `[R, D]` (e.g. GPT-2's `wpe`), rows fitted by
+  `resize` (`RESIZE_RULES`); a shape it cannot fill raises ValueError (`fit_problem`)."""
   check_resize(resize)
   table = np.array(array)
   if table.ndim != 2:
