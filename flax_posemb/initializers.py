@@ -25,12 +25,11 @@ _TRUNC2_STD_RATIO = math.sqrt(
 
 @dataclasses.dataclass(frozen=True)
 class Initializer:
-  """A named JAX initializer `(key, shape, dtype) -> Array` with its keyword `overrides` and
-  `std_fn`: `features -> float`, the realized std of one draw (analytic)."""
+  """A named JAX initializer `(key, shape, dtype) -> Array`; `std_fn(features)` is the realized
+  std of one draw (analytic)."""
   name: str
   fn: InitFn = dataclasses.field(repr=False)
   std_fn: Callable[[int], float] = dataclasses.field(repr=False)
-  overrides: tuple[tuple[str, Any], ...] = ()
 
   def __call__(self, key: Array, shape, dtype=jnp.float32) -> Array:
     return self.fn(key, tuple(shape), dtype)
@@ -66,14 +65,14 @@ def _normal(name: str, std: float | None = None) -> Initializer:
          else jax.random.normal(key, shape, jnp.float32))
     return (std * z).astype(dtype)
   realized = std * _TRUNC2_STD_RATIO if truncated else std
-  return Initializer(name, init, lambda f: realized, (('std', std),))
+  return Initializer(name, init, lambda f: realized)
 
 
-def _uniform(name: str, bound_fn: Callable[[int], float], overrides=()) -> Initializer:
+def _uniform(name: str, bound_fn: Callable[[int], float]) -> Initializer:
   def init(key, shape, dtype=jnp.float32):
     bound = bound_fn(shape[-1])
     return jax.random.uniform(key, shape, jnp.float32, -bound, bound).astype(dtype)
-  return Initializer(name, init, lambda f: bound_fn(f) / math.sqrt(3.0), overrides)
+  return Initializer(name, init, lambda f: bound_fn(f) / math.sqrt(3.0))
 
 
 def sinusoid_at(positions, features: int, max_wavelength: float = 10_000.0):
@@ -102,8 +101,7 @@ def word2vec() -> Initializer:
 
 def small_uniform(bound: float = 1e-4) -> Initializer:
   """"SmallInit" (BlinkDL, RWKV): uniform(-1e-4, 1e-4), meant to be followed by a LayerNorm."""
-  bound = float(bound)
-  return _uniform('small_uniform', lambda f: bound, (('bound', bound),))
+  return _uniform('small_uniform', lambda f: float(bound))
 
 
 def zeros() -> Initializer:
@@ -120,8 +118,7 @@ def sinusoidal(std: float | None = None, max_wavelength: float = 10_000.0) -> In
     table = sinusoid_at(np.arange(shape[0]), shape[1], max_wavelength)
     rms = float(np.sqrt(np.mean(table**2))) or 1.0
     return jnp.asarray(table * (std / rms), dtype)
-  return Initializer('sinusoidal', init, lambda f: std,
-                     (('std', std), ('max_wavelength', float(max_wavelength))))
+  return Initializer('sinusoidal', init, lambda f: std)
 
 
 def same_as_token(token_init: Initializer | None = None) -> Initializer:
@@ -173,14 +170,12 @@ def resolve(name: str, *, token_init: Initializer, std: float | None = None,
   if name == 'sinusoidal' and std is None:
     def init(key, shape, dtype=jnp.float32):
       return sinusoidal(token_init.expected_std(shape[-1]))(key, shape, dtype)
-    return Initializer('sinusoidal', init, token_init.std_fn,
-                       (('std', f'same_as_token:{token_init.name}'),))
+    return Initializer('sinusoidal', init, token_init.std_fn)
   return get(name, **({} if std is None else {'std': std}))
 
 
-# How a table with another number of rows is fitted (never another width): 'error' (rows
-# must match), 'truncate' (keep the first rows), 'interpolate' (resample rows linearly,
-# first and last kept, as ViT/DeiT resize theirs: the positional scale is stretched).
+# Fitting a table's rows (never its width): 'error' (must match), 'truncate' (first rows),
+# 'interpolate' (linear resampling, first and last kept, as ViT/DeiT resize theirs).
 RESIZE_RULES: tuple[str, ...] = ('error', 'truncate', 'interpolate')
 
 
@@ -194,22 +189,21 @@ def check_resize(resize: str) -> None:
 def fit_problem(have: tuple[int, int], want: tuple[int, int], resize: str) -> str | None:
   """Why a `have` table cannot fill `want` under `resize` (naming the fix), or None."""
   (rows, width), (want_rows, want_width) = have, want
+  head = f'Table shape {have} does not fit the requested shape {want}: '
   if width != want_width:
-    return (f"Table shape {have} does not fit the requested shape {want}: the table's width is "
-            f"{width} features, the model's is {want_width} (model.emb_dim). No resize rule "
-            f"changes the width: set model.emb_dim={width}, or use a table with {want_width} "
-            "columns.")
+    return head + (f"the table's width is {width} features, the model's is {want_width} "
+                   f"(model.emb_dim). No resize rule changes the width: set "
+                   f"model.emb_dim={width}, or use a table with {want_width} columns.")
   if rows == want_rows or resize == 'interpolate' or (resize == 'truncate' and rows > want_rows):
     return None
   if resize == 'truncate':
-    return (f"Table shape {have} does not fit the requested shape {want}: resize 'truncate' "
-            f"only drops rows, and the table has {rows} rows, fewer than the {want_rows} asked "
-            f"for. Fix: set model.max_len<={rows}, or use resize 'interpolate'.")
-  return (f"Table shape {have} does not fit the requested shape {want}: the table has {rows} "
-          f"rows, the model asks for {want_rows} (model.max_len). Fix: set "
-          f"model.max_len={rows}, or pick a row rule (model.position_init_resize): "
-          + (f"'truncate' keeps the first {want_rows} rows, " if rows > want_rows else '')
-          + f"'interpolate' resamples the {rows} rows linearly to {want_rows}.")
+    return head + (f"resize 'truncate' only drops rows, and the table has {rows} rows, fewer "
+                   f"than the {want_rows} asked for. Fix: set model.max_len<={rows}, or use "
+                   "resize 'interpolate'.")
+  return head + (f'the table has {rows} rows, the model asks for {want_rows} (model.max_len). '
+                 f'Fix: set model.max_len={rows}, or pick a row rule (model.position_init_resize): '
+                 + (f"'truncate' keeps the first {want_rows} rows, " if rows > want_rows else '')
+                 + f"'interpolate' resamples the {rows} rows linearly to {want_rows}.")
 
 
 def fit_rows(table: np.ndarray, rows: int, resize: str = 'error') -> np.ndarray:
@@ -244,4 +238,4 @@ def from_array(array, *, resize: str = 'error', name: str = 'from_array') -> Ini
     if problem:
       raise ValueError(problem)
     return jnp.asarray(fit_rows(table, shape[0], resize), dtype)
-  return Initializer(name, init, lambda f: std, (('shape', table.shape), ('resize', resize)))
+  return Initializer(name, init, lambda f: std)
