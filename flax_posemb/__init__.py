@@ -1,8 +1,4 @@
-"""flax_posemb: learned position embeddings in JAX/Flax.
-
-Importing the package loads only the model side; data, training and plotting are imported from
-their own modules.
-"""
+"""flax_posemb: learned position embeddings in JAX/Flax (the package imports the model side)."""
 
 from flax_posemb import initializers
 from flax_posemb.embeddings import LearnedPositionEmbedding

@@ -1,10 +1,5 @@
-"""The fast exact path by default: what `attention_impl='auto'` and `grad_accum_steps=0` become.
-
-Resolved once where a run starts (`resolve_config`, before `config.json` is written, so the run
-records what it ran; a resume keeps its recorded values) and at trace time for library users
-(`attention_impl`). Explicit values are never changed. Rules and measurements: docs/DESIGN.md,
-Config, and README, Benchmarks.
-"""
+"""What `attention_impl='auto'` and `grad_accum_steps=0` become (docs/DESIGN.md, Config): set once
+where a run starts (`resolve_config`, recorded in `config.json`), else at trace time."""
 
 from __future__ import annotations
 
@@ -18,29 +13,23 @@ AUTO_ACCUM = 0  # grad_accum_steps value that means "choose".
 CPU_MICROBATCH_TOKENS = 1024  # Tokens per microbatch on CPU (rows x seq_len), at most.
 
 
-def _compute_capability() -> tuple[int, ...]:
-  """The first device's CUDA compute capability, e.g. (9, 0); () when unknown."""
-  try:
-    return tuple(int(x) for x in str(jax.devices()[0].compute_capability).split('.'))
-  except (AttributeError, ValueError, RuntimeError):
-    return ()
-
-
 def attention_impl(impl: str, *, platform: str, dtype: str, head_dim: int, seq_len: int,
                    compute_capability: tuple[int, ...] | None = None) -> str:
   """The attention implementation `impl` stands for (unchanged unless 'auto').
 
   'blocked' on CPU; 'cudnn' on an NVIDIA GPU of compute capability >= 8.0 with a bf16/fp16
   `dtype`, `head_dim` a multiple of 8 and <= 128 and an even `seq_len` (what cuDNN accepts
-  with a mask); 'xla' otherwise. `platform` is `jax.default_backend()`; `compute_capability`
-  None reads the first device's.
+  with a mask; `compute_capability` None reads the first device's); 'xla' otherwise.
   """
   if impl != AUTO_ATTENTION:
     return impl
   if platform == 'cpu':
     return 'blocked'
   if platform in ('gpu', 'cuda') and str(dtype) in ('bfloat16', 'float16'):
-    cc = _compute_capability() if compute_capability is None else compute_capability
+    cc = compute_capability
+    if cc is None:
+      cc = str(getattr(jax.devices()[0], 'compute_capability', '0'))
+      cc = tuple(int(x) for x in cc.split('.') if x.isdigit())
     if cc >= (8, 0) and head_dim % 8 == 0 and head_dim <= 128 and seq_len % 2 == 0:
       return 'cudnn'
   return 'xla'
@@ -65,8 +54,7 @@ def grad_accum_steps(steps: int, *, platform: str, batch_size: int, seq_len: int
 
 def resolve_config(config: Any, *, saved: Mapping[str, Any] | None = None,
                    platform: str | None = None, num_devices: int | None = None) -> dict:
-  """Replaces the auto values of `config` (ConfigDict or `benchmarks.common.Cfg`) in place and
-  returns `{field: (auto value, resolved value)}` of those fields (for the log).
+  """Replaces the auto values of `config` in place; returns `{field: (auto, resolved)}`.
 
   On a resume (`saved`: the run's `config.json`) an auto field takes its recorded value
   (`grad_accum_steps` only while `batch_size` and `data.seq_len` are unchanged).

@@ -1,7 +1,4 @@
-"""Default configuration sections shared by every `configs/*.py` (docs/DESIGN.md, Config).
-
-Every field has a one-line comment; `base()` locks the config, so a misspelled field is an error.
-"""
+"""Default configuration sections shared by every `configs/*.py` (docs/DESIGN.md, Config)."""
 
 from __future__ import annotations
 
@@ -92,12 +89,10 @@ def evaluation() -> ml_collections.ConfigDict:
 NON_SEMANTIC = ('progress_bar', 'checkpoint_every_steps', 'max_to_keep', 'data.num_workers',
                 'data.prefetch', 'data.data_dir', 'allow_config_change')
 # What a resumed run may change besides (not data.num_workers: the data iterator's state
-# depends on it); anything else needs allow_config_change=True. A field removed since a run
-# started (e.g. model.check_positions) is no change (workdir.config_changes).
+# depends on it); anything else needs allow_config_change=True (workdir.config_changes).
 RESUME_MAY_CHANGE = tuple(k for k in NON_SEMANTIC if k != 'data.num_workers') + (
     'log_every_steps', 'eval_every_steps', 'eval')
-# What a run saved before a field existed ran with, where that is not the field's default
-# (a resume compares with it): streaming rows followed the document stream.
+# What a run saved before a field existed ran with, where not the default (a resume compares).
 BEFORE_FIELD = {'data.shuffle_rows': 0}
 
 

@@ -1,9 +1,7 @@
 """Position and token embeddings: pure functions (shared with `flax_posemb.nnx`) and linen modules.
 
-Positions are always explicit (`positions[b, t]` is the table row of token `(b, t)`), so packed
-rows, random offsets and shifted-position probes work. Their range is checked once, on the host
-(`check_position_range`, called by `sharding.global_batch`; docs/DESIGN.md, Batch).
-"NoPE" (`position_embedding='none'`) needs no module.
+Positions are explicit (`positions[b, t]` is the table row of token `(b, t)`); their range is
+checked once, on the host (`check_position_range`; docs/DESIGN.md, Batch).
 """
 
 from __future__ import annotations
@@ -22,21 +20,16 @@ Dtype = Any
 
 
 def check_position_range(positions: np.ndarray, num_positions: int) -> None:
-  """Raises ValueError naming the first bad id and the fix unless all `positions` (host
-  array, any shape) are in `[0, num_positions)`."""
+  """Raises ValueError naming a bad id and the fix unless host `positions` are in `[0, n)`."""
   p = np.asarray(positions)
   num_bad = int(np.sum((p < 0) | (p >= num_positions)))
   if not num_bad:
     return
-  lo, hi = int(p.min()), int(p.max())
-  where = (f'Position id {lo} is negative' if lo < 0 else
-           f'Position id {hi} is outside the position table [0, {num_positions})')
-  fix = ('position ids index table rows and must be >= 0: check how the data (or a position '
-         'offset) produces them' if lo < 0 else
-         f'set model.max_len >= {hi + 1} or shorten data.seq_len / the position '
-         'offsets')
-  raise ValueError(f'{where} ({num_bad} ids outside the position table [0, {num_positions}); '
-                   f'min {lo}, max {hi}): {fix}.')
+  lo, hi, n = int(p.min()), int(p.max()), num_positions
+  where, fix = ((f'Position id {lo} is negative', 'check how the data (or an offset) makes them')
+                if lo < 0 else (f'Position id {hi} is outside the position table [0, {n})',
+                                f'set model.max_len >= {hi + 1} or shorten data.seq_len / offsets'))
+  raise ValueError(f'{where} ({num_bad} ids outside [0, {n}); min {lo}, max {hi}): {fix}.')
 
 
 def lookup_positions(table: Array, positions: Array, dtype: Dtype | None = None) -> Array:
@@ -61,21 +54,19 @@ def attend(x: Array, table: Array, dtype: Dtype | None = None) -> Array:
 
 def sinusoidal_encoding(positions: Array, features: int, *, scale: float = 1.0,
                         max_wavelength: float = 10_000.0, dtype: Dtype = jnp.float32) -> Array:
-  """Fixed Vaswani sinusoid `[..., features]` at `positions` `[...]`, scaled to RMS `scale`.
+  """Fixed Vaswani sinusoid `[..., features]` at any `positions` `[...]` >= 0, of RMS `scale`.
 
-  Column `2i` is `sin(p / max_wavelength**(2i/features))`, column `2i+1` the cos; any
-  non-negative position is valid.
+  Column `2i` is `sin(p / max_wavelength**(2i/features))`, column `2i+1` the cos (RMS 1/sqrt(2)).
   """
   enc = initializers.sinusoid_at(jnp.asarray(positions), features, max_wavelength)
-  # RMS over a full period of each column is 1/sqrt(2).
   return (enc * (scale * np.sqrt(2.0))).astype(dtype)
 
 
 def apply_rope(x: Array, positions: Array, max_wavelength: float = 10_000.0) -> Array:
-  """Rotary position embedding (Su et al. 2021, RoFormer), rotate-half (GPT-NeoX/Llama) layout.
+  """RoPE (Su et al. 2021), rotate-half (GPT-NeoX/Llama) layout, computed in float32.
 
-  Features `i` and `i + H/2` of queries or keys `x` `[B, T, N, H]` (H even) are rotated, in
-  float32, by angle `p / max_wavelength**(2i/H)` at `positions` `[B, T]`; returns `x`'s dtype.
+  Features `i` and `i + H/2` of `x` `[B, T, N, H]` (H even) rotate by `p / max_wavelength**(2i/H)`
+  at `positions` `[B, T]`.
   """
   half = x.shape[-1] // 2
   inv_freq = 1.0 / (max_wavelength ** (jnp.arange(half, dtype=jnp.float32) / half))
@@ -96,7 +87,6 @@ class LearnedPositionEmbedding(nn.Module):
 
   @nn.compact
   def __call__(self, positions: Array) -> Array:
-    """Rows `[..., features]` at integer `positions` `[...]` (see `lookup_positions`)."""
     table = self.param('embedding', self.embedding_init,
                        (self.num_positions, self.features), self.param_dtype)
     return lookup_positions(table, positions, self.dtype or self.param_dtype)
@@ -116,11 +106,10 @@ class TokenEmbedding(nn.Module):
                                 (self.num_embeddings, self.features), self.param_dtype)
 
   def __call__(self, ids: Array) -> Array:
-    """Rows `[..., features]` at integer `ids` `[...]` (see `lookup_tokens`)."""
     return lookup_tokens(self.embedding, ids, self.dtype or self.param_dtype)
 
   def attend(self, x: Array) -> Array:
-    """float32 logits `[..., num_embeddings]` of `x` `[..., features]` (see `attend`)."""
+    """float32 logits `[..., num_embeddings]` of `x` `[..., features]`."""
     return attend(x, self.embedding, self.dtype or self.param_dtype)
 
 
@@ -133,6 +122,5 @@ class SinusoidalPositionEmbedding(nn.Module):
   dtype: Dtype = jnp.float32
 
   def __call__(self, positions: Array) -> Array:
-    """`[..., features]` at `positions` `[...]` (see `sinusoidal_encoding`)."""
     return sinusoidal_encoding(positions, self.features, scale=self.scale,
                                max_wavelength=self.max_wavelength, dtype=self.dtype)

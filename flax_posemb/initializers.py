@@ -1,12 +1,9 @@
-"""Named registry of embedding-table initializers, each with its source (docs/REFERENCES.md).
-
-`get(name)` builds one; a model resolves position initializers (`same_as_token`, the default
-`sinusoidal` scale, `file:` tables) with `resolve`; `from_array` wraps a table from elsewhere.
-"""
+"""Named embedding-table initializers (`get`, `resolve`); sources in docs/REFERENCES.md."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -28,19 +25,16 @@ _TRUNC2_STD_RATIO = math.sqrt(
 
 @dataclasses.dataclass(frozen=True)
 class Initializer:
-  """A named JAX initializer `(key, shape, dtype) -> Array` with its keyword `overrides` and
-  `std_fn`: `features -> float`, the realized std of one draw (analytic)."""
+  """A named JAX initializer `(key, shape, dtype) -> Array`; `std_fn(features)` is the realized
+  std of one draw (analytic)."""
   name: str
   fn: InitFn = dataclasses.field(repr=False)
   std_fn: Callable[[int], float] = dataclasses.field(repr=False)
-  overrides: tuple[tuple[str, Any], ...] = ()
 
   def __call__(self, key: Array, shape, dtype=jnp.float32) -> Array:
-    """Draws an array of `shape` (e.g. `[rows, features]`) and `dtype`."""
     return self.fn(key, tuple(shape), dtype)
 
   def expected_std(self, features: int) -> float:
-    """Realized std of the entries of a `[*, features]` table."""
     return float(self.std_fn(int(features)))
 
 
@@ -52,34 +46,37 @@ def _check_std(name: str, std: Any) -> float:
   return float(std)
 
 
-def _normal(name: str, std: float, truncated: bool = False) -> Initializer:
-  """Normal(0, std), or TF's truncated normal: cut at 2 std and not rescaled."""
+# Normal(0, std) entries: name -> (default std, TF truncation: cut at 2 std, not rescaled).
+_NORMALS = {
+    'gpt2': (0.02, False),  # nanoGPT (karpathy/nanoGPT model.py), Hugging Face GPT-2: all tables.
+    'gpt2_openai': (0.01, False),  # OpenAI GPT-2 (openai/gpt-2 src/model.py) `wpe`; Levanter.
+    'bert': (0.02, True),  # BERT (google-research/bert modeling.py): realized std ~0.0176.
+    'normal': (None, False),  # Parametric (e.g. MaxText's trainable position table: std 1.0).
+    'truncated_normal': (None, True),  # Parametric, truncated as `bert`.
+}
+
+
+def _normal(name: str, std: float | None = None) -> Initializer:
+  default, truncated = _NORMALS[name]
+  std = _check_std(name, default if std is None else std)
+
   def init(key, shape, dtype=jnp.float32):
     z = (jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) if truncated
          else jax.random.normal(key, shape, jnp.float32))
     return (std * z).astype(dtype)
   realized = std * _TRUNC2_STD_RATIO if truncated else std
-  return Initializer(name, init, lambda f: realized, (('std', std),))
+  return Initializer(name, init, lambda f: realized)
 
 
-def _uniform(name: str, bound_fn: Callable[[int], float], overrides=()) -> Initializer:
+def _uniform(name: str, bound_fn: Callable[[int], float]) -> Initializer:
   def init(key, shape, dtype=jnp.float32):
     bound = bound_fn(shape[-1])
     return jax.random.uniform(key, shape, jnp.float32, -bound, bound).astype(dtype)
-  return Initializer(name, init, lambda f: bound_fn(f) / math.sqrt(3.0), overrides)
-
-
-def sinusoid_table(num_positions: int, features: int,
-                   max_wavelength: float = 10_000.0) -> np.ndarray:
-  """float64 `[num_positions, features]` Vaswani sinusoid (see `sinusoid_at`), RMS ~ 1/sqrt(2)."""
-  return sinusoid_at(np.arange(num_positions), features, max_wavelength)
+  return Initializer(name, init, lambda f: bound_fn(f) / math.sqrt(3.0))
 
 
 def sinusoid_at(positions, features: int, max_wavelength: float = 10_000.0):
-  """Sinusoid rows `[..., features]` at `positions` `[...]` (NumPy: float64, JAX: float32).
-
-  Column `2i` is `sin(p / max_wavelength**(2i/features))`, column `2i+1` the matching cos.
-  """
+  """Vaswani sinusoid `[..., features]` at `positions` `[...]` (NumPy: float64, JAX: float32)."""
   xp = jnp if isinstance(positions, jax.Array) else np
   dt = jnp.float32 if xp is jnp else np.float64
   i = xp.arange(features) // 2
@@ -88,32 +85,7 @@ def sinusoid_at(positions, features: int, max_wavelength: float = 10_000.0):
   return xp.where(xp.arange(features) % 2 == 0, xp.sin(angle), xp.cos(angle))
 
 
-# ---- Registry: each builder takes only keyword overrides; its docstring names the source.
-
-def gpt2(std: float = 0.02) -> Initializer:
-  """Normal(0, 0.02): nanoGPT (`karpathy/nanoGPT` model.py) and Hugging Face GPT-2, every embedding."""
-  return _normal('gpt2', _check_std('gpt2', std))
-
-
-def gpt2_openai(std: float = 0.01) -> Initializer:
-  """Normal(0, 0.01): OpenAI's GPT-2 code (`openai/gpt-2` src/model.py) for `wpe`; Levanter too."""
-  return _normal('gpt2_openai', _check_std('gpt2_openai', std))
-
-
-def bert(std: float = 0.02) -> Initializer:
-  """BERT (`google-research/bert` modeling.py): TF truncated normal(0.02), cut at 2 std, not
-  rescaled (realized std ~0.0176; `jax.nn.initializers.truncated_normal` rescales)."""
-  return _normal('bert', _check_std('bert', std), truncated=True)
-
-
-def normal(std: float | None = None) -> Initializer:
-  """Parametric Normal(0, std) (e.g. MaxText's trainable position embedding: std 1.0)."""
-  return _normal('normal', _check_std('normal', std))
-
-
-def truncated_normal(std: float | None = None) -> Initializer:
-  """Parametric TF-style truncated normal, cut at 2 std, not rescaled (as `bert`)."""
-  return _normal('truncated_normal', _check_std('truncated_normal', std), truncated=True)
+gpt2 = functools.partial(_normal, 'gpt2')  # The default of the embedding modules.
 
 
 def flax_default() -> Initializer:
@@ -129,8 +101,7 @@ def word2vec() -> Initializer:
 
 def small_uniform(bound: float = 1e-4) -> Initializer:
   """"SmallInit" (BlinkDL, RWKV): uniform(-1e-4, 1e-4), meant to be followed by a LayerNorm."""
-  bound = float(bound)
-  return _uniform('small_uniform', lambda f: bound, (('bound', bound),))
+  return _uniform('small_uniform', lambda f: float(bound))
 
 
 def zeros() -> Initializer:
@@ -139,17 +110,15 @@ def zeros() -> Initializer:
 
 
 def sinusoidal(std: float | None = None, max_wavelength: float = 10_000.0) -> Initializer:
-  """Learnable table initialized with the Vaswani et al. (2017) sinusoid, scaled to RMS `std`
-  (through `resolve` the token embedding's realized std: the raw RMS 0.71 dwarfs a 0.02 table)."""
+  """Vaswani et al. (2017) sinusoid as a learnable table of RMS `std` (`resolve`: the token's)."""
   std = _check_std('sinusoidal', std)
 
   def init(key, shape, dtype=jnp.float32):
     del key  # Deterministic.
-    table = sinusoid_table(shape[0], shape[1], max_wavelength)
+    table = sinusoid_at(np.arange(shape[0]), shape[1], max_wavelength)
     rms = float(np.sqrt(np.mean(table**2))) or 1.0
     return jnp.asarray(table * (std / rms), dtype)
-  return Initializer('sinusoidal', init, lambda f: std,
-                     (('std', std), ('max_wavelength', float(max_wavelength))))
+  return Initializer('sinusoidal', init, lambda f: std)
 
 
 def same_as_token(token_init: Initializer | None = None) -> Initializer:
@@ -161,8 +130,9 @@ def same_as_token(token_init: Initializer | None = None) -> Initializer:
 
 
 _BUILDERS: dict[str, Callable[..., Initializer]] = {
-    f.__name__: f for f in (gpt2, gpt2_openai, bert, normal, truncated_normal, flax_default,
-                            word2vec, small_uniform, zeros, sinusoidal, same_as_token)}
+    **{n: functools.partial(_normal, n) for n in _NORMALS},
+    **{f.__name__: f for f in (flax_default, word2vec, small_uniform, zeros, sinusoidal,
+                               same_as_token)}}
 NAMES: tuple[str, ...] = tuple(sorted(_BUILDERS))
 # Names whose `std` can be overridden (model.position_init_std / token_init_std).
 STD_NAMES: tuple[str, ...] = tuple(
@@ -170,8 +140,7 @@ STD_NAMES: tuple[str, ...] = tuple(
 
 
 def get(name: str, **overrides: Any) -> Initializer:
-  """The initializer registered as `name` (one of `NAMES`), built with `overrides` (`std=` for
-  `STD_NAMES`, `bound=` for `small_uniform`, `token_init=` for `same_as_token`)."""
+  """The initializer registered as `name` (one of `NAMES`), built with keyword `overrides`."""
   builder = _BUILDERS.get(name)
   accepted = inspect.signature(builder).parameters if builder else {}
   if builder is None or not set(overrides) <= set(accepted):
@@ -201,16 +170,12 @@ def resolve(name: str, *, token_init: Initializer, std: float | None = None,
   if name == 'sinusoidal' and std is None:
     def init(key, shape, dtype=jnp.float32):
       return sinusoidal(token_init.expected_std(shape[-1]))(key, shape, dtype)
-    return Initializer('sinusoidal', init, token_init.std_fn,
-                       (('std', f'same_as_token:{token_init.name}'),))
+    return Initializer('sinusoidal', init, token_init.std_fn)
   return get(name, **({} if std is None else {'std': std}))
 
 
-# ---- Tables from elsewhere ----------------------------------------------------------
-
-# How a table with another number of rows is fitted (never another width): 'error' (rows
-# must match), 'truncate' (keep the first rows), 'interpolate' (resample rows linearly,
-# first and last kept, as ViT/DeiT resize theirs: the positional scale is stretched).
+# Fitting a table's rows (never its width): 'error' (must match), 'truncate' (first rows),
+# 'interpolate' (linear resampling, first and last kept, as ViT/DeiT resize theirs).
 RESIZE_RULES: tuple[str, ...] = ('error', 'truncate', 'interpolate')
 
 
@@ -224,22 +189,21 @@ def check_resize(resize: str) -> None:
 def fit_problem(have: tuple[int, int], want: tuple[int, int], resize: str) -> str | None:
   """Why a `have` table cannot fill `want` under `resize` (naming the fix), or None."""
   (rows, width), (want_rows, want_width) = have, want
+  head = f'Table shape {have} does not fit the requested shape {want}: '
   if width != want_width:
-    return (f"Table shape {have} does not fit the requested shape {want}: the table's width is "
-            f"{width} features, the model's is {want_width} (model.emb_dim). No resize rule "
-            f"changes the width: set model.emb_dim={width}, or use a table with {want_width} "
-            "columns.")
+    return head + (f"the table's width is {width} features, the model's is {want_width} "
+                   f"(model.emb_dim). No resize rule changes the width: set "
+                   f"model.emb_dim={width}, or use a table with {want_width} columns.")
   if rows == want_rows or resize == 'interpolate' or (resize == 'truncate' and rows > want_rows):
     return None
   if resize == 'truncate':
-    return (f"Table shape {have} does not fit the requested shape {want}: resize 'truncate' "
-            f"only drops rows, and the table has {rows} rows, fewer than the {want_rows} asked "
-            f"for. Fix: set model.max_len<={rows}, or use resize 'interpolate'.")
-  return (f"Table shape {have} does not fit the requested shape {want}: the table has {rows} "
-          f"rows, the model asks for {want_rows} (model.max_len). Fix: set "
-          f"model.max_len={rows}, or pick a row rule (model.position_init_resize): "
-          + (f"'truncate' keeps the first {want_rows} rows, " if rows > want_rows else '')
-          + f"'interpolate' resamples the {rows} rows linearly to {want_rows}.")
+    return head + (f"resize 'truncate' only drops rows, and the table has {rows} rows, fewer "
+                   f"than the {want_rows} asked for. Fix: set model.max_len<={rows}, or use "
+                   "resize 'interpolate'.")
+  return head + (f'the table has {rows} rows, the model asks for {want_rows} (model.max_len). '
+                 f'Fix: set model.max_len={rows}, or pick a row rule (model.position_init_resize): '
+                 + (f"'truncate' keeps the first {want_rows} rows, " if rows > want_rows else '')
+                 + f"'interpolate' resamples the {rows} rows linearly to {want_rows}.")
 
 
 def fit_rows(table: np.ndarray, rows: int, resize: str = 'error') -> np.ndarray:
@@ -259,9 +223,8 @@ def fit_rows(table: np.ndarray, rows: int, resize: str = 'error') -> np.ndarray:
 
 
 def from_array(array, *, resize: str = 'error', name: str = 'from_array') -> Initializer:
-  """An initializer returning a copy of `array` `[R, D]` (e.g. GPT-2's `wpe`), fitted by
-  `resize` (`RESIZE_RULES`); a shape it cannot fill raises ValueError naming both and the fix.
-  `name` is the `Initializer`'s (`resolve` passes the `file:` spec)."""
+  """An initializer returning a copy of `array` `[R, D]` (e.g. GPT-2's `wpe`), rows fitted by
+  `resize` (`RESIZE_RULES`); a shape it cannot fill raises ValueError (`fit_problem`)."""
   check_resize(resize)
   table = np.array(array)
   if table.ndim != 2:
@@ -275,4 +238,4 @@ def from_array(array, *, resize: str = 'error', name: str = 'from_array') -> Ini
     if problem:
       raise ValueError(problem)
     return jnp.asarray(fit_rows(table, shape[0], resize), dtype)
-  return Initializer(name, init, lambda f: std, (('shape', table.shape), ('resize', resize)))
+  return Initializer(name, init, lambda f: std)

@@ -1,8 +1,4 @@
-"""Framework-free transformer maths shared by the linen (`model`) and NNX (`nnx`) models.
-
-Each framework owns its parameters and passes them in as arrays (`dense`) or as callables it
-built (`block`, `mlp`), so both compute the same logits from the same parameters.
-"""
+"""Framework-free transformer maths shared by the linen (`model`) and NNX (`nnx`) models."""
 
 from __future__ import annotations
 
@@ -46,14 +42,12 @@ def segment_mask(segment_ids: Array | None) -> Array | None:
 
 def attention(qkv: Array, positions: Array, mask: Array | None, *, num_heads: int,
               rope: bool, implementation: str) -> Array:
-  """Causal multi-head self-attention core: `qkv` `[B, T, 3 * D]` (q, k, v blocks) -> `[B, T, D]`.
+  """Causal multi-head self-attention: `qkv` `[B, T, 3 * D]` (q, k, v blocks) -> `[B, T, D]`.
 
-  `positions` int `[B, T]` are used by `rope` only; `mask` bool `[B, 1, T, T]` or None.
-  `implementation`: 'xla' or 'cudnn' (`jax.nn.dot_product_attention`), 'blocked'
-  (`blocked_causal_attention`), or 'auto' (`auto.attention_impl` at trace time).
+  `positions` int `[B, T]` (for `rope`); `mask` bool `[B, 1, T, T]` or None; `implementation`
+  'xla' | 'cudnn' | 'blocked' (`blocked_causal_attention`) | 'auto' (`auto.attention_impl`).
   """
-  b, t, three_d = qkv.shape
-  d = three_d // 3
+  b, t, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
   implementation = auto.attention_impl(
       implementation, platform=jax.default_backend(), dtype=jnp.dtype(qkv.dtype).name,
       head_dim=d // num_heads, seq_len=t)
@@ -75,14 +69,9 @@ def attention(qkv: Array, positions: Array, mask: Array | None, *, num_heads: in
 
 def blocked_causal_attention(q: Array, k: Array, v: Array, mask: Array | None,
                              block: int = ATTENTION_BLOCK) -> Array:
-  """Causal attention of `q, k, v` `[B, T, N, H]` -> `[B, T, N, H]` (dtype of `v`), per block
-  of `block` query rows against that block's key prefix only (for CPUs).
-
-  The function of `jax.nn.dot_product_attention(..., is_causal=True, implementation='xla')`
-  up to float32 rounding (float32 scores, exact softmax), with about `T^2/2 + T*block/2` of
-  the score work and memory instead of `T^2`; a static loop, so XLA sees ordinary dots.
-  `mask`: bool `[B, 1, T, T]` (True = may attend), or None.
-  """
+  """Causal attention `q, k, v` `[B, T, N, H]` -> `[B, T, N, H]`, `mask` bool `[B, 1, T, T]` or
+  None: 'xla' attention up to float32 rounding, each `block` of query rows against its key
+  prefix only (~half the score work; for CPUs)."""
   out = _blocked_heads_major(jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2),
                              jnp.swapaxes(v, 1, 2), mask, block)
   return jnp.swapaxes(out, 1, 2)
@@ -92,9 +81,8 @@ def _blocked_heads_major(q: Array, k: Array, v: Array, mask: Array | None,
                          block: int) -> Array:
   """`blocked_causal_attention` on heads-major `[B, N, T, H]`; returns `[B, N, T, H]`.
 
-  The scale goes on q (fewer multiplies than on the scores). Disallowed scores get the float32
-  minimum added rather than selected: their exponent underflows to 0 either way (each row
-  keeps its diagonal), and the backward needs no select pass.
+  Disallowed scores get the float32 minimum added, not selected: exp underflows to 0 either
+  way (each row keeps its diagonal), and the backward needs no select pass.
   """
   t, h = q.shape[2], q.shape[-1]
   q = q * jnp.asarray(1.0 / math.sqrt(h), q.dtype)
@@ -112,32 +100,19 @@ def _blocked_heads_major(q: Array, k: Array, v: Array, mask: Array | None,
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
 
 
-def mlp(x: Array, mlp_in: Layer, mlp_out: Layer) -> Array:
-  """Transformer MLP `[B, T, D] -> [B, T, D]`: `mlp_out(gelu_tanh(mlp_in(x)))`."""
-  return mlp_out(jax.nn.gelu(mlp_in(x), approximate=True))
-
-
 def block(x: Array, mask: Array | None, positions: Array, *, ln_1: Layer, qkv: Layer,
           attn_out: Layer, ln_2: Layer, mlp_in: Layer, mlp_out: Layer, drop_attn: Layer,
           drop_mlp: Layer, num_heads: int, rope: bool, implementation: str) -> Array:
-  """Pre-LN block `[B, T, D] -> [B, T, D]`: `x + drop(attn(ln_1(x)))`, then `+ drop(mlp(ln_2))`.
-
-  The layers are the caller's framework modules (dropout with `deterministic` bound); `mask`,
-  `positions` and the keywords are as in `attention`.
-  """
+  """Pre-LN block `[B, T, D] -> [B, T, D]` of the caller's framework layers (as `attention`)."""
   a = attention(qkv(ln_1(x)), positions, mask, num_heads=num_heads, rope=rope,
                 implementation=implementation)
   x = x + drop_attn(attn_out(a))
-  return x + drop_mlp(mlp(ln_2(x), mlp_in, mlp_out))
+  return x + drop_mlp(mlp_out(jax.nn.gelu(mlp_in(ln_2(x)), approximate=True)))
 
 
 def embedding_sum(token_rows: Array, position_rows: Array | None = None,
                   embed_delta: Array | None = None) -> Array:
-  """float32 `[B, T, D]` input of the first block: token + position rows + `embed_delta`.
-
-  Formed in float32 whatever the compute dtype, so the gradient with respect to
-  `embed_delta` (float32 zeros `[B, T, D]`, the statistics' probe) is float32.
-  """
+  """float32 `[B, T, D]` token + position rows + `embed_delta` (float32, so is its gradient)."""
   x = token_rows.astype(jnp.float32)
   if position_rows is not None:
     x = x + position_rows.astype(jnp.float32)

@@ -1,15 +1,8 @@
-"""Optimizer: AdamW with linear warmup + cosine decay, clipping and a decay mask (optax).
-
-Chain (`make_optimizer`): `clip_by_global_norm` (off when `grad_clip_norm <= 0`);
-`scale_by_adam(b1, b2, eps)`; optional `scale_position_rows` (after Adam, whose normalization
-would cancel a scale before it); `add_decayed_weights` (`decay_mask`); the schedule. The section
-is validated once at startup (`validate`); the functions here assume it is valid.
-"""
+"""AdamW with warmup + cosine decay, clipping and a decay mask (optax); `validate` at startup."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import jax
@@ -26,32 +19,26 @@ TOKEN_TABLE_PATH = ('token_embed', 'embedding')
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming the field and the fix for a bad `optimizer` section."""
-  for problem in _problems(config):
-    raise ValueError(problem)
-
-
-def _problems(config: ml_collections.ConfigDict) -> Iterator[str]:
-  """The section's problems in order (lazy: the range rules assume the values are numbers)."""
   o = config.optimizer
   keys = ['learning_rate', 'warmup_steps', 'end_lr_ratio', 'b1', 'b2', 'eps', 'weight_decay',
           'grad_clip_norm'] + (['row_lr_power', 'row_lr_max'] if o.row_lr_scale else [])
-  for key in keys:
-    if not isinstance(o[key], (int, float)) or not math.isfinite(o[key]):
-      yield (f'optimizer.{key} must be finite (a number), got {o[key]!r}; set '
-             f'--config.optimizer.{key}=VALUE.')
-  rules = [('learning_rate', o.learning_rate > 0, '> 0'),
-           ('warmup_steps', o.warmup_steps >= 0 and int(o.warmup_steps) == o.warmup_steps,
-            'an int >= 0'),
-           ('end_lr_ratio', o.end_lr_ratio >= 0, '>= 0 (a fraction of the peak learning rate)'),
-           ('b1', 0 <= o.b1 < 1, 'in [0, 1)'), ('b2', 0 <= o.b2 < 1, 'in [0, 1)'),
-           ('eps', o.eps >= 0, '>= 0'), ('weight_decay', o.weight_decay >= 0, '>= 0'),
-           ('row_lr_max', not o.row_lr_scale or o.row_lr_max > 0, '> 0')]
-  for key, ok, want in rules:
-    if not ok:
-      yield f'optimizer.{key} must be {want}, got {o[key]}.'
+  problems = [f'optimizer.{k} must be finite (a number), got {o[k]!r}; set '
+              f'--config.optimizer.{k}=VALUE.'
+              for k in keys if not isinstance(o[k], (int, float)) or not math.isfinite(o[k])]
+  if not problems:  # The range rules assume numbers.
+    rules = [('learning_rate', o.learning_rate > 0, '> 0'),
+             ('warmup_steps', o.warmup_steps >= 0 and int(o.warmup_steps) == o.warmup_steps,
+              'an int >= 0'),
+             ('end_lr_ratio', o.end_lr_ratio >= 0, '>= 0 (a fraction of the peak learning rate)'),
+             ('b1', 0 <= o.b1 < 1, 'in [0, 1)'), ('b2', 0 <= o.b2 < 1, 'in [0, 1)'),
+             ('eps', o.eps >= 0, '>= 0'), ('weight_decay', o.weight_decay >= 0, '>= 0'),
+             ('row_lr_max', not o.row_lr_scale or o.row_lr_max > 0, '> 0')]
+    problems = [f'optimizer.{k} must be {want}, got {o[k]}.' for k, ok, want in rules if not ok]
   if o.row_lr_scale and config.model.position_embedding != 'learned':
-    yield ('optimizer.row_lr_scale=True needs a learned position table; set '
-           'optimizer.row_lr_scale=False or model.position_embedding=learned.')
+    problems.append('optimizer.row_lr_scale=True needs a learned position table; set '
+                    'optimizer.row_lr_scale=False or model.position_embedding=learned.')
+  if problems:
+    raise ValueError(problems[0])
 
 
 def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
@@ -70,11 +57,8 @@ def _is_path(path: Sequence[Any], target: tuple[str, ...]) -> bool:
 
 
 def decay_mask(params: Any, config: ml_collections.ConfigDict) -> Any:
-  """Pytree of bools like `params` (arrays or ShapeDtypeStructs): which get weight decay.
-
-  True for ndim >= 2, except the position / token tables when `optimizer.decay_position_table`
-  / `decay_token_table` is off; biases and norms never.
-  """
+  """Pytree of bools like `params` (arrays or ShapeDtypeStructs): which get weight decay
+  (ndim >= 2, the tables unless `optimizer.decay_position_table` / `decay_token_table` is off)."""
   o = config.optimizer
 
   def leaf(path, x):
@@ -92,9 +76,8 @@ class RowScaleState(NamedTuple):
 
 
 def scale_position_rows(power: float, max_scale: float) -> optax.GradientTransformationExtraArgs:
-  """Scales each position-table row's update by `min((mean exposure / exposure[p]) ** power,
-  max_scale)` (`max_scale` for rows never seen). Exposure, the cumulative count of real input
-  tokens per position, is state (checkpointed); `update(..., position_counts=[max_len])`."""
+  """Scales position row p's update by `min((mean exposure / exposure[p]) ** power, max_scale)`;
+  exposure, the cumulative `position_counts` `[max_len]` passed to `update`, is state."""
 
   def init_fn(params):
     table = next(x for p, x in jax.tree_util.tree_leaves_with_path(params)
@@ -117,8 +100,8 @@ def scale_position_rows(power: float, max_scale: float) -> optax.GradientTransfo
 
 def make_optimizer(config: ml_collections.ConfigDict, params: Any
                    ) -> optax.GradientTransformationExtraArgs:
-  """The AdamW chain of the module docstring (`params` for the decay mask); its `update` takes
-  `position_counts` `[max_len]` when `row_lr_scale` is on (ignored otherwise)."""
+  """Clip, Adam, `scale_position_rows` (after Adam, whose normalization would cancel it), decay
+  (`decay_mask` of `params`), schedule; `update` takes `position_counts` `[max_len]`."""
   o = config.optimizer
   parts = [optax.clip_by_global_norm(o.grad_clip_norm)] if o.grad_clip_norm > 0 else []
   parts.append(optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps))

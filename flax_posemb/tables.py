@@ -1,9 +1,5 @@
-"""Reading a position table `[rows, features]` trained elsewhere.
-
-`load_table(spec)` serves `model.position_init='file:SPEC'` and `eval.py --analyze --table SPEC`:
-`[file:]PATH.npy`, `[file:]PATH.npz[:KEY]`, `[file:]PATH.safetensors[:KEY]` (the key may be
-omitted when the file holds one array). Bad input raises `TableError` naming the file and fix.
-"""
+"""Reading a position table `[rows, features]` trained elsewhere (`position_init='file:..'`):
+`[file:]PATH.npy`, `[file:]PATH.npz[:KEY]`, `[file:]PATH.safetensors[:KEY]` (KEY: if several)."""
 
 from __future__ import annotations
 

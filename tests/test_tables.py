@@ -175,7 +175,7 @@ def _eval(*args):
 
 def test_eval_analyze_table_end_to_end(tmp_path):
   # A sinusoid table has known structure: near rows alike, position linearly decodable.
-  t = initializers.sinusoid_table(64, 16).astype(np.float32)
+  t = initializers.sinusoid_at(np.arange(64), 16).astype(np.float32)
   save_file({'wpe.weight': t, 'wte.weight': t[:3]}, str(tmp_path / 'm.safetensors'))
   out = tmp_path / 'out'
   proc = _eval('--analyze', '--table', f'{tmp_path}/m.safetensors:wpe.weight',
