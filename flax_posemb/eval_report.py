@@ -203,11 +203,6 @@ def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: s
       for i, row in enumerate(rows)])
   files['plot'] = plots.comparison(labels, results, os.path.join(out_dir, 'comparison.png'),
                                    paired=paired)
-  return {'files': files, 'table': _comparison_table(labels, results, rows, paired),
-          'paired': paired}
-
-
-def _comparison_table(labels, results, rows, paired) -> str:
   diffs = [['-' if d['diff'] is None else f"{d['diff']:+.4f}+-{d['stderr']:.4f}"
             for d in p['buckets']] for p in paired]
   text = _grid('bucket', rows, list(labels) + [f'{p["label"]}-{p["minus"]}' for p in paired],
@@ -219,4 +214,4 @@ def _comparison_table(labels, results, rows, paired) -> str:
   if paired:
     text.append('differences: paired over the shared windows (+- stderr; 95% t intervals in '
                 'comparison.json)')
-  return '\n'.join(text)
+  return {'files': files, 'table': '\n'.join(text), 'paired': paired}

@@ -26,7 +26,7 @@ _LATE_OVER_EARLY = {'update': 'bucket_update_rss', **{k: f'bucket_{k}' for k in 
     'exposure', 'row_grad', 'occ_signal', 'downstream_signal', 'drift', 'row_norm')}}
 _RARE = ('rare_row_fraction', 'loss_rare_rows', 'loss_common_late_rows', 'excess_rare_rows',
          'excess_common_late_rows')
-# Axis labels of the figures; '{loss}' is the corpus's loss unit (``loss_unit``).
+# Axis labels of the figures; '{loss}' is the corpus's loss unit (``label``).
 LABELS = {
     'bucket_loss': 'held-out loss ({loss})',
     'bucket_excess': 'excess loss over Bayes ({loss})',
@@ -43,13 +43,10 @@ LABELS = {
 }
 
 
-def loss_unit(tokenizer: str) -> str:
-  return 'nats/byte' if tokenizer == 'byte' else 'nats/token'
-
-
 def label(metric: str, tokenizer: str = '') -> str:
   """Axis label of ``metric`` with its unit."""
-  return LABELS.get(metric, metric).format(loss=loss_unit(tokenizer))
+  return LABELS.get(metric, metric).format(
+      loss='nats/byte' if tokenizer == 'byte' else 'nats/token')
 
 
 def load_json(path: str) -> Any:
@@ -196,18 +193,17 @@ def _rare_rows(pos: Mapping[str, np.ndarray], per_position: Mapping[str, np.ndar
   return out
 
 
-def structure_agreement(tables: Mapping[str, np.ndarray]) -> float:
-  """Mean pairwise Pearson r of the tables' cosine-similarity structures (constant: 0)."""
-  structs = [analysis.cosine_similarity(t)[np.triu_indices(len(t), k=1)] for t in tables.values()]
-  vals = [_pearson(a, b) for a, b in itertools.combinations(structs, 2)]
-  return float(np.mean([v if math.isfinite(v) else 0.0 for v in vals])) if vals else float('nan')
-
-
 def convergence_step(run_dirs: Mapping[str, str], threshold: float) -> dict[str, Any]:
-  """When the arms' tables (arm -> run dir) agree >= ``threshold`` from then on."""
+  """When the arms' tables (arm -> run dir) agree >= ``threshold`` from then on: agreement is
+  the mean pairwise Pearson r of their cosine-similarity structures (a constant one: 0)."""
   snaps = {a: load_tables(d) for a, d in run_dirs.items()}
   common = sorted(set.intersection(*(set(s) for s in snaps.values()))) if snaps else []
-  agreement = [structure_agreement({a: s[step] for a, s in snaps.items()}) for step in common]
+  agreement = []
+  for step in common:
+    structs = [analysis.cosine_similarity(s[step])[np.triu_indices(len(s[step]), k=1)]
+               for s in snaps.values()]
+    r = [_pearson(a, b) for a, b in itertools.combinations(structs, 2)]
+    agreement.append(float(np.mean(np.nan_to_num(r))) if r else float('nan'))
   converged = next((float(step) for i, step in enumerate(common)
                     if all(a >= threshold for a in agreement[i:])), float('nan'))
   return {'steps': common, 'agreement': agreement, 'converged_step': converged}

@@ -54,14 +54,6 @@ def fmt_interval(iv: Mapping[str, Any], nd: int = 4) -> str:
   return f"{fmt(iv['mean'], nd)} [{fmt(iv['low'], nd)}, {fmt(iv['high'], nd)}]"
 
 
-def _by_arm(runs: list[Mapping[str, Any]]) -> dict[str, dict[int, Mapping[str, Any]]]:
-  """arm (grid order, unfinished arms included) -> {seed: measures}, seeds ascending."""
-  out = {r['arm']: {} for r in runs}
-  for r in sorted((r for r in runs if r['done']), key=lambda r: int(r['seed'])):
-    out[r['arm']][int(r['seed'])] = r['measures']
-  return out
-
-
 def _values(runs: Mapping[int, Mapping[str, Any]], metric: str) -> dict[int, float]:
   """seed -> scalar ``metric`` (NaN where not measured)."""
   v = {s: m['scalars'].get(metric) for s, m in runs.items()}
@@ -86,8 +78,11 @@ def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
   """The JSON-ready summary of a sweep (``sweep.run_sweep`` output)."""
-  by_arm = _by_arm(sweep_out['runs'])
   rows = [r for r in sweep_out['runs'] if r['done']]
+  # arm (grid order, unfinished arms included) -> {seed: measures}, seeds ascending.
+  by_arm: dict[str, dict[int, Any]] = {r['arm']: {} for r in sweep_out['runs']}
+  for r in sorted(rows, key=lambda r: int(r['seed'])):
+    by_arm[r['arm']][int(r['seed'])] = r['measures']
   claims = paired.with_holm(_claims(exp, by_arm))
   tested = [c for c in claims if c['verdict'] != paired.NOT_MEASURED]
   analyses = {}
@@ -165,24 +160,21 @@ def _window_groups(rows: list[Mapping[str, Any]], arms: Iterable[str]) -> dict[s
   results = [(a, measures.load_json(p)) for a, p in paths if os.path.exists(p)]
   if not results or 'windows' not in results[0][1]:
     return {}
-  return {'summary': results[0][1]['windows'],
-          'rise': {name: _rise(name, results, arms) for name in eval_report.GROUP_TABLES[1:]}}
-
-
-def _rise(name: str, results: list[tuple[str, Mapping[str, Any]]],
-          arms: Iterable[str]) -> dict[str, Any]:
-  first = results[0][1].get(name) or []
-  labels = [g['group'] for g in first]
-  per_arm = {a: {k: [] for k in labels} for a in arms}
-  for arm, res in results:
-    for g in res.get(name) or []:
-      losses = [b['loss'] for b in g['buckets'][-2:]]
-      if g['group'] in labels and len(losses) == 2 and None not in losses:
-        per_arm[arm][g['group']].append(losses[1] - losses[0])
-  return {'groups': [f"{g['group']} ({g['windows']} windows, {g['documents']} docs)"
-                     for g in first],
-          'arms': {a: [paired.t_interval(v[k]).as_dict() for k in labels]
-                   for a, v in per_arm.items() if any(v.values())}}
+  rise = {}
+  for name in eval_report.GROUP_TABLES[1:]:
+    first = results[0][1].get(name) or []
+    labels = [g['group'] for g in first]
+    per_arm = {a: {k: [] for k in labels} for a in arms}
+    for arm, res in results:
+      for g in res.get(name) or []:
+        losses = [b['loss'] for b in g['buckets'][-2:]]
+        if g['group'] in labels and len(losses) == 2 and None not in losses:
+          per_arm[arm][g['group']].append(losses[1] - losses[0])
+    rise[name] = {'groups': [f"{g['group']} ({g['windows']} windows, {g['documents']} docs)"
+                             for g in first],
+                  'arms': {a: [paired.t_interval(v[k]).as_dict() for k in labels]
+                           for a, v in per_arm.items() if any(v.values())}}
+  return {'summary': results[0][1]['windows'], 'rise': rise}
 
 
 def _convergence(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
