@@ -52,11 +52,6 @@ def _bucket_x(b: dict[str, np.ndarray], log: bool) -> np.ndarray:
   return np.sqrt((b['start'] + 1) * b['end']) if log else b['mid']
 
 
-def _outside_legend(ax) -> None:
-  """The legend right of the axes, where it covers no data or error bar."""
-  ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-
-
 def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any],
                      path: Path, title: str = '') -> str:
   return _save(loss_by_position_figure(per_position, results, title), path)
@@ -86,7 +81,8 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
     ax.plot(x, b['bayes_loss'], 'k.-', lw=1, label='Bayes (position known)')
     ax.plot(x, b['filter_loss'], '.--', color='gray', lw=1, label='filter (position unknown)')
   ax.set_ylabel('loss (nats / token)')
-  _outside_legend(ax)
+  # Legends right of the axes, where they cover no data or error bar.
+  ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
   ax.set_title(title or f"loss by position, step {results.get('step')}", fontsize=10)
   if synth:  # recovered = (filter - loss) / (filter - bayes): the loss interval, rescaled.
     ax2 = axes[1, 0]
@@ -97,7 +93,7 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
     ax2.axhline(1.0, color='k', lw=0.8, label='1 = Bayes: all of the position value')
     ax2.axhline(0.0, color='gray', lw=0.8, ls='--', label='0 = position-blind filter')
     ax2.set_ylabel('share of the position value\nrecovered by the rows')
-    _outside_legend(ax2)
+    ax2.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
   axes[-1, 0].set(xscale='log' if log else 'linear', xlabel='position + 1 (log scale; = '
                   'context length)' if log else 'position (= context length - 1)')
   return fig

@@ -56,21 +56,18 @@ def run_suite(config_paths: list[str], workdir: str, *, run_store: str = '',
   os.makedirs(store, exist_ok=True)
   out_root = report_dir or workdir
   command = _command(command)
+  count_done = lambda: sum(sweep.is_done(os.path.join(store, d)) for d in os.listdir(store))
   summaries: dict[str, dict[str, Any]] = {}
   for path in spec.expand_paths(config_paths):
     name = spec.load(path).name
-    before = _count_done(store)
+    before = count_done()
     summaries[name] = run_experiment(
         path, os.path.join(workdir, name), run_store=store, report_dir=os.path.join(out_root, name),
         max_runs=max_runs, command=command, **sweep_kwargs)
     if max_runs >= 0:
-      max_runs = max(0, max_runs - (_count_done(store) - before))
+      max_runs = max(0, max_runs - (count_done() - before))
   write_index(summaries, out_root, command)
   return summaries
-
-
-def _count_done(store: str) -> int:
-  return sum(sweep.is_done(os.path.join(store, d)) for d in os.listdir(store))
 
 
 def write_index(summaries: dict[str, dict[str, Any]], out_dir: str, command: str) -> str:

@@ -198,14 +198,11 @@ def _convergence(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -
   }
 
 
-def _n_seeds(summary: Mapping[str, Any]) -> int:
-  return max((len(v['seeds']) for v in summary['arms'].values()), default=0)
-
-
 def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   """Writes the report's figures; returns (title, file name) of each."""
   from flax_posemb import plots  # pylint: disable=g-import-not-at-top
-  s, n_seeds = summary['settings'], _n_seeds(summary)
+  s = summary['settings']
+  n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
   identity = (f'{summary["experiment"]}: {s.get("model", "?")}, context '
               f'{s.get("seq_len", "?")}, {s.get("num_train_steps", "?")} steps, '
               f'{n_seeds} seed(s) per arm')
@@ -285,6 +282,7 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
 
 def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
   s, b = summary['settings'], summary['budget']
+  n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
   lines = ['## Setup', '',
            f'- Command: `{summary["command"]}`',
            f'- Corpus: {s.get("corpus")} (tokenizer: {s.get("tokenizer")}), context '
@@ -292,7 +290,7 @@ def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
            f'- Token-embedding init: `{s.get("token_init")}` (std {fmt(s.get("token_init_std"))}); '
            f'Adam beta2 = {s.get("beta2")}; weight decay {s.get("weight_decay")}, applied to the '
            f'position table: {s.get("decay_position_table")} (unless an arm overrides these).',
-           f'- {_n_seeds(summary)} seed(s) per arm, paired: seed s of every arm shares the '
+           f'- {n_seeds} seed(s) per arm, paired: seed s of every arm shares the '
            f'model-init and data-order seed. {s.get("num_train_steps")} optimizer steps for '
            'every arm.']
   if b['mode'] == 'real_tokens':

@@ -23,10 +23,8 @@ EVAL_DIR = 'experiment_eval'
 
 # (training config, run dir) -> anything JSON-serializable (training's return value).
 TrainFn = Callable[[ml_collections.ConfigDict, str], Any]
-# (training config, run dir, offsets) -> (results dict, per-position dict of arrays).
 EvalFn = Callable[[ml_collections.ConfigDict, str, tuple[int, ...]],
                   tuple[dict[str, Any], dict[str, np.ndarray]]]
-
 # (training config, num_batches) -> mean scored targets per row.
 Estimator = Callable[[ml_collections.ConfigDict, int], float]
 
@@ -201,5 +199,5 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
     if r.key not in measured:
       measured[r.key] = _measured_row(r, run_dir, float(exp.rare_exposure))
     rows.append(dict(measured[r.key], arm=r.arm, seed=r.seed, config=r.config))
-  return {'runs': rows, 'budget': dataclasses.asdict(budget), 'complete': all(x['done'] for x in rows),
-          'store': store, 'quick': quick}
+  return {'runs': rows, 'budget': dataclasses.asdict(budget),
+          'complete': all(x['done'] for x in rows), 'store': store, 'quick': quick}
