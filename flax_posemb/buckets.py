@@ -1,5 +1,4 @@
-"""Position buckets and loss by bucket (numpy) with document-clustered standard errors and t
-intervals (docs/DESIGN.md, "Evaluation outputs")."""
+"""Loss by position bucket, document-clustered errors (docs/DESIGN.md "Evaluation outputs")."""
 
 from __future__ import annotations
 

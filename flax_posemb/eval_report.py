@@ -1,5 +1,4 @@
-"""Outputs of an evaluation (files, text tables) and the comparison of runs (docs/DESIGN.md,
-"Evaluation outputs")."""
+"""An evaluation's files and tables, comparison of runs (docs/DESIGN.md "Evaluation outputs")."""
 
 from __future__ import annotations
 

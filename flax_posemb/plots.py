@@ -1,5 +1,4 @@
-"""Every matplotlib figure of the project (Agg backend): each function draws computed arrays or
-results dicts (error bars: the 95% t intervals they carry) into one PNG and returns its path."""
+"""Every figure of the project: each function draws arrays or results dicts into one PNG."""
 
 from __future__ import annotations
 

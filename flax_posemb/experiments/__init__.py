@@ -1,5 +1,4 @@
-"""Experiments: paired sweeps of training runs, their measures, and the report; from configs to
-reports (``python -m flax_posemb.experiments``; docs/DESIGN.md "Experiments outputs")."""
+"""Paired sweeps of runs, their measures and reports (docs/DESIGN.md "Experiments outputs")."""
 
 from __future__ import annotations
 

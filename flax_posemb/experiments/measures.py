@@ -1,5 +1,4 @@
-"""Per-run measures read from a finished run's window files, table snapshots and evaluation
-(their meaning: docs/DESIGN.md "Experiments outputs")."""
+"""Per-run measures from a finished run's files (docs/DESIGN.md "Experiments outputs")."""
 
 from __future__ import annotations
 

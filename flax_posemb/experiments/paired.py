@@ -1,5 +1,4 @@
-"""Paired statistics across seeds, the fixed verdict rule and Holm-Bonferroni (docs/DESIGN.md
-"Experiments outputs"; directions and margins are validated by ``spec.validate``)."""
+"""Paired t intervals over seeds, the fixed verdict rule and Holm-Bonferroni correction."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Aggregates a sweep into ``summary.json`` and writes ``REPORT.md`` with its figures
-(docs/DESIGN.md "Experiments outputs")."""
+"""A sweep's summary.json, REPORT.md and figures (docs/DESIGN.md "Experiments outputs")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Experiment configs (``new``'s fields): the base config per scale, loading and validation
-(once, here), arm overrides, the paired grid (docs/DESIGN.md "Experiments outputs")."""
+"""Experiment configs: base config per scale, loading, validation (once, here), the grid."""
 
 from __future__ import annotations
 

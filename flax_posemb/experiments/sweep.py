@@ -1,5 +1,4 @@
-"""The sweep runner: equalizes the budget, then trains, evaluates and measures every run of an
-experiment grid in this one process, resumably (docs/DESIGN.md "Experiments outputs")."""
+"""The resumable sweep runner: budget, then train, evaluate and measure every run, in-process."""
 
 from __future__ import annotations
 
