@@ -121,8 +121,7 @@ def overall(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
-  """Last minus best bucket and the (1 / stderr^2-weighted) slope over the second half, with
-  their standard errors."""
+  """Last minus best bucket and the 1/stderr^2-weighted second-half slope, with stderrs."""
   loss, cov, _ = bucket_stats(per_window)
   se = lambda var: _num(math.sqrt(max(var, 0.0)) if np.isfinite(var) else math.nan)  # noqa: E731
   edges = np.asarray(per_window['edges'])

@@ -96,8 +96,7 @@ def _bucket_csv(path: str, head: tuple[str, ...], tables: list[tuple[tuple, list
 def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], out_dir: str,
                   title: str = '', per_window: dict[str, np.ndarray] | None = None
                   ) -> dict[str, str]:
-  """Writes an evaluation's files into ``out_dir``, replacing an earlier evaluation's at once
-  (`outputs.replace_files`); returns their paths by kind."""
+  """Writes an evaluation's files into ``out_dir`` at once; returns their paths by kind."""
   os.makedirs(out_dir, exist_ok=True)
   files, probe = {}, results.get('offset_probe')
   with outputs.replace_files(out_dir, OUTPUT_FILES) as stage:

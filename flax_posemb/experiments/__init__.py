@@ -49,8 +49,7 @@ def run_experiment(config_path: str, workdir: str, *, report_dir: str = '', comm
 def run_suite(config_paths: list[str], workdir: str, *, run_store: str = '',
               report_dir: str = '', max_runs: int = -1, command: str = '',
               **sweep_kwargs: Any) -> dict[str, dict[str, Any]]:
-  """Several experiments sharing one run store (default ``workdir/store``; ``max_runs`` counts
-  over the suite): name -> summary; layout: docs/DESIGN.md "Experiments outputs"."""
+  """name -> summary of experiments sharing one run store (``max_runs`` counts over all)."""
   store = run_store or os.path.join(workdir, 'store')
   os.makedirs(store, exist_ok=True)
   out_root = report_dir or workdir

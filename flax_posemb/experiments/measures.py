@@ -122,8 +122,7 @@ def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
                  train_seconds: float = float('nan'),
                  per_position: Mapping[str, np.ndarray] | None = None,
                  rare_exposure: float = 100.0) -> dict[str, Any]:
-  """``{'scalars', 'vectors', 'buckets'}`` of a finished run, from its files, its final
-  evaluation (results dict and per-position vectors ``[L]``) and training seconds."""
+  """``{'scalars', 'vectors', 'buckets'}`` of a finished run (``per_position``: arrays [L])."""
   buckets = eval_results['buckets']
   edges = [(int(b['start']), int(b['end'])) for b in buckets]
   get = lambda key: np.array([float(b.get(key, float('nan'))) for b in buckets])

@@ -269,7 +269,19 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
     lines += ['## What changed since the previous report', '', *(f'- {n}' for n in exp.notes),
               '']
   lines += _setup_lines(summary) + _claims_lines(summary) + _arms_lines(exp, summary)
-  lines += _windows_lines(summary['analyses'].get('windows'))
+  if windows := summary['analyses'].get('windows'):
+    lines += ['## Evaluation windows', '', 'Every run is scored on the same held-out windows '
+              '(bucket intervals inside a run are clustered by document; see docs/DESIGN.md).',
+              '', eval_report.format_windows(windows['summary']), '',
+              'Last bucket minus the bucket before it, by window group (mean over seeds '
+              '[95% CI]): a rise at every depth and far from the document end is a position '
+              'effect; a rise only near the end comes from documents\' endings.', '']
+    titles = {'by_depth': 'window start (tokens into the document)',
+              'by_end': 'tokens from the window\'s end to the document\'s end'}
+    for name, t in windows['rise'].items():
+      lines += [f'### By {titles.get(name, name)}', '']
+      lines += _md_table(['arm', *t['groups']], [[a, *(fmt_interval(iv, 3) for iv in ivs)]
+                                                 for a, ivs in t['arms'].items()]) + ['']
   lines += ['## Figures', '', *(x for t, n in figures for x in (f'![{t}]({n})', ''))]
   lines += ['## Configs', '', 'Arms (dotted overrides of the shared base config):', '']
   lines += [f'- `{a.name}`: ' + (', '.join(f'`{k}={v!r}`' for k, v in a.overrides)
@@ -358,22 +370,4 @@ def _arms_lines(exp: ml_collections.ConfigDict, summary: Mapping[str, Any]) -> l
               f'row cosine-similarity matrices stays >= {conv["threshold"]}: '
               f'{fmt_interval(conv["converged_step"], 0)} '
               f'(seeds that never converged: {conv["never_converged_seeds"] or "none"}).', '']
-  return lines
-
-
-def _windows_lines(windows: Mapping[str, Any] | None) -> list[str]:
-  if not windows:
-    return []
-  lines = ['## Evaluation windows', '', 'Every run is scored on the same held-out windows '
-           '(bucket intervals inside a run are clustered by document; see docs/DESIGN.md).', '',
-           eval_report.format_windows(windows['summary']), '',
-           'Last bucket minus the bucket before it, by window group (mean over seeds '
-           '[95% CI]): a rise at every depth and far from the document end is a position '
-           'effect; a rise only near the end comes from documents\' endings.', '']
-  titles = {'by_depth': 'window start (tokens into the document)',
-            'by_end': 'tokens from the window\'s end to the document\'s end'}
-  for name, t in windows['rise'].items():
-    lines += [f'### By {titles.get(name, name)}', '']
-    lines += _md_table(['arm', *t['groups']], [[a, *(fmt_interval(iv, 3) for iv in ivs)]
-                                               for a, ivs in t['arms'].items()]) + ['']
   return lines

@@ -59,15 +59,14 @@ class Budget:
 def equalize(runs: list[spec.Run], budget_config: ml_collections.ConfigDict,
              estimator: Estimator = estimate_scored_per_row,
              cache_path: str | None = None) -> tuple[list[spec.Run], Budget]:
-  """``(runs, Budget)`` with each arm's batch size set to the same scored tokens per step
-  (estimates cached in ``cache_path``: a resumed sweep keeps its batch sizes)."""
+  """``(runs, Budget)``: each arm's batch size gives the same scored tokens per step."""
   arms = {r.arm: r.config for r in runs}  # The seeds' configs differ only in 'seed'.
   reference = budget_config.reference_arm  # Unset, or not among --quick's two arms: the first.
   reference = reference if reference in arms else next(iter(arms))
   base_rows = {a: int(c.batch_size) for a, c in arms.items()}
   if budget_config.equalize == 'none':
     return runs, Budget('none', reference, float('nan'), {}, base_rows)
-  # Scored targets per row of each arm at seed 0, through the cache keyed by run key.
+  # Scored targets per row at seed 0, cached by run key: a resumed sweep keeps its batches.
   cache = measures.load_json(cache_path) if cache_path and os.path.exists(cache_path) else {}
   per_row = {}
   for a, c in arms.items():
