@@ -213,8 +213,8 @@ def exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray], path:
     y = np.asarray(y, np.float64)
     ok = np.isfinite(y) & (exposure > 0)
     sc = ax.scatter(exposure[ok], y[ok], c=pos[ok], s=10, cmap='viridis')
-    ax.set_xscale('log')
-    ax.set(xlabel='cumulative training exposure (tokens)', ylabel=name, title=f'{name} vs exposure')
+    ax.set(xscale='log', xlabel='cumulative training exposure (tokens)', ylabel=name,
+           title=f'{name} vs exposure')
     if (r := (rho or {}).get(name)) is not None:
       ax.text(0.03, 0.95, f'Spearman rho = {r:+.2f}', transform=ax.transAxes, va='top',
               fontsize=8, bbox=dict(facecolor='white', alpha=0.7, lw=0))
@@ -278,8 +278,7 @@ def experiment_profile(path: Path, bucket_labels: Sequence[str],
   jitter = {n: 0.08 * (i - (len(names) - 1) / 2) for i, n in enumerate(names)}
   ax = fig.add_subplot(gs[0, 0])
   handles = {n: _errorbars(ax, x + jitter[n], ivs, style[n], n) for n, ivs in series.items()}
-  if log_y:
-    ax.set_yscale('log')
+  ax.set_yscale('log' if log_y else 'linear')
   _bucket_panel(ax, x, bucket_labels, ylabel, f'mean per arm ({_seed_note(n_seeds)})')
   if two:
     ax = fig.add_subplot(gs[0, 1])
@@ -309,9 +308,8 @@ def experiment_metric_bars(path: Path, panels: dict[str, dict[str, dict[str, Any
                  name)
     ax.set_xticks(np.arange(len(intervals)), list(intervals), rotation=45, ha='right',
                   fontsize=7)
-    ax.set_xlim(-0.6, len(intervals) - 0.4)
     ax.margins(y=0.15)
-    ax.set_ylabel(ylabels.get(panel, ''))
+    ax.set(xlim=(-0.6, len(intervals) - 0.4), ylabel=ylabels.get(panel, ''))
     ax.set_title(f'{panel}\n({_seed_note(n_seeds)})', fontsize=9)
     ax.grid(axis='y', alpha=0.3)
   fig.suptitle(title, fontsize=10)

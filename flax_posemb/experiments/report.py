@@ -20,8 +20,7 @@ TABLE_SCALARS = ('final_loss', 'loss_late_minus_early', 'excess_late', 'recovere
 
 def stated_settings(config: ml_collections.ConfigDict) -> dict[str, object]:
   """The settings every report states (token init, beta2, weight decay, corpus, shapes)."""
-  d, m = config.data, config.model
-  o = config.optimizer
+  d, m, o = config.data, config.model, config.optimizer
   return {
       'token_init': m.token_init, 'token_init_std': float(m.token_init_std),
       'beta2': float(o.b2), 'weight_decay': float(o.weight_decay),
@@ -221,8 +220,7 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
         title=f'{title}\n{identity}',
         ylabel=measures.label(p['metric'], tokenizers.pop() if len(tokenizers) == 1 else ''))
     made.append((p['title'], name))
-  panels: dict[str, dict[str, Any]] = {}
-  ylabels = {}
+  panels, ylabels = {}, {}  # corpus panel -> {arm: final_loss interval}, its axis label
   for a, v in summary['arms'].items():
     if v['seeds']:
       panel = (v['corpus'] if v['tokenizer'] in ('synthetic', '')
