@@ -46,8 +46,7 @@ def make_edges(length: int, bucket_size: int = 0, edges: str | list[int] = '') -
 
 
 def bucket_of_position(edges: np.ndarray) -> np.ndarray:
-  """int32 [edges[-1]]: the bucket index of every position."""
-  edges = np.asarray(edges)
+  """int32 [edges[-1]]: the bucket index of every position (``edges``: array [nb + 1])."""
   return (np.searchsorted(edges, np.arange(edges[-1]), side='right') - 1).astype(np.int32)
 
 

@@ -189,8 +189,7 @@ def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: s
   summary = {'runs': [{'label': l, 'step': r.get('step'), 'workdir': r.get('workdir'),
                        'overall': r['overall'], 'degradation': r['degradation']}
                       for l, r in zip(labels, results)], 'buckets': rows, 'paired': paired}
-  files = {'json': os.path.join(out_dir, 'comparison.json'),
-           'csv': os.path.join(out_dir, 'comparison.csv')}
+  files = {k: os.path.join(out_dir, f'comparison.{k}') for k in ('json', 'csv')}
   with outputs.atomic_write(files['json'], 'w') as f:
     json.dump(json_safe(summary), f, indent=1)
   head = ['start', 'end'] + [f'{l}_{k}' for l in labels for k in ('loss', 'stderr')]

@@ -76,14 +76,11 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
   for i, g in enumerate(kinds if len(kinds) > 1 else []):  # The source mix: a thin line each.
     ax.plot(x, _col(g['buckets'], 'loss'), '.-', lw=0.8, ms=3, color=f'C{i + 3}',
             label=f"{g['group']} ({g['windows']} windows, {g['documents']} docs)")
-  if synth:
-    ax.plot(x, b['bayes_loss'], 'k.-', lw=1, label='Bayes (position known)')
-    ax.plot(x, b['filter_loss'], '.--', color='gray', lw=1, label='filter (position unknown)')
   ax.set_ylabel('loss (nats / token)')
-  # Legends right of the axes, where they cover no data or error bar.
-  ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
   ax.set_title(title or f"loss by position, step {results.get('step')}", fontsize=10)
   if synth:  # recovered = (filter - loss) / (filter - bayes): the loss interval, rescaled.
+    ax.plot(x, b['bayes_loss'], 'k.-', lw=1, label='Bayes (position known)')
+    ax.plot(x, b['filter_loss'], '.--', color='gray', lw=1, label='filter (position unknown)')
     ax2 = axes[1, 0]
     with np.errstate(invalid='ignore', divide='ignore'):
       half = b['half'] / np.abs(b['filter_loss'] - b['bayes_loss'])
@@ -92,7 +89,8 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
     ax2.axhline(1.0, color='k', lw=0.8, label='1 = Bayes: all of the position value')
     ax2.axhline(0.0, color='gray', lw=0.8, ls='--', label='0 = position-blind filter')
     ax2.set_ylabel('share of the position value\nrecovered by the rows')
-    ax2.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+  for a in axes[:, 0]:  # Legends right of the axes, where they cover no data or error bar.
+    a.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
   axes[-1, 0].set(xscale='log' if log else 'linear', xlabel='position + 1 (log scale; = '
                   'context length)' if log else 'position (= context length - 1)')
   return fig
