@@ -182,12 +182,11 @@ def _rare_rows(pos: Mapping[str, np.ndarray], per_position: Mapping[str, np.ndar
   rare = late & (np.asarray(pos['exposure'], np.float64)[:n] < rare_exposure)
   mean = lambda v, m: float(np.nanmean(v[m])) if m.any() else float('nan')
   out['rare_row_fraction'] = float(rare.sum() / max(late.sum(), 1))
-  out['loss_rare_rows'] = mean(loss, rare)
-  out['loss_common_late_rows'] = mean(loss, late & ~rare)
+  values = {'loss': loss}
   if 'bayes_loss' in per_position:
-    excess = loss - np.asarray(per_position['bayes_loss'], np.float64)[:n]
-    out['excess_rare_rows'] = mean(excess, rare)
-    out['excess_common_late_rows'] = mean(excess, late & ~rare)
+    values['excess'] = loss - np.asarray(per_position['bayes_loss'], np.float64)[:n]
+  for k, v in values.items():
+    out[f'{k}_rare_rows'], out[f'{k}_common_late_rows'] = mean(v, rare), mean(v, late & ~rare)
   return out
 
 
