@@ -151,8 +151,7 @@ def provenance_tables(per_window: dict[str, np.ndarray], window_len: int) -> dic
   doc, start, doc_len = (np.asarray(per_window[k], np.int64) for k in ('doc', 'start', 'doc_len'))
   kind = np.asarray(per_window['kind']).astype(str)
   to_end = np.maximum(doc_len - start - (t + 1), 0)
-  def dist(x):
-    return {k: float(np.quantile(x, q)) for k, q in QUANTILES.items()} if len(x) else None
+  dist = lambda x: {k: float(np.quantile(x, q)) for k, q in QUANTILES.items()} if len(x) else None
   kinds = sorted(set(kind.tolist()))
   summary = {
       'windows': len(doc), 'documents': len(np.unique(doc)), 'window_len': t,

@@ -102,9 +102,8 @@ def step_seconds(run_dir: str) -> float:
   if not os.path.exists(path):
     return float('nan')
   with open(path) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
-  rows = [(int(r['step']), float(r['elapsed'])) for r in rows
-          if 'elapsed' in r and 'eval' not in r]
+    rows = [(int(r['step']), float(r['elapsed'])) for r in map(json.loads, filter(str.strip, f))
+            if 'elapsed' in r and 'eval' not in r]
   if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
     return float('nan')
   return (rows[-1][1] - rows[0][1]) / (rows[-1][0] - rows[0][0])

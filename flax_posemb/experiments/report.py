@@ -322,22 +322,21 @@ def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
 
 
 def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
-  m = summary.get('multiplicity', {})
+  m = summary['multiplicity']
   lines = ['## Claims', '',
-           f'{m.get("claims_tested", len(summary["claims"]))} claims tested. The verdict is '
+           f'{m["claims_tested"]} claims tested. The verdict is '
            'the fixed rule above, on each claim\'s own 95% interval. Multiplicity: '
            'Holm-Bonferroni over all tested claims of this experiment (family-wise error '
            '5%); `p` is the smallest alpha at which the claim\'s interval is decisive, '
            '`p (Holm)` its adjusted value, and the last column gives the verdict after the '
-           f'correction where it differs ({m.get("verdicts_changed", 0)} do).', '']
+           f'correction where it differs ({m["verdicts_changed"]} do).', '']
   rows = []
   for c in summary['claims']:
     pred = {'equivalent': f'|d| < {c["margin"]}', 'greater': '> 0'}.get(c['direction'], '< 0')
-    holm = c.get('verdict_holm', c['verdict'])
     rows.append([c['text'], f'`{c["metric"]}`', f'{c["arm"]} - {c["baseline"] or "0"}', pred,
                  fmt_interval(c['interval']), c['interval']['n'], f'**{c["verdict"]}**',
-                 fmt(c.get('p_value'), 3), fmt(c.get('p_holm'), 3),
-                 '' if holm == c['verdict'] else holm])
+                 fmt(c['p_value'], 3), fmt(c['p_holm'], 3),
+                 '' if c['verdict_holm'] == c['verdict'] else c['verdict_holm']])
   return lines + _md_table(['claim', 'metric', 'arm - baseline', 'predicted',
                             'difference [95% CI]', 'n', 'verdict', 'p', 'p (Holm)',
                             'verdict after Holm (if different)'], rows)
