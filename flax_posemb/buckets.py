@@ -1,5 +1,4 @@
-"""Position buckets and loss by bucket (numpy) with document-clustered standard errors and t
-intervals (docs/DESIGN.md, "Evaluation outputs")."""
+"""Loss by position bucket, document-clustered errors (docs/DESIGN.md "Evaluation outputs")."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ def make_edges(length: int, bucket_size: int = 0, edges: str | list[int] = '') -
 
 
 def bucket_of_position(edges: np.ndarray) -> np.ndarray:
-  """int32 [edges[-1]]: the bucket index of every position."""
-  edges = np.asarray(edges)
+  """int32 [edges[-1]]: the bucket index of every position (``edges``: array [nb + 1])."""
   return (np.searchsorted(edges, np.arange(edges[-1]), side='right') - 1).astype(np.int32)
 
 
@@ -122,8 +120,7 @@ def overall(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
-  """Last minus best bucket and the (1 / stderr^2-weighted) slope over the second half, with
-  their standard errors."""
+  """Last minus best bucket and the 1/stderr^2-weighted second-half slope, with stderrs."""
   loss, cov, _ = bucket_stats(per_window)
   se = lambda var: _num(math.sqrt(max(var, 0.0)) if np.isfinite(var) else math.nan)  # noqa: E731
   edges = np.asarray(per_window['edges'])
@@ -154,8 +151,7 @@ def provenance_tables(per_window: dict[str, np.ndarray], window_len: int) -> dic
   doc, start, doc_len = (np.asarray(per_window[k], np.int64) for k in ('doc', 'start', 'doc_len'))
   kind = np.asarray(per_window['kind']).astype(str)
   to_end = np.maximum(doc_len - start - (t + 1), 0)
-  def dist(x):
-    return {k: float(np.quantile(x, q)) for k, q in QUANTILES.items()} if len(x) else None
+  dist = lambda x: {k: float(np.quantile(x, q)) for k, q in QUANTILES.items()} if len(x) else None
   kinds = sorted(set(kind.tolist()))
   summary = {
       'windows': len(doc), 'documents': len(np.unique(doc)), 'window_len': t,

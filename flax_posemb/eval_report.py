@@ -1,5 +1,4 @@
-"""Outputs of an evaluation (files, text tables) and the comparison of runs (docs/DESIGN.md,
-"Evaluation outputs")."""
+"""An evaluation's files and tables, comparison of runs (docs/DESIGN.md "Evaluation outputs")."""
 
 from __future__ import annotations
 
@@ -97,8 +96,7 @@ def _bucket_csv(path: str, head: tuple[str, ...], tables: list[tuple[tuple, list
 def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], out_dir: str,
                   title: str = '', per_window: dict[str, np.ndarray] | None = None
                   ) -> dict[str, str]:
-  """Writes an evaluation's files into ``out_dir``, replacing an earlier evaluation's at once
-  (`outputs.replace_files`); returns their paths by kind."""
+  """Writes an evaluation's files into ``out_dir`` at once; returns their paths by kind."""
   os.makedirs(out_dir, exist_ok=True)
   files, probe = {}, results.get('offset_probe')
   with outputs.replace_files(out_dir, OUTPUT_FILES) as stage:
@@ -191,8 +189,7 @@ def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: s
   summary = {'runs': [{'label': l, 'step': r.get('step'), 'workdir': r.get('workdir'),
                        'overall': r['overall'], 'degradation': r['degradation']}
                       for l, r in zip(labels, results)], 'buckets': rows, 'paired': paired}
-  files = {'json': os.path.join(out_dir, 'comparison.json'),
-           'csv': os.path.join(out_dir, 'comparison.csv')}
+  files = {k: os.path.join(out_dir, f'comparison.{k}') for k in ('json', 'csv')}
   with outputs.atomic_write(files['json'], 'w') as f:
     json.dump(json_safe(summary), f, indent=1)
   head = ['start', 'end'] + [f'{l}_{k}' for l in labels for k in ('loss', 'stderr')]
@@ -203,11 +200,6 @@ def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: s
       for i, row in enumerate(rows)])
   files['plot'] = plots.comparison(labels, results, os.path.join(out_dir, 'comparison.png'),
                                    paired=paired)
-  return {'files': files, 'table': _comparison_table(labels, results, rows, paired),
-          'paired': paired}
-
-
-def _comparison_table(labels, results, rows, paired) -> str:
   diffs = [['-' if d['diff'] is None else f"{d['diff']:+.4f}+-{d['stderr']:.4f}"
             for d in p['buckets']] for p in paired]
   text = _grid('bucket', rows, list(labels) + [f'{p["label"]}-{p["minus"]}' for p in paired],
@@ -219,4 +211,4 @@ def _comparison_table(labels, results, rows, paired) -> str:
   if paired:
     text.append('differences: paired over the shared windows (+- stderr; 95% t intervals in '
                 'comparison.json)')
-  return '\n'.join(text)
+  return {'files': files, 'table': '\n'.join(text), 'paired': paired}

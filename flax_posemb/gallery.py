@@ -60,10 +60,9 @@ def main(argv):
     c.eval_every_steps, c.allow_config_change = 0, True
     runs[policy] = os.path.join(FLAGS.workdir, policy)
     training.train_and_evaluate(c, runs[policy])
-  natural = runs['natural']
   evals = {'comparison': eval_workdir.evaluate_and_compare(list(runs.values()))[1],
-           'probe': eval_workdir.evaluate_workdir(natural, offsets=[0, 16], analyze=True),
-           'log2': eval_workdir.evaluate_workdir(natural, bucket_edges='log2')}
+           'probe': eval_workdir.evaluate_workdir(runs['natural'], offsets=[0, 16], analyze=True),
+           'log2': eval_workdir.evaluate_workdir(runs['natural'], bucket_edges='log2')}
   os.makedirs(FLAGS.out, exist_ok=True)
   for name, source, key, _ in FIGURES:
     if source:

@@ -1,5 +1,4 @@
-"""Every matplotlib figure of the project (Agg backend): each function draws computed arrays or
-results dicts (error bars: the 95% t intervals they carry) into one PNG and returns its path."""
+"""Every figure of the project: each function draws arrays or results dicts into one PNG."""
 
 from __future__ import annotations
 
@@ -52,15 +51,6 @@ def _bucket_x(b: dict[str, np.ndarray], log: bool) -> np.ndarray:
   return np.sqrt((b['start'] + 1) * b['end']) if log else b['mid']
 
 
-def _bucket_xaxis(ax, log: bool, label: str) -> None:
-  ax.set(xscale='log' if log else 'linear', xlabel=label)
-
-
-def _outside_legend(ax) -> None:
-  """The legend right of the axes, where it covers no data or error bar."""
-  ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-
-
 def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any],
                      path: Path, title: str = '') -> str:
   return _save(loss_by_position_figure(per_position, results, title), path)
@@ -86,13 +76,11 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
   for i, g in enumerate(kinds if len(kinds) > 1 else []):  # The source mix: a thin line each.
     ax.plot(x, _col(g['buckets'], 'loss'), '.-', lw=0.8, ms=3, color=f'C{i + 3}',
             label=f"{g['group']} ({g['windows']} windows, {g['documents']} docs)")
-  if synth:
-    ax.plot(x, b['bayes_loss'], 'k.-', lw=1, label='Bayes (position known)')
-    ax.plot(x, b['filter_loss'], '.--', color='gray', lw=1, label='filter (position unknown)')
   ax.set_ylabel('loss (nats / token)')
-  _outside_legend(ax)
   ax.set_title(title or f"loss by position, step {results.get('step')}", fontsize=10)
   if synth:  # recovered = (filter - loss) / (filter - bayes): the loss interval, rescaled.
+    ax.plot(x, b['bayes_loss'], 'k.-', lw=1, label='Bayes (position known)')
+    ax.plot(x, b['filter_loss'], '.--', color='gray', lw=1, label='filter (position unknown)')
     ax2 = axes[1, 0]
     with np.errstate(invalid='ignore', divide='ignore'):
       half = b['half'] / np.abs(b['filter_loss'] - b['bayes_loss'])
@@ -101,9 +89,10 @@ def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[s
     ax2.axhline(1.0, color='k', lw=0.8, label='1 = Bayes: all of the position value')
     ax2.axhline(0.0, color='gray', lw=0.8, ls='--', label='0 = position-blind filter')
     ax2.set_ylabel('share of the position value\nrecovered by the rows')
-    _outside_legend(ax2)
-  _bucket_xaxis(axes[-1, 0], log, 'position + 1 (log scale; = context length)' if log
-                else 'position (= context length - 1)')
+  for a in axes[:, 0]:  # Legends right of the axes, where they cover no data or error bar.
+    a.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+  axes[-1, 0].set(xscale='log' if log else 'linear', xlabel='position + 1 (log scale; = '
+                  'context length)' if log else 'position (= context length - 1)')
   return fig
 
 
@@ -138,8 +127,8 @@ def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]], path: P
   if paired:
     _series(axes[-1, 0], [(f"{p['label']} - {p['minus']}", p['buckets']) for p in paired],
             log, 'paired difference (nats)', 'diff', 1)
-  _bucket_xaxis(axes[-1, 0], log, 'position + 1 (log scale)' if log
-                else 'position (bucket midpoint)')
+  axes[-1, 0].set(xscale='log' if log else 'linear',
+                  xlabel='position + 1 (log scale)' if log else 'position (bucket midpoint)')
   return _save(fig, path)
 
 
@@ -156,13 +145,22 @@ def offset_probe(probe: dict[str, Any], path: Path) -> str:
     _series(axes[1, 0], [(f"K = {p['offset']} - K = {p['minus_offset']} (95% CI)",
                           p['buckets']) for p in paired], log,
             'paired difference\nK - K0 (nats / token)', 'diff', 1)
-  _bucket_xaxis(axes[-1, 0], log, 'context length' + (' (log scale)' if log else ' - 1') +
-                ' (position ids shifted by K)')
+  axes[-1, 0].set(xscale='log' if log else 'linear', xlabel='context length' + (
+      ' (log scale)' if log else ' - 1') + ' (position ids shifted by K)')
   return _save(fig, path)
 
 
-def _drift_panel(ax, fig, pos: np.ndarray, drift: np.ndarray | None,
-                 snapshot_drift: np.ndarray | None, snapshot_steps: Sequence[int]) -> None:
+def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.ndarray,
+                   probe_edges: np.ndarray, probe_error: np.ndarray, path: Path,
+                   snapshot_drift: np.ndarray | None = None,
+                   snapshot_steps: Sequence[int] = (), probe_r2: float | None = None) -> str:
+  """Row norms [L], drift from init ([L] or [S, L] at ``snapshot_steps``), PCA ratios [k] and
+  the linear position probe's error [nb] per bucket of ``probe_edges`` [nb + 1]."""
+  fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+  pos = np.arange(len(norms))
+  axes[0, 0].plot(pos, norms)
+  axes[0, 0].set(title='row norm', xlabel='position', ylabel='||row||')
+  ax = axes[0, 1]
   if snapshot_drift is not None and len(snapshot_drift):
     # One colour per snapshot on a step colour bar: every line is identified, none twice.
     steps = np.asarray(snapshot_steps, np.float64)
@@ -178,19 +176,6 @@ def _drift_panel(ax, fig, pos: np.ndarray, drift: np.ndarray | None,
     ax.text(0.5, 0.5, 'no initial table\n(drift needs a training run)', ha='center',
             va='center', transform=ax.transAxes, color='gray')
   ax.set(title='drift from the initial table', xlabel='position', ylabel='||row - row_0||')
-
-
-def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.ndarray,
-                   probe_edges: np.ndarray, probe_error: np.ndarray, path: Path,
-                   snapshot_drift: np.ndarray | None = None,
-                   snapshot_steps: Sequence[int] = (), probe_r2: float | None = None) -> str:
-  """Row norms [L], drift from init ([L] or [S, L] at ``snapshot_steps``), PCA ratios [k] and
-  the linear position probe's error [nb] per bucket of ``probe_edges`` [nb + 1]."""
-  fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-  pos = np.arange(len(norms))
-  axes[0, 0].plot(pos, norms)
-  axes[0, 0].set(title='row norm', xlabel='position', ylabel='||row||')
-  _drift_panel(axes[0, 1], fig, pos, drift, snapshot_drift, snapshot_steps)
   k = np.arange(1, len(pca_ratio) + 1)
   axes[1, 0].bar(k, pca_ratio)
   axes[1, 0].plot(k, np.cumsum(pca_ratio), 'k.-', label='cumulative')
@@ -226,8 +211,8 @@ def exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray], path:
     y = np.asarray(y, np.float64)
     ok = np.isfinite(y) & (exposure > 0)
     sc = ax.scatter(exposure[ok], y[ok], c=pos[ok], s=10, cmap='viridis')
-    ax.set_xscale('log')
-    ax.set(xlabel='cumulative training exposure (tokens)', ylabel=name, title=f'{name} vs exposure')
+    ax.set(xscale='log', xlabel='cumulative training exposure (tokens)', ylabel=name,
+           title=f'{name} vs exposure')
     if (r := (rho or {}).get(name)) is not None:
       ax.text(0.03, 0.95, f'Spearman rho = {r:+.2f}', transform=ax.transAxes, va='top',
               fontsize=8, bbox=dict(facecolor='white', alpha=0.7, lw=0))
@@ -240,9 +225,8 @@ def data_exposure(report: dict[str, Any], path: Path) -> str:
   counts = np.asarray(report['counts'], np.float64)
   fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
   a.plot(np.arange(len(counts)), counts, lw=1)
-  a.set(xlabel='position id', ylabel='real tokens seen',
+  a.set(xlabel='position id', ylabel='real tokens seen', ylim=(0, None),
         title=f"{report['source']} / {report['policy']}: exposure per position")
-  a.set_ylim(bottom=0)
   hist = report['doc_lengths']
   b.bar([h['bucket'] for h in hist], [100 * h['token_share'] for h in hist])
   b.set(xlabel='document length bucket ((input, target) pairs = tokens - 1)',
@@ -273,8 +257,7 @@ def _seed_note(n: int) -> str:
 
 def _bucket_panel(ax, x, bucket_labels, ylabel: str, title: str) -> None:
   ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
-  ax.set_xlabel('position bucket (rows of the table)')
-  ax.set_ylabel(ylabel)
+  ax.set(xlabel='position bucket (rows of the table)', ylabel=ylabel)
   ax.set_title(title, fontsize=9)
 
 
@@ -293,8 +276,7 @@ def experiment_profile(path: Path, bucket_labels: Sequence[str],
   jitter = {n: 0.08 * (i - (len(names) - 1) / 2) for i, n in enumerate(names)}
   ax = fig.add_subplot(gs[0, 0])
   handles = {n: _errorbars(ax, x + jitter[n], ivs, style[n], n) for n, ivs in series.items()}
-  if log_y:
-    ax.set_yscale('log')
+  ax.set_yscale('log' if log_y else 'linear')
   _bucket_panel(ax, x, bucket_labels, ylabel, f'mean per arm ({_seed_note(n_seeds)})')
   if two:
     ax = fig.add_subplot(gs[0, 1])
@@ -324,9 +306,8 @@ def experiment_metric_bars(path: Path, panels: dict[str, dict[str, dict[str, Any
                  name)
     ax.set_xticks(np.arange(len(intervals)), list(intervals), rotation=45, ha='right',
                   fontsize=7)
-    ax.set_xlim(-0.6, len(intervals) - 0.4)
     ax.margins(y=0.15)
-    ax.set_ylabel(ylabels.get(panel, ''))
+    ax.set(xlim=(-0.6, len(intervals) - 0.4), ylabel=ylabels.get(panel, ''))
     ax.set_title(f'{panel}\n({_seed_note(n_seeds)})', fontsize=9)
     ax.grid(axis='y', alpha=0.3)
   fig.suptitle(title, fontsize=10)

@@ -1,5 +1,4 @@
-"""Experiments: paired sweeps of training runs, their measures, and the report; from configs to
-reports (``python -m flax_posemb.experiments``; docs/DESIGN.md "Experiments outputs")."""
+"""Paired sweeps of runs, their measures and reports (docs/DESIGN.md "Experiments outputs")."""
 
 from __future__ import annotations
 
@@ -50,27 +49,23 @@ def run_experiment(config_path: str, workdir: str, *, report_dir: str = '', comm
 def run_suite(config_paths: list[str], workdir: str, *, run_store: str = '',
               report_dir: str = '', max_runs: int = -1, command: str = '',
               **sweep_kwargs: Any) -> dict[str, dict[str, Any]]:
-  """Several experiments sharing one run store (default ``workdir/store``; ``max_runs`` counts
-  over the suite): name -> summary; layout: docs/DESIGN.md "Experiments outputs"."""
+  """name -> summary of experiments sharing one run store (``max_runs`` counts over all)."""
   store = run_store or os.path.join(workdir, 'store')
   os.makedirs(store, exist_ok=True)
   out_root = report_dir or workdir
   command = _command(command)
+  count_done = lambda: sum(sweep.is_done(os.path.join(store, d)) for d in os.listdir(store))
   summaries: dict[str, dict[str, Any]] = {}
   for path in spec.expand_paths(config_paths):
     name = spec.load(path).name
-    before = _count_done(store)
+    before = count_done()
     summaries[name] = run_experiment(
         path, os.path.join(workdir, name), run_store=store, report_dir=os.path.join(out_root, name),
         max_runs=max_runs, command=command, **sweep_kwargs)
     if max_runs >= 0:
-      max_runs = max(0, max_runs - (_count_done(store) - before))
+      max_runs = max(0, max_runs - (count_done() - before))
   write_index(summaries, out_root, command)
   return summaries
-
-
-def _count_done(store: str) -> int:
-  return sum(sweep.is_done(os.path.join(store, d)) for d in os.listdir(store))
 
 
 def write_index(summaries: dict[str, dict[str, Any]], out_dir: str, command: str) -> str:

@@ -1,8 +1,6 @@
 """CLI: python -m flax_posemb.experiments CONFIG[:scale] [CONFIG ...] --workdir DIR [--quick] ...
 
-Layout of one experiment or a suite: docs/DESIGN.md "Experiments outputs"; exit codes:
-flax_posemb.cli (2 bad input, 3 non-finite, 75 preempted).
-"""
+Layout: docs/DESIGN.md "Experiments outputs"; exit codes: flax_posemb.cli."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Per-run measures read from a finished run's window files, table snapshots and evaluation
-(their meaning: docs/DESIGN.md "Experiments outputs")."""
+"""Per-run measures from a finished run's files (docs/DESIGN.md "Experiments outputs")."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ _LATE_OVER_EARLY = {'update': 'bucket_update_rss', **{k: f'bucket_{k}' for k in 
     'exposure', 'row_grad', 'occ_signal', 'downstream_signal', 'drift', 'row_norm')}}
 _RARE = ('rare_row_fraction', 'loss_rare_rows', 'loss_common_late_rows', 'excess_rare_rows',
          'excess_common_late_rows')
-# Axis labels of the figures; '{loss}' is the corpus's loss unit (``loss_unit``).
+# Axis labels of the figures; '{loss}' is the corpus's loss unit (``label``).
 LABELS = {
     'bucket_loss': 'held-out loss ({loss})',
     'bucket_excess': 'excess loss over Bayes ({loss})',
@@ -43,13 +42,10 @@ LABELS = {
 }
 
 
-def loss_unit(tokenizer: str) -> str:
-  return 'nats/byte' if tokenizer == 'byte' else 'nats/token'
-
-
 def label(metric: str, tokenizer: str = '') -> str:
   """Axis label of ``metric`` with its unit."""
-  return LABELS.get(metric, metric).format(loss=loss_unit(tokenizer))
+  return LABELS.get(metric, metric).format(
+      loss='nats/byte' if tokenizer == 'byte' else 'nats/token')
 
 
 def load_json(path: str) -> Any:
@@ -106,9 +102,8 @@ def step_seconds(run_dir: str) -> float:
   if not os.path.exists(path):
     return float('nan')
   with open(path) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
-  rows = [(int(r['step']), float(r['elapsed'])) for r in rows
-          if 'elapsed' in r and 'eval' not in r]
+    rows = [(int(r['step']), float(r['elapsed'])) for r in map(json.loads, filter(str.strip, f))
+            if 'elapsed' in r and 'eval' not in r]
   if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
     return float('nan')
   return (rows[-1][1] - rows[0][1]) / (rows[-1][0] - rows[0][0])
@@ -126,8 +121,7 @@ def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
                  train_seconds: float = float('nan'),
                  per_position: Mapping[str, np.ndarray] | None = None,
                  rare_exposure: float = 100.0) -> dict[str, Any]:
-  """``{'scalars', 'vectors', 'buckets'}`` of a finished run, from its files, its final
-  evaluation (results dict and per-position vectors ``[L]``) and training seconds."""
+  """``{'scalars', 'vectors', 'buckets'}`` of a finished run (``per_position``: arrays [L])."""
   buckets = eval_results['buckets']
   edges = [(int(b['start']), int(b['end'])) for b in buckets]
   get = lambda key: np.array([float(b.get(key, float('nan'))) for b in buckets])
@@ -187,27 +181,25 @@ def _rare_rows(pos: Mapping[str, np.ndarray], per_position: Mapping[str, np.ndar
   rare = late & (np.asarray(pos['exposure'], np.float64)[:n] < rare_exposure)
   mean = lambda v, m: float(np.nanmean(v[m])) if m.any() else float('nan')
   out['rare_row_fraction'] = float(rare.sum() / max(late.sum(), 1))
-  out['loss_rare_rows'] = mean(loss, rare)
-  out['loss_common_late_rows'] = mean(loss, late & ~rare)
+  values = {'loss': loss}
   if 'bayes_loss' in per_position:
-    excess = loss - np.asarray(per_position['bayes_loss'], np.float64)[:n]
-    out['excess_rare_rows'] = mean(excess, rare)
-    out['excess_common_late_rows'] = mean(excess, late & ~rare)
+    values['excess'] = loss - np.asarray(per_position['bayes_loss'], np.float64)[:n]
+  for k, v in values.items():
+    out[f'{k}_rare_rows'], out[f'{k}_common_late_rows'] = mean(v, rare), mean(v, late & ~rare)
   return out
 
 
-def structure_agreement(tables: Mapping[str, np.ndarray]) -> float:
-  """Mean pairwise Pearson r of the tables' cosine-similarity structures (constant: 0)."""
-  structs = [analysis.cosine_similarity(t)[np.triu_indices(len(t), k=1)] for t in tables.values()]
-  vals = [_pearson(a, b) for a, b in itertools.combinations(structs, 2)]
-  return float(np.mean([v if math.isfinite(v) else 0.0 for v in vals])) if vals else float('nan')
-
-
 def convergence_step(run_dirs: Mapping[str, str], threshold: float) -> dict[str, Any]:
-  """When the arms' tables (arm -> run dir) agree >= ``threshold`` from then on."""
+  """When the arms' tables (arm -> run dir) agree >= ``threshold`` from then on: agreement is
+  the mean pairwise Pearson r of their cosine-similarity structures (a constant one: 0)."""
   snaps = {a: load_tables(d) for a, d in run_dirs.items()}
   common = sorted(set.intersection(*(set(s) for s in snaps.values()))) if snaps else []
-  agreement = [structure_agreement({a: s[step] for a, s in snaps.items()}) for step in common]
+  agreement = []
+  for step in common:
+    structs = [analysis.cosine_similarity(s[step])[np.triu_indices(len(s[step]), k=1)]
+               for s in snaps.values()]
+    r = [_pearson(a, b) for a, b in itertools.combinations(structs, 2)]
+    agreement.append(float(np.mean(np.nan_to_num(r))) if r else float('nan'))
   converged = next((float(step) for i, step in enumerate(common)
                     if all(a >= threshold for a in agreement[i:])), float('nan'))
   return {'steps': common, 'agreement': agreement, 'converged_step': converged}

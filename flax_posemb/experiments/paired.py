@@ -1,5 +1,4 @@
-"""Paired statistics across seeds, the fixed verdict rule and Holm-Bonferroni (docs/DESIGN.md
-"Experiments outputs"; directions and margins are validated by ``spec.validate``)."""
+"""Paired t intervals over seeds, the fixed verdict rule and Holm-Bonferroni correction."""
 
 from __future__ import annotations
 
@@ -108,12 +107,9 @@ def judge(arm: Mapping[int, float], baseline: Mapping[int, float], direction: st
 
 def with_holm(judgements: Sequence[dict], alpha: float = 0.05) -> list[dict]:
   """``judge`` outputs plus ``p_holm`` and ``verdict_holm`` over the measured ones."""
-  out = [dict(j) for j in judgements]
+  out = [dict(j, p_holm=float('nan'), verdict_holm=NOT_MEASURED) for j in judgements]
   tested = [j for j in out if j['verdict'] != NOT_MEASURED]
   for j, p in zip(tested, holm([j['p_value'] for j in tested])):
     j['p_holm'] = float(p)
     j['verdict_holm'] = j['verdict'] if p < alpha else INCONCLUSIVE
-  for j in out:
-    if j['verdict'] == NOT_MEASURED:
-      j['p_holm'], j['verdict_holm'] = float('nan'), NOT_MEASURED
   return out

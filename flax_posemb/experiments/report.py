@@ -1,5 +1,4 @@
-"""Aggregates a sweep into ``summary.json`` and writes ``REPORT.md`` with its figures
-(docs/DESIGN.md "Experiments outputs")."""
+"""A sweep's summary.json, REPORT.md and figures (docs/DESIGN.md "Experiments outputs")."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ TABLE_SCALARS = ('final_loss', 'loss_late_minus_early', 'excess_late', 'recovere
 
 def stated_settings(config: ml_collections.ConfigDict) -> dict[str, object]:
   """The settings every report states (token init, beta2, weight decay, corpus, shapes)."""
-  d, m = config.data, config.model
-  o = config.optimizer
+  d, m, o = config.data, config.model, config.optimizer
   return {
       'token_init': m.token_init, 'token_init_std': float(m.token_init_std),
       'beta2': float(o.b2), 'weight_decay': float(o.weight_decay),
@@ -54,14 +52,6 @@ def fmt_interval(iv: Mapping[str, Any], nd: int = 4) -> str:
   return f"{fmt(iv['mean'], nd)} [{fmt(iv['low'], nd)}, {fmt(iv['high'], nd)}]"
 
 
-def _by_arm(runs: list[Mapping[str, Any]]) -> dict[str, dict[int, Mapping[str, Any]]]:
-  """arm (grid order, unfinished arms included) -> {seed: measures}, seeds ascending."""
-  out = {r['arm']: {} for r in runs}
-  for r in sorted((r for r in runs if r['done']), key=lambda r: int(r['seed'])):
-    out[r['arm']][int(r['seed'])] = r['measures']
-  return out
-
-
 def _values(runs: Mapping[int, Mapping[str, Any]], metric: str) -> dict[int, float]:
   """seed -> scalar ``metric`` (NaN where not measured)."""
   v = {s: m['scalars'].get(metric) for s, m in runs.items()}
@@ -86,8 +76,11 @@ def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
   """The JSON-ready summary of a sweep (``sweep.run_sweep`` output)."""
-  by_arm = _by_arm(sweep_out['runs'])
   rows = [r for r in sweep_out['runs'] if r['done']]
+  # arm (grid order, unfinished arms included) -> {seed: measures}, seeds ascending.
+  by_arm: dict[str, dict[int, Any]] = {r['arm']: {} for r in sweep_out['runs']}
+  for r in sorted(rows, key=lambda r: int(r['seed'])):
+    by_arm[r['arm']][int(r['seed'])] = r['measures']
   claims = paired.with_holm(_claims(exp, by_arm))
   tested = [c for c in claims if c['verdict'] != paired.NOT_MEASURED]
   analyses = {}
@@ -165,24 +158,21 @@ def _window_groups(rows: list[Mapping[str, Any]], arms: Iterable[str]) -> dict[s
   results = [(a, measures.load_json(p)) for a, p in paths if os.path.exists(p)]
   if not results or 'windows' not in results[0][1]:
     return {}
-  return {'summary': results[0][1]['windows'],
-          'rise': {name: _rise(name, results, arms) for name in eval_report.GROUP_TABLES[1:]}}
-
-
-def _rise(name: str, results: list[tuple[str, Mapping[str, Any]]],
-          arms: Iterable[str]) -> dict[str, Any]:
-  first = results[0][1].get(name) or []
-  labels = [g['group'] for g in first]
-  per_arm = {a: {k: [] for k in labels} for a in arms}
-  for arm, res in results:
-    for g in res.get(name) or []:
-      losses = [b['loss'] for b in g['buckets'][-2:]]
-      if g['group'] in labels and len(losses) == 2 and None not in losses:
-        per_arm[arm][g['group']].append(losses[1] - losses[0])
-  return {'groups': [f"{g['group']} ({g['windows']} windows, {g['documents']} docs)"
-                     for g in first],
-          'arms': {a: [paired.t_interval(v[k]).as_dict() for k in labels]
-                   for a, v in per_arm.items() if any(v.values())}}
+  rise = {}
+  for name in eval_report.GROUP_TABLES[1:]:
+    first = results[0][1].get(name) or []
+    labels = [g['group'] for g in first]
+    per_arm = {a: {k: [] for k in labels} for a in arms}
+    for arm, res in results:
+      for g in res.get(name) or []:
+        losses = [b['loss'] for b in g['buckets'][-2:]]
+        if g['group'] in labels and len(losses) == 2 and None not in losses:
+          per_arm[arm][g['group']].append(losses[1] - losses[0])
+    rise[name] = {'groups': [f"{g['group']} ({g['windows']} windows, {g['documents']} docs)"
+                             for g in first],
+                  'arms': {a: [paired.t_interval(v[k]).as_dict() for k in labels]
+                           for a, v in per_arm.items() if any(v.values())}}
+  return {'summary': results[0][1]['windows'], 'rise': rise}
 
 
 def _convergence(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
@@ -206,14 +196,11 @@ def _convergence(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -
   }
 
 
-def _n_seeds(summary: Mapping[str, Any]) -> int:
-  return max((len(v['seeds']) for v in summary['arms'].values()), default=0)
-
-
 def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   """Writes the report's figures; returns (title, file name) of each."""
   from flax_posemb import plots  # pylint: disable=g-import-not-at-top
-  s, n_seeds = summary['settings'], _n_seeds(summary)
+  s = summary['settings']
+  n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
   identity = (f'{summary["experiment"]}: {s.get("model", "?")}, context '
               f'{s.get("seq_len", "?")}, {s.get("num_train_steps", "?")} steps, '
               f'{n_seeds} seed(s) per arm')
@@ -233,8 +220,7 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
         title=f'{title}\n{identity}',
         ylabel=measures.label(p['metric'], tokenizers.pop() if len(tokenizers) == 1 else ''))
     made.append((p['title'], name))
-  panels: dict[str, dict[str, Any]] = {}
-  ylabels = {}
+  panels, ylabels = {}, {}  # corpus panel -> {arm: final_loss interval}, its axis label
   for a, v in summary['arms'].items():
     if v['seeds']:
       panel = (v['corpus'] if v['tokenizer'] in ('synthetic', '')
@@ -281,7 +267,19 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
     lines += ['## What changed since the previous report', '', *(f'- {n}' for n in exp.notes),
               '']
   lines += _setup_lines(summary) + _claims_lines(summary) + _arms_lines(exp, summary)
-  lines += _windows_lines(summary['analyses'].get('windows'))
+  if windows := summary['analyses'].get('windows'):
+    lines += ['## Evaluation windows', '', 'Every run is scored on the same held-out windows '
+              '(bucket intervals inside a run are clustered by document; see docs/DESIGN.md).',
+              '', eval_report.format_windows(windows['summary']), '',
+              'Last bucket minus the bucket before it, by window group (mean over seeds '
+              '[95% CI]): a rise at every depth and far from the document end is a position '
+              'effect; a rise only near the end comes from documents\' endings.', '']
+    titles = {'by_depth': 'window start (tokens into the document)',
+              'by_end': 'tokens from the window\'s end to the document\'s end'}
+    for name, t in windows['rise'].items():
+      lines += [f'### By {titles.get(name, name)}', '']
+      lines += _md_table(['arm', *t['groups']], [[a, *(fmt_interval(iv, 3) for iv in ivs)]
+                                                 for a, ivs in t['arms'].items()]) + ['']
   lines += ['## Figures', '', *(x for t, n in figures for x in (f'![{t}]({n})', ''))]
   lines += ['## Configs', '', 'Arms (dotted overrides of the shared base config):', '']
   lines += [f'- `{a.name}`: ' + (', '.join(f'`{k}={v!r}`' for k, v in a.overrides)
@@ -293,6 +291,7 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
 
 def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
   s, b = summary['settings'], summary['budget']
+  n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
   lines = ['## Setup', '',
            f'- Command: `{summary["command"]}`',
            f'- Corpus: {s.get("corpus")} (tokenizer: {s.get("tokenizer")}), context '
@@ -300,7 +299,7 @@ def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
            f'- Token-embedding init: `{s.get("token_init")}` (std {fmt(s.get("token_init_std"))}); '
            f'Adam beta2 = {s.get("beta2")}; weight decay {s.get("weight_decay")}, applied to the '
            f'position table: {s.get("decay_position_table")} (unless an arm overrides these).',
-           f'- {_n_seeds(summary)} seed(s) per arm, paired: seed s of every arm shares the '
+           f'- {n_seeds} seed(s) per arm, paired: seed s of every arm shares the '
            f'model-init and data-order seed. {s.get("num_train_steps")} optimizer steps for '
            'every arm.']
   if b['mode'] == 'real_tokens':
@@ -323,22 +322,21 @@ def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
 
 
 def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
-  m = summary.get('multiplicity', {})
+  m = summary['multiplicity']
   lines = ['## Claims', '',
-           f'{m.get("claims_tested", len(summary["claims"]))} claims tested. The verdict is '
+           f'{m["claims_tested"]} claims tested. The verdict is '
            'the fixed rule above, on each claim\'s own 95% interval. Multiplicity: '
            'Holm-Bonferroni over all tested claims of this experiment (family-wise error '
            '5%); `p` is the smallest alpha at which the claim\'s interval is decisive, '
            '`p (Holm)` its adjusted value, and the last column gives the verdict after the '
-           f'correction where it differs ({m.get("verdicts_changed", 0)} do).', '']
+           f'correction where it differs ({m["verdicts_changed"]} do).', '']
   rows = []
   for c in summary['claims']:
     pred = {'equivalent': f'|d| < {c["margin"]}', 'greater': '> 0'}.get(c['direction'], '< 0')
-    holm = c.get('verdict_holm', c['verdict'])
     rows.append([c['text'], f'`{c["metric"]}`', f'{c["arm"]} - {c["baseline"] or "0"}', pred,
                  fmt_interval(c['interval']), c['interval']['n'], f'**{c["verdict"]}**',
-                 fmt(c.get('p_value'), 3), fmt(c.get('p_holm'), 3),
-                 '' if holm == c['verdict'] else holm])
+                 fmt(c['p_value'], 3), fmt(c['p_holm'], 3),
+                 '' if c['verdict_holm'] == c['verdict'] else c['verdict_holm']])
   return lines + _md_table(['claim', 'metric', 'arm - baseline', 'predicted',
                             'difference [95% CI]', 'n', 'verdict', 'p', 'p (Holm)',
                             'verdict after Holm (if different)'], rows)
@@ -369,22 +367,4 @@ def _arms_lines(exp: ml_collections.ConfigDict, summary: Mapping[str, Any]) -> l
               f'row cosine-similarity matrices stays >= {conv["threshold"]}: '
               f'{fmt_interval(conv["converged_step"], 0)} '
               f'(seeds that never converged: {conv["never_converged_seeds"] or "none"}).', '']
-  return lines
-
-
-def _windows_lines(windows: Mapping[str, Any] | None) -> list[str]:
-  if not windows:
-    return []
-  lines = ['## Evaluation windows', '', 'Every run is scored on the same held-out windows '
-           '(bucket intervals inside a run are clustered by document; see docs/DESIGN.md).', '',
-           eval_report.format_windows(windows['summary']), '',
-           'Last bucket minus the bucket before it, by window group (mean over seeds '
-           '[95% CI]): a rise at every depth and far from the document end is a position '
-           'effect; a rise only near the end comes from documents\' endings.', '']
-  titles = {'by_depth': 'window start (tokens into the document)',
-            'by_end': 'tokens from the window\'s end to the document\'s end'}
-  for name, t in windows['rise'].items():
-    lines += [f'### By {titles.get(name, name)}', '']
-    lines += _md_table(['arm', *t['groups']], [[a, *(fmt_interval(iv, 3) for iv in ivs)]
-                                               for a, ivs in t['arms'].items()]) + ['']
   return lines

@@ -1,5 +1,4 @@
-"""Experiment configs (``new``'s fields): the base config per scale, loading and validation
-(once, here), arm overrides, the paired grid (docs/DESIGN.md "Experiments outputs")."""
+"""Experiment configs: base config per scale, loading, validation (once, here), the grid."""
 
 from __future__ import annotations
 
@@ -104,8 +103,7 @@ def arm(name: str, overrides: Mapping[str, Any] | None = None,
 
 def claim(claim_id: str, text: str, metric: str, arm_name: str, baseline: str,
           direction: str, margin: float = 0.0) -> ml_collections.ConfigDict:
-  """A claim on the per-seed ``metric(arm) - metric(baseline)`` (baseline '': 0), ``direction``
-  'greater' / 'less' or 'equivalent' (within +-``margin``)."""
+  """A claim on per-seed ``metric(arm) - metric(baseline)`` (baseline '': 0), `paired.verdict`."""
   return ml_collections.ConfigDict({
       'id': claim_id, 'text': text, 'metric': metric, 'arm': arm_name, 'baseline': baseline,
       'direction': direction, 'margin': float(margin)})
@@ -199,8 +197,7 @@ def validate(exp: ml_collections.ConfigDict) -> None:
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[tuple[str, Any]],
                     where: str = '') -> ml_collections.ConfigDict:
-  """A locked copy of ``config`` with dotted-key ``overrides`` set in order (a bad key or type
-  is a ``ValueError`` naming ``where`` and the key)."""
+  """A locked copy of ``config`` with dotted-key ``overrides``; a bad one is a ValueError."""
   config = ml_collections.ConfigDict(config.to_dict())
   config.lock()  # An unknown key is an error instead of a new field.
   for key, value in overrides:  # One at a time, so that an error names its key.

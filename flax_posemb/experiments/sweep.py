@@ -1,5 +1,4 @@
-"""The sweep runner: equalizes the budget, then trains, evaluates and measures every run of an
-experiment grid in this one process, resumably (docs/DESIGN.md "Experiments outputs")."""
+"""The resumable sweep runner: budget, then train, evaluate and measure every run, in-process."""
 
 from __future__ import annotations
 
@@ -23,10 +22,8 @@ EVAL_DIR = 'experiment_eval'
 
 # (training config, run dir) -> anything JSON-serializable (training's return value).
 TrainFn = Callable[[ml_collections.ConfigDict, str], Any]
-# (training config, run dir, offsets) -> (results dict, per-position dict of arrays).
 EvalFn = Callable[[ml_collections.ConfigDict, str, tuple[int, ...]],
                   tuple[dict[str, Any], dict[str, np.ndarray]]]
-
 # (training config, num_batches) -> mean scored targets per row.
 Estimator = Callable[[ml_collections.ConfigDict, int], float]
 
@@ -58,44 +55,31 @@ class Budget:
   per_row: dict[str, float]
   batch_size: dict[str, int]
 
-  def as_dict(self) -> dict:
-    return dataclasses.asdict(self)
 
-
-def _measure(arms: dict[str, ml_collections.ConfigDict], estimator: Estimator,
-             num_batches: int, cache_path: str | None) -> dict[str, float]:
-  """Scored targets per row of each arm at seed 0, through the cache keyed by run key."""
+def equalize(runs: list[spec.Run], budget_config: ml_collections.ConfigDict,
+             estimator: Estimator = estimate_scored_per_row,
+             cache_path: str | None = None) -> tuple[list[spec.Run], Budget]:
+  """``(runs, Budget)``: each arm's batch size gives the same scored tokens per step."""
+  arms = {r.arm: r.config for r in runs}  # The seeds' configs differ only in 'seed'.
+  reference = budget_config.reference_arm  # Unset, or not among --quick's two arms: the first.
+  reference = reference if reference in arms else next(iter(arms))
+  base_rows = {a: int(c.batch_size) for a, c in arms.items()}
+  if budget_config.equalize == 'none':
+    return runs, Budget('none', reference, float('nan'), {}, base_rows)
+  # Scored targets per row at seed 0, cached by run key: a resumed sweep keeps its batches.
   cache = measures.load_json(cache_path) if cache_path and os.path.exists(cache_path) else {}
   per_row = {}
   for a, c in arms.items():
     probe = spec.apply_overrides(c, (('seed', 0),), f'arm {a!r}')
     key = spec.run_key(probe)
     if key not in cache:
-      cache[key] = float(estimator(probe, num_batches))
+      cache[key] = float(estimator(probe, int(budget_config.estimate_batches)))
     per_row[a] = cache[key]
     if not per_row[a] > 0:
       raise ValueError(f'arm {a!r}: its pipeline gave no scored targets per row; check its '
                        'data settings.')
   if cache_path:
     write_json(cache_path, dict(sorted(cache.items())))
-  return per_row
-
-
-def equalize(runs: list[spec.Run], budget_config: ml_collections.ConfigDict,
-             estimator: Estimator = estimate_scored_per_row,
-             cache_path: str | None = None) -> tuple[list[spec.Run], Budget]:
-  """``(runs, Budget)`` with each arm's batch size set to the same scored tokens per step
-  (estimates cached in ``cache_path``: a resumed sweep keeps its batch sizes)."""
-  arms: dict[str, ml_collections.ConfigDict] = {}
-  for r in runs:
-    arms.setdefault(r.arm, r.config)
-  reference = budget_config.reference_arm
-  if reference not in arms:  # Unset, or not among --quick's two arms.
-    reference = next(iter(arms))
-  base_rows = {a: int(c.batch_size) for a, c in arms.items()}
-  if budget_config.equalize == 'none':
-    return runs, Budget('none', reference, float('nan'), {}, base_rows)
-  per_row = _measure(arms, estimator, int(budget_config.estimate_batches), cache_path)
   target = float(budget_config.get('target_tokens_per_step', 0) or 0)
   if target <= 0:
     target = base_rows[reference] * per_row[reference]
@@ -177,19 +161,6 @@ def _measured_row(run: spec.Run, run_dir: str, rare_exposure: float) -> dict[str
           'record': record, 'measures': m, 'config': run.config}
 
 
-def _plan(exp: ml_collections.ConfigDict, workdir: str, store: str, quick: bool,
-          estimator: Estimator) -> tuple[list[spec.Run], Budget]:
-  """The budgeted grid, recorded in ``workdir`` (experiment, budget and manifest JSON)."""
-  runs, budget = equalize(spec.expand(exp, quick=quick), exp.budget, estimator,
-                          os.path.join(workdir, 'budget.json'))
-  write_json(os.path.join(workdir, 'experiment.json'),
-             {'experiment': exp.to_dict(), 'quick': quick})
-  write_json(os.path.join(workdir, 'manifest.json'),
-             [{'arm': r.arm, 'seed': r.seed, 'key': r.key,
-               'run_dir': os.path.relpath(os.path.join(store, r.key), workdir)} for r in runs])
-  return runs, budget
-
-
 def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = False,
               run_store: str = '', train_fn: TrainFn = default_train,
               eval_fn: EvalFn = default_evaluate, estimator: Estimator = estimate_scored_per_row,
@@ -198,7 +169,13 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
   ones (-1: all), in ``run_store`` ('' = ``workdir/runs``, may be shared)."""
   store = run_store or os.path.join(workdir, 'runs')
   os.makedirs(store, exist_ok=True)
-  runs, budget = _plan(exp, workdir, store, quick, estimator)
+  runs, budget = equalize(spec.expand(exp, quick=quick), exp.budget, estimator,
+                          os.path.join(workdir, 'budget.json'))
+  write_json(os.path.join(workdir, 'experiment.json'),
+             {'experiment': exp.to_dict(), 'quick': quick})
+  write_json(os.path.join(workdir, 'manifest.json'),
+             [{'arm': r.arm, 'seed': r.seed, 'key': r.key,
+               'run_dir': os.path.relpath(os.path.join(store, r.key), workdir)} for r in runs])
   trained, rows, measured = 0, [], {}
   for i, r in enumerate(runs):
     run_dir = os.path.join(store, r.key)
@@ -220,5 +197,5 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
     if r.key not in measured:
       measured[r.key] = _measured_row(r, run_dir, float(exp.rare_exposure))
     rows.append(dict(measured[r.key], arm=r.arm, seed=r.seed, config=r.config))
-  return {'runs': rows, 'budget': budget.as_dict(), 'complete': all(x['done'] for x in rows),
-          'store': store, 'quick': quick}
+  return {'runs': rows, 'budget': dataclasses.asdict(budget),
+          'complete': all(x['done'] for x in rows), 'store': store, 'quick': quick}
