@@ -1,9 +1,5 @@
-"""Analysis of position tables and of statistics window files (docs/DESIGN.md §Statistics).
-
-Numpy functions of a table `[L, D]` (row p = position p); `analyze_workdir` (a run's table,
-snapshots and windows), `write_table_analysis` (any table) and `analyze_stats` (any
-directory of window files) write JSON, arrays and plots.
-"""
+"""Numpy analysis of position tables ``[L, D]`` (row p = position p) and of statistics window
+files; the JSON, arrays and plots it writes: docs/DESIGN.md §Statistics."""
 
 from __future__ import annotations
 
@@ -30,36 +26,34 @@ def row_norms(table: np.ndarray) -> np.ndarray:
 
 def drift(table: np.ndarray, initial: np.ndarray) -> np.ndarray:
   """[L] ||table[p] - initial[p]|| for tables [L, D] of equal shape."""
-  table, initial = np.asarray(table, np.float64), np.asarray(initial, np.float64)
-  if table.shape != initial.shape:
-    raise ValueError(f'tables differ in shape: {table.shape} vs initial {initial.shape}.')
-  return np.linalg.norm(table - initial, axis=1)
+  return np.linalg.norm(np.asarray(table, np.float64) - np.asarray(initial, np.float64), axis=1)
+
+
+def _unit_rows(table: np.ndarray) -> np.ndarray:
+  """[L, D] rows of `table` [L, D] scaled to norm 1 (zero rows stay 0)."""
+  t = np.asarray(table, np.float64)
+  n = np.linalg.norm(t, axis=1, keepdims=True)
+  return np.divide(t, n, out=np.zeros_like(t), where=n > 0)
 
 
 def cosine_similarity(table: np.ndarray) -> np.ndarray:
   """[L, L] cosine similarity between rows of `table` [L, D] (0 for zero rows)."""
-  t = np.asarray(table, np.float64)
-  n = np.linalg.norm(t, axis=1, keepdims=True)
-  u = np.divide(t, n, out=np.zeros_like(t), where=n > 0)
+  u = _unit_rows(table)
   return u @ u.T
 
 
 def pca_explained_variance(table: np.ndarray) -> np.ndarray:
   """[min(L, D)] explained-variance ratios of the mean-centred rows of `table` [L, D]."""
   t = np.asarray(table, np.float64)
-  s = np.linalg.svd(t - t.mean(0), compute_uv=False)
-  var = s**2
-  total = var.sum()
-  return var / total if total > 0 else var
+  var = np.linalg.svd(t - t.mean(0), compute_uv=False)**2
+  return var / var.sum() if var.sum() > 0 else var
 
 
 def cosine_by_offset(table: np.ndarray, offsets=None) -> dict[int, float]:
   """{k: mean over p of cos(table[p], table[p + k])} for `offsets` k (default 1, 2, 4, ...
   < L) of a [L, D] table; zero rows count as 0. O(L * D) per offset."""
-  t = np.asarray(table, np.float64)
-  num = t.shape[0]
-  n = np.linalg.norm(t, axis=1, keepdims=True)
-  u = np.divide(t, n, out=np.zeros_like(t), where=n > 0)
+  u = _unit_rows(table)
+  num = u.shape[0]
   if offsets is None:
     offsets = [2**i for i in range(max(num - 1, 1).bit_length()) if 2**i < num]
   return {int(k): float(np.mean(np.sum(u[:-k] * u[k:], axis=1))) for k in offsets}
@@ -70,19 +64,15 @@ RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
 def position_probe(table: np.ndarray, folds: int = 5,
                    ridge: float | tuple[float, ...] = RIDGE_GRID) -> dict[str, Any]:
-  """Held-out ridge regression of the position from its row of a [L, D] table.
-
-  Fold f holds the rows p with p mod `folds` == f (2 <= folds <= L); of the `ridge`
-  strengths (relative to the mean eigenvalue of the training Gram matrix) the one with the
-  lowest held-out squared error is reported (chosen on the same folds: slightly optimistic).
+  """Held-out ridge regression of the position from its row of a [L, D] table: fold f holds
+  the rows p % `folds` == f (2 <= folds <= L); of the `ridge` strengths (relative to the mean
+  eigenvalue of the training Gram matrix) the best on the same folds is reported.
 
   Returns:
     {'prediction': [L], 'abs_error': [L], 'r2': float, 'ridge': float} on held-out rows.
   """
   x = np.asarray(table, np.float64)
   num = x.shape[0]
-  if not 2 <= folds <= num:
-    raise ValueError(f'position probe needs 2 <= folds <= rows ({num}), got {folds}.')
   y = np.arange(num, dtype=np.float64)
   fits = []  # Per fold, once for every ridge strength: the Gram matrix is the costly part.
   for f in range(folds):
@@ -106,9 +96,6 @@ def position_probe(table: np.ndarray, folds: int = 5,
   return {'prediction': pred, 'abs_error': np.abs(pred - y), 'r2': float(r2), 'ridge': lam_rel}
 
 
-load_npz = outputs.load_npz  # ValueError naming a truncated / garbled file
-
-
 def window_files(stats_dir: str, upto_step: int | None = None) -> list[tuple[int, str]]:
   """``(step, path)`` of ``stats_dir/window_STEP.npz`` up to ``upto_step``, in step order."""
   return [(s, p) for s, p in outputs.step_files(os.path.join(stats_dir, 'window_*.npz'))
@@ -121,10 +108,10 @@ def cumulative_exposure(stats_dir: str, upto_step: int | None = None) -> np.ndar
   files = window_files(stats_dir, upto_step)
   if not files:
     return None
-  last = load_npz(files[-1][1])
+  last = outputs.load_npz(files[-1][1])
   if 'cumulative_count' in last:
     return np.asarray(last['cumulative_count'], np.float64)
-  return sum(np.asarray(load_npz(p)['count'], np.float64) for _, p in files)
+  return sum(np.asarray(outputs.load_npz(p)['count'], np.float64) for _, p in files)
 
 
 def analyze_table(table: np.ndarray, *, initial: np.ndarray | None = None,
@@ -192,8 +179,9 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
     arrays['exposure'] = exposure
     series: dict[str, np.ndarray] = {}
     if per_position is not None:
-      pp = {k: _pad(per_position[k][:num], num) for k in ('loss', 'bayes_loss', 'filter_loss')
-            if k in per_position}
+      pp = {k: np.pad(np.asarray(per_position[k][:num], np.float64),
+                      (0, num - len(per_position[k][:num])), constant_values=np.nan)
+            for k in ('loss', 'bayes_loss', 'filter_loss') if k in per_position}
       series['loss'] = pp['loss']
       if 'bayes_loss' in pp:
         gap = pp['filter_loss'] - pp['bayes_loss']
@@ -262,15 +250,13 @@ def write_table_analysis(table: np.ndarray | str, output: str, *, source: str = 
 
 
 def analyze_stats(stats_dir: str, output: str) -> dict[str, Any]:
-  """Analyses any directory of window files (`PositionStatistics`'s, or a run's `stats/`):
-  writes stats_analysis.npz (the fields summed over all windows, their `stats.derived` ratios,
-  `exposure`), exposure_relation.png (the ratios against exposure) and stats_analysis.json
-  ('windows', 'first_step', 'last_step', 'exposure': totals and Spearman correlations)."""
+  """Analyses any directory of window files (`PositionStatistics`'s, or a run's `stats/`) into
+  `output`: stats_analysis.json/.npz and exposure_relation.png (README §Statistics)."""
   from flax_posemb import stats  # pylint: disable=g-import-not-at-top
   files = window_files(stats_dir)
   if not files:
     raise ValueError(f'{stats_dir} holds no statistics window files (window_STEP.npz).')
-  windows = [load_npz(p) for _, p in files]
+  windows = [outputs.load_npz(p) for _, p in files]
   arrays = {k: sum(np.asarray(w[k], np.float64) for w in windows)
             for k in stats.FIELDS if k in windows[0]}
   arrays.update(stats.derived(arrays), exposure=cumulative_exposure(stats_dir))
@@ -296,12 +282,6 @@ def _exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray], outp
       rho[name] = out[f'spearman_{name}'] = _spearman(exposure[ok], y[ok])
   files['exposure_plot'] = plots.exposure_relation(
       exposure, series, os.path.join(output, 'exposure_relation.png'), rho=rho)
-  return out
-
-
-def _pad(x: np.ndarray, n: int) -> np.ndarray:
-  out = np.full(n, np.nan)
-  out[:len(x)] = x
   return out
 
 

@@ -169,7 +169,8 @@ class PositionStatistics:
   Args:
     num_positions: rows ``P`` of the position table.
     embed_dim: width ``D`` of the embedding sum.
-    log_every: steps per window: ``on_step`` ends one at every multiple of it.
+    log_every: steps per window: one ends at every multiple of it (``window_ends``).
+    last_step: a window also ends here (a run's last step; None: only ``log_every``).
     directory: where ``window_STEP.npz`` files are written (None: no files).
     writer: None, or an object with tensorboardX's ``add_histogram_raw`` and ``add_image``
       (``flax_posemb.tensorboard.TensorBoard``, or a ``tensorboardX.SummaryWriter``).
@@ -178,9 +179,10 @@ class PositionStatistics:
   """
 
   def __init__(self, num_positions: int, embed_dim: int, *, log_every: int = 1,
-               directory: str | None = None, writer: Any = None, collect: bool = True,
-               initial_table: Any = None):
-    self.num_positions, self.embed_dim, self.log_every = num_positions, embed_dim, log_every
+               last_step: int | None = None, directory: str | None = None, writer: Any = None,
+               collect: bool = True, initial_table: Any = None):
+    self.num_positions, self.embed_dim = num_positions, embed_dim
+    self.log_every, self.last_step = log_every, last_step
     self.directory, self.writer, self.collect = directory, writer, collect
     self.initial_table = None if initial_table is None else np.asarray(initial_table, np.float64)
     self.cumulative_count = np.zeros(num_positions, np.int64)  # exact, since step 0
@@ -207,12 +209,15 @@ class PositionStatistics:
                             if old_table is None else update_sq(old_table, new_table))
     return window + stats
 
-  def on_step(self, step: int, window: PositionStats, *, table: Any = None,
-              force: bool = False) -> PositionStats:
-    """On the host after ``step``: at a window end (``step % log_every == 0``, or ``force``)
-    reads the window once, writes its file and reports it (``table``: the ``[P, D]`` table
-    after ``step``, for the drift curve), and returns a new window; else returns ``window``."""
-    if step % self.log_every and not force:
+  def window_ends(self, step: int) -> bool:
+    """Whether a window ends after ``step`` (the one rule; a loop asks it)."""
+    return step % self.log_every == 0 or step == self.last_step
+
+  def on_step(self, step: int, window: PositionStats, *, table: Any = None) -> PositionStats:
+    """On the host after ``step``: if ``window_ends(step)``, reads the window once, writes its
+    file and reports it (``table``: the ``[P, D]`` table after ``step``, for the drift curve),
+    and returns a new window; else returns ``window``."""
+    if not self.window_ends(step):
       return window
     host = window.to_numpy()
     self.cumulative_count = self.cumulative_count + host['count']

@@ -1,11 +1,5 @@
-"""The train state and the jitted train step (statistics: docs/DESIGN.md §Statistics).
-
-The loss, gradients and statistics come from one backward pass (``PositionStatistics``); under
-gradient accumulation row ``i`` of the batch goes to microbatch ``i % grad_accum_steps``, each
-microbatch loss is divided by the *global* target count, and gradients and statistics are
-summed before ``row_sq`` is squared. The loss and the update are bit-identical with statistics
-on or off.
-"""
+"""The train state and the jitted train step: loss, gradients and statistics from one backward
+pass, bit-identical loss and update with statistics on or off (docs/DESIGN.md §Statistics)."""
 
 from __future__ import annotations
 
@@ -41,7 +35,8 @@ class TrainState:
 
 
 def token_losses(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """Float32 cross entropy ``[B, T]`` of integer ``targets`` ``[B, T]`` under ``logits`` ``[B, T, V]``."""
+  """Float32 cross entropy ``[B, T]`` of integer ``targets`` ``[B, T]`` under ``logits``
+  ``[B, T, V]``."""
   return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
 
 
@@ -65,7 +60,7 @@ def token_loss_fn(model: model_lib.TransformerLM) -> Callable[..., jax.Array]:
 def position_statistics(model: model_lib.TransformerLM, config: ml_collections.ConfigDict,
                         **kwargs) -> stats_lib.PositionStatistics:
   """The statistics object of ``model``'s table and ``config.collect_stats`` (``kwargs``: its
-  host-side arguments: ``log_every``, ``directory``, ``writer``, ``initial_table``)."""
+  host-side arguments)."""
   return stats_lib.PositionStatistics(model.config.max_len, model.config.emb_dim,
                                       collect=bool(config.collect_stats), **kwargs)
 

@@ -99,28 +99,28 @@ class MetricsLog:
     self.counters = dict(loss_sum=0.0, loss_steps=0, tokens=0, elapsed=0.0)
     self.last, self.last_row = {}, {}  # the last step's metrics; the last training row
     self.last_eval: dict[str, Any] | None = None
-    self._clock = (time.time(), 0.0)  # window start, tokens in window
-    self._t0, self._elapsed0 = time.time(), 0.0
+    self._t0 = time.time()  # of the run, less the elapsed time restored
+    self._window = (self._t0, 0)  # time and tokens at the logging window's start
 
   def restore(self, saved: dict[str, Any]) -> None:
     self.counters = {k: np.asarray(saved[k]).item() for k in self.counters}
-    self._elapsed0 = float(self.counters['elapsed'])
+    self._t0 = time.time() - float(self.counters['elapsed'])
+    self._window = (time.time(), int(self.counters['tokens']))
 
   def add_step(self, metrics: dict[str, float]) -> None:
     self.counters['loss_sum'] += metrics['loss']
     self.counters['loss_steps'] += 1
     self.counters['tokens'] += int(metrics['tokens'])
-    self._clock = (self._clock[0], self._clock[1] + metrics['tokens'])
     self.last = metrics
 
   def flush(self, step: int) -> dict[str, Any]:
     """Writes the training row of the logging window ending at ``step``."""
     c, now = self.counters, time.time()
-    c['elapsed'] = self._elapsed0 + now - self._t0
+    c['elapsed'] = now - self._t0
     row = dict(step=step, loss=c['loss_sum'] / max(c['loss_steps'], 1),
                last_loss=self.last.get('loss'), learning_rate=self.last.get('learning_rate'),
                grad_norm=self.last.get('grad_norm'), tokens=int(c['tokens']),
-               tokens_per_sec=self._clock[1] / max(now - self._clock[0], 1e-9),
+               tokens_per_sec=(c['tokens'] - self._window[1]) / max(now - self._window[0], 1e-9),
                elapsed=c['elapsed'])
     self.write(row)
     if self.tb is not None:
@@ -128,7 +128,7 @@ class MetricsLog:
         self.tb.add_scalar(f'train/{k}', row[k], step)
     self.last_row = row
     c.update(loss_sum=0.0, loss_steps=0)
-    self._clock = (now, 0.0)
+    self._window = (now, c['tokens'])
     if not self.progress_bar:  # The bar shows these; without it, one log line per window.
       logging.info('step %d: loss %.4f, learning rate %.3g, grad norm %.3g, %.0f tokens/s',
                    step, row['loss'], row['learning_rate'] or 0.0, row['grad_norm'] or 0.0,
@@ -174,21 +174,6 @@ class MetricsLog:
     self.tb.add_hparams(hparams, {k: v for k, v in metrics.items() if v is not None})
 
 
-class _Preemption:
-  """SIGTERM as the loop sees it: the process's one handler (`cli.defer_sigterm`) on one host;
-  on several, JAX's notifier owns SIGTERM and Orbax's sync point stops all at the same step."""
-
-  def __init__(self, ckpt: checkpointing.Checkpointer):
-    self.ckpt = ckpt
-
-  @property
-  def requested(self) -> bool:
-    return cli.sigterm_requested()
-
-  def reached(self, step: int) -> bool:
-    return self.ckpt.reached_preemption(step) if jax.process_count() > 1 else self.requested
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        hooks: Sequence[Hook] = ()) -> dict[str, Any]:
   """Trains (or resumes) a run of ``config`` (``defaults.base()`` fields) in ``workdir``;
@@ -202,59 +187,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   with contextlib.ExitStack() as stack:
     if jax.process_index() == 0:
       stack.enter_context(workdir_lib.Lock(workdir))
+    # The process's one SIGTERM handler on one host; on several, JAX's notifier owns SIGTERM
+    # and Orbax's sync point stops all at the same step (`_Loop.run`).
     stack.enter_context(cli.defer_sigterm(install=jax.process_count() == 1))
     ckpt = stack.enter_context(checkpointing.Checkpointer(
         checkpointing.checkpoint_dir(workdir), max_to_keep=int(config.max_to_keep)))
-    preempt = _Preemption(ckpt)
-    loop, state, resumed_from = _start(config, workdir, mesh, ckpt, hooks)
-    return loop.run(state, resumed_from, preempt)
-
-
-def _start(config: ml_collections.ConfigDict, workdir: str, mesh: Any,
-           ckpt: checkpointing.Checkpointer, hooks: Sequence[Hook]) -> tuple[Any, Any, Any]:
-  """``(loop, state, resumed_from)``: the initial or latest checkpoint's state and the loop."""
-  # Before anything is restored or written, on every host (they read the same files, so
-  # they all stop together): refuse what would lose work.
-  resumed_from, saved = ckpt.latest_step(), {}
-  if resumed_from is None:
-    workdir_lib.check_fresh_start(workdir)
-    changes = {}
-  else:
-    changes = workdir_lib.check_resume_config(workdir, config, ckpt.latest_config())
-  model = step_lib.make_model(config)
-  init_rng, dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
-  state, tx, shardings = step_lib.init_state(model, config, mesh, init_rng)
-  initial_table = _table(model, state.params)
-  data_iter = data_lib.make_train_iterator(
-      config.data, batch_size=int(config.batch_size), seed=int(config.seed),
-      num_train_steps=int(config.num_train_steps), process_index=jax.process_index(),
-      process_count=jax.process_count(), max_len=model.config.max_len)
-  if resumed_from is not None:
-    # No fallback: a damaged latest step stops the run (CheckpointDamagedError names it and
-    # says how to resume from the previous one) instead of training over it.
-    r = ckpt.restore(abstract_params=state.params, abstract_opt_state=state.opt_state,
-                     data_iter=data_iter, fallback=False)
-    resumed_from, saved = int(r['step']), r['stats']
-  lead = jax.process_index() == 0
-  tb = TensorBoard(os.path.join(workdir, 'tensorboard'), (resumed_from or 0) + 1) if lead else None
-  statistics = step_lib.position_statistics(
-      model, config, log_every=int(config.log_every_steps), writer=tb,
-      directory=os.path.join(workdir, 'stats') if lead else None, initial_table=initial_table)
-  log = MetricsLog(workdir, tb, lead and bool(config.progress_bar))
-  if resumed_from is not None:
-    state = step_lib.TrainState(
-        step=jax.device_put(np.int32(resumed_from), shardings.step), params=r['params'],
-        opt_state=r['opt_state'], stats=jax.device_put(statistics.restore(saved), shardings.stats))
-    log.restore(saved)
-    logging.info('Resuming from the checkpoint of step %d in %s.', resumed_from, ckpt.directory)
-  if lead:
-    workdir_lib.truncate_outputs(workdir, resumed_from or 0)
-    workdir_lib.write_config(workdir, config)
-    if changes:
-      log.write({'step': resumed_from, 'config_change': changes})
-  train_step = step_lib.make_train_step(model, tx, config, mesh, shardings, statistics)
-  return _Loop(config, workdir, model, mesh, ckpt, log, data_iter, hooks, statistics,
-               shardings, train_step, dropout_rng), state, resumed_from
+    return _Loop(config, workdir, mesh, ckpt, hooks).run()
 
 
 def _table(model: model_lib.TransformerLM, params: Any) -> np.ndarray | None:
@@ -265,16 +203,57 @@ def _table(model: model_lib.TransformerLM, params: Any) -> np.ndarray | None:
 
 
 class _Loop:
-  """The step loop and what happens at log, eval and checkpoint steps."""
+  """The initial or latest checkpoint's state, the step loop and what happens at log, eval
+  and checkpoint steps."""
 
-  def __init__(self, config, workdir, model, mesh, ckpt, log, data_iter, hooks, statistics,
-               shardings, train_step, dropout_rng):
-    self.config, self.workdir, self.model, self.mesh = config, workdir, model, mesh
-    self.ckpt, self.log, self.data_iter, self.hooks = ckpt, log, data_iter, hooks
-    self.statistics, self.shardings = statistics, shardings
-    self.train_step, self.dropout_rng = train_step, dropout_rng
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str, mesh: Any,
+               ckpt: checkpointing.Checkpointer, hooks: Sequence[Hook]):
+    self.config, self.workdir, self.mesh, self.ckpt, self.hooks = config, workdir, mesh, ckpt, hooks
     self.lead = jax.process_index() == 0
     self.divergence = divergence_bound(config)
+    # Before anything is restored or written, on every host (they read the same files, so
+    # they all stop together): refuse what would lose work.
+    self.resumed_from = ckpt.latest_step()
+    if self.resumed_from is None:
+      workdir_lib.check_fresh_start(workdir)
+      changes = {}
+    else:
+      changes = workdir_lib.check_resume_config(workdir, config, ckpt.latest_config())
+    self.model = model = step_lib.make_model(config)
+    init_rng, self.dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
+    self.state, tx, self.shardings = step_lib.init_state(model, config, mesh, init_rng)
+    num_steps = int(config.num_train_steps)
+    self.data_iter = data_lib.make_train_iterator(
+        config.data, batch_size=int(config.batch_size), seed=int(config.seed),
+        num_train_steps=num_steps, process_index=jax.process_index(),
+        process_count=jax.process_count(), max_len=model.config.max_len)
+    tb = (TensorBoard(os.path.join(workdir, 'tensorboard'), (self.resumed_from or 0) + 1)
+          if self.lead else None)
+    self.statistics = step_lib.position_statistics(
+        model, config, log_every=int(config.log_every_steps), last_step=num_steps, writer=tb,
+        directory=os.path.join(workdir, 'stats') if self.lead else None,
+        initial_table=_table(model, self.state.params))
+    self.log = MetricsLog(workdir, tb, self.lead and bool(config.progress_bar))
+    if self.resumed_from is not None:
+      # No fallback: a damaged latest step stops the run (CheckpointDamagedError names it and
+      # says how to resume from the previous one) instead of training over it.
+      r = ckpt.restore(abstract_params=self.state.params, abstract_opt_state=self.state.opt_state,
+                       data_iter=self.data_iter, fallback=False)
+      self.resumed_from = int(r['step'])
+      self.state = step_lib.TrainState(
+          step=jax.device_put(np.int32(self.resumed_from), self.shardings.step),
+          params=r['params'], opt_state=r['opt_state'],
+          stats=jax.device_put(self.statistics.restore(r['stats']), self.shardings.stats))
+      self.log.restore(r['stats'])
+      logging.info('Resuming from the checkpoint of step %d in %s.', self.resumed_from,
+                   ckpt.directory)
+    if self.lead:
+      workdir_lib.truncate_outputs(workdir, self.resumed_from or 0)
+      workdir_lib.write_config(workdir, config)
+      if changes:
+        self.log.write({'step': self.resumed_from, 'config_change': changes})
+    self.train_step = step_lib.make_train_step(model, tx, config, mesh, self.shardings,
+                                               self.statistics)
 
   def save(self, state: step_lib.TrainState, step: int) -> bool:
     payload = dict(self.statistics.state(state.stats), **self.log.counters)
@@ -320,9 +299,9 @@ class _Loop:
       self.statistics.report_table(step, table)
     return res
 
-  def run(self, state, resumed_from, preempt) -> dict[str, Any]:
-    c, start = self.config, resumed_from or 0
-    num_steps = int(c.num_train_steps)
+  def run(self) -> dict[str, Any]:
+    c, state, resumed_from = self.config, self.state, self.resumed_from
+    start, num_steps = resumed_from or 0, int(c.num_train_steps)
     if resumed_from is None:
       self.snapshot(state, 0)
       self.save(state, 0)
@@ -336,7 +315,7 @@ class _Loop:
     pending = None
     try:
       for step in range(start + 1, num_steps + 1):
-        if step == start + 1 and preempt.requested:  # SIGTERM during setup (one host only).
+        if step == start + 1 and cli.sigterm_requested():  # During setup (one host only).
           self.stopped(result, start)
           break
         batch = sharding.global_batch(next(self.data_iter), self.mesh, self.model.config.max_len)
@@ -344,9 +323,9 @@ class _Loop:
         if pending is not None:  # Read the previous step back while this one runs.
           self.absorb(*pending)
         pending = (step, metrics)
-        stop = preempt.reached(step)
-        due = dict(log=step % int(c.log_every_steps) == 0 or step == num_steps,
-                   eval=self.eval_due(step),
+        stop = (self.ckpt.reached_preemption(step) if jax.process_count() > 1
+                else cli.sigterm_requested())
+        due = dict(log=self.statistics.window_ends(step), eval=self.eval_due(step),
                    ckpt=stop or step % int(c.checkpoint_every_steps) == 0 or step == num_steps)
         if any(due.values()):
           self.absorb(*pending)
@@ -383,8 +362,7 @@ class _Loop:
   def step_end(self, state, step, result, due, bar) -> step_lib.TrainState:
     """Log, evaluate and checkpoint after ``step`` (whatever is ``due``)."""
     if due['log']:
-      window = self.statistics.on_step(step, state.stats, table=self.snapshot(state, step),
-                                       force=True)
+      window = self.statistics.on_step(step, state.stats, table=self.snapshot(state, step))
       state = state.replace(stats=jax.device_put(window, self.shardings.stats))
       result['loss'] = self.log.flush(step)['loss']
       if bar is not None:

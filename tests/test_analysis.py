@@ -23,8 +23,6 @@ def test_norms_drift_and_cosine_similarity():
   np.testing.assert_allclose(analysis.drift(t, np.zeros_like(t)), [5, 0, 5])
   sim = analysis.cosine_similarity(t)
   np.testing.assert_allclose(sim[0], [1, 0, -1])
-  with pytest.raises(ValueError, match='differ in shape'):
-    analysis.drift(t, np.zeros((4, 2)))
 
 
 def test_pca_explained_variance_sees_the_rank():
@@ -39,8 +37,6 @@ def test_position_probe_decodes_structure_not_noise():
   assert good['r2'] > 0.99 and good['abs_error'].mean() < 1.0
   noise = analysis.position_probe(np.random.default_rng(0).normal(size=(64, 8)))
   assert noise['r2'] < 0.5  # held-out prediction: random rows carry no position
-  with pytest.raises(ValueError, match='folds'):
-    analysis.position_probe(_helix(), folds=1)
 
 
 def test_analyze_workdir_writes_plots_json_and_exposure_relation(tmp_path):

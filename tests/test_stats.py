@@ -250,12 +250,12 @@ def _fake_step(i, collect=True):
 
 
 def test_windows_files_hold_the_window_sums_and_exact_cumulative_counts(tmp_path):
-  st = stats.PositionStatistics(4, 2, log_every=2, directory=str(tmp_path))
+  st = stats.PositionStatistics(4, 2, log_every=2, last_step=5, directory=str(tmp_path))
   window = st.init()
   old, new = jnp.zeros((4, 2)), jnp.ones((4, 2))
   for i in range(1, 6):
     window = jax.jit(st.inside_step)(window, _fake_step(i), old, new)
-    window = st.on_step(i, window, force=i == 5)
+    window = st.on_step(i, window)
   assert sorted(os.listdir(tmp_path)) == ['window_2.npz', 'window_4.npz', 'window_5.npz']
   with np.load(tmp_path / 'window_4.npz') as f:
     assert set(stats.FIELDS) <= set(f.files) and f['count'].dtype == np.int64
