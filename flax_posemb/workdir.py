@@ -1,6 +1,5 @@
-"""A training workdir apart from its checkpoints: the lock, ``config.json`` against the
-checkpoint's config, and the outputs a resume truncates (docs/DESIGN.md, "Training outputs
-(workdir)")."""
+"""A training workdir apart from its checkpoints: the lock, the config, the outputs a resume
+truncates (docs/DESIGN.md, "Training outputs (workdir)")."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ class WorkdirError(ValueError):
 
 
 class Lock:
-  """``flock`` on ``WORKDIR/.lock`` for the one training process; it records the holder's
-  host and pid, and the kernel releases it when the holder dies (never stale)."""
+  """``flock`` on ``WORKDIR/.lock`` for the one training process (docs/DESIGN.md)."""
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, LOCK_FILE)

@@ -52,9 +52,9 @@ def default_evaluate(config: ml_collections.ConfigDict, run_dir: str,
   table is still the full-window evaluation and the probe is ``results['offset_probe']``."""
   from flax_posemb import checkpointing, evaluation  # pylint: disable=g-import-not-at-top
   from flax_posemb import model as model_lib  # pylint: disable=g-import-not-at-top
-  params, _, step = checkpointing.restore_params(run_dir)
+  params, _, info = checkpointing.restore_params(run_dir)
   model = model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model))
-  out = evaluation.run_evaluation(model, params, config, step=step,
+  out = evaluation.run_evaluation(model, params, config, step=info.step,
                                   offsets=list(offsets) if any(offsets) else None)
   return eval_report.json_safe(out.results), out.per_position
 
