@@ -1,9 +1,7 @@
-"""Orbax checkpoints of a training run, verified on restore; the layout, digests and recovery
-rules are in docs/DESIGN.md, "Training outputs (workdir)"."""
+"""Orbax checkpoints of a run, verified on restore (docs/DESIGN.md, "Training outputs")."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -11,7 +9,7 @@ import json
 import logging
 import os
 import shutil
-from typing import Any, Callable
+from typing import Any
 
 import grain
 import jax
@@ -23,9 +21,7 @@ from etils import epath
 from flax_posemb import trees
 
 logger = logging.getLogger(__name__)
-ITEMS = ('params', 'opt_state', 'data_iter', 'stats', 'config')
-# Root causes of failed reads of damaged files (Orbax wraps TensorStore's ValueError in a plain
-# Exception); any other failure (out of memory, a device error) propagates as it is.
+# Root causes of a failed read of damaged files; any other (out of memory) propagates as it is.
 _READ_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError)
 
 
@@ -33,14 +29,13 @@ class CheckpointMismatchError(trees.TreeMismatchError):
   """The checkpoint is readable but was written for another config."""
 
 
-class CheckpointDamagedError(RuntimeError):
+class CheckpointDamagedError(ValueError):
   """A checkpoint is missing files, truncated, garbled, fails its digests or holds NaN/inf."""
 
 
 @dataclasses.dataclass
 class RestoreInfo:
-  """The step read (``requested`` None: the newest), the damaged newer steps skipped
-  (``fell_back_from``: {step, directory, reason}) and the steps deleted while read."""
+  """The step read, and the newer ones skipped: damaged or deleted while read (DESIGN.md)."""
   step: int
   requested: int | None
   fell_back_from: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -55,8 +50,7 @@ def checkpoint_dir(workdir: str | os.PathLike[str]) -> epath.Path:
 
 @jax.jit
 def _device_digests(leaves: list[jax.Array]) -> list[tuple[jax.Array, ...]]:
-  """Per leaf: all finite, and two sums mod 2**32 of its 32-bit words (position-weighted;
-  murmur3-mixed): exact integer sums, so independent of the sharding."""
+  """Per leaf: all finite, and two exact sums of its 32-bit words (independent of sharding)."""
   out = []
   for x in leaves:
     x = jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
@@ -78,48 +72,24 @@ def _blake(value: Any) -> str:
   return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def _digests(item: str, tree: Any, saved: dict[str, Any] | None = None) -> dict[str, str]:
-  """{path: digest} of an item: jax arrays on their devices (only the results come to the
-  host), host arrays (stats: int64 exact) with BLAKE2b, config and data_iter as JSON. With the
-  step's ``saved`` digests, the one integrity check: CheckpointDamagedError unless the values
-  are finite and match them (no digests, from before they existed: finiteness only)."""
+def _digests(item: str, tree: Any) -> tuple[dict[str, str], list[str]]:
+  """``({path: digest}, non-finite paths)``: jax arrays on their devices, host arrays BLAKE2b."""
   if item in ('config', 'data_iter'):
-    bad, out = [], {item: _blake(tree)}
-  else:
-    flat = {f'{item}/{jax.tree_util.keystr(p, simple=True, separator="/")}': x
-            for p, x in jax.tree_util.tree_leaves_with_path(tree)}
-    dev = [p for p, x in flat.items() if isinstance(x, jax.Array)]
-    bad, out = [], {}
-    for p, (ok, a, b) in zip(dev, jax.device_get(_device_digests([flat[p] for p in dev]))):
-      bad, out[p] = bad + [p] * (not ok), f'{int(a):08x}{int(b):08x}'
-    for p, x in flat.items():
-      if p not in out:
-        x = np.ascontiguousarray(x)
-        bad += [p] * (np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all())
-        out[p] = _blake(f'{x.dtype.str}{x.shape}'.encode() + x.tobytes())
-  if saved is not None and bad:
-    raise CheckpointDamagedError(f'non-finite values in {", ".join(bad[:5])}')
-  want = out if saved is None or 'version' not in saved else saved.get(item) or {}
-  want = want if isinstance(want, dict) else {item: want}
-  if wrong := sorted(p for p in set(want) | set(out) if want.get(p) != out.get(p)):
-    raise CheckpointDamagedError(f'{", ".join(wrong[:5])} fail the checksum written at save time')
-  return out
-
-
-def _describe(e: BaseException) -> str | None:
-  """One line of the root cause (Orbax wraps TensorStore's reason, which names the file), or
-  None if it is no failed read of damaged files."""
-  while e.__cause__ is not None:
-    e = e.__cause__
-  text = (str(e).strip().splitlines() or [''])[0][:300]
-  if isinstance(e, (CheckpointDamagedError, *_READ_ERRORS)):
-    return text if isinstance(e, CheckpointDamagedError) else f'{type(e).__name__}: {text}'
-  return None
+    return {item: _blake(tree)}, []
+  flat = {f'{item}/{jax.tree_util.keystr(p, simple=True, separator="/")}': x
+          for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+  dev = [p for p, x in flat.items() if isinstance(x, jax.Array)]
+  sums = jax.device_get(_device_digests([flat[p] for p in dev]))
+  out = {p: (ok, f'{int(a):08x}{int(b):08x}') for p, (ok, a, b) in zip(dev, sums)}
+  for p in flat.keys() - out.keys():  # Host arrays (stats: int64, exact).
+    x = np.ascontiguousarray(flat[p])
+    out[p] = (not np.issubdtype(x.dtype, np.inexact) or np.isfinite(x).all(),
+              _blake(f'{x.dtype.str}{x.shape}'.encode() + x.tobytes()))
+  return {p: d for p, (_, d) in out.items()}, sorted(p for p, (ok, _) in out.items() if not ok)
 
 
 class Checkpointer:
-  """The state of one run (all hosts make the same calls): keeps the ``max_to_keep`` newest
-  steps and step 0; a ``read_only`` reader (eval) writes nothing."""
+  """The checkpoints of one run (all hosts make the same calls); ``read_only``: a reader."""
 
   def __init__(self, directory: str | os.PathLike[str], *, max_to_keep: int,
                async_save: bool = True, read_only: bool = False):
@@ -134,37 +104,33 @@ class Checkpointer:
     handlers.update(config=ocp.JsonCheckpointHandler(),
                     data_iter=grain.checkpoint.CheckpointHandler())
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    self.latest_step = self._manager.latest_step
+    self.reached_preemption = self._manager.reached_preemption
+    self.wait_until_finished = self._manager.wait_until_finished
+    self.close = self._manager.close  # Waits for pending saves (raising a failed one's error).
 
   def all_steps(self) -> list[int]:
+    if self._read_only:
+      self._manager.reload()  # A running trainer writes (and deletes) steps here.
     return sorted(self._manager.all_steps())
 
-  def latest_step(self) -> int | None:
-    return self._manager.latest_step()
-
   def step_metadata(self, step: int) -> dict[str, Any]:
-    """A step's custom metadata: ``integrity`` (its digests) and ``metrics``."""
     return dict(self._manager.metadata(step).custom_metadata or {})
 
   def save(self, step: int, *, params: Any, opt_state: Any, data_iter: Any, stats: Any,
            config: Any, metrics: dict[str, float] | None = None) -> bool:
-    """Saves the state after ``step`` updates (asynchronously); False if the step exists.
-    ``stats``: host arrays and scalars, none of size 0 (None or {}: not saved); ``config``: a
-    dict or ConfigDict; ``metrics``: scalars kept in the step's metadata (`step_metadata`)."""
+    """Saves the state after ``step`` updates (asynchronously); False if the step exists."""
     config = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
     items = dict(params=params, opt_state=opt_state,
-                 stats=jax.tree.map(lambda x: np.asarray(jax.device_get(x)), dict(stats or {})))
+                 stats=jax.tree.map(np.asarray, jax.device_get(dict(stats or {}))))
     # On the device, before Orbax's copy: the caller donates these buffers next.
-    integrity = dict({k: _digests(k, v) for k, v in items.items()}, version=1,
-                     config=_blake(config))
-    # ENOSPC here, not from each of Orbax's writer threads; Orbax would wait for the previous
-    # save anyway. The uncompressed size is an upper bound.
-    self._manager.wait_until_finished()
-    need = sum(getattr(x, 'nbytes', 0) for x in jax.tree.leaves(items))
+    integrity = dict({k: _digests(k, v)[0] for k, v in items.items()}, config=_blake(config))
+    self._manager.wait_until_finished()  # ENOSPC here, not from each Orbax writer thread.
+    need = sum(getattr(x, 'nbytes', 0) for x in jax.tree.leaves(items))  # an upper bound
     if need > (free := shutil.disk_usage(self.directory).free):
-      raise OSError(errno.ENOSPC, f'No space left on device for the checkpoint of step {step}: '
-                    f'it needs up to {need / 1e6:.1f} MB and {self.directory} has '
-                    f'{free / 1e6:.1f} MB free. Free some space and re-run the same command: it '
-                    'resumes from the last checkpoint.')
+      raise OSError(errno.ENOSPC, f'No space left on device for the checkpoint of step {step}: it '
+                    f'needs up to {need / 1e6:.1f} MB and {self.directory} has {free / 1e6:.1f} '
+                    'MB free; free some space and re-run: it resumes from the last checkpoint.')
     args = {k: ocp.args.StandardSave(v) for k, v in items.items() if k != 'stats' or v}
     args['config'] = ocp.args.JsonSave(config)
     if data_iter is not None:
@@ -179,12 +145,10 @@ class Checkpointer:
 
   def _read(self, step: int, abstract: dict[str, Any], data_iter: Any = None,
             expected: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``abstract`` items (trees of ShapeDtypeStructs or arrays with shardings, or one
-    Sharding: as stored), config, stats (with opt_state) and ``data_iter`` of a step,
-    verified; the stored trees must fit ``expected`` (default: ``abstract``)."""
+    """A step's items, verified (``abstract``: trees with shardings, or a Sharding: as stored)."""
     meta, where = self._manager.metadata(step), self.directory / str(step)
-    saved, integrity = meta.item_handlers or {}, (meta.custom_metadata or {}).get('integrity')
-    if integrity is None and meta.commit_timestamp_nsecs is None:  # No metadata file read.
+    saved, integrity = meta.item_handlers or {}, (meta.custom_metadata or {}).get('integrity', {})
+    if not integrity and meta.commit_timestamp_nsecs is None:  # No metadata file read.
       raise CheckpointDamagedError(f'{where}/_CHECKPOINT_METADATA is missing or garbled: the '
                                    'checksums written at save time are unknown')
     if data_iter is not None and 'data_iter' not in saved:
@@ -196,9 +160,9 @@ class Checkpointer:
       if isinstance(want, jax.sharding.Sharding):  # As stored, placed there.
         abstract = {**abstract, item: jax.tree.map(
             lambda x, s=want: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), stored)}
-      trees.check_same_tree(item, stored, (expected or abstract)[item], 'The checkpoint at '
-                            f'{where} was written by another model', 'Use a fresh --workdir '
-                            'or the config that wrote it (eval: another --step).',
+      trees.check_same_tree(item, stored, (expected or abstract)[item], f'The checkpoint at '
+                            f'{where} was written by another model', 'Use a fresh --workdir or '
+                            'the config that wrote it (eval: another --step).',
                             error=CheckpointMismatchError)
     args = {k: ocp.args.StandardRestore(v) for k, v in abstract.items()}
     if 'opt_state' in args and 'stats' in saved:
@@ -209,49 +173,42 @@ class Checkpointer:
         config=ocp.args.JsonRestore(), **args)), step=step)
     out['stats'] = jax.tree.map(np.asarray, dict(out.get('stats') or {}))
     out['data_iter'] = data_iter and data_iter.get_state()
-    unchecked = set() if 'data_iter' in (integrity or {}) else {'data_iter'}  # several hosts
-    for item in {*args, 'config'} - unchecked:
-      _digests(item, out[item], integrity or {})
+    for item in {*args, 'config'}:  # The one integrity check: finite, and as saved.
+      digests, bad = _digests(item, out[item])
+      if bad:
+        raise CheckpointDamagedError(f'non-finite values in {", ".join(bad[:5])}')
+      want = integrity.get(item, digests)  # None stored: saved before digests, or several hosts.
+      want = want if isinstance(want, dict) else {item: want}
+      if wrong := sorted(p for p in {*want, *digests} if want.get(p) != digests.get(p)):
+        raise CheckpointDamagedError(f'{", ".join(wrong[:5])} fail their checksum of save time')
     return out
 
   def restore(self, step: int | None = None, *, abstract_params: Any, abstract_opt_state: Any,
               data_iter: Any, fallback: bool = False) -> dict[str, Any]:
-    """``step`` (None: the newest; see `first_readable`) as dict ``step``, ``params``,
-    ``opt_state``, ``stats``, ``config``, ``data_iter`` (state), ``restore_info``."""
-    r, info = self.first_readable(step, lambda s: self._read(
-        s, dict(params=abstract_params, opt_state=abstract_opt_state), data_iter), fallback)
-    return dict(r, restore_info=info)
+    """`_read` of ``step`` (None: the newest), with ``restore_info``."""
+    return self.first_readable(step, fallback, data_iter=data_iter, abstract=dict(
+        params=abstract_params, opt_state=abstract_opt_state))
 
   def latest_config(self) -> dict[str, Any]:
     """The verified config of the newest step (CheckpointDamagedError if it is damaged)."""
-    return self.first_readable(None, lambda s: self._read(s, {}), False)[0]['config']
+    return self.first_readable(None, False, abstract={})['config']
 
-  def restore_params_only(self, step: int, sharding: jax.sharding.Sharding | None = None,
-                          expected: Any = None) -> tuple[Any, dict[str, Any], int]:
-    """``(params, config, step)`` as stored (the tree must fit ``expected``, the run's params,
-    if given), placed by ``sharding`` (None: the first local device)."""
-    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    r = self._read(step, dict(params=sharding),
-                   expected=None if expected is None else dict(params=expected))
-    return r['params'], r['config'], step
-
-  def first_readable(self, step: int | None, read: Callable[[int], Any], fallback: bool = True
-                     ) -> tuple[Any, RestoreInfo]:
-    """``read(step)``; for step None ``read`` of the newest step, skipping damaged ones with a
-    warning if ``fallback`` (else CheckpointDamagedError); a step deleted (or superseded)
-    while read is replaced by the new newest, never by an older one."""
+  def first_readable(self, step: int | None, fallback: bool, **read: Any) -> dict[str, Any]:
+    """`_read` of ``step`` or the newest readable one, ``restore_info`` (DESIGN.md, Recovery)."""
     info, tried = RestoreInfo(step=-1, requested=step), set()
-    while left := [s for s in self._steps() if s not in tried and step in (None, s)]:
+    while left := [s for s in self.all_steps() if s not in tried and step in (None, s)]:
       tried.add(s := left[-1])
       try:
-        return read(s), dataclasses.replace(info, step=s)
-      except CheckpointMismatchError:
-        raise
+        return dict(self._read(s, **read), restore_info=dataclasses.replace(info, step=s))
       except Exception as e:  # pylint: disable=broad-except
-        if (reason := _describe(e)) is None:
+        error, root = e, e
+        while root.__cause__ is not None:
+          root = root.__cause__
+        if isinstance(e, CheckpointMismatchError) or not isinstance(root, _READ_ERRORS):
           raise
-        error = e
-      steps, where = self._steps(), self.directory / str(s)
+        kind = '' if isinstance(root, CheckpointDamagedError) else f'{type(root).__name__}: '
+        reason = kind + (str(root).strip().splitlines() or [''])[0][:300]
+      steps, where = self.all_steps(), self.directory / str(s)
       older = [x for x in steps if x < s]
       if not where.exists() or step is None and steps[-1:] > [s]:
         logger.warning('Checkpoint %s was deleted or superseded while it was read (a running '
@@ -259,10 +216,9 @@ class Checkpointer:
         info.vanished.append(s)
       elif step is not None or not fallback or not older:
         raise CheckpointDamagedError(
-            f'The {"latest " * (step is None)}checkpoint {where} is damaged: {reason}. Nothing '
-            f'was changed; it is left on disk. Move it aside (e.g. mv {where} /tmp/) and re-run '
-            f'to resume from the previous checkpoint (step {(older or [None])[-1]}), or use a '
-            'fresh --workdir.') from error
+            f'The {"latest " * (step is None)}checkpoint {where} is damaged: {reason}. Nothing was '
+            f'changed. Move it aside (mv {where} /tmp/) and re-run to resume from the previous '
+            f'checkpoint (step {(older or [None])[-1]}), or use a fresh --workdir.') from error
       else:
         logger.warning('Checkpoint %s is damaged (%s); falling back to the previous one (the '
                        'directory is left on disk).', where, reason)
@@ -271,48 +227,24 @@ class Checkpointer:
                             f'{self.directory} (available steps: {self.all_steps()}); run '
                             'train.py first.')
 
-  def _steps(self) -> list[int]:
-    if self._read_only:
-      self._manager.reload()  # A running trainer writes (and deletes) steps here.
-    return self.all_steps()
-
-  def reached_preemption(self, step: int) -> bool:
-    """Whether every host reached JAX's preemption sync point (multi-host SIGTERM)."""
-    return self._manager.reached_preemption(step)
-
-  def wait_until_finished(self) -> None:
-    self._manager.wait_until_finished()
-
-  def close(self) -> None:
-    """Waits for pending saves and closes, also after a failed save (whose error it raises)."""
-    try:
-      self._manager.wait_until_finished()
-    finally:
-      self._manager.close()
-
   def __enter__(self) -> Checkpointer:
     return self
 
   def __exit__(self, exc_type, exc, tb) -> None:
-    # After an error, that one (often the same full disk) stays the one reported.
-    with contextlib.nullcontext() if exc is None else contextlib.suppress(Exception):
+    try:
       self.close()
+    except Exception:  # pylint: disable=broad-except
+      if exc is None:  # After an error, that one (often the same full disk) stays reported.
+        raise
 
 
 def restore_params(workdir_or_ckpt_dir: str | os.PathLike[str], step: int | None = None,
-                   sharding: jax.sharding.Sharding | None = None) -> tuple[Any, dict, int]:
-  """``(params, config, step)``; see `restore_params_with_info`."""
-  params, config, info = restore_params_with_info(workdir_or_ckpt_dir, step, sharding)
-  return params, config, info.step
-
-
-def restore_params_with_info(workdir_or_ckpt_dir: str | os.PathLike[str], step: int | None = None,
-                             sharding: jax.sharding.Sharding | None = None,
-                             expected: Any = None) -> tuple[Any, dict, RestoreInfo]:
-  """``(params, config, RestoreInfo)`` of a workdir (or its ``checkpoints/``), read without
-  writing (`Checkpointer.restore_params_only`, `Checkpointer.first_readable`)."""
+                   sharding: jax.sharding.Sharding | None = None,
+                   expected: Any = None) -> tuple[Any, dict[str, Any], RestoreInfo]:
+  """``(params, config, RestoreInfo)`` of a workdir or its ``checkpoints/``, read-only."""
   path = checkpoint_dir(workdir_or_ckpt_dir)
+  sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   with Checkpointer(path if path.is_dir() else path.parent, max_to_keep=1, read_only=True) as c:
-    (params, config, _), info = c.first_readable(
-        step, lambda s: c.restore_params_only(s, sharding, expected))
-  return params, config, info
+    r = c.first_readable(step, True, abstract=dict(params=sharding),
+                         expected=None if expected is None else dict(params=expected))
+  return r['params'], r['config'], r['restore_info']

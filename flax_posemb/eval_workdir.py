@@ -65,7 +65,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
   ``analyze``; ``offsets``, ``overrides``: `evaluation.run_evaluation`."""
   mesh = sharding.make_mesh()
   run = workdir_lib.saved_config(workdir)  # the run whose checkpoint this must be
-  params, cfg, info = checkpointing.restore_params_with_info(
+  params, cfg, info = checkpointing.restore_params(
       workdir, step, sharding=sharding.replicated(mesh),
       expected=None if run is None else evaluation.expected_params(_make_model(run)))
   step, note, config = info.step, checkpoint_note(info), ml_collections.ConfigDict(cfg)

@@ -12,7 +12,7 @@ import re
 import shutil
 import zipfile
 from collections.abc import Sequence
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -23,9 +23,9 @@ TABLE_FILES = os.path.join('tables', 'table_*.npy')
 
 @contextlib.contextmanager
 def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
-  """Yields an in-memory file (``mode`` 'wb' or 'w'), written when the block ends to a hidden
-  ``.NAME.tmp`` beside ``path`` in one unbuffered write and renamed to ``path``. A failed
-  write (a full disk) leaves no file and raises once: nothing is left buffered to fail again."""
+  """Yields an in-memory file (``mode`` 'wb' or 'w') written to a hidden ``.NAME.tmp`` in one
+  unbuffered write and renamed to ``path``: a failed write (a full disk) leaves no file and
+  raises once."""
   buf = io.BytesIO() if 'b' in mode else io.StringIO()
   yield buf
   data = buf.getvalue()
@@ -46,10 +46,9 @@ def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
 
 @contextlib.contextmanager
 def replace_files(directory: str, names: Sequence[str]) -> Iterator[str]:
-  """Yields a staging directory for new versions of ``names``, which replace the previous
-  ones only when the block succeeds (``names[0]``, whose presence means "complete", leaves
-  first and arrives last); a swap killed midway is undone by the next call. Other files in
-  ``directory`` are never touched."""
+  """Yields a staging directory for new versions of ``names``, which replace the previous ones
+  when the block succeeds (``names[0]``, "complete", leaves first and arrives last); a swap
+  killed midway is undone by the next call."""
   stage, old = os.path.join(directory, '.staging'), os.path.join(directory, '.replaced')
   if os.path.isdir(old) and not os.path.exists(os.path.join(directory, names[0])):
     for n in names:  # Killed mid-swap: back to the previous complete set.
@@ -76,8 +75,7 @@ def _move(src: str, dst: str, names: Sequence[str]) -> None:
 
 
 def append_whole(path: str, data: bytes) -> None:
-  """Appends ``data`` whole or not at all: a failed or short write (a full disk) is cut off
-  again and raises."""
+  """Appends ``data`` whole or not at all (a failed or short write is cut off and raises)."""
   fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
   size = os.fstat(fd).st_size
   try:
@@ -91,8 +89,7 @@ def append_whole(path: str, data: bytes) -> None:
 
 
 def step_files(pattern: str) -> list[tuple[int, str]]:
-  """Sorted ``(step, path)`` of the files ``DIR/PREFIX_<int>.EXT`` of ``pattern`` (one "*"):
-  leftovers of a killed writer (``.window_5.npz.tmp``) are never taken for results."""
+  """Sorted ``(step, path)`` of the files ``DIR/PREFIX_<int>.EXT`` of ``pattern`` (one "*")."""
   prefix, ext = os.path.basename(pattern).split('*')
   exact = re.compile(re.escape(prefix) + r'(\d+)' + re.escape(ext))
   found = ((exact.fullmatch(os.path.basename(p)), p) for p in glob.glob(pattern))
@@ -107,29 +104,28 @@ def table_files(workdir: str) -> list[tuple[int, str]]:
   return step_files(os.path.join(workdir, TABLE_FILES))
 
 
-def _load(path: str, read: Callable[[str], Any], what: str, fix: str) -> Any:
-  """``read(path)``; a truncated or garbled file is a ValueError naming it and the fix (a
-  damaged window file is an error, not skipped: that would change cumulative counts)."""
+def _load(path: str, fix: str) -> Any:
+  """The array(s) of ``path``; a damaged file is a ValueError naming it and ``fix``."""
   try:
-    return read(path)
+    data = np.load(path, allow_pickle=False)
+    if not isinstance(data, np.lib.npyio.NpzFile):
+      return data
+    with data:
+      return {k: np.asarray(data[k]) for k in data.files}
   except FileNotFoundError:
     raise
   except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
     raise ValueError(f'{path} is damaged ({type(e).__name__}: {e}); it is not a complete '
-                     f'{what} file. {fix}') from e
+                     f'{os.path.splitext(path)[1]} file. {fix}') from e
 
 
 def load_npy(path: str) -> np.ndarray:
-  """One table snapshot (ValueError naming a damaged file)."""
-  return _load(path, lambda p: np.load(p, allow_pickle=False), '.npy', 'Move it aside (the '
-               'analysis then uses the remaining snapshots) or resume training from a '
-               'checkpoint before its step.')
+  """One table snapshot."""
+  return _load(path, 'Move it aside (the analysis then uses the remaining snapshots) or resume '
+               'training from a checkpoint before its step.')
 
 
 def load_npz(path: str) -> dict[str, np.ndarray]:
-  """All arrays of one window file (ValueError naming a damaged file)."""
-  def read(p):
-    with np.load(p, allow_pickle=False) as z:
-      return {k: np.asarray(z[k]) for k in z.files}
-  return _load(path, read, '.npz', 'Move it aside and resume training from a checkpoint before '
-               'its step (resuming drops and rewrites later window files), or leave this run out.')
+  """All arrays of one window file."""
+  return _load(path, 'Move it aside and resume training from a checkpoint before its step '
+               '(resuming drops and rewrites later window files), or leave this run out.')

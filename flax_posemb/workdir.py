@@ -1,13 +1,11 @@
-"""A training workdir apart from its checkpoints: the lock, ``config.json`` against the
-checkpoint's config, and the outputs a resume truncates (docs/DESIGN.md, "Training outputs
-(workdir)")."""
+"""A training workdir apart from its checkpoints: the lock, the config, the outputs a resume
+truncates (docs/DESIGN.md, "Training outputs (workdir)")."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import fcntl
-import glob
 import json
 import os
 import socket
@@ -27,8 +25,7 @@ class WorkdirError(ValueError):
 
 
 class Lock:
-  """``flock`` on ``WORKDIR/.lock`` for the one training process; it records the holder's
-  host and pid, and the kernel releases it when the holder dies (never stale)."""
+  """``flock`` on ``WORKDIR/.lock`` for the one training process (docs/DESIGN.md)."""
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, LOCK_FILE)
@@ -43,12 +40,14 @@ class Lock:
       os.close(fd)
       if e.errno not in (errno.EAGAIN, errno.EACCES, errno.ENOLCK):
         raise
+      holder = 'holder unknown'
+      with contextlib.suppress(OSError, ValueError, KeyError), open(self.path) as f:
+        holder = 'host {host}, pid {pid}'.format(**json.load(f))
       raise WorkdirError(
           f'{self.path}: this filesystem does not support file locks; put the workdir on a '
           'local or lock-capable filesystem.' if e.errno == errno.ENOLCK else
-          f'{os.path.dirname(self.path)} is in use by another training process '
-          f'({self._holder()}). Wait for it to finish or stop it; two processes must not '
-          'write one workdir.') from None
+          f'{os.path.dirname(self.path)} is in use by another training process ({holder}). '
+          'Wait for it to finish or stop it; two processes must not write one workdir.') from None
     if not _is_at(fd, self.path):  # `remove_unused` deleted it between our open and flock.
       os.close(fd)
       return self.__enter__()
@@ -57,14 +56,6 @@ class Lock:
     os.fsync(fd)
     self._fd = fd
     return self
-
-  def _holder(self) -> str:
-    try:
-      with open(self.path) as f:
-        h = json.load(f)
-      return f"host {h['host']}, pid {h['pid']}"
-    except (OSError, ValueError, KeyError):
-      return 'holder unknown'
 
   def __exit__(self, *exc) -> None:
     if self._fd is not None:
@@ -131,9 +122,8 @@ def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
 
 def check_resume_config(workdir: str, config: Any,
                         stored: dict[str, Any]) -> dict[str, list[Any]]:
-  """The one drift check of a resume: ``WorkdirError`` listing the changes of ``config`` from
-  ``stored`` (the checkpoint's config) and ``config.json``, unless ``allow_config_change``;
-  returns the changes."""
+  """The changes of ``config`` from ``stored`` (the checkpoint's) and ``config.json``: the one
+  drift check of a resume (``WorkdirError`` unless ``allow_config_change``)."""
   saved = saved_config(workdir)
   changes = {**({} if saved is None else config_changes(saved, config)),
              **config_changes(stored, config)}
@@ -167,8 +157,7 @@ def _step_outputs(workdir: str) -> list[tuple[int, str]]:
 
 
 def _metric_rows(workdir: str) -> list[tuple[str, dict[str, Any]]]:
-  """``(line, row)`` of ``metrics.jsonl``; a half-written last line of a killed run is
-  skipped."""
+  """``(line, row)`` of ``metrics.jsonl``, the one reader (a half-written line is skipped)."""
   path, rows = os.path.join(workdir, METRICS_FILE), []
   with open(path) if os.path.exists(path) else contextlib.nullcontext([]) as lines:
     for line in lines:
@@ -179,9 +168,8 @@ def _metric_rows(workdir: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def truncate_outputs(workdir: str, step: int) -> None:
-  """Drops the metrics rows and output files after ``step`` and leftover temporaries of any
-  name; a damaged output up to ``step`` (not written again) is a ValueError naming it,
-  raised before anything changes."""
+  """Drops the rows and output files after ``step`` and any leftover temporaries, after reading
+  those up to ``step`` (a damaged one, never written again, is a ValueError naming it)."""
   finished = _step_outputs(workdir)
   for s, path in finished:
     if s <= step:
@@ -191,12 +179,10 @@ def truncate_outputs(workdir: str, step: int) -> None:
       f.writelines(line for line, r in _metric_rows(workdir) if r.get('step', step + 1) <= step)
   keep = {path for s, path in finished if s <= step}
   for pattern in (outputs.WINDOW_FILES, outputs.TABLE_FILES):
-    sub, name = os.path.split(pattern)
-    prefix = name.split('*')[0]
-    for path in glob.glob(os.path.join(workdir, sub, f'{prefix}*')) + glob.glob(
-        os.path.join(workdir, sub, f'.{prefix}*')):
-      if path not in keep:
-        os.remove(path)  # A later step's output, or a killed write's leftover.
+    sub, name = os.path.split(os.path.join(workdir, pattern))
+    for n in os.listdir(sub) if os.path.isdir(sub) else []:
+      if n.lstrip('.').startswith(name.split('*')[0]) and os.path.join(sub, n) not in keep:
+        os.remove(os.path.join(sub, n))  # A later step's output, or a killed write's leftover.
 
 
 def append_row(workdir: str, row: dict[str, Any], default: Callable[[Any], Any] = float):
@@ -206,6 +192,5 @@ def append_row(workdir: str, row: dict[str, Any], default: Callable[[Any], Any] 
 
 
 def has_row(workdir: str, step: int, key: str) -> bool:
-  """Whether ``metrics.jsonl`` holds a row of ``step`` with ``key`` ('loss': the training
-  row; 'eval': the periodic evaluation)."""
+  """Whether ``metrics.jsonl`` holds a row of ``step`` with ``key`` ('loss' or 'eval')."""
   return any(r.get('step') == step and key in r for _, r in _metric_rows(workdir))

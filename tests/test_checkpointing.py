@@ -108,7 +108,7 @@ def test_round_trip_is_exact_for_every_item(tmp_path):
   for want in expected_batches:  # the iterator continues exactly
     np.testing.assert_array_equal(next(fresh), want)
   layout = {p.name for p in (tmp_path / 'checkpoints' / '3').iterdir()}
-  assert set(checkpointing.ITEMS) <= layout
+  assert {'params', 'opt_state', 'data_iter', 'stats', 'config'} <= layout
 
 
 def test_max_to_keep_always_keeps_step_zero(tmp_path):
@@ -193,7 +193,7 @@ def test_corrupted_latest_falls_back_with_warning_and_is_kept(
     _assert_trees_equal(r['params'], params)
     assert str(tmp_path / '20') in caplog.text
     assert (tmp_path / '20').is_dir()  # never deleted
-    with pytest.raises(RuntimeError, match=str(tmp_path / '20')):
+    with pytest.raises(checkpointing.CheckpointDamagedError, match=str(tmp_path / '20')):
       ck.restore(20, abstract_params=_abstract(params),
                  abstract_opt_state=_abstract(opt_state),
                  data_iter=_data_iter())
@@ -207,8 +207,8 @@ def test_corrupted_latest_params_falls_back_in_params_only_restore(
     _save(ck, 2, params, opt_state, None)
   _truncate_params(tmp_path / 'checkpoints' / '2')
   with caplog.at_level(logging.WARNING, logger=LOGGER):
-    _, _, step = checkpointing.restore_params(tmp_path)
-  assert step == 1
+    _, _, info = checkpointing.restore_params(tmp_path)
+  assert info.step == 1
   assert str(tmp_path / 'checkpoints' / '2') in caplog.text
 
 
@@ -239,11 +239,11 @@ def test_params_only_restore_reads_shapes_from_metadata(tmp_path):
     _save(ck, 0, _params(), opt_state, None, config={'init': True})
     _save(ck, 4, params, opt_state, _data_iter(), config={'model': {'emb_dim': 4}})
   for where in (tmp_path, tmp_path / 'checkpoints'):
-    restored, config, step = checkpointing.restore_params(where)
-    assert step == 4 and config == {'model': {'emb_dim': 4}}
+    restored, config, info = checkpointing.restore_params(where)
+    assert info.step == 4 and config == {'model': {'emb_dim': 4}}
     _assert_trees_equal(restored, params)
-  restored, config, step = checkpointing.restore_params(tmp_path, step=0)
-  assert step == 0 and config == {'init': True}
+  restored, config, info = checkpointing.restore_params(tmp_path, step=0)
+  assert info.step == 0 and config == {'init': True}
   _assert_trees_equal(restored, _params())
   dev = jax.devices()[0]
   restored, _, _ = checkpointing.restore_params(
@@ -311,8 +311,8 @@ _MULTIDEVICE = textwrap.dedent('''
 
     # Params-only restore, replicated over the mesh.
     rep = NamedSharding(mesh, P())
-    p2, cfg, step = checkpointing.restore_params(src, sharding=rep)
-    assert step == 1 and cfg == {'ok': 1}
+    p2, cfg, info = checkpointing.restore_params(src, sharding=rep)
+    assert info.step == 1 and cfg == {'ok': 1}
     t2 = p2['pos_embed']['embedding']
     assert t2.sharding == rep
     np.testing.assert_array_equal(np.asarray(t2), want['table'])
@@ -342,8 +342,8 @@ def test_restore_onto_8_forced_cpu_devices_and_back(tmp_path):
   proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env,
                         capture_output=True, text=True, timeout=300)
   assert 'MULTIDEVICE_OK' in proc.stdout, proc.stderr[-4000:]
-  restored, config, step = checkpointing.restore_params(tmp_path)
-  assert step == 2 and config == {'ok': 2}
+  restored, config, info = checkpointing.restore_params(tmp_path)
+  assert info.step == 2 and config == {'ok': 2}
   np.testing.assert_array_equal(np.asarray(restored['pos_embed']['embedding']),
                                 2 * np.asarray(params['pos_embed']['embedding']))
 
@@ -355,8 +355,8 @@ def test_relative_workdir_saves_and_restores(tmp_path, monkeypatch):
   with checkpointing.Checkpointer(checkpointing.checkpoint_dir('runs/rel'), max_to_keep=2) as ckpt:
     assert _save(ckpt, 3, params, opt_state, _data_iter())
     ckpt.wait_until_finished()
-  restored, _, step = checkpointing.restore_params('runs/rel')
-  assert step == 3
+  restored, _, info = checkpointing.restore_params('runs/rel')
+  assert info.step == 3
   _assert_trees_equal(jax.device_get(params), restored)
 
 
@@ -386,7 +386,7 @@ def test_flipped_params_byte_names_the_damaged_step_and_falls_back(tmp_path, cap
     checkpointing.restore_params(tmp_path, step=2)
   assert step_dir in str(e.value)
   with caplog.at_level(logging.WARNING, logger=LOGGER):
-    _, _, info = checkpointing.restore_params_with_info(tmp_path)
+    _, _, info = checkpointing.restore_params(tmp_path)
   assert info.step == 1 and [d['step'] for d in info.fell_back_from] == [2]
   assert step_dir in caplog.text and 'damaged' in caplog.text
   with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
@@ -452,20 +452,20 @@ def test_step_deleted_while_read_is_replaced_by_the_new_latest(tmp_path, monkeyp
   _save(writer, 0, _params(), opt_state, None)
   _save(writer, 5, params, opt_state, None)
   writer.wait_until_finished()
-  real = checkpointing.Checkpointer.restore_params_only
+  real = checkpointing.Checkpointer._read  # pylint: disable=protected-access
   calls = []
 
-  def racing(self, step, *args):
+  def racing(self, step, **kw):
     calls.append(step)
     if step == 5:  # the trainer moves on while the reader holds step 5's listing
       _save(writer, 7, jax.tree.map(lambda x: x + 1, params), opt_state, None)
       writer.wait_until_finished()
       assert not (tmp_path / 'checkpoints' / '5').exists()
-    return real(self, step, *args)
+    return real(self, step, **kw)
 
-  monkeypatch.setattr(checkpointing.Checkpointer, 'restore_params_only', racing)
+  monkeypatch.setattr(checkpointing.Checkpointer, '_read', racing)
   with caplog.at_level(logging.WARNING, logger=LOGGER):
-    restored, _, info = checkpointing.restore_params_with_info(tmp_path)
+    restored, _, info = checkpointing.restore_params(tmp_path)
   writer.close()
   assert calls == [5, 7]
   assert info.step == 7 and info.vanished == [5] and info.fell_back_from == []
@@ -502,8 +502,8 @@ def test_damaged_step_metadata_is_damage_not_a_step_without_digests(tmp_path, ca
   with pytest.raises(checkpointing.CheckpointDamagedError, match='_CHECKPOINT_METADATA'):
     checkpointing.restore_params(tmp_path, step=2)
   with caplog.at_level(logging.WARNING, logger=LOGGER):
-    restored, _, step = checkpointing.restore_params(tmp_path)
-  assert step == 1 and str(tmp_path / 'checkpoints' / '2') in caplog.text
+    restored, _, info = checkpointing.restore_params(tmp_path)
+  assert info.step == 1 and str(tmp_path / 'checkpoints' / '2') in caplog.text
   _assert_trees_equal(restored, params)
   with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
     with pytest.raises(checkpointing.CheckpointDamagedError, match='_CHECKPOINT_METADATA'):
@@ -519,8 +519,8 @@ def test_a_step_saved_before_digests_existed_is_restored_with_finiteness_checked
   record = json.loads(meta.read_text())
   del record['custom_metadata']['integrity']  # as written by an older version
   meta.write_text(json.dumps(record))
-  restored, _, step = checkpointing.restore_params(tmp_path)
-  assert step == 1
+  restored, _, info = checkpointing.restore_params(tmp_path)
+  assert info.step == 1
   _assert_trees_equal(restored, params)
   with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=3) as ck:
     r = ck.restore(abstract_params=_abstract(params), abstract_opt_state=_abstract(opt_state),

@@ -160,17 +160,17 @@ def test_eval_reads_the_new_latest_when_the_step_is_deleted_mid_read(tiny_run, t
   import shutil  # pylint: disable=g-import-not-at-top
   workdir = _copy_run(tiny_run, tmp_path)
   ckpt_dir = os.path.join(workdir, 'checkpoints')
-  real = checkpointing.Checkpointer.restore_params_only
+  real = checkpointing.Checkpointer._read  # pylint: disable=protected-access
   calls = []
 
-  def racing(self, step, *args):
+  def racing(self, step, **kw):
     calls.append(step)
     if step == 20:
       shutil.copytree(os.path.join(ckpt_dir, '20'), os.path.join(ckpt_dir, '30'))
       shutil.rmtree(os.path.join(ckpt_dir, '20'))
-    return real(self, step, *args)
+    return real(self, step, **kw)
 
-  monkeypatch.setattr(checkpointing.Checkpointer, 'restore_params_only', racing)
+  monkeypatch.setattr(checkpointing.Checkpointer, '_read', racing)
   run = eval_workdir.evaluate_workdir(workdir, output=str(tmp_path / 'out'))
   assert calls == [20, 30]
   assert run['step'] == 30 and run['results']['step'] == 30

@@ -218,8 +218,8 @@ def test_sigterm_mid_run_leaves_restorable_checkpoint(tmp_path):
 
   result = training.train_and_evaluate(tiny_config(), workdir, hooks=[hook])
   assert result['preempted'] and result['step'] in (7, 8)
-  params, config, step = checkpointing.restore_params(workdir)
-  assert step == result['step'] and config['num_train_steps'] == 20
+  params, config, info = checkpointing.restore_params(workdir)
+  assert info.step == result['step'] and config['num_train_steps'] == 20
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
 
 
@@ -283,8 +283,8 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
   c.optimizer.warmup_steps = 0
   with pytest.raises(training.NonFiniteLossError, match='Non-finite training loss at step'):
     training.train_and_evaluate(c, workdir)
-  params, _, step = checkpointing.restore_params(workdir)
-  assert step == 0
+  params, _, info = checkpointing.restore_params(workdir)
+  assert info.step == 0
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
 
 

@@ -135,7 +135,7 @@ def test_diverged_finite_loss_stops_before_it_is_saved(tmp_path):
   c.divergence_loss = 0.5  # below the initial loss: the first step "diverges"
   with pytest.raises(training.NonFiniteLossError, match='Diverged .*step 1'):
     training.train_and_evaluate(c, wd)
-  assert checkpointing.restore_params(wd)[2] == 0
+  assert checkpointing.restore_params(wd)[2].step == 0
   assert training.divergence_bound(tiny_config()) == pytest.approx(3 * np.log(64))
 
 
@@ -151,7 +151,7 @@ def test_sigterm_during_setup_leaves_a_resumable_workdir(tmp_path, monkeypatch):
   wd = str(tmp_path / 'w')
   result = training.train_and_evaluate(tiny_config(), wd)
   assert result['preempted'] and result['step'] == 0
-  assert checkpointing.restore_params(wd)[2] == 0
+  assert checkpointing.restore_params(wd)[2].step == 0
   monkeypatch.setattr(data_lib, 'make_train_iterator', real)
   c = tiny_config()
   c.num_train_steps, c.eval_every_steps = 3, 0

@@ -108,8 +108,8 @@ def default_evaluate(config: ml_collections.ConfigDict, run_dir: str,
   """``evaluation.run_evaluation`` of the latest checkpoint's params."""
   from flax_posemb import checkpointing, evaluation  # pylint: disable=g-import-not-at-top
   from flax_posemb import train_step  # pylint: disable=g-import-not-at-top
-  params, _, step = checkpointing.restore_params(run_dir)
-  out = evaluation.run_evaluation(train_step.make_model(config), params, config, step=step,
+  params, _, info = checkpointing.restore_params(run_dir)
+  out = evaluation.run_evaluation(train_step.make_model(config), params, config, step=info.step,
                                   offsets=list(offsets) if any(offsets) else None)
   return eval_report.json_safe(out.results), out.per_position
 
