@@ -11,7 +11,7 @@ import platform
 import re
 import signal
 import sys
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_USER_ERROR, EXIT_NONFINITE = 0, 1, 2, 3
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: re-run the same command to resume.
@@ -163,7 +163,10 @@ EXPECTED_WARNINGS = (
     # A failed asynchronous save, logged from Orbax's threads: the same error is raised in the
     # main thread (the next save, or closing the checkpointer) and reported there, once.
     '_SignalingThread.run() raised an exception', 'in background save thread',
-    'Save Finalize thread')
+    'Save Finalize thread',
+    # A restore of a damaged step fails at its first bad read (reported once, as damage); its
+    # other reads, which Orbax abandons, end later with the same kind of error.
+    'exception was never retrieved')
 
 
 class _ThirdPartyFilter(logging.Filter):
@@ -171,15 +174,28 @@ class _ThirdPartyFilter(logging.Filter):
 
   def filter(self, record: logging.LogRecord) -> bool:
     from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-    text, third_party = record.getMessage(), any(p in record.pathname for p in NOISY_LIBRARIES)
+    text = record.getMessage()
+    third_party = record.name == 'asyncio' or any(p in record.pathname for p in NOISY_LIBRARIES)
     quiet = record.levelno < logging.WARNING and (third_party or text.startswith(EXPECTED_INFO))
     return absl_logging.get_verbosity() >= 1 or not (
         quiet or third_party and any(w in text for w in EXPECTED_WARNINGS))
 
 
+def _report_unraisable(unraisable: Any) -> None:
+  """Python's report of an exception it cannot raise, except the ends of the reads that a failed
+  restore abandoned (their failure is the damage already reported, once): Orbax's read
+  coroutines, and TensorStore's callbacks into the event loop Orbax has closed since."""
+  code = getattr(unraisable.object, 'cr_code', None)
+  late = unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == (
+      'Event loop is closed')
+  if not (late or code is not None and '/orbax/' in code.co_filename):
+    sys.__unraisablehook__(unraisable)
+
+
 def quiet_third_party() -> None:
-  """A `_ThirdPartyFilter` on absl's and the root logger's handlers."""
+  """A `_ThirdPartyFilter` on absl's and the root logger's handlers, and `_report_unraisable`."""
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  sys.unraisablehook = _report_unraisable
   for h in [absl_logging.get_absl_handler(), *logging.getLogger().handlers]:
     if not any(isinstance(f, _ThirdPartyFilter) for f in h.filters):
       h.addFilter(_ThirdPartyFilter())

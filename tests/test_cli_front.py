@@ -69,3 +69,24 @@ def test_programs_restart_themselves_on_huge_pages_where_glibc_and_the_kernel_al
   with open('/sys/kernel/mm/transparent_hugepage/enabled') as f:  # This project's machines:
     madvise = '[madvise]' in f.read()  # glibc 2.36, transparent huge pages on madvise.
   assert applies == (madvise and not off)
+
+
+def test_only_the_ends_of_abandoned_checkpoint_reads_are_kept_off_stderr(capsys, monkeypatch):
+  """A failed restore's abandoned reads end after Orbax closed its loop; any other exception
+  Python cannot raise is still printed."""
+  seen = []
+  monkeypatch.setattr(sys, 'unraisablehook', seen.append)
+
+  class Raises:
+    def __init__(self, exc):
+      self.exc = exc
+
+    def __del__(self):
+      raise self.exc
+  Raises(RuntimeError('Event loop is closed'))
+  Raises(KeyError('a bug of ours'))
+  late, bug = seen
+  cli._report_unraisable(late)
+  assert capsys.readouterr().err == ''
+  cli._report_unraisable(bug)
+  assert 'a bug of ours' in capsys.readouterr().err
