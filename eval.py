@@ -8,8 +8,8 @@
 Restores only params + config from each run's latest (or --step) Orbax checkpoint onto the
 available devices; writes WORKDIR/eval/step_N/ (or --output) and prints the bucket table, where
 the windows come from, loss by window group (kind, depth, distance to the end) and the plot
-path (flax_posemb.eval_workdir.evaluate_workdir); --table: analysis.write_table_analysis;
---stats: analysis.analyze_stats.
+path (flax_posemb.eval_workdir.evaluate_workdir); --table: analysis_report.write_table_analysis;
+--stats: analysis_report.analyze_stats.
 Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback; --debug shows it).
 """
 
@@ -80,17 +80,17 @@ def main(argv):
 
 def analyze_table_file():
   """--table: bad input is one line on stderr and exit code 2, never a traceback."""
-  from flax_posemb import analysis  # pylint: disable=g-import-not-at-top
+  from flax_posemb import analysis_report  # pylint: disable=g-import-not-at-top
   if FLAGS.stats is not None and FLAGS.table is None and not FLAGS.workdir and FLAGS.analyze \
      and FLAGS.output:
-    summary = analysis.analyze_stats(FLAGS.stats, FLAGS.output)
+    summary = analysis_report.analyze_stats(FLAGS.stats, FLAGS.output)
     print(f"{summary['windows']} windows\nresults: {summary['files']['json']}\n"
           f"plot: {summary['files']['exposure_plot']}")
     return
   if FLAGS.table is None or FLAGS.stats or FLAGS.workdir or not (FLAGS.analyze and FLAGS.output):
     raise cli.UserError('--table PATH or --stats DIR needs --analyze and --output DIR, and no '
                         '--workdir; without them, give --workdir RUN.')
-  summary = analysis.write_table_analysis(
+  summary = analysis_report.write_table_analysis(
       FLAGS.table, FLAGS.output, bucket_size=FLAGS.bucket_size or 16,
       bucket_edges=FLAGS.buckets or FLAGS.bucket_edges or '')
   print(f"position probe R^2 {summary['probe']['r2']:.3f}\nresults: {summary['files']['json']}\n"

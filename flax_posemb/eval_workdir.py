@@ -95,15 +95,15 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
 
 
 def _analyze(workdir, table, step, per_position, out_dir, s) -> dict[str, Any]:
-  """`analysis.analyze_workdir`, with the step-0 checkpoint's table if no table_0.npy."""
-  from flax_posemb import analysis  # pylint: disable=g-import-not-at-top  (heavy)
+  """`analysis_report.analyze_workdir`, with the step-0 checkpoint's table if no table_0.npy."""
+  from flax_posemb import analysis_report  # pylint: disable=g-import-not-at-top  (heavy)
   initial = None
   if not os.path.exists(os.path.join(workdir, 'tables', 'table_0.npy')) and step != 0:
     try:
       initial = np.asarray(model_lib.position_table(checkpointing.restore_params(workdir, 0)[0]))
     except (FileNotFoundError, checkpointing.CheckpointDamagedError) as e:
       logging.warning('No initial table for the drift analysis: %s', e)
-  return analysis.analyze_workdir(workdir, table, out_dir, step=step, initial=initial,
+  return analysis_report.analyze_workdir(workdir, table, out_dir, step=step, initial=initial,
                                   per_position=per_position, bucket_size=s['bucket_size'],
                                   bucket_edges=s['bucket_edges'])
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from flax_posemb import analysis
+from flax_posemb import analysis_report
 
 
 def _helix(num=64, dim=8, noise=0.0, seed=0):
@@ -55,7 +56,7 @@ def test_analyze_workdir_writes_plots_json_and_exposure_relation(tmp_path):
   loss = np.linspace(2.0, 3.0, 64)
   per_position = {'loss': loss, 'bayes_loss': np.full(64, 1.5), 'filter_loss': np.full(64, 3.5)}
   out = str(tmp_path / 'out')
-  summary = analysis.analyze_workdir(workdir, final, out, step=20, per_position=per_position,
+  summary = analysis_report.analyze_workdir(workdir, final, out, step=20, per_position=per_position,
                                      bucket_size=16)
   assert summary['exposure']['total_tokens'] == pytest.approx(2 * count.sum())  # step 30 excluded
   np.savez(os.path.join(workdir, 'stats', 'window_00000025.npz'), count=count,
@@ -114,7 +115,7 @@ def test_stats_analysis_sums_any_directory_of_windows_and_relates_them_to_exposu
     np.savez(d / f'window_{step}.npz', step=np.int64(step), first_step=np.int64(step - 2),
              count=count, loss_sum=count * 2.0, loss_count=count, occ_norm=count * 3.0,
              cumulative_count=count * step // 3)
-  summary = analysis.analyze_stats(str(d), str(tmp_path / 'out'))
+  summary = analysis_report.analyze_stats(str(d), str(tmp_path / 'out'))
   assert (summary['windows'], summary['first_step'], summary['last_step']) == (2, 1, 6)
   assert summary['exposure']['total_tokens'] == 2 * count.sum()
   arrays = np.load(summary['files']['arrays'])
@@ -123,7 +124,7 @@ def test_stats_analysis_sums_any_directory_of_windows_and_relates_them_to_exposu
   np.testing.assert_array_equal(arrays['mean_loss'], 2.0)
   assert os.path.getsize(summary['files']['exposure_plot']) > 0
   with pytest.raises(ValueError, match='no statistics window files'):
-    analysis.analyze_stats(str(tmp_path / 'out'), str(tmp_path / 'out2'))
+    analysis_report.analyze_stats(str(tmp_path / 'out'), str(tmp_path / 'out2'))
 
 
 @pytest.mark.parametrize('args, message', [
