@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -124,7 +125,11 @@ class Checkpointer:
     items = dict(params=params, opt_state=opt_state,
                  stats=jax.tree.map(np.asarray, jax.device_get(dict(stats or {}))))
     # On the device, before Orbax's copy: the caller donates these buffers next.
-    integrity = dict({k: _digests(k, v)[0] for k, v in items.items()}, config=_blake(config))
+    digests = {k: _digests(k, v) for k, v in items.items()}
+    if bad := [p for _, nonfinite in digests.values() for p in nonfinite]:  # README: exit 3
+      raise FloatingPointError(f'Non-finite {", ".join(bad[:3])} after step {step}: not saved; '
+                               f'the last good checkpoint is step {self.latest_step()}.')
+    integrity = dict({k: d for k, (d, _) in digests.items()}, config=_blake(config))
     self._manager.wait_until_finished()  # ENOSPC here, not from each Orbax writer thread.
     need = sum(getattr(x, 'nbytes', 0) for x in jax.tree.leaves(items))  # an upper bound
     if need > (free := shutil.disk_usage(self.directory).free):
@@ -138,8 +143,8 @@ class Checkpointer:
       if jax.process_count() == 1:  # Hosts' states differ; the step's metadata is host 0's.
         integrity['data_iter'] = _blake(data_iter.get_state())
     custom = dict(integrity=integrity, metrics={k: float(v) for k, v in (metrics or {}).items()})
-    if not (saved := self._manager.save(step, args=ocp.args.Composite(**args),
-                                        custom_metadata=custom)):
+    saved = self._manager.save(step, args=ocp.args.Composite(**args), custom_metadata=custom)
+    if not saved:
       logger.warning('A checkpoint of step %d exists in %s; not overwritten.', step, self.directory)
     return saved
 
@@ -160,10 +165,9 @@ class Checkpointer:
       if isinstance(want, jax.sharding.Sharding):  # As stored, placed there.
         abstract = {**abstract, item: jax.tree.map(
             lambda x, s=want: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), stored)}
-      trees.check_same_tree(item, stored, (expected or abstract)[item], f'The checkpoint at '
-                            f'{where} was written by another model', 'Use a fresh --workdir or '
-                            'the config that wrote it (eval: another --step).',
-                            error=CheckpointMismatchError)
+      trees.check_same_tree(item, stored, (expected or abstract)[item], f'{where} was written '
+                            'by another model', 'Use a fresh --workdir or the config that wrote '
+                            'it (eval: another --step).', error=CheckpointMismatchError)
     args = {k: ocp.args.StandardRestore(v) for k, v in abstract.items()}
     if 'opt_state' in args and 'stats' in saved:
       args['stats'] = ocp.args.StandardRestore()
@@ -202,7 +206,7 @@ class Checkpointer:
         return dict(self._read(s, **read), restore_info=dataclasses.replace(info, step=s))
       except Exception as e:  # pylint: disable=broad-except
         error, root = e, e
-        while root.__cause__ is not None:
+        while root.__cause__ is not None:  # Orbax wraps TensorStore's reason
           root = root.__cause__
         if isinstance(e, CheckpointMismatchError) or not isinstance(root, _READ_ERRORS):
           raise
@@ -210,9 +214,8 @@ class Checkpointer:
         reason = kind + (str(root).strip().splitlines() or [''])[0][:300]
       steps, where = self.all_steps(), self.directory / str(s)
       older = [x for x in steps if x < s]
-      if not where.exists() or step is None and steps[-1:] > [s]:
-        logger.warning('Checkpoint %s was deleted or superseded while it was read (a running '
-                       'training run keeps only its newest steps); reading the newest.', where)
+      if not where.exists() or step is None and any(x > s and x not in tried for x in steps):
+        logger.warning('Checkpoint %s deleted or superseded while read; reading the newest.', where)
         info.vanished.append(s)
       elif step is not None or not fallback or not older:
         raise CheckpointDamagedError(
@@ -220,8 +223,7 @@ class Checkpointer:
             f'changed. Move it aside (mv {where} /tmp/) and re-run to resume from the previous '
             f'checkpoint (step {(older or [None])[-1]}), or use a fresh --workdir.') from error
       else:
-        logger.warning('Checkpoint %s is damaged (%s); falling back to the previous one (the '
-                       'directory is left on disk).', where, reason)
+        logger.warning('Checkpoint %s is damaged (%s); reading the previous one.', where, reason)
         info.fell_back_from.append(dict(step=s, directory=str(where), reason=reason))
     raise FileNotFoundError(f'no checkpoint {"" if step is None else f"of step {step} "}under '
                             f'{self.directory} (available steps: {self.all_steps()}); run '
@@ -231,11 +233,9 @@ class Checkpointer:
     return self
 
   def __exit__(self, exc_type, exc, tb) -> None:
-    try:
+    # After an error, that one (often the same full disk) stays the one reported.
+    with contextlib.suppress(Exception) if exc is not None else contextlib.nullcontext():
       self.close()
-    except Exception:  # pylint: disable=broad-except
-      if exc is None:  # After an error, that one (often the same full disk) stays reported.
-        raise
 
 
 def restore_params(workdir_or_ckpt_dir: str | os.PathLike[str], step: int | None = None,

@@ -246,17 +246,18 @@ def defer_sigterm(install: bool = True) -> Iterator[None]:
   """From here on SIGTERM only sets `sigterm_requested` (the training loop saves and stops);
   installs the handler for the block unless the process has (or ``install`` is False: on
   several hosts JAX's notifier owns SIGTERM)."""
+  before = dict(_SIGTERM)
   _SIGTERM.update(requested=False, deferred=True)
   old = None
   if install and signal.getsignal(signal.SIGTERM) is not _on_sigterm:
     with contextlib.suppress(ValueError):  # Not the main thread: no handler.
-      old = signal.signal(signal.SIGTERM, _on_sigterm)
+      old = signal.signal(signal.SIGTERM, _on_sigterm) or signal.SIG_DFL
   try:
     yield
   finally:
+    _SIGTERM['deferred'] = before['deferred']
     if old is not None:
       signal.signal(signal.SIGTERM, old)
-      _SIGTERM['deferred'] = False
 
 
 @contextlib.contextmanager
@@ -265,6 +266,7 @@ def exit_early_on_sigterm(prog: str, workdir: str, remove: bool = True) -> Itera
   until `defer_sigterm`, SIGTERM exits ``EXIT_PREEMPTED`` at once, removing ``workdir`` if
   this process created it and it is still unused (not if ``remove`` is False: hosts share it)."""
   created = not os.path.exists(workdir)
+  _SIGTERM.update(requested=False, deferred=False)
   old = signal.signal(signal.SIGTERM, _on_sigterm)
   try:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})

@@ -414,12 +414,15 @@ def test_params_replaced_by_other_valid_bytes_fail_the_checksum(tmp_path):
     checkpointing.restore_params(tmp_path, step=1)
 
 
-def test_checkpoint_holding_nan_is_refused_on_restore(tmp_path):
+def test_checkpoint_holding_nan_is_refused_on_restore(tmp_path, monkeypatch):
   params, opt_state = _trained_state(_params())
   bad = jax.tree.map(lambda x: x, params)
   bad['ln']['scale'] = bad['ln']['scale'].at[0].set(jnp.nan)
-  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:  # saving never judges values
-    assert _save(ck, 3, bad, opt_state, None)
+  digests = checkpointing._digests  # pylint: disable=protected-access
+  with monkeypatch.context() as m:  # NaN written by a save that did not look (another writer)
+    m.setattr(checkpointing, '_digests', lambda item, tree: (digests(item, tree)[0], []))
+    with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+      assert _save(ck, 3, bad, opt_state, None)
   with pytest.raises(checkpointing.CheckpointDamagedError, match='non-finite.*ln/scale'):
     checkpointing.restore_params(tmp_path, step=3)
   with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
@@ -471,6 +474,43 @@ def test_step_deleted_while_read_is_replaced_by_the_new_latest(tmp_path, monkeyp
   assert info.step == 7 and info.vanished == [5] and info.fell_back_from == []
   _assert_trees_equal(restored, jax.tree.map(lambda x: x + 1, params))
   assert 'deleted or superseded' in caplog.text
+
+
+def test_a_reader_names_every_damaged_step_it_skips_and_fails_when_all_are_damaged(
+    tmp_path, monkeypatch):
+  """Two damaged newest steps are both damage (not 'deleted while read'); with every step
+  damaged the reader names one, never 'no checkpoint'."""
+  params, opt_state = _trained_state(_params())
+  with checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=5) as writer:
+    for step in (0, 5, 7):
+      _save(writer, step, params, opt_state, None)
+  real = checkpointing.Checkpointer._read  # pylint: disable=protected-access
+  damaged = {5, 7}
+
+  def read(self, step, **kw):
+    if step in damaged:
+      raise checkpointing.CheckpointDamagedError(f'step {step} is garbled')
+    return real(self, step, **kw)
+
+  monkeypatch.setattr(checkpointing.Checkpointer, '_read', read)
+  _, _, info = checkpointing.restore_params(tmp_path)
+  assert info.step == 0 and info.vanished == []
+  assert [d['step'] for d in info.fell_back_from] == [7, 5]
+  damaged.add(0)
+  with pytest.raises(checkpointing.CheckpointDamagedError, match='checkpoints/0 is damaged'):
+    checkpointing.restore_params(tmp_path)
+
+
+def test_a_save_of_non_finite_state_is_refused_and_nothing_is_written(tmp_path):
+  """An update that made the parameters non-finite after a finite loss: exit 3's error
+  (FloatingPointError), and the last good checkpoint stays the newest."""
+  params, opt_state = _trained_state(_params())
+  bad = jax.tree.map(lambda x: x.at[0].set(jnp.nan) if x.ndim else x, params)
+  with checkpointing.Checkpointer(tmp_path, max_to_keep=3) as ck:
+    _save(ck, 1, params, opt_state, None)
+    with pytest.raises(FloatingPointError, match='after step 2: not saved.*step 1'):
+      _save(ck, 2, bad, opt_state, None)
+    assert ck.all_steps() == [1]
 
 
 def test_metrics_are_stored_with_the_step(tmp_path):

@@ -403,3 +403,19 @@ def test_during_training_the_one_sigterm_handler_only_sets_a_flag_and_is_removed
     time.sleep(0.01)
     assert cli.sigterm_requested()
   assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_second_run_in_one_process_still_stops_at_once_on_a_sigterm_during_setup(tmp_path):
+  """The deferral of one run's training ends with it: the next run's setup exits 75 at once."""
+  before = signal.getsignal(signal.SIGTERM)
+  with cli.exit_early_on_sigterm('train.py', str(tmp_path / 'a')):
+    with cli.defer_sigterm():
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(0.01)
+      assert cli.sigterm_requested()
+  with pytest.raises(SystemExit) as e:
+    with cli.exit_early_on_sigterm('train.py', str(tmp_path / 'b')):
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(1)
+  assert e.value.code == cli.EXIT_PREEMPTED
+  assert signal.getsignal(signal.SIGTERM) is before
