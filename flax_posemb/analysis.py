@@ -1,8 +1,6 @@
 """Numpy analysis of position tables ``[L, D]`` (row p = position p) and of statistics window
 files (core: no files written; `analysis_report` writes them, docs/DESIGN.md §Statistics)."""
 
-from __future__ import annotations
-
 import math
 import os
 from typing import Any

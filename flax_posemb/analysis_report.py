@@ -1,8 +1,6 @@
 """The files of a table or statistics analysis (runner side of `analysis`): JSON, arrays and
 plots, as docs/DESIGN.md §Statistics lists them."""
 
-from __future__ import annotations
-
 import json
 import os
 from typing import Any

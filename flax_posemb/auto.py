@@ -1,8 +1,6 @@
 """What `attention_impl='auto'` and `grad_accum_steps=0` become (docs/DESIGN.md, Config): set once
 where a run starts (`resolve_config`, recorded in `config.json`), else at trace time."""
 
-from __future__ import annotations
-
 from typing import Any, Mapping
 
 import jax

@@ -1,7 +1,5 @@
 """Loss by position bucket, document-clustered errors (docs/DESIGN.md "Evaluation outputs")."""
 
-from __future__ import annotations
-
 import hashlib
 import math
 from typing import Any

@@ -1,8 +1,6 @@
 """What the CLIs share: exit codes, one-message errors, quiet logs, huge pages, the one SIGTERM
 handler (README, "What happens when things go wrong")."""
 
-from __future__ import annotations
-
 import contextlib
 import errno
 import logging

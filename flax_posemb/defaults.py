@@ -1,7 +1,5 @@
 """Default configuration sections shared by every `configs/*.py` (docs/DESIGN.md, Config)."""
 
-from __future__ import annotations
-
 import dataclasses
 
 import ml_collections

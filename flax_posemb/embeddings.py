@@ -4,8 +4,6 @@ Positions are explicit (`positions[b, t]` is the table row of token `(b, t)`); t
 checked once, on the host (`check_position_range`; docs/DESIGN.md, Batch).
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 import flax.linen as nn

@@ -1,7 +1,5 @@
 """An evaluation's files and tables, comparison of runs (docs/DESIGN.md "Evaluation outputs")."""
 
-from __future__ import annotations
-
 import json
 import math
 import os

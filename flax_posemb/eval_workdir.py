@@ -1,8 +1,6 @@
 """The eval command: restore a run's checkpoint, evaluate, write the outputs, compare runs
 (docs/DESIGN.md, "Evaluation outputs")."""
 
-from __future__ import annotations
-
 import os
 from collections.abc import Sequence
 from typing import Any

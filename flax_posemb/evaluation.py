@@ -1,8 +1,6 @@
 """Held-out loss by position bucket and the offset probe: the jitted step, streaming
 accumulation, summaries (docs/DESIGN.md, "Evaluation outputs")."""
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 import json

@@ -5,8 +5,6 @@ packed_reset, synthetic corpus), each with the question it answers.
   python -m flax_posemb.gallery --out docs/gallery  # regenerates the committed docs/gallery/
 """
 
-from __future__ import annotations
-
 import os
 import shutil
 

@@ -1,7 +1,5 @@
 """Named embedding-table initializers (`get`, `resolve`); sources in docs/REFERENCES.md."""
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 import inspect

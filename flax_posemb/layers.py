@@ -1,7 +1,5 @@
 """Framework-free transformer maths shared by the linen (`model`) and NNX (`nnx`) models."""
 
-from __future__ import annotations
-
 import math
 from collections.abc import Callable
 from typing import Any

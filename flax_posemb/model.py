@@ -1,7 +1,5 @@
 """GPT-2-style decoder-only LM, swappable position embedding (linen; docs/DESIGN.md, Model)."""
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 from collections.abc import Iterator, Mapping

@@ -1,8 +1,6 @@
 """Flax NNX twins of the linen embeddings and `TransformerLM` on the same functions: equal
 parameters give equal logits; attribute paths are the linen parameter paths (docs/DESIGN.md)."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import Any
 

@@ -1,8 +1,6 @@
 """Output files written whole or not at all, and a run's step-numbered outputs read back
 (numpy only); the rules are in docs/DESIGN.md, "Training outputs (workdir)"."""
 
-from __future__ import annotations
-
 import contextlib
 import errno
 import glob

@@ -1,7 +1,5 @@
 """Every figure of the project: each function draws arrays or results dicts into one PNG."""
 
-from __future__ import annotations
-
 import os
 from collections.abc import Sequence
 from typing import Any

@@ -1,8 +1,6 @@
 """The 1-D ``'data'`` mesh, shardings (batches along 'data'; parameters replicated or, with
 fsdp, split) and the host-to-device batch boundary."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import jax

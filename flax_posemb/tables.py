@@ -1,8 +1,6 @@
 """Reading a position table `[rows, features]` trained elsewhere (`position_init='file:..'`):
 `[file:]PATH.npy`, `[file:]PATH.npz[:KEY]`, `[file:]PATH.safetensors[:KEY]` (KEY: if several)."""
 
-from __future__ import annotations
-
 import functools
 import os
 import re

@@ -2,8 +2,6 @@
 tensorboardX's SummaryWriter (a thread of its own, flushed again at exit), a failed write
 raises in the caller, once, like every other output (`outputs.append_whole`)."""
 
-from __future__ import annotations
-
 import os
 import socket
 import struct

@@ -4,8 +4,6 @@ What it writes into ``workdir``, how a run resumes and when it stops: docs/DESIG
 §Training outputs (the README's failure table for the user's view).
 """
 
-from __future__ import annotations
-
 import contextlib
 import math
 import os

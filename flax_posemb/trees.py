@@ -1,7 +1,5 @@
 """The one tree-shape comparison: checkpoint restore, evaluation, NNX loading."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import jax

@@ -3,8 +3,6 @@ per bucket 1/32, 1/16, ..., 1 of the context: Pouransari et al., arXiv 2405.1322
 ``'uniform'``, ``'full'`` or token shares ``'a,b,c,...'`` of buckets with upper edges
 ``seq_len / 2**(n-1), ..., seq_len``; lengths are uniform within a bucket."""
 
-from __future__ import annotations
-
 import dataclasses
 
 import numpy as np

@@ -3,8 +3,6 @@
 ``{'text', 'kind'}``. Contents, splits, guarantee: docs/DESIGN.md "Data policies and tokens".
 """
 
-from __future__ import annotations
-
 import collections
 import fnmatch
 import glob as glob_lib

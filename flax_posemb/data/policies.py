@@ -1,8 +1,6 @@
 """Position policies: how documents become rows of ``T`` input/target pairs (docs/DESIGN.md
 "Data policies and tokens")."""
 
-from __future__ import annotations
-
 from typing import Any, Callable, Sequence
 
 import grain

@@ -7,8 +7,6 @@ and data"): ``DIR/NAME/1.0.0/`` with splits train/validation and one feature, ``
 Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message; --debug shows the traceback).
 """
 
-from __future__ import annotations
-
 import os
 import re
 import shutil

@@ -1,8 +1,6 @@
 """Position-exposure report (``python -m flax_posemb.data``): how often each position id
 carries a real token under a policy, and what each policy makes of the corpus."""
 
-from __future__ import annotations
-
 import collections
 from typing import Any
 

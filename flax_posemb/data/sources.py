@@ -3,8 +3,6 @@
 Real text is encoded as ``[SEP] + tokens(text)`` (docs/DESIGN.md "Data policies and tokens").
 """
 
-from __future__ import annotations
-
 import abc
 from typing import Any, Sequence
 

@@ -2,8 +2,6 @@
 ``stdlib`` corpora (built on first use) and prepared TFDS datasets (docs/DESIGN.md "Data
 policies and tokens")."""
 
-from __future__ import annotations
-
 import contextlib
 import fcntl
 import functools

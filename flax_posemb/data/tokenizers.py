@@ -1,8 +1,6 @@
 """Tokenizers for real text: UTF-8 bytes, or SentencePiece (its BOS piece separates
 documents)."""
 
-from __future__ import annotations
-
 import abc
 import io
 import os

@@ -1,7 +1,5 @@
 """Paired sweeps of runs, their measures and reports (docs/DESIGN.md "Experiments outputs")."""
 
-from __future__ import annotations
-
 import collections
 import logging
 import os

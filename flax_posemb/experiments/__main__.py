@@ -2,8 +2,6 @@
 
 Layout: docs/DESIGN.md "Experiments outputs"; exit codes: flax_posemb.cli."""
 
-from __future__ import annotations
-
 import logging
 import os
 import sys

@@ -1,7 +1,5 @@
 """Per-run measures from a finished run's files (docs/DESIGN.md "Experiments outputs")."""
 
-from __future__ import annotations
-
 import itertools
 import json
 import math

@@ -1,7 +1,5 @@
 """Paired t intervals over seeds, the fixed verdict rule and Holm-Bonferroni correction."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import warnings

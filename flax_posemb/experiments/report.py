@@ -1,7 +1,5 @@
 """A sweep's summary.json, REPORT.md and figures (docs/DESIGN.md "Experiments outputs")."""
 
-from __future__ import annotations
-
 import math
 import os
 from typing import Any, Iterable, Mapping

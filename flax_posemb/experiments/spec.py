@@ -1,7 +1,5 @@
 """Experiment configs: base config per scale, loading, validation (once, here), the grid."""
 
-from __future__ import annotations
-
 import dataclasses
 import hashlib
 import importlib.util

@@ -1,7 +1,5 @@
 """The resumable sweep runner: budget, then train, evaluate and measure every run, in-process."""
 
-from __future__ import annotations
-
 import dataclasses
 import datetime
 import json
