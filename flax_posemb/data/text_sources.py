@@ -23,7 +23,7 @@ import tensorflow_datasets as tfds
 from flax_posemb.data import sources
 from flax_posemb.data import tokenizers
 
-LONG_DOC_CORPORA = ('wiki40b/en', 'pg19')
+PY_VERSION = f'py{sys.version_info.major}{sys.version_info.minor}'  # Corpora of the stdlib.
 _BUILD_FORMAT = 'utf8v1'  # In the builder config hash: bump when the stored documents change.
 _ESCAPED = re.compile('[\udc80-\udcff]')  # Undecodable bytes under errors='surrogateescape'.
 
@@ -61,13 +61,16 @@ def refuse_invalid_utf8(paths: list[str]) -> None:
       line = raw[:e.start].count(b'\n') + 1
       raise ValueError(
           f'{p} is not valid UTF-8 ({e.reason}, byte 0x{raw[e.start]:02x} at offset {e.start}, '
-          f'line {line}); data.on_decode_error=error refuses it. Fix or remove the file, or '
-          'set --config.data.on_decode_error=replace (U+FFFD, counted) or skip (drop the '
-          'document, counted).') from None
+          f'line {line}); data.on_decode_error=error refuses it. Fix or remove the file, or set '
+          'data.on_decode_error=replace (U+FFFD, counted) or skip (drop the document).') from None
 
 
-def _file_docs(path: str, content: str, cfg) -> list[str]:
-  """The documents of one .txt/.jsonl/.py file's text."""
+def _file_docs(path: str, cfg) -> list[str]:
+  """The documents of one .txt/.jsonl/.py/.parquet file (text: lossless surrogateescape)."""
+  if path.endswith('.parquet'):
+    return parquet_texts(path, cfg.text_field)
+  with open(path, 'rb') as f:
+    content = f.read().decode('utf-8', 'surrogateescape')
   if path.endswith('.jsonl'):
     recs = [json.loads(line) for line in content.split('\n') if line.strip()]
     return [str(r.get(cfg.text_field, '')) if isinstance(r, dict) else str(r) for r in recs]
@@ -133,17 +136,10 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
   def _docs(self, bad: list[str]):
     """(key, kind, text) of every document in file order; files of invalid UTF-8 go to `bad`."""
     cfg = self._source()
-    if cfg.hf_dataset:
-      yield from ((key, '', doc) for key, doc in hf_documents(cfg.hf_dataset, cfg.text_field))
-      return
+    if cfg.hf_dataset:  # Then `files` is empty.
+      yield from hf_documents(cfg.hf_dataset, cfg.text_field)
     for path in cfg.files:
-      if path.endswith('.parquet'):
-        yield from ((f'{path}:{i}', '', doc) for i, doc in enumerate(parquet_texts(
-            path, cfg.text_field)))
-        continue
-      with open(path, 'rb') as f:
-        docs = _file_docs(path, f.read().decode('utf-8', 'surrogateescape'), cfg)  # Lossless.
-      for i, doc in enumerate(docs):
+      for i, doc in enumerate(_file_docs(path, cfg)):
         if _ESCAPED.search(doc):  # Mode 'error' refused the file before the build.
           bad.append(path)
           if cfg.on_decode_error == 'skip':
@@ -203,17 +199,11 @@ def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
                      config.description, ddir)
         build(builder)
         builder = builder_cls(config=config, data_dir=ddir)
-  found = decode_errors(builder)
-  if found and found['documents']:
+  found = builder.info.metadata['decode_errors']  # Set by every build (_split_generators).
+  if found['documents']:
     _warn_decode_errors(builder.name, found['documents'], ', '.join(found['files'][:5]),
                         found['mode'])
   return builder
-
-
-def decode_errors(builder) -> dict | None:
-  """What the build of `builder` found: {'mode', 'documents', 'files'}, or None."""
-  meta = builder.info.metadata
-  return dict(meta['decode_errors']) if meta and 'decode_errors' in meta else None
 
 
 @functools.cache  # Once per dataset and process.
@@ -247,13 +237,13 @@ def parquet_texts(path: str, column: str) -> list[str]:
 
 
 def hf_documents(path: str, column: str):
-  """(``SPLIT:ROW``, text) of every row of a dataset saved with ``save_to_disk``."""
+  """(``SPLIT:ROW``, '', text) of every row of a dataset saved with ``save_to_disk``."""
   datasets = _optional_import('datasets', path)
   ds = datasets.load_from_disk(path)
   for split, part in ds.items() if isinstance(ds, datasets.DatasetDict) else [('all', ds)]:
     _check_column(f'{path} ({split})', column, part.column_names)
     for i, text in enumerate(part[column]):
-      yield f'{split}:{i}', '' if text is None else str(text)
+      yield f'{split}:{i}', '', '' if text is None else str(text)
 
 
 def glob_files(globs, suffixes: tuple[str, ...], what: str) -> list[str]:
@@ -283,10 +273,9 @@ def _local_builder(c, ddir: str):
   val_percent, mode = int(c.val_percent), sources.decode_mode(c)
   if c.source == 'stdlib':
     files = stdlib_files()
-    ver = f'py{sys.version_info.major}{sys.version_info.minor}'
-    h = _hash_files(files, f'{ver}|{val_percent}|{_BUILD_FORMAT}|{mode}')
+    h = _hash_files(files, f'{PY_VERSION}|{val_percent}|{_BUILD_FORMAT}|{mode}')
     return _prepare(Stdlib, TextBuilderConfig(
-        name=f'{ver}_{h}', files=tuple(files), split_by='python', text_field='text',
+        name=f'{PY_VERSION}_{h}', files=tuple(files), split_by='python', text_field='text',
         val_percent=val_percent, on_decode_error=mode,
         description=f'Python {sys.version.split()[0]} stdlib, {len(files)} files'), ddir)
   files = glob_files([c.local_glob], ('.txt', '.jsonl'), f'data.local_glob={c.local_glob!r}')
@@ -307,8 +296,7 @@ def data_source(builder, split: str, name: str):
     raise ValueError(
         f'{name}: split {split!r} has no documents (no split {split!r}; its splits are '
         f'{sorted(splits)}, {sum(s.num_examples for s in splits.values())} documents in all). '
-        'Set data.train_split / data.eval_split; a corpus built here may be too small for '
-        'data.val_percent.')
+        'Set data.train_split / data.eval_split, or data.val_percent for a small corpus.')
   return builder.as_data_source(split=split)
 
 
@@ -318,7 +306,7 @@ def _records(data_config, split: str):
   ddir = data_dir(c)
   if c.source in ('local_text', 'stdlib'):
     builder = _local_builder(c, ddir)
-    return data_source(builder, split, c.source), 'text', decode_errors(builder)
+    return data_source(builder, split, c.source), 'text', builder.info.metadata['decode_errors']
   if c.source == 'long_text':
     from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
     return data_source(long_text.builder(c, ddir), split, 'long_text'), 'text', None
@@ -326,24 +314,20 @@ def _records(data_config, split: str):
 
 
 def not_prepared_message(name: str, ddir: str) -> str:
-  """Why TFDS dataset ``name`` cannot be read from ``ddir`` and both fixes (without
-  TensorFlow TFDS cannot tell an unprepared catalog dataset from an unknown name)."""
+  """Why `name` cannot be read from `ddir`, with both fixes (without TensorFlow, TFDS cannot
+  tell an unprepared catalog dataset from an unknown name)."""
   base = name.split(':')[0]
   infos = [os.path.relpath(os.path.dirname(x), ddir).split(os.sep) for depth in ('*/*', '*/*/*')
            for x in glob_lib.glob(os.path.join(ddir, depth, 'dataset_info.json'))]
   listed = sorted({'/'.join(p[:-1]) for p in infos if p[-1][:1].isdigit()})  # NAME[/CONF]/VER
   listed = ', '.join(listed[:20]) + (' ...' if len(listed) > 20 else '') if listed else 'none'
   return (
-      f'No prepared dataset {name!r} (data.name) under {ddir} (no '
-      f'{os.path.join(ddir, *base.split("/"))}/<version>/dataset_info.json). If it is a TFDS '
-      f'catalog dataset, build it once (TensorFlow is needed only there): pip install '
-      f'"flax_posemb[prepare]"; tfds build {base} --file_format=array_record '
-      f'--data_dir={ddir} (built elsewhere: copy its {base.split("/")[0]}/ directory into '
-      f'{ddir}). If it is your own text: python -m flax_posemb.data.prepare --name {base} '
-      f"--input 'FILES' --data_dir {ddir} (README, \"Configs and data\"). Otherwise check "
-      'the spelling: catalog names are lowercase, e.g. pg19, wiki40b/en; a dataset with '
-      'several prepared configs needs NAME/CONFIG. For long-context studies use corpora with '
-      f'long documents ({", ".join(LONG_DOC_CORPORA)}). Prepared datasets in {ddir}: {listed}.')
+      f'No prepared dataset {name!r} (data.name) under {ddir}. A TFDS catalog dataset: build '
+      f'it once (only this needs TensorFlow: pip install "flax_posemb[prepare]"), tfds build '
+      f'{base} --file_format=array_record --data_dir={ddir}, or copy a build into {ddir}. Your '
+      f"own text: python -m flax_posemb.data.prepare --name {base} --input 'FILES' --data_dir "
+      f'{ddir}. Else check the spelling (catalog names are lowercase, e.g. pg19, wiki40b/en; '
+      f'several prepared configs need NAME/CONFIG). Prepared datasets in {ddir}: {listed}.')
 
 
 def find_builder_dir(name: str, ddir: str) -> str | None:
@@ -364,9 +348,7 @@ def find_builder_dir(name: str, ddir: str) -> str | None:
 
 def string_features(features) -> list[str]:
   """Names of the top-level text/string features of a TFDS `FeaturesDict`."""
-  return [k for k, f in features.items() if isinstance(f, tfds.features.Text) or str(
-      getattr(f, 'dtype', '')) in ("<dtype: 'string'>", 'object', 'string')
-          or getattr(f, 'np_dtype', None) == object]
+  return [k for k, f in features.items() if getattr(f, 'np_dtype', None) == object]
 
 
 def pick_text_feature(features, wanted: str, name: str) -> str:
@@ -377,10 +359,9 @@ def pick_text_feature(features, wanted: str, name: str) -> str:
   for cands in (texts, [k for k in texts if 'text' in k.lower()]):
     if len(cands) == 1:
       return cands[0]
-  raise ValueError(
-      f'TFDS dataset {name!r} has no feature {wanted!r} (data.text_feature); its string '
-      f'features are {texts} (all features: {sorted(features)}). Set '
-      f'--config.data.text_feature to one of them.')
+  raise ValueError(f'TFDS dataset {name!r} has no feature {wanted!r} (data.text_feature); its '
+                   f'string features are {texts} (all features: {sorted(features)}). Set '
+                   '--config.data.text_feature to one of them.')
 
 
 @functools.cache  # Once per dataset and process.
@@ -399,18 +380,17 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
       records = tfds.data_source(name, split=split, data_dir=ddir, download=False)
     except Exception:  # pylint: disable=broad-except  # Unknown, or registered but not prepared.
       raise ValueError(not_prepared_message(name, ddir)) from None
-    info = getattr(records, 'dataset_info', None)
-    feature = pick_text_feature(getattr(info, 'features', None), text_feature, name)
+    features = getattr(getattr(records, 'dataset_info', None), 'features', None)
   else:
     builder = tfds.builder_from_directory(path)
-    fmt = getattr(builder.info, 'file_format', None)
-    fmt = str(getattr(fmt, 'value', fmt) or '')
-    if fmt and 'array_record' not in fmt.lower():
-      raise ValueError(f'TFDS dataset {name!r} in {path} is stored as {fmt}, which has no '
+    fmt = builder.info.file_format
+    if fmt and fmt.value != 'array_record':
+      raise ValueError(f'TFDS dataset {name!r} in {path} is stored as {fmt.value}, which has no '
                        'random access without TensorFlow; rebuild it with tfds build '
                        f'{name.split(":")[0]} --file_format=array_record --data_dir={ddir}.')
     records = data_source(builder, split, f'TFDS dataset {name!r}')
-    feature = pick_text_feature(builder.info.features, text_feature, name)
+    features = builder.info.features
+  feature = pick_text_feature(features, text_feature, name)
   _log_feature(name, feature, text_feature)
   return records, feature
 

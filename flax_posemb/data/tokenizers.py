@@ -58,10 +58,9 @@ class SentencePieceTokenizer(Tokenizer):
     # The BOS piece separates documents (EOS if it has none; models trained here have both).
     self.sep_id = int(self._sp.bos_id() if self._sp.bos_id() >= 0 else self._sp.eos_id())
     if self.sep_id < 0:
-      raise ValueError(
-          f'SentencePiece model {model_file or "(serialized)"} has neither a BOS nor an EOS '
-          'piece, so documents cannot be separated. Train it with --bos_id or --eos_id >= 0, '
-          "or set data.spm_model='' to train one on the corpus.")
+      raise ValueError(f'SentencePiece model {model_file or "(serialized)"} has neither a BOS '
+                       'nor an EOS piece to separate documents. Train it with --bos_id or '
+                       "--eos_id >= 0, or set data.spm_model='' to train one on the corpus.")
 
   def encode(self, text: str) -> list[int]:
     return list(self._sp.encode(text))
@@ -75,13 +74,12 @@ class SentencePieceTokenizer(Tokenizer):
     """Trains a unigram model with byte fallback on `texts` (and saves it to `save_path`)."""
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     buf = io.BytesIO()
-    texts = (t for t in texts if t.strip())
     try:
       spm.SentencePieceTrainer.train(
-          sentence_iterator=texts, model_writer=buf, vocab_size=int(vocab_size),
-          model_type='unigram', byte_fallback=True, character_coverage=0.9995,
-          unk_id=0, bos_id=1, eos_id=2, pad_id=-1, hard_vocab_limit=False,
-          max_sentence_length=1 << 16, input_sentence_size=200_000,
+          sentence_iterator=(t for t in texts if t.strip()), model_writer=buf,
+          vocab_size=int(vocab_size), model_type='unigram', byte_fallback=True,
+          character_coverage=0.9995, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+          hard_vocab_limit=False, max_sentence_length=1 << 16, input_sentence_size=200_000,
           shuffle_input_sentence=True, minloglevel=2)
     except RuntimeError as e:
       raise ValueError(f'SentencePiece training failed ({e}); the corpus may be empty or too '
