@@ -83,8 +83,19 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
                                     num_train_steps=int(config.num_train_steps), max_len=max_len,
                                     with_doc_ids=True)
   # packed_reset keeps in-document positions up to the table; every other policy stays < T.
-  counts, slots, seg_lens, main_docs = _count_batches(
-      it, num_batches, max_len if c.position_policy == 'packed_reset' else t)
+  counts = np.zeros(max_len if c.position_policy == 'packed_reset' else t, np.int64)
+  slots, seg_lens, main_docs = 0, [], []
+  for _ in range(num_batches):
+    b = next(it)
+    real = b['segment_ids'] > 0
+    np.add.at(counts, b['positions'][real], 1)
+    slots += real.size
+    seg_lens += [n for row in b['segment_ids']
+                 for n in np.unique(row[row > 0], return_counts=True)[1].tolist()]
+    for row in b['doc_ids']:  # A row's main document holds most of its tokens (-1: none).
+      ids, n = np.unique(row[row >= 0], return_counts=True)
+      main_docs.append(ids[np.argmax(n)] if len(ids) else -1)
+  main_docs = np.array(main_docs, np.int64).reshape(num_batches, -1)
   deciles, last_over_first = _deciles(counts)
   src = pipeline.make_source(c, c.train_split)
   order = pipeline.DocOrder(len(src), int(config.seed), True)
@@ -113,23 +124,6 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
   }
 
 
-def _count_batches(it, num_batches: int, length: int):
-  """Tokens per position ``[length]``, slots, segment lengths, main docs ``[num_batches, b]``."""
-  counts = np.zeros(length, np.int64)
-  slots, seg_lens, main_docs = 0, [], []
-  for _ in range(num_batches):
-    b = next(it)
-    real = b['segment_ids'] > 0
-    np.add.at(counts, b['positions'][real], 1)
-    slots += real.size
-    seg_lens += [n for row in b['segment_ids']
-                 for n in np.unique(row[row > 0], return_counts=True)[1].tolist()]
-    for row in b['doc_ids']:  # A row's main document holds most of its tokens (-1: none).
-      ids, n = np.unique(row[row >= 0], return_counts=True)
-      main_docs.append(ids[np.argmax(n)] if len(ids) else -1)
-  return counts, slots, seg_lens, np.array(main_docs, np.int64).reshape(num_batches, -1)
-
-
 def batch_diversity(main_docs: np.ndarray, doc_pairs: np.ndarray, data_config,
                     split_docs: int) -> dict[str, float | None]:
   """Shares of same-document row pairs and one-document batches in `main_docs` ``[num_batches,
@@ -150,8 +144,7 @@ def batch_diversity(main_docs: np.ndarray, doc_pairs: np.ndarray, data_config,
   p = w / max(w.sum(), 1.0)
   f = len(pairs) / max(int(split_docs), 1)
   return {'same_doc_pairs': float(same.mean()), 'random_same_doc_pairs': float(f * np.sum(p**2)),
-          'all_one_doc': float(one.mean()),
-          'random_all_one_doc': float(f ** (b - 1) * np.sum(p**b))}
+          'all_one_doc': float(one.mean()), 'random_all_one_doc': float(f**(b - 1) * np.sum(p**b))}
 
 
 def composition(data_config) -> list[dict[str, Any]]:
@@ -163,8 +156,7 @@ def composition(data_config) -> list[dict[str, Any]]:
     lengths = collections.defaultdict(list)
     for i in range(len(src)):
       lengths[src.kind(i)].append(len(src.doc(i, max_pairs=None)))
-    rows += [{'split': split, 'kind': k, **long_text.split_stats(lengths[k],
-                                                                 int(data_config.seq_len))}
+    rows += [{'split': split, 'kind': k, **long_text.split_stats(lengths[k], data_config.seq_len)}
              for k in sorted(lengths, key=long_text.KINDS.index)]
   return rows
 
@@ -179,10 +171,9 @@ def format_report(rep: dict[str, Any]) -> str:
            f"measured late/early exposure (last/first decile): {_fmt(rep['last_over_first'])}",
            'real tokens per position, mean per decile of positions:']
   edges = np.linspace(0, t, 11).astype(int)
-  first = rep['deciles'][0] or 1.0
-  for i, d in enumerate(rep['deciles']):
-    bar = '#' * int(round(40 * d / max(max(rep['deciles']), 1e-9)))
-    lines.append(f'  [{edges[i]:5d},{edges[i + 1]:5d})  {d:10.1f}  {d / first:5.2f}x  {bar}')
+  first, top = rep['deciles'][0] or 1.0, max(max(rep['deciles']), 1e-9)
+  lines += [f'  [{a:5d},{b:5d})  {d:10.1f}  {d / first:5.2f}x  {"#" * int(round(40 * d / top))}'
+            for a, b, d in zip(edges[:-1], edges[1:], rep['deciles'])]
   div = rep.get('batch_diversity')
   if div and div['same_doc_pairs'] is not None:
     lines.append(f"rows of one batch from one document: {100 * div['same_doc_pairs']:.2f}% of "

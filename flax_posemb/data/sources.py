@@ -1,7 +1,5 @@
-"""Document sources: random access to the tokenized documents of one split.
-
-Real text is encoded as ``[SEP] + tokens(text)`` (docs/DESIGN.md "Data policies and tokens").
-"""
+"""Document sources: random access to the tokenized documents of one split (real text as
+``[SEP] + tokens(text)``: docs/DESIGN.md "Data policies and tokens")."""
 
 import abc
 from typing import Any, Sequence
@@ -92,10 +90,9 @@ class TextSource(DocSource):
     self.on_decode_error, self.default_kind = on_decode_error, kind
     self.decode_errors = 0  # Documents of invalid UTF-8 met by `text` in this process.
     self.build_decode_errors: dict[str, Any] | None = None  # What the corpus build found.
-    self._len = len(records)
 
   def __len__(self) -> int:
-    return self._len
+    return len(self.records)
 
   def text(self, index: int) -> str:
     """The raw text of document `index` (a skipped document is '')."""

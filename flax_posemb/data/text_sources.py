@@ -45,16 +45,14 @@ def _hash_files(paths: list[str], extra: str) -> str:
   h = hashlib.sha1(extra.encode())
   for p in paths:
     h.update(p.encode())
-    with open(p, 'rb') as f:
-      h.update(f.read())
+    h.update(epath.Path(p).read_bytes())
   return h.hexdigest()[:12]
 
 
 def refuse_invalid_utf8(paths: list[str]) -> None:
   """data.on_decode_error=error: refuses the first file of invalid UTF-8 before a build."""
   for p in paths:
-    with open(p, 'rb') as f:
-      raw = f.read()
+    raw = epath.Path(p).read_bytes()
     try:
       raw.decode('utf-8')
     except UnicodeDecodeError as e:
@@ -69,8 +67,7 @@ def _file_docs(path: str, cfg) -> list[str]:
   """The documents of one .txt/.jsonl/.py/.parquet file (text: lossless surrogateescape)."""
   if path.endswith('.parquet'):
     return parquet_texts(path, cfg.text_field)
-  with open(path, 'rb') as f:
-    content = f.read().decode('utf-8', 'surrogateescape')
+  content = epath.Path(path).read_bytes().decode('utf-8', 'surrogateescape')
   if path.endswith('.jsonl'):
     recs = [json.loads(line) for line in content.split('\n') if line.strip()]
     return [str(r.get(cfg.text_field, '')) if isinstance(r, dict) else str(r) for r in recs]
@@ -201,17 +198,17 @@ def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
         builder = builder_cls(config=config, data_dir=ddir)
   found = builder.info.metadata['decode_errors']  # Set by every build (_split_generators).
   if found['documents']:
-    _warn_decode_errors(builder.name, found['documents'], ', '.join(found['files'][:5]),
-                        found['mode'])
+    _log_once(logging.WARNING, '%s: %d document(s) are not valid UTF-8 (files: %s); '
+              'data.on_decode_error=%s %s. Use data.on_decode_error=error to refuse such files.',
+              builder.name, found['documents'], ', '.join(found['files'][:5]), found['mode'],
+              'replaced the invalid bytes by U+FFFD' if found['mode'] == 'replace'
+              else 'dropped them')
   return builder
 
 
-@functools.cache  # Once per dataset and process.
-def _warn_decode_errors(name: str, documents: int, files: str, mode: str) -> None:
-  logging.warning('%s: %d document(s) are not valid UTF-8 (files: %s); data.on_decode_error=%s '
-                  '%s. Use data.on_decode_error=error to refuse such files.', name, documents,
-                  files, mode, 'replaced the invalid bytes by U+FFFD' if mode == 'replace'
-                  else 'dropped them')
+@functools.cache  # Once per message and process.
+def _log_once(level: int, msg: str, *args) -> None:
+  logging.log(level, msg, *args)
 
 
 def _optional_import(module: str, path: str):
@@ -268,27 +265,6 @@ def stdlib_files() -> list[str]:
   return out
 
 
-def _local_builder(c, ddir: str):
-  """The prepared builder of data.source local_text or stdlib."""
-  val_percent, mode = int(c.val_percent), sources.decode_mode(c)
-  if c.source == 'stdlib':
-    files = stdlib_files()
-    h = _hash_files(files, f'{PY_VERSION}|{val_percent}|{_BUILD_FORMAT}|{mode}')
-    return _prepare(Stdlib, TextBuilderConfig(
-        name=f'{PY_VERSION}_{h}', files=tuple(files), split_by='python', text_field='text',
-        val_percent=val_percent, on_decode_error=mode,
-        description=f'Python {sys.version.split()[0]} stdlib, {len(files)} files'), ddir)
-  files = glob_files([c.local_glob], ('.txt', '.jsonl'), f'data.local_glob={c.local_glob!r}')
-  h = _hash_files(files, f'{c.local_split_by}|{c.text_feature}|{val_percent}|'
-                  f'{_BUILD_FORMAT}|{mode}')
-  if mode == 'error':
-    refuse_invalid_utf8(files)
-  return _prepare(LocalText, TextBuilderConfig(
-      name=f'h{h}', files=tuple(files), split_by=c.local_split_by, text_field=c.text_feature,
-      val_percent=val_percent, description=f'{len(files)} files from {c.local_glob}',
-      on_decode_error=mode), ddir)
-
-
 def data_source(builder, split: str, name: str):
   """`builder`'s random-access records of `split`; a split it lacks is refused."""
   splits = builder.info.splits
@@ -304,13 +280,30 @@ def _records(data_config, split: str):
   """(records, text feature, build decode errors or None) of `split`."""
   c = data_config
   ddir = data_dir(c)
-  if c.source in ('local_text', 'stdlib'):
-    builder = _local_builder(c, ddir)
-    return data_source(builder, split, c.source), 'text', builder.info.metadata['decode_errors']
+  if c.source == 'tfds':
+    return (*tfds_records(c.name, split, ddir, c.text_feature), None)
   if c.source == 'long_text':
     from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
     return data_source(long_text.builder(c, ddir), split, 'long_text'), 'text', None
-  return (*tfds_records(c.name, split, ddir, c.text_feature), None)
+  val_percent, mode = int(c.val_percent), sources.decode_mode(c)
+  if c.source == 'stdlib':
+    files = stdlib_files()
+    h = _hash_files(files, f'{PY_VERSION}|{val_percent}|{_BUILD_FORMAT}|{mode}')
+    builder = _prepare(Stdlib, TextBuilderConfig(
+        name=f'{PY_VERSION}_{h}', files=tuple(files), split_by='python', text_field='text',
+        val_percent=val_percent, on_decode_error=mode,
+        description=f'Python {sys.version.split()[0]} stdlib, {len(files)} files'), ddir)
+  else:  # local_text
+    files = glob_files([c.local_glob], ('.txt', '.jsonl'), f'data.local_glob={c.local_glob!r}')
+    h = _hash_files(files, f'{c.local_split_by}|{c.text_feature}|{val_percent}|'
+                    f'{_BUILD_FORMAT}|{mode}')
+    if mode == 'error':
+      refuse_invalid_utf8(files)
+    builder = _prepare(LocalText, TextBuilderConfig(
+        name=f'h{h}', files=tuple(files), split_by=c.local_split_by, text_field=c.text_feature,
+        val_percent=val_percent, description=f'{len(files)} files from {c.local_glob}',
+        on_decode_error=mode), ddir)
+  return data_source(builder, split, c.source), 'text', builder.info.metadata['decode_errors']
 
 
 def not_prepared_message(name: str, ddir: str) -> str:
@@ -340,10 +333,9 @@ def find_builder_dir(name: str, ddir: str) -> str | None:
     cands = glob_lib.glob(os.path.join(root, '*', version or '*', 'dataset_info.json'))
     if len({os.path.dirname(os.path.dirname(x)) for x in cands}) > 1:
       return None
-  versions = {os.path.dirname(x): os.path.basename(os.path.dirname(x)) for x in cands}
-  versions = {d: [int(x) for x in v.split('.')] for d, v in versions.items()
-              if re.fullmatch(r'\d+(\.\d+)*', v)}
-  return max(versions, key=versions.get) if versions else None
+  dirs = [os.path.dirname(x) for x in cands]
+  dirs = [d for d in dirs if re.fullmatch(r'\d+(\.\d+)*', os.path.basename(d))]
+  return max(dirs, key=lambda d: [int(x) for x in os.path.basename(d).split('.')], default=None)
 
 
 def string_features(features) -> list[str]:
@@ -362,13 +354,6 @@ def pick_text_feature(features, wanted: str, name: str) -> str:
   raise ValueError(f'TFDS dataset {name!r} has no feature {wanted!r} (data.text_feature); its '
                    f'string features are {texts} (all features: {sorted(features)}). Set '
                    '--config.data.text_feature to one of them.')
-
-
-@functools.cache  # Once per dataset and process.
-def _log_feature(name: str, feature: str, wanted: str) -> None:
-  why = '' if feature == wanted else (f' (picked: the dataset has no {wanted!r}; set '
-                                       'data.text_feature to choose another)')
-  logging.info('TFDS dataset %s: text feature %r%s.', name, feature, why)
 
 
 def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
@@ -391,7 +376,9 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
     records = data_source(builder, split, f'TFDS dataset {name!r}')
     features = builder.info.features
   feature = pick_text_feature(features, text_feature, name)
-  _log_feature(name, feature, text_feature)
+  _log_once(logging.INFO, 'TFDS dataset %s: text feature %r%s.', name, feature,
+            '' if feature == text_feature else f' (picked: the dataset has no {text_feature!r}; '
+            'set data.text_feature to choose another)')
   return records, feature
 
 

@@ -49,11 +49,7 @@ class SentencePieceTokenizer(Tokenizer):
 
   def __init__(self, model_file: str | None = None, model_proto: bytes | None = None):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-    if model_proto is None:
-      with open(model_file, 'rb') as f:
-        model_proto = f.read()
-    self.model_proto = model_proto
-    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self._sp = spm.SentencePieceProcessor(model_file=model_file, model_proto=model_proto)
     self.vocab_size = int(self._sp.get_piece_size())
     # The BOS piece separates documents (EOS if it has none; models trained here have both).
     self.sep_id = int(self._sp.bos_id() if self._sp.bos_id() >= 0 else self._sp.eos_id())
