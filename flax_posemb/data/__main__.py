@@ -22,8 +22,7 @@ from flax_posemb.data import report  # pylint: disable=g-import-not-at-top,wrong
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/NAME.py).')
 _NUM_BATCHES = flags.DEFINE_integer('num_batches', 100, 'Training batches to count.', lower_bound=1)
 _NUM_DOCS = flags.DEFINE_integer('num_source_docs', 2000, 'Source documents sampled for the '
-                                 'length distribution and policy shares (0 = all).',
-                                 lower_bound=0)
+                                 'length distribution and policy shares (0 = all).', lower_bound=0)
 _JSON = flags.DEFINE_string('json', '', 'Write the report as JSON here.')
 _PNG = flags.DEFINE_string('png', '', 'Write a plot of exposure per position here.')
 cli.define_debug_flag()

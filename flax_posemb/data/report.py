@@ -45,9 +45,8 @@ def policy_shares(doc_pairs: np.ndarray, data_config, seed: int = 0) -> dict[str
   natural = alive(p)
   wrapped = sum(alive(p + k * t) for k in range(int(srt[-1] // t) + 1)) if len(srt) else p * 0
   f = float(c.schedule_fraction)
-  rng = np.random.default_rng([seed, 0x5A])
-  target = lengths_lib.parse(c.resample_dist, t)
-  m = target.sample_many(rng.random((len(n), 16)).ravel(), rng.random((len(n), 16)).ravel())
+  u = np.random.default_rng([seed, 0x5A]).random((2, 16 * len(n)))  # 16 draws per document.
+  m = lengths_lib.parse(c.resample_dist, t).sample_many(u[0], u[1])
   resampled = float(np.minimum(np.repeat(n, 16), m).sum() / 16 / total)
   return {
       'packed': {'token_share': used(np.inf), 'last_over_first': 1.0},

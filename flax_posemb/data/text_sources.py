@@ -1,6 +1,5 @@
-"""Real-text sources through TFDS array_record, without TensorFlow: the ``local_text`` and
-``stdlib`` corpora (built on first use) and prepared TFDS datasets (docs/DESIGN.md "Data
-policies and tokens")."""
+"""Real text through TFDS array_record, without TensorFlow: the ``local_text`` and ``stdlib``
+corpora (built on first use), prepared TFDS datasets (docs/DESIGN.md "Data policies and tokens")."""
 
 import contextlib
 import fcntl
@@ -256,9 +255,8 @@ def glob_files(globs, suffixes: tuple[str, ...], what: str) -> list[str]:
 
 def stdlib_files() -> list[str]:
   """Sorted .py files of this Python's standard library (no site-packages, no tests)."""
-  root = sysconfig.get_paths()['stdlib']
   out = []
-  for dirpath, dirnames, filenames in os.walk(root):
+  for dirpath, dirnames, filenames in os.walk(sysconfig.get_paths()['stdlib']):
     dirnames[:] = sorted(d for d in dirnames if d not in (
         'site-packages', 'dist-packages', '__pycache__', 'test', 'tests', 'idle_test'))
     out += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith('.py')]
@@ -307,12 +305,10 @@ def _records(data_config, split: str):
 
 
 def not_prepared_message(name: str, ddir: str) -> str:
-  """Why `name` cannot be read from `ddir`, with both fixes (without TensorFlow, TFDS cannot
-  tell an unprepared catalog dataset from an unknown name)."""
+  """Why `name` cannot be read from `ddir` (unprepared or unknown: TFDS cannot tell), both fixes."""
   base = name.split(':')[0]
-  infos = [os.path.relpath(os.path.dirname(x), ddir).split(os.sep) for depth in ('*/*', '*/*/*')
-           for x in glob_lib.glob(os.path.join(ddir, depth, 'dataset_info.json'))]
-  listed = sorted({'/'.join(p[:-1]) for p in infos if p[-1][:1].isdigit()})  # NAME[/CONF]/VER
+  listed = sorted({os.path.relpath(os.path.dirname(os.path.dirname(x)), ddir) for d in ('*', '*/*')
+                   for x in glob_lib.glob(os.path.join(ddir, d, '[0-9]*', 'dataset_info.json'))})
   listed = ', '.join(listed[:20]) + (' ...' if len(listed) > 20 else '') if listed else 'none'
   return (
       f'No prepared dataset {name!r} (data.name) under {ddir}. A TFDS catalog dataset: build '
