@@ -1,8 +1,6 @@
 """Grain pipelines: training iterator, evaluation batches, data config check (docs/DESIGN.md
 "Data policies and tokens")."""
 
-from __future__ import annotations
-
 import functools
 import os
 import threading
@@ -20,8 +18,6 @@ from flax_posemb.data import synthetic as synthetic_lib
 
 SOURCES = ('synthetic', 'stdlib', 'local_text', 'tfds', 'long_text')
 TOKENIZERS = ('byte', 'sentencepiece')
-DECODE_ERROR_MODES = sources.DECODE_ERROR_MODES
-EVAL_POLICIES = ('windows', 'natural')
 WINDOW_STARTS = ('first', 'deep')
 PROVENANCE_KEYS = ('doc', 'start', 'doc_len', 'kind')  # [B] beside an eval batch's [B, T].
 _BIG = 2**62 // 64  # "Infinite" number of rows (Grain datasets are indexed lazily).
@@ -38,7 +34,7 @@ def _problems(c, max_len: int) -> Iterator[str]:
   """The config's problems, in order (later checks assume the earlier ones passed)."""
   t, policy = int(c.seq_len), c.position_policy
   for key, choices in (('source', SOURCES), ('position_policy', policies.POLICIES),
-                       ('on_decode_error', DECODE_ERROR_MODES)):
+                       ('on_decode_error', sources.DECODE_ERROR_MODES)):
     if c.get(key, 'replace') not in choices:
       yield f'Unknown data.{key} {c[key]!r}; use one of {choices}.'
   for key in ('num_workers', 'prefetch', 'shuffle_rows'):
@@ -46,8 +42,7 @@ def _problems(c, max_len: int) -> Iterator[str]:
       yield f'data.{key} must be >= 0, got {c[key]}.'
   if not 1 <= t <= max_len:
     yield (f'data.seq_len={t} must be in [1, {max_len}]: a row longer than the position table '
-           f'(model.max_len={max_len}) would index rows that do not exist. Lower data.seq_len '
-           'or increase model.max_len.')
+           f'(model.max_len={max_len}) indexes missing rows; lower seq_len or raise max_len.')
   if int(c.min_doc_len) < 2:
     yield f'data.min_doc_len must be >= 2 (one input/target pair), got {c.min_doc_len}.'
   if policy == 'length_schedule' and not (1 <= int(c.schedule_seq_len) <= t
@@ -58,7 +53,21 @@ def _problems(c, max_len: int) -> Iterator[str]:
     lengths_lib.parse(c.resample_dist, t)
   splits = (c.train_split, c.eval_split)
   if c.source == 'synthetic':
-    yield from _synthetic_problems(c, t, splits)
+    s = c.synthetic
+    if (int(s.vocab_size) < 2 or int(s.num_regimes) < 1 or int(s.segment_len) < 1
+        or float(s.concentration) <= 0 or int(s.num_docs) < 1):
+      yield ('data.synthetic needs vocab_size >= 2, num_regimes >= 1, segment_len >= 1, '
+             f'concentration > 0 and num_docs >= 1; got {s.to_dict()}.')
+      return
+    lengths_lib.parse(c.length_dist, t)
+    period = int(s.num_regimes) * int(s.segment_len)
+    if policy in policies.PACKED_POLICIES and t % period:
+      yield (f'Policy {policy!r} cannot be honoured on the synthetic source: a document '
+             f'wrapping into the next row keeps its dynamics only if num_regimes*segment_len='
+             f'{period} divides seq_len={t}; change data.seq_len or segment_len/num_regimes.')
+    for split in splits:
+      if split not in synthetic_lib.SPLIT_IDS:
+        yield f'Synthetic split {split!r} unknown; use one of {sorted(synthetic_lib.SPLIT_IDS)}.'
     return
   if c.tokenizer not in TOKENIZERS:
     yield f'Unknown data.tokenizer {c.tokenizer!r}; use one of {TOKENIZERS}.'
@@ -75,33 +84,13 @@ def _problems(c, max_len: int) -> Iterator[str]:
     yield f"Splits {splits} of {c.source}: use 'train' or 'validation'."
 
 
-def _synthetic_problems(c, t: int, splits) -> Iterator[str]:
-  s = c.synthetic
-  if (int(s.vocab_size) < 2 or int(s.num_regimes) < 1 or int(s.segment_len) < 1
-      or float(s.concentration) <= 0 or int(s.num_docs) < 1):
-    yield ('data.synthetic needs vocab_size >= 2, num_regimes >= 1, segment_len >= 1, '
-           f'concentration > 0 and num_docs >= 1; got {s.to_dict()}.')
-    return
-  lengths_lib.parse(c.length_dist, t)
-  period = int(s.num_regimes) * int(s.segment_len)
-  if c.position_policy in policies.PACKED_POLICIES and t % period:
-    yield (f'Policy {c.position_policy!r} cannot be honoured on the synthetic source with '
-           f'seq_len={t}: documents wrapping into the next row restart at position 0, which '
-           f'keeps their dynamics only if num_regimes*segment_len={period} divides seq_len. '
-           'Change data.seq_len or data.synthetic.segment_len/num_regimes.')
-  for split in splits:
-    if split not in synthetic_lib.SPLIT_IDS:
-      yield f'Synthetic split {split!r} unknown; use one of {sorted(synthetic_lib.SPLIT_IDS)}.'
-
-
 def make_source(data_config, split: str) -> sources.DocSource:
   """The `DocSource` of `split` for this (valid) config."""
   c = data_config
   if c.source == 'synthetic':
     dist = lengths_lib.parse(c.length_dist, int(c.seq_len))
-    return sources.SyntheticSource(synthetic_lib.from_config(c), split,
-                                   int(c.synthetic.num_docs), dist,
-                                   min_pairs=int(c.min_doc_len) - 1)
+    return sources.SyntheticSource(synthetic_lib.from_config(c), split, int(c.synthetic.num_docs),
+                                   dist, min_pairs=int(c.min_doc_len) - 1)
   from flax_posemb.data import text_sources  # pylint: disable=g-import-not-at-top
   return text_sources.make_text_source(c, split)
 
@@ -119,123 +108,6 @@ def reference_losses(data_config, length: int) -> dict[str, np.ndarray] | None:
   if data_config.source != 'synthetic':
     return None
   return synthetic_lib.reference_losses(synthetic_lib.from_config(data_config), int(length))
-
-
-def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_steps: int,
-                        process_index: int = 0, process_count: int = 1,
-                        max_len: int | None = None, with_doc_ids: bool = False
-                        ) -> grain.DatasetIterator:
-  """Infinite, resumable iterator of this process's ``[batch_size // process_count, T]``
-  batches (docs/DESIGN.md "Batch"); `max_len` is `packed_reset`'s L (None: ``seq_len``);
-  `with_doc_ids` adds ``doc_ids`` ``[b, T]`` int32 (-1: padding)."""
-  c = data_config
-  table = int(c.seq_len) if max_len is None else int(max_len)
-  src = make_source(c, c.train_split)
-  policy, b = c.position_policy, batch_size // process_count
-  if not src.positional:
-    _check_some_doc_long_enough(src, int(c.min_doc_len), int(c.seq_len))
-  order = DocOrder(len(src), seed, bool(c.shuffle))
-  if policy in policies.STREAM_POLICIES:
-    ds = _stream_dataset(c, src, order, seed, table, process_index, process_count)
-  else:
-    ds = _row_dataset(c, src, order, seed, batch_size, process_index, process_count)
-  ds = ds.batch(b, drop_remainder=True)
-  if policy == 'length_schedule':
-    num_short = int(float(c.schedule_fraction) * int(num_train_steps))
-    ds = policies.ScheduleCropIterDataset(ds, int(c.schedule_seq_len), num_short)
-  if not with_doc_ids:
-    ds = ds.map(lambda batch: {k: batch[k] for k in policies.KEYS})
-  if int(c.num_workers) > 0:
-    if not flags.FLAGS.is_parsed():  # Grain workers read absl flags (a library caller
-      flags.FLAGS.mark_as_parsed()  # outside app.run has not parsed any).
-    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(c.num_workers)),
-                        worker_init_fn=exit_with_parent)
-  return iter(ds)
-
-
-def _check_some_doc_long_enough(src: sources.DocSource, min_tokens: int, max_pairs: int):
-  n = min(len(src), 1000)
-  if not any(len(src.doc(i, max_pairs=max_pairs)) >= min_tokens for i in range(n)):
-    raise ValueError(f'None of the first {n} documents has >= data.min_doc_len={min_tokens} '
-                     'tokens; the corpus is (nearly) empty.')
-
-
-def _stream_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, table: int,
-                    process_index: int, process_count: int) -> grain.IterDataset:
-  """Rows of the `STREAM_POLICIES`: this process's every ``process_count``-th document."""
-  t, policy = int(c.seq_len), c.position_policy
-  reset, chunked = policy == 'packed_reset', policy == 'natural_chunked'
-
-  def fetch(i: int) -> np.ndarray:
-    g = np.arange(i * _PACK_CHUNK, (i + 1) * _PACK_CHUNK) * process_count + process_index
-    return order.take(g)
-
-  def materialize(chunk, column: int):
-    if not src.positional:  # Lazy: a document is tokenized when the packer reaches it.
-      return grain.MapDataset.source(chunk).map(lambda d: src.doc(int(d), max_pairs=None))
-    # Synthetic documents are generated for the position ids they occupy: from 0
-    # (packed_reset, natural_chunked) or from their row column (packed).
-    pairs = src.pairs_many(chunk, t)
-    starts = np.zeros_like(pairs) if reset or chunked else (
-        column + np.concatenate([[0], np.cumsum(pairs)[:-1]])) % t
-    return src.docs_many(chunk, starts, t)
-
-  ds = grain.MapDataset.range(_BIG).map(fetch).to_iter_dataset(_read_options(c))
-  ds = policies.PackIterDataset(ds, materialize, t, reset=reset, min_tokens=int(c.min_doc_len),
-                                max_len=table if reset else None, chunked=chunked)
-  if c.shuffle and int(c.shuffle_rows) > 1:
-    ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=int(c.shuffle_rows),
-                                                     seed=seed)
-  return ds
-
-
-def _row_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, batch_size: int,
-                 process_index: int, process_count: int) -> grain.IterDataset:
-  """Rows of the other policies, one document each; this process's block of each batch."""
-  t, policy, b = int(c.seq_len), c.position_policy, batch_size // process_count
-  target = lengths_lib.parse(c.resample_dist, t) if policy == 'resampled' else None
-
-  def window_row(g: int, d: int) -> dict[str, np.ndarray]:
-    if policy == 'random_offset':
-      rng = np.random.default_rng([seed, g, 1])
-      if src.positional:
-        o = int(rng.integers(0, t - min(src.num_pairs(d), t) + 1))
-        return policies.natural_row(src.doc(d, start=o, max_pairs=t), t, start=o)
-      toks = src.doc(d, max_pairs=t)
-      o = int(rng.integers(0, t - max(len(toks) - 1, 0) + 1))
-      return policies.natural_row(toks, t, start=o)
-    if policy == 'resampled':
-      m = target.sample(*np.random.default_rng([seed, g, 2]).random(2))
-      return policies.natural_row(src.doc(d, max_pairs=t, num_pairs=m), t)
-    return policies.natural_row(src.doc(d, max_pairs=t), t)
-
-  def make_row(i: int) -> dict[str, np.ndarray]:
-    g = (i // b) * batch_size + process_index * b + i % b  # Global row index.
-    d = int(order[g])
-    row = window_row(g, d)
-    row[policies.DOC_IDS] = np.where(row['segment_ids'] > 0, d, -1).astype(np.int32)
-    return row
-
-  ds = grain.MapDataset.range(_BIG).map(make_row).to_iter_dataset(_read_options(c))
-  if not src.positional:
-    min_tokens = int(c.min_doc_len)
-    ds = ds.filter(lambda r: r['segment_ids'].sum() >= min_tokens - 1)
-  return ds
-
-
-def exit_with_parent(worker_index: int = 0, worker_count: int = 1,
-                     interval: float = 1.0) -> None:
-  """Grain ``worker_init_fn``: the worker exits when its parent process is gone (polled:
-  ``PR_SET_PDEATHSIG`` fires when the parent *thread* exits, and mp_prefetch uses threads)."""
-  del worker_index, worker_count
-  parent = os.getppid()
-
-  def watch():
-    while os.getppid() == parent:
-      time.sleep(interval)
-    os._exit(0)  # pylint: disable=protected-access
-
-  threading.Thread(target=watch, name='exit_with_parent', daemon=True).start()
 
 
 class DocOrder:
@@ -265,6 +137,110 @@ def _permutation(n: int, seed: int, epoch: int) -> np.ndarray:
   return np.random.default_rng([seed, epoch, 0x0D0C]).permutation(n)
 
 
+def make_train_iterator(data_config, *, batch_size: int, seed: int, num_train_steps: int,
+                        process_index: int = 0, process_count: int = 1,
+                        max_len: int | None = None, with_doc_ids: bool = False
+                        ) -> grain.DatasetIterator:
+  """Infinite, resumable iterator of this process's ``[batch_size // process_count, T]``
+  batches (docs/DESIGN.md "Batch"); `max_len` is `packed_reset`'s L (None: ``seq_len``);
+  `with_doc_ids` adds ``doc_ids`` ``[b, T]`` int32 (-1: padding)."""
+  c = data_config
+  table = int(c.seq_len) if max_len is None else int(max_len)
+  src = make_source(c, c.train_split)
+  policy, b = c.position_policy, batch_size // process_count
+  n = min(len(src), 1000)  # With no document long enough, the filter and packer never end.
+  if not (src.positional or any(len(src.doc(i, max_pairs=int(c.seq_len))) >= int(c.min_doc_len)
+                                for i in range(n))):
+    raise ValueError(f'None of the first {n} documents has >= data.min_doc_len={c.min_doc_len} '
+                     'tokens; the corpus is (nearly) empty.')
+  order = DocOrder(len(src), seed, bool(c.shuffle))
+  if policy in policies.STREAM_POLICIES:
+    ds = _stream_dataset(c, src, order, seed, table, process_index, process_count)
+  else:
+    ds = _row_dataset(c, src, order, seed, batch_size, process_index, process_count)
+  ds = ds.batch(b, drop_remainder=True)
+  if policy == 'length_schedule':
+    num_short = int(float(c.schedule_fraction) * int(num_train_steps))
+    ds = policies.ScheduleCropIterDataset(ds, int(c.schedule_seq_len), num_short)
+  if not with_doc_ids:
+    ds = ds.map(lambda batch: {k: batch[k] for k in policies.KEYS})
+  if int(c.num_workers) > 0:
+    if not flags.FLAGS.is_parsed():  # Grain workers read absl flags (a library caller
+      flags.FLAGS.mark_as_parsed()  # outside app.run has not parsed any).
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=int(c.num_workers)),
+                        worker_init_fn=exit_with_parent)
+  return iter(ds)
+
+
+def _stream_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, table: int,
+                    process_index: int, process_count: int) -> grain.IterDataset:
+  """Rows of the `STREAM_POLICIES`: this process's every ``process_count``-th document."""
+  t, policy = int(c.seq_len), c.position_policy
+  reset, chunked = policy == 'packed_reset', policy == 'natural_chunked'
+
+  def materialize(chunk, column: int):
+    if not src.positional:  # Lazy: a document is tokenized when the packer reaches it.
+      return grain.MapDataset.source(chunk).map(lambda d: src.doc(int(d), max_pairs=None))
+    # Synthetic documents are generated for their position ids: from 0 or their row column.
+    pairs = src.pairs_many(chunk, t)
+    starts = np.zeros_like(pairs) if reset or chunked else (
+        column + np.concatenate([[0], np.cumsum(pairs)[:-1]])) % t
+    return src.docs_many(chunk, starts, t)
+
+  ds = grain.MapDataset.range(_BIG).map(lambda i: order.take(  # This process's documents.
+      np.arange(i * _PACK_CHUNK, (i + 1) * _PACK_CHUNK) * process_count + process_index))
+  ds = ds.to_iter_dataset(_read_options(c))
+  ds = policies.PackIterDataset(ds, materialize, t, reset=reset, min_tokens=int(c.min_doc_len),
+                                max_len=table if reset else None, chunked=chunked)
+  if c.shuffle and int(c.shuffle_rows) > 1:
+    ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=int(c.shuffle_rows),
+                                                     seed=seed)
+  return ds
+
+
+def _row_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, batch_size: int,
+                 process_index: int, process_count: int) -> grain.IterDataset:
+  """Rows of the other policies, one document each; this process's block of each batch."""
+  t, policy, b = int(c.seq_len), c.position_policy, batch_size // process_count
+  target = lengths_lib.parse(c.resample_dist, t) if policy == 'resampled' else None
+
+  def make_row(i: int) -> dict[str, np.ndarray]:
+    g = (i // b) * batch_size + process_index * b + i % b  # Global row index.
+    d, start, m = int(order[g]), 0, None
+    if policy == 'resampled':
+      m = target.sample(*np.random.default_rng([seed, g, 2]).random(2))
+    if policy == 'random_offset':  # A uniform start that keeps the document's pairs in the row.
+      rng = np.random.default_rng([seed, g, 1])
+      if src.positional:  # Synthetic tokens depend on their positions: draw the start first.
+        start = int(rng.integers(0, t - min(src.num_pairs(d), t) + 1))
+    toks = src.doc(d, start=start, max_pairs=t, num_pairs=m)
+    if policy == 'random_offset' and not src.positional:
+      start = int(rng.integers(0, t - max(len(toks) - 1, 0) + 1))
+    row = policies.natural_row(toks, t, start=start)
+    row[policies.DOC_IDS] = np.where(row['segment_ids'] > 0, d, -1).astype(np.int32)
+    return row
+
+  ds = grain.MapDataset.range(_BIG).map(make_row).to_iter_dataset(_read_options(c))
+  if not src.positional:
+    min_tokens = int(c.min_doc_len)
+    ds = ds.filter(lambda r: r['segment_ids'].sum() >= min_tokens - 1)
+  return ds
+
+
+def exit_with_parent(worker_index: int = 0, worker_count: int = 1) -> None:
+  """Grain ``worker_init_fn``: the worker exits when its parent process is gone (polled:
+  ``PR_SET_PDEATHSIG`` fires when the parent *thread* exits, and mp_prefetch uses threads)."""
+  del worker_index, worker_count
+  parent = os.getppid()
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(1.0)
+    os._exit(0)  # pylint: disable=protected-access
+
+  threading.Thread(target=watch, name='exit_with_parent', daemon=True).start()
+
+
 def _read_options(c) -> grain.ReadOptions:
   # Rows are built in Python (GIL-bound): one reader thread; `num_workers` scales.
   return grain.ReadOptions(num_threads=1 if int(c.prefetch) > 0 else 0,
@@ -282,12 +258,10 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
   deep = policy == 'windows' and window_start == 'deep'
   if window_start not in WINDOW_STARTS or (deep and src.positional):
     raise ValueError(
-        f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS} (\'random\', one '
-        "window per document, was replaced by 'deep': token-uniform windows deep inside long "
-        'documents).' if window_start not in WINDOW_STARTS else
-        "window_start='deep' needs a text source: synthetic documents are generated for the "
-        'positions they occupy, so a window cut from inside one would not match its reference '
-        "losses. Use window_start='first'.")
+        f"Unknown window_start {window_start!r}; use one of {WINDOW_STARTS} ('random' was "
+        "replaced by 'deep')." if window_start not in WINDOW_STARTS else
+        "window_start='deep' needs a text source (an inner window of a synthetic document "
+        "would not match its reference losses); use 'first'.")
   w = int(window_len)
   if deep:
     min_doc_len, min_start = deep_limits(w, min_doc_len, min_start)
@@ -313,8 +287,7 @@ Window = tuple[dict[str, np.ndarray], tuple[int, int, int]]  # (row, (doc, start
 
 def _first_windows(src: sources.DocSource, order: np.ndarray, w: int, need: int,
                    num_windows: int, full: bool) -> list[Window]:
-  """The first ``w + 1`` tokens of the first documents in `order` with >= `need` tokens
-  (synthetic: generated with ``w`` pairs if `full`)."""
+  """The first ``w + 1`` tokens of the first documents in `order` with >= `need` tokens."""
   out = []
   for d in order[:num_windows if full and src.positional else None].tolist():
     if src.positional:
@@ -332,8 +305,7 @@ def _first_windows(src: sources.DocSource, order: np.ndarray, w: int, need: int,
 
 def _deep_windows(src: sources.DocSource, split: str, w: int, num_windows: int,
                   min_doc_len: int, min_start: int, seed: int) -> list[Window]:
-  """`num_windows` slots of ``w + 1`` tokens drawn without replacement from the documents'
-  `deep_region`s, cut from a random origin in each region's slack (docs/DESIGN.md)."""
+  """`num_windows` random slots of ``w + 1`` tokens of the `deep_region`s (docs/DESIGN.md)."""
   lengths = np.array([len(src.doc(i, max_pairs=None)) for i in range(len(src))], np.int64)
   span = w + 1
   region = deep_region(lengths, min_doc_len, min_start)

@@ -18,9 +18,7 @@ DOC_IDS = 'doc_ids'  # Per-token document index (-1: padding), for the report's 
 
 def empty_row(seq_len: int) -> dict[str, np.ndarray]:
   """An all-padding row: every array ``[seq_len]``, zeros."""
-  row = {k: np.zeros((seq_len,), np.int32) for k in KEYS[:4]}
-  row['loss_mask'] = np.zeros((seq_len,), np.float32)
-  return row
+  return {k: np.zeros((seq_len,), np.float32 if k == 'loss_mask' else np.int32) for k in KEYS}
 
 
 def natural_row(tokens: np.ndarray, seq_len: int, start: int = 0) -> dict[str, np.ndarray]:
@@ -76,18 +74,13 @@ class _PackIterator(grain.DatasetIterator):
 
   def _load_doc(self) -> None:
     """Tokens of document `_doc` (None if too short or past the chunk's end)."""
-    self._tok = None
-    if self._doc < len(self._docs):
-      tok = np.asarray(self._docs[self._doc])
-      if len(tok) >= self._min_tokens:
-        self._tok = tok
+    tok = np.asarray(self._docs[self._doc]) if self._doc < len(self._docs) else ()
+    self._tok = tok if len(tok) >= self._min_tokens else None
 
   def _next_piece(self, need: int, column: int):
     """(inputs, targets, in-document positions, doc ids) of <= `need` pairs."""
     while True:
-      if self._docs is None:
-        self._load_chunk(0)
-      if self._doc >= len(self._docs):
+      if self._docs is None or self._doc >= len(self._docs):  # None: nothing read yet (column 0).
         self._load_chunk(column)
         continue
       if self._tok is None or self._pos >= len(self._tok) - 1:
@@ -105,8 +98,7 @@ class _PackIterator(grain.DatasetIterator):
     if self._chunked:
       inp, tgt, _, docs = self._next_piece(t, 0)
       row = natural_row(np.append(inp, tgt[-1:]), t)
-      row[DOC_IDS] = np.full(t, -1, np.int32)
-      row[DOC_IDS][:len(docs)] = docs
+      row[DOC_IDS] = np.where(row['segment_ids'] > 0, docs[0], -1).astype(np.int32)
       return row
     parts, need = [], t
     while need:

@@ -15,11 +15,9 @@ class SyntheticCorpus:
 
   def __init__(self, vocab_size: int, num_regimes: int, segment_len: int,
                concentration: float, seed: int):
-    self.vocab_size = int(vocab_size)
-    self.num_regimes = int(num_regimes)
-    self.segment_len = int(segment_len)
+    self.vocab_size, self.num_regimes = int(vocab_size), int(num_regimes)
+    self.segment_len, self.seed = int(segment_len), int(seed)
     self.concentration = float(concentration)
-    self.seed = int(seed)
     rng = np.random.default_rng([self.seed, 0x5EED])
     m = rng.dirichlet(np.full(vocab_size, concentration), size=(num_regimes, vocab_size))
     m = np.nan_to_num(m, nan=0.0)
@@ -46,7 +44,7 @@ class SyntheticCorpus:
 
   def doc_uniforms_many(self, split: str, indices: np.ndarray, count: int) -> np.ndarray:
     """`doc_uniforms` for many documents: indices ``[n]`` -> ``[n, count]`` float64."""
-    base = ((self.seed * 0x100000001B3 + SPLIT_IDS[split]) * 0x9E3779B97F4A7C15 + 1) & _M64
+    base = ((self.seed * 0x100000001B3 + SPLIT_IDS[split]) * 0x9E3779B97F4A7C15 + 1) % 2**64
     with np.errstate(over='ignore'):
       keys = _mix64_np(np.asarray(indices, np.uint64).ravel() + np.uint64(base))
       z = np.arange(1, count + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
@@ -83,41 +81,20 @@ class SyntheticCorpus:
   def generate(self, uniforms: np.ndarray, start: int) -> np.ndarray:
     """One document ``[n]`` int32 at position ids ``start, ...`` from uniforms ``[n]``."""
     u = uniforms.tolist()
-    n = len(u)
-    if n == 0:
-      return np.zeros((0,), np.int32)
-    v, s, k = self.vocab_size, self.segment_len, self.num_regimes
-    cdfs = self._cdf_lists
-    x = min(int(u[0] * v), v - 1)
-    out = [x]
-    append = out.append
-    br = bisect.bisect_right
-    for j in range(1, n):
-      x = br(cdfs[((start + j) // s) % k][x], u[j])  # <= V-1: cdf[-1] == 1 > u.
-      append(x)
+    v, s, k, cdfs = self.vocab_size, self.segment_len, self.num_regimes, self._cdf_lists
+    out = [min(int(u[0] * v), v - 1)] if u else []
+    for j in range(1, len(u)):  # <= V-1: cdf[-1] == 1 > u.
+      out.append(bisect.bisect_right(cdfs[((start + j) // s) % k][out[-1]], u[j]))
     return np.asarray(out, np.int32)
-
-  def sample_batch(self, rng: np.random.Generator, num_docs: int, length: int,
-                   start: int = 0) -> np.ndarray:
-    """``[num_docs, length]`` int32: documents from position id `start`."""
-    x = np.empty((num_docs, length), np.int32)
-    x[:, 0] = rng.integers(0, self.vocab_size, num_docs)
-    for j in range(1, length):
-      r = ((start + j) // self.segment_len) % self.num_regimes
-      c = self.cdf[r, x[:, j - 1]]  # [N, V]
-      u = rng.random(num_docs)[:, None]
-      x[:, j] = np.minimum((c <= u).sum(-1), self.vocab_size - 1)
-    return x
 
   def bayes_loss(self, length: int) -> np.ndarray:
     """Exact expected loss with the position known, ``[length]`` float64 (see module doc)."""
-    k, s = self.num_regimes, self.segment_len
     with np.errstate(divide='ignore', invalid='ignore'):
       ent = -np.where(self.matrices > 0, self.matrices * np.log(self.matrices), 0.0).sum(-1)
     pi = np.full(self.vocab_size, 1.0 / self.vocab_size)
     out = np.empty(length, np.float64)
     for p in range(length):
-      r = ((p + 1) // s) % k
+      r = self.regime(p + 1)
       out[p] = pi @ ent[r]
       pi = pi @ self.matrices[r]
     return out
@@ -127,25 +104,22 @@ class SyntheticCorpus:
     """Monte-Carlo loss of the position-blind regime filter over `length` positions:
     (mean ``[length]``, standard error ``[length]``) float64."""
     rng = np.random.default_rng([self.seed, 0xF1, seed])
-    x = self.sample_batch(rng, num_docs, length + 1, start=0)
+    x = np.empty((num_docs, length + 1), np.int32)  # Documents from position id 0.
+    x[:, 0] = rng.integers(0, self.vocab_size, num_docs)
+    for j in range(1, length + 1):
+      c = self.cdf[self.regime(j), x[:, j - 1]]  # [N, V]
+      x[:, j] = np.minimum((c <= rng.random(num_docs)[:, None]).sum(-1), self.vocab_size - 1)
     k, s = self.num_regimes, self.segment_len
     stay = 1.0 - 1.0 / s
-    trans = np.eye(k) * stay + np.roll(np.eye(k), 1, axis=1) * (1.0 - stay)  # [K, K]
-    if k == 1:
-      trans = np.ones((1, 1))
+    trans = np.ones((1, 1)) if k == 1 else (  # [K, K]: stay, or move on to the next regime.
+        np.eye(k) * stay + np.roll(np.eye(k), 1, axis=1) * (1.0 - stay))
     belief = np.full((num_docs, k), 1.0 / k)
     losses = np.empty((num_docs, length))
     for p in range(length):
-      prior = belief @ trans  # [N, K]
-      lik = self.matrices[:, x[:, p], x[:, p + 1]].T  # [N, K]
-      q = (prior * lik).sum(-1)
-      losses[:, p] = -np.log(np.maximum(q, 1e-300))
-      post = prior * lik
+      post = (belief @ trans) * self.matrices[:, x[:, p], x[:, p + 1]].T  # prior * lik [N, K]
+      losses[:, p] = -np.log(np.maximum(post.sum(-1), 1e-300))
       belief = post / np.maximum(post.sum(-1, keepdims=True), 1e-300)
     return losses.mean(0), losses.std(0) / np.sqrt(num_docs)
-
-
-_M64 = (1 << 64) - 1
 
 
 def _mix64_np(z: np.ndarray) -> np.ndarray:
@@ -158,18 +132,14 @@ def _mix64_np(z: np.ndarray) -> np.ndarray:
   return z
 
 
-@functools.lru_cache(maxsize=16)
-def corpus(vocab_size: int, num_regimes: int, segment_len: int, concentration: float,
-           seed: int) -> SyntheticCorpus:
-  """Cached `SyntheticCorpus` for these parameters."""
-  return SyntheticCorpus(vocab_size, num_regimes, segment_len, concentration, seed)
+_corpus = functools.lru_cache(maxsize=16)(SyntheticCorpus)  # One corpus per parameter set.
 
 
 def from_config(data_config) -> SyntheticCorpus:
   """The corpus named by ``data_config.synthetic``."""
   s = data_config.synthetic
-  return corpus(int(s.vocab_size), int(s.num_regimes), int(s.segment_len),
-                float(s.concentration), int(s.seed))
+  return _corpus(int(s.vocab_size), int(s.num_regimes), int(s.segment_len),
+                 float(s.concentration), int(s.seed))
 
 
 @functools.lru_cache(maxsize=16)
