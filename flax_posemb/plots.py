@@ -253,12 +253,6 @@ def _seed_note(n: int) -> str:
           else 'no finished run')
 
 
-def _bucket_panel(ax, x, bucket_labels, ylabel: str, title: str) -> None:
-  ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
-  ax.set(xlabel='position bucket (rows of the table)', ylabel=ylabel)
-  ax.set_title(title, fontsize=9)
-
-
 def experiment_profile(path: Path, bucket_labels: Sequence[str],
                        series: dict[str, Sequence[dict[str, Any]]], *,
                        differences: dict[str, Sequence[dict[str, Any]]] | None = None,
@@ -272,17 +266,21 @@ def experiment_profile(path: Path, bucket_labels: Sequence[str],
   gs = fig.add_gridspec(1, 3 if two else 2, width_ratios=[1, 1, 0.32] if two else [1, 0.4])
   x = np.arange(len(bucket_labels), dtype=np.float64)
   jitter = {n: 0.08 * (i - (len(names) - 1) / 2) for i, n in enumerate(names)}
-  ax = fig.add_subplot(gs[0, 0])
-  handles = {n: _errorbars(ax, x + jitter[n], ivs, style[n], n) for n, ivs in series.items()}
-  ax.set_yscale('log' if log_y else 'linear')
-  _bucket_panel(ax, x, bucket_labels, ylabel, f'mean per arm ({_seed_note(n_seeds)})')
+  panels = [(series, ylabel, 'mean per arm')]
   if two:
-    ax = fig.add_subplot(gs[0, 1])
-    for n, ivs in differences.items():
+    panels.append((differences, f'difference: arm - {baseline}',
+                   f'paired difference vs {baseline}'))
+  handles = {}
+  for i, (intervals, panel_ylabel, what) in enumerate(panels):
+    ax = fig.add_subplot(gs[0, i])
+    for n, ivs in intervals.items():
       handles.setdefault(n, _errorbars(ax, x + jitter[n], ivs, style[n], n))
-    ax.axhline(0.0, color='k', lw=0.8)
-    _bucket_panel(ax, x, bucket_labels, f'difference: arm - {baseline}',
-                  f'paired difference vs {baseline} ({_seed_note(n_seeds)})')
+    if i:
+      ax.axhline(0.0, color='k', lw=0.8)
+    ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
+    ax.set(yscale='log' if log_y and not i else 'linear', ylabel=panel_ylabel,
+           xlabel='position bucket (rows of the table)')
+    ax.set_title(f'{what} ({_seed_note(n_seeds)})', fontsize=9)
   legend_ax = fig.add_subplot(gs[0, -1])
   legend_ax.axis('off')
   legend_ax.legend(list(handles.values()), list(handles), loc='center left', fontsize=8,

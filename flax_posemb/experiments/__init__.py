@@ -17,17 +17,6 @@ __all__ = ['arm', 'claim', 'expand', 'judge', 'load', 'profile', 'run_experiment
 logger = logging.getLogger(__name__)
 
 
-def enable_compilation_cache(cache_dir: str) -> None:
-  """JAX's persistent compilation cache ('' disables), so runs of equal shapes compile once."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if not cache_dir:
-    return
-  os.makedirs(cache_dir, exist_ok=True)
-  jax.config.update('jax_compilation_cache_dir', cache_dir)
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
-  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
-
-
 def _command(command: str) -> str:
   return command or 'python -m flax_posemb.experiments ' + ' '.join(
       shlex.quote(a) for a in sys.argv[1:])

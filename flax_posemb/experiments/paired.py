@@ -56,15 +56,13 @@ def decision_p_value(values: Sequence[float] | np.ndarray, direction: str,
   """Smallest alpha at which the (1 - alpha) interval of ``values`` ``[n]`` is decisive
   under ``verdict`` (equivalent: TOST, or the interval beyond one side of the band)."""
   x = _finite(values)
-  if x.size < 2:
-    return 1.0
   above = lambda c: 2.0 * float(_ttest(x, c, 'greater').pvalue)  # alpha at which low > c
   below = lambda c: 2.0 * float(_ttest(x, c, 'less').pvalue)  # alpha at which high < c
   if direction == 'equivalent':
     p = min(max(above(-margin), below(margin)), min(above(margin), below(-margin)))
   else:
     p = min(above(0.0), below(0.0))
-  return min(1.0, p) if math.isfinite(p) else 1.0
+  return min(1.0, p) if math.isfinite(p) else 1.0  # NaN below two values: never decisive.
 
 
 def holm(p_values: Sequence[float]) -> np.ndarray:
