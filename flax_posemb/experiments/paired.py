@@ -106,6 +106,5 @@ def with_holm(judgements: Sequence[dict], alpha: float = 0.05) -> list[dict]:
   out = [dict(j, p_holm=float('nan'), verdict_holm=NOT_MEASURED) for j in judgements]
   tested = [j for j in out if j['verdict'] != NOT_MEASURED]
   for j, p in zip(tested, holm([j['p_value'] for j in tested])):
-    j['p_holm'] = float(p)
-    j['verdict_holm'] = j['verdict'] if p < alpha else INCONCLUSIVE
+    j.update(p_holm=float(p), verdict_holm=j['verdict'] if p < alpha else INCONCLUSIVE)
   return out

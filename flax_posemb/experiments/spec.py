@@ -3,10 +3,10 @@
 import dataclasses
 import functools
 import hashlib
-import importlib.util
 import json
 import math
 import os
+import runpy
 from typing import Any, Iterable, Mapping
 
 import ml_collections
@@ -127,14 +127,11 @@ class Run:
     return run_key(self.config)
 
 
-def _module(path: str):
+def _globals(path: str) -> dict[str, Any]:
   if not os.path.isfile(path):
     raise FileNotFoundError(f'experiment config {path!r} not found; pass a file such as '
                             'configs/experiments/init_comparison.py.')
-  module_spec = importlib.util.spec_from_file_location('_experiment_config', path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module
+  return runpy.run_path(path)
 
 
 def expand_paths(paths: Iterable[str]) -> list[str]:
@@ -142,7 +139,7 @@ def expand_paths(paths: Iterable[str]) -> list[str]:
   out: list[str] = []
   for entry in paths:
     path, _, arg = entry.partition(':')
-    members = getattr(_module(path), 'EXPERIMENTS', None)
+    members = _globals(path).get('EXPERIMENTS')
     out += [entry] if members is None else [
         os.path.join(os.path.dirname(path), m) + (f':{arg}' if arg else '') for m in members]
   return list(dict.fromkeys(out))
@@ -151,7 +148,7 @@ def expand_paths(paths: Iterable[str]) -> list[str]:
 def load(path_and_arg: str) -> ml_collections.ConfigDict:
   """The validated ``get_config([arg])`` of ``configs/experiments/NAME.py[:arg]``."""
   path, _, arg = path_and_arg.partition(':')
-  get_config = getattr(_module(path), 'get_config', None)
+  get_config = _globals(path).get('get_config')
   exp = None if get_config is None else get_config(arg) if arg else get_config()
   if not isinstance(exp, ml_collections.ConfigDict) or 'arms' not in exp:
     raise ValueError(f'{path} is not an experiment config: its get_config() must return '
