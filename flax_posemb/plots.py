@@ -29,12 +29,11 @@ def _col(rows: Sequence[dict[str, Any]], key: str) -> np.ndarray:
 
 
 def _bucket_arrays(rows: Sequence[dict[str, Any]], value: str = 'loss') -> dict[str, np.ndarray]:
-  """The columns the rows have, ``mid``, and ``half``: the half-width of each row's ``ci95``."""
+  """The columns the rows have and ``half``: the half-width of each row's ``ci95``."""
   out = {k: _col(rows, k) for k in ('start', 'end', value, 'bayes_loss', 'filter_loss',
                                      'recovered') if rows and k in rows[0]}
   ci = np.array([[np.nan if x is None else x for x in r['ci95']] for r in rows], np.float64)
   out['half'] = (ci[:, 1] - ci[:, 0]) / 2
-  out['mid'] = (out['start'] + out['end'] - 1) / 2
   return out
 
 
@@ -45,8 +44,8 @@ def _log_buckets(b: dict[str, np.ndarray]) -> bool:
 
 
 def _bucket_x(b: dict[str, np.ndarray], log: bool) -> np.ndarray:
-  # On a log axis position 0 cannot be drawn: x is position + 1 there.
-  return np.sqrt((b['start'] + 1) * b['end']) if log else b['mid']
+  # On a log axis position 0 cannot be drawn: x is position + 1 there; else the bucket middle.
+  return np.sqrt((b['start'] + 1) * b['end']) if log else (b['start'] + b['end'] - 1) / 2
 
 
 def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any],
@@ -297,9 +296,8 @@ def experiment_metric_bars(path: Path, panels: dict[str, dict[str, dict[str, Any
                            squeeze=False, gridspec_kw={'width_ratios': widths})
   for ax, (panel, intervals) in zip(axes[0], panels.items()):
     style = _arm_styles(list(intervals))
-    for i, name in enumerate(intervals):
-      _errorbars(ax, np.array([float(i)]), [intervals[name]], {**style[name], 'ls': 'none'},
-                 name)
+    for i, (name, interval) in enumerate(intervals.items()):
+      _errorbars(ax, np.array([float(i)]), [interval], {**style[name], 'ls': 'none'}, name)
     ax.set_xticks(np.arange(len(intervals)), list(intervals), rotation=45, ha='right',
                   fontsize=7)
     ax.margins(y=0.15)
