@@ -27,16 +27,13 @@ Estimator = Callable[[ml_collections.ConfigDict, int], float]
 
 
 def estimate_scored_per_row(config: ml_collections.ConfigDict, num_batches: int) -> float:
-  """Mean ``loss_mask`` sum per row of ``config``'s training pipeline."""
-  if config.data.position_policy != 'length_schedule':
-    return _pipeline_mean(config, num_batches)
+  """Mean ``loss_mask`` sum per row of ``config``'s training pipeline (``length_schedule``:
+  its short and full phases weighted by their share of the steps)."""
   f = float(config.data.schedule_fraction)
-  phase = lambda x: _pipeline_mean(
-      spec.apply_overrides(config, (('data.schedule_fraction', x),), 'budget'), num_batches)
-  return f * phase(1.0) + (1.0 - f) * phase(0.0)
-
-
-def _pipeline_mean(config: ml_collections.ConfigDict, num_batches: int) -> float:
+  if config.data.position_policy == 'length_schedule' and 0 < f < 1:
+    phase = lambda x: estimate_scored_per_row(
+        spec.apply_overrides(config, (('data.schedule_fraction', x),), 'budget'), num_batches)
+    return f * phase(1.0) + (1.0 - f) * phase(0.0)
   from flax_posemb.data import pipeline  # pylint: disable=g-import-not-at-top
   it = pipeline.make_train_iterator(
       config.data, batch_size=int(config.batch_size), seed=int(config.seed),
