@@ -29,12 +29,11 @@ def _col(rows: Sequence[dict[str, Any]], key: str) -> np.ndarray:
 
 
 def _bucket_arrays(rows: Sequence[dict[str, Any]], value: str = 'loss') -> dict[str, np.ndarray]:
-  """The columns the rows have, ``mid``, and ``half``: the half-width of each row's ``ci95``."""
+  """The columns the rows have and ``half``: the half-width of each row's ``ci95``."""
   out = {k: _col(rows, k) for k in ('start', 'end', value, 'bayes_loss', 'filter_loss',
                                      'recovered') if rows and k in rows[0]}
   ci = np.array([[np.nan if x is None else x for x in r['ci95']] for r in rows], np.float64)
   out['half'] = (ci[:, 1] - ci[:, 0]) / 2
-  out['mid'] = (out['start'] + out['end'] - 1) / 2
   return out
 
 
@@ -45,8 +44,8 @@ def _log_buckets(b: dict[str, np.ndarray]) -> bool:
 
 
 def _bucket_x(b: dict[str, np.ndarray], log: bool) -> np.ndarray:
-  # On a log axis position 0 cannot be drawn: x is position + 1 there.
-  return np.sqrt((b['start'] + 1) * b['end']) if log else b['mid']
+  # On a log axis position 0 cannot be drawn: x is position + 1 there; else the bucket middle.
+  return np.sqrt((b['start'] + 1) * b['end']) if log else (b['start'] + b['end'] - 1) / 2
 
 
 def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any],
@@ -253,12 +252,6 @@ def _seed_note(n: int) -> str:
           else 'no finished run')
 
 
-def _bucket_panel(ax, x, bucket_labels, ylabel: str, title: str) -> None:
-  ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
-  ax.set(xlabel='position bucket (rows of the table)', ylabel=ylabel)
-  ax.set_title(title, fontsize=9)
-
-
 def experiment_profile(path: Path, bucket_labels: Sequence[str],
                        series: dict[str, Sequence[dict[str, Any]]], *,
                        differences: dict[str, Sequence[dict[str, Any]]] | None = None,
@@ -272,17 +265,21 @@ def experiment_profile(path: Path, bucket_labels: Sequence[str],
   gs = fig.add_gridspec(1, 3 if two else 2, width_ratios=[1, 1, 0.32] if two else [1, 0.4])
   x = np.arange(len(bucket_labels), dtype=np.float64)
   jitter = {n: 0.08 * (i - (len(names) - 1) / 2) for i, n in enumerate(names)}
-  ax = fig.add_subplot(gs[0, 0])
-  handles = {n: _errorbars(ax, x + jitter[n], ivs, style[n], n) for n, ivs in series.items()}
-  ax.set_yscale('log' if log_y else 'linear')
-  _bucket_panel(ax, x, bucket_labels, ylabel, f'mean per arm ({_seed_note(n_seeds)})')
+  panels = [(series, ylabel, 'mean per arm')]
   if two:
-    ax = fig.add_subplot(gs[0, 1])
-    for n, ivs in differences.items():
+    panels.append((differences, f'difference: arm - {baseline}',
+                   f'paired difference vs {baseline}'))
+  handles = {}
+  for i, (intervals, panel_ylabel, what) in enumerate(panels):
+    ax = fig.add_subplot(gs[0, i])
+    for n, ivs in intervals.items():
       handles.setdefault(n, _errorbars(ax, x + jitter[n], ivs, style[n], n))
-    ax.axhline(0.0, color='k', lw=0.8)
-    _bucket_panel(ax, x, bucket_labels, f'difference: arm - {baseline}',
-                  f'paired difference vs {baseline} ({_seed_note(n_seeds)})')
+    if i:
+      ax.axhline(0.0, color='k', lw=0.8)
+    ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
+    ax.set(yscale='log' if log_y and not i else 'linear', ylabel=panel_ylabel,
+           xlabel='position bucket (rows of the table)')
+    ax.set_title(f'{what} ({_seed_note(n_seeds)})', fontsize=9)
   legend_ax = fig.add_subplot(gs[0, -1])
   legend_ax.axis('off')
   legend_ax.legend(list(handles.values()), list(handles), loc='center left', fontsize=8,
@@ -299,9 +296,8 @@ def experiment_metric_bars(path: Path, panels: dict[str, dict[str, dict[str, Any
                            squeeze=False, gridspec_kw={'width_ratios': widths})
   for ax, (panel, intervals) in zip(axes[0], panels.items()):
     style = _arm_styles(list(intervals))
-    for i, name in enumerate(intervals):
-      _errorbars(ax, np.array([float(i)]), [intervals[name]], {**style[name], 'ls': 'none'},
-                 name)
+    for i, (name, interval) in enumerate(intervals.items()):
+      _errorbars(ax, np.array([float(i)]), [interval], {**style[name], 'ls': 'none'}, name)
     ax.set_xticks(np.arange(len(intervals)), list(intervals), rotation=45, ha='right',
                   fontsize=7)
     ax.margins(y=0.15)

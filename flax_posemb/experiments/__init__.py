@@ -17,17 +17,6 @@ __all__ = ['arm', 'claim', 'expand', 'judge', 'load', 'profile', 'run_experiment
 logger = logging.getLogger(__name__)
 
 
-def enable_compilation_cache(cache_dir: str) -> None:
-  """JAX's persistent compilation cache ('' disables), so runs of equal shapes compile once."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if not cache_dir:
-    return
-  os.makedirs(cache_dir, exist_ok=True)
-  jax.config.update('jax_compilation_cache_dir', cache_dir)
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
-  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
-
-
 def _command(command: str) -> str:
   return command or 'python -m flax_posemb.experiments ' + ' '.join(
       shlex.quote(a) for a in sys.argv[1:])
@@ -72,16 +61,13 @@ def write_index(summaries: dict[str, dict[str, Any]], out_dir: str, command: str
            'store: arms whose resolved configs coincide across experiments are one run).', '']
   for name, s in summaries.items():
     count = lambda key: ', '.join(f'{n} {v}' for v, n in collections.Counter(
-        c.get(key, c['verdict']) for c in s['claims']).items()) or 'no claims'
-    verdicts = count('verdict')
-    if m := s.get('multiplicity'):
-      verdicts += (f' ({m["claims_tested"]} claims tested; after Holm-Bonferroni: '
-                   f'{count("verdict_holm")})')
-    partial = '' if s.get('complete', True) else ' **(partial sweep)**'
+        c[key] for c in s['claims']).items()) or 'no claims'
+    partial = '' if s['complete'] else ' **(partial sweep)**'
     lines += [f'## [{s["title"]}]({name}/REPORT.md){partial}', '', s['question'], '',
-              f'Verdicts: {verdicts}. Data: [`summary.json`]({name}/summary.json).', '']
-    if s.get('figures'):
-      lines += [f'![{name}]({name}/{s["figures"][0]})', '']
+              f'Verdicts: {count("verdict")} ({s["multiplicity"]["claims_tested"]} claims '
+              f'tested; after Holm-Bonferroni: {count("verdict_holm")}). Data: '
+              f'[`summary.json`]({name}/summary.json).', '',
+              f'![{name}]({name}/{s["figures"][0]})', '']
   path = os.path.join(out_dir, 'README.md')
   with outputs.atomic_write(path, 'w') as f:
     f.write('\n'.join(lines))

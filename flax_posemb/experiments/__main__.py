@@ -43,7 +43,10 @@ def main(argv: list[str]) -> int | None:
   if not FLAGS['verbosity'].present:  # One line per run; Orbax/TFDS INFO only with --verbosity.
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger('flax_posemb').setLevel(logging.INFO)
-  experiments.enable_compilation_cache(FLAGS.compilation_cache)
+  if FLAGS.compilation_cache:  # JAX's persistent cache: runs of equal shapes compile once.
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.config.update('jax_compilation_cache_dir', FLAGS.compilation_cache)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
   kwargs = dict(quick=FLAGS.quick, run_store=FLAGS.run_store, report_dir=FLAGS.report_dir,
                 max_runs=FLAGS.max_runs)
   try:

@@ -63,11 +63,8 @@ def load_tables(run_dir: str) -> dict[int, np.ndarray]:
 
 def bucket_means(values: np.ndarray, edges: list[tuple[int, int]]) -> np.ndarray:
   """``[len(edges)]``: mean of the finite ``values[start:end]`` (NaN if none)."""
-  out = []
-  for start, end in edges:
-    v = np.asarray(values[start:end], np.float64)
-    out.append(float(v[np.isfinite(v)].mean()) if np.isfinite(v).any() else float('nan'))
-  return np.array(out)
+  parts = [np.asarray(values[start:end], np.float64) for start, end in edges]
+  return np.array([v[np.isfinite(v)].mean() if np.isfinite(v).any() else np.nan for v in parts])
 
 
 def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
@@ -82,8 +79,7 @@ def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
     late_sums = {k: total(late, k) for k in stats.FIELDS}
     out.update(stats.derived(late_sums))
     late_steps = sum(int(w.get('num_steps', 1)) for w in late)
-    out['exposure'] = np.asarray(windows[-1].get('cumulative_count', total(windows, 'count')),
-                                 dtype=np.float64)
+    out['exposure'] = np.asarray(windows[-1]['cumulative_count'], np.float64)
     out['row_grad'] = np.sqrt(late_sums['row_sq'] / max(late_steps, 1))
     out['update_rss'] = np.sqrt(total(windows, 'update_sq'))
     out['scored_total'] = total(windows, 'loss_count')

@@ -56,15 +56,13 @@ def decision_p_value(values: Sequence[float] | np.ndarray, direction: str,
   """Smallest alpha at which the (1 - alpha) interval of ``values`` ``[n]`` is decisive
   under ``verdict`` (equivalent: TOST, or the interval beyond one side of the band)."""
   x = _finite(values)
-  if x.size < 2:
-    return 1.0
   above = lambda c: 2.0 * float(_ttest(x, c, 'greater').pvalue)  # alpha at which low > c
   below = lambda c: 2.0 * float(_ttest(x, c, 'less').pvalue)  # alpha at which high < c
   if direction == 'equivalent':
     p = min(max(above(-margin), below(margin)), min(above(margin), below(-margin)))
   else:
     p = min(above(0.0), below(0.0))
-  return min(1.0, p) if math.isfinite(p) else 1.0
+  return min(1.0, p) if math.isfinite(p) else 1.0  # NaN below two values: never decisive.
 
 
 def holm(p_values: Sequence[float]) -> np.ndarray:
@@ -108,6 +106,5 @@ def with_holm(judgements: Sequence[dict], alpha: float = 0.05) -> list[dict]:
   out = [dict(j, p_holm=float('nan'), verdict_holm=NOT_MEASURED) for j in judgements]
   tested = [j for j in out if j['verdict'] != NOT_MEASURED]
   for j, p in zip(tested, holm([j['p_value'] for j in tested])):
-    j['p_holm'] = float(p)
-    j['verdict_holm'] = j['verdict'] if p < alpha else INCONCLUSIVE
+    j.update(p_holm=float(p), verdict_holm=j['verdict'] if p < alpha else INCONCLUSIVE)
   return out

@@ -52,8 +52,7 @@ def fmt_interval(iv: Mapping[str, Any], nd: int = 4) -> str:
 
 def _values(runs: Mapping[int, Mapping[str, Any]], metric: str) -> dict[int, float]:
   """seed -> scalar ``metric`` (NaN where not measured)."""
-  v = {s: m['scalars'].get(metric) for s, m in runs.items()}
-  return {s: np.nan if x is None else float(x) for s, x in v.items()}
+  return {s: float(m['scalars'].get(metric, np.nan)) for s, m in runs.items()}
 
 
 def _vectors(runs: Mapping[int, Mapping[str, Any]], metric: str, seeds) -> np.ndarray:
@@ -83,7 +82,7 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
   tested = [c for c in claims if c['verdict'] != paired.NOT_MEASURED]
   analyses = {}
   if 'cosine_convergence' in exp.analyses:
-    analyses['cosine_convergence'] = _convergence(exp, sweep_out)
+    analyses['cosine_convergence'] = _convergence(exp, rows)
   if windows := _window_groups(rows, by_arm):
     analyses['windows'] = windows
   return {
@@ -122,13 +121,12 @@ def _arms(by_arm: Mapping[str, Mapping[int, Any]], rows: list[Mapping[str, Any]]
 def _claims(exp: ml_collections.ConfigDict, by_arm: Mapping[str, Any]) -> list[dict[str, Any]]:
   claims = []
   for c in exp.claims:
-    if c.arm not in by_arm or (c.baseline and c.baseline not in by_arm):
-      continue
-    av = _values(by_arm[c.arm], c.metric)
-    bv = _values(by_arm[c.baseline], c.metric) if c.baseline else {s: 0.0 for s in av}
-    claims.append({'id': c.id, 'text': c.text, 'metric': c.metric, 'arm': c.arm,
-                   'baseline': c.baseline, 'direction': c.direction, 'margin': c.margin,
-                   **paired.judge(av, bv, c.direction, c.margin)})
+    if c.arm in by_arm and (not c.baseline or c.baseline in by_arm):
+      av = _values(by_arm[c.arm], c.metric)
+      bv = _values(by_arm[c.baseline], c.metric) if c.baseline else dict.fromkeys(av, 0.0)
+      claims.append({'id': c.id, 'text': c.text, 'metric': c.metric, 'arm': c.arm,
+                     'baseline': c.baseline, 'direction': c.direction, 'margin': c.margin,
+                     **paired.judge(av, bv, c.direction, c.margin)})
   return claims
 
 
@@ -173,11 +171,11 @@ def _window_groups(rows: list[Mapping[str, Any]], arms: Iterable[str]) -> dict[s
   return {'summary': results[0][1]['windows'], 'rise': rise}
 
 
-def _convergence(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
-  groups: dict[int, dict[str, str]] = {}  # seed -> {arm: run_dir}
-  for r in sweep_out['runs']:
-    if r['done']:
-      groups.setdefault(r['seed'], {})[r['arm']] = r['run_dir']
+def _convergence(exp: ml_collections.ConfigDict, rows: list[Mapping[str, Any]]
+                 ) -> dict[str, Any]:
+  groups: dict[int, dict[str, str]] = {}  # seed -> {arm: run_dir} of the finished runs
+  for r in rows:
+    groups.setdefault(r['seed'], {})[r['arm']] = r['run_dir']
   per_seed = {s: measures.convergence_step(g, float(exp.convergence_threshold))
               for s, g in groups.items() if len(g) >= 2}
   if not per_seed:
@@ -243,7 +241,6 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
 def write(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any], out_dir: str,
           command: str) -> dict[str, Any]:
   """Writes ``summary.json``, the figures and ``REPORT.md``; returns the summary."""
-  os.makedirs(out_dir, exist_ok=True)
   summary = aggregate(exp, sweep_out)
   summary['command'] = command
   figures = _plots(summary, out_dir)
@@ -350,8 +347,7 @@ def _arms_lines(exp: ml_collections.ConfigDict, summary: Mapping[str, Any]) -> l
   for names in (TABLE_SCALARS, tuple(exp.report_scalars)):
     if names:
       lines += _md_table(['arm', *names], [[a, *(fmt_interval(v['scalars'].get(k, {}), 3)
-                                                  for k in names)] for a, v in arms.items()])
-      lines.append('')
+                                                  for k in names)] for a, v in arms.items()]) + ['']
   for p in summary['profiles']:
     rows = [[a, *(fmt_interval(iv, 3) for iv in arms[a]['vectors'][p['metric']])]
             for a in p['arms']]

@@ -1,11 +1,12 @@
 """Experiment configs: base config per scale, loading, validation (once, here), the grid."""
 
 import dataclasses
+import functools
 import hashlib
-import importlib.util
 import json
 import math
 import os
+import runpy
 from typing import Any, Iterable, Mapping
 
 import ml_collections
@@ -126,14 +127,11 @@ class Run:
     return run_key(self.config)
 
 
-def _module(path: str):
+def _globals(path: str) -> dict[str, Any]:
   if not os.path.isfile(path):
     raise FileNotFoundError(f'experiment config {path!r} not found; pass a file such as '
                             'configs/experiments/init_comparison.py.')
-  module_spec = importlib.util.spec_from_file_location('_experiment_config', path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module
+  return runpy.run_path(path)
 
 
 def expand_paths(paths: Iterable[str]) -> list[str]:
@@ -141,19 +139,16 @@ def expand_paths(paths: Iterable[str]) -> list[str]:
   out: list[str] = []
   for entry in paths:
     path, _, arg = entry.partition(':')
-    members = [entry]
-    if hasattr(module := _module(path), 'EXPERIMENTS'):
-      members = [os.path.join(os.path.dirname(path), m) + (f':{arg}' if arg else '')
-                 for m in module.EXPERIMENTS]
-    out += [m for m in members if m not in out]
-  return out
+    members = _globals(path).get('EXPERIMENTS')
+    out += [entry] if members is None else [
+        os.path.join(os.path.dirname(path), m) + (f':{arg}' if arg else '') for m in members]
+  return list(dict.fromkeys(out))
 
 
 def load(path_and_arg: str) -> ml_collections.ConfigDict:
   """The validated ``get_config([arg])`` of ``configs/experiments/NAME.py[:arg]``."""
   path, _, arg = path_and_arg.partition(':')
-  module = _module(path)
-  get_config = getattr(module, 'get_config', None)
+  get_config = _globals(path).get('get_config')
   exp = None if get_config is None else get_config(arg) if arg else get_config()
   if not isinstance(exp, ml_collections.ConfigDict) or 'arms' not in exp:
     raise ValueError(f'{path} is not an experiment config: its get_config() must return '
@@ -177,20 +172,19 @@ def validate(exp: ml_collections.ConfigDict) -> None:
       (len(exp.quick_arms) != 2 or any(a not in names for a in exp.quick_arms),
        f'quick_arms must name two arms of {names}')]
   for c in exp.claims:
-    checks += [(a and a not in names, f'claim {c.id!r} names arm {a!r}, which is not one of '
-                f'{names}') for a in (c.arm, c.baseline)]
     checks += [(c.direction not in paired.DIRECTIONS,
                 f'claim {c.id!r}: direction {c.direction!r} is not one of {paired.DIRECTIONS}'),
                (c.direction == 'equivalent' and not c.margin > 0,
                 f'claim {c.id!r}: an "equivalent" claim needs margin > 0 (the largest '
                 f'difference still "similar"), got {c.margin}')]
-  for p in exp.profiles:
-    checks += [(a not in names, f'profile {p.metric!r} names arm {a!r}, which is not one of '
-                f'{names}') for a in (*p.arms, *([p.baseline] if p.baseline else []))]
+  named = [(f'claim {c.id!r}', a) for c in exp.claims for a in (c.arm, c.baseline) if a]
+  named += [(f'profile {p.metric!r}', a) for p in exp.profiles for a in (*p.arms, p.baseline)]
+  checks += [(a and a not in names, f'{owner} names arm {a!r}, which is not one of {names}')
+             for owner, a in named]
   problems = [message for bad, message in checks if bad]
   if problems:
     raise ValueError(f'experiment {exp.name!r}: ' + '; '.join(problems) + '.')
-  dict(_arm_configs(exp, 'quick'))  # Every override key exists (apply_overrides says which).
+  _arm_configs(exp, 'quick')  # Every override key exists (apply_overrides says which).
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[tuple[str, Any]],
@@ -209,22 +203,21 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[tuple
   return config
 
 
-def _arm_configs(exp: ml_collections.ConfigDict, scale: str):
+def _arm_configs(exp: ml_collections.ConfigDict, scale: str) -> dict[str, Any]:
   base = apply_overrides(base_config(scale), tuple(exp.base_overrides),
                          f'experiment {exp.name!r} base_overrides')
   last = tuple(exp.quick_overrides) if scale == 'quick' else ()
-  for a in exp.arms:
-    yield a.name, apply_overrides(base, tuple(a.overrides) + last, f'arm {a.name!r}')
+  return {a.name: apply_overrides(base, tuple(a.overrides) + last, f'arm {a.name!r}')
+          for a in exp.arms}
 
 
 def expand(exp: ml_collections.ConfigDict, quick: bool = False) -> list[Run]:
   """Every arm at every seed, seed-major (``quick``: ``quick_arms`` at the first seed)."""
-  arm_configs = dict(_arm_configs(exp, 'quick' if quick else exp.scale))
+  arm_configs = _arm_configs(exp, 'quick' if quick else exp.scale)
   arm_names = list(exp.quick_arms) if quick else list(arm_configs)
-  seeds = list(exp.seeds)[:1] if quick else list(exp.seeds)
   return [Run(name, int(seed), apply_overrides(arm_configs[name], (('seed', int(seed)),),
                                                f'arm {name!r}'))
-          for seed in seeds for name in arm_names]
+          for seed in exp.seeds[:1 if quick else None] for name in arm_names]
 
 
 def run_key(config: ml_collections.ConfigDict) -> str:
@@ -232,8 +225,5 @@ def run_key(config: ml_collections.ConfigDict) -> str:
   d = config.to_dict()
   for key in defaults.NON_SEMANTIC:
     *parents, leaf = key.split('.')
-    node = d
-    for part in parents:
-      node = node.get(part, {})
-    node.pop(leaf, None)
+    functools.reduce(lambda node, part: node.get(part, {}), parents, d).pop(leaf, None)
   return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -27,16 +27,13 @@ Estimator = Callable[[ml_collections.ConfigDict, int], float]
 
 
 def estimate_scored_per_row(config: ml_collections.ConfigDict, num_batches: int) -> float:
-  """Mean ``loss_mask`` sum per row of ``config``'s training pipeline."""
-  if config.data.position_policy != 'length_schedule':
-    return _pipeline_mean(config, num_batches)
+  """Mean ``loss_mask`` sum per row of ``config``'s training pipeline (``length_schedule``:
+  its short and full phases weighted by their share of the steps)."""
   f = float(config.data.schedule_fraction)
-  phase = lambda x: _pipeline_mean(
-      spec.apply_overrides(config, (('data.schedule_fraction', x),), 'budget'), num_batches)
-  return f * phase(1.0) + (1.0 - f) * phase(0.0)
-
-
-def _pipeline_mean(config: ml_collections.ConfigDict, num_batches: int) -> float:
+  if config.data.position_policy == 'length_schedule' and 0 < f < 1:
+    phase = lambda x: estimate_scored_per_row(
+        spec.apply_overrides(config, (('data.schedule_fraction', x),), 'budget'), num_batches)
+    return f * phase(1.0) + (1.0 - f) * phase(0.0)
   from flax_posemb.data import pipeline  # pylint: disable=g-import-not-at-top
   it = pipeline.make_train_iterator(
       config.data, batch_size=int(config.batch_size), seed=int(config.seed),
@@ -78,9 +75,8 @@ def equalize(runs: list[spec.Run], budget_config: ml_collections.ConfigDict,
                        'data settings.')
   if cache_path:
     write_json(cache_path, dict(sorted(cache.items())))
-  target = float(budget_config.get('target_tokens_per_step', 0) or 0)
-  if target <= 0:
-    target = base_rows[reference] * per_row[reference]
+  target = float(budget_config.target_tokens_per_step)
+  target = target if target > 0 else base_rows[reference] * per_row[reference]
   batch = {a: max(1, int(round(target / per_row[a]))) for a in arms}
   out = [dataclasses.replace(r, config=spec.apply_overrides(
       r.config, (('batch_size', batch[r.arm]),), f'arm {r.arm!r}')) for r in runs]
@@ -129,7 +125,6 @@ def is_done(run_dir: str) -> bool:
 def execute_run(run: spec.Run, run_dir: str, offsets: tuple[int, ...], train_fn: TrainFn,
                 eval_fn: EvalFn) -> dict[str, Any]:
   """Trains (or resumes), evaluates and marks one run done; returns its DONE record."""
-  os.makedirs(run_dir, exist_ok=True)
   write_json(os.path.join(run_dir, 'run.json'),
              {'key': run.key, 'seed': run.seed, 'config': run.config.to_dict()})
   t0 = time.perf_counter()
@@ -148,17 +143,6 @@ def execute_run(run: spec.Run, run_dir: str, offsets: tuple[int, ...], train_fn:
   return record
 
 
-def _measured_row(run: spec.Run, run_dir: str, rare_exposure: float) -> dict[str, Any]:
-  """The sweep's row of a finished run, with its measures."""
-  record = measures.load_json(os.path.join(run_dir, DONE))
-  results = measures.load_json(os.path.join(run_dir, EVAL_DIR, 'results.json'))
-  per_position = outputs.load_npz(os.path.join(run_dir, EVAL_DIR, 'per_position.npz'))
-  m = measures.run_measures(run_dir, results, int(run.config.num_train_steps),
-                            record['train_seconds'], per_position, rare_exposure)
-  return {'arm': run.arm, 'seed': run.seed, 'key': run.key, 'run_dir': run_dir, 'done': True,
-          'record': record, 'measures': m, 'config': run.config}
-
-
 def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = False,
               run_store: str = '', train_fn: TrainFn = default_train,
               eval_fn: EvalFn = default_evaluate, estimator: Estimator = estimate_scored_per_row,
@@ -166,7 +150,6 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
   """Runs (or resumes) and measures every run of ``exp``'s grid: at most ``max_runs`` new
   ones (-1: all), in ``run_store`` ('' = ``workdir/runs``, may be shared)."""
   store = run_store or os.path.join(workdir, 'runs')
-  os.makedirs(store, exist_ok=True)
   runs, budget = equalize(spec.expand(exp, quick=quick), exp.budget, estimator,
                           os.path.join(workdir, 'budget.json'))
   write_json(os.path.join(workdir, 'experiment.json'),
@@ -192,8 +175,14 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
       trained += 1
       logger.info('%s: done in %.1f s (train) + %.1f s (eval)', label, rec['train_seconds'],
                   rec['eval_seconds'])
-    if r.key not in measured:
-      measured[r.key] = _measured_row(r, run_dir, float(exp.rare_exposure))
+    if r.key not in measured:  # Measured once per run, also when arms coincide.
+      record = measures.load_json(os.path.join(run_dir, DONE))
+      results = measures.load_json(os.path.join(run_dir, EVAL_DIR, 'results.json'))
+      per_position = outputs.load_npz(os.path.join(run_dir, EVAL_DIR, 'per_position.npz'))
+      measured[r.key] = {'key': r.key, 'run_dir': run_dir, 'done': True, 'record': record,
+                         'measures': measures.run_measures(
+                             run_dir, results, int(r.config.num_train_steps),
+                             record['train_seconds'], per_position, float(exp.rare_exposure))}
     rows.append(dict(measured[r.key], arm=r.arm, seed=r.seed, config=r.config))
   return {'runs': rows, 'budget': dataclasses.asdict(budget),
           'complete': all(x['done'] for x in rows), 'store': store, 'quick': quick}
