@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 import jax
 import ml_collections
 import numpy as np
+import tqdm
 from absl import logging
 
 from flax_posemb import auto as auto_lib
@@ -35,7 +36,8 @@ class NonFiniteLossError(FloatingPointError):
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Checks the config before anything is built (sections: their own validators)."""
+  """Checks the config before anything is built (sections: their own validators), the
+  periodic evaluation's settings included."""
   for key in ('num_train_steps', 'log_every_steps', 'checkpoint_every_steps', 'batch_size',
               'max_to_keep'):
     if int(config[key]) < 1:
@@ -49,8 +51,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if not math.isfinite(float(config.divergence_loss)):
     raise ValueError(f'divergence_loss must be finite, got {config.divergence_loss}.')
   optim_lib.validate(config)
-  if int(config.eval_every_steps) > 0:
-    _validate_eval(config)
+  if int(config.eval_every_steps) > 0:  # Now, not after a checkpoint interval of training.
+    from flax_posemb import buckets as buckets_lib  # pylint: disable=g-import-not-at-top
+    from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
+    s = evaluation.eval_settings(config, {})  # checks window_len and the deep-window limits
+    try:
+      buckets_lib.make_edges(int(s['window_len']), int(s['bucket_size']), s['bucket_edges'])
+    except ValueError as e:
+      raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
+    for key in ('num_windows', 'batch_size'):
+      if int(s[key]) < 1:
+        raise ValueError(f'eval.{key} must be >= 1, got {s[key]}.')
+    evaluation.make_batches(config, s)  # Too few documents fail here; kept for the evaluations.
 
 
 def resolve_auto(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
@@ -70,40 +82,20 @@ def divergence_bound(config: ml_collections.ConfigDict) -> float:
   return bound if bound >= 0 else 3.0 * math.log(int(config.model.vocab_size))
 
 
-def _validate_eval(config: ml_collections.ConfigDict) -> None:
-  """The periodic evaluation's settings, and enough evaluation documents, checked at startup
-  (not at the first eval step, after a checkpoint interval of training)."""
-  from flax_posemb import buckets as buckets_lib  # pylint: disable=g-import-not-at-top
-  from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
-  s = evaluation.eval_settings(config, {})  # checks window_len and the deep-window limits
-  try:
-    buckets_lib.make_edges(int(s['window_len']), int(s['bucket_size']), s['bucket_edges'])
-  except ValueError as e:
-    raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
-  for key in ('num_windows', 'batch_size'):
-    if int(s[key]) < 1:
-      raise ValueError(f'eval.{key} must be >= 1, got {s[key]}.')
-  # Builds the evaluation windows (kept for the periodic evaluations): too few documents
-  # fail now, not at step eval_every_steps.
-  evaluation.make_batches(config, s)
-
-
 class MetricsLog:
   """``metrics.jsonl`` rows, loss and eval scalars in TensorBoard and the console lines;
-  ``counters`` go into the checkpoint's ``stats`` item (a resume continues the window)."""
+  ``counters`` go into the checkpoint's ``stats`` item, ``saved`` on a resume."""
 
-  def __init__(self, workdir: str, tb: TensorBoard | None, progress_bar: bool = False):
+  def __init__(self, workdir: str, tb: TensorBoard | None, progress_bar: bool,
+               saved: dict[str, Any] | None):
     self.workdir, self.tb, self.progress_bar = workdir, tb, progress_bar
     self.counters = dict(loss_sum=0.0, loss_steps=0, tokens=0, elapsed=0.0)
+    if saved is not None:  # A resume continues the logging window.
+      self.counters = {k: np.asarray(saved[k]).item() for k in self.counters}
     self.last, self.last_row = {}, {}  # the last step's metrics; the last training row
-    self.last_eval: dict[str, Any] | None = None
-    self._t0 = time.time()  # of the run, less the elapsed time restored
-    self._window = (self._t0, 0)  # time and tokens at the logging window's start
-
-  def restore(self, saved: dict[str, Any]) -> None:
-    self.counters = {k: np.asarray(saved[k]).item() for k in self.counters}
-    self._t0 = time.time() - float(self.counters['elapsed'])
-    self._window = (time.time(), int(self.counters['tokens']))
+    self.hparam_metrics = {}  # of the last evaluation
+    self._t0 = time.time() - float(self.counters['elapsed'])  # the run's start
+    self._window = (time.time(), int(self.counters['tokens']))  # time, tokens at its start
 
   def add_step(self, metrics: dict[str, float]) -> None:
     self.counters['loss_sum'] += metrics['loss']
@@ -145,7 +137,7 @@ class MetricsLog:
     lmb = d['last_minus_best']
     logging.info('eval step %d: loss %.4f +- %.4f nats/token; last - best bucket %s', step,
                  o['loss'], o['stderr'] or 0.0, '-' if lmb is None else f'{lmb:+.4f}')
-    self.last_eval = results
+    self.hparam_metrics = {'hparam/eval_loss': o['loss'], 'hparam/last_minus_best': lmb}
     if self.tb is None:
       return
     scalars = {'eval/loss': o['loss'], 'eval/degradation/last_minus_best': lmb,
@@ -161,15 +153,12 @@ class MetricsLog:
         per_position, results, title), step)
 
   def write_hparams(self, config: ml_collections.ConfigDict) -> None:
-    """The config as TensorBoard hparams, with the last evaluation's loss as its metric."""
+    """The config as TensorBoard hparams, with the last evaluation's losses as its metrics."""
     if self.tb is None:
       return
     hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v)
                for k, v in workdir_lib.flat_config(config).items()}
-    ev = self.last_eval or {}
-    metrics = {'hparam/eval_loss': (ev.get('overall') or {}).get('loss'),
-               'hparam/last_minus_best': (ev.get('degradation') or {}).get('last_minus_best')}
-    self.tb.add_hparams(hparams, {k: v for k, v in metrics.items() if v is not None})
+    self.tb.add_hparams(hparams, {k: v for k, v in self.hparam_metrics.items() if v is not None})
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -185,8 +174,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   with contextlib.ExitStack() as stack:
     if jax.process_index() == 0:
       stack.enter_context(workdir_lib.Lock(workdir))
-    # The process's one SIGTERM handler on one host; on several, JAX's notifier owns SIGTERM
-    # and Orbax's sync point stops all at the same step (`_Loop.run`).
+    # One host: the process's one SIGTERM handler; several: JAX's (docs/DESIGN.md "SIGTERM").
     stack.enter_context(cli.defer_sigterm(install=jax.process_count() == 1))
     ckpt = stack.enter_context(checkpointing.Checkpointer(
         checkpointing.checkpoint_dir(workdir), max_to_keep=int(config.max_to_keep)))
@@ -201,8 +189,7 @@ def _table(model: model_lib.TransformerLM, params: Any) -> np.ndarray | None:
 
 
 class _Loop:
-  """The initial or latest checkpoint's state, the step loop and what happens at log, eval
-  and checkpoint steps."""
+  """The initial or latest checkpoint's state and the step loop with its log, eval, save."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, mesh: Any,
                ckpt: checkpointing.Checkpointer, hooks: Sequence[Hook]):
@@ -231,10 +218,9 @@ class _Loop:
         model, config, log_every=int(config.log_every_steps), last_step=num_steps, writer=tb,
         directory=os.path.join(workdir, 'stats') if self.lead else None,
         initial_table=_table(model, self.state.params))
-    self.log = MetricsLog(workdir, tb, self.lead and bool(config.progress_bar))
+    r = None
     if self.resumed_from is not None:
-      # No fallback: a damaged latest step stops the run (CheckpointDamagedError names it and
-      # says how to resume from the previous one) instead of training over it.
+      # No fallback: a damaged latest step stops the run, never trained over (DESIGN §Recovery).
       r = ckpt.restore(abstract_params=self.state.params, abstract_opt_state=self.state.opt_state,
                        data_iter=self.data_iter, fallback=False)
       self.resumed_from = int(r['step'])
@@ -242,9 +228,10 @@ class _Loop:
           step=jax.device_put(np.int32(self.resumed_from), self.shardings.step),
           params=r['params'], opt_state=r['opt_state'],
           stats=jax.device_put(self.statistics.restore(r['stats']), self.shardings.stats))
-      self.log.restore(r['stats'])
       logging.info('Resuming from the checkpoint of step %d in %s.', self.resumed_from,
                    ckpt.directory)
+    self.log = MetricsLog(workdir, tb, self.lead and bool(config.progress_bar),
+                          None if r is None else r['stats'])
     if self.lead:
       workdir_lib.truncate_outputs(workdir, self.resumed_from or 0)
       workdir_lib.write_config(workdir, config)
@@ -254,15 +241,13 @@ class _Loop:
                                                self.statistics)
 
   def save(self, state: step_lib.TrainState, step: int) -> bool:
-    payload = dict(self.statistics.state(state.stats), **self.log.counters)
+    # The step's training row goes with its checkpoint (`rewrite_lost_rows` may need it).
     row = self.log.last_row
-    # This step's training row goes with its checkpoint: a resume writes it again if
-    # metrics.jsonl lost it (`rewrite_lost_rows`).
     metrics = row if row.get('step') == step else {'last_loss': self.log.last.get('loss')}
     metrics = {k: v for k, v in metrics.items() if k != 'step' and v is not None}
     return self.ckpt.save(step, params=state.params, opt_state=state.opt_state,
-                          data_iter=self.data_iter, stats=payload,
-                          config=self.config.to_dict(), metrics=metrics)
+                          data_iter=self.data_iter, config=self.config.to_dict(), metrics=metrics,
+                          stats=dict(self.statistics.state(state.stats), **self.log.counters))
 
   def snapshot(self, state: step_lib.TrainState, step: int) -> np.ndarray | None:
     """Writes ``tables/table_STEP.npy`` and returns the table (None without one)."""
@@ -306,12 +291,9 @@ class _Loop:
     else:
       self.rewrite_lost_rows(state, start)
     result = dict(step=start, loss=None, resumed_from=resumed_from, preempted=False, eval=None)
-    bar = None
-    if self.lead and c.progress_bar:
-      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-      bar = tqdm(total=num_steps, initial=start, desc='train', dynamic_ncols=True)
     pending = None
-    try:
+    with tqdm.tqdm(total=num_steps, initial=start, desc='train', dynamic_ncols=True,
+                   disable=not (self.lead and c.progress_bar)) as bar:
       for step in range(start + 1, num_steps + 1):
         if step == start + 1 and cli.sigterm_requested():  # During setup (one host only).
           self.stopped(result, start)
@@ -330,23 +312,18 @@ class _Loop:
           pending = None
           state = self.step_end(state, step, result, due, bar)
         result['step'] = step
-        if bar is not None:
-          bar.update(1)
+        bar.update(1)
         if stop:
           self.stopped(result, step)
           break
       if pending is not None:
         self.absorb(*pending)
       self.log.write_hparams(c)
-    finally:
-      if bar is not None:
-        bar.close()
     return result
 
   def rewrite_lost_rows(self, state: step_lib.TrainState, step: int) -> None:
-    """Writes again the rows of the restored ``step`` that metrics.jsonl lost (a half-written
-    last line, which a resume drops): the training row, stored with the checkpoint when the
-    step ended a logging window, and the periodic evaluation, run again."""
+    """Writes again the rows of the restored ``step`` that metrics.jsonl lost (docs/DESIGN.md
+    §Resume): its training row from the checkpoint, its evaluation by running it again."""
     row = self.ckpt.step_metadata(step).get('metrics', {})  # whole only if it has 'tokens'
     if self.lead and 'tokens' in row and not workdir_lib.has_row(self.workdir, step, 'loss'):
       self.log.write({'step': step, **row, 'tokens': int(row['tokens'])})
@@ -363,8 +340,7 @@ class _Loop:
       window = self.statistics.on_step(step, state.stats, table=self.snapshot(state, step))
       state = state.replace(stats=jax.device_put(window, self.shardings.stats))
       result['loss'] = self.log.flush(step)['loss']
-      if bar is not None:
-        bar.set_postfix(loss=f'{result["loss"]:.4f}')
+      bar.set_postfix(loss=f'{result["loss"]:.4f}')
     if due['eval']:
       result['eval'] = self.evaluate(state, step)
     if due['ckpt']:
