@@ -50,9 +50,7 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
         with np.errstate(invalid='ignore', divide='ignore'):
           series['recovered'] = np.where(np.abs(gap) > 1e-9,
                                          (pp['filter_loss'] - pp['loss']) / gap, np.nan)
-    if 'drift' in arrays:
-      series['drift'] = arrays['drift'][:num]
-    series['norm'] = arrays['norm'][:num]
+    series.update({k: arrays[k][:num] for k in ('drift', 'norm') if k in arrays})
     summary['exposure'] = _exposure_relation(exposure[:num], series, output, files)
   return _write(summary, arrays, files, output, 'analysis')
 

@@ -85,8 +85,7 @@ HUGE_PAGES_OFF = 'FLAX_POSEMB_HUGE_PAGES'  # =0: never restart on huge pages.
 
 
 def huge_pages_apply() -> bool:
-  """Whether `start_on_huge_pages` restarts: glibc >= 2.35 (the tunable's first release), huge
-  pages in ``madvise`` mode, the tunable not set yet, ``HUGE_PAGES_OFF`` not 0."""
+  """Whether `start_on_huge_pages` restarts (when: docs/DESIGN.md §Config; not if it did)."""
   lib, version = platform.libc_ver()
   try:
     with open('/sys/kernel/mm/transparent_hugepage/enabled') as f:

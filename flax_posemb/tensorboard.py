@@ -1,6 +1,5 @@
-"""TensorBoard events written by the caller's thread a whole record at a time: unlike
-tensorboardX's SummaryWriter (a thread of its own, flushed again at exit), a failed write
-raises in the caller, once, like every other output (`outputs.append_whole`)."""
+"""TensorBoard events written by the caller's thread a whole record at a time: unlike with
+tensorboardX's SummaryWriter (its own thread), a failed write raises in the caller, once."""
 
 import os
 import socket

@@ -1,8 +1,5 @@
-"""The training loop: ``train_and_evaluate(config, workdir)``.
-
-What it writes into ``workdir``, how a run resumes and when it stops: docs/DESIGN.md
-§Training outputs (the README's failure table for the user's view).
-"""
+"""The training loop, ``train_and_evaluate(config, workdir)``: what it writes, how a run resumes
+and when it stops are in docs/DESIGN.md §Training outputs (the user's view: the README)."""
 
 import contextlib
 import math
@@ -36,8 +33,7 @@ class NonFiniteLossError(FloatingPointError):
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Checks the config before anything is built (sections: their own validators), the
-  periodic evaluation's settings included."""
+  """Checks the config, periodic evaluation included, before anything is built."""
   for key in ('num_train_steps', 'log_every_steps', 'checkpoint_every_steps', 'batch_size',
               'max_to_keep'):
     if int(config[key]) < 1:
@@ -82,85 +78,6 @@ def divergence_bound(config: ml_collections.ConfigDict) -> float:
   return bound if bound >= 0 else 3.0 * math.log(int(config.model.vocab_size))
 
 
-class MetricsLog:
-  """``metrics.jsonl`` rows, loss and eval scalars in TensorBoard and the console lines;
-  ``counters`` go into the checkpoint's ``stats`` item, ``saved`` on a resume."""
-
-  def __init__(self, workdir: str, tb: TensorBoard | None, progress_bar: bool,
-               saved: dict[str, Any] | None):
-    self.workdir, self.tb, self.progress_bar = workdir, tb, progress_bar
-    self.counters = dict(loss_sum=0.0, loss_steps=0, tokens=0, elapsed=0.0)
-    if saved is not None:  # A resume continues the logging window.
-      self.counters = {k: np.asarray(saved[k]).item() for k in self.counters}
-    self.last, self.last_row = {}, {}  # the last step's metrics; the last training row
-    self.hparam_metrics = {}  # of the last evaluation
-    self._t0 = time.time() - float(self.counters['elapsed'])  # the run's start
-    self._window = (time.time(), int(self.counters['tokens']))  # time, tokens at its start
-
-  def add_step(self, metrics: dict[str, float]) -> None:
-    self.counters['loss_sum'] += metrics['loss']
-    self.counters['loss_steps'] += 1
-    self.counters['tokens'] += int(metrics['tokens'])
-    self.last = metrics
-
-  def flush(self, step: int) -> dict[str, Any]:
-    """Writes the training row of the logging window ending at ``step``."""
-    c, now = self.counters, time.time()
-    c['elapsed'] = now - self._t0
-    row = dict(step=step, loss=c['loss_sum'] / max(c['loss_steps'], 1),
-               last_loss=self.last.get('loss'), learning_rate=self.last.get('learning_rate'),
-               grad_norm=self.last.get('grad_norm'), tokens=int(c['tokens']),
-               tokens_per_sec=(c['tokens'] - self._window[1]) / max(now - self._window[0], 1e-9),
-               elapsed=c['elapsed'])
-    self.write(row)
-    if self.tb is not None:
-      for k in ('loss', 'learning_rate', 'grad_norm', 'tokens_per_sec'):
-        self.tb.add_scalar(f'train/{k}', row[k], step)
-    self.last_row = row
-    c.update(loss_sum=0.0, loss_steps=0)
-    self._window = (now, c['tokens'])
-    if not self.progress_bar:  # The bar shows these; without it, one log line per window.
-      logging.info('step %d: loss %.4f, learning rate %.3g, grad norm %.3g, %.0f tokens/s',
-                   step, row['loss'], row['learning_rate'] or 0.0, row['grad_norm'] or 0.0,
-                   row['tokens_per_sec'])
-    return row
-
-  def write(self, row: dict[str, Any]) -> None:
-    if self.tb is not None:
-      workdir_lib.append_row(self.workdir, row)
-
-  def write_eval(self, step: int, results: dict[str, Any], per_position: dict[str, Any],
-                 title: str) -> None:
-    """Metrics row, console line and TensorBoard scalars and figure of one evaluation."""
-    self.write(dict(step=step, eval=results))
-    o, d = results['overall'], results['degradation']
-    lmb = d['last_minus_best']
-    logging.info('eval step %d: loss %.4f +- %.4f nats/token; last - best bucket %s', step,
-                 o['loss'], o['stderr'] or 0.0, '-' if lmb is None else f'{lmb:+.4f}')
-    self.hparam_metrics = {'hparam/eval_loss': o['loss'], 'hparam/last_minus_best': lmb}
-    if self.tb is None:
-      return
-    scalars = {'eval/loss': o['loss'], 'eval/degradation/last_minus_best': lmb,
-               'eval/degradation/slope': d.get('slope')}
-    for b in results['buckets']:
-      scalars.update({f'eval_bucket_{k}/{b["start"]:05d}-{b["end"]:05d}': b.get(k)
-                      for k in ('loss', 'excess_loss', 'recovered')})
-    for tag, value in scalars.items():
-      if value is not None:
-        self.tb.add_scalar(tag, value, step)
-    from flax_posemb import plots  # pylint: disable=g-import-not-at-top  (matplotlib)
-    self.tb.add_figure('eval/loss_by_position', plots.loss_by_position_figure(
-        per_position, results, title), step)
-
-  def write_hparams(self, config: ml_collections.ConfigDict) -> None:
-    """The config as TensorBoard hparams, with the last evaluation's losses as its metrics."""
-    if self.tb is None:
-      return
-    hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v)
-               for k, v in workdir_lib.flat_config(config).items()}
-    self.tb.add_hparams(hparams, {k: v for k, v in self.hparam_metrics.items() if v is not None})
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        hooks: Sequence[Hook] = ()) -> dict[str, Any]:
   """Trains (or resumes) a run of ``config`` (``defaults.base()`` fields) in ``workdir``;
@@ -189,12 +106,14 @@ def _table(model: model_lib.TransformerLM, params: Any) -> np.ndarray | None:
 
 
 class _Loop:
-  """The initial or latest checkpoint's state and the step loop with its log, eval, save."""
+  """The initial or latest checkpoint's state, the step loop and its outputs: ``metrics.jsonl``
+  rows, TensorBoard scalars, console lines; ``counters`` go into the checkpoint's ``stats``."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, mesh: Any,
                ckpt: checkpointing.Checkpointer, hooks: Sequence[Hook]):
     self.config, self.workdir, self.mesh, self.ckpt, self.hooks = config, workdir, mesh, ckpt, hooks
     self.lead = jax.process_index() == 0
+    self.progress_bar = self.lead and bool(config.progress_bar)
     self.divergence = divergence_bound(config)
     # Before anything is restored or written, on every host (they read the same files, so
     # they all stop together): refuse what would lose work.
@@ -212,13 +131,13 @@ class _Loop:
         config.data, batch_size=int(config.batch_size), seed=int(config.seed),
         num_train_steps=num_steps, process_index=jax.process_index(),
         process_count=jax.process_count(), max_len=model.config.max_len)
-    tb = (TensorBoard(os.path.join(workdir, 'tensorboard'), (self.resumed_from or 0) + 1)
-          if self.lead else None)
+    self.tb = (TensorBoard(os.path.join(workdir, 'tensorboard'), (self.resumed_from or 0) + 1)
+               if self.lead else None)
     self.statistics = step_lib.position_statistics(
-        model, config, log_every=int(config.log_every_steps), last_step=num_steps, writer=tb,
-        directory=os.path.join(workdir, 'stats') if self.lead else None,
+        model, config, log_every=int(config.log_every_steps), last_step=num_steps,
+        writer=self.tb, directory=os.path.join(workdir, 'stats') if self.lead else None,
         initial_table=_table(model, self.state.params))
-    r = None
+    self.counters = dict(loss_sum=0.0, loss_steps=0, tokens=0, elapsed=0.0)
     if self.resumed_from is not None:
       # No fallback: a damaged latest step stops the run, never trained over (DESIGN §Recovery).
       r = ckpt.restore(abstract_params=self.state.params, abstract_opt_state=self.state.opt_state,
@@ -228,26 +147,32 @@ class _Loop:
           step=jax.device_put(np.int32(self.resumed_from), self.shardings.step),
           params=r['params'], opt_state=r['opt_state'],
           stats=jax.device_put(self.statistics.restore(r['stats']), self.shardings.stats))
+      self.counters = {k: np.asarray(r['stats'][k]).item() for k in self.counters}
       logging.info('Resuming from the checkpoint of step %d in %s.', self.resumed_from,
                    ckpt.directory)
-    self.log = MetricsLog(workdir, tb, self.lead and bool(config.progress_bar),
-                          None if r is None else r['stats'])
+    self.last, self.last_row, self.hparam_metrics = {}, {}, {}  # step's, window's, eval's
+    self._t0 = time.time() - float(self.counters['elapsed'])  # the run's start
+    self._window = (time.time(), int(self.counters['tokens']))  # time, tokens at its start
     if self.lead:
       workdir_lib.truncate_outputs(workdir, self.resumed_from or 0)
       workdir_lib.write_config(workdir, config)
       if changes:
-        self.log.write({'step': self.resumed_from, 'config_change': changes})
+        self.write({'step': self.resumed_from, 'config_change': changes})
     self.train_step = step_lib.make_train_step(model, tx, config, mesh, self.shardings,
                                                self.statistics)
 
+  def write(self, row: dict[str, Any]) -> None:
+    if self.lead:
+      workdir_lib.append_row(self.workdir, row)
+
   def save(self, state: step_lib.TrainState, step: int) -> bool:
     # The step's training row goes with its checkpoint (`rewrite_lost_rows` may need it).
-    row = self.log.last_row
-    metrics = row if row.get('step') == step else {'last_loss': self.log.last.get('loss')}
+    row = self.last_row
+    metrics = row if row.get('step') == step else {'last_loss': self.last.get('loss')}
     metrics = {k: v for k, v in metrics.items() if k != 'step' and v is not None}
     return self.ckpt.save(step, params=state.params, opt_state=state.opt_state,
                           data_iter=self.data_iter, config=self.config.to_dict(), metrics=metrics,
-                          stats=dict(self.statistics.state(state.stats), **self.log.counters))
+                          stats=dict(self.statistics.state(state.stats), **self.counters))
 
   def snapshot(self, state: step_lib.TrainState, step: int) -> np.ndarray | None:
     """Writes ``tables/table_STEP.npy`` and returns the table (None without one)."""
@@ -267,17 +192,61 @@ class _Loop:
           f'{m["grad_norm"]}). Stopped without saving; the last good checkpoint is step '
           f'{self.ckpt.latest_step()} in {self.ckpt.directory}. Lower '
           'optimizer.learning_rate, increase optimizer.warmup_steps or check the data.')
-    self.log.add_step(m)
+    self.counters['loss_sum'] += m['loss']
+    self.counters['loss_steps'] += 1
+    self.counters['tokens'] += int(m['tokens'])
+    self.last = m
     for hook in self.hooks:
       hook(step, m)
 
+  def flush(self, step: int) -> dict[str, Any]:
+    """Writes the training row of the logging window ending at ``step``."""
+    c, now = self.counters, time.time()
+    c['elapsed'] = now - self._t0
+    row = dict(step=step, loss=c['loss_sum'] / max(c['loss_steps'], 1),
+               last_loss=self.last.get('loss'), learning_rate=self.last.get('learning_rate'),
+               grad_norm=self.last.get('grad_norm'), tokens=int(c['tokens']),
+               tokens_per_sec=(c['tokens'] - self._window[1]) / max(now - self._window[0], 1e-9),
+               elapsed=c['elapsed'])
+    self.write(row)
+    if self.tb is not None:
+      for k in ('loss', 'learning_rate', 'grad_norm', 'tokens_per_sec'):
+        self.tb.add_scalar(f'train/{k}', row[k], step)
+    self.last_row = row
+    c.update(loss_sum=0.0, loss_steps=0)
+    self._window = (now, c['tokens'])
+    if not self.progress_bar:  # The bar shows these; without it, one log line per window.
+      logging.info('step %d: loss %.4f, learning rate %.3g, grad norm %.3g, %.0f tokens/s',
+                   step, row['loss'], row['learning_rate'] or 0.0, row['grad_norm'] or 0.0,
+                   row['tokens_per_sec'])
+    return row
+
   def evaluate(self, state: step_lib.TrainState, step: int) -> dict[str, Any]:
+    """Runs the periodic evaluation: its metrics row, console line, TensorBoard scalars."""
     from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
     from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
     out = evaluation.run_evaluation(self.model, state.params, self.config, step=step)
-    res, c = eval_report.json_safe(out.results), self.config
-    self.log.write_eval(step, res, out.per_position, f'{c.data.position_policy}, '
-                        f'{c.model.position_init} init, step {step}')
+    res = eval_report.json_safe(out.results)
+    self.write(dict(step=step, eval=res))
+    o, d = res['overall'], res['degradation']
+    lmb = d['last_minus_best']
+    logging.info('eval step %d: loss %.4f +- %.4f nats/token; last - best bucket %s', step,
+                 o['loss'], o['stderr'] or 0.0, '-' if lmb is None else f'{lmb:+.4f}')
+    self.hparam_metrics = {'hparam/eval_loss': o['loss'], 'hparam/last_minus_best': lmb}
+    if self.tb is not None:
+      scalars = {'eval/loss': o['loss'], 'eval/degradation/last_minus_best': lmb,
+                 'eval/degradation/slope': d.get('slope')}
+      for b in res['buckets']:
+        scalars.update({f'eval_bucket_{k}/{b["start"]:05d}-{b["end"]:05d}': b.get(k)
+                        for k in ('loss', 'excess_loss', 'recovered')})
+      for tag, value in scalars.items():
+        if value is not None:
+          self.tb.add_scalar(tag, value, step)
+      from flax_posemb import plots  # pylint: disable=g-import-not-at-top  (matplotlib)
+      c = self.config
+      self.tb.add_figure('eval/loss_by_position', plots.loss_by_position_figure(
+          out.per_position, res, f'{c.data.position_policy}, {c.model.position_init} init, '
+          f'step {step}'), step)
     if (table := _table(self.model, state.params)) is not None:
       self.statistics.report_table(step, table)
     return res
@@ -293,7 +262,7 @@ class _Loop:
     result = dict(step=start, loss=None, resumed_from=resumed_from, preempted=False, eval=None)
     pending = None
     with tqdm.tqdm(total=num_steps, initial=start, desc='train', dynamic_ncols=True,
-                   disable=not (self.lead and c.progress_bar)) as bar:
+                   disable=not self.progress_bar) as bar:
       for step in range(start + 1, num_steps + 1):
         if step == start + 1 and cli.sigterm_requested():  # During setup (one host only).
           self.stopped(result, start)
@@ -318,15 +287,18 @@ class _Loop:
           break
       if pending is not None:
         self.absorb(*pending)
-      self.log.write_hparams(c)
+      if self.tb is not None:  # The config as hparams, the last evaluation's losses as metrics.
+        hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v)
+                   for k, v in workdir_lib.flat_config(c).items()}
+        self.tb.add_hparams(hparams, {k: v for k, v in self.hparam_metrics.items()
+                                      if v is not None})
     return result
 
   def rewrite_lost_rows(self, state: step_lib.TrainState, step: int) -> None:
-    """Writes again the rows of the restored ``step`` that metrics.jsonl lost (docs/DESIGN.md
-    §Resume): its training row from the checkpoint, its evaluation by running it again."""
+    """Writes again the restored ``step``'s rows that metrics.jsonl lost (DESIGN.md §Resume)."""
     row = self.ckpt.step_metadata(step).get('metrics', {})  # whole only if it has 'tokens'
     if self.lead and 'tokens' in row and not workdir_lib.has_row(self.workdir, step, 'loss'):
-      self.log.write({'step': step, **row, 'tokens': int(row['tokens'])})
+      self.write({'step': step, **row, 'tokens': int(row['tokens'])})
     if self.eval_due(step) and not workdir_lib.has_row(self.workdir, step, 'eval'):
       self.evaluate(state, step)
 
@@ -339,7 +311,7 @@ class _Loop:
     if due['log']:
       window = self.statistics.on_step(step, state.stats, table=self.snapshot(state, step))
       state = state.replace(stats=jax.device_put(window, self.shardings.stats))
-      result['loss'] = self.log.flush(step)['loss']
+      result['loss'] = self.flush(step)['loss']
       bar.set_postfix(loss=f'{result["loss"]:.4f}')
     if due['eval']:
       result['eval'] = self.evaluate(state, step)

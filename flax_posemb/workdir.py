@@ -118,8 +118,8 @@ def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
 
 def check_resume_config(workdir: str, config: Any,
                         stored: dict[str, Any]) -> dict[str, list[Any]]:
-  """The changes of ``config`` from ``stored`` (the checkpoint's) and ``config.json``: the one
-  drift check of a resume (``WorkdirError`` unless ``allow_config_change``)."""
+  """The changes of ``config`` from ``stored`` (the checkpoint's) and config.json (DESIGN.md
+  §Resume: the one drift check; ``WorkdirError`` unless ``allow_config_change``)."""
   saved = saved_config(workdir)
   changes = {**({} if saved is None else config_changes(saved, config)),
              **config_changes(stored, config)}
@@ -139,16 +139,12 @@ def write_config(workdir: str, config: Any) -> None:
 
 def check_fresh_start(workdir: str) -> None:
   """Refuses to start over on a workdir with trained outputs but no checkpoints."""
-  trained = [p for s, p in _step_outputs(workdir) if s > 0]
+  trained = [p for s, p in outputs.window_files(workdir) + outputs.table_files(workdir) if s > 0]
   if trained or _metric_rows(workdir):
     raise WorkdirError(
         f'{workdir} has outputs of a trained run ({METRICS_FILE}, {len(trained)} window/table '
         'files) but no checkpoint to resume from. Nothing was changed. Restore its '
         'checkpoints/ directory, use a fresh --workdir, or delete the old outputs.')
-
-
-def _step_outputs(workdir: str) -> list[tuple[int, str]]:
-  return sorted(outputs.window_files(workdir) + outputs.table_files(workdir))
 
 
 def _metric_rows(workdir: str) -> list[tuple[str, dict[str, Any]]]:
@@ -163,9 +159,9 @@ def _metric_rows(workdir: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def truncate_outputs(workdir: str, step: int) -> None:
-  """Drops the rows and output files after ``step`` and any leftover temporaries, after reading
-  those up to ``step`` (a damaged one, never written again, is a ValueError naming it)."""
-  keep = dict.fromkeys(path for s, path in _step_outputs(workdir) if s <= step)  # in step order
+  """Reads the outputs up to ``step``, drops those after it and leftovers (DESIGN.md §Resume)."""
+  keep = dict.fromkeys(p for s, p in sorted(outputs.window_files(workdir) +  # in step order
+                                              outputs.table_files(workdir)) if s <= step)
   for path in keep:
     (outputs.load_npz if path.endswith('.npz') else outputs.load_npy)(path)
   if os.path.exists(os.path.join(workdir, METRICS_FILE)):
