@@ -90,8 +90,7 @@ def write_table_analysis(table: np.ndarray | str, output: str, *, bucket_size: i
   'skipped'); writes table_analysis.json and the plots into `output`.
 
   Args:
-    table: [L >= 2, D] position table, or a file spec for `tables.load_table` (the JSON's
-      'source').
+    table: [L >= 2, D] position table, or a `tables.load_table` spec (the JSON's 'source').
   """
   source = table if isinstance(table, str) else ''
   table = np.asarray(tables.load_table(table) if isinstance(table, str) else table, np.float64)

@@ -116,12 +116,7 @@ def run(main: Callable[[list[str]], int | None], prog: str) -> None:
 
   def parse(argv: list[str]) -> list[str]:
     try:
-      try:
-        rest = flags.FLAGS(argv)
-      except SystemExit as e:  # absl exits 1 after printing --help; asking for help is no error.
-        if e.code == 1 and any(a.split('=')[0] in HELP_FLAGS for a in argv[1:]):
-          sys.exit(EXIT_OK)
-        raise
+      rest = flags.FLAGS(argv)
       for name in flags.FLAGS:
         # config_flags keeps a config file's load error for later (any access raises it).
         value = flags.FLAGS[name].value
@@ -131,6 +126,10 @@ def run(main: Callable[[list[str]], int | None], prog: str) -> None:
           raise UserError(f'--{name}: cannot load the config file ({detail}); pass an '
                           'existing config file such as configs/tiny.py.')
       return rest
+    except SystemExit as e:  # absl exits 1 after printing --help; asking for help is no error.
+      if e.code == 1 and any(a.split('=')[0] in HELP_FLAGS for a in argv[1:]):
+        sys.exit(EXIT_OK)
+      raise
     except Exception as e:  # pylint: disable=broad-except
       if debug_enabled(argv):
         raise

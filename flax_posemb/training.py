@@ -62,8 +62,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 
 def resolve_auto(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
-  """A copy of ``config`` with its auto fields made concrete (``auto.resolve_config``), so
-  ``config.json`` records what runs; a resume keeps the values its ``config.json`` recorded."""
+  """A copy of ``config`` with its auto fields resolved (`auto.resolve_config`; DESIGN §Config)."""
   config = config.copy_and_resolve_references()
   saved = workdir_lib.saved_config(workdir) if os.path.isdir(workdir) else None
   for key, (_, value) in auto_lib.resolve_config(config, saved=saved).items():
@@ -88,21 +87,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   mesh = sharding.make_mesh()
   sharding.check_batch_layout(config, mesh)
   os.makedirs(workdir, exist_ok=True)
-  with contextlib.ExitStack() as stack:
-    if jax.process_index() == 0:
-      stack.enter_context(workdir_lib.Lock(workdir))
-    # One host: the process's one SIGTERM handler; several: JAX's (docs/DESIGN.md "SIGTERM").
-    stack.enter_context(cli.defer_sigterm(install=jax.process_count() == 1))
-    ckpt = stack.enter_context(checkpointing.Checkpointer(
-        checkpointing.checkpoint_dir(workdir), max_to_keep=int(config.max_to_keep)))
+  # SIGTERM: the process's one handler on one host; JAX's on several (DESIGN.md "SIGTERM").
+  with (workdir_lib.Lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext(),
+        cli.defer_sigterm(install=jax.process_count() == 1),
+        checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir),
+                                   max_to_keep=int(config.max_to_keep)) as ckpt):
     return _Loop(config, workdir, mesh, ckpt, hooks).run()
-
-
-def _table(model: model_lib.TransformerLM, params: Any) -> np.ndarray | None:
-  """The host copy of the learned position table (None without one)."""
-  if model.config.position_embedding != 'learned':
-    return None
-  return sharding.to_host(model_lib.position_table(params))
 
 
 class _Loop:
@@ -136,7 +126,7 @@ class _Loop:
     self.statistics = step_lib.position_statistics(
         model, config, log_every=int(config.log_every_steps), last_step=num_steps,
         writer=self.tb, directory=os.path.join(workdir, 'stats') if self.lead else None,
-        initial_table=_table(model, self.state.params))
+        initial_table=self.table(self.state.params))
     self.counters = dict(loss_sum=0.0, loss_steps=0, tokens=0, elapsed=0.0)
     if self.resumed_from is not None:
       # No fallback: a damaged latest step stops the run, never trained over (DESIGN §Recovery).
@@ -161,6 +151,12 @@ class _Loop:
     self.train_step = step_lib.make_train_step(model, tx, config, mesh, self.shardings,
                                                self.statistics)
 
+  def table(self, params: Any) -> np.ndarray | None:
+    """The host copy of the learned position table (None without one)."""
+    if self.model.config.position_embedding != 'learned':
+      return None
+    return sharding.to_host(model_lib.position_table(params))
+
   def write(self, row: dict[str, Any]) -> None:
     if self.lead:
       workdir_lib.append_row(self.workdir, row)
@@ -176,7 +172,7 @@ class _Loop:
 
   def snapshot(self, state: step_lib.TrainState, step: int) -> np.ndarray | None:
     """Writes ``tables/table_STEP.npy`` and returns the table (None without one)."""
-    table = _table(self.model, state.params)
+    table = self.table(state.params)
     if self.lead and table is not None:
       with outputs.atomic_write(os.path.join(self.workdir, 'tables', f'table_{step}.npy')) as f:
         np.save(f, table)
@@ -236,18 +232,16 @@ class _Loop:
     if self.tb is not None:
       scalars = {'eval/loss': o['loss'], 'eval/degradation/last_minus_best': lmb,
                  'eval/degradation/slope': d.get('slope')}
-      for b in res['buckets']:
-        scalars.update({f'eval_bucket_{k}/{b["start"]:05d}-{b["end"]:05d}': b.get(k)
-                        for k in ('loss', 'excess_loss', 'recovered')})
+      scalars.update({f'eval_bucket_{k}/{b["start"]:05d}-{b["end"]:05d}': b.get(k)
+                      for b in res['buckets'] for k in ('loss', 'excess_loss', 'recovered')})
       for tag, value in scalars.items():
         if value is not None:
           self.tb.add_scalar(tag, value, step)
       from flax_posemb import plots  # pylint: disable=g-import-not-at-top  (matplotlib)
-      c = self.config
       self.tb.add_figure('eval/loss_by_position', plots.loss_by_position_figure(
-          out.per_position, res, f'{c.data.position_policy}, {c.model.position_init} init, '
-          f'step {step}'), step)
-    if (table := _table(self.model, state.params)) is not None:
+          out.per_position, res, f'{self.config.data.position_policy}, '
+          f'{self.config.model.position_init} init, step {step}'), step)
+    if (table := self.table(state.params)) is not None:
       self.statistics.report_table(step, table)
     return res
 
@@ -276,10 +270,18 @@ class _Loop:
                 else cli.sigterm_requested())
         due = dict(log=self.statistics.window_ends(step), eval=self.eval_due(step),
                    ckpt=stop or step % int(c.checkpoint_every_steps) == 0 or step == num_steps)
-        if any(due.values()):
+        if any(due.values()):  # Log, evaluate and checkpoint after the step.
           self.absorb(*pending)
           pending = None
-          state = self.step_end(state, step, result, due, bar)
+        if due['log']:
+          window = self.statistics.on_step(step, state.stats, table=self.snapshot(state, step))
+          state = state.replace(stats=jax.device_put(window, self.shardings.stats))
+          result['loss'] = self.flush(step)['loss']
+          bar.set_postfix(loss=f'{result["loss"]:.4f}')
+        if due['eval']:
+          result['eval'] = self.evaluate(state, step)
+        if due['ckpt']:
+          self.save(state, step)
         result['step'] = step
         bar.update(1)
         if stop:
@@ -305,19 +307,6 @@ class _Loop:
   def eval_due(self, step: int) -> bool:
     every = int(self.config.eval_every_steps)
     return every > 0 and step % every == 0
-
-  def step_end(self, state, step, result, due, bar) -> step_lib.TrainState:
-    """Log, evaluate and checkpoint after ``step`` (whatever is ``due``)."""
-    if due['log']:
-      window = self.statistics.on_step(step, state.stats, table=self.snapshot(state, step))
-      state = state.replace(stats=jax.device_put(window, self.shardings.stats))
-      result['loss'] = self.flush(step)['loss']
-      bar.set_postfix(loss=f'{result["loss"]:.4f}')
-    if due['eval']:
-      result['eval'] = self.evaluate(state, step)
-    if due['ckpt']:
-      self.save(state, step)
-    return state
 
   def stopped(self, result: dict[str, Any], step: int) -> None:
     self.ckpt.wait_until_finished()

@@ -116,8 +116,7 @@ def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
   return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new)) if changed(k)}
 
 
-def check_resume_config(workdir: str, config: Any,
-                        stored: dict[str, Any]) -> dict[str, list[Any]]:
+def check_resume_config(workdir: str, config: Any, stored: dict[str, Any]) -> dict[str, list[Any]]:
   """The changes of ``config`` from ``stored`` (the checkpoint's) and config.json (DESIGN.md
   §Resume: the one drift check; ``WorkdirError`` unless ``allow_config_change``)."""
   saved = saved_config(workdir)
