@@ -67,11 +67,8 @@ def json_safe(x: Any) -> Any:
     return {k: json_safe(v) for k, v in x.items()}
   if isinstance(x, (list, tuple)):
     return [json_safe(v) for v in x]
-  if isinstance(x, np.integer):
-    return int(x)
-  if isinstance(x, (float, np.floating)):
-    return float(x) if math.isfinite(x) else None
-  return x
+  x = x.item() if isinstance(x, np.generic) else x
+  return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
 def _write_csv(path: str, rows: list[Sequence[Any]]) -> str:
