@@ -85,7 +85,7 @@ HUGE_PAGES_OFF = 'FLAX_POSEMB_HUGE_PAGES'  # =0: never restart on huge pages.
 
 
 def huge_pages_apply() -> bool:
-  """Whether `start_on_huge_pages` restarts (when: docs/DESIGN.md §Config; not if it did)."""
+  """Whether `start_on_huge_pages` restarts (once; when: docs/DESIGN.md §Config)."""
   lib, version = platform.libc_ver()
   try:
     with open('/sys/kernel/mm/transparent_hugepage/enabled') as f:
