@@ -5,11 +5,9 @@
   python eval.py --analyze --table gpt2.safetensors:wpe.weight --output out/wpe  # any table, no run
   python eval.py --analyze --stats runs/mine/stats --output out/mine  # any window files, no run
 
-Restores only params + config from each run's latest (or --step) Orbax checkpoint onto the
-available devices; writes WORKDIR/eval/step_N/ (or --output) and prints the bucket table, where
-the windows come from, loss by window group (kind, depth, distance to the end) and the plot
-path (flax_posemb.eval_workdir.evaluate_workdir); --table: analysis_report.write_table_analysis;
---stats: analysis_report.analyze_stats.
+Restores only params + config of each run's latest (or --step) checkpoint onto the available
+devices; writes WORKDIR/eval/step_N/ (or --output) and prints the bucket table, the windows'
+provenance, loss by window group and the plot path (flax_posemb.eval_workdir, analysis_report).
 Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback; --debug shows it).
 """
 
@@ -79,17 +77,17 @@ def main(argv):
 
 
 def analyze_table_file():
-  """--table: bad input is one line on stderr and exit code 2, never a traceback."""
+  """--table or --stats: analyse a table file or a directory of window files (no run)."""
   from flax_posemb import analysis_report  # pylint: disable=g-import-not-at-top
-  if FLAGS.stats is not None and FLAGS.table is None and not FLAGS.workdir and FLAGS.analyze \
-     and FLAGS.output:
+  if (FLAGS.table is None) == (FLAGS.stats is None) or FLAGS.workdir or not (
+      FLAGS.analyze and FLAGS.output):
+    raise cli.UserError('--table PATH or --stats DIR needs --analyze and --output DIR, and no '
+                        '--workdir; without them, give --workdir RUN.')
+  if FLAGS.stats is not None:
     summary = analysis_report.analyze_stats(FLAGS.stats, FLAGS.output)
     print(f"{summary['windows']} windows\nresults: {summary['files']['json']}\n"
           f"plot: {summary['files']['exposure_plot']}")
     return
-  if FLAGS.table is None or FLAGS.stats or FLAGS.workdir or not (FLAGS.analyze and FLAGS.output):
-    raise cli.UserError('--table PATH or --stats DIR needs --analyze and --output DIR, and no '
-                        '--workdir; without them, give --workdir RUN.')
   summary = analysis_report.write_table_analysis(
       FLAGS.table, FLAGS.output, bucket_size=FLAGS.bucket_size or 16,
       bucket_edges=FLAGS.buckets or FLAGS.bucket_edges or '')

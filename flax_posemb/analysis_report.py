@@ -50,9 +50,7 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
         with np.errstate(invalid='ignore', divide='ignore'):
           series['recovered'] = np.where(np.abs(gap) > 1e-9,
                                          (pp['filter_loss'] - pp['loss']) / gap, np.nan)
-    if 'drift' in arrays:
-      series['drift'] = arrays['drift'][:num]
-    series['norm'] = arrays['norm'][:num]
+    series.update({k: arrays[k][:num] for k in ('drift', 'norm') if k in arrays})
     summary['exposure'] = _exposure_relation(exposure[:num], series, output, files)
   return _write(summary, arrays, files, output, 'analysis')
 
@@ -60,7 +58,6 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
 def _table_plots(table: np.ndarray, summary: dict[str, Any], arrays: dict[str, np.ndarray],
                  output: str) -> dict[str, str]:
   """Writes table_analysis.png and cosine_similarity.png of `analyze_table`'s results."""
-  os.makedirs(output, exist_ok=True)
   probe = summary['probe']
   return {
       'table_plot': plots.table_analysis(
@@ -87,22 +84,18 @@ def _write(summary: dict[str, Any], arrays: dict[str, np.ndarray] | None,
   return summary
 
 
-def write_table_analysis(table: np.ndarray | str, output: str, *, source: str = '',
-                         bucket_size: int = 16, bucket_edges: str = '') -> dict[str, Any]:
+def write_table_analysis(table: np.ndarray | str, output: str, *, bucket_size: int = 16,
+                         bucket_edges: str = '') -> dict[str, Any]:
   """`analyze_workdir`'s analysis of any table, less drift and exposure (listed under
   'skipped'); writes table_analysis.json and the plots into `output`.
 
   Args:
-    table: [L >= 2, D] position table, or a file spec for `tables.load_table`.
-    source: where the table came from (recorded in the JSON; default: the spec).
+    table: [L >= 2, D] position table, or a `tables.load_table` spec (the JSON's 'source').
   """
-  if isinstance(table, str):
-    source = source or table
-    table = tables.load_table(table)
-  table = np.asarray(table)
+  source = table if isinstance(table, str) else ''
+  table = np.asarray(tables.load_table(table) if isinstance(table, str) else table, np.float64)
   if table.ndim != 2 or table.shape[0] < 2 or table.shape[1] < 1:
     raise ValueError(f'table analysis needs a [rows >= 2, features >= 1] table, got {table.shape}.')
-  table = table.astype(np.float64)
   summary, arrays = analysis.analyze_table(table, bucket_size=bucket_size,
                                           bucket_edges=bucket_edges)
   summary = {'source': source, **summary,
@@ -125,7 +118,6 @@ def analyze_stats(stats_dir: str, output: str) -> dict[str, Any]:
   arrays.update(stats.derived(arrays), exposure=analysis.cumulative_exposure(stats_dir))
   series = {k: arrays[k] for k in ('mean_loss', 'signal_per_occurrence', 'coherence',
                                    'update_sq') if k in arrays}
-  os.makedirs(output, exist_ok=True)
   out: dict[str, str] = {}
   summary = {'source': stats_dir, 'windows': len(files), 'last_step': files[-1][0],
              'first_step': int(windows[0].get('first_step', files[0][0])),

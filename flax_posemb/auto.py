@@ -13,12 +13,9 @@ CPU_MICROBATCH_TOKENS = 1024  # Tokens per microbatch on CPU (rows x seq_len), a
 
 def attention_impl(impl: str, *, platform: str, dtype: str, head_dim: int, seq_len: int,
                    compute_capability: tuple[int, ...] | None = None) -> str:
-  """The attention implementation `impl` stands for (unchanged unless 'auto').
-
-  'blocked' on CPU; 'cudnn' on an NVIDIA GPU of compute capability >= 8.0 with a bf16/fp16
-  `dtype`, `head_dim` a multiple of 8 and <= 128 and an even `seq_len` (what cuDNN accepts
-  with a mask; `compute_capability` None reads the first device's); 'xla' otherwise.
-  """
+  """The attention implementation `impl` stands for (unchanged unless 'auto'): 'blocked' on
+  CPU, 'cudnn' where cuDNN accepts it with a mask (docs/DESIGN.md §Config, and an even
+  `seq_len`; `compute_capability` None reads the first device's), else 'xla'."""
   if impl != AUTO_ATTENTION:
     return impl
   if platform == 'cpu':
@@ -35,12 +32,9 @@ def attention_impl(impl: str, *, platform: str, dtype: str, head_dim: int, seq_l
 
 def grad_accum_steps(steps: int, *, platform: str, batch_size: int, seq_len: int,
                      num_devices: int) -> int:
-  """Microbatches per optimizer step that `steps` stands for (unchanged unless 0).
-
-  On accelerators 1; on CPU the smallest divisor K of the per-device rows with
-  `rows / K * seq_len <= CPU_MICROBATCH_TOKENS` (cache-sized microbatches; one row per
-  microbatch when a row alone is longer). `batch_size` is global, split over `num_devices`.
-  """
+  """Microbatches per optimizer step that `steps` stands for (unchanged unless 0): 1 on
+  accelerators; on CPU the smallest divisor K of the per-device rows (global `batch_size` over
+  `num_devices`) with `rows / K * seq_len <= CPU_MICROBATCH_TOKENS`, else one row each."""
   if steps != AUTO_ACCUM:
     return steps
   rows = batch_size // max(num_devices, 1)
@@ -52,11 +46,8 @@ def grad_accum_steps(steps: int, *, platform: str, batch_size: int, seq_len: int
 
 def resolve_config(config: Any, *, saved: Mapping[str, Any] | None = None,
                    platform: str | None = None, num_devices: int | None = None) -> dict:
-  """Replaces the auto values of `config` in place; returns `{field: (auto, resolved)}`.
-
-  On a resume (`saved`: the run's `config.json`) an auto field takes its recorded value
-  (`grad_accum_steps` only while `batch_size` and `data.seq_len` are unchanged).
-  """
+  """Replaces the auto values of `config` in place; returns `{field: (auto, resolved)}`. On a
+  resume (`saved`: the run's `config.json`) an auto field keeps its recorded value (ibid.)."""
   platform = platform or jax.default_backend()
   num_devices = num_devices or jax.device_count()
   old = traverse_util.flatten_dict(dict(saved or {}), sep='.')

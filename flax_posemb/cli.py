@@ -30,9 +30,8 @@ def debug_enabled(argv: Sequence[str] = ()) -> bool:
 
 
 def _is_user_error(e: BaseException) -> bool:
-  """Bad input (a ValueError such as a damaged checkpoint, an OSError of a path the user gave,
-  absl's UsageError), unless an OSError of the machine is among its causes (TensorStore
-  reports one as ``[os_error_code='28']``)."""
+  """Bad input (a ValueError, an OSError of a path the user gave, absl's UsageError) unless an
+  OSError of the machine is among its causes (TensorStore's: ``[os_error_code='28']``)."""
   cause = e
   while cause is not None:
     if isinstance(cause, OSError) and cause.errno in ENVIRONMENT_ERRNOS or any(
@@ -86,8 +85,7 @@ HUGE_PAGES_OFF = 'FLAX_POSEMB_HUGE_PAGES'  # =0: never restart on huge pages.
 
 
 def huge_pages_apply() -> bool:
-  """Whether `start_on_huge_pages` restarts: glibc >= 2.35 (the tunable's first release), huge
-  pages in ``madvise`` mode, the tunable not set yet, ``HUGE_PAGES_OFF`` not 0."""
+  """Whether `start_on_huge_pages` restarts (once; when: docs/DESIGN.md §Config)."""
   lib, version = platform.libc_ver()
   try:
     with open('/sys/kernel/mm/transparent_hugepage/enabled') as f:
@@ -111,19 +109,14 @@ def start_on_huge_pages() -> None:
 
 
 def run(main: Callable[[list[str]], int | None], prog: str) -> None:
-  """``app.run(main)`` (which returns the exit code) with quiet third-party logs: bad flags or
-  input are one message and exit 2, a non-finite loss exit 3; anything else keeps its
-  traceback (exit 1)."""
+  """``app.run(main)`` (which returns the exit code) with quiet third-party logs: bad input is
+  one message and exit 2, a non-finite loss exit 3; anything else keeps its traceback (exit 1)."""
   from absl import app, flags  # pylint: disable=g-import-not-at-top
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
 
   def parse(argv: list[str]) -> list[str]:
     try:
-      try:
-        rest = flags.FLAGS(argv)
-      except SystemExit as e:  # absl exits 1 after printing --help; asking for help is no error.
-        if e.code == 1 and any(a.split('=')[0] in HELP_FLAGS for a in argv[1:]):
-          sys.exit(EXIT_OK)
-        raise
+      rest = flags.FLAGS(argv)
       for name in flags.FLAGS:
         # config_flags keeps a config file's load error for later (any access raises it).
         value = flags.FLAGS[name].value
@@ -133,11 +126,14 @@ def run(main: Callable[[list[str]], int | None], prog: str) -> None:
           raise UserError(f'--{name}: cannot load the config file ({detail}); pass an '
                           'existing config file such as configs/tiny.py.')
       return rest
+    except SystemExit as e:  # absl exits 1 after printing --help; asking for help is no error.
+      if e.code == 1 and any(a.split('=')[0] in HELP_FLAGS for a in argv[1:]):
+        sys.exit(EXIT_OK)
+      raise
     except Exception as e:  # pylint: disable=broad-except
       if debug_enabled(argv):
         raise
       fail(prog, _message(e, argv))
-    return []
 
   def guarded(argv: list[str]) -> int | None:
     try:
@@ -147,7 +143,9 @@ def run(main: Callable[[list[str]], int | None], prog: str) -> None:
       if debug_enabled() or not (nonfinite or _is_user_error(e)):
         raise
       fail(prog, _message(e), EXIT_NONFINITE if nonfinite else EXIT_USER_ERROR)
-  quiet_third_party()
+  sys.unraisablehook = _report_unraisable
+  for h in [absl_logging.get_absl_handler(), *logging.getLogger().handlers]:
+    h.addFilter(_third_party_filter)  # Once: addFilter skips a filter the handler has.
   app.run(guarded, flags_parser=parse)
 
 
@@ -167,36 +165,24 @@ EXPECTED_WARNINGS = (
     'exception was never retrieved')
 
 
-class _ThirdPartyFilter(logging.Filter):
+def _third_party_filter(record: logging.LogRecord) -> bool:
   """Drops third-party INFO and the expected warnings unless --verbosity >= 1."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-    text = record.getMessage()
-    third_party = record.name == 'asyncio' or any(p in record.pathname for p in NOISY_LIBRARIES)
-    quiet = record.levelno < logging.WARNING and (third_party or text.startswith(EXPECTED_INFO))
-    return absl_logging.get_verbosity() >= 1 or not (
-        quiet or third_party and any(w in text for w in EXPECTED_WARNINGS))
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  text = record.getMessage()
+  third_party = record.name == 'asyncio' or any(p in record.pathname for p in NOISY_LIBRARIES)
+  quiet = record.levelno < logging.WARNING and (third_party or text.startswith(EXPECTED_INFO))
+  return absl_logging.get_verbosity() >= 1 or not (
+      quiet or third_party and any(w in text for w in EXPECTED_WARNINGS))
 
 
 def _report_unraisable(unraisable: Any) -> None:
-  """Python's report of an exception it cannot raise, except the ends of the reads that a failed
-  restore abandoned (their failure is the damage already reported, once): Orbax's read
-  coroutines, and TensorStore's callbacks into the event loop Orbax has closed since."""
+  """Python's report of an exception it cannot raise, less the ends of the reads a failed restore
+  abandoned (Orbax's coroutines, TensorStore's callbacks into Orbax's closed event loop)."""
   code = getattr(unraisable.object, 'cr_code', None)
   late = unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == (
       'Event loop is closed')
   if not (late or code is not None and '/orbax/' in code.co_filename):
     sys.__unraisablehook__(unraisable)
-
-
-def quiet_third_party() -> None:
-  """A `_ThirdPartyFilter` on absl's and the root logger's handlers, and `_report_unraisable`."""
-  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-  sys.unraisablehook = _report_unraisable
-  for h in [absl_logging.get_absl_handler(), *logging.getLogger().handlers]:
-    if not any(isinstance(f, _ThirdPartyFilter) for f in h.filters):
-      h.addFilter(_ThirdPartyFilter())
 
 
 def check_output_dir(path: str, what: str = '--workdir') -> None:
@@ -241,9 +227,8 @@ def sigterm_requested() -> bool:
 
 @contextlib.contextmanager
 def defer_sigterm(install: bool = True) -> Iterator[None]:
-  """From here on SIGTERM only sets `sigterm_requested` (the training loop saves and stops);
-  installs the handler for the block unless the process has (or ``install`` is False: on
-  several hosts JAX's notifier owns SIGTERM)."""
+  """In the block SIGTERM only sets `sigterm_requested` (the loop saves and stops); installs the
+  handler unless the process has it or ``install`` is False (several hosts: JAX's notifier)."""
   before = dict(_SIGTERM)
   _SIGTERM.update(requested=False, deferred=True)
   old = None
@@ -260,9 +245,8 @@ def defer_sigterm(install: bool = True) -> Iterator[None]:
 
 @contextlib.contextmanager
 def exit_early_on_sigterm(prog: str, workdir: str, remove: bool = True) -> Iterator[None]:
-  """Installs the one SIGTERM handler for a training CLI and takes a SIGTERM held since start;
-  until `defer_sigterm`, SIGTERM exits ``EXIT_PREEMPTED`` at once, removing ``workdir`` if
-  this process created it and it is still unused (not if ``remove`` is False: hosts share it)."""
+  """The one SIGTERM handler for a training CLI (docs/DESIGN.md "SIGTERM"): until `defer_sigterm`
+  it exits ``EXIT_PREEMPTED`` at once, removing an unused ``workdir`` it created if ``remove``."""
   created = not os.path.exists(workdir)
   _SIGTERM.update(requested=False, deferred=False)
   old = signal.signal(signal.SIGTERM, _on_sigterm)

@@ -67,35 +67,31 @@ def json_safe(x: Any) -> Any:
     return {k: json_safe(v) for k, v in x.items()}
   if isinstance(x, (list, tuple)):
     return [json_safe(v) for v in x]
-  if isinstance(x, np.integer):
-    return int(x)
-  if isinstance(x, (float, np.floating)):
-    return float(x) if math.isfinite(x) else None
-  return x
+  x = x.item() if isinstance(x, np.generic) else x
+  return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
-def _write_lines(path: str, lines: list[str]) -> str:
+def _write_csv(path: str, rows: list[Sequence[Any]]) -> str:
+  """Writes ``rows`` comma-separated, one a line, None as an empty cell; returns ``path``."""
   with outputs.atomic_write(path, 'w') as f:
-    f.write('\n'.join(lines) + '\n')
+    f.writelines(','.join('' if v is None else str(v) for v in row) + '\n' for row in rows)
   return path
 
 
 def _bucket_csv(path: str, head: tuple[str, ...], tables: list[tuple[tuple, list]]) -> str:
   """Writes ``head`` + `CSV_COLUMNS` and, per (prefix values, bucket rows), one line a row."""
-  lines = [','.join(head + CSV_COLUMNS)]
-  for prefix, rows in tables:
-    for r in rows:
-      r = dict(r, ci95_lo=r['ci95'][0], ci95_hi=r['ci95'][1])
-      lines.append(','.join(str(v) for v in [*prefix, *('' if r.get(k) is None else r[k]
-                                                         for k in CSV_COLUMNS)]))
-  return _write_lines(path, lines)
+  rows = [head + CSV_COLUMNS]
+  for prefix, buckets in tables:
+    for b in buckets:
+      b = dict(b, ci95_lo=b['ci95'][0], ci95_hi=b['ci95'][1])
+      rows.append([*prefix, *(b.get(k) for k in CSV_COLUMNS)])
+  return _write_csv(path, rows)
 
 
 def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], out_dir: str,
                   title: str = '', per_window: dict[str, np.ndarray] | None = None
                   ) -> dict[str, str]:
   """Writes an evaluation's files into ``out_dir`` at once; returns their paths by kind."""
-  os.makedirs(out_dir, exist_ok=True)
   files, probe = {}, results.get('offset_probe')
   with outputs.replace_files(out_dir, OUTPUT_FILES) as stage:
     path = lambda name: os.path.join(stage, name)  # noqa: E731
@@ -179,7 +175,6 @@ def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: s
           'context length, or pass the same --bucket_edges covering the shorter window.')
   paired = [{'label': l, 'minus': labels[0], 'buckets': buckets_lib.paired_difference(
       w, per_window[0], (l, labels[0]))} for l, w in zip(labels[1:], (per_window or [])[1:])]
-  os.makedirs(out_dir, exist_ok=True)
   rows = [dict(start=a, end=b, **{l: {k: r['buckets'][i].get(k) for k in
                                       ('loss', 'stderr', 'excess_loss', 'recovered')}
                                   for l, r in zip(labels, results)})
@@ -192,9 +187,9 @@ def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: s
     json.dump(json_safe(summary), f, indent=1)
   head = ['start', 'end'] + [f'{l}_{k}' for l in labels for k in ('loss', 'stderr')]
   head += [f'{p["label"]}_minus_{p["minus"]}_{k}' for p in paired for k in ('diff', 'stderr')]
-  _write_lines(files['csv'], [','.join(head)] + [','.join('' if v is None else str(v) for v in (
+  _write_csv(files['csv'], [head] + [
       [row['start'], row['end']] + [row[l][k] for l in labels for k in ('loss', 'stderr')]
-      + [p['buckets'][i][k] for p in paired for k in ('diff', 'stderr')]))
+      + [p['buckets'][i][k] for p in paired for k in ('diff', 'stderr')]
       for i, row in enumerate(rows)])
   files['plot'] = plots.comparison(labels, results, os.path.join(out_dir, 'comparison.png'),
                                    paired=paired)

@@ -80,30 +80,24 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
   files = eval_report.write_outputs(out.results, out.per_position, out_dir, title=title,
                                     per_window=out.per_window)
   text = (note + '\n' if note else '') + eval_report.format_results(out.results)
-  if analyze:
-    summary = _analyze(workdir, np.asarray(model_lib.position_table(params)), step,
-                       out.per_position, os.path.join(out_dir, 'analysis'),
-                       evaluation.eval_settings(config, overrides))
+  if analyze:  # The drift needs an initial table: the step-0 checkpoint's if no table_0.npy.
+    from flax_posemb import analysis_report  # pylint: disable=g-import-not-at-top  (heavy)
+    initial, s = None, evaluation.eval_settings(config, overrides)
+    if not os.path.exists(os.path.join(workdir, 'tables', 'table_0.npy')) and step != 0:
+      try:
+        initial = np.asarray(model_lib.position_table(checkpointing.restore_params(workdir, 0)[0]))
+      except (FileNotFoundError, checkpointing.CheckpointDamagedError) as e:
+        logging.warning('No initial table for the drift analysis: %s', e)
+    summary = analysis_report.analyze_workdir(
+        workdir, np.asarray(model_lib.position_table(params)), os.path.join(out_dir, 'analysis'),
+        step=step, initial=initial, per_position=out.per_position, bucket_size=s['bucket_size'],
+        bucket_edges=s['bucket_edges'])
     files.update({f'analysis_{k}': v for k, v in summary['files'].items()})
     text += (f"\n\nposition probe R^2 {summary['probe']['r2']:.3f}; table analysis: "
              f"{summary['files']['json']}")
   return {'results': out.results, 'per_position': out.per_position,
           'per_window': out.per_window, 'files': files, 'out_dir': out_dir, 'step': step,
           'table': text, 'note': note, 'checkpoint': info.to_json()}
-
-
-def _analyze(workdir, table, step, per_position, out_dir, s) -> dict[str, Any]:
-  """`analysis_report.analyze_workdir`, with the step-0 checkpoint's table if no table_0.npy."""
-  from flax_posemb import analysis_report  # pylint: disable=g-import-not-at-top  (heavy)
-  initial = None
-  if not os.path.exists(os.path.join(workdir, 'tables', 'table_0.npy')) and step != 0:
-    try:
-      initial = np.asarray(model_lib.position_table(checkpointing.restore_params(workdir, 0)[0]))
-    except (FileNotFoundError, checkpointing.CheckpointDamagedError) as e:
-      logging.warning('No initial table for the drift analysis: %s', e)
-  return analysis_report.analyze_workdir(workdir, table, out_dir, step=step, initial=initial,
-                                  per_position=per_position, bucket_size=s['bucket_size'],
-                                  bucket_edges=s['bucket_edges'])
 
 
 def evaluate_and_compare(workdirs: Sequence[str], *, output: str | None = None,

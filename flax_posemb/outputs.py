@@ -22,8 +22,7 @@ TABLE_FILES = os.path.join('tables', 'table_*.npy')
 @contextlib.contextmanager
 def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
   """Yields an in-memory file (``mode`` 'wb' or 'w') written to a hidden ``.NAME.tmp`` in one
-  unbuffered write and renamed to ``path``: a failed write (a full disk) leaves no file and
-  raises once."""
+  unbuffered write and renamed to ``path``: a failed write leaves no file and raises once."""
   buf = io.BytesIO() if 'b' in mode else io.StringIO()
   yield buf
   data = buf.getvalue()
@@ -44,9 +43,8 @@ def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
 
 @contextlib.contextmanager
 def replace_files(directory: str, names: Sequence[str]) -> Iterator[str]:
-  """Yields a staging directory for new versions of ``names``, which replace the previous ones
-  when the block succeeds (``names[0]``, "complete", leaves first and arrives last); a swap
-  killed midway is undone by the next call."""
+  """Yields a staging directory for new ``names``, swapped in when the block succeeds (names[0],
+  "complete", leaves first and arrives last); a swap killed midway is undone by the next call."""
   stage, old = os.path.join(directory, '.staging'), os.path.join(directory, '.replaced')
   if os.path.isdir(old) and not os.path.exists(os.path.join(directory, names[0])):
     for n in names:  # Killed mid-swap: back to the previous complete set.

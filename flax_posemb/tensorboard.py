@@ -1,6 +1,5 @@
-"""TensorBoard events written by the caller's thread a whole record at a time: unlike
-tensorboardX's SummaryWriter (a thread of its own, flushed again at exit), a failed write
-raises in the caller, once, like every other output (`outputs.append_whole`)."""
+"""TensorBoard events written by the caller's thread a whole record at a time: unlike with
+tensorboardX's SummaryWriter (its own thread), a failed write raises in the caller, once."""
 
 import os
 import socket
@@ -24,13 +23,12 @@ class TensorBoard:
     os.makedirs(logdir, exist_ok=True)
     self.path = os.path.join(logdir, f'events.out.tfevents.{time.time():.0f}.'
                              f'{socket.gethostname()}')
-    self._add(event_pb2.Event(file_version='brain.Event:2'))
+    self._add(file_version='brain.Event:2')
     if purge_step is not None:  # TensorBoard drops later events of an earlier attempt.
-      self._add(event_pb2.Event(step=purge_step, session_log=event_pb2.SessionLog(
-          status=event_pb2.SessionLog.START)))
+      self._add(purge_step, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
 
-  def _add(self, event: Any, summ: Any = None) -> None:
-    event.wall_time = time.time()
+  def _add(self, step: int = 0, summ: Any = None, **fields: Any) -> None:
+    event = event_pb2.Event(step=int(step), wall_time=time.time(), **fields)
     if summ is not None:
       event.summary.CopyFrom(summ)
     data = event.SerializeToString()
@@ -39,15 +37,14 @@ class TensorBoard:
                          + struct.pack('<I', masked_crc32c(data)))
 
   def add_scalar(self, tag: str, value: float, global_step: int) -> None:
-    self._add(event_pb2.Event(step=int(global_step)), summary.scalar(tag, value))
+    self._add(global_step, summary.scalar(tag, value))
 
   def add_histogram_raw(self, tag: str, global_step: int, **histogram: Any) -> None:
-    self._add(event_pb2.Event(step=int(global_step)), summary.histogram_raw(tag, **histogram))
+    self._add(global_step, summary.histogram_raw(tag, **histogram))
 
   def add_image(self, tag: str, img_tensor: Any, global_step: int,
                 dataformats: str = 'CHW') -> None:
-    self._add(event_pb2.Event(step=int(global_step)),
-              summary.image(tag, img_tensor, dataformats=dataformats))
+    self._add(global_step, summary.image(tag, img_tensor, dataformats=dataformats))
 
   def add_figure(self, tag: str, figure: Any, global_step: int) -> None:
     """A matplotlib figure as an image (the figure is closed)."""
@@ -59,6 +56,6 @@ class TensorBoard:
     as tensorboardX's ``add_hparams(name='hparams')`` writes them."""
     run = TensorBoard(os.path.join(self.logdir, 'hparams'))
     for s in summary.hparams(hparams, metrics):  # experiment, session start and end
-      run._add(event_pb2.Event(step=0), s)  # pylint: disable=protected-access
+      run._add(0, s)  # pylint: disable=protected-access
     for k, v in metrics.items():
       run.add_scalar(k, v, 0)

@@ -1,8 +1,5 @@
-"""The training loop: ``train_and_evaluate(config, workdir)``.
-
-What it writes into ``workdir``, how a run resumes and when it stops: docs/DESIGN.md
-§Training outputs (the README's failure table for the user's view).
-"""
+"""The training loop, ``train_and_evaluate(config, workdir)``: what it writes, how a run resumes
+and when it stops are in docs/DESIGN.md §Training outputs (the user's view: the README)."""
 
 import contextlib
 import math
@@ -13,6 +10,7 @@ from typing import Any, Callable, Sequence
 import jax
 import ml_collections
 import numpy as np
+import tqdm
 from absl import logging
 
 from flax_posemb import auto as auto_lib
@@ -35,7 +33,7 @@ class NonFiniteLossError(FloatingPointError):
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Checks the config before anything is built (sections: their own validators)."""
+  """Checks the config, periodic evaluation included, before anything is built."""
   for key in ('num_train_steps', 'log_every_steps', 'checkpoint_every_steps', 'batch_size',
               'max_to_keep'):
     if int(config[key]) < 1:
@@ -49,13 +47,22 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if not math.isfinite(float(config.divergence_loss)):
     raise ValueError(f'divergence_loss must be finite, got {config.divergence_loss}.')
   optim_lib.validate(config)
-  if int(config.eval_every_steps) > 0:
-    _validate_eval(config)
+  if int(config.eval_every_steps) > 0:  # Now, not after a checkpoint interval of training.
+    from flax_posemb import buckets as buckets_lib  # pylint: disable=g-import-not-at-top
+    from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
+    s = evaluation.eval_settings(config, {})  # checks window_len and the deep-window limits
+    try:
+      buckets_lib.make_edges(int(s['window_len']), int(s['bucket_size']), s['bucket_edges'])
+    except ValueError as e:
+      raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
+    for key in ('num_windows', 'batch_size'):
+      if int(s[key]) < 1:
+        raise ValueError(f'eval.{key} must be >= 1, got {s[key]}.')
+    evaluation.make_batches(config, s)  # Too few documents fail here; kept for the evaluations.
 
 
 def resolve_auto(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
-  """A copy of ``config`` with its auto fields made concrete (``auto.resolve_config``), so
-  ``config.json`` records what runs; a resume keeps the values its ``config.json`` recorded."""
+  """A copy of ``config`` with its auto fields resolved (`auto.resolve_config`; DESIGN §Config)."""
   config = config.copy_and_resolve_references()
   saved = workdir_lib.saved_config(workdir) if os.path.isdir(workdir) else None
   for key, (_, value) in auto_lib.resolve_config(config, saved=saved).items():
@@ -70,46 +77,123 @@ def divergence_bound(config: ml_collections.ConfigDict) -> float:
   return bound if bound >= 0 else 3.0 * math.log(int(config.model.vocab_size))
 
 
-def _validate_eval(config: ml_collections.ConfigDict) -> None:
-  """The periodic evaluation's settings, and enough evaluation documents, checked at startup
-  (not at the first eval step, after a checkpoint interval of training)."""
-  from flax_posemb import buckets as buckets_lib  # pylint: disable=g-import-not-at-top
-  from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
-  s = evaluation.eval_settings(config, {})  # checks window_len and the deep-window limits
-  try:
-    buckets_lib.make_edges(int(s['window_len']), int(s['bucket_size']), s['bucket_edges'])
-  except ValueError as e:
-    raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
-  for key in ('num_windows', 'batch_size'):
-    if int(s[key]) < 1:
-      raise ValueError(f'eval.{key} must be >= 1, got {s[key]}.')
-  # Builds the evaluation windows (kept for the periodic evaluations): too few documents
-  # fail now, not at step eval_every_steps.
-  evaluation.make_batches(config, s)
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       hooks: Sequence[Hook] = ()) -> dict[str, Any]:
+  """Trains (or resumes) a run of ``config`` (``defaults.base()`` fields) in ``workdir``;
+  outputs, return value and errors: docs/DESIGN.md §Training outputs. ``hooks``: callables
+  ``hook(step, metrics)`` run on the host once each step's metrics are read back."""
+  config = resolve_auto(config, workdir)
+  validate(config)
+  mesh = sharding.make_mesh()
+  sharding.check_batch_layout(config, mesh)
+  os.makedirs(workdir, exist_ok=True)
+  # SIGTERM: the process's one handler on one host; JAX's on several (DESIGN.md "SIGTERM").
+  with (workdir_lib.Lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext(),
+        cli.defer_sigterm(install=jax.process_count() == 1),
+        checkpointing.Checkpointer(checkpointing.checkpoint_dir(workdir),
+                                   max_to_keep=int(config.max_to_keep)) as ckpt):
+    return _Loop(config, workdir, mesh, ckpt, hooks).run()
 
 
-class MetricsLog:
-  """``metrics.jsonl`` rows, loss and eval scalars in TensorBoard and the console lines;
-  ``counters`` go into the checkpoint's ``stats`` item (a resume continues the window)."""
+class _Loop:
+  """The initial or latest checkpoint's state, the step loop and its outputs: ``metrics.jsonl``
+  rows, TensorBoard scalars, console lines; ``counters`` go into the checkpoint's ``stats``."""
 
-  def __init__(self, workdir: str, tb: TensorBoard | None, progress_bar: bool = False):
-    self.workdir, self.tb, self.progress_bar = workdir, tb, progress_bar
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str, mesh: Any,
+               ckpt: checkpointing.Checkpointer, hooks: Sequence[Hook]):
+    self.config, self.workdir, self.mesh, self.ckpt, self.hooks = config, workdir, mesh, ckpt, hooks
+    self.lead = jax.process_index() == 0
+    self.progress_bar = self.lead and bool(config.progress_bar)
+    self.divergence = divergence_bound(config)
+    # Before anything is restored or written, on every host (they read the same files, so
+    # they all stop together): refuse what would lose work.
+    self.resumed_from = ckpt.latest_step()
+    if self.resumed_from is None:
+      workdir_lib.check_fresh_start(workdir)
+      changes = {}
+    else:
+      changes = workdir_lib.check_resume_config(workdir, config, ckpt.latest_config())
+    self.model = model = step_lib.make_model(config)
+    init_rng, self.dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
+    self.state, tx, self.shardings = step_lib.init_state(model, config, mesh, init_rng)
+    num_steps = int(config.num_train_steps)
+    self.data_iter = data_lib.make_train_iterator(
+        config.data, batch_size=int(config.batch_size), seed=int(config.seed),
+        num_train_steps=num_steps, process_index=jax.process_index(),
+        process_count=jax.process_count(), max_len=model.config.max_len)
+    self.tb = (TensorBoard(os.path.join(workdir, 'tensorboard'), (self.resumed_from or 0) + 1)
+               if self.lead else None)
+    self.statistics = step_lib.position_statistics(
+        model, config, log_every=int(config.log_every_steps), last_step=num_steps,
+        writer=self.tb, directory=os.path.join(workdir, 'stats') if self.lead else None,
+        initial_table=self.table(self.state.params))
     self.counters = dict(loss_sum=0.0, loss_steps=0, tokens=0, elapsed=0.0)
-    self.last, self.last_row = {}, {}  # the last step's metrics; the last training row
-    self.last_eval: dict[str, Any] | None = None
-    self._t0 = time.time()  # of the run, less the elapsed time restored
-    self._window = (self._t0, 0)  # time and tokens at the logging window's start
+    if self.resumed_from is not None:
+      # No fallback: a damaged latest step stops the run, never trained over (DESIGN §Recovery).
+      r = ckpt.restore(abstract_params=self.state.params, abstract_opt_state=self.state.opt_state,
+                       data_iter=self.data_iter, fallback=False)
+      self.resumed_from = int(r['step'])
+      self.state = step_lib.TrainState(
+          step=jax.device_put(np.int32(self.resumed_from), self.shardings.step),
+          params=r['params'], opt_state=r['opt_state'],
+          stats=jax.device_put(self.statistics.restore(r['stats']), self.shardings.stats))
+      self.counters = {k: np.asarray(r['stats'][k]).item() for k in self.counters}
+      logging.info('Resuming from the checkpoint of step %d in %s.', self.resumed_from,
+                   ckpt.directory)
+    self.last, self.last_row, self.hparam_metrics = {}, {}, {}  # step's, window's, eval's
+    self._t0 = time.time() - float(self.counters['elapsed'])  # the run's start
+    self._window = (time.time(), int(self.counters['tokens']))  # time, tokens at its start
+    if self.lead:
+      workdir_lib.truncate_outputs(workdir, self.resumed_from or 0)
+      workdir_lib.write_config(workdir, config)
+      if changes:
+        self.write({'step': self.resumed_from, 'config_change': changes})
+    self.train_step = step_lib.make_train_step(model, tx, config, mesh, self.shardings,
+                                               self.statistics)
 
-  def restore(self, saved: dict[str, Any]) -> None:
-    self.counters = {k: np.asarray(saved[k]).item() for k in self.counters}
-    self._t0 = time.time() - float(self.counters['elapsed'])
-    self._window = (time.time(), int(self.counters['tokens']))
+  def table(self, params: Any) -> np.ndarray | None:
+    """The host copy of the learned position table (None without one)."""
+    if self.model.config.position_embedding != 'learned':
+      return None
+    return sharding.to_host(model_lib.position_table(params))
 
-  def add_step(self, metrics: dict[str, float]) -> None:
-    self.counters['loss_sum'] += metrics['loss']
+  def write(self, row: dict[str, Any]) -> None:
+    if self.lead:
+      workdir_lib.append_row(self.workdir, row)
+
+  def save(self, state: step_lib.TrainState, step: int) -> bool:
+    # The step's training row goes with its checkpoint (`rewrite_lost_rows` may need it).
+    row = self.last_row
+    metrics = row if row.get('step') == step else {'last_loss': self.last.get('loss')}
+    metrics = {k: v for k, v in metrics.items() if k != 'step' and v is not None}
+    return self.ckpt.save(step, params=state.params, opt_state=state.opt_state,
+                          data_iter=self.data_iter, config=self.config.to_dict(), metrics=metrics,
+                          stats=dict(self.statistics.state(state.stats), **self.counters))
+
+  def snapshot(self, state: step_lib.TrainState, step: int) -> np.ndarray | None:
+    """Writes ``tables/table_STEP.npy`` and returns the table (None without one)."""
+    table = self.table(state.params)
+    if self.lead and table is not None:
+      with outputs.atomic_write(os.path.join(self.workdir, 'tables', f'table_{step}.npy')) as f:
+        np.save(f, table)
+    return table
+
+  def absorb(self, step: int, metrics: Any) -> None:
+    m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    if not (m['finite'] > 0 and m['loss'] <= self.divergence):
+      what = 'Non-finite' if not m['finite'] > 0 else (
+          f'Diverged (above divergence_loss={self.divergence:.3g})')
+      raise NonFiniteLossError(
+          f'{what} training loss at step {step} (loss={m["loss"]}, grad_norm='
+          f'{m["grad_norm"]}). Stopped without saving; the last good checkpoint is step '
+          f'{self.ckpt.latest_step()} in {self.ckpt.directory}. Lower '
+          'optimizer.learning_rate, increase optimizer.warmup_steps or check the data.')
+    self.counters['loss_sum'] += m['loss']
     self.counters['loss_steps'] += 1
-    self.counters['tokens'] += int(metrics['tokens'])
-    self.last = metrics
+    self.counters['tokens'] += int(m['tokens'])
+    self.last = m
+    for hook in self.hooks:
+      hook(step, m)
 
   def flush(self, step: int) -> dict[str, Any]:
     """Writes the training row of the logging window ending at ``step``."""
@@ -133,167 +217,31 @@ class MetricsLog:
                    row['tokens_per_sec'])
     return row
 
-  def write(self, row: dict[str, Any]) -> None:
-    if self.tb is not None:
-      workdir_lib.append_row(self.workdir, row)
-
-  def write_eval(self, step: int, results: dict[str, Any], per_position: dict[str, Any],
-                 title: str) -> None:
-    """Metrics row, console line and TensorBoard scalars and figure of one evaluation."""
-    self.write(dict(step=step, eval=results))
-    o, d = results['overall'], results['degradation']
-    lmb = d['last_minus_best']
-    logging.info('eval step %d: loss %.4f +- %.4f nats/token; last - best bucket %s', step,
-                 o['loss'], o['stderr'] or 0.0, '-' if lmb is None else f'{lmb:+.4f}')
-    self.last_eval = results
-    if self.tb is None:
-      return
-    scalars = {'eval/loss': o['loss'], 'eval/degradation/last_minus_best': lmb,
-               'eval/degradation/slope': d.get('slope')}
-    for b in results['buckets']:
-      scalars.update({f'eval_bucket_{k}/{b["start"]:05d}-{b["end"]:05d}': b.get(k)
-                      for k in ('loss', 'excess_loss', 'recovered')})
-    for tag, value in scalars.items():
-      if value is not None:
-        self.tb.add_scalar(tag, value, step)
-    from flax_posemb import plots  # pylint: disable=g-import-not-at-top  (matplotlib)
-    self.tb.add_figure('eval/loss_by_position', plots.loss_by_position_figure(
-        per_position, results, title), step)
-
-  def write_hparams(self, config: ml_collections.ConfigDict) -> None:
-    """The config as TensorBoard hparams, with the last evaluation's loss as its metric."""
-    if self.tb is None:
-      return
-    hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v)
-               for k, v in workdir_lib.flat_config(config).items()}
-    ev = self.last_eval or {}
-    metrics = {'hparam/eval_loss': (ev.get('overall') or {}).get('loss'),
-               'hparam/last_minus_best': (ev.get('degradation') or {}).get('last_minus_best')}
-    self.tb.add_hparams(hparams, {k: v for k, v in metrics.items() if v is not None})
-
-
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       hooks: Sequence[Hook] = ()) -> dict[str, Any]:
-  """Trains (or resumes) a run of ``config`` (``defaults.base()`` fields) in ``workdir``;
-  outputs, return value and errors: docs/DESIGN.md §Training outputs. ``hooks``: callables
-  ``hook(step, metrics)`` run on the host once each step's metrics are read back."""
-  config = resolve_auto(config, workdir)
-  validate(config)
-  mesh = sharding.make_mesh()
-  sharding.check_batch_layout(config, mesh)
-  os.makedirs(workdir, exist_ok=True)
-  with contextlib.ExitStack() as stack:
-    if jax.process_index() == 0:
-      stack.enter_context(workdir_lib.Lock(workdir))
-    # The process's one SIGTERM handler on one host; on several, JAX's notifier owns SIGTERM
-    # and Orbax's sync point stops all at the same step (`_Loop.run`).
-    stack.enter_context(cli.defer_sigterm(install=jax.process_count() == 1))
-    ckpt = stack.enter_context(checkpointing.Checkpointer(
-        checkpointing.checkpoint_dir(workdir), max_to_keep=int(config.max_to_keep)))
-    return _Loop(config, workdir, mesh, ckpt, hooks).run()
-
-
-def _table(model: model_lib.TransformerLM, params: Any) -> np.ndarray | None:
-  """The host copy of the learned position table (None without one)."""
-  if model.config.position_embedding != 'learned':
-    return None
-  return sharding.to_host(model_lib.position_table(params))
-
-
-class _Loop:
-  """The initial or latest checkpoint's state, the step loop and what happens at log, eval
-  and checkpoint steps."""
-
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str, mesh: Any,
-               ckpt: checkpointing.Checkpointer, hooks: Sequence[Hook]):
-    self.config, self.workdir, self.mesh, self.ckpt, self.hooks = config, workdir, mesh, ckpt, hooks
-    self.lead = jax.process_index() == 0
-    self.divergence = divergence_bound(config)
-    # Before anything is restored or written, on every host (they read the same files, so
-    # they all stop together): refuse what would lose work.
-    self.resumed_from = ckpt.latest_step()
-    if self.resumed_from is None:
-      workdir_lib.check_fresh_start(workdir)
-      changes = {}
-    else:
-      changes = workdir_lib.check_resume_config(workdir, config, ckpt.latest_config())
-    self.model = model = step_lib.make_model(config)
-    init_rng, self.dropout_rng = jax.random.split(jax.random.key(int(config.seed)))
-    self.state, tx, self.shardings = step_lib.init_state(model, config, mesh, init_rng)
-    num_steps = int(config.num_train_steps)
-    self.data_iter = data_lib.make_train_iterator(
-        config.data, batch_size=int(config.batch_size), seed=int(config.seed),
-        num_train_steps=num_steps, process_index=jax.process_index(),
-        process_count=jax.process_count(), max_len=model.config.max_len)
-    tb = (TensorBoard(os.path.join(workdir, 'tensorboard'), (self.resumed_from or 0) + 1)
-          if self.lead else None)
-    self.statistics = step_lib.position_statistics(
-        model, config, log_every=int(config.log_every_steps), last_step=num_steps, writer=tb,
-        directory=os.path.join(workdir, 'stats') if self.lead else None,
-        initial_table=_table(model, self.state.params))
-    self.log = MetricsLog(workdir, tb, self.lead and bool(config.progress_bar))
-    if self.resumed_from is not None:
-      # No fallback: a damaged latest step stops the run (CheckpointDamagedError names it and
-      # says how to resume from the previous one) instead of training over it.
-      r = ckpt.restore(abstract_params=self.state.params, abstract_opt_state=self.state.opt_state,
-                       data_iter=self.data_iter, fallback=False)
-      self.resumed_from = int(r['step'])
-      self.state = step_lib.TrainState(
-          step=jax.device_put(np.int32(self.resumed_from), self.shardings.step),
-          params=r['params'], opt_state=r['opt_state'],
-          stats=jax.device_put(self.statistics.restore(r['stats']), self.shardings.stats))
-      self.log.restore(r['stats'])
-      logging.info('Resuming from the checkpoint of step %d in %s.', self.resumed_from,
-                   ckpt.directory)
-    if self.lead:
-      workdir_lib.truncate_outputs(workdir, self.resumed_from or 0)
-      workdir_lib.write_config(workdir, config)
-      if changes:
-        self.log.write({'step': self.resumed_from, 'config_change': changes})
-    self.train_step = step_lib.make_train_step(model, tx, config, mesh, self.shardings,
-                                               self.statistics)
-
-  def save(self, state: step_lib.TrainState, step: int) -> bool:
-    payload = dict(self.statistics.state(state.stats), **self.log.counters)
-    row = self.log.last_row
-    # This step's training row goes with its checkpoint: a resume writes it again if
-    # metrics.jsonl lost it (`rewrite_lost_rows`).
-    metrics = row if row.get('step') == step else {'last_loss': self.log.last.get('loss')}
-    metrics = {k: v for k, v in metrics.items() if k != 'step' and v is not None}
-    return self.ckpt.save(step, params=state.params, opt_state=state.opt_state,
-                          data_iter=self.data_iter, stats=payload,
-                          config=self.config.to_dict(), metrics=metrics)
-
-  def snapshot(self, state: step_lib.TrainState, step: int) -> np.ndarray | None:
-    """Writes ``tables/table_STEP.npy`` and returns the table (None without one)."""
-    table = _table(self.model, state.params)
-    if self.lead and table is not None:
-      with outputs.atomic_write(os.path.join(self.workdir, 'tables', f'table_{step}.npy')) as f:
-        np.save(f, table)
-    return table
-
-  def absorb(self, step: int, metrics: Any) -> None:
-    m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    if not (m['finite'] > 0 and m['loss'] <= self.divergence):
-      what = 'Non-finite' if not m['finite'] > 0 else (
-          f'Diverged (above divergence_loss={self.divergence:.3g})')
-      raise NonFiniteLossError(
-          f'{what} training loss at step {step} (loss={m["loss"]}, grad_norm='
-          f'{m["grad_norm"]}). Stopped without saving; the last good checkpoint is step '
-          f'{self.ckpt.latest_step()} in {self.ckpt.directory}. Lower '
-          'optimizer.learning_rate, increase optimizer.warmup_steps or check the data.')
-    self.log.add_step(m)
-    for hook in self.hooks:
-      hook(step, m)
-
   def evaluate(self, state: step_lib.TrainState, step: int) -> dict[str, Any]:
+    """Runs the periodic evaluation: its metrics row, console line, TensorBoard scalars."""
     from flax_posemb import evaluation  # pylint: disable=g-import-not-at-top
     from flax_posemb import eval_report  # pylint: disable=g-import-not-at-top
     out = evaluation.run_evaluation(self.model, state.params, self.config, step=step)
-    res, c = eval_report.json_safe(out.results), self.config
-    self.log.write_eval(step, res, out.per_position, f'{c.data.position_policy}, '
-                        f'{c.model.position_init} init, step {step}')
-    if (table := _table(self.model, state.params)) is not None:
+    res = eval_report.json_safe(out.results)
+    self.write(dict(step=step, eval=res))
+    o, d = res['overall'], res['degradation']
+    lmb = d['last_minus_best']
+    logging.info('eval step %d: loss %.4f +- %.4f nats/token; last - best bucket %s', step,
+                 o['loss'], o['stderr'] or 0.0, '-' if lmb is None else f'{lmb:+.4f}')
+    self.hparam_metrics = {'hparam/eval_loss': o['loss'], 'hparam/last_minus_best': lmb}
+    if self.tb is not None:
+      scalars = {'eval/loss': o['loss'], 'eval/degradation/last_minus_best': lmb,
+                 'eval/degradation/slope': d.get('slope')}
+      scalars.update({f'eval_bucket_{k}/{b["start"]:05d}-{b["end"]:05d}': b.get(k)
+                      for b in res['buckets'] for k in ('loss', 'excess_loss', 'recovered')})
+      for tag, value in scalars.items():
+        if value is not None:
+          self.tb.add_scalar(tag, value, step)
+      from flax_posemb import plots  # pylint: disable=g-import-not-at-top  (matplotlib)
+      self.tb.add_figure('eval/loss_by_position', plots.loss_by_position_figure(
+          out.per_position, res, f'{self.config.data.position_policy}, '
+          f'{self.config.model.position_init} init, step {step}'), step)
+    if (table := self.table(state.params)) is not None:
       self.statistics.report_table(step, table)
     return res
 
@@ -306,12 +254,9 @@ class _Loop:
     else:
       self.rewrite_lost_rows(state, start)
     result = dict(step=start, loss=None, resumed_from=resumed_from, preempted=False, eval=None)
-    bar = None
-    if self.lead and c.progress_bar:
-      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-      bar = tqdm(total=num_steps, initial=start, desc='train', dynamic_ncols=True)
     pending = None
-    try:
+    with tqdm.tqdm(total=num_steps, initial=start, desc='train', dynamic_ncols=True,
+                   disable=not self.progress_bar) as bar:
       for step in range(start + 1, num_steps + 1):
         if step == start + 1 and cli.sigterm_requested():  # During setup (one host only).
           self.stopped(result, start)
@@ -325,51 +270,43 @@ class _Loop:
                 else cli.sigterm_requested())
         due = dict(log=self.statistics.window_ends(step), eval=self.eval_due(step),
                    ckpt=stop or step % int(c.checkpoint_every_steps) == 0 or step == num_steps)
-        if any(due.values()):
+        if any(due.values()):  # Log, evaluate and checkpoint after the step.
           self.absorb(*pending)
           pending = None
-          state = self.step_end(state, step, result, due, bar)
+        if due['log']:
+          window = self.statistics.on_step(step, state.stats, table=self.snapshot(state, step))
+          state = state.replace(stats=jax.device_put(window, self.shardings.stats))
+          result['loss'] = self.flush(step)['loss']
+          bar.set_postfix(loss=f'{result["loss"]:.4f}')
+        if due['eval']:
+          result['eval'] = self.evaluate(state, step)
+        if due['ckpt']:
+          self.save(state, step)
         result['step'] = step
-        if bar is not None:
-          bar.update(1)
+        bar.update(1)
         if stop:
           self.stopped(result, step)
           break
       if pending is not None:
         self.absorb(*pending)
-      self.log.write_hparams(c)
-    finally:
-      if bar is not None:
-        bar.close()
+      if self.tb is not None:  # The config as hparams, the last evaluation's losses as metrics.
+        hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v)
+                   for k, v in workdir_lib.flat_config(c).items()}
+        self.tb.add_hparams(hparams, {k: v for k, v in self.hparam_metrics.items()
+                                      if v is not None})
     return result
 
   def rewrite_lost_rows(self, state: step_lib.TrainState, step: int) -> None:
-    """Writes again the rows of the restored ``step`` that metrics.jsonl lost (a half-written
-    last line, which a resume drops): the training row, stored with the checkpoint when the
-    step ended a logging window, and the periodic evaluation, run again."""
+    """Writes again the restored ``step``'s rows that metrics.jsonl lost (DESIGN.md §Resume)."""
     row = self.ckpt.step_metadata(step).get('metrics', {})  # whole only if it has 'tokens'
     if self.lead and 'tokens' in row and not workdir_lib.has_row(self.workdir, step, 'loss'):
-      self.log.write({'step': step, **row, 'tokens': int(row['tokens'])})
+      self.write({'step': step, **row, 'tokens': int(row['tokens'])})
     if self.eval_due(step) and not workdir_lib.has_row(self.workdir, step, 'eval'):
       self.evaluate(state, step)
 
   def eval_due(self, step: int) -> bool:
     every = int(self.config.eval_every_steps)
     return every > 0 and step % every == 0
-
-  def step_end(self, state, step, result, due, bar) -> step_lib.TrainState:
-    """Log, evaluate and checkpoint after ``step`` (whatever is ``due``)."""
-    if due['log']:
-      window = self.statistics.on_step(step, state.stats, table=self.snapshot(state, step))
-      state = state.replace(stats=jax.device_put(window, self.shardings.stats))
-      result['loss'] = self.log.flush(step)['loss']
-      if bar is not None:
-        bar.set_postfix(loss=f'{result["loss"]:.4f}')
-    if due['eval']:
-      result['eval'] = self.evaluate(state, step)
-    if due['ckpt']:
-      self.save(state, step)
-    return state
 
   def stopped(self, result: dict[str, Any], step: int) -> None:
     self.ckpt.wait_until_finished()

@@ -9,7 +9,7 @@ import fcntl
 import json
 import os
 import socket
-from typing import Any, Callable
+from typing import Any
 
 from flax import traverse_util
 
@@ -48,7 +48,11 @@ class Lock:
           'local or lock-capable filesystem.' if e.errno == errno.ENOLCK else
           f'{os.path.dirname(self.path)} is in use by another training process ({holder}). '
           'Wait for it to finish or stop it; two processes must not write one workdir.') from None
-    if not _is_at(fd, self.path):  # `remove_unused` deleted it between our open and flock.
+    try:
+      here = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+    except FileNotFoundError:
+      here = False
+    if not here:  # `remove_unused` deleted it between our open and flock.
       os.close(fd)
       return self.__enter__()
     os.ftruncate(fd, 0)
@@ -61,13 +65,6 @@ class Lock:
     if self._fd is not None:
       os.close(self._fd)  # Releases the lock; the file stays (a waiter may hold it open).
       self._fd = None
-
-
-def _is_at(fd: int, path: str) -> bool:
-  try:
-    return os.fstat(fd).st_ino == os.stat(path).st_ino
-  except FileNotFoundError:
-    return False
 
 
 def remove_unused(workdir: str) -> bool:
@@ -101,9 +98,8 @@ def saved_config(workdir: str) -> dict[str, Any] | None:
     with open(path) as f:
       return json.load(f)
   except ValueError as e:
-    raise WorkdirError(f'{path} is not valid JSON ({e}). Nothing was changed. The config is '
-                       'also stored in every checkpoint: move it aside and re-run, which '
-                       'checks against the checkpoint and rewrites it.') from None
+    raise WorkdirError(f'{path} is not valid JSON ({e}). Nothing was changed. Every checkpoint '
+                       'stores the config: move it aside and re-run, which rewrites it.') from None
 
 
 def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
@@ -120,20 +116,18 @@ def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
   return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new)) if changed(k)}
 
 
-def check_resume_config(workdir: str, config: Any,
-                        stored: dict[str, Any]) -> dict[str, list[Any]]:
-  """The changes of ``config`` from ``stored`` (the checkpoint's) and ``config.json``: the one
-  drift check of a resume (``WorkdirError`` unless ``allow_config_change``)."""
+def check_resume_config(workdir: str, config: Any, stored: dict[str, Any]) -> dict[str, list[Any]]:
+  """The changes of ``config`` from ``stored`` (the checkpoint's) and config.json (DESIGN.md
+  §Resume: the one drift check; ``WorkdirError`` unless ``allow_config_change``)."""
   saved = saved_config(workdir)
   changes = {**({} if saved is None else config_changes(saved, config)),
              **config_changes(stored, config)}
   if changes and not config.get('allow_config_change', False):
     listed = '; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in list(changes.items())[:8])
     raise WorkdirError(
-        f'{workdir} holds a run with another config ({listed}; compared with its checkpoint '
-        f'and {CONFIG_FILE}). Nothing was changed. Resume with the original values, use a '
-        'fresh --workdir, or pass --config.allow_config_change=True to continue with the new '
-        'values (recorded in metrics.jsonl).')
+        f'{workdir} holds a run with another config ({listed}). Nothing was changed. Resume '
+        'with the original values, use a fresh --workdir, or pass '
+        '--config.allow_config_change=True to continue with the new values (in metrics.jsonl).')
   return changes
 
 
@@ -144,16 +138,12 @@ def write_config(workdir: str, config: Any) -> None:
 
 def check_fresh_start(workdir: str) -> None:
   """Refuses to start over on a workdir with trained outputs but no checkpoints."""
-  trained = [p for s, p in _step_outputs(workdir) if s > 0]
+  trained = [p for s, p in outputs.window_files(workdir) + outputs.table_files(workdir) if s > 0]
   if trained or _metric_rows(workdir):
     raise WorkdirError(
         f'{workdir} has outputs of a trained run ({METRICS_FILE}, {len(trained)} window/table '
         'files) but no checkpoint to resume from. Nothing was changed. Restore its '
         'checkpoints/ directory, use a fresh --workdir, or delete the old outputs.')
-
-
-def _step_outputs(workdir: str) -> list[tuple[int, str]]:
-  return sorted(outputs.window_files(workdir) + outputs.table_files(workdir))
 
 
 def _metric_rows(workdir: str) -> list[tuple[str, dict[str, Any]]]:
@@ -168,16 +158,14 @@ def _metric_rows(workdir: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def truncate_outputs(workdir: str, step: int) -> None:
-  """Drops the rows and output files after ``step`` and any leftover temporaries, after reading
-  those up to ``step`` (a damaged one, never written again, is a ValueError naming it)."""
-  finished = _step_outputs(workdir)
-  for s, path in finished:
-    if s <= step:
-      (outputs.load_npz if path.endswith('.npz') else outputs.load_npy)(path)
+  """Reads the outputs up to ``step``, drops those after it and leftovers (DESIGN.md §Resume)."""
+  keep = dict.fromkeys(p for s, p in sorted(outputs.window_files(workdir) +  # in step order
+                                              outputs.table_files(workdir)) if s <= step)
+  for path in keep:
+    (outputs.load_npz if path.endswith('.npz') else outputs.load_npy)(path)
   if os.path.exists(os.path.join(workdir, METRICS_FILE)):
     with atomic_write(os.path.join(workdir, METRICS_FILE), 'w') as f:
       f.writelines(line for line, r in _metric_rows(workdir) if r.get('step', step + 1) <= step)
-  keep = {path for s, path in finished if s <= step}
   for pattern in (outputs.WINDOW_FILES, outputs.TABLE_FILES):
     sub, name = os.path.split(os.path.join(workdir, pattern))
     for n in os.listdir(sub) if os.path.isdir(sub) else []:
@@ -185,10 +173,10 @@ def truncate_outputs(workdir: str, step: int) -> None:
         os.remove(os.path.join(sub, n))  # A later step's output, or a killed write's leftover.
 
 
-def append_row(workdir: str, row: dict[str, Any], default: Callable[[Any], Any] = float):
-  """Appends one JSON row to ``metrics.jsonl``, whole or not at all."""
+def append_row(workdir: str, row: dict[str, Any]) -> None:
+  """Appends one JSON row to ``metrics.jsonl``, whole or not at all (numpy scalars as floats)."""
   outputs.append_whole(os.path.join(workdir, METRICS_FILE),
-                       (json.dumps(row, default=default) + '\n').encode())
+                       (json.dumps(row, default=float) + '\n').encode())
 
 
 def has_row(workdir: str, step: int, key: str) -> bool:

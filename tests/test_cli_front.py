@@ -37,13 +37,13 @@ def _record(msg, path, level=logging.INFO):
 
 
 def test_the_tpu_probe_of_a_machine_without_tpu_is_not_logged_at_the_default_verbosity():
-  f = cli._ThirdPartyFilter()  # pylint: disable=protected-access
+  f = cli._third_party_filter  # pylint: disable=protected-access
   path = '/site-packages/jax/_src/xla_bridge.py'
   tpu = ("Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so: libtpu.so: "
          'cannot open shared object file')
-  assert not f.filter(_record(tpu, path))
-  assert f.filter(_record("Unable to initialize backend 'cuda': ...", path, logging.WARNING))
-  assert f.filter(_record('eval step 100: loss 2.7664', '/flax_posemb/training.py'))
+  assert not f(_record(tpu, path))
+  assert f(_record("Unable to initialize backend 'cuda': ...", path, logging.WARNING))
+  assert f(_record('eval step 100: loss 2.7664', '/flax_posemb/training.py'))
 
 
 @pytest.mark.parametrize('off', ['', '0'])
