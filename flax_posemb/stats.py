@@ -127,7 +127,7 @@ def value_and_grad_with_position_stats(
     token_loss_fn: ``(params, embed_delta, batch, *args) -> [B, T]`` float32 token losses of
       any ``params`` pytree and batch (``flax_posemb.batch``); it adds ``embed_delta`` (zeros,
       float32 ``[B, T, D]``) to the token+position embedding sum.
-    num_positions: rows ``P`` of the position table.
+    num_positions: rows ``P`` of the position table (ids of real tokens must be below it).
     embed_dim: width ``D`` of the embedding sum.
     collect: False keeps only ``LOSS_FIELDS`` (loss, gradients and update are unchanged).
     finish: False leaves ``row_grad`` unsquared, for summing microbatches (then ``finish()``).
