@@ -12,6 +12,8 @@ from absl import logging
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import outputs
 
+RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # position_probe's relative strengths
+
 
 def row_norms(table: np.ndarray) -> np.ndarray:
   """[L] L2 norm of each row of `table` [L, D]."""
@@ -51,9 +53,6 @@ def cosine_by_offset(table: np.ndarray, offsets=None) -> dict[int, float]:
   if offsets is None:
     offsets = [2**i for i in range(max(num - 1, 1).bit_length()) if 2**i < num]
   return {int(k): float(np.mean(np.sum(u[:-k] * u[k:], axis=1))) for k in offsets}
-
-
-RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
 
 def position_probe(table: np.ndarray, folds: int = 5,

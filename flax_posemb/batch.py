@@ -1,8 +1,4 @@
-"""The batch contract (docs/DESIGN.md), defined once; no dependencies beyond numpy.
-
-Every batch is a dict of ``[B, T]`` arrays: ``inputs``, ``targets``, ``positions``,
-``segment_ids`` (int32; 0 = padding) and ``loss_mask`` (float32; 1 where the target at ``t``
-is scored). The data pipeline produces it; the train and eval steps consume it.
-"""
+"""The batch contract, defined once (no dependencies): a dict of ``[B, T]`` arrays
+``BATCH_KEYS`` (dtypes and meaning: docs/DESIGN.md §Batch; ``segment_ids`` 0 = padding)."""
 
 BATCH_KEYS = ('inputs', 'targets', 'positions', 'segment_ids', 'loss_mask')

@@ -239,13 +239,10 @@ class BucketAccumulator:
 
 def window_ids(inputs: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
   """[B] uint64 hash of each row's tokens, positions and scored targets (what pairs)."""
-  out = np.empty(len(inputs), np.uint64)
-  for i in range(len(inputs)):
-    h = hashlib.blake2b(digest_size=8)
-    for a in (inputs[i], positions[i], loss_mask[i]):
-      h.update(np.ascontiguousarray(a).tobytes())
-    out[i] = np.frombuffer(h.digest(), np.uint64)[0]
-  return out
+  rows = (b''.join(np.ascontiguousarray(a[i]).tobytes() for a in (inputs, positions, loss_mask))
+          for i in range(len(inputs)))
+  return np.frombuffer(b''.join(hashlib.blake2b(r, digest_size=8).digest() for r in rows),
+                       np.uint64).copy()
 
 
 def unique_window_ids(ids: np.ndarray, seen: dict[int, int]) -> np.ndarray:

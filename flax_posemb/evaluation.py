@@ -142,10 +142,8 @@ def eval_settings(config: ml_collections.ConfigDict, overrides: dict[str, Any]) 
   s['offsets'] = sorted({int(k) for k in s['offsets']}) if s.get('offsets') else None
   max_len, t, ks = int(config.model.max_len), int(s['window_len']), s['offsets'] or [0]
   problem = next((msg for bad, msg in (
-      (int(s['min_doc_len']) < 0, f"eval.min_doc_len must be >= 0 (0 = its default), got "
-                                  f"{s['min_doc_len']}."),
-      (int(s['min_start']) < 0, f"eval.min_start must be >= 0 (0 = its default), got "
-                                f"{s['min_start']}."),
+      *((int(s[k]) < 0, f'eval.{k} must be >= 0 (0 = its default), got {s[k]}.')
+        for k in ('min_doc_len', 'min_start')),
       (not 1 <= t <= max_len, f'evaluation window of {t} tokens exceeds the model context / '
                               f'position table (max_len={max_len}). Fix: evaluate with '
                               f'1 <= window_len <= {max_len} (0 = max_len).'),

@@ -1,6 +1,5 @@
-"""Per-position learning-signal statistics of any model and training loop: one step's
-(``value_and_grad_with_position_stats``) and a loop's windows (``PositionStatistics``).
-Fields, window files, TensorBoard curves: docs/DESIGN.md §Statistics."""
+"""Per-position learning-signal statistics of any model and training loop (fields, window files,
+TensorBoard curves: docs/DESIGN.md §Statistics)."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_posemb import analysis
 from flax_posemb import outputs
 from flax_posemb import sharding
 
@@ -27,9 +27,8 @@ Array = jax.Array
 
 @flax.struct.dataclass
 class PositionStats(collections.abc.Mapping):
-  """``[num_positions]`` vectors of one step or window: a pytree and a read-only mapping of its
-  present fields (``LOSS_FIELDS`` only with ``collect=False``; the others are None).
-  ``row_grad`` (``[num_positions, D]``) exists only between microbatches, until ``finish``."""
+  """``[P]`` vectors of one step or window: a pytree and a read-only mapping of the present
+  fields (others None); ``row_grad`` ``[P, D]`` only between microbatches, until ``finish``."""
   count: Array
   loss_sum: Array
   loss_count: Array
@@ -80,17 +79,15 @@ def update_sq(old_table: Array, new_table: Array) -> Array:
 def downstream_targets(segment_ids: Array, loss_mask: Array) -> Array:
   """``[B, T]`` float32 ``sum_{t' >= t, same segment} loss_mask[b, t']`` of ``[B, T]``
   ``segment_ids`` (contiguous segments) and ``loss_mask``."""
-  seg = segment_ids[:, ::-1]
-  val = loss_mask.astype(jnp.float32)[:, ::-1]
-  # In reversed order a segment "starts" where the id differs from its predecessor.
+  # Scanned from the end, a segment "starts" at its last token: where the next id differs.
   start = jnp.concatenate(
-      [jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+      [segment_ids[:, 1:] != segment_ids[:, :-1], jnp.ones_like(segment_ids[:, :1], bool)], axis=1)
 
   def combine(a, b):
     return jnp.where(b[1], b[0], a[0] + b[0]), a[1] | b[1]
 
-  out, _ = jax.lax.associative_scan(combine, (val, start), axis=1)
-  return out[:, ::-1]
+  val = loss_mask.astype(jnp.float32)
+  return jax.lax.associative_scan(combine, (val, start), reverse=True, axis=1)[0]
 
 
 def loss_stats(token_loss: Array, batch: Mapping[str, Array],
@@ -127,20 +124,18 @@ def value_and_grad_with_position_stats(
   """Loss, parameter gradients and per-position statistics of any model, in one backward pass.
 
   Args:
-    token_loss_fn: ``(params, embed_delta, batch, *args) -> [B, T]`` float32 token losses.
-      ``embed_delta`` (float32 ``[B, T, D]``, zeros) must be added to the token+position
-      embedding sum; ``batch`` is the batch contract (``flax_posemb.batch``) plus whatever the
-      model needs; ``params`` any pytree (linen params, an NNX state or pure dict).
-    num_positions: rows of the position table (position ids of real tokens must be below it).
-    embed_dim: width ``D`` of the embedding sum, and so of ``embed_delta``.
+    token_loss_fn: ``(params, embed_delta, batch, *args) -> [B, T]`` float32 token losses of
+      any ``params`` pytree and batch (``flax_posemb.batch``); it adds ``embed_delta`` (zeros,
+      float32 ``[B, T, D]``) to the token+position embedding sum.
+    num_positions: rows ``P`` of the position table (ids of real tokens must be below it).
+    embed_dim: width ``D`` of the embedding sum.
     collect: False keeps only ``LOSS_FIELDS`` (loss, gradients and update are unchanged).
     finish: False leaves ``row_grad`` unsquared, for summing microbatches (then ``finish()``).
 
   Returns:
-    ``f(params, batch, *args, denominator=None) -> (loss, grads, stats)``: ``loss`` the mean
-    token loss over the ``loss_mask`` targets (or their sum divided by ``denominator``),
-    ``grads`` its gradient, ``stats`` a ``PositionStats`` without ``update_sq`` (which needs
-    the optimizer: ``PositionStatistics.inside_step``).
+    ``f(params, batch, *args, denominator=None) -> (loss, grads, stats)``: the mean token loss
+    over ``loss_mask`` (or its sum / ``denominator``), its gradient, and ``PositionStats``
+    without ``update_sq`` (added by ``PositionStatistics.inside_step``).
   """
   def f(params, batch, *args, denominator=None):
     mask = batch['loss_mask'].astype(jnp.float32)
@@ -163,8 +158,8 @@ def value_and_grad_with_position_stats(
 
 
 class PositionStatistics:
-  """The statistics of a training loop, split as Levanter's ``JitCallback``: ``inside_step``
-  runs in the jitted step, ``on_step`` on the host. README §Statistics for your own model.
+  """The statistics of a training loop: ``inside_step`` in the jitted step, ``on_step`` on the
+  host (docs/DESIGN.md §Statistics; README §Statistics for your own model).
 
   Args:
     num_positions: rows ``P`` of the position table.
@@ -172,8 +167,7 @@ class PositionStatistics:
     log_every: steps per window: one ends at every multiple of it (``window_ends``).
     last_step: a window also ends here (a run's last step; None: only ``log_every``).
     directory: where ``window_STEP.npz`` files are written (None: no files).
-    writer: None, or an object with tensorboardX's ``add_histogram_raw`` and ``add_image``
-      (``flax_posemb.tensorboard.TensorBoard``, or a ``tensorboardX.SummaryWriter``).
+    writer: None, or anything with tensorboardX's ``add_histogram_raw`` and ``add_image``.
     collect: False keeps only ``LOSS_FIELDS``.
     initial_table: ``[P, D]`` table at step 0, for the drift curve (None: no drift).
   """
@@ -191,9 +185,8 @@ class PositionStatistics:
   def value_and_grad(self, token_loss_fn: Callable[..., Array], *,
                      finish: bool = True) -> Callable[..., tuple]:
     """``value_and_grad_with_position_stats`` for this table (same arguments)."""
-    return value_and_grad_with_position_stats(token_loss_fn, self.num_positions,
-                                              self.embed_dim, collect=self.collect,
-                                              finish=finish)
+    return value_and_grad_with_position_stats(
+        token_loss_fn, self.num_positions, self.embed_dim, collect=self.collect, finish=finish)
 
   def init(self) -> PositionStats:
     """An empty window (a new buffer each call: a jitted step may donate the last one)."""
@@ -214,9 +207,8 @@ class PositionStatistics:
     return step % self.log_every == 0 or step == self.last_step
 
   def on_step(self, step: int, window: PositionStats, *, table: Any = None) -> PositionStats:
-    """On the host after ``step``: if ``window_ends(step)``, reads the window once, writes its
-    file and reports it (``table``: the ``[P, D]`` table after ``step``, for the drift curve),
-    and returns a new window; else returns ``window``."""
+    """On the host after ``step``: at a window end, writes and reports the window (``table``:
+    the ``[P, D]`` table after ``step``, for drift) and returns a new one; else ``window``."""
     if not self.window_ends(step):
       return window
     host = window.to_numpy()
@@ -233,10 +225,14 @@ class PositionStatistics:
         curves.update(signal_per_occurrence=d['signal_per_occurrence'],
                       coherence=d['coherence'], update_sq=host['update_sq'])
       if table is not None and self.initial_table is not None:
-        curves['drift'] = np.linalg.norm(np.asarray(table, np.float64) - self.initial_table,
-                                         axis=1)
-      for name, values in curves.items():
-        _add_curve(self.writer, f'positions/{name}', values, step)
+        curves['drift'] = analysis.drift(table, self.initial_table)
+      for name, values in curves.items():  # bucket p = [p, p + 1) holds values[p] (NaN as 0)
+        v = np.nan_to_num(np.asarray(values, np.float64))
+        p = np.arange(len(v), dtype=np.float64)
+        self.writer.add_histogram_raw(
+            f'positions/{name}', min=0.0, max=float(len(v)), num=float(v.sum()),
+            sum=float(p @ v), sum_squares=float(p * p @ v), bucket_limits=(p + 1).tolist(),
+            bucket_counts=v.tolist(), global_step=step)
     self.first_step = step + 1
     return self.init()
 
@@ -244,10 +240,7 @@ class PositionStatistics:
     """The ``[P, D]`` table's cosine similarity as an image (red 1, white 0, blue -1)."""
     if self.writer is None:
       return
-    t = np.asarray(table, np.float64)
-    n = np.linalg.norm(t, axis=1, keepdims=True)
-    u = np.divide(t, n, out=np.zeros_like(t), where=n > 0)
-    c = np.clip(u @ u.T, -1.0, 1.0)[::-1]  # row 0 at the bottom
+    c = np.clip(analysis.cosine_similarity(table), -1.0, 1.0)[::-1]  # row 0 at the bottom
     rgb = np.stack([np.minimum(1 + c, 1), 1 - np.abs(c), np.minimum(1 - c, 1)], axis=-1)
     self.writer.add_image('positions/cosine_similarity', (255 * rgb).astype(np.uint8),
                           global_step=step, dataformats='HWC')
@@ -265,17 +258,6 @@ class PositionStatistics:
     zero = self.init()
     return PositionStats(**{k: np.asarray(saved['window'].get(k, v), v.dtype)
                             for k, v in zero.items()})
-
-
-def _add_curve(writer: Any, tag: str, values: np.ndarray, step: int) -> None:
-  """A ``[P]`` vector as a histogram whose bucket ``p`` (``[p, p + 1)``) holds ``values[p]``
-  (NaN as 0): TensorBoard draws it as a curve over positions, one per window."""
-  v = np.nan_to_num(np.asarray(values, np.float64))
-  p = np.arange(len(v), dtype=np.float64)
-  writer.add_histogram_raw(tag, min=0.0, max=float(len(v)), num=float(v.sum()),
-                           sum=float(p @ v), sum_squares=float(p * p @ v),
-                           bucket_limits=(p + 1).tolist(), bucket_counts=v.tolist(),
-                           global_step=step)
 
 
 def derived(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:
