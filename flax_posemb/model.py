@@ -48,10 +48,9 @@ class ModelConfig:
   def __post_init__(self):
     for problem in self._problems():
       raise ValueError(problem)
+    self.token_initializer()  # Building the initializers checks their stds.
     if self.position_embedding == 'learned':
       self.position_initializer()
-    else:
-      self.token_initializer()
 
   def _problems(self) -> Iterator[str]:
     """Problems naming the field and the fix, lazily (a check may assume earlier ones passed)."""
@@ -83,8 +82,6 @@ class ModelConfig:
       elif std >= 0 and name not in initializers.STD_NAMES:
         yield (f'{kind}_init {name!r} takes no std (got {std}); std applies to '
                f'{", ".join(initializers.STD_NAMES)}. Set {kind}_init_std=-1.')
-    if self.token_init == 'same_as_token':
-      yield "token_init cannot be 'same_as_token'; pick e.g. 'gpt2'."
     initializers.check_resize(self.position_init_resize)
     pe = self.position_embedding
     if pe == 'learned' and tables.is_file_spec(self.position_init):

@@ -16,7 +16,6 @@ from flax_posemb import model as model_lib
 from flax_posemb import optim
 from flax_posemb import sharding
 from flax_posemb import stats as stats_lib
-from flax_posemb.batch import BATCH_KEYS
 
 if TYPE_CHECKING:  # type hints only: the step runs without ml_collections (device image)
   import ml_collections
@@ -35,8 +34,7 @@ class TrainState:
 
 
 def token_losses(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """Float32 cross entropy ``[B, T]`` of integer ``targets`` ``[B, T]`` under ``logits``
-  ``[B, T, V]``."""
+  """Float32 cross entropy ``[B, T]`` of int ``targets`` ``[B, T]``, ``logits`` ``[B, T, V]``."""
   return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
 
 
@@ -47,11 +45,10 @@ def make_model(config: ml_collections.ConfigDict) -> model_lib.TransformerLM:
 
 def token_loss_fn(model: model_lib.TransformerLM) -> Callable[..., jax.Array]:
   """``(params, embed_delta, batch, dropout_key) -> [B, T]`` token losses of ``model``."""
-  deterministic = model.config.dropout_rate == 0.0
 
-  def fn(params, embed_delta, batch, key):
+  def fn(params, embed_delta, batch, key):  # Dropout at rate 0 is the identity.
     logits = model.apply({'params': params}, batch['inputs'], batch['positions'],
-                         segment_ids=batch['segment_ids'], deterministic=deterministic,
+                         segment_ids=batch['segment_ids'], deterministic=False,
                          embed_delta=embed_delta, rngs={'dropout': key})
     return token_losses(logits, batch['targets'])
   return fn
@@ -59,8 +56,7 @@ def token_loss_fn(model: model_lib.TransformerLM) -> Callable[..., jax.Array]:
 
 def position_statistics(model: model_lib.TransformerLM, config: ml_collections.ConfigDict,
                         **kwargs) -> stats_lib.PositionStatistics:
-  """The statistics object of ``model``'s table and ``config.collect_stats`` (``kwargs``: its
-  host-side arguments)."""
+  """The statistics object of ``model``'s table, ``config.collect_stats`` and host ``kwargs``."""
   return stats_lib.PositionStatistics(model.config.max_len, model.config.emb_dim,
                                       collect=bool(config.collect_stats), **kwargs)
 
@@ -133,7 +129,6 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
   scalars ``loss`` (mean over scored targets), ``grad_norm`` (before clipping),
   ``learning_rate``, ``tokens``, ``targets`` and ``finite`` (1.0 if loss and grad norm are).
   """
-  cfg = model.config
   # Training resolves 0 (auto) at startup and records it; direct callers get the same rule.
   accum = auto.grad_accum_steps(int(config.grad_accum_steps), platform=jax.default_backend(),
                                 batch_size=int(config.batch_size),
@@ -145,7 +140,6 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
   row_scale = bool(config.optimizer.row_lr_scale)
 
   def step_fn(state, batch, rng):
-    batch = {k: batch[k] for k in BATCH_KEYS}
     n_targets = jnp.sum(batch['loss_mask'].astype(jnp.float32))
     loss, grads, step_stats = gradients(state.params, batch, rng, jnp.maximum(n_targets, 1.0))
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
@@ -153,7 +147,7 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
     updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
     params = optax.apply_updates(state.params, updates)
     tables = ((model_lib.position_table(state.params), model_lib.position_table(params))
-              if cfg.position_embedding == 'learned' else ())
+              if model.config.position_embedding == 'learned' else ())
     window = statistics.inside_step(state.stats, step_stats, *tables)
     grad_norm = optax.tree.norm(grads)
     metrics = dict(loss=loss, grad_norm=grad_norm, targets=n_targets,
@@ -164,6 +158,5 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
                       stats=window), metrics
 
   repl = sharding.replicated(mesh)
-  b_sh = {k: sharding.batch_sharding(mesh) for k in BATCH_KEYS}
-  return jax.jit(step_fn, in_shardings=(state_shardings, b_sh, repl),
+  return jax.jit(step_fn, in_shardings=(state_shardings, sharding.batch_sharding(mesh), repl),
                  out_shardings=(state_shardings, repl), donate_argnums=(0,))
