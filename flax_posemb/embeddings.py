@@ -1,7 +1,4 @@
-"""Position and token embeddings: pure functions (shared with `flax_posemb.nnx`) and linen modules.
-
-Positions are explicit, their range checked once on the host (docs/DESIGN.md, Batch).
-"""
+"""Position and token embeddings: pure functions (shared with the NNX twins) and linen modules."""
 
 from typing import Any
 
@@ -38,8 +35,7 @@ def lookup_positions(table: Array, positions: Array, dtype: Dtype | None = None)
 def lookup_tokens(table: Array, ids: Array, dtype: Dtype | None = None) -> Array:
   """Rows `[..., features]` of `table` `[vocab, features]` at integer `ids` `[...]`; ids past
   the table give NaN rows, so a too-small vocabulary shows as a NaN loss."""
-  out = jnp.take(table, ids, axis=0, mode='fill', fill_value=jnp.nan)
-  return out.astype(dtype or table.dtype)
+  return jnp.take(table, ids, axis=0, mode='fill', fill_value=jnp.nan).astype(dtype or table.dtype)
 
 
 def attend(x: Array, table: Array, dtype: Dtype | None = None) -> Array:

@@ -127,9 +127,8 @@ class TransformerLM(nnx.Module):
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     cfg = self.config = config
     dt, pdt = cfg.compute_dtype, cfg.storage_dtype
-    self.token_embed = TokenEmbedding(cfg.vocab_size, cfg.emb_dim,
-                                      embedding_init=cfg.token_initializer(), dtype=dt,
-                                      param_dtype=pdt, rngs=rngs)
+    self.token_embed = TokenEmbedding(cfg.vocab_size, cfg.emb_dim, dtype=dt, param_dtype=pdt,
+                                      embedding_init=cfg.token_initializer(), rngs=rngs)
     if cfg.position_embedding == 'learned':
       self.pos_embed = LearnedPositionEmbedding(
           cfg.max_len, cfg.emb_dim, embedding_init=cfg.position_initializer(),

@@ -1,5 +1,4 @@
-"""The train state and the jitted train step: loss, gradients and statistics from one backward
-pass, bit-identical loss and update with statistics on or off (docs/DESIGN.md §Statistics)."""
+"""Train state and jitted step; loss and update are bit-identical with statistics on or off."""
 
 from __future__ import annotations
 
@@ -121,14 +120,11 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
                     config: ml_collections.ConfigDict, mesh: Mesh, state_shardings: TrainState,
                     statistics: stats_lib.PositionStatistics | None = None
                     ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
-  """The jitted train step ``(state, batch, rng) -> (state, metrics)``; state is donated.
-
-  ``batch``: global ``[B, T]`` arrays (``BATCH_KEYS``); ``rng``: this step's dropout key;
-  ``tx``: ``optim.make_optimizer``'s; ``state_shardings``: ``init_state``'s; ``statistics``:
-  the loop's statistics object (default ``position_statistics``). ``metrics``: float32
-  scalars ``loss`` (mean over scored targets), ``grad_norm`` (before clipping),
-  ``learning_rate``, ``tokens``, ``targets`` and ``finite`` (1.0 if loss and grad norm are).
-  """
+  """The jitted step ``(state, batch, rng) -> (state, metrics)`` (state donated) of global
+  ``[B, T]`` ``batch`` arrays, dropout key ``rng``; ``tx``, ``state_shardings``: ``init_state``'s;
+  ``statistics``: the loop's (default ``position_statistics``). ``metrics``: float32 ``loss``
+  (mean over scored targets), ``grad_norm`` (before clipping), ``learning_rate``, ``tokens``,
+  ``targets`` and ``finite`` (1.0 if loss and grad norm are)."""
   # Training resolves 0 (auto) at startup and records it; direct callers get the same rule.
   accum = auto.grad_accum_steps(int(config.grad_accum_steps), platform=jax.default_backend(),
                                 batch_size=int(config.batch_size),
