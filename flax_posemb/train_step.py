@@ -81,10 +81,9 @@ def init_state(model: model_lib.TransformerLM, config: ml_collections.ConfigDict
   shardings = TrainState(step=repl, params=p_sh, opt_state=o_sh,
                          stats=jax.tree.map(lambda _: repl, stats))
   params = jax.jit(init_params, out_shardings=p_sh)(rng)
-  state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), repl), params=params,
-                     opt_state=jax.jit(tx.init, out_shardings=o_sh)(params),
-                     stats=jax.device_put(stats, repl))
-  return state, tx, shardings
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                     opt_state=jax.jit(tx.init, out_shardings=o_sh)(params), stats=stats)
+  return jax.device_put(state, shardings), tx, shardings
 
 
 def accumulated(value_and_grad: Callable[..., tuple], accum: int, mesh: Mesh
