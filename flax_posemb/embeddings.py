@@ -1,8 +1,4 @@
-"""Position and token embeddings: pure functions (shared with `flax_posemb.nnx`) and linen modules.
-
-Positions are explicit (`positions[b, t]` is the table row of token `(b, t)`); their range is
-checked once, on the host (`check_position_range`; docs/DESIGN.md, Batch).
-"""
+"""Position and token embeddings: pure functions (shared with the NNX twins) and linen modules."""
 
 from typing import Any
 
@@ -39,8 +35,7 @@ def lookup_positions(table: Array, positions: Array, dtype: Dtype | None = None)
 def lookup_tokens(table: Array, ids: Array, dtype: Dtype | None = None) -> Array:
   """Rows `[..., features]` of `table` `[vocab, features]` at integer `ids` `[...]`; ids past
   the table give NaN rows, so a too-small vocabulary shows as a NaN loss."""
-  out = jnp.take(table, ids, axis=0, mode='fill', fill_value=jnp.nan)
-  return out.astype(dtype or table.dtype)
+  return jnp.take(table, ids, axis=0, mode='fill', fill_value=jnp.nan).astype(dtype or table.dtype)
 
 
 def attend(x: Array, table: Array, dtype: Dtype | None = None) -> Array:
@@ -52,20 +47,16 @@ def attend(x: Array, table: Array, dtype: Dtype | None = None) -> Array:
 
 def sinusoidal_encoding(positions: Array, features: int, *, scale: float = 1.0,
                         max_wavelength: float = 10_000.0, dtype: Dtype = jnp.float32) -> Array:
-  """Fixed Vaswani sinusoid `[..., features]` at any `positions` `[...]` >= 0, of RMS `scale`.
-
-  Column `2i` is `sin(p / max_wavelength**(2i/features))`, column `2i+1` the cos (RMS 1/sqrt(2)).
-  """
+  """Fixed Vaswani sinusoid `[..., features]` of RMS `scale` at `positions` `[...]` >= 0: column
+  `2i` is `sin(p / max_wavelength**(2i/features))`, column `2i+1` the cos."""
   enc = initializers.sinusoid_at(jnp.asarray(positions), features, max_wavelength)
   return (enc * (scale * np.sqrt(2.0))).astype(dtype)
 
 
 def apply_rope(x: Array, positions: Array, max_wavelength: float = 10_000.0) -> Array:
-  """RoPE (Su et al. 2021), rotate-half (GPT-NeoX/Llama) layout, computed in float32.
-
-  Features `i` and `i + H/2` of `x` `[B, T, N, H]` (H even) rotate by `p / max_wavelength**(2i/H)`
-  at `positions` `[B, T]`.
-  """
+  """RoPE (Su et al. 2021), rotate-half (GPT-NeoX/Llama) layout, in float32: features `i` and
+  `i + H/2` of `x` `[B, T, N, H]` (H even) rotate by `p / max_wavelength**(2i/H)` at `positions`
+  `[B, T]`."""
   half = x.shape[-1] // 2
   inv_freq = 1.0 / (max_wavelength ** (jnp.arange(half, dtype=jnp.float32) / half))
   angle = positions.astype(jnp.float32)[..., None, None] * inv_freq  # [B, T, 1, H/2]

@@ -23,8 +23,7 @@ _TRUNC2_STD_RATIO = math.sqrt(
 
 @dataclasses.dataclass(frozen=True)
 class Initializer:
-  """A named JAX initializer `(key, shape, dtype) -> Array`; `std_fn(features)` is the realized
-  std of one draw (analytic)."""
+  """A named JAX initializer `(key, shape, dtype) -> Array`; `std_fn(features)`: realized std."""
   name: str
   fn: InitFn = dataclasses.field(repr=False)
   std_fn: Callable[[int], float] = dataclasses.field(repr=False)
@@ -38,9 +37,8 @@ class Initializer:
 
 def _check_std(name: str, std: Any) -> float:
   if std is None or not math.isfinite(float(std)) or float(std) < 0:
-    raise ValueError(f"Initializer '{name}' needs a std, a finite number >= 0 (got {std}): "
-                     f"initializers.get('{name}', std=0.02), or in a config "
-                     "model.position_init_std / model.token_init_std >= 0.")
+    raise ValueError(f"Initializer '{name}' needs a std, a finite number >= 0 (got {std}): pass "
+                     'std=0.02, or set model.position_init_std / model.token_init_std >= 0.')
   return float(std)
 
 
@@ -122,8 +120,8 @@ def sinusoidal(std: float | None = None, max_wavelength: float = 10_000.0) -> In
 def same_as_token(token_init: Initializer | None = None) -> Initializer:
   """Whatever the model's token embedding uses (GPT-2, nanoGPT and BERT share one init)."""
   if token_init is None:
-    raise ValueError("'same_as_token' depends on the token embedding's initializer: use "
-                     "initializers.resolve('same_as_token', token_init=...).")
+    raise ValueError("'same_as_token' is the token table's initializer, so not a token_init "
+                     "(pick e.g. 'gpt2'); use initializers.resolve(name, token_init=...).")
   return token_init
 
 
@@ -152,15 +150,9 @@ def get(name: str, **overrides: Any) -> Initializer:
 
 def resolve(name: str, *, token_init: Initializer, std: float | None = None,
             resize: str = 'error') -> Initializer:
-  """The initializer of a `[num_positions, features]` position table.
-
-  Args:
-    name: One of `NAMES`, or a table file `'file:PATH[:KEY]'` (`tables.load_table`).
-    token_init: The token table's initializer: `same_as_token` is it, and `sinusoidal`
-      without `std` is scaled to its realized std.
-    std: Optional std override (None = the entry's default).
-    resize: Row rule of a file table (`from_array`).
-  """
+  """The initializer of a `[num_positions, features]` table: `name` (one of `NAMES`, or a file
+  `'file:PATH[:KEY]'` with rows fitted by `resize`) with `std` (None = its default);
+  `same_as_token` is `token_init`, and `sinusoidal` without `std` takes its realized std."""
   if tables.is_file_spec(name):
     return from_array(tables.load_table(name), resize=resize, name=name)
   if name == 'same_as_token':
@@ -189,17 +181,15 @@ def fit_problem(have: tuple[int, int], want: tuple[int, int], resize: str) -> st
   (rows, width), (want_rows, want_width) = have, want
   head = f'Table shape {have} does not fit the requested shape {want}: '
   if width != want_width:
-    return head + (f"the table's width is {width} features, the model's is {want_width} "
-                   f"(model.emb_dim). No resize rule changes the width: set "
-                   f"model.emb_dim={width}, or use a table with {want_width} columns.")
+    return head + (f"the table's width is {width} features, the model's {want_width}; no resize "
+                   f'rule changes it: set model.emb_dim={width} or use {want_width} columns.')
   if rows == want_rows or resize == 'interpolate' or (resize == 'truncate' and rows > want_rows):
     return None
   if resize == 'truncate':
-    return head + (f"resize 'truncate' only drops rows, and the table has {rows} rows, fewer "
-                   f"than the {want_rows} asked for. Fix: set model.max_len<={rows}, or use "
-                   "resize 'interpolate'.")
-  return head + (f'the table has {rows} rows, the model asks for {want_rows} (model.max_len). '
-                 f'Fix: set model.max_len={rows}, or pick a row rule (model.position_init_resize): '
+    return head + (f"resize 'truncate' only drops rows, and the table has {rows} < {want_rows} "
+                   f"rows: set model.max_len<={rows} or use resize 'interpolate'.")
+  return head + (f'the table has {rows} rows, the model {want_rows} (model.max_len): set '
+                 f'model.max_len={rows} or a row rule (model.position_init_resize): '
                  + (f"'truncate' keeps the first {want_rows} rows, " if rows > want_rows else '')
                  + f"'interpolate' resamples the {rows} rows linearly to {want_rows}.")
 
@@ -227,7 +217,6 @@ def from_array(array, *, resize: str = 'error', name: str = 'from_array') -> Ini
   table = np.array(array)
   if table.ndim != 2:
     raise ValueError(f"from_array needs a 2-D [rows, features] table, got shape {table.shape}.")
-  table.flags.writeable = False
   std = float(np.std(np.asarray(table, np.float64)))
 
   def init(key, shape, dtype=jnp.float32):

@@ -40,11 +40,9 @@ def segment_mask(segment_ids: Array | None) -> Array | None:
 
 def attention(qkv: Array, positions: Array, mask: Array | None, *, num_heads: int,
               rope: bool, implementation: str) -> Array:
-  """Causal multi-head self-attention: `qkv` `[B, T, 3 * D]` (q, k, v blocks) -> `[B, T, D]`.
-
-  `positions` int `[B, T]` (for `rope`); `mask` bool `[B, 1, T, T]` or None; `implementation`
-  'xla' | 'cudnn' | 'blocked' (`blocked_causal_attention`) | 'auto' (`auto.attention_impl`).
-  """
+  """Causal multi-head self-attention `qkv` `[B, T, 3 * D]` (q, k, v blocks) -> `[B, T, D]` at
+  int `positions` `[B, T]` (for `rope`), `mask` bool `[B, 1, T, T]` or None; `implementation`:
+  'xla' | 'cudnn' | 'blocked' (`blocked_causal_attention`) | 'auto' (`auto.attention_impl`)."""
   b, t, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
   implementation = auto.attention_impl(
       implementation, platform=jax.default_backend(), dtype=jnp.dtype(qkv.dtype).name,
@@ -77,11 +75,9 @@ def blocked_causal_attention(q: Array, k: Array, v: Array, mask: Array | None,
 
 def _blocked_heads_major(q: Array, k: Array, v: Array, mask: Array | None,
                          block: int) -> Array:
-  """`blocked_causal_attention` on heads-major `[B, N, T, H]`; returns `[B, N, T, H]`.
-
-  Disallowed scores get the float32 minimum added, not selected: exp underflows to 0 either
-  way (each row keeps its diagonal), and the backward needs no select pass.
-  """
+  """`blocked_causal_attention` on heads-major `[B, N, T, H]` -> `[B, N, T, H]`. Disallowed
+  scores get the float32 minimum added, not selected: exp underflows to 0 either way (each row
+  keeps its diagonal), and the backward needs no select pass."""
   t, h = q.shape[2], q.shape[-1]
   q = q * jnp.asarray(1.0 / math.sqrt(h), q.dtype)
   neg = jnp.finfo(jnp.float32).min

@@ -48,10 +48,9 @@ class ModelConfig:
   def __post_init__(self):
     for problem in self._problems():
       raise ValueError(problem)
+    self.token_initializer()  # Building the initializers checks their stds.
     if self.position_embedding == 'learned':
       self.position_initializer()
-    else:
-      self.token_initializer()
 
   def _problems(self) -> Iterator[str]:
     """Problems naming the field and the fix, lazily (a check may assume earlier ones passed)."""
@@ -72,9 +71,6 @@ class ModelConfig:
     if self.attention_impl == 'cudnn' and self.dtype == 'float32':
       yield ("attention_impl='cudnn' (cuDNN flash attention) needs dtype 'bfloat16' or "
              "'float16'; set model.dtype='bfloat16' or use 'xla'.")
-    yield from self._init_problems()
-
-  def _init_problems(self) -> Iterator[str]:
     for kind, name, std in (('token', self.token_init, self.token_init_std),
                             ('position', self.position_init, self.position_init_std)):
       if name not in initializers.NAMES and not tables.is_file_spec(name):
@@ -83,8 +79,6 @@ class ModelConfig:
       elif std >= 0 and name not in initializers.STD_NAMES:
         yield (f'{kind}_init {name!r} takes no std (got {std}); std applies to '
                f'{", ".join(initializers.STD_NAMES)}. Set {kind}_init_std=-1.')
-    if self.token_init == 'same_as_token':
-      yield "token_init cannot be 'same_as_token'; pick e.g. 'gpt2'."
     initializers.check_resize(self.position_init_resize)
     pe = self.position_embedding
     if pe == 'learned' and tables.is_file_spec(self.position_init):
@@ -187,12 +181,9 @@ class TransformerLM(nn.Module):
   @nn.compact
   def __call__(self, inputs: Array, positions: Array, segment_ids: Array | None = None,
                deterministic: bool = True, embed_delta: Array | None = None) -> Array:
-    """float32 logits `[B, T, vocab_size]` of int32 token ids `inputs` `[B, T]`.
-
-    `positions` int32 `[B, T]` in `[0, max_len)`; `segment_ids` int32 `[B, T]` (0 = padding)
-    or None (one document per row); `deterministic=False` enables dropout (needs
-    `rngs={'dropout': key}`); `embed_delta` float32 `[B, T, emb_dim]` or None.
-    """
+    """float32 logits `[B, T, vocab_size]` of int32 token ids `inputs` `[B, T]` at `positions`
+    `[B, T]` in `[0, max_len)`; `segment_ids` `[B, T]` (0 = padding) or None (one document a
+    row); `embed_delta` float32 `[B, T, emb_dim]` or None; dropout needs `rngs={'dropout': k}`."""
     cfg = self.config
     dt, pdt = cfg.compute_dtype, cfg.storage_dtype
     tok = embeddings.TokenEmbedding(cfg.vocab_size, cfg.emb_dim, cfg.token_initializer(),

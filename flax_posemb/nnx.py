@@ -1,5 +1,4 @@
-"""Flax NNX twins of the linen embeddings and `TransformerLM` on the same functions: equal
-parameters give equal logits; attribute paths are the linen parameter paths (docs/DESIGN.md)."""
+"""NNX twins of the linen modules over the same functions: same logits, linen parameter paths."""
 
 from collections.abc import Mapping
 from typing import Any
@@ -33,8 +32,7 @@ class LearnedPositionEmbedding(_Table):
   """Learned table ``embedding`` [num_positions, features] (ids checked on the host)."""
 
   def __call__(self, positions: Array) -> Array:
-    return embeddings.lookup_positions(self.embedding[...], positions,
-                                       dtype=self.dtype)
+    return embeddings.lookup_positions(self.embedding[...], positions, self.dtype)
 
 
 class TokenEmbedding(_Table):
@@ -107,7 +105,7 @@ class Block(nnx.Module):
     self.drop_attn = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
     self.drop_mlp = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
 
-  def __call__(self, x: Array, mask: Array | None, positions: Array, *,
+  def __call__(self, x: Array, mask: Array | None, positions: Array,
                deterministic: bool = True, rngs: nnx.Rngs | None = None) -> Array:
     """``x`` [B, T, D], ``mask`` bool [B, 1, T, T] (None: causal), ``positions`` [B, T]."""
     return layers.block(
@@ -119,13 +117,8 @@ class Block(nnx.Module):
         implementation=self.config.attention_impl)
 
 
-def _apply_block(block: Block, x: Array, mask: Array | None, positions: Array,
-                 deterministic: bool, rngs: nnx.Rngs | None) -> Array:
-  return block(x, mask, positions, deterministic=deterministic, rngs=rngs)
-
-
 # `cfg.remat`: recompute each block's activations in the backward pass (static flag 4).
-_remat_block = nnx.remat(_apply_block, static_argnums=(4,), graph_updates=False)
+_remat_block = nnx.remat(Block.__call__, static_argnums=(4,), graph_updates=False)
 
 
 class TransformerLM(nnx.Module):
@@ -134,9 +127,8 @@ class TransformerLM(nnx.Module):
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     cfg = self.config = config
     dt, pdt = cfg.compute_dtype, cfg.storage_dtype
-    self.token_embed = TokenEmbedding(cfg.vocab_size, cfg.emb_dim,
-                                      embedding_init=cfg.token_initializer(), dtype=dt,
-                                      param_dtype=pdt, rngs=rngs)
+    self.token_embed = TokenEmbedding(cfg.vocab_size, cfg.emb_dim, dtype=dt, param_dtype=pdt,
+                                      embedding_init=cfg.token_initializer(), rngs=rngs)
     if cfg.position_embedding == 'learned':
       self.pos_embed = LearnedPositionEmbedding(
           cfg.max_len, cfg.emb_dim, embedding_init=cfg.position_initializer(),
@@ -163,7 +155,7 @@ class TransformerLM(nnx.Module):
     x = layers.embedding_sum(self.token_embed(inputs), pos_rows, embed_delta)
     x = self.drop_embed(x.astype(cfg.compute_dtype), deterministic=deterministic, rngs=rngs)
     mask = layers.segment_mask(segment_ids)
-    apply = _remat_block if cfg.remat else _apply_block
+    apply = _remat_block if cfg.remat else Block.__call__
     for block in self.blocks:
       x = apply(block, x, mask, positions, deterministic, rngs)
     return self.token_embed.attend(self.ln_f(x))

@@ -27,8 +27,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
               for k in keys if not isinstance(o[k], (int, float)) or not math.isfinite(o[k])]
   if not problems:  # The range rules assume numbers.
     rules = [('learning_rate', o.learning_rate > 0, '> 0'),
-             ('warmup_steps', o.warmup_steps >= 0 and int(o.warmup_steps) == o.warmup_steps,
-              'an int >= 0'),
+             ('warmup_steps', o.warmup_steps >= 0 and o.warmup_steps % 1 == 0, 'an int >= 0'),
              ('end_lr_ratio', o.end_lr_ratio >= 0, '>= 0 (a fraction of the peak learning rate)'),
              ('b1', 0 <= o.b1 < 1, 'in [0, 1)'), ('b2', 0 <= o.b2 < 1, 'in [0, 1)'),
              ('eps', o.eps >= 0, '>= 0'), ('weight_decay', o.weight_decay >= 0, '>= 0'),

@@ -1,5 +1,4 @@
-"""The 1-D ``'data'`` mesh, shardings (batches along 'data'; parameters replicated or, with
-fsdp, split) and the host-to-device batch boundary."""
+"""The 1-D 'data' mesh, batch and parameter (fsdp) shardings, the host-to-device boundary."""
 
 from typing import Any
 
@@ -47,28 +46,20 @@ def check_batch_layout(config: Any, mesh: Mesh) -> None:
   """ValueError unless ``batch_size`` splits over microbatches, devices and processes."""
   b, a, n = int(config.batch_size), int(config.grad_accum_steps), mesh.size
   if a < 1 or b < 1 or b % (a * n) or b % jax.process_count():
-    raise ValueError(
-        f'batch_size={b} must be a positive multiple of grad_accum_steps * device count = '
-        f'{a} * {n} = {a * n} (each microbatch is split evenly over the devices) and of the '
-        f'process count {jax.process_count()}; grad_accum_steps must be >= 1 (0 = auto, '
-        f'resolved at startup). Set --config.batch_size to a multiple of {max(a, 1) * n}.')
+    raise ValueError(f'batch_size={b} must be a positive multiple of grad_accum_steps * device '
+                     f'count = {a} * {n} and of the process count {jax.process_count()} '
+                     f'(grad_accum_steps >= 1; 0 = auto is resolved at startup): set '
+                     f'--config.batch_size to a multiple of {max(a, 1) * n}.')
 
 
 def global_batch(batch: dict[str, np.ndarray], mesh: Mesh,
                  max_len: int | None = None) -> dict[str, jax.Array]:
-  """Global ``[B, T]`` arrays of this process's rows of ``BATCH_KEYS``: the one host-to-device
-  boundary, where position ids are checked against ``[0, max_len)``."""
-  missing = [k for k in BATCH_KEYS if k not in batch]
-  if missing:
-    raise ValueError(f'batch lacks {missing}; a batch must hold {list(BATCH_KEYS)} '
-                     '(docs/DESIGN.md).')
+  """Global ``[B, T]`` arrays of this process's rows of ``BATCH_KEYS`` (the batch contract): the
+  one host-to-device boundary, where position ids are checked against ``[0, max_len)``."""
   if max_len is not None:
     embeddings.check_position_range(np.asarray(batch['positions']), max_len)
   sh = batch_sharding(mesh)
-  if jax.process_count() == 1:
-    return {k: jax.device_put(np.asarray(batch[k]), sh) for k in BATCH_KEYS}
-  return {k: jax.make_array_from_process_local_data(sh, np.asarray(batch[k]))
-          for k in BATCH_KEYS}
+  return {k: jax.make_array_from_process_local_data(sh, np.asarray(batch[k])) for k in BATCH_KEYS}
 
 
 def to_host(x: jax.Array) -> np.ndarray:

@@ -1,5 +1,4 @@
-"""The train state and the jitted train step: loss, gradients and statistics from one backward
-pass, bit-identical loss and update with statistics on or off (docs/DESIGN.md §Statistics)."""
+"""Train state and jitted step; loss and update are bit-identical with statistics on or off."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from flax_posemb import model as model_lib
 from flax_posemb import optim
 from flax_posemb import sharding
 from flax_posemb import stats as stats_lib
-from flax_posemb.batch import BATCH_KEYS
 
 if TYPE_CHECKING:  # type hints only: the step runs without ml_collections (device image)
   import ml_collections
@@ -35,8 +33,7 @@ class TrainState:
 
 
 def token_losses(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """Float32 cross entropy ``[B, T]`` of integer ``targets`` ``[B, T]`` under ``logits``
-  ``[B, T, V]``."""
+  """Float32 cross entropy ``[B, T]`` of int ``targets`` ``[B, T]``, ``logits`` ``[B, T, V]``."""
   return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
 
 
@@ -47,11 +44,10 @@ def make_model(config: ml_collections.ConfigDict) -> model_lib.TransformerLM:
 
 def token_loss_fn(model: model_lib.TransformerLM) -> Callable[..., jax.Array]:
   """``(params, embed_delta, batch, dropout_key) -> [B, T]`` token losses of ``model``."""
-  deterministic = model.config.dropout_rate == 0.0
 
-  def fn(params, embed_delta, batch, key):
+  def fn(params, embed_delta, batch, key):  # Dropout at rate 0 is the identity.
     logits = model.apply({'params': params}, batch['inputs'], batch['positions'],
-                         segment_ids=batch['segment_ids'], deterministic=deterministic,
+                         segment_ids=batch['segment_ids'], deterministic=False,
                          embed_delta=embed_delta, rngs={'dropout': key})
     return token_losses(logits, batch['targets'])
   return fn
@@ -59,8 +55,7 @@ def token_loss_fn(model: model_lib.TransformerLM) -> Callable[..., jax.Array]:
 
 def position_statistics(model: model_lib.TransformerLM, config: ml_collections.ConfigDict,
                         **kwargs) -> stats_lib.PositionStatistics:
-  """The statistics object of ``model``'s table and ``config.collect_stats`` (``kwargs``: its
-  host-side arguments)."""
+  """The statistics object of ``model``'s table, ``config.collect_stats`` and host ``kwargs``."""
   return stats_lib.PositionStatistics(model.config.max_len, model.config.emb_dim,
                                       collect=bool(config.collect_stats), **kwargs)
 
@@ -86,10 +81,9 @@ def init_state(model: model_lib.TransformerLM, config: ml_collections.ConfigDict
   shardings = TrainState(step=repl, params=p_sh, opt_state=o_sh,
                          stats=jax.tree.map(lambda _: repl, stats))
   params = jax.jit(init_params, out_shardings=p_sh)(rng)
-  state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), repl), params=params,
-                     opt_state=jax.jit(tx.init, out_shardings=o_sh)(params),
-                     stats=jax.device_put(stats, repl))
-  return state, tx, shardings
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                     opt_state=jax.jit(tx.init, out_shardings=o_sh)(params), stats=stats)
+  return jax.device_put(state, shardings), tx, shardings
 
 
 def accumulated(value_and_grad: Callable[..., tuple], accum: int, mesh: Mesh
@@ -125,15 +119,11 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
                     config: ml_collections.ConfigDict, mesh: Mesh, state_shardings: TrainState,
                     statistics: stats_lib.PositionStatistics | None = None
                     ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
-  """The jitted train step ``(state, batch, rng) -> (state, metrics)``; state is donated.
-
-  ``batch``: global ``[B, T]`` arrays (``BATCH_KEYS``); ``rng``: this step's dropout key;
-  ``tx``: ``optim.make_optimizer``'s; ``state_shardings``: ``init_state``'s; ``statistics``:
-  the loop's statistics object (default ``position_statistics``). ``metrics``: float32
-  scalars ``loss`` (mean over scored targets), ``grad_norm`` (before clipping),
-  ``learning_rate``, ``tokens``, ``targets`` and ``finite`` (1.0 if loss and grad norm are).
-  """
-  cfg = model.config
+  """The jitted step ``(state, batch, rng) -> (state, metrics)`` (state donated) of global
+  ``[B, T]`` ``batch`` arrays, dropout key ``rng``; ``tx``, ``state_shardings``: ``init_state``'s;
+  ``statistics``: the loop's (default ``position_statistics``). ``metrics``: float32 ``loss``
+  (mean over scored targets), ``grad_norm`` (before clipping), ``learning_rate``, ``tokens``,
+  ``targets`` and ``finite`` (1.0 if loss and grad norm are)."""
   # Training resolves 0 (auto) at startup and records it; direct callers get the same rule.
   accum = auto.grad_accum_steps(int(config.grad_accum_steps), platform=jax.default_backend(),
                                 batch_size=int(config.batch_size),
@@ -145,7 +135,6 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
   row_scale = bool(config.optimizer.row_lr_scale)
 
   def step_fn(state, batch, rng):
-    batch = {k: batch[k] for k in BATCH_KEYS}
     n_targets = jnp.sum(batch['loss_mask'].astype(jnp.float32))
     loss, grads, step_stats = gradients(state.params, batch, rng, jnp.maximum(n_targets, 1.0))
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
@@ -153,7 +142,7 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
     updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
     params = optax.apply_updates(state.params, updates)
     tables = ((model_lib.position_table(state.params), model_lib.position_table(params))
-              if cfg.position_embedding == 'learned' else ())
+              if model.config.position_embedding == 'learned' else ())
     window = statistics.inside_step(state.stats, step_stats, *tables)
     grad_norm = optax.tree.norm(grads)
     metrics = dict(loss=loss, grad_norm=grad_norm, targets=n_targets,
@@ -164,6 +153,5 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
                       stats=window), metrics
 
   repl = sharding.replicated(mesh)
-  b_sh = {k: sharding.batch_sharding(mesh) for k in BATCH_KEYS}
-  return jax.jit(step_fn, in_shardings=(state_shardings, b_sh, repl),
+  return jax.jit(step_fn, in_shardings=(state_shardings, sharding.batch_sharding(mesh), repl),
                  out_shardings=(state_shardings, repl), donate_argnums=(0,))
