@@ -120,8 +120,8 @@ def sinusoidal(std: float | None = None, max_wavelength: float = 10_000.0) -> In
 def same_as_token(token_init: Initializer | None = None) -> Initializer:
   """Whatever the model's token embedding uses (GPT-2, nanoGPT and BERT share one init)."""
   if token_init is None:
-    raise ValueError("'same_as_token' is the token table's initializer, so not a token_init "
-                     "(pick e.g. 'gpt2'); use initializers.resolve(name, token_init=...).")
+    raise ValueError("'same_as_token' depends on the token embedding's initializer: use "
+                     "initializers.resolve('same_as_token', token_init=...).")
   return token_init
 
 
@@ -150,9 +150,15 @@ def get(name: str, **overrides: Any) -> Initializer:
 
 def resolve(name: str, *, token_init: Initializer, std: float | None = None,
             resize: str = 'error') -> Initializer:
-  """The initializer of a `[num_positions, features]` table: `name` (one of `NAMES`, or a file
-  `'file:PATH[:KEY]'` with rows fitted by `resize`) with `std` (None = its default);
-  `same_as_token` is `token_init`, and `sinusoidal` without `std` takes its realized std."""
+  """The initializer of a `[num_positions, features]` position table.
+
+  Args:
+    name: One of `NAMES`, or a table file `'file:PATH[:KEY]'` (`tables.load_table`).
+    token_init: The token table's initializer: `same_as_token` is it, and `sinusoidal`
+      without `std` is scaled to its realized std.
+    std: Optional std override (None = the entry's default).
+    resize: Row rule of a file table (`from_array`).
+  """
   if tables.is_file_spec(name):
     return from_array(tables.load_table(name), resize=resize, name=name)
   if name == 'same_as_token':

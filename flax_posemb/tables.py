@@ -59,16 +59,19 @@ def _load(path: str, key: str | None, mtime_ns: int, size: int, spec: str) -> np
     raise (e if isinstance(e, TableError) else
            TableError(f'Cannot read table {spec!r}: {type(e).__name__}: {e}')) from None
   table = np.asarray(table)
-  floating = np.issubdtype(table.dtype, np.floating) or table.dtype.name == 'bfloat16'
-  bad = (table.ndim == 2 and floating
-         and np.size(table) - np.count_nonzero(np.isfinite(table.astype(np.float32))))
-  problem = (f'must be 2-D [rows, features], got shape {table.shape}' if table.ndim != 2 else
-             f'must hold floating-point values, got {table.dtype}' if not floating else
-             f'has {bad} non-finite (NaN/inf) values' if bad else None)
-  if problem:
+  if problem := _content_problem(table):
     raise TableError(f'Table {spec!r} {problem}.')
   table.flags.writeable = False
   return table
+
+
+def _content_problem(table: np.ndarray) -> str | None:
+  if table.ndim != 2:
+    return f'must be 2-D [rows, features], got shape {table.shape}'
+  if not np.issubdtype(table.dtype, np.floating) and table.dtype.name != 'bfloat16':
+    return f'must hold floating-point values, got {table.dtype}'
+  bad = np.size(table) - np.count_nonzero(np.isfinite(table.astype(np.float32)))
+  return f'has {bad} non-finite (NaN/inf) values' if bad else None
 
 
 def _pick_key(spec: str, key: str | None, keys: list[str]) -> str:

@@ -45,9 +45,11 @@ def make_model(config: ml_collections.ConfigDict) -> model_lib.TransformerLM:
 def token_loss_fn(model: model_lib.TransformerLM) -> Callable[..., jax.Array]:
   """``(params, embed_delta, batch, dropout_key) -> [B, T]`` token losses of ``model``."""
 
-  def fn(params, embed_delta, batch, key):  # Dropout at rate 0 is the identity.
+  deterministic = model.config.dropout_rate == 0.0
+
+  def fn(params, embed_delta, batch, key):
     logits = model.apply({'params': params}, batch['inputs'], batch['positions'],
-                         segment_ids=batch['segment_ids'], deterministic=False,
+                         segment_ids=batch['segment_ids'], deterministic=deterministic,
                          embed_delta=embed_delta, rngs={'dropout': key})
     return token_losses(logits, batch['targets'])
   return fn
