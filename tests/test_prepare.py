@@ -73,6 +73,21 @@ def test_prepare_reads_parquet_rows_and_refuses_to_overwrite(tmp_path):
     prepare.prepare('rows3', str(tmp_path / 'tfds'), inputs=(str(tmp_path / '*'),))
 
 
+def test_prepare_reads_a_saved_hugging_face_dataset_and_names_a_missing_column(tmp_path):
+  datasets = pytest.importorskip('datasets')
+  texts = [f'doc {i} ' * 20 for i in range(10)] + [None]
+  datasets.DatasetDict({'train': datasets.Dataset.from_dict({'text': texts})}).save_to_disk(
+      str(tmp_path / 'hf'))
+  out = prepare.prepare('hfnotes', str(tmp_path / 'tfds'), hf_dataset=str(tmp_path / 'hf'),
+                        val_percent=20)
+  assert sum(out['splits'].values()) == 11
+  records, feature = text_sources.tfds_records('hfnotes', 'train', str(tmp_path / 'tfds'))
+  assert feature == 'text' and len(records) == out['splits']['train']
+  with pytest.raises(ValueError, match=r"\(train\) has no column 'body'.*\['text'\]"):
+    prepare.prepare('hf2', str(tmp_path / 'tfds'), hf_dataset=str(tmp_path / 'hf'),
+                    text_field='body')
+
+
 @pytest.mark.parametrize('args, message', [
     (['--name', 'Bad', '--input', 'x.txt'], '--name: use lower-case letters'),
     (['--name', 'ok'], 'Exactly one of (input, hf_dataset)'),
