@@ -33,12 +33,11 @@ class LengthDist:
 def parse(spec: str, seq_len: int) -> LengthDist:
   """The `LengthDist` of `spec` (see the module docstring) for rows of `seq_len` pairs."""
   spec = str(spec).strip()
-  if spec == 'uniform':
-    return LengthDist((0, seq_len), (1.0,), (1.0,))
   if spec == 'full':
     return LengthDist((seq_len - 1, seq_len), (1.0,), (1.0,))
-  try:
-    shares = WIKIPEDIA_SHARES if spec == 'wikipedia' else [float(x) for x in spec.split(',')]
+  try:  # 'uniform' is one bucket, (0, seq_len].
+    shares = (WIKIPEDIA_SHARES if spec == 'wikipedia' else [1.0] if spec == 'uniform'
+              else [float(x) for x in spec.split(',')])
   except ValueError:
     shares = [-1.0]
   if any(s < 0 for s in shares) or sum(shares) <= 0:

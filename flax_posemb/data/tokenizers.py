@@ -43,20 +43,20 @@ class ByteTokenizer(Tokenizer):
 
 
 class SentencePieceTokenizer(Tokenizer):
-  """A SentencePiece model (from a file or serialized bytes)."""
+  """A SentencePiece model file."""
 
   CHARS_PER_TOKEN = 32  # Pieces rarely exceed 32 chars.
 
-  def __init__(self, model_file: str | None = None, model_proto: bytes | None = None):
+  def __init__(self, model_file: str):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-    self._sp = spm.SentencePieceProcessor(model_file=model_file, model_proto=model_proto)
+    self._sp = spm.SentencePieceProcessor(model_file=model_file)
     self.vocab_size = int(self._sp.get_piece_size())
     # The BOS piece separates documents (EOS if it has none; models trained here have both).
     self.sep_id = int(self._sp.bos_id() if self._sp.bos_id() >= 0 else self._sp.eos_id())
     if self.sep_id < 0:
-      raise ValueError(f'SentencePiece model {model_file or "(serialized)"} has neither a BOS '
-                       'nor an EOS piece to separate documents. Train it with --bos_id or '
-                       "--eos_id >= 0, or set data.spm_model='' to train one on the corpus.")
+      raise ValueError(f'SentencePiece model {model_file} has neither a BOS nor an EOS piece to '
+                       'separate documents. Train it with --bos_id or --eos_id >= 0, or set '
+                       "data.spm_model='' to train one on the corpus.")
 
   def encode(self, text: str) -> list[int]:
     return list(self._sp.encode(text))
@@ -65,9 +65,8 @@ class SentencePieceTokenizer(Tokenizer):
     return self._sp.decode([int(i) for i in np.asarray(ids).ravel() if int(i) != self.sep_id])
 
   @classmethod
-  def train(cls, texts: Iterable[str], vocab_size: int,
-            save_path: str | None = None) -> 'SentencePieceTokenizer':
-    """Trains a unigram model with byte fallback on `texts` (and saves it to `save_path`)."""
+  def train(cls, texts: Iterable[str], vocab_size: int, save_path: str) -> 'SentencePieceTokenizer':
+    """Trains a unigram model with byte fallback on `texts` and saves it to `save_path`."""
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     buf = io.BytesIO()
     try:
@@ -80,9 +79,7 @@ class SentencePieceTokenizer(Tokenizer):
     except RuntimeError as e:
       raise ValueError(f'SentencePiece training failed ({e}); the corpus may be empty or too '
                        'small for data.spm_vocab_size.') from e
-    proto = buf.getvalue()
-    if save_path:
-      os.makedirs(os.path.dirname(save_path) or '.', exist_ok=True)
-      with open(save_path, 'wb') as f:
-        f.write(proto)
-    return cls(model_proto=proto)
+    os.makedirs(os.path.dirname(save_path), exist_ok=True)
+    with open(save_path, 'wb') as f:  # Only a trained model: a failed training leaves no file.
+      f.write(buf.getvalue())
+    return cls(model_file=save_path)
