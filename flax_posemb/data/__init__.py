@@ -1,5 +1,4 @@
-"""Data layer: sources, tokenizers, position policies, Grain pipeline, exposure report (the
-batch contract: docs/DESIGN.md "Batch")."""
+"""Data layer: sources, tokenizers, policies, Grain pipelines, report (docs/DESIGN.md "Batch")."""
 
 from flax_posemb.data.pipeline import (make_eval_batches, make_source, make_train_iterator,
                                        reference_losses, validate_config, vocab_size)

@@ -1,5 +1,4 @@
-"""Grain pipelines: training iterator, evaluation batches, data config check (docs/DESIGN.md
-"Data policies and tokens")."""
+"""Grain pipelines and the data config check (docs/DESIGN.md "Data policies and tokens")."""
 
 import functools
 import os
@@ -22,6 +21,7 @@ WINDOW_STARTS = ('first', 'deep')
 PROVENANCE_KEYS = ('doc', 'start', 'doc_len', 'kind')  # [B] beside an eval batch's [B, T].
 _BIG = 2**62 // 64  # "Infinite" number of rows (Grain datasets are indexed lazily).
 _PACK_CHUNK = 256  # Documents per Grain element fed to the packer.
+Window = tuple[dict[str, np.ndarray], tuple[int, int, int]]  # (row, (doc, start, doc_len))
 
 
 def validate_config(data_config, max_len: int) -> None:
@@ -58,7 +58,6 @@ def _problems(c, max_len: int) -> Iterator[str]:
         or float(s.concentration) <= 0 or int(s.num_docs) < 1):
       yield ('data.synthetic needs vocab_size >= 2, num_regimes >= 1, segment_len >= 1, '
              f'concentration > 0 and num_docs >= 1; got {s.to_dict()}.')
-      return
     lengths_lib.parse(c.length_dist, t)
     period = int(s.num_regimes) * int(s.segment_len)
     if policy in policies.PACKED_POLICIES and t % period:
@@ -105,9 +104,8 @@ def vocab_size(data_config) -> int:
 
 def reference_losses(data_config, length: int) -> dict[str, np.ndarray] | None:
   """Synthetic source: {'bayes_loss', 'filter_loss'} ``[length]``; None for real text."""
-  if data_config.source != 'synthetic':
-    return None
-  return synthetic_lib.reference_losses(synthetic_lib.from_config(data_config), int(length))
+  return (synthetic_lib.reference_losses(synthetic_lib.from_config(data_config), int(length))
+          if data_config.source == 'synthetic' else None)
 
 
 class DocOrder:
@@ -116,9 +114,6 @@ class DocOrder:
 
   def __init__(self, n: int, seed: int, shuffle: bool = True):
     self.n, self.seed, self.shuffle = int(n), int(seed), shuffle
-
-  def __getitem__(self, g: int) -> int:
-    return int(self.take(np.array([g]))[0])
 
   def take(self, gs: np.ndarray) -> np.ndarray:
     """``[m]`` stream positions -> ``[m]`` document indices."""
@@ -183,8 +178,7 @@ def _stream_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, table
       return grain.MapDataset.source(chunk).map(lambda d: src.doc(int(d), max_pairs=None))
     # Synthetic documents are generated for their position ids: from 0 or their row column.
     pairs = src.pairs_many(chunk, t)
-    starts = np.zeros_like(pairs) if reset or chunked else (
-        column + np.concatenate([[0], np.cumsum(pairs)[:-1]])) % t
+    starts = np.zeros_like(pairs) if reset or chunked else (column + np.cumsum(pairs) - pairs) % t
     return src.docs_many(chunk, starts, t)
 
   ds = grain.MapDataset.range(_BIG).map(lambda i: order.take(  # This process's documents.
@@ -206,9 +200,8 @@ def _row_dataset(c, src: sources.DocSource, order: DocOrder, seed: int, batch_si
 
   def make_row(i: int) -> dict[str, np.ndarray]:
     g = (i // b) * batch_size + process_index * b + i % b  # Global row index.
-    d, start, m = int(order[g]), 0, None
-    if policy == 'resampled':
-      m = target.sample(*np.random.default_rng([seed, g, 2]).random(2))
+    d, start = int(order.take([g])[0]), 0
+    m = None if target is None else target.sample(*np.random.default_rng([seed, g, 2]).random(2))
     if policy == 'random_offset':  # A uniform start that keeps the document's pairs in the row.
       rng = np.random.default_rng([seed, g, 1])
       if src.positional:  # Synthetic tokens depend on their positions: draw the start first.
@@ -255,7 +248,8 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
   ``[batch_size, W]`` plus ``PROVENANCE_KEYS`` ``[batch_size]`` (padding rows: doc -1);
   policies and window starts: docs/DESIGN.md "Evaluation outputs"."""
   src = make_source(data_config, split)
-  deep = policy == 'windows' and window_start == 'deep'
+  full = policy == 'windows'  # Full-length documents only.
+  deep = full and window_start == 'deep'
   if window_start not in WINDOW_STARTS or (deep and src.positional):
     raise ValueError(
         f"Unknown window_start {window_start!r}; use one of {WINDOW_STARTS} ('random' was "
@@ -266,10 +260,18 @@ def make_eval_batches(data_config, *, split: str, window_len: int, num_windows: 
   if deep:
     min_doc_len, min_start = deep_limits(w, min_doc_len, min_start)
     windows = _deep_windows(src, split, w, num_windows, min_doc_len, min_start, seed)
-  else:
+  else:  # The first w + 1 tokens of the first documents (seeded order) with >= `need` tokens.
     order = np.random.default_rng([int(seed), 0xE7A1]).permutation(len(src))
-    need = w + 1 if policy == 'windows' else int(data_config.min_doc_len)
-    windows = _first_windows(src, order, w, need, num_windows, full=policy == 'windows')
+    need = w + 1 if full else int(data_config.min_doc_len)
+    windows = []
+    for d in order[:num_windows if full and src.positional else None].tolist():
+      toks = (src.doc(d, max_pairs=w, num_pairs=w if full else None) if src.positional
+              else src.doc(d, max_pairs=None))
+      doc_len = src.num_pairs(d) + 1 if src.positional and not full else len(toks)
+      if len(toks) >= need:
+        windows.append((policies.natural_row(toks, w), (d, 0, doc_len)))
+        if len(windows) == num_windows:
+          break
     _check_enough(len(windows), num_windows, f'Split {split!r} has only {len(windows)} '
                   f'documents with >= {need} tokens (of {len(src)})', 'the window length')
   return _batches(src, windows, batch_size, w)
@@ -280,27 +282,6 @@ def _check_enough(found: int, num_windows: int, what: str, lower: str) -> None:
     raise ValueError(f'{what}, but num_windows={num_windows} were requested; lower '
                      f'eval.num_windows or {lower}, or use a corpus with longer documents '
                      '(wiki40b, pg19; synthetic: more data.synthetic.num_docs).')
-
-
-Window = tuple[dict[str, np.ndarray], tuple[int, int, int]]  # (row, (doc, start, doc_len))
-
-
-def _first_windows(src: sources.DocSource, order: np.ndarray, w: int, need: int,
-                   num_windows: int, full: bool) -> list[Window]:
-  """The first ``w + 1`` tokens of the first documents in `order` with >= `need` tokens."""
-  out = []
-  for d in order[:num_windows if full and src.positional else None].tolist():
-    if src.positional:
-      toks = src.doc(d, max_pairs=w, num_pairs=w if full else None)
-      doc_len = len(toks) if full else src.num_pairs(d) + 1
-    else:
-      toks = src.doc(d, max_pairs=None)
-      doc_len = len(toks)
-    if len(toks) >= need:
-      out.append((policies.natural_row(toks, w), (d, 0, doc_len)))
-      if len(out) == num_windows:
-        break
-  return out
 
 
 def _deep_windows(src: sources.DocSource, split: str, w: int, num_windows: int,
@@ -321,12 +302,9 @@ def _deep_windows(src: sources.DocSource, split: str, w: int, num_windows: int,
   ends = np.cumsum(slots)
   docs = np.searchsorted(ends, pick, side='right')
   starts = origin[docs] + (pick - (ends - slots)[docs]) * span
-  out, toks, last = [], None, -1
-  for d, a in zip(docs.tolist(), starts.tolist()):
-    if d != last:  # Windows are sorted by document: tokenize each once.
-      toks, last = src.doc(d, max_pairs=None), d
-    out.append((policies.natural_row(toks[a:a + span], w), (d, a, int(lengths[d]))))
-  return out
+  doc = functools.lru_cache(maxsize=1)(lambda d: src.doc(d, max_pairs=None))  # Sorted by doc.
+  return [(policies.natural_row(doc(d)[a:a + span], w), (d, a, int(lengths[d])))
+          for d, a in zip(docs.tolist(), starts.tolist())]
 
 
 def deep_limits(window_len: int, min_doc_len: int, min_start: int) -> tuple[int, int]:

@@ -1,18 +1,16 @@
-"""Position policies: how documents become rows of ``T`` input/target pairs (docs/DESIGN.md
-"Data policies and tokens")."""
+"""Position policies: how documents become rows (docs/DESIGN.md "Data policies and tokens")."""
 
 from typing import Any, Callable, Sequence
 
 import grain
 import numpy as np
 
-from flax_posemb.batch import BATCH_KEYS
+from flax_posemb.batch import BATCH_KEYS as KEYS
 
 POLICIES = ('natural', 'packed', 'packed_reset', 'random_offset', 'length_schedule',
             'resampled', 'natural_chunked')
 PACKED_POLICIES = ('packed', 'packed_reset')  # Full rows, documents cross row boundaries.
 STREAM_POLICIES = PACKED_POLICIES + ('natural_chunked',)  # Every pair of every document.
-KEYS = BATCH_KEYS
 DOC_IDS = 'doc_ids'  # Per-token document index (-1: padding), for the report's batch diversity.
 
 
@@ -44,8 +42,7 @@ class PackIterDataset(grain.IterDataset):
                seq_len: int, reset: bool, min_tokens: int = 2, max_len: int | None = None,
                chunked: bool = False):
     super().__init__(parent)
-    self._args = (materialize, int(seq_len), bool(reset), max(int(min_tokens), 2),
-                  None if max_len is None else int(max_len), bool(chunked))
+    self._args = (materialize, seq_len, reset, min_tokens, max_len, chunked)
 
   def __iter__(self) -> '_PackIterator':
     return _PackIterator(self._parent.__iter__(), *self._args)
@@ -65,8 +62,7 @@ class _PackIterator(grain.DatasetIterator):
     self._chunk_col = self._doc = self._pos = 0
 
   def _load_chunk(self, column: int) -> None:
-    self._chunk_state = self._parent.get_state()
-    self._chunk_col = column
+    self._chunk_state, self._chunk_col = self._parent.get_state(), column
     self._chunk = next(self._parent)
     self._docs = self._materialize(self._chunk, column)
     self._doc, self._pos = 0, 0
@@ -82,16 +78,15 @@ class _PackIterator(grain.DatasetIterator):
     while True:
       if self._docs is None or self._doc >= len(self._docs):  # None: nothing read yet (column 0).
         self._load_chunk(column)
-        continue
-      if self._tok is None or self._pos >= len(self._tok) - 1:
+      elif self._tok is None or self._pos >= len(self._tok) - 1:
         self._doc, self._pos = self._doc + 1, 0
         self._load_doc()
-        continue
-      tok, k = self._tok, self._pos
-      take = min(need, len(tok) - 1 - k)
-      self._pos += take
-      return (tok[k:k + take], tok[k + 1:k + 1 + take], np.arange(k, k + take, dtype=np.int32),
-              np.full(take, self._chunk[self._doc], np.int32))
+      else:
+        tok, k = self._tok, self._pos
+        take = min(need, len(tok) - 1 - k)
+        self._pos += take
+        return (tok[k:k + take], tok[k + 1:k + 1 + take], np.arange(k, k + take, dtype=np.int32),
+                np.full(take, self._chunk[self._doc], np.int32))
 
   def __next__(self) -> dict[str, np.ndarray]:
     t = self._seq_len

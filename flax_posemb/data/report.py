@@ -1,7 +1,5 @@
-"""Position-exposure report (``python -m flax_posemb.data``): how often each position id
-carries a real token under a policy, and what each policy makes of the corpus."""
+"""Position-exposure report of a config's data (docs/DESIGN.md "Data policies and tokens")."""
 
-import collections
 from typing import Any
 
 import numpy as np
@@ -15,10 +13,9 @@ def _hist(lengths: np.ndarray, seq_len: int, beyond: bool = False) -> list[dict[
   edges = [0] + [max(1, int(round(t / 2**(5 - i)))) for i in range(6)]
   buckets = [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
   if beyond:
-    buckets += [(t, 2 * t), (2 * t, 4 * t), (4 * t, 16 * t), (16 * t, None)]
-  sels = [(lo, hi, (lengths > lo) & (lengths <= (np.inf if hi is None else hi)))
-          for lo, hi in buckets]
-  return [{'bucket': f"({lo},{'inf)' if hi is None else f'{hi}]'}", 'docs': int(sel.sum()),
+    buckets += [(t, 2 * t), (2 * t, 4 * t), (4 * t, 16 * t), (16 * t, np.inf)]
+  sels = [(lo, hi, (lengths > lo) & (lengths <= hi)) for lo, hi in buckets]
+  return [{'bucket': f"({lo},{'inf)' if hi == np.inf else f'{hi}]'}", 'docs': int(sel.sum()),
            'token_share': float(lengths[sel].sum() / total)} for lo, hi, sel in sels]
 
 
@@ -32,8 +29,7 @@ def policy_shares(doc_pairs: np.ndarray, data_config, seed: int = 0) -> dict[str
   """{policy: {'token_share', 'last_over_first'}} of documents of untruncated lengths ``[n]``
   (pairs), analytically for one epoch (``max_len = seq_len``; docs/DESIGN.md)."""
   from flax_posemb.data import lengths as lengths_lib  # pylint: disable=g-import-not-at-top
-  c = data_config
-  t = int(c.seq_len)
+  c, t = data_config, int(data_config.seq_len)
   n = np.asarray(doc_pairs, np.int64)
   n = n[n + 1 >= int(c.min_doc_len)]  # Shorter documents are skipped by every policy.
   total = max(int(np.asarray(doc_pairs).sum()), 1)
@@ -89,23 +85,20 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
     real = b['segment_ids'] > 0
     np.add.at(counts, b['positions'][real], 1)
     slots += real.size
-    seg_lens += [n for row in b['segment_ids']
-                 for n in np.unique(row[row > 0], return_counts=True)[1].tolist()]
-    for row in b['doc_ids']:  # A row's main document holds most of its tokens (-1: none).
-      ids, n = np.unique(row[row >= 0], return_counts=True)
+    for seg, doc in zip(b['segment_ids'], b['doc_ids']):
+      seg_lens += np.unique(seg[seg > 0], return_counts=True)[1].tolist()
+      ids, n = np.unique(doc[doc >= 0], return_counts=True)  # Main document: most tokens.
       main_docs.append(ids[np.argmax(n)] if len(ids) else -1)
   main_docs = np.array(main_docs, np.int64).reshape(num_batches, -1)
   deciles, last_over_first = _deciles(counts)
   src = pipeline.make_source(c, c.train_split)
-  order = pipeline.DocOrder(len(src), int(config.seed), True)
   k = len(src) if num_source_docs <= 0 else min(num_source_docs, len(src))
-  doc_lens = np.array([max(len(src.doc(order[i], max_pairs=None)) - 1, 0) for i in range(k)],
-                      np.int64)
+  sample = pipeline.DocOrder(len(src), int(config.seed), True).take(np.arange(k)).tolist()
+  doc_lens = np.array([max(len(src.doc(d, max_pairs=None)) - 1, 0) for d in sample], np.int64)
   shares = policy_shares(doc_lens, c, int(config.seed))
   bad = None  # Synthetic text; real text: invalid UTF-8 found by the build and while reading.
   if hasattr(src, 'decode_errors'):
-    bad = dict(src.build_decode_errors or {'mode': src.on_decode_error, 'documents': 0,
-                                           'files': []})
+    bad = dict(src.build_decode_errors or dict(mode=src.on_decode_error, documents=0, files=[]))
     bad['documents'] += int(src.decode_errors)
   return {
       'source': c.source, 'name': c.name, 'policy': c.position_policy, 'seq_len': t,
@@ -152,9 +145,9 @@ def composition(data_config) -> list[dict[str, Any]]:
   rows = []
   for split in ('train', 'validation'):
     src = pipeline.make_source(data_config, split)
-    lengths = collections.defaultdict(list)
+    lengths = {}
     for i in range(len(src)):
-      lengths[src.kind(i)].append(len(src.doc(i, max_pairs=None)))
+      lengths.setdefault(src.kind(i), []).append(len(src.doc(i, max_pairs=None)))
     rows += [{'split': split, 'kind': k, **long_text.split_stats(lengths[k], data_config.seq_len)}
              for k in sorted(lengths, key=long_text.KINDS.index)]
   return rows
