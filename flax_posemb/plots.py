@@ -298,8 +298,7 @@ def experiment_metric_bars(path: Path, panels: dict[str, dict[str, dict[str, Any
     style = _arm_styles(list(intervals))
     for i, (name, interval) in enumerate(intervals.items()):
       _errorbars(ax, np.array([float(i)]), [interval], {**style[name], 'ls': 'none'}, name)
-    ax.set_xticks(np.arange(len(intervals)), list(intervals), rotation=45, ha='right',
-                  fontsize=7)
+    ax.set_xticks(np.arange(len(intervals)), list(intervals), rotation=45, ha='right', fontsize=7)
     ax.margins(y=0.15)
     ax.set(xlim=(-0.6, len(intervals) - 0.4), ylabel=ylabels.get(panel, ''))
     ax.set_title(f'{panel}\n({_seed_note(n_seeds)})', fontsize=9)
@@ -313,8 +312,7 @@ def experiment_curve(path: Path, steps: Sequence[int], intervals: Sequence[dict[
                      title: str = '', n_seeds: int = 0) -> str:
   """A curve over training steps with its 95% band (and an optional threshold line)."""
   fig, ax = plt.subplots(figsize=(7, 4))
-  ax.plot(steps, _col(intervals, 'mean'), marker='o', ms=3,
-          label=f'mean ({_seed_note(n_seeds)})')
+  ax.plot(steps, _col(intervals, 'mean'), marker='o', ms=3, label=f'mean ({_seed_note(n_seeds)})')
   ax.fill_between(steps, _col(intervals, 'low'), _col(intervals, 'high'), alpha=0.2)
   if threshold is not None:
     ax.axhline(threshold, color='k', ls='--', lw=0.8, label=f'threshold {threshold}')

@@ -3,13 +3,12 @@
 import itertools
 import json
 import math
-import os
 from typing import Any, Mapping
 
 import numpy as np
 import scipy.stats
 
-from flax_posemb import analysis, outputs, stats
+from flax_posemb import analysis, outputs, stats, workdir
 
 # Bucket vector -> the per-position vector it averages (``position_vectors``).
 _SOURCES = {'bucket_exposure': 'exposure', 'bucket_row_grad': 'row_grad',
@@ -61,12 +60,6 @@ def load_tables(run_dir: str) -> dict[int, np.ndarray]:
   return {s: outputs.load_npy(p) for s, p in outputs.table_files(run_dir)}
 
 
-def bucket_means(values: np.ndarray, edges: list[tuple[int, int]]) -> np.ndarray:
-  """``[len(edges)]``: mean of the finite ``values[start:end]`` (NaN if none)."""
-  parts = [np.asarray(values[start:end], np.float64) for start, end in edges]
-  return np.array([v[np.isfinite(v)].mean() if np.isfinite(v).any() else np.nan for v in parts])
-
-
 def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
                      tables: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
   """``[max_len]`` per-position vectors of a run (docs/DESIGN.md)."""
@@ -92,12 +85,9 @@ def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
 
 def step_seconds(run_dir: str) -> float:
   """Steady-state seconds per step from ``metrics.jsonl`` (after the first row; NaN if none)."""
-  path = os.path.join(run_dir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return float('nan')
-  with open(path) as f:
-    rows = [(int(r['step']), float(r['elapsed'])) for r in map(json.loads, filter(str.strip, f))
-            if 'elapsed' in r and 'eval' not in r]
+  metrics = workdir._metric_rows(run_dir)  # pylint: disable=protected-access  (the one reader)
+  rows = [(int(r['step']), float(r['elapsed'])) for _, r in metrics
+          if 'elapsed' in r and 'eval' not in r]
   if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
     return float('nan')
   return (rows[-1][1] - rows[0][1]) / (rows[-1][0] - rows[0][0])
@@ -122,8 +112,10 @@ def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
   pos = position_vectors(load_windows(run_dir), num_steps, load_tables(run_dir))
   vec = {'bucket_loss': get('loss'), 'bucket_excess': get('excess_loss'),
          'bucket_recovered': get('recovered')}
-  vec.update({name: bucket_means(pos[key], edges) if key in pos else np.full(len(edges), np.nan)
-              for name, key in _SOURCES.items()})
+  for name, key in _SOURCES.items():  # Each bucket's mean of its finite entries (NaN if none).
+    parts = [np.asarray(pos.get(key, [])[a:b], np.float64) for a, b in edges]
+    vec[name] = np.array([v[np.isfinite(v)].mean() if np.isfinite(v).any() else np.nan
+                          for v in parts])
   s = _scalars(eval_results, vec, pos, num_steps, train_seconds)
   s['step_seconds'] = step_seconds(run_dir)
   s.update(_rare_rows(pos, per_position, rare_exposure))

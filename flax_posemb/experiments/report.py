@@ -66,9 +66,10 @@ def _intervals(x: np.ndarray) -> list[dict[str, Any]]:
   return [paired.t_interval(x[:, j]).as_dict() for j in range(x.shape[1])]
 
 
-def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
-  return ['| ' + ' | '.join(map(str, r)) + ' |'
-          for r in [header, ['---'] * len(header), *rows]]
+def _md_table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
+  """Markdown table lines; a dict cell is an interval (``fmt_interval(cell, 3)``)."""
+  return ['| ' + ' | '.join(fmt_interval(c, 3) if isinstance(c, dict) else str(c) for c in r)
+          + ' |' for r in [header, ['---'] * len(header), *rows]]
 
 
 def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
@@ -112,8 +113,7 @@ def _arms(by_arm: Mapping[str, Mapping[int, Any]], rows: list[Mapping[str, Any]]
     if runs:
       out[a]['scalars'] = {k: paired.t_interval(list(_values(runs, k).values())).as_dict()
                            for k in names('scalars')}
-      out[a]['vectors'] = {k: _intervals(_vectors(runs, k, list(runs)))
-                           for k in names('vectors')}
+      out[a]['vectors'] = {k: _intervals(_vectors(runs, k, list(runs))) for k in names('vectors')}
       out[a].update(corpus=settings[a]['corpus'], tokenizer=settings[a]['tokenizer'])
   return out
 
@@ -171,8 +171,7 @@ def _window_groups(rows: list[Mapping[str, Any]], arms: Iterable[str]) -> dict[s
   return {'summary': results[0][1]['windows'], 'rise': rise}
 
 
-def _convergence(exp: ml_collections.ConfigDict, rows: list[Mapping[str, Any]]
-                 ) -> dict[str, Any]:
+def _convergence(exp: ml_collections.ConfigDict, rows: list[Mapping[str, Any]]) -> dict[str, Any]:
   groups: dict[int, dict[str, str]] = {}  # seed -> {arm: run_dir} of the finished runs
   for r in rows:
     groups.setdefault(r['seed'], {})[r['arm']] = r['run_dir']
@@ -273,8 +272,7 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
               'by_end': 'tokens from the window\'s end to the document\'s end'}
     for name, t in windows['rise'].items():
       lines += [f'### By {titles.get(name, name)}', '']
-      lines += _md_table(['arm', *t['groups']], [[a, *(fmt_interval(iv, 3) for iv in ivs)]
-                                                 for a, ivs in t['arms'].items()]) + ['']
+      lines += _md_table(['arm', *t['groups']], ([a, *v] for a, v in t['arms'].items())) + ['']
   lines += ['## Figures', '', *(x for t, n in figures for x in (f'![{t}]({n})', ''))]
   lines += ['## Configs', '', 'Arms (dotted overrides of the shared base config):', '']
   lines += [f'- `{a.name}`: ' + (', '.join(f'`{k}={v!r}`' for k, v in a.overrides)
@@ -346,13 +344,11 @@ def _arms_lines(exp: ml_collections.ConfigDict, summary: Mapping[str, Any]) -> l
   arms = summary['arms']
   for names in (TABLE_SCALARS, tuple(exp.report_scalars)):
     if names:
-      lines += _md_table(['arm', *names], [[a, *(fmt_interval(v['scalars'].get(k, {}), 3)
-                                                  for k in names)] for a, v in arms.items()]) + ['']
+      lines += _md_table(['arm', *names], ([a, *(v['scalars'].get(k, {}) for k in names)]
+                                           for a, v in arms.items())) + ['']
   for p in summary['profiles']:
-    rows = [[a, *(fmt_interval(iv, 3) for iv in arms[a]['vectors'][p['metric']])]
-            for a in p['arms']]
-    rows += [[f'{a} - {p["baseline"]}', *(fmt_interval(iv, 3) for iv in d)]
-             for a, d in p['differences'].items()]
+    rows = [[a, *arms[a]['vectors'][p['metric']]] for a in p['arms']]
+    rows += [[f'{a} - {p["baseline"]}', *d] for a, d in p['differences'].items()]
     lines += [f'### {p["title"]} (per position bucket)', '']
     lines += _md_table(['arm', *(f'{x}-{y}' for x, y in summary['buckets'])], rows) + ['']
   if conv := summary['analyses'].get('cosine_convergence'):
