@@ -77,9 +77,8 @@ def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
     out['update_rss'] = np.sqrt(total(windows, 'update_sq'))
     out['scored_total'] = total(windows, 'loss_count')
   if tables:
-    steps = sorted(tables)
-    out['drift'] = analysis.drift(tables[steps[-1]], tables[steps[0]])
-    out['row_norm'] = analysis.row_norms(tables[steps[-1]])
+    out['drift'] = analysis.drift(tables[max(tables)], tables[min(tables)])
+    out['row_norm'] = analysis.row_norms(tables[max(tables)])
   return out
 
 
@@ -179,13 +178,13 @@ def convergence_step(run_dirs: Mapping[str, str], threshold: float) -> dict[str,
   """When the arms' tables (arm -> run dir) agree >= ``threshold`` from then on: agreement is
   the mean pairwise Pearson r of their cosine-similarity structures (a constant one: 0)."""
   snaps = {a: load_tables(d) for a, d in run_dirs.items()}
-  common = sorted(set.intersection(*(set(s) for s in snaps.values()))) if snaps else []
+  common = sorted(set.intersection(*(set(s) for s in snaps.values())))
   agreement = []
   for step in common:
     structs = [analysis.cosine_similarity(s[step])[np.triu_indices(len(s[step]), k=1)]
                for s in snaps.values()]
     r = [_pearson(a, b) for a, b in itertools.combinations(structs, 2)]
-    agreement.append(float(np.mean(np.nan_to_num(r))) if r else float('nan'))
+    agreement.append(float(np.mean(np.nan_to_num(r))))
   converged = next((float(step) for i, step in enumerate(common)
                     if all(a >= threshold for a in agreement[i:])), float('nan'))
   return {'steps': common, 'agreement': agreement, 'converged_step': converged}

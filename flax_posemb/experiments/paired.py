@@ -95,8 +95,7 @@ def judge(arm: Mapping[int, float], baseline: Mapping[int, float], direction: st
   seeds = sorted(set(arm) & set(baseline))
   d = np.array([float(arm[s]) - float(baseline[s]) for s in seeds], np.float64)
   interval = t_interval(d, level)
-  return {'seeds': seeds, 'differences': [float(x) for x in d],
-          'interval': interval.as_dict(),
+  return {'seeds': seeds, 'differences': [float(x) for x in d], 'interval': interval.as_dict(),
           'verdict': verdict(interval, direction, margin) if interval.n else NOT_MEASURED,
           'p_value': decision_p_value(d, direction, margin)}
 

@@ -86,24 +86,21 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
     analyses['cosine_convergence'] = _convergence(exp, rows)
   if windows := _window_groups(rows, by_arm):
     analyses['windows'] = windows
-  return {
-      'experiment': exp.name, 'title': exp.title, 'question': exp.question,
-      'complete': sweep_out['complete'], 'quick': bool(sweep_out.get('quick')),
-      'buckets': rows[0]['measures']['buckets'] if rows else [],
-      'settings': stated_settings(rows[0]['config']) if rows else {},
-      'budget': sweep_out['budget'], 'arms': _arms(by_arm, rows), 'claims': claims,
-      'multiplicity': {'method': 'holm', 'claims_tested': len(tested), 'alpha': 0.05,
-                       'verdicts_changed': sum(c['verdict_holm'] != c['verdict']
-                                               for c in tested)},
-      'profiles': _profiles(exp, by_arm), 'analyses': analyses,
-      'runs': [{'arm': r['arm'], 'seed': r['seed'], 'key': r['key'], 'done': r['done'],
-                'overrides': dict(next(a for a in exp.arms if a.name == r['arm']).overrides)}
-               for r in sweep_out['runs']],
-  }
+  overrides = {a.name: dict(a.overrides) for a in exp.arms}
+  return {'experiment': exp.name, 'title': exp.title, 'question': exp.question,
+          'complete': sweep_out['complete'], 'quick': bool(sweep_out.get('quick')),
+          'buckets': rows[0]['measures']['buckets'] if rows else [],
+          'settings': stated_settings(rows[0]['config']) if rows else {},
+          'budget': sweep_out['budget'], 'arms': _arms(by_arm, rows), 'claims': claims,
+          'multiplicity': {'method': 'holm', 'claims_tested': len(tested), 'alpha': 0.05,
+                           'verdicts_changed': sum(c['verdict_holm'] != c['verdict']
+                                                   for c in tested)},
+          'profiles': _profiles(exp, by_arm), 'analyses': analyses,
+          'runs': [{'arm': r['arm'], 'seed': r['seed'], 'key': r['key'], 'done': r['done'],
+                    'overrides': overrides[r['arm']]} for r in sweep_out['runs']]}
 
 
-def _arms(by_arm: Mapping[str, Mapping[int, Any]], rows: list[Mapping[str, Any]]
-          ) -> dict[str, Any]:
+def _arms(by_arm: Mapping[str, Any], rows: list[Mapping[str, Any]]) -> dict[str, Any]:
   """arm -> {seeds[, scalars, vectors, corpus, tokenizer]} (intervals over seeds)."""
   settings = {r['arm']: stated_settings(r['config']) for r in rows}
   names = lambda kind: sorted({k for r in rows for k in r['measures'][kind]})
@@ -181,14 +178,11 @@ def _convergence(exp: ml_collections.ConfigDict, rows: list[Mapping[str, Any]]) 
     return {}
   steps = min((v['steps'] for v in per_seed.values()), key=len)
   curves = np.array([v['agreement'][:len(steps)] for v in per_seed.values()], np.float64)
-  return {
-      'threshold': float(exp.convergence_threshold), 'steps': steps,
-      'agreement': _intervals(curves),
-      'converged_step': paired.t_interval([v['converged_step']
-                                           for v in per_seed.values()]).as_dict(),
-      'never_converged_seeds': [s for s, v in per_seed.items()
-                                if not math.isfinite(v['converged_step'])],
-  }
+  converged = {s: v['converged_step'] for s, v in per_seed.items()}
+  return {'threshold': float(exp.convergence_threshold), 'steps': steps,
+          'agreement': _intervals(curves),
+          'converged_step': paired.t_interval(list(converged.values())).as_dict(),
+          'never_converged_seeds': [s for s, c in converged.items() if not math.isfinite(c)]}
 
 
 def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
