@@ -23,20 +23,17 @@ _LATE_OVER_EARLY = {'update': 'bucket_update_rss', **{k: f'bucket_{k}' for k in 
 _RARE = ('rare_row_fraction', 'loss_rare_rows', 'loss_common_late_rows', 'excess_rare_rows',
          'excess_common_late_rows')
 # Axis labels of the figures; '{loss}' is the corpus's loss unit (``label``).
-LABELS = {
-    'bucket_loss': 'held-out loss ({loss})',
-    'bucket_excess': 'excess loss over Bayes ({loss})',
-    'bucket_recovered': 'share of the position value recovered (0 = content only, 1 = Bayes)',
-    'bucket_exposure': 'training tokens seen per row (cumulative)',
-    'bucket_row_grad': 'table-gradient row norm (RMS per step, 2nd half)',
-    'bucket_occ_signal': 'gradient norm per occurrence (2nd half)',
-    'bucket_downstream_signal': 'gradient norm per downstream target (2nd half)',
-    'bucket_update_rss': 'cumulative update norm of the row (root of summed squares)',
-    'bucket_drift': 'drift from init ||row_end - row_0||',
-    'bucket_train_loss': 'training loss, 2nd half ({loss})',
-    'bucket_row_norm': 'norm of the final row',
-    'final_loss': 'held-out loss ({loss})',
-}
+LABELS = {'bucket_loss': 'held-out loss ({loss})',
+          'bucket_excess': 'excess loss over Bayes ({loss})',
+          'bucket_recovered': 'share of the position value recovered (0 = content only, 1 = Bayes)',
+          'bucket_exposure': 'training tokens seen per row (cumulative)',
+          'bucket_row_grad': 'table-gradient row norm (RMS per step, 2nd half)',
+          'bucket_occ_signal': 'gradient norm per occurrence (2nd half)',
+          'bucket_downstream_signal': 'gradient norm per downstream target (2nd half)',
+          'bucket_update_rss': 'cumulative update norm of the row (root of summed squares)',
+          'bucket_drift': 'drift from init ||row_end - row_0||',
+          'bucket_train_loss': 'training loss, 2nd half ({loss})',
+          'bucket_row_norm': 'norm of the final row', 'final_loss': 'held-out loss ({loss})'}
 
 
 def label(metric: str, tokenizer: str = '') -> str:

@@ -19,15 +19,14 @@ TABLE_SCALARS = ('final_loss', 'loss_late_minus_early', 'excess_late', 'recovere
 def stated_settings(config: ml_collections.ConfigDict) -> dict[str, object]:
   """The settings every report states (token init, beta2, weight decay, corpus, shapes)."""
   d, m, o = config.data, config.model, config.optimizer
-  return {
-      'token_init': m.token_init, 'token_init_std': float(m.token_init_std),
-      'beta2': float(o.b2), 'weight_decay': float(o.weight_decay),
-      'decay_position_table': bool(o.decay_position_table),
-      'corpus': d.source if d.source != 'tfds' else f'tfds:{d.name}',
-      'tokenizer': d.tokenizer if d.source != 'synthetic' else 'synthetic',
-      'seq_len': int(d.seq_len), 'num_train_steps': int(config.num_train_steps),
-      'model': f'{m.num_layers} layers, {m.num_heads} heads, width {m.emb_dim}, table '
-               f'{m.max_len} rows'}
+  return {'token_init': m.token_init, 'token_init_std': float(m.token_init_std),
+          'beta2': float(o.b2), 'weight_decay': float(o.weight_decay),
+          'decay_position_table': bool(o.decay_position_table),
+          'corpus': d.source if d.source != 'tfds' else f'tfds:{d.name}',
+          'tokenizer': d.tokenizer if d.source != 'synthetic' else 'synthetic',
+          'seq_len': int(d.seq_len), 'num_train_steps': int(config.num_train_steps),
+          'model': f'{m.num_layers} layers, {m.num_heads} heads, width {m.emb_dim}, table '
+                   f'{m.max_len} rows'}
 
 
 def _finite(x: Any) -> bool:

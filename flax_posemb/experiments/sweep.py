@@ -27,8 +27,7 @@ Estimator = Callable[[ml_collections.ConfigDict, int], float]
 
 
 def estimate_scored_per_row(config: ml_collections.ConfigDict, num_batches: int) -> float:
-  """Mean ``loss_mask`` sum per row of ``config``'s training pipeline (``length_schedule``:
-  its short and full phases weighted by their share of the steps)."""
+  """Mean ``loss_mask`` sum per row of ``config``'s training pipeline (docs/DESIGN.md, Budget)."""
   f = float(config.data.schedule_fraction)
   if config.data.position_policy == 'length_schedule' and 0 < f < 1:
     phase = lambda x: estimate_scored_per_row(
@@ -145,13 +144,12 @@ def execute_run(run: spec.Run, run_dir: str, offsets: tuple[int, ...], train_fn:
 
 def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = False,
               run_store: str = '', train_fn: TrainFn = default_train,
-              eval_fn: EvalFn = default_evaluate, estimator: Estimator = estimate_scored_per_row,
-              max_runs: int = -1) -> dict[str, Any]:
+              eval_fn: EvalFn = default_evaluate, max_runs: int = -1) -> dict[str, Any]:
   """Runs (or resumes) and measures every run of ``exp``'s grid: at most ``max_runs`` new
   ones (-1: all), in ``run_store`` ('' = ``workdir/runs``, may be shared)."""
   store = run_store or os.path.join(workdir, 'runs')
-  runs, budget = equalize(spec.expand(exp, quick=quick), exp.budget, estimator,
-                          os.path.join(workdir, 'budget.json'))
+  runs, budget = equalize(spec.expand(exp, quick=quick), exp.budget,
+                          cache_path=os.path.join(workdir, 'budget.json'))
   write_json(os.path.join(workdir, 'experiment.json'),
              {'experiment': exp.to_dict(), 'quick': quick})
   write_json(os.path.join(workdir, 'manifest.json'),
