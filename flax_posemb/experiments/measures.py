@@ -2,7 +2,6 @@
 
 import itertools
 import json
-import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -141,8 +140,7 @@ def _scalars(eval_results: Mapping[str, Any], vec: Mapping[str, np.ndarray],
                                    pos.get('mean_loss', np.array([])))
   scored = float(pos['scored_total'].sum()) if 'scored_total' in pos else nan
   s['tokens_per_step'] = scored / num_steps if num_steps else nan
-  s['train_tokens_per_second'] = (scored / train_seconds if train_seconds and
-                                  math.isfinite(train_seconds) else nan)
+  s['train_tokens_per_second'] = scored / train_seconds if train_seconds else nan
   by_offset = {int(p['offset']): p['overall']['loss']
                for p in (eval_results.get('offset_probe') or {}).get('by_offset', [])}
   for k, loss in by_offset.items():

@@ -189,9 +189,8 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   from flax_posemb import plots  # pylint: disable=g-import-not-at-top
   s = summary['settings']
   n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
-  identity = (f'{summary["experiment"]}: {s.get("model", "?")}, context '
-              f'{s.get("seq_len", "?")}, {s.get("num_train_steps", "?")} steps, '
-              f'{n_seeds} seed(s) per arm')
+  identity = (f'{summary["experiment"]}: {s.get("model", "?")}, context {s.get("seq_len", "?")}, '
+              f'{s.get("num_train_steps", "?")} steps, {n_seeds} seed(s) per arm')
   made = []
   for i, p in enumerate(summary['profiles']):
     name = f'profile_{i}_{p["metric"]}.png'
@@ -251,8 +250,7 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
     lines += ['**Partial sweep:** some runs have not finished; numbers use the finished '
               'seeds only.', '']
   if exp.notes and summary['complete'] and not summary['quick']:  # Notes cite full runs.
-    lines += ['## What changed since the previous report', '', *(f'- {n}' for n in exp.notes),
-              '']
+    lines += ['## What changed since the previous report', '', *(f'- {n}' for n in exp.notes), '']
   lines += _setup_lines(summary) + _claims_lines(summary) + _arms_lines(exp, summary)
   if windows := summary['analyses'].get('windows'):
     lines += ['## Evaluation windows', '', 'Every run is scored on the same held-out windows '
@@ -278,16 +276,14 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
 def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
   s, b = summary['settings'], summary['budget']
   n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
-  lines = ['## Setup', '',
-           f'- Command: `{summary["command"]}`',
+  lines = ['## Setup', '', f'- Command: `{summary["command"]}`',
            f'- Corpus: {s.get("corpus")} (tokenizer: {s.get("tokenizer")}), context '
            f'{s.get("seq_len")}; model: {s.get("model")}.',
            f'- Token-embedding init: `{s.get("token_init")}` (std {fmt(s.get("token_init_std"))}); '
            f'Adam beta2 = {s.get("beta2")}; weight decay {s.get("weight_decay")}, applied to the '
            f'position table: {s.get("decay_position_table")} (unless an arm overrides these).',
-           f'- {n_seeds} seed(s) per arm, paired: seed s of every arm shares the '
-           f'model-init and data-order seed. {s.get("num_train_steps")} optimizer steps for '
-           'every arm.']
+           f'- {n_seeds} seed(s) per arm, paired: seed s of every arm shares the model-init and '
+           f'data-order seed. {s.get("num_train_steps")} optimizer steps for every arm.']
   if b['mode'] == 'real_tokens':
     lines.append(
         f'- Budget: same steps and same scored (unmasked) tokens per step. Each arm\'s rows '
@@ -301,21 +297,20 @@ def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
   lines += ['- Intervals: 95% Student-t over seeds (mean [low, high]). Verdict rule, fixed '
             'before running: a directional claim is *supported* when the interval of the paired '
             'difference (arm - baseline) excludes 0 in the predicted direction, *contradicted* '
-            'when it excludes 0 the other way, else *inconclusive at this scale*; an '
-            '"equivalent" claim is supported when the interval lies inside ±margin, '
-            'contradicted when it lies wholly outside.', '']
+            'when it excludes 0 the other way, else *inconclusive at this scale*; an "equivalent" '
+            'claim is supported when the interval lies inside ±margin, contradicted when it lies '
+            'wholly outside.', '']
   return lines
 
 
 def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
   m = summary['multiplicity']
-  lines = ['## Claims', '',
-           f'{m["claims_tested"]} claims tested. The verdict is '
-           'the fixed rule above, on each claim\'s own 95% interval. Multiplicity: '
-           'Holm-Bonferroni over all tested claims of this experiment (family-wise error '
-           '5%); `p` is the smallest alpha at which the claim\'s interval is decisive, '
-           '`p (Holm)` its adjusted value, and the last column gives the verdict after the '
-           f'correction where it differs ({m["verdicts_changed"]} do).', '']
+  lines = ['## Claims', '', f'{m["claims_tested"]} claims tested. The verdict is the fixed rule '
+           'above, on each claim\'s own 95% interval. Multiplicity: Holm-Bonferroni over all '
+           'tested claims of this experiment (family-wise error 5%); `p` is the smallest alpha '
+           'at which the claim\'s interval is decisive, `p (Holm)` its adjusted value, and the '
+           f'last column gives the verdict after the correction where it differs '
+           f'({m["verdicts_changed"]} do).', '']
   rows = []
   for c in summary['claims']:
     pred = {'equivalent': f'|d| < {c["margin"]}', 'greater': '> 0'}.get(c['direction'], '< 0')
@@ -329,11 +324,10 @@ def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
 
 
 def _arms_lines(exp: ml_collections.ConfigDict, summary: Mapping[str, Any]) -> list[str]:
-  lines = ['', '## Arms', '', 'Wall-clock cost: `train_seconds` is the whole training of a '
-           'run (compilation included; runs of a shape already compiled load it from the '
-           'persistent cache), `step_seconds` the steady-state seconds per step (logging '
-           'windows after the first). Both are wall-clock on the machine that ran the sweep.',
-           '']
+  lines = ['', '## Arms', '', 'Wall-clock cost: `train_seconds` is the whole training of a run '
+           '(compilation included; runs of a shape already compiled load it from the persistent '
+           'cache), `step_seconds` the steady-state seconds per step (logging windows after the '
+           'first). Both are wall-clock on the machine that ran the sweep.', '']
   arms = summary['arms']
   for names in (TABLE_SCALARS, tuple(exp.report_scalars)):
     if names:
