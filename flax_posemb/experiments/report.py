@@ -232,8 +232,7 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
 def write(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any], out_dir: str,
           command: str) -> dict[str, Any]:
   """Writes ``summary.json``, the figures and ``REPORT.md``; returns the summary."""
-  summary = aggregate(exp, sweep_out)
-  summary['command'] = command
+  summary = dict(aggregate(exp, sweep_out), command=command)
   figures = _plots(summary, out_dir)
   summary['figures'] = [f for _, f in figures]
   sweep.write_json(os.path.join(out_dir, 'summary.json'), eval_report.json_safe(summary))
@@ -309,7 +308,7 @@ def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
            'above, on each claim\'s own 95% interval. Multiplicity: Holm-Bonferroni over all '
            'tested claims of this experiment (family-wise error 5%); `p` is the smallest alpha '
            'at which the claim\'s interval is decisive, `p (Holm)` its adjusted value, and the '
-           f'last column gives the verdict after the correction where it differs '
+           'last column gives the verdict after the correction where it differs '
            f'({m["verdicts_changed"]} do).', '']
   rows = []
   for c in summary['claims']:

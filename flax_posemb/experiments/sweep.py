@@ -173,12 +173,11 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
       logger.info('%s: done in %.1f s (train) + %.1f s (eval)', label, rec['train_seconds'],
                   rec['eval_seconds'])
     if r.key not in measured:  # Measured once per run, also when arms coincide.
-      eval_dir = os.path.join(run_dir, EVAL_DIR)
-      m = measures.run_measures(
-          run_dir, measures.load_json(os.path.join(eval_dir, 'results.json')),
-          int(r.config.num_train_steps),
-          measures.load_json(os.path.join(run_dir, DONE))['train_seconds'],
-          outputs.load_npz(os.path.join(eval_dir, 'per_position.npz')), float(exp.rare_exposure))
+      seconds = measures.load_json(os.path.join(run_dir, DONE))['train_seconds']
+      results = measures.load_json(os.path.join(run_dir, EVAL_DIR, 'results.json'))
+      per_position = outputs.load_npz(os.path.join(run_dir, EVAL_DIR, 'per_position.npz'))
+      m = measures.run_measures(run_dir, results, int(r.config.num_train_steps), seconds,
+                                per_position, float(exp.rare_exposure))
       measured[r.key] = {'key': r.key, 'run_dir': run_dir, 'done': True, 'measures': m}
     rows.append(dict(measured[r.key], arm=r.arm, seed=r.seed, config=r.config))
   return {'runs': rows, 'budget': dataclasses.asdict(budget),
