@@ -14,8 +14,7 @@ PROG = 'python -m flax_posemb.gallery'
 cli.name_main_module(PROG, __name__)
 
 config_flags.DEFINE_config_file('config', 'configs/tiny.py', 'Config of the two runs.')
-flags.DEFINE_string('out', 'runs/gallery', 'Where the figures and README.md go '
-                    '(docs/gallery regenerates the committed gallery).')
+flags.DEFINE_string('out', 'runs/gallery', 'Where the figures and README.md go.')
 flags.DEFINE_string('workdir', '/tmp/flax_posemb_gallery', 'Where the two runs are trained.')
 flags.DEFINE_integer('steps', 300, 'Training steps of each run.', lower_bound=1)
 cli.define_debug_flag()

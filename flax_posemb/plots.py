@@ -10,13 +10,11 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
-Path = str | os.PathLike[str]
 _MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '*', '<', '>')
 _LINESTYLES = ('-', '--', ':', '-.')
 
 
-def _save(fig, path: Path) -> str:
-  path = os.fspath(path)
+def _save(fig, path: str) -> str:
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -49,7 +47,7 @@ def _bucket_x(b: dict[str, np.ndarray], log: bool) -> np.ndarray:
 
 
 def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any],
-                     path: Path, title: str = '') -> str:
+                     path: str, title: str = '') -> str:
   return _save(loss_by_position_figure(per_position, results, title), path)
 
 
@@ -107,7 +105,7 @@ def _series(ax, series: Sequence[tuple[str, Sequence[dict[str, Any]]]], log: boo
   ax.legend(fontsize=8)
 
 
-def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]], path: Path,
+def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]], path: str,
                paired: Sequence[dict[str, Any]] = ()) -> str:
   """Bucket loss (95% CI) of several runs, excess over Bayes, ``paired`` differences."""
   first = _bucket_arrays(results[0]['buckets'])
@@ -129,7 +127,7 @@ def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]], path: P
   return _save(fig, path)
 
 
-def offset_probe(probe: dict[str, Any], path: Path) -> str:
+def offset_probe(probe: dict[str, Any], path: str) -> str:
   """Loss by context length per offset K (results['offset_probe']) and the paired K - K0."""
   paired = probe.get('paired_vs_first') or []
   fig, axes = plt.subplots(2 if paired else 1, 1, figsize=(8, 7 if paired else 4.2),
@@ -148,7 +146,7 @@ def offset_probe(probe: dict[str, Any], path: Path) -> str:
 
 
 def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.ndarray,
-                   probe_edges: np.ndarray, probe_error: np.ndarray, path: Path,
+                   probe_edges: np.ndarray, probe_error: np.ndarray, path: str,
                    snapshot_drift: np.ndarray | None = None,
                    snapshot_steps: Sequence[int] = (), probe_r2: float | None = None) -> str:
   """Row norms [L], drift from init ([L] or [S, L] at ``snapshot_steps``), PCA ratios [k] and
@@ -190,7 +188,7 @@ def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.nd
   return _save(fig, path)
 
 
-def cosine_heatmap(sim: np.ndarray, path: Path, title: str = '') -> str:
+def cosine_heatmap(sim: np.ndarray, path: str, title: str = '') -> str:
   """[L, L] cosine similarity between position rows."""
   fig, ax = plt.subplots(figsize=(6, 5))
   im = ax.imshow(sim, vmin=-1, vmax=1, cmap='RdBu_r', origin='lower', interpolation='nearest')
@@ -199,7 +197,7 @@ def cosine_heatmap(sim: np.ndarray, path: Path, title: str = '') -> str:
   return _save(fig, path)
 
 
-def exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray], path: Path,
+def exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray], path: str,
                       rho: dict[str, float | None] | None = None) -> str:
   """Per-position quantities (name -> [L]) against training exposure [L], with ``rho``."""
   fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.8), squeeze=False)
@@ -217,7 +215,7 @@ def exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray], path:
   return _save(fig, path)
 
 
-def data_exposure(report: dict[str, Any], path: Path) -> str:
+def data_exposure(report: dict[str, Any], path: str) -> str:
   """Real tokens per position and document-length shares (``data.report.exposure``)."""
   counts = np.asarray(report['counts'], np.float64)
   fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -252,7 +250,7 @@ def _seed_note(n: int) -> str:
           else 'no finished run')
 
 
-def experiment_profile(path: Path, bucket_labels: Sequence[str],
+def experiment_profile(path: str, bucket_labels: Sequence[str],
                        series: dict[str, Sequence[dict[str, Any]]], *,
                        differences: dict[str, Sequence[dict[str, Any]]] | None = None,
                        baseline: str = '', title: str = '', ylabel: str = '',
@@ -288,7 +286,7 @@ def experiment_profile(path: Path, bucket_labels: Sequence[str],
   return _save(fig, path)
 
 
-def experiment_metric_bars(path: Path, panels: dict[str, dict[str, dict[str, Any]]], *,
+def experiment_metric_bars(path: str, panels: dict[str, dict[str, dict[str, Any]]], *,
                            ylabels: dict[str, str], title: str = '', n_seeds: int = 0) -> str:
   """One panel per group of arms in the same units (panel -> {arm: interval})."""
   widths = [max(2.0, 0.55 * len(arms) + 1.0) for arms in panels.values()] or [2.0]
@@ -298,8 +296,7 @@ def experiment_metric_bars(path: Path, panels: dict[str, dict[str, dict[str, Any
     style = _arm_styles(list(intervals))
     for i, (name, interval) in enumerate(intervals.items()):
       _errorbars(ax, np.array([float(i)]), [interval], {**style[name], 'ls': 'none'}, name)
-    ax.set_xticks(np.arange(len(intervals)), list(intervals), rotation=45, ha='right',
-                  fontsize=7)
+    ax.set_xticks(np.arange(len(intervals)), list(intervals), rotation=45, ha='right', fontsize=7)
     ax.margins(y=0.15)
     ax.set(xlim=(-0.6, len(intervals) - 0.4), ylabel=ylabels.get(panel, ''))
     ax.set_title(f'{panel}\n({_seed_note(n_seeds)})', fontsize=9)
@@ -308,16 +305,14 @@ def experiment_metric_bars(path: Path, panels: dict[str, dict[str, dict[str, Any
   return _save(fig, path)
 
 
-def experiment_curve(path: Path, steps: Sequence[int], intervals: Sequence[dict[str, Any]], *,
-                     threshold: float | None = None, xlabel: str = '', ylabel: str = '',
+def experiment_curve(path: str, steps: Sequence[int], intervals: Sequence[dict[str, Any]], *,
+                     threshold: float, xlabel: str = '', ylabel: str = '',
                      title: str = '', n_seeds: int = 0) -> str:
-  """A curve over training steps with its 95% band (and an optional threshold line)."""
+  """A curve over training steps with its 95% band and a threshold line."""
   fig, ax = plt.subplots(figsize=(7, 4))
-  ax.plot(steps, _col(intervals, 'mean'), marker='o', ms=3,
-          label=f'mean ({_seed_note(n_seeds)})')
+  ax.plot(steps, _col(intervals, 'mean'), marker='o', ms=3, label=f'mean ({_seed_note(n_seeds)})')
   ax.fill_between(steps, _col(intervals, 'low'), _col(intervals, 'high'), alpha=0.2)
-  if threshold is not None:
-    ax.axhline(threshold, color='k', ls='--', lw=0.8, label=f'threshold {threshold}')
+  ax.axhline(threshold, color='k', ls='--', lw=0.8, label=f'threshold {threshold}')
   ax.legend(fontsize=7, loc='lower right')
   ax.set(xlabel=xlabel, ylabel=ylabel)
   ax.set_title(title, fontsize=9)

@@ -4,7 +4,6 @@ Layout: docs/DESIGN.md "Experiments outputs"; exit codes: flax_posemb.cli."""
 
 import logging
 import os
-import sys
 
 from absl import flags
 from absl import logging as absl_logging
@@ -22,8 +21,7 @@ flags.DEFINE_bool('quick', False, 'Two tiny arms, one seed, a few steps (pipelin
 flags.DEFINE_string('run_store', '', 'Run workdirs shared across experiments.')
 flags.DEFINE_string('report_dir', '', 'REPORT.md destination (default: the workdir).')
 flags.DEFINE_integer('max_runs', -1, 'Train at most N new runs (-1: all).', lower_bound=-1)
-flags.DEFINE_string('compilation_cache', os.path.join(
-    os.path.expanduser('~'), '.cache', 'flax_posemb', 'jax_cache'),
+flags.DEFINE_string('compilation_cache', os.path.expanduser('~/.cache/flax_posemb/jax_cache'),
                     "JAX persistent compilation cache ('' disables).")
 cli.define_debug_flag()
 FLAGS = flags.FLAGS
@@ -55,8 +53,7 @@ def main(argv: list[str]) -> int | None:
     else:
       summaries = experiments.run_suite(paths, FLAGS.workdir, **kwargs)
   except sweep.Preempted as e:
-    print(f'{PROG}: {e}', file=sys.stderr)
-    return cli.EXIT_PREEMPTED
+    cli.fail(PROG, str(e), cli.EXIT_PREEMPTED)
   out = FLAGS.report_dir or FLAGS.workdir
   for name, summary in summaries.items():
     for c in summary['claims']:

@@ -2,14 +2,12 @@
 
 import itertools
 import json
-import math
-import os
 from typing import Any, Mapping
 
 import numpy as np
 import scipy.stats
 
-from flax_posemb import analysis, outputs, stats
+from flax_posemb import analysis, outputs, stats, workdir
 
 # Bucket vector -> the per-position vector it averages (``position_vectors``).
 _SOURCES = {'bucket_exposure': 'exposure', 'bucket_row_grad': 'row_grad',
@@ -24,20 +22,17 @@ _LATE_OVER_EARLY = {'update': 'bucket_update_rss', **{k: f'bucket_{k}' for k in 
 _RARE = ('rare_row_fraction', 'loss_rare_rows', 'loss_common_late_rows', 'excess_rare_rows',
          'excess_common_late_rows')
 # Axis labels of the figures; '{loss}' is the corpus's loss unit (``label``).
-LABELS = {
-    'bucket_loss': 'held-out loss ({loss})',
-    'bucket_excess': 'excess loss over Bayes ({loss})',
-    'bucket_recovered': 'share of the position value recovered (0 = content only, 1 = Bayes)',
-    'bucket_exposure': 'training tokens seen per row (cumulative)',
-    'bucket_row_grad': 'table-gradient row norm (RMS per step, 2nd half)',
-    'bucket_occ_signal': 'gradient norm per occurrence (2nd half)',
-    'bucket_downstream_signal': 'gradient norm per downstream target (2nd half)',
-    'bucket_update_rss': 'cumulative update norm of the row (root of summed squares)',
-    'bucket_drift': 'drift from init ||row_end - row_0||',
-    'bucket_train_loss': 'training loss, 2nd half ({loss})',
-    'bucket_row_norm': 'norm of the final row',
-    'final_loss': 'held-out loss ({loss})',
-}
+LABELS = {'bucket_loss': 'held-out loss ({loss})',
+          'bucket_excess': 'excess loss over Bayes ({loss})',
+          'bucket_recovered': 'share of the position value recovered (0 = content only, 1 = Bayes)',
+          'bucket_exposure': 'training tokens seen per row (cumulative)',
+          'bucket_row_grad': 'table-gradient row norm (RMS per step, 2nd half)',
+          'bucket_occ_signal': 'gradient norm per occurrence (2nd half)',
+          'bucket_downstream_signal': 'gradient norm per downstream target (2nd half)',
+          'bucket_update_rss': 'cumulative update norm of the row (root of summed squares)',
+          'bucket_drift': 'drift from init ||row_end - row_0||',
+          'bucket_train_loss': 'training loss, 2nd half ({loss})',
+          'bucket_row_norm': 'norm of the final row', 'final_loss': 'held-out loss ({loss})'}
 
 
 def label(metric: str, tokenizer: str = '') -> str:
@@ -61,12 +56,6 @@ def load_tables(run_dir: str) -> dict[int, np.ndarray]:
   return {s: outputs.load_npy(p) for s, p in outputs.table_files(run_dir)}
 
 
-def bucket_means(values: np.ndarray, edges: list[tuple[int, int]]) -> np.ndarray:
-  """``[len(edges)]``: mean of the finite ``values[start:end]`` (NaN if none)."""
-  parts = [np.asarray(values[start:end], np.float64) for start, end in edges]
-  return np.array([v[np.isfinite(v)].mean() if np.isfinite(v).any() else np.nan for v in parts])
-
-
 def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
                      tables: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
   """``[max_len]`` per-position vectors of a run (docs/DESIGN.md)."""
@@ -84,20 +73,16 @@ def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
     out['update_rss'] = np.sqrt(total(windows, 'update_sq'))
     out['scored_total'] = total(windows, 'loss_count')
   if tables:
-    steps = sorted(tables)
-    out['drift'] = analysis.drift(tables[steps[-1]], tables[steps[0]])
-    out['row_norm'] = analysis.row_norms(tables[steps[-1]])
+    out['drift'] = analysis.drift(tables[max(tables)], tables[min(tables)])
+    out['row_norm'] = analysis.row_norms(tables[max(tables)])
   return out
 
 
 def step_seconds(run_dir: str) -> float:
   """Steady-state seconds per step from ``metrics.jsonl`` (after the first row; NaN if none)."""
-  path = os.path.join(run_dir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return float('nan')
-  with open(path) as f:
-    rows = [(int(r['step']), float(r['elapsed'])) for r in map(json.loads, filter(str.strip, f))
-            if 'elapsed' in r and 'eval' not in r]
+  metrics = workdir._metric_rows(run_dir)  # pylint: disable=protected-access  (the one reader)
+  rows = [(int(r['step']), float(r['elapsed'])) for _, r in metrics
+          if 'elapsed' in r and 'eval' not in r]
   if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
     return float('nan')
   return (rows[-1][1] - rows[0][1]) / (rows[-1][0] - rows[0][0])
@@ -122,8 +107,10 @@ def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
   pos = position_vectors(load_windows(run_dir), num_steps, load_tables(run_dir))
   vec = {'bucket_loss': get('loss'), 'bucket_excess': get('excess_loss'),
          'bucket_recovered': get('recovered')}
-  vec.update({name: bucket_means(pos[key], edges) if key in pos else np.full(len(edges), np.nan)
-              for name, key in _SOURCES.items()})
+  for name, key in _SOURCES.items():  # Each bucket's mean of its finite entries (NaN if none).
+    parts = [np.asarray(pos.get(key, [])[a:b], np.float64) for a, b in edges]
+    vec[name] = np.array([v[np.isfinite(v)].mean() if np.isfinite(v).any() else np.nan
+                          for v in parts])
   s = _scalars(eval_results, vec, pos, num_steps, train_seconds)
   s['step_seconds'] = step_seconds(run_dir)
   s.update(_rare_rows(pos, per_position, rare_exposure))
@@ -153,8 +140,7 @@ def _scalars(eval_results: Mapping[str, Any], vec: Mapping[str, np.ndarray],
                                    pos.get('mean_loss', np.array([])))
   scored = float(pos['scored_total'].sum()) if 'scored_total' in pos else nan
   s['tokens_per_step'] = scored / num_steps if num_steps else nan
-  s['train_tokens_per_second'] = (scored / train_seconds if train_seconds and
-                                  math.isfinite(train_seconds) else nan)
+  s['train_tokens_per_second'] = scored / train_seconds if train_seconds else nan
   by_offset = {int(p['offset']): p['overall']['loss']
                for p in (eval_results.get('offset_probe') or {}).get('by_offset', [])}
   for k, loss in by_offset.items():
@@ -187,13 +173,13 @@ def convergence_step(run_dirs: Mapping[str, str], threshold: float) -> dict[str,
   """When the arms' tables (arm -> run dir) agree >= ``threshold`` from then on: agreement is
   the mean pairwise Pearson r of their cosine-similarity structures (a constant one: 0)."""
   snaps = {a: load_tables(d) for a, d in run_dirs.items()}
-  common = sorted(set.intersection(*(set(s) for s in snaps.values()))) if snaps else []
+  common = sorted(set.intersection(*(set(s) for s in snaps.values())))
   agreement = []
   for step in common:
     structs = [analysis.cosine_similarity(s[step])[np.triu_indices(len(s[step]), k=1)]
                for s in snaps.values()]
     r = [_pearson(a, b) for a, b in itertools.combinations(structs, 2)]
-    agreement.append(float(np.mean(np.nan_to_num(r))) if r else float('nan'))
+    agreement.append(float(np.mean(np.nan_to_num(r))))
   converged = next((float(step) for i, step in enumerate(common)
                     if all(a >= threshold for a in agreement[i:])), float('nan'))
   return {'steps': common, 'agreement': agreement, 'converged_step': converged}

@@ -77,9 +77,7 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
 
 def verdict(interval: Interval, direction: str, margin: float = 0.0) -> str:
   """The fixed rule on the interval of the mean paired difference ``arm - baseline``."""
-  lo, hi = interval.low, interval.high
-  if not (math.isfinite(lo) and math.isfinite(hi)):
-    return INCONCLUSIVE
+  lo, hi = interval.low, interval.high  # NaN bounds (n < 2) fail every test: inconclusive.
   if direction == 'greater':
     return SUPPORTED if lo > 0 else CONTRADICTED if hi < 0 else INCONCLUSIVE
   if direction == 'less':
@@ -95,8 +93,7 @@ def judge(arm: Mapping[int, float], baseline: Mapping[int, float], direction: st
   seeds = sorted(set(arm) & set(baseline))
   d = np.array([float(arm[s]) - float(baseline[s]) for s in seeds], np.float64)
   interval = t_interval(d, level)
-  return {'seeds': seeds, 'differences': [float(x) for x in d],
-          'interval': interval.as_dict(),
+  return {'seeds': seeds, 'differences': [float(x) for x in d], 'interval': interval.as_dict(),
           'verdict': verdict(interval, direction, margin) if interval.n else NOT_MEASURED,
           'p_value': decision_p_value(d, direction, margin)}
 

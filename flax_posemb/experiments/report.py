@@ -19,15 +19,14 @@ TABLE_SCALARS = ('final_loss', 'loss_late_minus_early', 'excess_late', 'recovere
 def stated_settings(config: ml_collections.ConfigDict) -> dict[str, object]:
   """The settings every report states (token init, beta2, weight decay, corpus, shapes)."""
   d, m, o = config.data, config.model, config.optimizer
-  return {
-      'token_init': m.token_init, 'token_init_std': float(m.token_init_std),
-      'beta2': float(o.b2), 'weight_decay': float(o.weight_decay),
-      'decay_position_table': bool(o.decay_position_table),
-      'corpus': d.source if d.source != 'tfds' else f'tfds:{d.name}',
-      'tokenizer': d.tokenizer if d.source != 'synthetic' else 'synthetic',
-      'seq_len': int(d.seq_len), 'num_train_steps': int(config.num_train_steps),
-      'model': f'{m.num_layers} layers, {m.num_heads} heads, width {m.emb_dim}, table '
-               f'{m.max_len} rows'}
+  return {'token_init': m.token_init, 'token_init_std': float(m.token_init_std),
+          'beta2': float(o.b2), 'weight_decay': float(o.weight_decay),
+          'decay_position_table': bool(o.decay_position_table),
+          'corpus': d.source if d.source != 'tfds' else f'tfds:{d.name}',
+          'tokenizer': d.tokenizer if d.source != 'synthetic' else 'synthetic',
+          'seq_len': int(d.seq_len), 'num_train_steps': int(config.num_train_steps),
+          'model': f'{m.num_layers} layers, {m.num_heads} heads, width {m.emb_dim}, table '
+                   f'{m.max_len} rows'}
 
 
 def _finite(x: Any) -> bool:
@@ -66,9 +65,10 @@ def _intervals(x: np.ndarray) -> list[dict[str, Any]]:
   return [paired.t_interval(x[:, j]).as_dict() for j in range(x.shape[1])]
 
 
-def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
-  return ['| ' + ' | '.join(map(str, r)) + ' |'
-          for r in [header, ['---'] * len(header), *rows]]
+def _md_table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
+  """Markdown table lines; a dict cell is an interval (``fmt_interval(cell, 3)``)."""
+  return ['| ' + ' | '.join(fmt_interval(c, 3) if isinstance(c, dict) else str(c) for c in r)
+          + ' |' for r in [header, ['---'] * len(header), *rows]]
 
 
 def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,24 +85,21 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
     analyses['cosine_convergence'] = _convergence(exp, rows)
   if windows := _window_groups(rows, by_arm):
     analyses['windows'] = windows
-  return {
-      'experiment': exp.name, 'title': exp.title, 'question': exp.question,
-      'complete': sweep_out['complete'], 'quick': bool(sweep_out.get('quick')),
-      'buckets': rows[0]['measures']['buckets'] if rows else [],
-      'settings': stated_settings(rows[0]['config']) if rows else {},
-      'budget': sweep_out['budget'], 'arms': _arms(by_arm, rows), 'claims': claims,
-      'multiplicity': {'method': 'holm', 'claims_tested': len(tested), 'alpha': 0.05,
-                       'verdicts_changed': sum(c['verdict_holm'] != c['verdict']
-                                               for c in tested)},
-      'profiles': _profiles(exp, by_arm), 'analyses': analyses,
-      'runs': [{'arm': r['arm'], 'seed': r['seed'], 'key': r['key'], 'done': r['done'],
-                'overrides': dict(next(a for a in exp.arms if a.name == r['arm']).overrides)}
-               for r in sweep_out['runs']],
-  }
+  overrides = {a.name: dict(a.overrides) for a in exp.arms}
+  return {'experiment': exp.name, 'title': exp.title, 'question': exp.question,
+          'complete': sweep_out['complete'], 'quick': bool(sweep_out.get('quick')),
+          'buckets': rows[0]['measures']['buckets'] if rows else [],
+          'settings': stated_settings(rows[0]['config']) if rows else {},
+          'budget': sweep_out['budget'], 'arms': _arms(by_arm, rows), 'claims': claims,
+          'multiplicity': {'method': 'holm', 'claims_tested': len(tested), 'alpha': 0.05,
+                           'verdicts_changed': sum(c['verdict_holm'] != c['verdict']
+                                                   for c in tested)},
+          'profiles': _profiles(exp, by_arm), 'analyses': analyses,
+          'runs': [{'arm': r['arm'], 'seed': r['seed'], 'key': r['key'], 'done': r['done'],
+                    'overrides': overrides[r['arm']]} for r in sweep_out['runs']]}
 
 
-def _arms(by_arm: Mapping[str, Mapping[int, Any]], rows: list[Mapping[str, Any]]
-          ) -> dict[str, Any]:
+def _arms(by_arm: Mapping[str, Any], rows: list[Mapping[str, Any]]) -> dict[str, Any]:
   """arm -> {seeds[, scalars, vectors, corpus, tokenizer]} (intervals over seeds)."""
   settings = {r['arm']: stated_settings(r['config']) for r in rows}
   names = lambda kind: sorted({k for r in rows for k in r['measures'][kind]})
@@ -112,8 +109,7 @@ def _arms(by_arm: Mapping[str, Mapping[int, Any]], rows: list[Mapping[str, Any]]
     if runs:
       out[a]['scalars'] = {k: paired.t_interval(list(_values(runs, k).values())).as_dict()
                            for k in names('scalars')}
-      out[a]['vectors'] = {k: _intervals(_vectors(runs, k, list(runs)))
-                           for k in names('vectors')}
+      out[a]['vectors'] = {k: _intervals(_vectors(runs, k, list(runs))) for k in names('vectors')}
       out[a].update(corpus=settings[a]['corpus'], tokenizer=settings[a]['tokenizer'])
   return out
 
@@ -171,8 +167,7 @@ def _window_groups(rows: list[Mapping[str, Any]], arms: Iterable[str]) -> dict[s
   return {'summary': results[0][1]['windows'], 'rise': rise}
 
 
-def _convergence(exp: ml_collections.ConfigDict, rows: list[Mapping[str, Any]]
-                 ) -> dict[str, Any]:
+def _convergence(exp: ml_collections.ConfigDict, rows: list[Mapping[str, Any]]) -> dict[str, Any]:
   groups: dict[int, dict[str, str]] = {}  # seed -> {arm: run_dir} of the finished runs
   for r in rows:
     groups.setdefault(r['seed'], {})[r['arm']] = r['run_dir']
@@ -182,14 +177,11 @@ def _convergence(exp: ml_collections.ConfigDict, rows: list[Mapping[str, Any]]
     return {}
   steps = min((v['steps'] for v in per_seed.values()), key=len)
   curves = np.array([v['agreement'][:len(steps)] for v in per_seed.values()], np.float64)
-  return {
-      'threshold': float(exp.convergence_threshold), 'steps': steps,
-      'agreement': _intervals(curves),
-      'converged_step': paired.t_interval([v['converged_step']
-                                           for v in per_seed.values()]).as_dict(),
-      'never_converged_seeds': [s for s, v in per_seed.items()
-                                if not math.isfinite(v['converged_step'])],
-  }
+  converged = {s: v['converged_step'] for s, v in per_seed.items()}
+  return {'threshold': float(exp.convergence_threshold), 'steps': steps,
+          'agreement': _intervals(curves),
+          'converged_step': paired.t_interval(list(converged.values())).as_dict(),
+          'never_converged_seeds': [s for s, c in converged.items() if not math.isfinite(c)]}
 
 
 def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
@@ -197,9 +189,8 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   from flax_posemb import plots  # pylint: disable=g-import-not-at-top
   s = summary['settings']
   n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
-  identity = (f'{summary["experiment"]}: {s.get("model", "?")}, context '
-              f'{s.get("seq_len", "?")}, {s.get("num_train_steps", "?")} steps, '
-              f'{n_seeds} seed(s) per arm')
+  identity = (f'{summary["experiment"]}: {s.get("model", "?")}, context {s.get("seq_len", "?")}, '
+              f'{s.get("num_train_steps", "?")} steps, {n_seeds} seed(s) per arm')
   made = []
   for i, p in enumerate(summary['profiles']):
     name = f'profile_{i}_{p["metric"]}.png'
@@ -241,8 +232,7 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
 def write(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any], out_dir: str,
           command: str) -> dict[str, Any]:
   """Writes ``summary.json``, the figures and ``REPORT.md``; returns the summary."""
-  summary = aggregate(exp, sweep_out)
-  summary['command'] = command
+  summary = dict(aggregate(exp, sweep_out), command=command)
   figures = _plots(summary, out_dir)
   summary['figures'] = [f for _, f in figures]
   sweep.write_json(os.path.join(out_dir, 'summary.json'), eval_report.json_safe(summary))
@@ -259,8 +249,7 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
     lines += ['**Partial sweep:** some runs have not finished; numbers use the finished '
               'seeds only.', '']
   if exp.notes and summary['complete'] and not summary['quick']:  # Notes cite full runs.
-    lines += ['## What changed since the previous report', '', *(f'- {n}' for n in exp.notes),
-              '']
+    lines += ['## What changed since the previous report', '', *(f'- {n}' for n in exp.notes), '']
   lines += _setup_lines(summary) + _claims_lines(summary) + _arms_lines(exp, summary)
   if windows := summary['analyses'].get('windows'):
     lines += ['## Evaluation windows', '', 'Every run is scored on the same held-out windows '
@@ -273,8 +262,7 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
               'by_end': 'tokens from the window\'s end to the document\'s end'}
     for name, t in windows['rise'].items():
       lines += [f'### By {titles.get(name, name)}', '']
-      lines += _md_table(['arm', *t['groups']], [[a, *(fmt_interval(iv, 3) for iv in ivs)]
-                                                 for a, ivs in t['arms'].items()]) + ['']
+      lines += _md_table(['arm', *t['groups']], ([a, *v] for a, v in t['arms'].items())) + ['']
   lines += ['## Figures', '', *(x for t, n in figures for x in (f'![{t}]({n})', ''))]
   lines += ['## Configs', '', 'Arms (dotted overrides of the shared base config):', '']
   lines += [f'- `{a.name}`: ' + (', '.join(f'`{k}={v!r}`' for k, v in a.overrides)
@@ -287,16 +275,14 @@ def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
 def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
   s, b = summary['settings'], summary['budget']
   n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
-  lines = ['## Setup', '',
-           f'- Command: `{summary["command"]}`',
+  lines = ['## Setup', '', f'- Command: `{summary["command"]}`',
            f'- Corpus: {s.get("corpus")} (tokenizer: {s.get("tokenizer")}), context '
            f'{s.get("seq_len")}; model: {s.get("model")}.',
            f'- Token-embedding init: `{s.get("token_init")}` (std {fmt(s.get("token_init_std"))}); '
            f'Adam beta2 = {s.get("beta2")}; weight decay {s.get("weight_decay")}, applied to the '
            f'position table: {s.get("decay_position_table")} (unless an arm overrides these).',
-           f'- {n_seeds} seed(s) per arm, paired: seed s of every arm shares the '
-           f'model-init and data-order seed. {s.get("num_train_steps")} optimizer steps for '
-           'every arm.']
+           f'- {n_seeds} seed(s) per arm, paired: seed s of every arm shares the model-init and '
+           f'data-order seed. {s.get("num_train_steps")} optimizer steps for every arm.']
   if b['mode'] == 'real_tokens':
     lines.append(
         f'- Budget: same steps and same scored (unmasked) tokens per step. Each arm\'s rows '
@@ -310,21 +296,20 @@ def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
   lines += ['- Intervals: 95% Student-t over seeds (mean [low, high]). Verdict rule, fixed '
             'before running: a directional claim is *supported* when the interval of the paired '
             'difference (arm - baseline) excludes 0 in the predicted direction, *contradicted* '
-            'when it excludes 0 the other way, else *inconclusive at this scale*; an '
-            '"equivalent" claim is supported when the interval lies inside ±margin, '
-            'contradicted when it lies wholly outside.', '']
+            'when it excludes 0 the other way, else *inconclusive at this scale*; an "equivalent" '
+            'claim is supported when the interval lies inside ±margin, contradicted when it lies '
+            'wholly outside.', '']
   return lines
 
 
 def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
   m = summary['multiplicity']
-  lines = ['## Claims', '',
-           f'{m["claims_tested"]} claims tested. The verdict is '
-           'the fixed rule above, on each claim\'s own 95% interval. Multiplicity: '
-           'Holm-Bonferroni over all tested claims of this experiment (family-wise error '
-           '5%); `p` is the smallest alpha at which the claim\'s interval is decisive, '
-           '`p (Holm)` its adjusted value, and the last column gives the verdict after the '
-           f'correction where it differs ({m["verdicts_changed"]} do).', '']
+  lines = ['## Claims', '', f'{m["claims_tested"]} claims tested. The verdict is the fixed rule '
+           'above, on each claim\'s own 95% interval. Multiplicity: Holm-Bonferroni over all '
+           'tested claims of this experiment (family-wise error 5%); `p` is the smallest alpha '
+           'at which the claim\'s interval is decisive, `p (Holm)` its adjusted value, and the '
+           'last column gives the verdict after the correction where it differs '
+           f'({m["verdicts_changed"]} do).', '']
   rows = []
   for c in summary['claims']:
     pred = {'equivalent': f'|d| < {c["margin"]}', 'greater': '> 0'}.get(c['direction'], '< 0')
@@ -338,21 +323,18 @@ def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
 
 
 def _arms_lines(exp: ml_collections.ConfigDict, summary: Mapping[str, Any]) -> list[str]:
-  lines = ['', '## Arms', '', 'Wall-clock cost: `train_seconds` is the whole training of a '
-           'run (compilation included; runs of a shape already compiled load it from the '
-           'persistent cache), `step_seconds` the steady-state seconds per step (logging '
-           'windows after the first). Both are wall-clock on the machine that ran the sweep.',
-           '']
+  lines = ['', '## Arms', '', 'Wall-clock cost: `train_seconds` is the whole training of a run '
+           '(compilation included; runs of a shape already compiled load it from the persistent '
+           'cache), `step_seconds` the steady-state seconds per step (logging windows after the '
+           'first). Both are wall-clock on the machine that ran the sweep.', '']
   arms = summary['arms']
   for names in (TABLE_SCALARS, tuple(exp.report_scalars)):
     if names:
-      lines += _md_table(['arm', *names], [[a, *(fmt_interval(v['scalars'].get(k, {}), 3)
-                                                  for k in names)] for a, v in arms.items()]) + ['']
+      lines += _md_table(['arm', *names], ([a, *(v['scalars'].get(k, {}) for k in names)]
+                                           for a, v in arms.items())) + ['']
   for p in summary['profiles']:
-    rows = [[a, *(fmt_interval(iv, 3) for iv in arms[a]['vectors'][p['metric']])]
-            for a in p['arms']]
-    rows += [[f'{a} - {p["baseline"]}', *(fmt_interval(iv, 3) for iv in d)]
-             for a, d in p['differences'].items()]
+    rows = [[a, *arms[a]['vectors'][p['metric']]] for a in p['arms']]
+    rows += [[f'{a} - {p["baseline"]}', *d] for a, d in p['differences'].items()]
     lines += [f'### {p["title"]} (per position bucket)', '']
     lines += _md_table(['arm', *(f'{x}-{y}' for x, y in summary['buckets'])], rows) + ['']
   if conv := summary['analyses'].get('cosine_convergence'):

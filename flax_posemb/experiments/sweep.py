@@ -27,8 +27,7 @@ Estimator = Callable[[ml_collections.ConfigDict, int], float]
 
 
 def estimate_scored_per_row(config: ml_collections.ConfigDict, num_batches: int) -> float:
-  """Mean ``loss_mask`` sum per row of ``config``'s training pipeline (``length_schedule``:
-  its short and full phases weighted by their share of the steps)."""
+  """Mean ``loss_mask`` sum per row of ``config``'s training pipeline (docs/DESIGN.md, Budget)."""
   f = float(config.data.schedule_fraction)
   if config.data.position_policy == 'length_schedule' and 0 < f < 1:
     phase = lambda x: estimate_scored_per_row(
@@ -145,13 +144,12 @@ def execute_run(run: spec.Run, run_dir: str, offsets: tuple[int, ...], train_fn:
 
 def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = False,
               run_store: str = '', train_fn: TrainFn = default_train,
-              eval_fn: EvalFn = default_evaluate, estimator: Estimator = estimate_scored_per_row,
-              max_runs: int = -1) -> dict[str, Any]:
+              eval_fn: EvalFn = default_evaluate, max_runs: int = -1) -> dict[str, Any]:
   """Runs (or resumes) and measures every run of ``exp``'s grid: at most ``max_runs`` new
   ones (-1: all), in ``run_store`` ('' = ``workdir/runs``, may be shared)."""
   store = run_store or os.path.join(workdir, 'runs')
-  runs, budget = equalize(spec.expand(exp, quick=quick), exp.budget, estimator,
-                          os.path.join(workdir, 'budget.json'))
+  runs, budget = equalize(spec.expand(exp, quick=quick), exp.budget,
+                          cache_path=os.path.join(workdir, 'budget.json'))
   write_json(os.path.join(workdir, 'experiment.json'),
              {'experiment': exp.to_dict(), 'quick': quick})
   write_json(os.path.join(workdir, 'manifest.json'),
@@ -165,8 +163,7 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
       logger.info('%s: already done, skipped', label)
     elif 0 <= max_runs <= trained:
       logger.info('%s: not run (max_runs reached)', label)
-      rows.append({'arm': r.arm, 'seed': r.seed, 'key': r.key, 'run_dir': run_dir,
-                   'done': False})
+      rows.append({'arm': r.arm, 'seed': r.seed, 'key': r.key, 'run_dir': run_dir, 'done': False})
       continue
     else:
       logger.info('%s: training %d steps, batch %d', label, r.config.num_train_steps,
@@ -176,13 +173,12 @@ def run_sweep(exp: ml_collections.ConfigDict, workdir: str, *, quick: bool = Fal
       logger.info('%s: done in %.1f s (train) + %.1f s (eval)', label, rec['train_seconds'],
                   rec['eval_seconds'])
     if r.key not in measured:  # Measured once per run, also when arms coincide.
-      record = measures.load_json(os.path.join(run_dir, DONE))
+      seconds = measures.load_json(os.path.join(run_dir, DONE))['train_seconds']
       results = measures.load_json(os.path.join(run_dir, EVAL_DIR, 'results.json'))
       per_position = outputs.load_npz(os.path.join(run_dir, EVAL_DIR, 'per_position.npz'))
-      measured[r.key] = {'key': r.key, 'run_dir': run_dir, 'done': True, 'record': record,
-                         'measures': measures.run_measures(
-                             run_dir, results, int(r.config.num_train_steps),
-                             record['train_seconds'], per_position, float(exp.rare_exposure))}
+      m = measures.run_measures(run_dir, results, int(r.config.num_train_steps), seconds,
+                                per_position, float(exp.rare_exposure))
+      measured[r.key] = {'key': r.key, 'run_dir': run_dir, 'done': True, 'measures': m}
     rows.append(dict(measured[r.key], arm=r.arm, seed=r.seed, config=r.config))
   return {'runs': rows, 'budget': dataclasses.asdict(budget),
-          'complete': all(x['done'] for x in rows), 'store': store, 'quick': quick}
+          'complete': all(x['done'] for x in rows), 'quick': quick}
