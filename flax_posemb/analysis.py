@@ -49,9 +49,8 @@ def cosine_by_offset(table: np.ndarray, offsets=None) -> dict[int, float]:
   """{k: mean over p of cos(table[p], table[p + k])} for `offsets` k (default 1, 2, 4, ...
   < L) of a [L, D] table; zero rows count as 0. O(L * D) per offset."""
   u = _unit_rows(table)
-  num = u.shape[0]
   if offsets is None:
-    offsets = [2**i for i in range(max(num - 1, 1).bit_length()) if 2**i < num]
+    offsets = [2**i for i in range((len(u) - 1).bit_length())]
   return {int(k): float(np.mean(np.sum(u[:-k] * u[k:], axis=1))) for k in offsets}
 
 
@@ -74,17 +73,15 @@ def position_probe(table: np.ndarray, folds: int = 5,
     mx, my = xt.mean(0), yt.mean()
     xc = xt - mx
     fits.append((test, mx, my, xc.T @ xc, xc.T @ (yt - my)))
-  best = None
+  tried = []  # (sse, ridge, prediction); the first of the lowest sse wins
   for lam_rel in np.atleast_1d(ridge):
     pred = np.zeros(num)
     for test, mx, my, gram, xty in fits:
       lam = float(lam_rel) * max(np.trace(gram) / gram.shape[0], 1e-12)
       w = np.linalg.solve(gram + lam * np.eye(gram.shape[0]), xty)
       pred[test] = (x[test] - mx) @ w + my
-    sse = float(np.sum((pred - y) ** 2))
-    if best is None or sse < best[0]:
-      best = (sse, float(lam_rel), pred)
-  sse, lam_rel, pred = best
+    tried.append((float(np.sum((pred - y) ** 2)), float(lam_rel), pred))
+  sse, lam_rel, pred = min(tried, key=lambda t: t[0])
   r2 = 1.0 - sse / np.sum((y - y.mean()) ** 2)
   return {'prediction': pred, 'abs_error': np.abs(pred - y), 'r2': float(r2), 'ridge': lam_rel}
 

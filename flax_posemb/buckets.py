@@ -79,11 +79,6 @@ def bucket_stats(per_window: dict[str, np.ndarray]
   return loss, cov, nn
 
 
-def t95(n: float) -> float:
-  """Two-sided 95% t quantile with n - 1 degrees of freedom (nan for n < 2)."""
-  return float(scipy.stats.t.ppf(0.975, n - 1)) if n >= 2 else math.nan
-
-
 def _num(x: float) -> float | None:  # JSON: None instead of nan/inf
   x = float(x)
   return x if math.isfinite(x) else None
@@ -92,29 +87,22 @@ def _num(x: float) -> float | None:  # JSON: None instead of nan/inf
 def bucket_rows(per_window: dict[str, np.ndarray]) -> list[dict[str, Any]]:
   """results.json bucket rows (docs/DESIGN.md) of ``per_window``."""
   loss, cov, nn = bucket_stats(per_window)
-  edges, c = per_window['edges'], np.asarray(per_window['win_count'])
-  rows = []
-  for i in range(len(edges) - 1):
-    se = math.sqrt(cov[i, i]) if np.isfinite(cov[i, i]) and cov[i, i] >= 0 else math.nan
-    q = t95(nn[i, i])
-    rows.append({
-        'start': int(edges[i]), 'end': int(edges[i + 1]), 'tokens': int(round(c[:, i].sum())),
-        'windows': int((c[:, i] > 0).sum()), 'documents': int(nn[i, i]),
-        'loss': _num(loss[i]), 'stderr': _num(se),
-        'ci95': [_num(loss[i] - q * se), _num(loss[i] + q * se)],
-        'bits_per_token': _num(loss[i] / math.log(2))})
-  return rows
+  edges, c, var = per_window['edges'], np.asarray(per_window['win_count']), np.diag(cov)
+  # Two-sided 95% t quantiles with clusters - 1 degrees of freedom (nan below 2 clusters).
+  se, q = np.sqrt(np.where(var >= 0, var, np.nan)), scipy.stats.t.ppf(0.975, np.diag(nn) - 1)
+  return [{'start': int(edges[i]), 'end': int(edges[i + 1]), 'tokens': int(round(c[:, i].sum())),
+           'windows': int((c[:, i] > 0).sum()), 'documents': int(nn[i, i]),
+           'loss': _num(loss[i]), 'stderr': _num(se[i]),
+           'ci95': [_num(loss[i] - q[i] * se[i]), _num(loss[i] + q[i] * se[i])],
+           'bits_per_token': _num(loss[i] / math.log(2))} for i in range(len(edges) - 1)]
 
 
 def overall(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
   """Loss over all scored tokens with its document-clustered standard error."""
-  whole = dict(per_window, edges=np.array([0, 1]),
-               win_sum=np.asarray(per_window['win_sum']).sum(1, keepdims=True),
-               win_count=np.asarray(per_window['win_count']).sum(1, keepdims=True))
+  whole = dict(per_window, edges=np.array([0, 1]), **{
+      k: np.asarray(per_window[k]).sum(1, keepdims=True) for k in ('win_sum', 'win_count')})
   row, = bucket_rows(whole)
-  keys = ('tokens', 'windows', 'documents', 'loss', 'stderr', 'bits_per_token')
-  return {k: (row[k] if row['tokens'] else {'tokens': 0, 'windows': 0, 'documents': 0}.get(k))
-          for k in keys}
+  return {k: row[k] for k in ('tokens', 'windows', 'documents', 'loss', 'stderr', 'bits_per_token')}
 
 
 def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -151,14 +139,13 @@ def provenance_tables(per_window: dict[str, np.ndarray], window_len: int) -> dic
   to_end = np.maximum(doc_len - start - (t + 1), 0)
   dist = lambda x: {k: float(np.quantile(x, q)) for k, q in QUANTILES.items()} if len(x) else None
   kinds = sorted(set(kind.tolist()))
-  summary = {
-      'windows': len(doc), 'documents': len(np.unique(doc)), 'window_len': t,
-      'kinds': {k: {'windows': int((kind == k).sum()),
-                    'documents': len(np.unique(doc[kind == k]))} for k in kinds},
-      'start': dist(start), 'to_end': dist(to_end),
-      'long_doc_share': float(np.mean(doc_len >= 4 * t)) if len(doc) else None,
-      'first_window_overlaps': int((start < t).sum())}
-  return {'windows': summary,
+  return {'windows': {
+              'windows': len(doc), 'documents': len(np.unique(doc)), 'window_len': t,
+              'kinds': {k: {'windows': int((kind == k).sum()),
+                            'documents': len(np.unique(doc[kind == k]))} for k in kinds},
+              'start': dist(start), 'to_end': dist(to_end),
+              'long_doc_share': float(np.mean(doc_len >= 4 * t)) if len(doc) else None,
+              'first_window_overlaps': int((start < t).sum())},
           'by_kind': _groups(per_window, kind, [(k, None, None) for k in kinds]),
           'by_depth': _binned(per_window, start, DEPTH_BINS, t),
           'by_end': _binned(per_window, to_end, END_BINS, t)}
@@ -188,8 +175,7 @@ class BucketAccumulator:
 
   def __init__(self, edges: np.ndarray):
     self.edges = np.asarray(edges, np.int64)
-    self.loss_sum = np.zeros(int(self.edges[-1]), np.float64)
-    self.count = np.zeros(int(self.edges[-1]), np.float64)
+    self.loss_sum, self.count = np.zeros((2, int(self.edges[-1])), np.float64)
     self.windows = 0  # windows with any scored token
     self._parts: list[dict[str, np.ndarray]] = []  # per batch: its windows' arrays
 
@@ -247,11 +233,11 @@ def window_ids(inputs: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray)
 
 def unique_window_ids(ids: np.ndarray, seen: dict[int, int]) -> np.ndarray:
   """Repeated ids made unique by their occurrence number, counted in ``seen``."""
-  out = np.empty(len(ids), np.uint64)
-  for i, w in enumerate(np.asarray(ids, np.uint64).tolist()):
+  out = np.array(ids, np.uint64)
+  for i, w in enumerate(out.tolist()):
     k = seen.get(w, 0)
     seen[w] = k + 1
-    out[i] = w if k == 0 else (w ^ ((k * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF))
+    out[i] = w ^ ((k * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)  # k = 0: w itself
   return out
 
 
@@ -291,7 +277,7 @@ def paired_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
     factor, d = g / (g - 1), float(la[i] - lb[i])
     se = math.sqrt(factor * np.sum((ra[:, i] - rb[:, i]) ** 2))
     unpaired = math.sqrt(factor * (np.sum(ra[:, i] ** 2) + np.sum(rb[:, i] ** 2)))
-    q = t95(g)
+    q = float(scipy.stats.t.ppf(0.975, g - 1))
     rows.append(dict(row, loss_a=float(la[i]), loss_b=float(lb[i]), diff=d, stderr=se,
                      ci95=[d - q * se, d + q * se], unpaired_stderr=unpaired))
   return rows

@@ -26,9 +26,8 @@ OFFSET_NOTE = (
     'is unchanged. For a model trained with the natural policy, rows p+K seen with only p '
     'tokens of context are off the training distribution (row p+K was trained with p+K '
     'tokens of context); a model trained with random_offset is the control.')
-# The settings recorded in results.json.
 SETTINGS_KEYS = ('split', 'policy', 'num_windows', 'window_len', 'window_start', 'min_doc_len',
-                 'min_start', 'seed')
+                 'min_start', 'seed')  # recorded in results.json
 MIN_BUCKET_WINDOWS = 30  # Fewer windows than this make a bucket's interval unreliable.
 
 
@@ -55,10 +54,9 @@ def _make_eval_step(apply_fn: Callable, edges: tuple[int, ...], mesh: jax.shardi
   bucket_of = jnp.asarray(buckets_lib.bucket_of_position(np.asarray(edges)))
 
   def step(params, batch, offset):
-    logits = apply_fn(params, batch['inputs'], batch['positions'] + offset, batch['segment_ids'])
-    mask = batch['loss_mask'].astype(jnp.float32)
+    pos, mask = batch['positions'], batch['loss_mask'].astype(jnp.float32)
+    logits = apply_fn(params, batch['inputs'], pos + offset, batch['segment_ids'])
     loss = jnp.where(mask > 0, train_step.token_losses(logits, batch['targets']), 0.0) * mask
-    pos = batch['positions']
     onehot = jax.nn.one_hot(bucket_of[pos], nb, dtype=jnp.float32)
     return {'loss_sum': jnp.zeros(length, jnp.float32).at[pos].add(loss),
             'count': jnp.zeros(length, jnp.float32).at[pos].add(mask),
@@ -103,17 +101,13 @@ def accumulate(apply_fn: Callable, params, batches: Iterable[dict[str, np.ndarra
 
 def summarize(acc: buckets_lib.BucketAccumulator, *, step: int | None = None,
               reference: dict[str, np.ndarray] | None = None) -> EvalOutput:
-  """results.json dict and per-position vectors of one accumulator."""
-  per_position = acc.per_position()
-  if reference is not None:
-    reference = {k: np.asarray(reference[k], np.float64)[:len(acc.count)]
-                 for k in ('bayes_loss', 'filter_loss')}
-    per_position.update(reference)
-  per_window = acc.per_window()
-  results = {'step': step, 'buckets': acc.buckets(reference),
-             'overall': buckets_lib.overall(per_window),
-             'degradation': buckets_lib.degradation(per_window)}
-  return EvalOutput(results, per_position, per_window)
+  """results.json dict and per-position vectors of one accumulator; ``reference``: the synthetic
+  source's `data.reference_losses` of its length L (``bayes_loss``, ``filter_loss`` [L])."""
+  per_position, per_window = acc.per_position(), acc.per_window()
+  per_position.update(reference or {})
+  return EvalOutput({'step': step, 'buckets': acc.buckets(reference),
+                     'overall': buckets_lib.overall(per_window),
+                     'degradation': buckets_lib.degradation(per_window)}, per_position, per_window)
 
 
 def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -161,13 +155,11 @@ def make_batches(config: ml_collections.ConfigDict, s: dict[str, Any]
                  ) -> tuple[dict[str, np.ndarray], ...]:
   """`data.make_eval_batches` of the settings ``s``, built once per process (read-only)."""
   return _batches(json.dumps(config.data.to_dict(), sort_keys=True, default=str),
-                  tuple((k, s[k]) for k in SETTINGS_KEYS + ('batch_size',)))
+                  **{k: s[k] for k in SETTINGS_KEYS + ('batch_size',)})
 
 
-@functools.lru_cache(maxsize=4)
-def _batches(data_json: str, settings: tuple[tuple[str, Any], ...]
-             ) -> tuple[dict[str, np.ndarray], ...]:
-  s = dict(settings)
+@functools.lru_cache(maxsize=4)  # keyed by the data config's JSON and the settings
+def _batches(data_json: str, **s) -> tuple[dict[str, np.ndarray], ...]:
   ints = {k: int(s.pop(k)) for k in ('window_len', 'num_windows', 'batch_size', 'seed')}
   return tuple(data_lib.make_eval_batches(
       ml_collections.ConfigDict(json.loads(data_json)), **ints, **s))

@@ -255,9 +255,8 @@ class PositionStatistics:
     object does not collect are dropped; ones it collects but ``saved`` lacks start at 0."""
     self.cumulative_count = np.asarray(saved['cumulative_count'], np.int64)
     self.first_step = int(saved['window_first_step'])
-    zero = self.init()
     return PositionStats(**{k: np.asarray(saved['window'].get(k, v), v.dtype)
-                            for k, v in zero.items()})
+                            for k, v in self.init().items()})
 
 
 def derived(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:

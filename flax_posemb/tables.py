@@ -21,20 +21,14 @@ def is_file_spec(name: str) -> bool:
   return isinstance(name, str) and name.startswith(FILE_PREFIX)
 
 
-def parse_spec(spec: str) -> tuple[str, str | None]:
-  """Splits `[file:]PATH[:KEY]` into `(PATH, KEY or None)`."""
-  body = spec[len(FILE_PREFIX):] if is_file_spec(spec) else spec
-  m = _SPEC_RE.match(body)
+def load_table(spec: str) -> np.ndarray:
+  """The 2-D float table named by `spec`, read-only (cached per file identity)."""
+  m = _SPEC_RE.match(spec.removeprefix(FILE_PREFIX))
   if m is None or (m.group(1).endswith('.npy') and m.group(2)):
     raise TableError(f'Table spec {spec!r}: expected PATH.npy (a .npy file takes no :KEY), '
                      'PATH.npz[:KEY] or PATH.safetensors[:KEY] '
                      '(e.g. file:gpt2.safetensors:wpe.weight).')
-  return m.group(1), m.group(2) or None
-
-
-def load_table(spec: str) -> np.ndarray:
-  """The 2-D float table named by `spec`, read-only (cached per file identity)."""
-  path, key = parse_spec(spec)
+  path, key = m.group(1), m.group(2) or None
   if not os.path.isfile(path):
     raise TableError(f'Table file not found: {path!r} (from {spec!r}; relative paths are '
                      f'relative to the working directory {os.getcwd()!r}).')
