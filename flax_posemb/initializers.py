@@ -165,7 +165,7 @@ def resolve(name: str, *, token_init: Initializer, std: float | None = None,
   return get(name, **({} if std is None else {'std': std}))
 
 
-# Row rules (never the width): error (must match), truncate (first rows), interpolate (as ViT).
+# Row rules (never the width): error (must match), truncate (first rows), interpolate (ViT/DeiT).
 RESIZE_RULES: tuple[str, ...] = ('error', 'truncate', 'interpolate')
 
 

@@ -96,7 +96,7 @@ def _blocked_heads_major(q: Array, k: Array, v: Array, mask: Array | None,
 def block(x: Array, mask: Array | None, positions: Array, cfg: Any, *, ln_1: Layer, qkv: Layer,
           attn_out: Layer, ln_2: Layer, mlp_in: Layer, mlp_out: Layer, drop_attn: Layer,
           drop_mlp: Layer) -> Array:
-  """Pre-LN block `[B, T, D] -> [B, T, D]` of the caller's framework layers and ModelConfig."""
+  """Pre-LN block `[B, T, D] -> [B, T, D]` of the framework's layers and `cfg` (a ModelConfig)."""
   a = attention(qkv(ln_1(x)), positions, mask, num_heads=cfg.num_heads,
                 rope=cfg.position_embedding == 'rope', implementation=cfg.attention_impl)
   x = x + drop_attn(attn_out(a))
