@@ -64,6 +64,13 @@ def _normal(name: str, std: float | None = None) -> Initializer:
   return Initializer(name, init, lambda f: realized)
 
 
+# Uniform(-b, b) entries: name -> b of the table's width.
+_UNIFORMS: dict[str, Callable[[int], float]] = {
+    'word2vec': lambda f: 0.5 / f,  # Word2Vec's input vectors (original C code).
+    'small_uniform': lambda f: 1e-4,  # "SmallInit" (BlinkDL, RWKV): followed by a LayerNorm.
+}
+
+
 def _uniform(name: str, bound_fn: Callable[[int], float]) -> Initializer:
   def init(key, shape, dtype=jnp.float32):
     bound = bound_fn(shape[-1])
@@ -90,16 +97,6 @@ def flax_default() -> Initializer:
   return Initializer('flax_default', base, lambda f: 1.0 / math.sqrt(f))
 
 
-def word2vec() -> Initializer:
-  """Word2Vec's input vectors (original C code): uniform(-0.5/features, 0.5/features)."""
-  return _uniform('word2vec', lambda f: 0.5 / f)
-
-
-def small_uniform(bound: float = 1e-4) -> Initializer:
-  """"SmallInit" (BlinkDL, RWKV): uniform(-1e-4, 1e-4), meant to be followed by a LayerNorm."""
-  return _uniform('small_uniform', lambda f: float(bound))
-
-
 def zeros() -> Initializer:
   """All zeros (an untrained table: rows move only by their own gradient)."""
   return Initializer('zeros', jax.nn.initializers.zeros, lambda f: 0.0)
@@ -117,18 +114,16 @@ def sinusoidal(std: float | None = None, max_wavelength: float = 10_000.0) -> In
   return Initializer('sinusoidal', init, lambda f: std)
 
 
-def same_as_token(token_init: Initializer | None = None) -> Initializer:
-  """Whatever the model's token embedding uses (GPT-2, nanoGPT and BERT share one init)."""
-  if token_init is None:
-    raise ValueError("'same_as_token' depends on the token embedding's initializer: use "
-                     "initializers.resolve('same_as_token', token_init=...).")
-  return token_init
+def same_as_token() -> Initializer:
+  """The token embedding's own init (GPT-2, nanoGPT and BERT share one): `resolve` builds it."""
+  raise ValueError("'same_as_token' cannot be token_init (pick e.g. 'gpt2'); as position_init use "
+                   "initializers.resolve('same_as_token', token_init=...).")
 
 
 _BUILDERS: dict[str, Callable[..., Initializer]] = {
     **{n: functools.partial(_normal, n) for n in _NORMALS},
-    **{f.__name__: f for f in (flax_default, word2vec, small_uniform, zeros, sinusoidal,
-                               same_as_token)}}
+    **{n: functools.partial(_uniform, n, bound) for n, bound in _UNIFORMS.items()},
+    **{f.__name__: f for f in (flax_default, zeros, sinusoidal, same_as_token)}}
 NAMES: tuple[str, ...] = tuple(sorted(_BUILDERS))
 # Names whose `std` can be overridden (model.position_init_std / token_init_std).
 STD_NAMES: tuple[str, ...] = tuple(
@@ -170,8 +165,7 @@ def resolve(name: str, *, token_init: Initializer, std: float | None = None,
   return get(name, **({} if std is None else {'std': std}))
 
 
-# Fitting a table's rows (never its width): 'error' (must match), 'truncate' (first rows),
-# 'interpolate' (linear resampling, first and last kept, as ViT/DeiT resize theirs).
+# Row rules (never the width): error (must match), truncate (first rows), interpolate (ViT/DeiT).
 RESIZE_RULES: tuple[str, ...] = ('error', 'truncate', 'interpolate')
 
 

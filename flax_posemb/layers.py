@@ -75,9 +75,8 @@ def blocked_causal_attention(q: Array, k: Array, v: Array, mask: Array | None,
 
 def _blocked_heads_major(q: Array, k: Array, v: Array, mask: Array | None,
                          block: int) -> Array:
-  """`blocked_causal_attention` on heads-major `[B, N, T, H]` -> `[B, N, T, H]`. Disallowed
-  scores get the float32 minimum added, not selected: exp underflows to 0 either way (each row
-  keeps its diagonal), and the backward needs no select pass."""
+  """`blocked_causal_attention` on heads-major `[B, N, T, H]`. Disallowed scores get float32 min
+  added, not selected: exp underflows to 0 either way, and the backward needs no select pass."""
   t, h = q.shape[2], q.shape[-1]
   q = q * jnp.asarray(1.0 / math.sqrt(h), q.dtype)
   neg = jnp.finfo(jnp.float32).min
@@ -94,12 +93,12 @@ def _blocked_heads_major(q: Array, k: Array, v: Array, mask: Array | None,
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
 
 
-def block(x: Array, mask: Array | None, positions: Array, *, ln_1: Layer, qkv: Layer,
+def block(x: Array, mask: Array | None, positions: Array, cfg: Any, *, ln_1: Layer, qkv: Layer,
           attn_out: Layer, ln_2: Layer, mlp_in: Layer, mlp_out: Layer, drop_attn: Layer,
-          drop_mlp: Layer, num_heads: int, rope: bool, implementation: str) -> Array:
-  """Pre-LN block `[B, T, D] -> [B, T, D]` of the caller's framework layers (as `attention`)."""
-  a = attention(qkv(ln_1(x)), positions, mask, num_heads=num_heads, rope=rope,
-                implementation=implementation)
+          drop_mlp: Layer) -> Array:
+  """Pre-LN block `[B, T, D] -> [B, T, D]` of the framework's layers and `cfg` (a ModelConfig)."""
+  a = attention(qkv(ln_1(x)), positions, mask, num_heads=cfg.num_heads,
+                rope=cfg.position_embedding == 'rope', implementation=cfg.attention_impl)
   x = x + drop_attn(attn_out(a))
   return x + drop_mlp(mlp_out(jax.nn.gelu(mlp_in(ln_2(x)), approximate=True)))
 

@@ -79,8 +79,6 @@ class ModelConfig:
       elif std >= 0 and name not in initializers.STD_NAMES:
         yield (f'{kind}_init {name!r} takes no std (got {std}); std applies to '
                f'{", ".join(initializers.STD_NAMES)}. Set {kind}_init_std=-1.')
-    if self.token_init == 'same_as_token':
-      yield "token_init cannot be 'same_as_token'; pick e.g. 'gpt2'."
     initializers.check_resize(self.position_init_resize)
     pe = self.position_embedding
     if pe == 'learned' and tables.is_file_spec(self.position_init):
@@ -161,19 +159,16 @@ class Block(nn.Module):
     layer_norm = functools.partial(nn.LayerNorm, epsilon=layers.LAYER_NORM_EPSILON,
                                    dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype)
     resid_std = layers.resid_std(cfg.num_layers)
-    # Created in this order so the dropout modules keep their names (Dropout_0 for the
-    # attention output, Dropout_1 for the MLP) and hence their dropout masks.
+    # In this order, so that their names (and dropout masks) stay: Dropout_0 attention, 1 MLP.
     drop_attn, drop_mlp = nn.Dropout(cfg.dropout_rate), nn.Dropout(cfg.dropout_rate)
     return layers.block(
-        x, mask, positions,
+        x, mask, positions, cfg,
         ln_1=layer_norm(name='ln_1'), qkv=dense(3 * d, layers.DENSE_STD, name='qkv'),
         attn_out=dense(d, resid_std, name='attn_out'), ln_2=layer_norm(name='ln_2'),
         mlp_in=dense(cfg.mlp_dim, layers.DENSE_STD, name='mlp_in'),
         mlp_out=dense(d, resid_std, name='mlp_out'),
         drop_attn=lambda y: drop_attn(y, deterministic=deterministic),
-        drop_mlp=lambda y: drop_mlp(y, deterministic=deterministic),
-        num_heads=cfg.num_heads, rope=cfg.position_embedding == 'rope',
-        implementation=cfg.attention_impl)
+        drop_mlp=lambda y: drop_mlp(y, deterministic=deterministic))
 
 
 class TransformerLM(nn.Module):
@@ -204,6 +199,5 @@ class TransformerLM(nn.Module):
     block = nn.remat(Block, static_argnums=(4,)) if cfg.remat else Block
     for i in range(cfg.num_layers):
       x = block(cfg, name=f'block_{i}')(x, mask, positions, deterministic)
-    x = nn.LayerNorm(epsilon=layers.LAYER_NORM_EPSILON, dtype=dt, param_dtype=pdt,
-                     name='ln_f')(x)
-    return tok.attend(x)
+    return tok.attend(nn.LayerNorm(epsilon=layers.LAYER_NORM_EPSILON, dtype=dt, param_dtype=pdt,
+                                   name='ln_f')(x))

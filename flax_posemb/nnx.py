@@ -109,15 +109,12 @@ class Block(nnx.Module):
                deterministic: bool = True, rngs: nnx.Rngs | None = None) -> Array:
     """``x`` [B, T, D], ``mask`` bool [B, 1, T, T] (None: causal), ``positions`` [B, T]."""
     return layers.block(
-        x, mask, positions, ln_1=self.ln_1, qkv=self.qkv, attn_out=self.attn_out,
+        x, mask, positions, self.config, ln_1=self.ln_1, qkv=self.qkv, attn_out=self.attn_out,
         ln_2=self.ln_2, mlp_in=self.mlp_in, mlp_out=self.mlp_out,
         drop_attn=lambda y: self.drop_attn(y, deterministic=deterministic, rngs=rngs),
-        drop_mlp=lambda y: self.drop_mlp(y, deterministic=deterministic, rngs=rngs),
-        num_heads=self.config.num_heads, rope=self.config.position_embedding == 'rope',
-        implementation=self.config.attention_impl)
+        drop_mlp=lambda y: self.drop_mlp(y, deterministic=deterministic, rngs=rngs))
 
 
-# `cfg.remat`: recompute each block's activations in the backward pass (static flag 4).
 _remat_block = nnx.remat(Block.__call__, static_argnums=(4,), graph_updates=False)
 
 

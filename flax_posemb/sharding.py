@@ -28,28 +28,26 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P('data'))
 
 
-def param_sharding(shape: tuple[int, ...], mesh: Mesh, fsdp: bool) -> NamedSharding:
-  """Replicated, or under fsdp split along the largest axis divisible by the device count."""
-  n = mesh.shape['data']
-  axes = [a for a in sorted(range(len(shape)), key=lambda a: -shape[a]) if shape[a] % n == 0]
-  if fsdp and n > 1 and len(shape) >= 2 and int(np.prod(shape)) >= FSDP_MIN_SIZE and axes:
-    return NamedSharding(mesh, P(*('data' if a == axes[0] else None for a in range(len(shape)))))
-  return replicated(mesh)
-
-
 def tree_shardings(tree: PyTree, mesh: Mesh, fsdp: bool) -> PyTree:
-  """``param_sharding`` for every leaf of a tree of arrays / ShapeDtypeStructs."""
-  return jax.tree.map(lambda x: param_sharding(tuple(x.shape), mesh, fsdp), tree)
+  """Per leaf of a tree of arrays / ShapeDtypeStructs: replicated, or under fsdp split along the
+  largest axis divisible by the device count."""
+  n = mesh.shape['data']
+
+  def leaf(shape):
+    axes = [a for a in sorted(range(len(shape)), key=lambda a: -shape[a]) if shape[a] % n == 0]
+    if fsdp and n > 1 and len(shape) >= 2 and int(np.prod(shape)) >= FSDP_MIN_SIZE and axes:
+      return NamedSharding(mesh, P(*('data' if a == axes[0] else None for a in range(len(shape)))))
+    return replicated(mesh)
+  return jax.tree.map(lambda x: leaf(tuple(x.shape)), tree)
 
 
 def check_batch_layout(config: Any, mesh: Mesh) -> None:
   """ValueError unless ``batch_size`` splits over microbatches, devices and processes."""
-  b, a, n = int(config.batch_size), int(config.grad_accum_steps), mesh.size
-  if a < 1 or b < 1 or b % (a * n) or b % jax.process_count():
+  b, a, n, p = int(config.batch_size), int(config.grad_accum_steps), mesh.size, jax.process_count()
+  if a < 1 or b < 1 or b % (a * n) or b % p:
     raise ValueError(f'batch_size={b} must be a positive multiple of grad_accum_steps * device '
-                     f'count = {a} * {n} and of the process count {jax.process_count()} '
-                     f'(grad_accum_steps >= 1; 0 = auto is resolved at startup): set '
-                     f'--config.batch_size to a multiple of {max(a, 1) * n}.')
+                     f'count = {a} * {n} (grad_accum_steps >= 1) and of the process count {p}: '
+                     f'set --config.batch_size to a multiple of {max(a, 1) * n}.')
 
 
 def global_batch(batch: dict[str, np.ndarray], mesh: Mesh,

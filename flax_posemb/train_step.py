@@ -42,19 +42,6 @@ def make_model(config: ml_collections.ConfigDict) -> model_lib.TransformerLM:
   return model_lib.TransformerLM(model_lib.ModelConfig.from_config(config.model))
 
 
-def token_loss_fn(model: model_lib.TransformerLM) -> Callable[..., jax.Array]:
-  """``(params, embed_delta, batch, dropout_key) -> [B, T]`` token losses of ``model``."""
-
-  deterministic = model.config.dropout_rate == 0.0
-
-  def fn(params, embed_delta, batch, key):
-    logits = model.apply({'params': params}, batch['inputs'], batch['positions'],
-                         segment_ids=batch['segment_ids'], deterministic=deterministic,
-                         embed_delta=embed_delta, rngs={'dropout': key})
-    return token_losses(logits, batch['targets'])
-  return fn
-
-
 def position_statistics(model: model_lib.TransformerLM, config: ml_collections.ConfigDict,
                         **kwargs) -> stats_lib.PositionStatistics:
   """The statistics object of ``model``'s table, ``config.collect_stats`` and host ``kwargs``."""
@@ -131,8 +118,15 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
                                 batch_size=int(config.batch_size),
                                 seq_len=int(config.data.seq_len), num_devices=mesh.size)
   statistics = statistics or position_statistics(model, config)
-  gradients = accumulated(statistics.value_and_grad(token_loss_fn(model), finish=False),
-                          accum, mesh)
+  deterministic = model.config.dropout_rate == 0.0
+
+  def token_loss_fn(params, embed_delta, batch, key):  # [B, T] losses; `key`: dropout's
+    logits = model.apply({'params': params}, batch['inputs'], batch['positions'],
+                         segment_ids=batch['segment_ids'], deterministic=deterministic,
+                         embed_delta=embed_delta, rngs={'dropout': key})
+    return token_losses(logits, batch['targets'])
+
+  gradients = accumulated(statistics.value_and_grad(token_loss_fn, finish=False), accum, mesh)
   schedule = optim.make_schedule(config)
   row_scale = bool(config.optimizer.row_lr_scale)
 
@@ -141,7 +135,7 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
     loss, grads, step_stats = gradients(state.params, batch, rng, jnp.maximum(n_targets, 1.0))
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     extra = {'position_counts': step_stats['count'].astype(jnp.float32)} if row_scale else {}
-    updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
+    updates, opt = tx.update(grads, state.opt_state, state.params, **extra)
     params = optax.apply_updates(state.params, updates)
     tables = ((model_lib.position_table(state.params), model_lib.position_table(params))
               if model.config.position_embedding == 'learned' else ())
@@ -151,8 +145,7 @@ def make_train_step(model: model_lib.TransformerLM, tx: optax.GradientTransforma
                    learning_rate=jnp.asarray(schedule(state.step), jnp.float32),
                    tokens=jnp.sum((batch['segment_ids'] > 0).astype(jnp.float32)),
                    finite=(jnp.isfinite(loss) & jnp.isfinite(grad_norm)).astype(jnp.float32))
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
-                      stats=window), metrics
+    return state.replace(step=state.step + 1, params=params, opt_state=opt, stats=window), metrics
 
   repl = sharding.replicated(mesh)
   return jax.jit(step_fn, in_shardings=(state_shardings, sharding.batch_sharding(mesh), repl),
