@@ -27,10 +27,10 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
       related to cumulative exposure when the run has window files.
     bucket_size, bucket_edges: buckets of the summaries (`buckets.make_edges`).
   """
-  snaps = [(s, p) for s, p in outputs.table_files(workdir) if step is None or s <= step]
-  if initial is None and snaps and snaps[0][0] == 0:
-    initial = outputs.load_npy(snaps[0][1])
-  snapshots = [(s, outputs.load_npy(p)) for s, p in snaps]
+  snapshots = [(s, outputs.load_npy(p)) for s, p in outputs.table_files(workdir)
+               if step is None or s <= step]
+  if initial is None and snapshots and snapshots[0][0] == 0:
+    initial = snapshots[0][1]
   summary, arrays = analysis.analyze_table(table, initial=initial, snapshots=snapshots,
                                            bucket_size=bucket_size, bucket_edges=bucket_edges)
   summary['step'] = step

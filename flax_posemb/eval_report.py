@@ -143,7 +143,7 @@ def _grid(corner: str, spans: list[dict], heads: list[str], columns: list[list[A
           width: int | list[int]) -> str:
   """Text table: bucket spans down, ``heads`` across, ``width`` wide (one, or one a column)."""
   widths = [13] + ([width] * len(heads) if isinstance(width, int) else width)
-  rows = [[corner, *heads]] + [['[{start}, {end})'.format(**b)] + [c[i] for c in columns]
+  rows = [[corner, *heads]] + [[f"[{b['start']}, {b['end']})"] + [c[i] for c in columns]
                                for i, b in enumerate(spans)]
   return '\n'.join(' '.join(f'{v:>{w}}' for v, w in zip(row, widths)) for row in rows)
 
