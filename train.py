@@ -48,9 +48,7 @@ def main(argv):
     if FLAGS.cpu_collectives:
       jax.config.update('jax_cpu_collectives_implementation', FLAGS.cpu_collectives)
     if multi:
-      jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
-                                 num_processes=FLAGS.num_processes,
-                                 process_id=FLAGS.process_id)
+      jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     from flax_posemb import training  # pylint: disable=g-import-not-at-top
     result = training.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   if result['preempted']:

@@ -27,10 +27,10 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
       related to cumulative exposure when the run has window files.
     bucket_size, bucket_edges: buckets of the summaries (`buckets.make_edges`).
   """
-  snaps = [(s, p) for s, p in outputs.table_files(workdir) if step is None or s <= step]
-  if initial is None and snaps and snaps[0][0] == 0:
-    initial = outputs.load_npy(snaps[0][1])
-  snapshots = [(s, outputs.load_npy(p)) for s, p in snaps]
+  snapshots = [(s, outputs.load_npy(p)) for s, p in outputs.table_files(workdir)
+               if step is None or s <= step]
+  if initial is None and snapshots and snapshots[0][0] == 0:
+    initial = snapshots[0][1]
   summary, arrays = analysis.analyze_table(table, initial=initial, snapshots=snapshots,
                                            bucket_size=bucket_size, bucket_edges=bucket_edges)
   summary['step'] = step
@@ -59,15 +59,13 @@ def _table_plots(table: np.ndarray, summary: dict[str, Any], arrays: dict[str, n
                  output: str) -> dict[str, str]:
   """Writes table_analysis.png and cosine_similarity.png of `analyze_table`'s results."""
   probe = summary['probe']
-  return {
-      'table_plot': plots.table_analysis(
-          arrays['norm'], arrays.get('drift'), arrays['pca_ratio'],
-          np.asarray(probe['bucket_edges']), np.asarray(probe['abs_error_by_bucket']),
-          os.path.join(output, 'table_analysis.png'), arrays.get('snapshot_drift'),
-          arrays.get('snapshot_steps', ()), probe_r2=probe['r2']),
-      'cosine_plot': plots.cosine_heatmap(analysis.cosine_similarity(table),
-                                          os.path.join(output, 'cosine_similarity.png')),
-  }
+  return {'table_plot': plots.table_analysis(
+              arrays['norm'], arrays.get('drift'), arrays['pca_ratio'],
+              np.asarray(probe['bucket_edges']), np.asarray(probe['abs_error_by_bucket']),
+              os.path.join(output, 'table_analysis.png'), arrays.get('snapshot_drift'),
+              arrays.get('snapshot_steps', ()), probe_r2=probe['r2']),
+          'cosine_plot': plots.cosine_heatmap(analysis.cosine_similarity(table),
+                                              os.path.join(output, 'cosine_similarity.png'))}
 
 
 def _write(summary: dict[str, Any], arrays: dict[str, np.ndarray] | None,
@@ -84,17 +82,16 @@ def _write(summary: dict[str, Any], arrays: dict[str, np.ndarray] | None,
   return summary
 
 
-def write_table_analysis(table: np.ndarray | str, output: str, *, bucket_size: int = 16,
+def write_table_analysis(source: str, output: str, *, bucket_size: int = 16,
                          bucket_edges: str = '') -> dict[str, Any]:
   """`analyze_workdir`'s analysis of any table, less drift and exposure (listed under
   'skipped'); writes table_analysis.json and the plots into `output`.
 
   Args:
-    table: [L >= 2, D] position table, or a `tables.load_table` spec (the JSON's 'source').
+    source: a `tables.load_table` spec of a [L >= 2, D] position table (the JSON's 'source').
   """
-  source = table if isinstance(table, str) else ''
-  table = np.asarray(tables.load_table(table) if isinstance(table, str) else table, np.float64)
-  if table.ndim != 2 or table.shape[0] < 2 or table.shape[1] < 1:
+  table = np.asarray(tables.load_table(source), np.float64)  # 2-D: checked by load_table
+  if table.shape[0] < 2 or table.shape[1] < 1:
     raise ValueError(f'table analysis needs a [rows >= 2, features >= 1] table, got {table.shape}.')
   summary, arrays = analysis.analyze_table(table, bucket_size=bucket_size,
                                           bucket_edges=bucket_edges)

@@ -13,19 +13,17 @@ CPU_MICROBATCH_TOKENS = 1024  # Tokens per microbatch on CPU (rows x seq_len), a
 
 def attention_impl(impl: str, *, platform: str, dtype: str, head_dim: int, seq_len: int,
                    compute_capability: tuple[int, ...] | None = None) -> str:
-  """The attention implementation `impl` stands for (unchanged unless 'auto'): 'blocked' on
-  CPU, 'cudnn' where cuDNN accepts it with a mask (docs/DESIGN.md §Config, and an even
-  `seq_len`; `compute_capability` None reads the first device's), else 'xla'."""
+  """The attention implementation `impl` stands for (unchanged unless 'auto'; docs/DESIGN.md
+  §Config, and cuDNN needs an even `seq_len`); `compute_capability` None: the first device's."""
   if impl != AUTO_ATTENTION:
     return impl
   if platform == 'cpu':
     return 'blocked'
   if platform in ('gpu', 'cuda') and str(dtype) in ('bfloat16', 'float16'):
-    cc = compute_capability
-    if cc is None:
-      cc = str(getattr(jax.devices()[0], 'compute_capability', '0'))
-      cc = tuple(int(x) for x in cc.split('.') if x.isdigit())
-    if cc >= (8, 0) and head_dim % 8 == 0 and head_dim <= 128 and seq_len % 2 == 0:
+    if compute_capability is None:
+      cc = str(getattr(jax.devices()[0], 'compute_capability', '0')).split('.')
+      compute_capability = tuple(int(x) for x in cc if x.isdigit())
+    if compute_capability >= (8, 0) and head_dim % 8 == 0 and head_dim <= 128 and seq_len % 2 == 0:
       return 'cudnn'
   return 'xla'
 

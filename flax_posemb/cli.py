@@ -30,8 +30,7 @@ def debug_enabled(argv: Sequence[str] = ()) -> bool:
 
 
 def _is_user_error(e: BaseException) -> bool:
-  """Bad input (a ValueError, an OSError of a path the user gave, absl's UsageError) unless an
-  OSError of the machine is among its causes (TensorStore's: ``[os_error_code='28']``)."""
+  """Bad input, unless an OSError of the machine (errno or TensorStore's text) is a cause."""
   cause = e
   while cause is not None:
     if isinstance(cause, OSError) and cause.errno in ENVIRONMENT_ERRNOS or any(
@@ -53,12 +52,9 @@ def fail(prog: str, message: str, code: int = EXIT_USER_ERROR) -> None:
 
 
 def _message(e: BaseException, argv: Sequence[str] = ()) -> str:
-  """One message for a user error, also one raised while parsing flags and config overrides
-  (an unknown config field is ml_collections' AttributeError or KeyError)."""
+  """One message for bad input, also a bad flag (an unknown config field: Attribute/KeyError)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   msg = str(e).strip() or type(e).__name__
-  if isinstance(e, UserError):
-    return msg
   if isinstance(e, (AttributeError, KeyError)):
     found = re.search(r"'([A-Za-z_][\w]*)\\*'", msg)
     key = found.group(1) if found else msg.strip('\'"')
@@ -70,7 +66,8 @@ def _message(e: BaseException, argv: Sequence[str] = ()) -> str:
             'defaults are listed in flax_posemb/defaults.py.')
   if isinstance(e, flags.Error) or type(e).__name__ == 'UsageError':
     return f'{msg} (see --helpshort).'
-  return f'bad flags or config file: {type(e).__name__}: {msg}' if argv else msg
+  plain = not argv or isinstance(e, UserError)  # raised by main, or parse's own message
+  return msg if plain else f'bad flags or config file: {type(e).__name__}: {msg}'
 
 
 def name_main_module(prog: str, module_name: str) -> None:
@@ -176,8 +173,7 @@ def _third_party_filter(record: logging.LogRecord) -> bool:
 
 
 def _report_unraisable(unraisable: Any) -> None:
-  """Python's report of an exception it cannot raise, less the ends of the reads a failed restore
-  abandoned (Orbax's coroutines, TensorStore's callbacks into Orbax's closed event loop)."""
+  """Python's report, less the late ends of the reads that a failed Orbax restore abandoned."""
   code = getattr(unraisable.object, 'cr_code', None)
   late = unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == (
       'Event loop is closed')

@@ -26,39 +26,43 @@ def _fmt(x: float | None, nd: int = 4) -> str:
   return '-' if x is None else f'{x:.{nd}f}'
 
 
-def _span(b: dict[str, Any]) -> str:
-  return f"[{b['start']}, {b['end']})"
-
-
 def format_table(results: dict[str, Any]) -> str:
   """Plain-text bucket table of a results dict."""
-  cols = [('loss', 'loss', 8, 4), ('stderr', 'stderr', 8, 4)]
-  if results['buckets'] and 'bayes_loss' in results['buckets'][0]:  # synthetic references
+  bs, cols = results['buckets'], [('loss', 'loss', 8, 4), ('stderr', 'stderr', 8, 4)]
+  if bs and 'bayes_loss' in bs[0]:  # synthetic references
     cols += [('bayes', 'bayes_loss', 8, 4), ('filter', 'filter_loss', 8, 4),
              ('excess', 'excess_loss', 8, 4), ('recov', 'recovered', 7, 3)]
-  lines = [f'{"bucket":>13} {"tokens":>8}' + ''.join(f' {h:>{w}}' for h, _, w, _ in cols)]
-  lines += [f"{_span(b):>13} {b['tokens']:>8}" + ''.join(f' {_fmt(b[k], nd):>{w}}'
-                                                         for _, k, w, nd in cols)
-            for b in results['buckets']]
   o, d = results['overall'], results['degradation']
   docs = f", {o['documents']} documents" if 'documents' in o else ''
-  lines.append(f"overall loss {_fmt(o['loss'])} +- {_fmt(o['stderr'])} nats/token "
-               f"({o['tokens']} tokens, {o['windows']} windows{docs}); losses in nats per "
-               'token, +- one clustered standard error')
-  lines.append(f"last - best bucket {_fmt(d['last_minus_best'])} +- "
-               f"{_fmt(d['last_minus_best_stderr'])}; second-half slope {_fmt(d['slope'], 6)} "
-               f"+- {_fmt(d['slope_stderr'], 6)} per position")
-  return '\n'.join(lines)
+  heads = ['tokens'] + [c[0] for c in cols]
+  columns = [[b['tokens'] for b in bs]] + [[_fmt(b[k], nd) for b in bs] for _, k, _, nd in cols]
+  return '\n'.join([
+      _grid('bucket', bs, heads, columns, [8] + [c[2] for c in cols]),
+      f"overall loss {_fmt(o['loss'])} +- {_fmt(o['stderr'])} nats/token ({o['tokens']} "
+      f"tokens, {o['windows']} windows{docs}); losses in nats per token, +- one clustered "
+      'standard error',
+      f"last - best bucket {_fmt(d['last_minus_best'])} +- {_fmt(d['last_minus_best_stderr'])}; "
+      f"second-half slope {_fmt(d['slope'], 6)} +- {_fmt(d['slope_stderr'], 6)} per position"])
 
 
 def format_results(results: dict[str, Any]) -> str:
-  """The bucket table, then the windows' provenance, groups and offset probe if recorded."""
+  """The bucket table, then the windows' provenance and loss per window group (each
+  `GROUP_TABLES` entry with two groups or more), then the offset probe's loss by context-length
+  bucket (rows) for each offset K (columns), where recorded."""
   text = [format_table(results)]
   if results.get('windows'):
-    text += [format_windows(results['windows']), format_groups(results)]
-  if results.get('offset_probe'):
-    text.append(format_offsets(results['offset_probe']))
-  return '\n\n'.join(t for t in text if t)
+    text.append(format_windows(results['windows']))
+    groups = [t for t in GROUP_TABLES if len(results.get(t) or []) > 1]
+    for t in groups:
+      heads = [f"{g['group']} ({g['windows']}w/{g['documents']}d)" for g in results[t]]
+      text.append(_grid(t, results['buckets'], heads, [_cells(g['buckets']) for g in results[t]],
+                        max([17] + [len(h) + 1 for h in heads])))
+    text += [PM_NOTE + '; columns: group (windows w / documents d)'] if groups else []
+  if probe := results.get('offset_probe'):
+    by = probe['by_offset']
+    text.append(_grid('context', by[0]['buckets'], [f"K={r['offset']}" for r in by],
+                      [_cells(r['buckets']) for r in by], 16) + f"\n{PM_NOTE}. {probe['note']}")
+  return '\n\n'.join(text)
 
 
 def json_safe(x: Any) -> Any:
@@ -89,18 +93,16 @@ def _bucket_csv(path: str, head: tuple[str, ...], tables: list[tuple[tuple, list
 
 
 def write_outputs(results: dict[str, Any], per_position: dict[str, np.ndarray], out_dir: str,
-                  title: str = '', per_window: dict[str, np.ndarray] | None = None
-                  ) -> dict[str, str]:
+                  title: str, per_window: dict[str, np.ndarray]) -> dict[str, str]:
   """Writes an evaluation's files into ``out_dir`` at once; returns their paths by kind."""
   files, probe = {}, results.get('offset_probe')
   with outputs.replace_files(out_dir, OUTPUT_FILES) as stage:
     path = lambda name: os.path.join(stage, name)  # noqa: E731
     for key, name, arrays in (('npz', 'per_position.npz', per_position),
                               ('windows', 'windows.npz', per_window)):
-      if arrays is not None:
-        with outputs.atomic_write(path(name)) as f:
-          np.savez(f, **arrays)
-        files[key] = path(name)
+      with outputs.atomic_write(path(name)) as f:
+        np.savez(f, **arrays)
+      files[key] = path(name)
     files['csv'] = _bucket_csv(path('buckets.csv'), (), [((), results['buckets'])])
     if results.get('by_depth') is not None:
       files['groups_csv'] = _bucket_csv(path('groups.csv'), ('table', 'group'), [
@@ -133,33 +135,17 @@ def format_windows(summary: dict[str, Any]) -> str:
   return '\n'.join(lines)
 
 
-def _cells(rows: list[dict[str, Any]]) -> list[str]:
-  return ['-' if r['loss'] is None else f"{r['loss']:.4f}+-{_fmt(r['stderr'])}" for r in rows]
+def _cells(rows: list[dict[str, Any]], key: str = 'loss', sign: str = '') -> list[str]:
+  return ['-' if r[key] is None else f"{r[key]:{sign}.4f}+-{_fmt(r['stderr'])}" for r in rows]
 
 
-def _grid(corner: str, spans: list[dict], heads: list[str], columns: list[list[str]],
-          width: int) -> list[str]:
-  """Text table: bucket spans down, ``heads`` across."""
-  return ([f'{corner:>13} ' + ' '.join(f'{h:>{width}}' for h in heads)]
-          + [f'{_span(b):>13} ' + ' '.join(f'{c[i]:>{width}}' for c in columns)
-             for i, b in enumerate(spans)])
-
-
-def format_groups(results: dict[str, Any]) -> str:
-  """Bucket loss per window group, one table per `GROUP_TABLES` entry with two groups or more."""
-  out = []
-  for table in (t for t in GROUP_TABLES if len(results.get(t) or []) > 1):
-    heads = [f"{g['group']} ({g['windows']}w/{g['documents']}d)" for g in results[table]]
-    out.append('\n'.join(_grid(table, results['buckets'], heads, [
-        _cells(g['buckets']) for g in results[table]], max([17] + [len(h) + 1 for h in heads]))))
-  return '\n\n'.join(out + [PM_NOTE + '; columns: group (windows w / documents d)']) if out else ''
-
-
-def format_offsets(probe: dict[str, Any]) -> str:
-  """Loss by context-length bucket (rows) for each offset K (columns)."""
-  by = probe['by_offset']
-  return '\n'.join(_grid('context', by[0]['buckets'], [f"K={r['offset']}" for r in by],
-                         [_cells(r['buckets']) for r in by], 16) + [f"{PM_NOTE}. {probe['note']}"])
+def _grid(corner: str, spans: list[dict], heads: list[str], columns: list[list[Any]],
+          width: int | list[int]) -> str:
+  """Text table: bucket spans down, ``heads`` across, ``width`` wide (one, or one a column)."""
+  widths = [13] + ([width] * len(heads) if isinstance(width, int) else width)
+  rows = [[corner, *heads]] + [[f"[{b['start']}, {b['end']})"] + [c[i] for c in columns]
+                               for i, b in enumerate(spans)]
+  return '\n'.join(' '.join(f'{v:>{w}}' for v, w in zip(row, widths)) for row in rows)
 
 
 def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: str,
@@ -193,11 +179,10 @@ def compare(labels: Sequence[str], results: Sequence[dict[str, Any]], out_dir: s
       for i, row in enumerate(rows)])
   files['plot'] = plots.comparison(labels, results, os.path.join(out_dir, 'comparison.png'),
                                    paired=paired)
-  diffs = [['-' if d['diff'] is None else f"{d['diff']:+.4f}+-{d['stderr']:.4f}"
-            for d in p['buckets']] for p in paired]
-  text = _grid('bucket', rows, list(labels) + [f'{p["label"]}-{p["minus"]}' for p in paired],
-               [_cells([row[l] for row in rows]) for l in labels] + diffs,
-               max(16, max(len(l) for l in labels) + 1))
+  diffs = [_cells(p['buckets'], 'diff', '+') for p in paired]
+  text = [_grid('bucket', rows, list(labels) + [f'{p["label"]}-{p["minus"]}' for p in paired],
+                [_cells([row[l] for row in rows]) for l in labels] + diffs,
+                max(16, max(len(l) for l in labels) + 1))]
   text.append('; '.join(f"{l}: last-best {_fmt(r['degradation']['last_minus_best'])} +- "
                         f"{_fmt(r['degradation']['last_minus_best_stderr'])}"
                         for l, r in zip(labels, results)) + ' (losses in nats per token +- stderr)')

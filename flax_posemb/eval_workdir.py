@@ -33,18 +33,6 @@ def variant_name(step: int | None, *, offsets: Sequence[int] | None = None,
   return '_'.join(parts + (['analyze'] if analyze else []))
 
 
-def checkpoint_note(info: checkpointing.RestoreInfo) -> str:
-  """One line naming the checkpoint evaluated when it is not simply the one asked for."""
-  parts = []
-  if info.fell_back_from:
-    parts.append('skipped damaged ' + '; '.join(
-        f"step {d['step']} ({d['reason']})" for d in info.fell_back_from))
-  if info.vanished:
-    parts.append('step(s) ' + ', '.join(str(s) for s in info.vanished)
-                 + ' deleted by a running training while being read')
-  return f'evaluated checkpoint step {info.step}: ' + '; '.join(parts) + '.' if parts else ''
-
-
 def _make_model(config: dict[str, Any]):
   """The model of a stored config; its table comes from the checkpoint, not a ``file:``."""
   config = ml_collections.ConfigDict(config)
@@ -66,7 +54,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
   params, cfg, info = checkpointing.restore_params(
       workdir, step, sharding=sharding.replicated(mesh),
       expected=None if run is None else evaluation.expected_params(_make_model(run)))
-  step, note, config = info.step, checkpoint_note(info), ml_collections.ConfigDict(cfg)
+  step, config = info.step, ml_collections.ConfigDict(cfg)
   if analyze and model_lib.POSITION_TABLE_PATH[0] not in params:
     raise ValueError(f'--analyze needs a learned position table; this run uses '
                      f'position_embedding={config.model.position_embedding!r}.')
@@ -79,7 +67,15 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
            f'{config.model.position_init} init, step {step}')
   files = eval_report.write_outputs(out.results, out.per_position, out_dir, title=title,
                                     per_window=out.per_window)
-  text = (note + '\n' if note else '') + eval_report.format_results(out.results)
+  note = []  # why the checkpoint evaluated is not simply the one asked for
+  if info.fell_back_from:
+    note.append('skipped damaged ' + '; '.join(
+        f"step {d['step']} ({d['reason']})" for d in info.fell_back_from))
+  if info.vanished:
+    note.append('step(s) ' + ', '.join(str(k) for k in info.vanished)
+                + ' deleted by a running training while being read')
+  text = (f'evaluated checkpoint step {step}: ' + '; '.join(note) + '.\n' if note else ''
+          ) + eval_report.format_results(out.results)
   if analyze:  # The drift needs an initial table: the step-0 checkpoint's if no table_0.npy.
     from flax_posemb import analysis_report  # pylint: disable=g-import-not-at-top  (heavy)
     initial, s = None, evaluation.eval_settings(config, overrides)
@@ -95,9 +91,8 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
     files.update({f'analysis_{k}': v for k, v in summary['files'].items()})
     text += (f"\n\nposition probe R^2 {summary['probe']['r2']:.3f}; table analysis: "
              f"{summary['files']['json']}")
-  return {'results': out.results, 'per_position': out.per_position,
-          'per_window': out.per_window, 'files': files, 'out_dir': out_dir, 'step': step,
-          'table': text, 'note': note, 'checkpoint': info.to_json()}
+  return {'results': out.results, 'per_window': out.per_window, 'files': files,
+          'out_dir': out_dir, 'step': step, 'table': text}
 
 
 def evaluate_and_compare(workdirs: Sequence[str], *, output: str | None = None,

@@ -19,7 +19,6 @@ class TensorBoard:
   tensorboardX ``SummaryWriter``'s arguments, so either can be a statistics writer."""
 
   def __init__(self, logdir: str, purge_step: int | None = None):
-    self.logdir = logdir
     os.makedirs(logdir, exist_ok=True)
     self.path = os.path.join(logdir, f'events.out.tfevents.{time.time():.0f}.'
                              f'{socket.gethostname()}')
@@ -28,10 +27,8 @@ class TensorBoard:
       self._add(purge_step, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
 
   def _add(self, step: int = 0, summ: Any = None, **fields: Any) -> None:
-    event = event_pb2.Event(step=int(step), wall_time=time.time(), **fields)
-    if summ is not None:
-      event.summary.CopyFrom(summ)
-    data = event.SerializeToString()
+    data = event_pb2.Event(step=int(step), wall_time=time.time(), summary=summ,  # None: no field
+                           **fields).SerializeToString()
     head = struct.pack('<Q', len(data))  # TFRecord framing: length, crc, payload, crc
     outputs.append_whole(self.path, head + struct.pack('<I', masked_crc32c(head)) + data
                          + struct.pack('<I', masked_crc32c(data)))
@@ -54,7 +51,7 @@ class TensorBoard:
   def add_hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
     """Hyperparameters and final metrics in ``LOGDIR/hparams`` (TensorBoard's HParams tab),
     as tensorboardX's ``add_hparams(name='hparams')`` writes them."""
-    run = TensorBoard(os.path.join(self.logdir, 'hparams'))
+    run = TensorBoard(os.path.join(os.path.dirname(self.path), 'hparams'))
     for s in summary.hparams(hparams, metrics):  # experiment, session start and end
       run._add(0, s)  # pylint: disable=protected-access
     for k, v in metrics.items():

@@ -96,8 +96,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 class _Loop:
-  """The initial or latest checkpoint's state, the step loop and its outputs: ``metrics.jsonl``
-  rows, TensorBoard scalars, console lines; ``counters`` go into the checkpoint's ``stats``."""
+  """The step loop and its outputs (rows, TensorBoard, console); ``counters`` are checkpointed."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, mesh: Any,
                ckpt: checkpointing.Checkpointer, hooks: Sequence[Hook]):
@@ -107,10 +106,9 @@ class _Loop:
     self.divergence = divergence_bound(config)
     # Before anything is restored or written, on every host (they read the same files, so
     # they all stop together): refuse what would lose work.
-    self.resumed_from = ckpt.latest_step()
+    self.resumed_from, changes = ckpt.latest_step(), {}
     if self.resumed_from is None:
       workdir_lib.check_fresh_start(workdir)
-      changes = {}
     else:
       changes = workdir_lib.check_resume_config(workdir, config, ckpt.latest_config())
     self.model = model = step_lib.make_model(config)
@@ -153,16 +151,15 @@ class _Loop:
 
   def table(self, params: Any) -> np.ndarray | None:
     """The host copy of the learned position table (None without one)."""
-    if self.model.config.position_embedding != 'learned':
-      return None
-    return sharding.to_host(model_lib.position_table(params))
+    learned = self.model.config.position_embedding == 'learned'
+    return sharding.to_host(model_lib.position_table(params)) if learned else None
 
   def write(self, row: dict[str, Any]) -> None:
     if self.lead:
       workdir_lib.append_row(self.workdir, row)
 
   def save(self, state: step_lib.TrainState, step: int) -> bool:
-    # The step's training row goes with its checkpoint (`rewrite_lost_rows` may need it).
+    # The step's training row goes with its checkpoint (a resume may need to write it again).
     row = self.last_row
     metrics = row if row.get('step') == step else {'last_loss': self.last.get('loss')}
     metrics = {k: v for k, v in metrics.items() if k != 'step' and v is not None}
@@ -251,8 +248,12 @@ class _Loop:
     if resumed_from is None:
       self.snapshot(state, 0)
       self.save(state, 0)
-    else:
-      self.rewrite_lost_rows(state, start)
+    else:  # Write again the restored step's rows that metrics.jsonl lost (DESIGN.md §Resume).
+      row = self.ckpt.step_metadata(start).get('metrics', {})  # whole only if it has 'tokens'
+      if self.lead and 'tokens' in row and not workdir_lib.has_row(self.workdir, start, 'loss'):
+        self.write({'step': start, **row, 'tokens': int(row['tokens'])})
+      if self.eval_due(start) and not workdir_lib.has_row(self.workdir, start, 'eval'):
+        self.evaluate(state, start)
     result = dict(step=start, loss=None, resumed_from=resumed_from, preempted=False, eval=None)
     pending = None
     with tqdm.tqdm(total=num_steps, initial=start, desc='train', dynamic_ncols=True,
@@ -296,17 +297,8 @@ class _Loop:
                                       if v is not None})
     return result
 
-  def rewrite_lost_rows(self, state: step_lib.TrainState, step: int) -> None:
-    """Writes again the restored ``step``'s rows that metrics.jsonl lost (DESIGN.md §Resume)."""
-    row = self.ckpt.step_metadata(step).get('metrics', {})  # whole only if it has 'tokens'
-    if self.lead and 'tokens' in row and not workdir_lib.has_row(self.workdir, step, 'loss'):
-      self.write({'step': step, **row, 'tokens': int(row['tokens'])})
-    if self.eval_due(step) and not workdir_lib.has_row(self.workdir, step, 'eval'):
-      self.evaluate(state, step)
-
   def eval_due(self, step: int) -> bool:
-    every = int(self.config.eval_every_steps)
-    return every > 0 and step % every == 0
+    return self.config.eval_every_steps > 0 and step % self.config.eval_every_steps == 0
 
   def stopped(self, result: dict[str, Any], step: int) -> None:
     self.ckpt.wait_until_finished()

@@ -1,21 +1,18 @@
 """A training workdir apart from its checkpoints: the lock, the config, the outputs a resume
 truncates (docs/DESIGN.md, "Training outputs (workdir)")."""
 
-from __future__ import annotations
-
 import contextlib
 import errno
 import fcntl
 import json
 import os
 import socket
-from typing import Any
+from typing import Any, Self
 
 from flax import traverse_util
 
 from flax_posemb import defaults
 from flax_posemb import outputs
-from flax_posemb.outputs import atomic_write
 
 LOCK_FILE, CONFIG_FILE, METRICS_FILE = '.lock', 'config.json', 'metrics.jsonl'
 
@@ -31,7 +28,7 @@ class Lock:
     self.path = os.path.join(workdir, LOCK_FILE)
     self._fd = None
 
-  def __enter__(self) -> Lock:
+  def __enter__(self) -> Self:
     os.makedirs(os.path.dirname(self.path), exist_ok=True)
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -132,7 +129,7 @@ def check_resume_config(workdir: str, config: Any, stored: dict[str, Any]) -> di
 
 
 def write_config(workdir: str, config: Any) -> None:
-  with atomic_write(os.path.join(workdir, CONFIG_FILE), 'w') as f:
+  with outputs.atomic_write(os.path.join(workdir, CONFIG_FILE), 'w') as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
 
 
@@ -164,7 +161,7 @@ def truncate_outputs(workdir: str, step: int) -> None:
   for path in keep:
     (outputs.load_npz if path.endswith('.npz') else outputs.load_npy)(path)
   if os.path.exists(os.path.join(workdir, METRICS_FILE)):
-    with atomic_write(os.path.join(workdir, METRICS_FILE), 'w') as f:
+    with outputs.atomic_write(os.path.join(workdir, METRICS_FILE), 'w') as f:
       f.writelines(line for line, r in _metric_rows(workdir) if r.get('step', step + 1) <= step)
   for pattern in (outputs.WINDOW_FILES, outputs.TABLE_FILES):
     sub, name = os.path.split(os.path.join(workdir, pattern))
