@@ -114,10 +114,12 @@ def sinusoidal(std: float | None = None, max_wavelength: float = 10_000.0) -> In
   return Initializer('sinusoidal', init, lambda f: std)
 
 
-def same_as_token() -> Initializer:
-  """The token embedding's own init (GPT-2, nanoGPT and BERT share one): `resolve` builds it."""
-  raise ValueError("'same_as_token' cannot be token_init (pick e.g. 'gpt2'); as position_init use "
-                   "initializers.resolve('same_as_token', token_init=...).")
+def same_as_token(token_init: Initializer | None = None) -> Initializer:
+  """Whatever the model's token embedding uses (GPT-2, nanoGPT and BERT share one init)."""
+  if token_init is None:
+    raise ValueError("'same_as_token' depends on the token embedding's initializer: use "
+                     "initializers.resolve('same_as_token', token_init=...).")
+  return token_init
 
 
 _BUILDERS: dict[str, Callable[..., Initializer]] = {

@@ -79,6 +79,8 @@ class ModelConfig:
       elif std >= 0 and name not in initializers.STD_NAMES:
         yield (f'{kind}_init {name!r} takes no std (got {std}); std applies to '
                f'{", ".join(initializers.STD_NAMES)}. Set {kind}_init_std=-1.')
+    if self.token_init == 'same_as_token':
+      yield "token_init cannot be 'same_as_token'; pick e.g. 'gpt2'."
     initializers.check_resize(self.position_init_resize)
     pe = self.position_embedding
     if pe == 'learned' and tables.is_file_spec(self.position_init):

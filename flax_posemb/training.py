@@ -159,7 +159,7 @@ class _Loop:
       workdir_lib.append_row(self.workdir, row)
 
   def save(self, state: step_lib.TrainState, step: int) -> bool:
-    # The step's training row goes with its checkpoint (a resume may need to write it again).
+    # The step's training row goes with its checkpoint (`rewrite_lost_rows` may need it).
     row = self.last_row
     metrics = row if row.get('step') == step else {'last_loss': self.last.get('loss')}
     metrics = {k: v for k, v in metrics.items() if k != 'step' and v is not None}
@@ -248,12 +248,8 @@ class _Loop:
     if resumed_from is None:
       self.snapshot(state, 0)
       self.save(state, 0)
-    else:  # Write again the restored step's rows that metrics.jsonl lost (DESIGN.md §Resume).
-      row = self.ckpt.step_metadata(start).get('metrics', {})  # whole only if it has 'tokens'
-      if self.lead and 'tokens' in row and not workdir_lib.has_row(self.workdir, start, 'loss'):
-        self.write({'step': start, **row, 'tokens': int(row['tokens'])})
-      if self.eval_due(start) and not workdir_lib.has_row(self.workdir, start, 'eval'):
-        self.evaluate(state, start)
+    else:
+      self.rewrite_lost_rows(state, start)
     result = dict(step=start, loss=None, resumed_from=resumed_from, preempted=False, eval=None)
     pending = None
     with tqdm.tqdm(total=num_steps, initial=start, desc='train', dynamic_ncols=True,
@@ -296,6 +292,14 @@ class _Loop:
         self.tb.add_hparams(hparams, {k: v for k, v in self.hparam_metrics.items()
                                       if v is not None})
     return result
+
+  def rewrite_lost_rows(self, state: step_lib.TrainState, step: int) -> None:
+    """Writes again the restored ``step``'s rows that metrics.jsonl lost (DESIGN.md §Resume)."""
+    row = self.ckpt.step_metadata(step).get('metrics', {})  # whole only if it has 'tokens'
+    if self.lead and 'tokens' in row and not workdir_lib.has_row(self.workdir, step, 'loss'):
+      self.write({'step': step, **row, 'tokens': int(row['tokens'])})
+    if self.eval_due(step) and not workdir_lib.has_row(self.workdir, step, 'eval'):
+      self.evaluate(state, step)
 
   def eval_due(self, step: int) -> bool:
     return self.config.eval_every_steps > 0 and step % self.config.eval_every_steps == 0

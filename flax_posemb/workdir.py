@@ -136,14 +136,14 @@ def write_config(workdir: str, config: Any) -> None:
 def check_fresh_start(workdir: str) -> None:
   """Refuses to start over on a workdir with trained outputs but no checkpoints."""
   trained = [p for s, p in outputs.window_files(workdir) + outputs.table_files(workdir) if s > 0]
-  if trained or _metric_rows(workdir):
+  if trained or metric_rows(workdir):
     raise WorkdirError(
         f'{workdir} has outputs of a trained run ({METRICS_FILE}, {len(trained)} window/table '
         'files) but no checkpoint to resume from. Nothing was changed. Restore its '
         'checkpoints/ directory, use a fresh --workdir, or delete the old outputs.')
 
 
-def _metric_rows(workdir: str) -> list[tuple[str, dict[str, Any]]]:
+def metric_rows(workdir: str) -> list[tuple[str, dict[str, Any]]]:
   """``(line, row)`` of ``metrics.jsonl``, the one reader (a half-written line is skipped)."""
   path, rows = os.path.join(workdir, METRICS_FILE), []
   with open(path) if os.path.exists(path) else contextlib.nullcontext([]) as lines:
@@ -162,7 +162,7 @@ def truncate_outputs(workdir: str, step: int) -> None:
     (outputs.load_npz if path.endswith('.npz') else outputs.load_npy)(path)
   if os.path.exists(os.path.join(workdir, METRICS_FILE)):
     with outputs.atomic_write(os.path.join(workdir, METRICS_FILE), 'w') as f:
-      f.writelines(line for line, r in _metric_rows(workdir) if r.get('step', step + 1) <= step)
+      f.writelines(line for line, r in metric_rows(workdir) if r.get('step', step + 1) <= step)
   for pattern in (outputs.WINDOW_FILES, outputs.TABLE_FILES):
     sub, name = os.path.split(os.path.join(workdir, pattern))
     for n in os.listdir(sub) if os.path.isdir(sub) else []:
@@ -178,4 +178,4 @@ def append_row(workdir: str, row: dict[str, Any]) -> None:
 
 def has_row(workdir: str, step: int, key: str) -> bool:
   """Whether ``metrics.jsonl`` holds a row of ``step`` with ``key`` ('loss' or 'eval')."""
-  return any(r.get('step') == step and key in r for _, r in _metric_rows(workdir))
+  return any(r.get('step') == step and key in r for _, r in metric_rows(workdir))

@@ -302,9 +302,12 @@ def _deep_windows(src: sources.DocSource, split: str, w: int, num_windows: int,
   ends = np.cumsum(slots)
   docs = np.searchsorted(ends, pick, side='right')
   starts = origin[docs] + (pick - (ends - slots)[docs]) * span
-  doc = functools.lru_cache(maxsize=1)(lambda d: src.doc(d, max_pairs=None))  # Sorted by doc.
-  return [(policies.natural_row(doc(d)[a:a + span], w), (d, a, int(lengths[d])))
-          for d, a in zip(docs.tolist(), starts.tolist())]
+  out, toks, last = [], None, -1
+  for d, a in zip(docs.tolist(), starts.tolist()):
+    if d != last:  # Windows are sorted by document: tokenize each once.
+      toks, last = src.doc(d, max_pairs=None), d
+    out.append((policies.natural_row(toks[a:a + span], w), (d, a, int(lengths[d]))))
+  return out
 
 
 def deep_limits(window_len: int, min_doc_len: int, min_start: int) -> tuple[int, int]:

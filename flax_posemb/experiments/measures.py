@@ -80,7 +80,7 @@ def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
 
 def step_seconds(run_dir: str) -> float:
   """Steady-state seconds per step from ``metrics.jsonl`` (after the first row; NaN if none)."""
-  metrics = workdir._metric_rows(run_dir)  # pylint: disable=protected-access  (the one reader)
+  metrics = workdir.metric_rows(run_dir)
   rows = [(int(r['step']), float(r['elapsed'])) for _, r in metrics
           if 'elapsed' in r and 'eval' not in r]
   if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
