@@ -45,8 +45,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise cli.UserError(f'unexpected arguments {argv[1:]}; every option is a --flag.')
+  del argv  # cli.run refuses positional arguments.
   if FLAGS.buckets and FLAGS.bucket_edges:
     raise cli.UserError('give either --buckets log2 or --bucket_edges, not both.')
   if FLAGS.table is not None or FLAGS.stats is not None or not FLAGS.workdir:

@@ -37,9 +37,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise cli.UserError(f'unexpected arguments {argv[1:]}; config values are set with '
-                        '--config.KEY=VALUE.')
+  del argv  # cli.run refuses positional arguments.
   cli.start_on_huge_pages()  # Before anything is written: the process may restart.
   cli.check_output_dir(FLAGS.workdir)  # The config is checked first in train_and_evaluate.
   multi = FLAGS.distributed or FLAGS.coordinator_address

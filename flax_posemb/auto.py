@@ -13,8 +13,8 @@ CPU_MICROBATCH_TOKENS = 1024  # Tokens per microbatch on CPU (rows x seq_len), a
 
 def attention_impl(impl: str, *, platform: str, dtype: str, head_dim: int, seq_len: int,
                    compute_capability: tuple[int, ...] | None = None) -> str:
-  """The attention implementation `impl` stands for (unchanged unless 'auto'; docs/DESIGN.md
-  §Config, and cuDNN needs an even `seq_len`); `compute_capability` None: the first device's."""
+  """`impl`, or for 'auto' 'blocked' (CPU), 'cudnn' where it applies (docs/DESIGN.md §Config;
+  also an even `seq_len`) or 'xla'; `compute_capability` None reads the first device's."""
   if impl != AUTO_ATTENTION:
     return impl
   if platform == 'cpu':

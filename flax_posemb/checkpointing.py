@@ -1,7 +1,5 @@
 """Orbax checkpoints of a run, verified on restore (docs/DESIGN.md, "Training outputs")."""
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import errno
@@ -10,7 +8,7 @@ import json
 import logging
 import os
 import shutil
-from typing import Any
+from typing import Any, Self
 
 import grain
 import jax
@@ -229,7 +227,7 @@ class Checkpointer:
                             f'{self.directory} (available steps: {self.all_steps()}); run '
                             'train.py first.')
 
-  def __enter__(self) -> Checkpointer:
+  def __enter__(self) -> Self:
     return self
 
   def __exit__(self, exc_type, exc, tb) -> None:

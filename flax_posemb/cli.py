@@ -105,9 +105,10 @@ def start_on_huge_pages() -> None:
               dict(os.environ, GLIBC_TUNABLES=tunables, **{HUGE_PAGES_OFF: '0'}))
 
 
-def run(main: Callable[[list[str]], int | None], prog: str) -> None:
+def run(main: Callable[[list[str]], int | None], prog: str, positional: bool = False) -> None:
   """``app.run(main)`` (which returns the exit code) with quiet third-party logs: bad input is
-  one message and exit 2, a non-finite loss exit 3; anything else keeps its traceback (exit 1)."""
+  one message and exit 2, a non-finite loss exit 3; anything else keeps its traceback (exit 1).
+  Positional arguments are refused unless ``positional``."""
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
 
@@ -122,6 +123,8 @@ def run(main: Callable[[list[str]], int | None], prog: str) -> None:
           detail = [l.strip() for l in str(error).splitlines() if l.strip()][-1]
           raise UserError(f'--{name}: cannot load the config file ({detail}); pass an '
                           'existing config file such as configs/tiny.py.')
+      if len(rest) > 1 and not positional:
+        raise UserError(f'unexpected arguments {rest[1:]}; every option is a --flag.')
       return rest
     except SystemExit as e:  # absl exits 1 after printing --help; asking for help is no error.
       if e.code == 1 and any(a.split('=')[0] in HELP_FLAGS for a in argv[1:]):

@@ -86,7 +86,7 @@ def evaluation() -> ml_collections.ConfigDict:
 # Fields that do not change what a run computes: the experiments' run identity ignores them.
 NON_SEMANTIC = ('progress_bar', 'checkpoint_every_steps', 'max_to_keep', 'data.num_workers',
                 'data.prefetch', 'data.data_dir', 'allow_config_change')
-# What a resume may also change (not data.num_workers: the data iterator's state depends on it).
+# What a resume may change without allow_config_change (not data.num_workers: iterator state).
 RESUME_MAY_CHANGE = tuple(k for k in NON_SEMANTIC if k != 'data.num_workers') + (
     'log_every_steps', 'eval_every_steps', 'eval')
 # What a run saved before a field existed ran with, where not the default (a resume compares).

@@ -74,8 +74,8 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, output: str | Non
   if info.vanished:
     note.append('step(s) ' + ', '.join(str(k) for k in info.vanished)
                 + ' deleted by a running training while being read')
-  text = (f'evaluated checkpoint step {step}: ' + '; '.join(note) + '.\n' if note else ''
-          ) + eval_report.format_results(out.results)
+  head = f'evaluated checkpoint step {step}: ' + '; '.join(note) + '.\n' if note else ''
+  text = head + eval_report.format_results(out.results)
   if analyze:  # The drift needs an initial table: the step-0 checkpoint's if no table_0.npy.
     from flax_posemb import analysis_report  # pylint: disable=g-import-not-at-top  (heavy)
     initial, s = None, evaluation.eval_settings(config, overrides)

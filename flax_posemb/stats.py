@@ -1,12 +1,10 @@
 """Per-position learning-signal statistics of any model and training loop (fields, window files,
 TensorBoard curves: docs/DESIGN.md §Statistics)."""
 
-from __future__ import annotations
-
 import collections.abc
 import functools
 import os
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Self
 
 import flax.struct
 import jax
@@ -40,7 +38,7 @@ class PositionStats(collections.abc.Mapping):
   row_grad: Array | None = None
 
   @classmethod
-  def zeros(cls, num_positions: int, *, collect: bool = True) -> PositionStats:
+  def zeros(cls, num_positions: int, *, collect: bool = True) -> Self:
     """All-zero statistics: every field, or only ``LOSS_FIELDS`` when ``collect`` is False."""
     return cls(**{k: jnp.zeros((num_positions,), jnp.int32 if k in INT_FIELDS else jnp.float32)
                   for k in (FIELDS if collect else LOSS_FIELDS)})
@@ -54,11 +52,11 @@ class PositionStats(collections.abc.Mapping):
   def __len__(self) -> int:
     return sum(1 for _ in self)
 
-  def __add__(self, other: PositionStats) -> PositionStats:
+  def __add__(self, other: Self) -> Self:
     """Field-wise sum (both sides hold the same fields, else jax's tree mismatch error)."""
     return jax.tree.map(jnp.add, self, other)
 
-  def finish(self) -> PositionStats:
+  def finish(self) -> Self:
     """Squares the summed ``row_grad`` into ``row_sq`` (after the step's last microbatch)."""
     if self.row_grad is None:
       return self

@@ -1,6 +1,5 @@
 """Tests for flax_posemb.model: config, shapes/dtypes, causality, packing, embed_delta."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ROOT, SUBPROCESS_ENV, tiny_config
+from conftest import SUBPROCESS_ENV, tiny_config
 
 from flax_posemb import checkpointing, data as data_lib, outputs, training, workdir
 

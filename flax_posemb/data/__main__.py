@@ -26,14 +26,11 @@ _NUM_DOCS = flags.DEFINE_integer('num_source_docs', 2000, 'Source documents samp
 _JSON = flags.DEFINE_string('json', '', 'Write the report as JSON here.')
 _PNG = flags.DEFINE_string('png', '', 'Write a plot of exposure per position here.')
 cli.define_debug_flag()
+flags.mark_flags_as_required(['config'])
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise cli.UserError(f'unexpected arguments {argv[1:]}; config values are set with '
-                        '--config.KEY=VALUE.')
-  if _CONFIG.value is None:
-    raise cli.UserError('--config is required, e.g. --config configs/tiny.py')
+  del argv  # cli.run refuses positional arguments.
   for flag, path in (('--json', _JSON.value), ('--png', _PNG.value)):
     if path:  # Checked before the report is computed.
       cli.check_output_dir(os.path.dirname(os.path.abspath(path)), f'the directory of {flag}')

@@ -74,8 +74,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise cli.UserError(f'unexpected arguments {argv[1:]}; every option is a --flag.')
+  del argv  # cli.run refuses positional arguments.
   cli.check_output_dir(FLAGS.data_dir, '--data_dir')
   out = prepare(FLAGS.name, FLAGS.data_dir, inputs=tuple(FLAGS.input or ()),
                 hf_dataset=FLAGS.hf_dataset or '', split_by=FLAGS.split_by,

@@ -1,4 +1,4 @@
-"""Position-exposure report of a config's data (docs/DESIGN.md "Data policies and tokens")."""
+"""Position-exposure report, ``python -m flax_posemb.data`` (docs/DESIGN.md, data policies)."""
 
 from typing import Any
 

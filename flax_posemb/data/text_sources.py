@@ -91,13 +91,13 @@ def split_python_source(text: str) -> list[str]:
   return [d for d in docs if d.strip()]
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, kw_only=True)
 class TextBuilderConfig(tfds.core.BuilderConfig):
   """The documents of `files` (or a saved Hugging Face dataset), cut by `split_by`."""
-  files: tuple[str, ...] = ()
-  split_by: str = 'file'
+  files: tuple[str, ...]
+  split_by: str
   text_field: str = 'text'
-  val_percent: int = 0
+  val_percent: int
   on_decode_error: str = 'replace'
   hf_dataset: str = ''
   parts: dict[str, list[str]] | None = None  # long_text: its input files per kind.
@@ -317,19 +317,24 @@ def pick_text_feature(features, wanted: str, name: str) -> str:
                    '--config.data.text_feature to one of them.')
 
 
-def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
-  """(records, text feature) of the prepared TFDS dataset ``NAME[/CONFIG][:VERSION]``: its
-  highest version in `ddir` (an only config needs no name; docs/DESIGN.md), else the registry's."""
+def find_builder_dir(name: str, ddir: str) -> str | None:
+  """The highest prepared version ``ddir/NAME[/CONFIG]/VERSION`` of ``NAME[/CONFIG][:VERSION]``
+  (an only config needs no name); None if there is none, or several configs."""
   base, _, version = name.partition(':')
   root = os.path.join(ddir, *base.split('/'))
   infos = glob_lib.glob(os.path.join(root, version or '*', 'dataset_info.json'))
   if not infos and '/' not in base:
     infos = glob_lib.glob(os.path.join(root, '*', version or '*', 'dataset_info.json'))
     if len({os.path.dirname(os.path.dirname(x)) for x in infos}) > 1:
-      infos = []  # Several configs: the name says which.
+      return None  # Several configs: the name must say which.
   dirs = [d for d in map(os.path.dirname, infos)
           if re.fullmatch(r'\d+(\.\d+)*', os.path.basename(d))]
-  path = max(dirs, key=lambda d: [int(x) for x in os.path.basename(d).split('.')], default=None)
+  return max(dirs, key=lambda d: [int(x) for x in os.path.basename(d).split('.')], default=None)
+
+
+def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
+  """(records, text feature) of `find_builder_dir`'s dataset, else the TFDS registry's `name`."""
+  path, base = find_builder_dir(name, ddir), name.split(':')[0]
   if path is None:
     try:
       records = tfds.data_source(name, split=split, data_dir=ddir, download=False)

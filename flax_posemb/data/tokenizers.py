@@ -3,10 +3,11 @@ documents)."""
 
 import abc
 import io
-import os
 from typing import Iterable
 
 import numpy as np
+
+from flax_posemb import outputs
 
 
 class Tokenizer(abc.ABC):
@@ -79,7 +80,6 @@ class SentencePieceTokenizer(Tokenizer):
     except RuntimeError as e:
       raise ValueError(f'SentencePiece training failed ({e}); the corpus may be empty or too '
                        'small for data.spm_vocab_size.') from e
-    os.makedirs(os.path.dirname(save_path), exist_ok=True)
-    with open(save_path, 'wb') as f:  # Only a trained model: a failed training leaves no file.
+    with outputs.atomic_write(save_path) as f:  # Whole: another process may be loading it.
       f.write(buf.getvalue())
     return cls(model_file=save_path)

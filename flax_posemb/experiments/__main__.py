@@ -64,4 +64,4 @@ def main(argv: list[str]) -> int | None:
 
 
 if __name__ == '__main__':
-  cli.run(main, PROG)
+  cli.run(main, PROG, positional=True)

@@ -170,8 +170,8 @@ def _rare_rows(pos: Mapping[str, np.ndarray], per_position: Mapping[str, np.ndar
 
 
 def convergence_step(run_dirs: Mapping[str, str], threshold: float) -> dict[str, Any]:
-  """When the arms' tables (arm -> run dir) agree >= ``threshold`` from then on: agreement is
-  the mean pairwise Pearson r of their cosine-similarity structures (a constant one: 0)."""
+  """When the tables of two or more arms (arm -> run dir) agree >= ``threshold`` from then on:
+  agreement is the mean pairwise Pearson r of their cosine-similarity structures (constant: 0)."""
   snaps = {a: load_tables(d) for a, d in run_dirs.items()}
   common = sorted(set.intersection(*(set(s) for s in snaps.values())))
   agreement = []
