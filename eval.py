@@ -1,15 +1,17 @@
-"""Loss by position bucket of trained runs (and offset probe, table analysis, comparison).
+"""Loss by position bucket of trained runs (and offset probe, table analysis,
+comparison).
 
-  python eval.py --workdir runs/tiny
-  python eval.py --workdir runs/a --workdir runs/b --window_start deep  # paired A-B
-  python eval.py --analyze --table gpt2.safetensors:wpe.weight --output out/wpe  # any table, no run
-  python eval.py --analyze --stats runs/mine/stats --output out/mine  # any window files, no run
+  python eval.py --workdir runs/tiny python eval.py --workdir runs/a --workdir
+  runs/b --window_start deep  # paired A-B python eval.py --analyze --table
+  gpt2.safetensors:wpe.weight --output out/wpe  # any table, no run python
+  eval.py --analyze --stats runs/mine/stats --output out/mine  # any window
+  files, no run
 
-Restores only params + config of each run's latest (or --step) checkpoint onto the available
-devices; writes WORKDIR/eval/step_N/ (or --output) and prints the bucket table, the windows'
-provenance, loss by window group and the plot path (flax_posemb.eval_workdir, analysis_report).
-Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback; --debug shows it).
-"""
+Restores only params + config of each run's latest (or --step) checkpoint onto
+the available devices; writes WORKDIR/eval/step_N/ (or --output) and prints the
+bucket table, the windows' provenance, loss by window group and the plot path
+(flax_posemb.eval_workdir, analysis_report). Exit codes (flax_posemb.cli): 0
+done, 2 bad input (one message, no traceback; --debug shows it)."""
 
 import os
 
@@ -17,29 +19,83 @@ from absl import flags
 
 from flax_posemb import cli
 
-flags.DEFINE_multi_string('workdir', None, 'Training workdir(s); several give a comparison.')
-flags.DEFINE_integer('step', None, 'Checkpoint step (default: latest).', lower_bound=0)
-flags.DEFINE_string('split', None, 'Data split (default: config.data.eval_split).')
-flags.DEFINE_integer('bucket_size', None, 'Width of uniform position buckets.', lower_bound=1)
-flags.DEFINE_enum('buckets', None, ['log2'], 'Bucket scheme: log2 = 0, 1, 2, 4, ..., T.')
-flags.DEFINE_string('bucket_edges', None, 'Explicit bucket edges, e.g. 0,128,256,512.')
-flags.DEFINE_integer('num_windows', None, 'Evaluation windows (documents).', lower_bound=1)
-flags.DEFINE_integer('batch_size', None, 'Windows per evaluation batch.', lower_bound=1)
-flags.DEFINE_string('offsets', None, 'Offset probe: comma-separated position shifts, e.g. 0,16,64.')
-flags.DEFINE_enum('position_policy', None, ['windows', 'natural'],
-                  'windows: full-length documents at positions 0..T-1; natural: training rows.')
-flags.DEFINE_enum('window_start', None, ['first', 'deep'], 'windows: a document\'s first T '
-                  'tokens, or token-uniform windows deep inside long documents (text sources).')
-flags.DEFINE_integer('min_doc_len', None, 'deep: documents of at least this many tokens '
-                     '(default: eval.min_doc_len; 0 = 4 T).', lower_bound=0)
-flags.DEFINE_integer('min_start', None, 'deep: no window starts before this token of its '
-                     'document (default: eval.min_start; 0 = T).', lower_bound=0)
-flags.DEFINE_string('output', None, 'Output directory (default WORKDIR/eval/step_N[_OPTIONS]).')
-flags.DEFINE_bool('analyze', False, 'Also analyse the position table (norms, drift, PCA, probe).')
-flags.DEFINE_string('table', None, 'With --analyze --output and no --workdir: analyse this '
-                    'table file, PATH.npy, PATH.npz[:KEY] or PATH.safetensors[:KEY].')
-flags.DEFINE_string('stats', None, 'With --analyze --output and no --workdir: analyse this '
-                    'directory of statistics window files (window_STEP.npz).')
+flags.DEFINE_multi_string(
+    'workdir', None, 'Training workdir(s); several give a comparison.'
+)
+flags.DEFINE_integer(
+    'step', None, 'Checkpoint step (default: latest).', lower_bound=0
+)
+flags.DEFINE_string(
+    'split', None, 'Data split (default: config.data.eval_split).'
+)
+flags.DEFINE_integer(
+    'bucket_size', None, 'Width of uniform position buckets.', lower_bound=1
+)
+flags.DEFINE_enum(
+    'buckets', None, ['log2'], 'Bucket scheme: log2 = 0, 1, 2, 4, ..., T.'
+)
+flags.DEFINE_string(
+    'bucket_edges', None, 'Explicit bucket edges, e.g. 0,128,256,512.'
+)
+flags.DEFINE_integer(
+    'num_windows', None, 'Evaluation windows (documents).', lower_bound=1
+)
+flags.DEFINE_integer(
+    'batch_size', None, 'Windows per evaluation batch.', lower_bound=1
+)
+flags.DEFINE_string(
+    'offsets',
+    None,
+    'Offset probe: comma-separated position shifts, e.g. 0,16,64.',
+)
+flags.DEFINE_enum(
+    'position_policy',
+    None,
+    ['windows', 'natural'],
+    'windows: full-length documents at positions 0..T-1; natural: training'
+    ' rows.',
+)
+flags.DEFINE_enum(
+    'window_start',
+    None,
+    ['first', 'deep'],
+    "windows: a document's first T tokens, or token-uniform windows deep inside"
+    ' long documents (text sources).',
+)
+flags.DEFINE_integer(
+    'min_doc_len',
+    None,
+    'deep: documents of at least this many tokens '
+    '(default: eval.min_doc_len; 0 = 4 T).',
+    lower_bound=0,
+)
+flags.DEFINE_integer(
+    'min_start',
+    None,
+    'deep: no window starts before this token of its '
+    'document (default: eval.min_start; 0 = T).',
+    lower_bound=0,
+)
+flags.DEFINE_string(
+    'output', None, 'Output directory (default WORKDIR/eval/step_N[_OPTIONS]).'
+)
+flags.DEFINE_bool(
+    'analyze',
+    False,
+    'Also analyse the position table (norms, drift, PCA, probe).',
+)
+flags.DEFINE_string(
+    'table',
+    None,
+    'With --analyze --output and no --workdir: analyse this '
+    'table file, PATH.npy, PATH.npz[:KEY] or PATH.safetensors[:KEY].',
+)
+flags.DEFINE_string(
+    'stats',
+    None,
+    'With --analyze --output and no --workdir: analyse this '
+    'directory of statistics window files (window_STEP.npz).',
+)
 cli.define_debug_flag()
 FLAGS = flags.FLAGS
 
@@ -47,51 +103,90 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv  # cli.run refuses positional arguments.
   if FLAGS.buckets and FLAGS.bucket_edges:
-    raise cli.UserError('give either --buckets log2 or --bucket_edges, not both.')
+    raise cli.UserError(
+        'give either --buckets log2 or --bucket_edges, not both.'
+    )
   if FLAGS.table is not None or FLAGS.stats is not None or not FLAGS.workdir:
-    return analyze_table_file()  # Before importing jax: a table needs only numpy.
+    # Before importing jax: a table needs only numpy.
+    return analyze_table_file()
   try:
-    offsets = [int(k) for k in FLAGS.offsets.split(',')] if FLAGS.offsets else None
+    offsets = (
+        [int(k) for k in FLAGS.offsets.split(',')] if FLAGS.offsets else None
+    )
   except ValueError:
     offsets = [-1]
   if offsets and min(offsets) < 0:
-    raise cli.UserError(f'--offsets must be >= 0 and comma-separated integers, e.g. 0,16,64; '
-                        f'got {FLAGS.offsets!r}.')
+    raise cli.UserError(
+        '--offsets must be >= 0 and comma-separated integers, e.g. 0,16,64; '
+        f'got {FLAGS.offsets!r}.'
+    )
   for w in (w for w in FLAGS.workdir if not os.path.isdir(w)):
-    raise cli.UserError(f'--workdir {w} is not a directory; give a training workdir.')
-  from flax_posemb import eval_workdir  # pylint: disable=g-import-not-at-top
-  runs, comp = eval_workdir.evaluate_and_compare(  # cli.run reports bad input in one line
-      FLAGS.workdir, output=FLAGS.output, step=FLAGS.step, offsets=offsets,
-      analyze=FLAGS.analyze, split=FLAGS.split, policy=FLAGS.position_policy,
-      window_start=FLAGS.window_start, min_doc_len=FLAGS.min_doc_len,
-      min_start=FLAGS.min_start, num_windows=FLAGS.num_windows,
-      batch_size=FLAGS.batch_size, bucket_size=FLAGS.bucket_size,
-      bucket_edges=FLAGS.buckets or FLAGS.bucket_edges)
+    raise cli.UserError(
+        f'--workdir {w} is not a directory; give a training workdir.'
+    )
+  from flax_posemb import eval_workdir
+  # cli.run reports bad input in one line
+  runs, comp = eval_workdir.evaluate_and_compare(
+      FLAGS.workdir,
+      output=FLAGS.output,
+      step=FLAGS.step,
+      offsets=offsets,
+      analyze=FLAGS.analyze,
+      split=FLAGS.split,
+      policy=FLAGS.position_policy,
+      window_start=FLAGS.window_start,
+      min_doc_len=FLAGS.min_doc_len,
+      min_start=FLAGS.min_start,
+      num_windows=FLAGS.num_windows,
+      batch_size=FLAGS.batch_size,
+      bucket_size=FLAGS.bucket_size,
+      bucket_edges=FLAGS.buckets or FLAGS.bucket_edges,
+  )
   for label, run in runs:
-    print(f"== {label} (step {run['step']})\n{run['table']}\nresults: {run['files']['json']}")
+    print(
+        f"== {label} (step {run['step']})\n{run['table']}\nresults:"
+        f" {run['files']['json']}"
+    )
     print(f"plot: {run['files']['plot']}")
   if comp:
-    print(f"== comparison\n{comp['table']}\ncomparison: {comp['files']['json']}")
+    print(
+        f"== comparison\n{comp['table']}\ncomparison: {comp['files']['json']}"
+    )
     print(f"plot: {comp['files']['plot']}")
 
 
 def analyze_table_file():
-  """--table or --stats: analyse a table file or a directory of window files (no run)."""
-  from flax_posemb import analysis_report  # pylint: disable=g-import-not-at-top
-  if (FLAGS.table is None) == (FLAGS.stats is None) or FLAGS.workdir or not (
-      FLAGS.analyze and FLAGS.output):
-    raise cli.UserError('--table PATH or --stats DIR needs --analyze and --output DIR, and no '
-                        '--workdir; without them, give --workdir RUN.')
+  """--table or --stats: analyse a table file or a directory of window files (no
+  run)."""
+  from flax_posemb import analysis_report
+
+  if (
+      (FLAGS.table is None) == (FLAGS.stats is None)
+      or FLAGS.workdir
+      or not (FLAGS.analyze and FLAGS.output)
+  ):
+    raise cli.UserError(
+        '--table PATH or --stats DIR needs --analyze and --output DIR, and no '
+        '--workdir; without them, give --workdir RUN.'
+    )
   if FLAGS.stats is not None:
     summary = analysis_report.analyze_stats(FLAGS.stats, FLAGS.output)
-    print(f"{summary['windows']} windows\nresults: {summary['files']['json']}\n"
-          f"plot: {summary['files']['exposure_plot']}")
+    print(
+        f"{summary['windows']} windows\nresults: {summary['files']['json']}\n"
+        f"plot: {summary['files']['exposure_plot']}"
+    )
     return
   summary = analysis_report.write_table_analysis(
-      FLAGS.table, FLAGS.output, bucket_size=FLAGS.bucket_size or 16,
-      bucket_edges=FLAGS.buckets or FLAGS.bucket_edges or '')
-  print(f"position probe R^2 {summary['probe']['r2']:.3f}\nresults: {summary['files']['json']}\n"
-        f"plots: {summary['files']['table_plot']} {summary['files']['cosine_plot']}")
+      FLAGS.table,
+      FLAGS.output,
+      bucket_size=FLAGS.bucket_size or 16,
+      bucket_edges=FLAGS.buckets or FLAGS.bucket_edges or '',
+  )
+  print(
+      f"position probe R^2 {summary['probe']['r2']:.3f}\nresults:"
+      f" {summary['files']['json']}\nplots: {summary['files']['table_plot']}"
+      f" {summary['files']['cosine_plot']}"
+  )
 
 
 if __name__ == '__main__':

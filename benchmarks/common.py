@@ -1,20 +1,25 @@
-"""Shared benchmark helpers: shapes, synthetic batches, timing, FLOPs, matmul peak, bootstrap.
+"""Shared benchmark helpers: shapes, synthetic batches, timing, FLOPs, matmul
+peak, bootstrap.
 
 Conventions used by every suite:
-  * a step is timed from dispatch to `block_until_ready` of its outputs; the first
-    `warmup` calls (compilation included) are discarded; median, min and max are reported;
-  * FLOPs per token follow nanoGPT/PaLM: `6 * N + 12 * L * D * T` with `N` the parameters
-    excluding the position table (the tied token table counts once, as the output head);
-  * MFU = achieved FLOP/s / the peak of a large matmul measured in the same process.
+  * a step is timed from dispatch to `block_until_ready` of its outputs; the
+    first `warmup` calls (compilation included) are discarded; median, min and
+    max are reported;
+  * FLOPs per token follow nanoGPT/PaLM: `6 * N + 12 * L * D * T` with `N` the
+    parameters excluding the position table (the tied token table counts once,
+    as the output head);
+  * MFU = achieved FLOP/s / the peak of a large matmul measured in the same
+    process.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import dataclasses
+import functools
 import os
 import platform
 import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -25,6 +30,7 @@ import numpy as np
 @dataclasses.dataclass(frozen=True)
 class Shape:
   """A benchmark model/batch shape."""
+
   name: str
   vocab_size: int
   num_layers: int
@@ -43,7 +49,7 @@ class Shape:
   def tokens(self) -> int:
     return self.batch_size * self.seq_len
 
-  def replace(self, **kw) -> 'Shape':
+  def replace(self, **kw) -> Shape:
     return dataclasses.replace(self, **kw)
 
 
@@ -56,12 +62,13 @@ MINI = Shape('mini', 32, 1, 2, 32, 16, 4)
 
 
 class Cfg(dict):
-  """A nested dict with attribute access: what the train step reads from a config.
+  """A nested dict with attribute access: what the train step reads from a
+  config.
 
   The benchmarks build their configs with this instead of `flax_posemb.defaults`
-  (`ml_collections.ConfigDict`), so they run where only jax/flax/optax/orbax/numpy are
-  installed (the accelerator image). `ModelConfig.from_config` takes it as a mapping.
-  """
+  (`ml_collections.ConfigDict`), so they run where only
+  jax/flax/optax/orbax/numpy are installed (the accelerator image).
+  `ModelConfig.from_config` takes it as a mapping."""
 
   def __getattr__(self, k):
     try:
@@ -75,28 +82,52 @@ class Cfg(dict):
     self[k] = v
 
   def to_dict(self) -> dict:
-    return {k: v.to_dict() if isinstance(v, Cfg) else v for k, v in self.items()}
+    return {
+        k: v.to_dict() if isinstance(v, Cfg) else v for k, v in self.items()
+    }
 
 
-# The fields of `flax_posemb.defaults.base()` that the train step reads, with the same
-# values (tests/test_benchmarks.py checks them against `defaults.base()`).
+# The fields of `flax_posemb.defaults.base()` that the train step reads, with
+# the same values (tests/test_benchmarks.py checks them against
+# `defaults.base()`).
 _OPTIMIZER_DEFAULTS = dict(
-    learning_rate=3e-3, warmup_steps=20, end_lr_ratio=0.1, b1=0.9, b2=0.95, eps=1e-8,
-    weight_decay=0.1, decay_position_table=True, decay_token_table=True, grad_clip_norm=1.0,
-    row_lr_scale=False, row_lr_power=0.5, row_lr_max=10.0)
+    learning_rate=3e-3,
+    warmup_steps=20,
+    end_lr_ratio=0.1,
+    b1=0.9,
+    b2=0.95,
+    eps=1e-8,
+    weight_decay=0.1,
+    decay_position_table=True,
+    decay_token_table=True,
+    grad_clip_norm=1.0,
+    row_lr_scale=False,
+    row_lr_power=0.5,
+    row_lr_max=10.0,
+)
 
 
 def base_config() -> Cfg:
   """Defaults of the train step's config without ml_collections (see `Cfg`)."""
   from flax_posemb import model as model_lib
+
   model = dataclasses.asdict(model_lib.ModelConfig())
-  return Cfg(seed=0, num_train_steps=200, batch_size=32, grad_accum_steps=0,
-             collect_stats=True, fsdp=False, data=Cfg(seq_len=128), model=Cfg(model),
-             optimizer=Cfg(_OPTIMIZER_DEFAULTS))
+  return Cfg(
+      seed=0,
+      num_train_steps=200,
+      batch_size=32,
+      grad_accum_steps=0,
+      collect_stats=True,
+      fsdp=False,
+      data=Cfg(seq_len=128),
+      model=Cfg(model),
+      optimizer=Cfg(_OPTIMIZER_DEFAULTS),
+  )
 
 
 def model_config(shape: Shape, **overrides) -> Cfg:
-  """A train-step config (`Cfg`) for `shape`; dotted `overrides` such as `model.remat=True`."""
+  """A train-step config (`Cfg`) for `shape`; dotted `overrides` such as
+  `model.remat=True`."""
   c = base_config()
   c.batch_size = shape.batch_size
   c.num_train_steps = 1000
@@ -119,8 +150,11 @@ def model_config(shape: Shape, **overrides) -> Cfg:
   return c
 
 
-def synthetic_batch(shape: Shape, seed: int = 0, packed_docs: int = 1) -> dict[str, np.ndarray]:
-  """A full batch of random tokens (every position scored), DESIGN.md batch layout.
+def synthetic_batch(
+    shape: Shape, seed: int = 0, packed_docs: int = 1
+) -> dict[str, np.ndarray]:
+  """A full batch of random tokens (every position scored), DESIGN.md batch
+  layout.
 
   Args:
     shape: batch shape (`batch_size`, `seq_len`, `vocab_size`).
@@ -128,7 +162,8 @@ def synthetic_batch(shape: Shape, seed: int = 0, packed_docs: int = 1) -> dict[s
     packed_docs: documents per row (segment ids 1..packed_docs, equal lengths).
 
   Returns:
-    dict of `[B, T]` arrays: inputs/targets/positions/segment_ids int32, loss_mask float32.
+    dict of `[B, T]` arrays: inputs/targets/positions/segment_ids int32,
+        loss_mask float32.
   """
   rng = np.random.default_rng(seed)
   b, t = shape.batch_size, shape.seq_len
@@ -144,24 +179,36 @@ def synthetic_batch(shape: Shape, seed: int = 0, packed_docs: int = 1) -> dict[s
 
 
 def flops_per_token(shape: Shape, n_params_no_pos: int) -> float:
-  """Training FLOPs per token: `6 N + 12 L D T` (forward + backward, PaLM appendix B)."""
-  return 6.0 * n_params_no_pos + 12.0 * shape.num_layers * shape.emb_dim * shape.seq_len
+  """Training FLOPs per token: `6 N + 12 L D T` (forward + backward, PaLM
+  appendix B)."""
+  return (
+      6.0 * n_params_no_pos
+      + 12.0 * shape.num_layers * shape.emb_dim * shape.seq_len
+  )
 
 
 def block(x: Any) -> Any:
   """`block_until_ready` on every array leaf of `x`."""
-  return jax.tree.map(lambda a: a.block_until_ready() if hasattr(a, 'block_until_ready') else a, x)
+  return jax.tree.map(
+      lambda a: a.block_until_ready() if hasattr(a, 'block_until_ready') else a,
+      x,
+  )
 
 
 def summarize(times: list[float]) -> dict[str, float]:
   """Median, min, max and count of a list of seconds."""
   a = np.asarray(times, np.float64)
-  return {'median_s': float(np.median(a)), 'min_s': float(a.min()), 'max_s': float(a.max()),
-          'n': int(a.size)}
+  return {
+      'median_s': float(np.median(a)),
+      'min_s': float(a.min()),
+      'max_s': float(a.max()),
+      'n': int(a.size),
+  }
 
 
 def time_calls(fn: Callable[[], Any], steps: int, warmup: int) -> list[float]:
-  """Times `steps` calls of `fn` after `warmup` untimed ones; each call is blocked on.
+  """Times `steps` calls of `fn` after `warmup` untimed ones; each call is
+  blocked on.
 
   Returns:
     Seconds per timed call, in order.
@@ -176,9 +223,13 @@ def time_calls(fn: Callable[[], Any], steps: int, warmup: int) -> list[float]:
   return out
 
 
-def matmul_peak(dtype: str = 'float32', sizes: tuple[int, ...] = (1024, 2048),
-                repeats: int = 5) -> dict[str, Any]:
-  """Best achieved FLOP/s of a jitted square matmul `[n, n] @ [n, n]` on the default device.
+def matmul_peak(
+    dtype: str = 'float32',
+    sizes: tuple[int, ...] = (1024, 2048),
+    repeats: int = 5,
+) -> dict[str, Any]:
+  """Best achieved FLOP/s of a jitted square matmul `[n, n] @ [n, n]` on the
+  default device.
 
   Args:
     dtype: operand dtype name.
@@ -194,15 +245,20 @@ def matmul_peak(dtype: str = 'float32', sizes: tuple[int, ...] = (1024, 2048),
     k1, k2 = jax.random.split(jax.random.key(n))
     a = jax.random.normal(k1, (n, n), jnp.float32).astype(dtype)
     b = jax.random.normal(k2, (n, n), jnp.float32).astype(dtype)
-    ts = time_calls(lambda: f(a, b), repeats, 1)
-    by[str(n)] = 2.0 * n ** 3 / float(np.median(ts))
+    ts = time_calls(functools.partial(f, a, b), repeats, 1)
+    by[str(n)] = 2.0 * n**3 / float(np.median(ts))
   return {'flops_per_s': max(by.values()), 'by_size': by, 'dtype': dtype}
 
 
-def bootstrap_ci(values: np.ndarray, stat: Callable[[np.ndarray], float] = np.median,
-                 n_boot: int = 2000, level: float = 0.95, seed: int = 0
-                 ) -> tuple[float, float]:
-  """Percentile bootstrap interval of `stat` over `values` `[n]` (resampled with replacement)."""
+def bootstrap_ci(
+    values: np.ndarray,
+    stat: Callable[[np.ndarray], float] = np.median,
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
+  """Percentile bootstrap interval of `stat` over `values` `[n]` (resampled with
+  replacement)."""
   v = np.asarray(values, np.float64)
   rng = np.random.default_rng(seed)
   idx = rng.integers(0, v.size, (n_boot, v.size))
@@ -223,24 +279,38 @@ def machine_info() -> dict[str, Any]:
   except OSError:
     pass
   info = {
-      'cpu': cpu, 'cpu_count': os.cpu_count(), 'python': platform.python_version(),
-      'backend': jax.default_backend(), 'devices': [str(d) for d in jax.devices()],
+      'cpu': cpu,
+      'cpu_count': os.cpu_count(),
+      'python': platform.python_version(),
+      'backend': jax.default_backend(),
+      'devices': [str(d) for d in jax.devices()],
       'jax': jax.__version__,
   }
   for mod in ('jaxlib', 'flax', 'optax', 'grain', 'transformers', 'torch'):
     try:
       info[mod] = __import__(mod).__version__
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       info[mod] = None
   return info
 
 
 def compiled_memory(compiled) -> dict[str, int] | None:
-  """`compiled.memory_analysis()` as a dict of byte counts (None where unsupported)."""
+  """`compiled.memory_analysis()` as a dict of byte counts (None where
+  unsupported)."""
   m = compiled.memory_analysis()
   if m is None:
     return None
-  keys = ('argument_size_in_bytes', 'output_size_in_bytes', 'alias_size_in_bytes',
-          'temp_size_in_bytes', 'generated_code_size_in_bytes', 'peak_memory_in_bytes')
-  return {k.replace('_size_in_bytes', '').replace('_in_bytes', ''): int(getattr(m, k, 0) or 0)
-          for k in keys}
+  keys = (
+      'argument_size_in_bytes',
+      'output_size_in_bytes',
+      'alias_size_in_bytes',
+      'temp_size_in_bytes',
+      'generated_code_size_in_bytes',
+      'peak_memory_in_bytes',
+  )
+  return {
+      k.replace('_size_in_bytes', '').replace('_in_bytes', ''): int(
+          getattr(m, k, 0) or 0
+      )
+      for k in keys
+  }

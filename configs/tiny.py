@@ -1,7 +1,8 @@
-"""Tiny config: the synthetic position-dependent corpus, a 2-layer model, ~1 minute on 2 CPU cores.
+"""Tiny config: the synthetic position-dependent corpus, a 2-layer model, ~1
+minute on 2 CPU cores.
 
-  python train.py --config configs/tiny.py --workdir runs/tiny
-  python eval.py --workdir runs/tiny
+python train.py --config configs/tiny.py --workdir runs/tiny
+python eval.py --workdir runs/tiny
 """
 
 from flax_posemb import defaults
@@ -9,14 +10,19 @@ from flax_posemb import defaults
 
 def get_config():
   config = defaults.base()
-  config.num_train_steps = 300  # Enough for a clearly lower loss on the synthetic corpus.
+  # Enough for a clearly lower loss on the synthetic corpus.
+  config.num_train_steps = 300
   config.batch_size = 16  # Rows per optimizer step.
-  config.log_every_steps = 25  # Metrics, statistics and a table snapshot every 25 steps.
-  config.eval_every_steps = 100  # Held-out loss by position bucket every 100 steps.
+  # Metrics, statistics and a table snapshot every 25 steps.
+  config.log_every_steps = 25
+  # Held-out loss by position bucket every 100 steps.
+  config.eval_every_steps = 100
   config.checkpoint_every_steps = 100  # Checkpoints at 100, 200 and the end.
-  config.data.source = 'synthetic'  # Procedural corpus with a known optimal loss per position.
+  # Procedural corpus with a known optimal loss per position.
+  config.data.source = 'synthetic'
   config.data.seq_len = 128  # Context length = table size.
-  config.data.position_policy = 'packed_reset'  # Natural exposure (late positions rare), no padding.
+  # Natural exposure (late positions rare), no padding.
+  config.data.position_policy = 'packed_reset'
   config.model.vocab_size = 64  # = data.synthetic.vocab_size.
   config.model.max_len = 128  # Position table rows.
   config.model.num_layers = 2  # Two blocks.

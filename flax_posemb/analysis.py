@@ -1,18 +1,20 @@
-"""Numpy analysis of position tables ``[L, D]`` (row p = position p) and of statistics window
-files (core: no files written; `analysis_report` writes them, docs/DESIGN.md §Statistics)."""
+"""Numpy analysis of position tables ``[L, D]`` (row p = position p) and of
+statistics window files (core: no files written; `analysis_report` writes them,
+docs/DESIGN.md §Statistics)."""
 
 import math
 import os
 from typing import Any
 
+from absl import logging
 import numpy as np
 import scipy.stats
-from absl import logging
 
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import outputs
 
-RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # position_probe's relative strengths
+# position_probe's relative strengths
+RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
 
 def row_norms(table: np.ndarray) -> np.ndarray:
@@ -22,7 +24,9 @@ def row_norms(table: np.ndarray) -> np.ndarray:
 
 def drift(table: np.ndarray, initial: np.ndarray) -> np.ndarray:
   """[L] ||table[p] - initial[p]|| for tables [L, D] of equal shape."""
-  return np.linalg.norm(np.asarray(table, np.float64) - np.asarray(initial, np.float64), axis=1)
+  return np.linalg.norm(
+      np.asarray(table, np.float64) - np.asarray(initial, np.float64), axis=1
+  )
 
 
 def _unit_rows(table: np.ndarray) -> np.ndarray:
@@ -33,40 +37,51 @@ def _unit_rows(table: np.ndarray) -> np.ndarray:
 
 
 def cosine_similarity(table: np.ndarray) -> np.ndarray:
-  """[L, L] cosine similarity between rows of `table` [L, D] (0 for zero rows)."""
+  """[L, L] cosine similarity between rows of `table` [L, D] (0 for zero
+  rows)."""
   u = _unit_rows(table)
   return u @ u.T
 
 
 def pca_explained_variance(table: np.ndarray) -> np.ndarray:
-  """[min(L, D)] explained-variance ratios of the mean-centred rows of `table` [L, D]."""
+  """[min(L, D)] explained-variance ratios of the mean-centred rows of `table`
+  [L, D]."""
   t = np.asarray(table, np.float64)
-  var = np.linalg.svd(t - t.mean(0), compute_uv=False)**2
+  var = np.linalg.svd(t - t.mean(0), compute_uv=False) ** 2
   return var / var.sum() if var.sum() > 0 else var
 
 
 def cosine_by_offset(table: np.ndarray, offsets=None) -> dict[int, float]:
-  """{k: mean over p of cos(table[p], table[p + k])} for `offsets` k (default 1, 2, 4, ...
-  < L) of a [L, D] table; zero rows count as 0. O(L * D) per offset."""
+  """{k: mean over p of cos(table[p], table[p + k])} for `offsets` k (default 1,
+  2, 4, ... < L) of a [L, D] table; zero rows count as 0. O(L * D) per
+  offset."""
   u = _unit_rows(table)
   if offsets is None:
     offsets = [2**i for i in range((len(u) - 1).bit_length())]
-  return {int(k): float(np.mean(np.sum(u[:-k] * u[k:], axis=1))) for k in offsets}
+  return {
+      int(k): float(np.mean(np.sum(u[:-k] * u[k:], axis=1))) for k in offsets
+  }
 
 
-def position_probe(table: np.ndarray, folds: int = 5,
-                   ridge: float | tuple[float, ...] = RIDGE_GRID) -> dict[str, Any]:
-  """Held-out ridge regression of the position from its row of a [L, D] table: fold f holds
-  the rows p % `folds` == f (2 <= folds <= L); of the `ridge` strengths (relative to the mean
-  eigenvalue of the training Gram matrix) the best on the same folds is reported.
+def position_probe(
+    table: np.ndarray,
+    folds: int = 5,
+    ridge: float | tuple[float, ...] = RIDGE_GRID,
+) -> dict[str, Any]:
+  """Held-out ridge regression of the position from its row of a [L, D] table:
+  fold f holds the rows p % `folds` == f (2 <= folds <= L); of the `ridge`
+  strengths (relative to the mean eigenvalue of the training Gram matrix) the
+  best on the same folds is reported.
 
   Returns:
-    {'prediction': [L], 'abs_error': [L], 'r2': float, 'ridge': float} on held-out rows.
+    {'prediction': [L], 'abs_error': [L], 'r2': float, 'ridge': float} on
+    held-out rows.
   """
   x = np.asarray(table, np.float64)
   num = x.shape[0]
   y = np.arange(num, dtype=np.float64)
-  fits = []  # Per fold, once for every ridge strength: the Gram matrix is the costly part.
+  # Per fold, once for every ridge strength: the Gram matrix is the costly part.
+  fits = []
   for f in range(folds):
     test = (np.arange(num) % folds) == f
     xt, yt = x[~test], y[~test]
@@ -83,67 +98,116 @@ def position_probe(table: np.ndarray, folds: int = 5,
     tried.append((float(np.sum((pred - y) ** 2)), float(lam_rel), pred))
   sse, lam_rel, pred = min(tried, key=lambda t: t[0])
   r2 = 1.0 - sse / np.sum((y - y.mean()) ** 2)
-  return {'prediction': pred, 'abs_error': np.abs(pred - y), 'r2': float(r2), 'ridge': lam_rel}
+  return {
+      'prediction': pred,
+      'abs_error': np.abs(pred - y),
+      'r2': float(r2),
+      'ridge': lam_rel,
+  }
 
 
-def window_files(stats_dir: str, upto_step: int | None = None) -> list[tuple[int, str]]:
-  """``(step, path)`` of ``stats_dir/window_STEP.npz`` up to ``upto_step``, in step order."""
-  return [(s, p) for s, p in outputs.step_files(os.path.join(stats_dir, 'window_*.npz'))
-          if upto_step is None or s <= upto_step]
+def window_files(
+    stats_dir: str, upto_step: int | None = None
+) -> list[tuple[int, str]]:
+  """``(step, path)`` of ``stats_dir/window_STEP.npz`` up to ``upto_step``, in
+  step order."""
+  return [
+      (s, p)
+      for s, p in outputs.step_files(os.path.join(stats_dir, 'window_*.npz'))
+      if upto_step is None or s <= upto_step
+  ]
 
 
-def cumulative_exposure(stats_dir: str, upto_step: int | None = None) -> np.ndarray | None:
-  """[L] tokens seen per position up to `upto_step` (None without window files): the exact
-  `cumulative_count` of the last window file when present, else the sum of the `count`s."""
+def cumulative_exposure(
+    stats_dir: str, upto_step: int | None = None
+) -> np.ndarray | None:
+  """[L] tokens seen per position up to `upto_step` (None without window files):
+  the exact `cumulative_count` of the last window file when present, else the
+  sum of the `count`s."""
   files = window_files(stats_dir, upto_step)
   if not files:
     return None
   last = outputs.load_npz(files[-1][1])
   if 'cumulative_count' in last:
     return np.asarray(last['cumulative_count'], np.float64)
-  return sum(np.asarray(outputs.load_npz(p)['count'], np.float64) for _, p in files)
+  return sum(
+      np.asarray(outputs.load_npz(p)['count'], np.float64) for _, p in files
+  )
 
 
-def analyze_table(table: np.ndarray, *, initial: np.ndarray | None = None,
-                  snapshots: list[tuple[int, np.ndarray]] = (), bucket_size: int = 16,
-                  bucket_edges: str = '') -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """Analysis of one table [L, D]; returns (JSON summary, per-position arrays)."""
+def analyze_table(
+    table: np.ndarray,
+    *,
+    initial: np.ndarray | None = None,
+    snapshots: list[tuple[int, np.ndarray]] = (),
+    bucket_size: int = 16,
+    bucket_edges: str = '',
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """Analysis of one table [L, D]; returns (JSON summary, per-position
+  arrays)."""
   table = np.asarray(table, np.float64)
   num = table.shape[0]
   edges = buckets_lib.make_edges(num, bucket_size, bucket_edges)
-  by_bucket = lambda v: [float(v[a:b].mean()) for a, b in zip(edges[:-1], edges[1:])]  # noqa: E731
-  # Seconds for small tables; a minute or more for a GPT-2-sized one on a busy CPU.
-  logging.info('Analysing a [%d, %d] position table: held-out position probe (%d ridge '
-               'strengths x %d folds), PCA, cosine similarity, plots ...', num,
-               table.shape[1], len(RIDGE_GRID), min(5, num))
+
+  def by_bucket(values):
+    return [float(values[a:b].mean()) for a, b in zip(edges[:-1], edges[1:])]
+
+  # Seconds for small tables; a minute or more for a GPT-2-sized one on a busy
+  # CPU.
+  logging.info(
+      'Analysing a [%d, %d] position table: held-out position probe (%d ridge '
+      'strengths x %d folds), PCA, cosine similarity, plots ...',
+      num,
+      table.shape[1],
+      len(RIDGE_GRID),
+      min(5, num),
+  )
   probe = position_probe(table, folds=min(5, num))
   pca = pca_explained_variance(table)
-  arrays = {'norm': row_norms(table), 'probe_prediction': probe['prediction'],
-            'probe_abs_error': probe['abs_error'], 'pca_ratio': pca}
+  arrays = {
+      'norm': row_norms(table),
+      'probe_prediction': probe['prediction'],
+      'probe_abs_error': probe['abs_error'],
+      'pca_ratio': pca,
+  }
   summary: dict[str, Any] = {
-      'rows': num, 'features': int(table.shape[1]), 'norm_by_bucket': by_bucket(arrays['norm']),
+      'rows': num,
+      'features': int(table.shape[1]),
+      'norm_by_bucket': by_bucket(arrays['norm']),
       'pca_explained_variance': [float(v) for v in pca[:16]],
       'pca_components_for_90pct': int(np.searchsorted(np.cumsum(pca), 0.9) + 1),
-      'probe': {'r2': probe['r2'], 'ridge': probe['ridge'], 'bucket_edges': edges.tolist(),
-                'abs_error_by_bucket': by_bucket(probe['abs_error'])},
-      'cosine_by_offset': {str(k): v for k, v in cosine_by_offset(table).items()},
+      'probe': {
+          'r2': probe['r2'],
+          'ridge': probe['ridge'],
+          'bucket_edges': edges.tolist(),
+          'abs_error_by_bucket': by_bucket(probe['abs_error']),
+      },
+      'cosine_by_offset': {
+          str(k): v for k, v in cosine_by_offset(table).items()
+      },
   }
   if initial is not None:
     arrays['drift'] = drift(table, initial)
     summary['drift_by_bucket'] = by_bucket(arrays['drift'])
   if snapshots and initial is not None:
     arrays['snapshot_steps'] = np.array([s for s, _ in snapshots])
-    arrays['snapshot_drift'] = np.stack([drift(t, initial) for _, t in snapshots])
-    summary['snapshot_mean_drift'] = {str(s): float(d.mean()) for s, d in
-                                      zip(arrays['snapshot_steps'], arrays['snapshot_drift'])}
+    arrays['snapshot_drift'] = np.stack(
+        [drift(t, initial) for _, t in snapshots]
+    )
+    summary['snapshot_mean_drift'] = {
+        str(s): float(d.mean())
+        for s, d in zip(arrays['snapshot_steps'], arrays['snapshot_drift'])
+    }
   if len(snapshots) > 1:
-    arrays['snapshot_step_change'] = np.stack([drift(b, a) for (_, a), (_, b)
-                                               in zip(snapshots, snapshots[1:])])
+    arrays['snapshot_step_change'] = np.stack(
+        [drift(b, a) for (_, a), (_, b) in zip(snapshots, snapshots[1:])]
+    )
   return summary, arrays
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
-  """Spearman rank correlation (ties get average ranks), None where undefined."""
+  """Spearman rank correlation (ties get average ranks), None where
+  undefined."""
   if np.ptp(x) == 0 or np.ptp(y) == 0:  # a constant series: no rank correlation
     return None
   c = scipy.stats.spearmanr(x, y).statistic

@@ -1,5 +1,5 @@
-"""The files of a table or statistics analysis (runner side of `analysis`): JSON, arrays and
-plots, as docs/DESIGN.md §Statistics lists them."""
+"""The files of a table or statistics analysis (runner side of `analysis`):
+JSON, arrays and plots, as docs/DESIGN.md §Statistics lists them."""
 
 import json
 import os
@@ -14,25 +14,42 @@ from flax_posemb import tables
 from flax_posemb.eval_report import json_safe
 
 
-def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int | None = None,
-                    initial: np.ndarray | None = None,
-                    per_position: dict[str, np.ndarray] | None = None, bucket_size: int = 16,
-                    bucket_edges: str = '') -> dict[str, Any]:
-  """Analyses `table` [L, D] of the run in `workdir` at `step` (its snapshots and windows up
-  to `step`); writes analysis.json, analysis.npz and plots into `output`.
+def analyze_workdir(
+    workdir: str,
+    table: np.ndarray,
+    output: str,
+    *,
+    step: int | None = None,
+    initial: np.ndarray | None = None,
+    per_position: dict[str, np.ndarray] | None = None,
+    bucket_size: int = 16,
+    bucket_edges: str = '',
+) -> dict[str, Any]:
+  """Analyses `table` [L, D] of the run in `workdir` at `step` (its snapshots
+  and windows up to `step`); writes analysis.json, analysis.npz and plots into
+  `output`.
 
   Args:
     initial: initial table [L, D]; default tables/table_0.npy if present.
-    per_position: evaluation vectors ('loss' [L'], optional 'bayes_loss', 'filter_loss'),
+    per_position: evaluation vectors ('loss' [L'], optional 'bayes_loss',
+    'filter_loss'),
       related to cumulative exposure when the run has window files.
     bucket_size, bucket_edges: buckets of the summaries (`buckets.make_edges`).
   """
-  snapshots = [(s, outputs.load_npy(p)) for s, p in outputs.table_files(workdir)
-               if step is None or s <= step]
+  snapshots = [
+      (s, outputs.load_npy(p))
+      for s, p in outputs.table_files(workdir)
+      if step is None or s <= step
+  ]
   if initial is None and snapshots and snapshots[0][0] == 0:
     initial = snapshots[0][1]
-  summary, arrays = analysis.analyze_table(table, initial=initial, snapshots=snapshots,
-                                           bucket_size=bucket_size, bucket_edges=bucket_edges)
+  summary, arrays = analysis.analyze_table(
+      table,
+      initial=initial,
+      snapshots=snapshots,
+      bucket_size=bucket_size,
+      bucket_edges=bucket_edges,
+  )
   summary['step'] = step
   files = _table_plots(table, summary, arrays, output)
   exposure = analysis.cumulative_exposure(os.path.join(workdir, 'stats'), step)
@@ -41,36 +58,68 @@ def analyze_workdir(workdir: str, table: np.ndarray, output: str, *, step: int |
     arrays['exposure'] = exposure
     series: dict[str, np.ndarray] = {}
     if per_position is not None:
-      pp = {k: np.pad(np.asarray(per_position[k][:num], np.float64),
-                      (0, num - len(per_position[k][:num])), constant_values=np.nan)
-            for k in ('loss', 'bayes_loss', 'filter_loss') if k in per_position}
+      pp = {
+          k: np.pad(
+              np.asarray(per_position[k][:num], np.float64),
+              (0, num - len(per_position[k][:num])),
+              constant_values=np.nan,
+          )
+          for k in ('loss', 'bayes_loss', 'filter_loss')
+          if k in per_position
+      }
       series['loss'] = pp['loss']
       if 'bayes_loss' in pp:
         gap = pp['filter_loss'] - pp['bayes_loss']
         with np.errstate(invalid='ignore', divide='ignore'):
-          series['recovered'] = np.where(np.abs(gap) > 1e-9,
-                                         (pp['filter_loss'] - pp['loss']) / gap, np.nan)
-    series.update({k: arrays[k][:num] for k in ('drift', 'norm') if k in arrays})
-    summary['exposure'] = _exposure_relation(exposure[:num], series, output, files)
+          series['recovered'] = np.where(
+              np.abs(gap) > 1e-9, (pp['filter_loss'] - pp['loss']) / gap, np.nan
+          )
+    series.update(
+        {k: arrays[k][:num] for k in ('drift', 'norm') if k in arrays}
+    )
+    summary['exposure'] = _exposure_relation(
+        exposure[:num], series, output, files
+    )
   return _write(summary, arrays, files, output, 'analysis')
 
 
-def _table_plots(table: np.ndarray, summary: dict[str, Any], arrays: dict[str, np.ndarray],
-                 output: str) -> dict[str, str]:
-  """Writes table_analysis.png and cosine_similarity.png of `analyze_table`'s results."""
+def _table_plots(
+    table: np.ndarray,
+    summary: dict[str, Any],
+    arrays: dict[str, np.ndarray],
+    output: str,
+) -> dict[str, str]:
+  """Writes table_analysis.png and cosine_similarity.png of `analyze_table`'s
+  results."""
   probe = summary['probe']
-  return {'table_plot': plots.table_analysis(
-              arrays['norm'], arrays.get('drift'), arrays['pca_ratio'],
-              np.asarray(probe['bucket_edges']), np.asarray(probe['abs_error_by_bucket']),
-              os.path.join(output, 'table_analysis.png'), arrays.get('snapshot_drift'),
-              arrays.get('snapshot_steps', ()), probe_r2=probe['r2']),
-          'cosine_plot': plots.cosine_heatmap(analysis.cosine_similarity(table),
-                                              os.path.join(output, 'cosine_similarity.png'))}
+  return {
+      'table_plot': plots.table_analysis(
+          arrays['norm'],
+          arrays.get('drift'),
+          arrays['pca_ratio'],
+          np.asarray(probe['bucket_edges']),
+          np.asarray(probe['abs_error_by_bucket']),
+          os.path.join(output, 'table_analysis.png'),
+          arrays.get('snapshot_drift'),
+          arrays.get('snapshot_steps', ()),
+          probe_r2=probe['r2'],
+      ),
+      'cosine_plot': plots.cosine_heatmap(
+          analysis.cosine_similarity(table),
+          os.path.join(output, 'cosine_similarity.png'),
+      ),
+  }
 
 
-def _write(summary: dict[str, Any], arrays: dict[str, np.ndarray] | None,
-           files: dict[str, str], output: str, name: str) -> dict[str, Any]:
-  """Writes NAME.npz (`arrays`, unless None) and NAME.json (`summary` with `files`)."""
+def _write(
+    summary: dict[str, Any],
+    arrays: dict[str, np.ndarray] | None,
+    files: dict[str, str],
+    output: str,
+    name: str,
+) -> dict[str, Any]:
+  """Writes NAME.npz (`arrays`, unless None) and NAME.json (`summary` with
+  `files`)."""
   if arrays is not None:
     files['arrays'] = os.path.join(output, f'{name}.npz')
     with outputs.atomic_write(files['arrays']) as f:
@@ -82,56 +131,100 @@ def _write(summary: dict[str, Any], arrays: dict[str, np.ndarray] | None,
   return summary
 
 
-def write_table_analysis(source: str, output: str, *, bucket_size: int = 16,
-                         bucket_edges: str = '') -> dict[str, Any]:
-  """`analyze_workdir`'s analysis of any table, less drift and exposure (listed under
-  'skipped'); writes table_analysis.json and the plots into `output`.
+def write_table_analysis(
+    source: str, output: str, *, bucket_size: int = 16, bucket_edges: str = ''
+) -> dict[str, Any]:
+  """`analyze_workdir`'s analysis of any table, less drift and exposure (listed
+  under 'skipped'); writes table_analysis.json and the plots into `output`.
 
   Args:
-    source: a `tables.load_table` spec of a [L >= 2, D] position table (the JSON's 'source').
+    source: a `tables.load_table` spec of a [L >= 2, D] position table (the
+        JSON's 'source').
   """
-  table = np.asarray(tables.load_table(source), np.float64)  # 2-D: checked by load_table
+  # 2-D: checked by load_table
+  table = np.asarray(tables.load_table(source), np.float64)
   if table.shape[0] < 2 or table.shape[1] < 1:
-    raise ValueError(f'table analysis needs a [rows >= 2, features >= 1] table, got {table.shape}.')
-  summary, arrays = analysis.analyze_table(table, bucket_size=bucket_size,
-                                          bucket_edges=bucket_edges)
-  summary = {'source': source, **summary,
-             'skipped': {'drift': 'needs the initial table and snapshots of a training run',
-                         'exposure': "needs a training run's per-position statistics"}}
-  return _write(summary, None, _table_plots(table, summary, arrays, output), output,
-                'table_analysis')
+    raise ValueError(
+        'table analysis needs a [rows >= 2, features >= 1] table, got'
+        f' {table.shape}.'
+    )
+  summary, arrays = analysis.analyze_table(
+      table, bucket_size=bucket_size, bucket_edges=bucket_edges
+  )
+  summary = {
+      'source': source,
+      **summary,
+      'skipped': {
+          'drift': 'needs the initial table and snapshots of a training run',
+          'exposure': "needs a training run's per-position statistics",
+      },
+  }
+  return _write(
+      summary,
+      None,
+      _table_plots(table, summary, arrays, output),
+      output,
+      'table_analysis',
+  )
 
 
 def analyze_stats(stats_dir: str, output: str) -> dict[str, Any]:
-  """Analyses any directory of window files (`PositionStatistics`'s, or a run's `stats/`) into
-  `output`: stats_analysis.json/.npz and exposure_relation.png (README §Statistics)."""
-  from flax_posemb import stats  # pylint: disable=g-import-not-at-top  (jax: not for --table)
+  """Analyses any directory of window files (`PositionStatistics`'s, or a run's
+  `stats/`) into `output`: stats_analysis.json/.npz and exposure_relation.png
+  (README §Statistics)."""
+  from flax_posemb import stats  # jax: not for --table
+
   files = analysis.window_files(stats_dir)
   if not files:
-    raise ValueError(f'{stats_dir} holds no statistics window files (window_STEP.npz).')
+    raise ValueError(
+        f'{stats_dir} holds no statistics window files (window_STEP.npz).'
+    )
   windows = [outputs.load_npz(p) for _, p in files]
-  arrays = {k: sum(np.asarray(w[k], np.float64) for w in windows)
-            for k in stats.FIELDS if k in windows[0]}
-  arrays.update(stats.derived(arrays), exposure=analysis.cumulative_exposure(stats_dir))
-  series = {k: arrays[k] for k in ('mean_loss', 'signal_per_occurrence', 'coherence',
-                                   'update_sq') if k in arrays}
+  arrays = {
+      k: sum(np.asarray(w[k], np.float64) for w in windows)
+      for k in stats.FIELDS
+      if k in windows[0]
+  }
+  arrays.update(
+      stats.derived(arrays), exposure=analysis.cumulative_exposure(stats_dir)
+  )
+  series = {
+      k: arrays[k]
+      for k in ('mean_loss', 'signal_per_occurrence', 'coherence', 'update_sq')
+      if k in arrays
+  }
   out: dict[str, str] = {}
-  summary = {'source': stats_dir, 'windows': len(files), 'last_step': files[-1][0],
-             'first_step': int(windows[0].get('first_step', files[0][0])),
-             'exposure': _exposure_relation(arrays['exposure'], series, output, out)}
+  summary = {
+      'source': stats_dir,
+      'windows': len(files),
+      'last_step': files[-1][0],
+      'first_step': int(windows[0].get('first_step', files[0][0])),
+      'exposure': _exposure_relation(arrays['exposure'], series, output, out),
+  }
   return _write(summary, arrays, out, output, 'stats_analysis')
 
 
-def _exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray], output: str,
-                       files: dict[str, str]) -> dict[str, Any]:
-  """Exposure totals and each series' Spearman correlation with it; the plot into `files`."""
-  out = {'total_tokens': float(exposure.sum()), 'min_position_exposure': float(exposure.min()),
-         'max_position_exposure': float(exposure.max())}
+def _exposure_relation(
+    exposure: np.ndarray,
+    series: dict[str, np.ndarray],
+    output: str,
+    files: dict[str, str],
+) -> dict[str, Any]:
+  """Exposure totals and each series' Spearman correlation with it; the plot
+  into `files`."""
+  out = {
+      'total_tokens': float(exposure.sum()),
+      'min_position_exposure': float(exposure.min()),
+      'max_position_exposure': float(exposure.max()),
+  }
   rho = {}
   for name, y in series.items():
     ok = np.isfinite(y) & (exposure > 0)
     if ok.sum() > 2:
-      rho[name] = out[f'spearman_{name}'] = analysis.spearman(exposure[ok], y[ok])
+      rho[name] = out[f'spearman_{name}'] = analysis.spearman(
+          exposure[ok], y[ok]
+      )
   files['exposure_plot'] = plots.exposure_relation(
-      exposure, series, os.path.join(output, 'exposure_relation.png'), rho=rho)
+      exposure, series, os.path.join(output, 'exposure_relation.png'), rho=rho
+  )
   return out

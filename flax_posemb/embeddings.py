@@ -1,4 +1,5 @@
-"""Position and token embeddings: pure functions (shared with the NNX twins) and linen modules."""
+"""Position and token embeddings: pure functions (shared with the NNX twins) and
+linen modules."""
 
 from typing import Any
 
@@ -14,60 +15,104 @@ Dtype = Any
 
 
 def check_position_range(positions: np.ndarray, num_positions: int) -> None:
-  """Raises ValueError naming a bad id and the fix unless host `positions` are in `[0, n)`."""
+  """Raises ValueError naming a bad id and the fix unless host `positions` are
+  in `[0, n)`."""
   p = np.asarray(positions)
   num_bad = int(np.sum((p < 0) | (p >= num_positions)))
   if not num_bad:
     return
   lo, hi, n = int(p.min()), int(p.max()), num_positions
-  where, fix = ((f'Position id {lo} is negative', 'check how the data (or an offset) makes them')
-                if lo < 0 else (f'Position id {hi} is outside the position table [0, {n})',
-                                f'set model.max_len >= {hi + 1} or shorten data.seq_len / offsets'))
-  raise ValueError(f'{where} ({num_bad} ids outside [0, {n}); min {lo}, max {hi}): {fix}.')
+  where, fix = (
+      (
+          f'Position id {lo} is negative',
+          'check how the data (or an offset) makes them',
+      )
+      if lo < 0
+      else (
+          f'Position id {hi} is outside the position table [0, {n})',
+          f'set model.max_len >= {hi + 1} or shorten data.seq_len / offsets',
+      )
+  )
+  raise ValueError(
+      f'{where} ({num_bad} ids outside [0, {n}); min {lo}, max {hi}): {fix}.'
+  )
 
 
-def lookup_positions(table: Array, positions: Array, dtype: Dtype | None = None) -> Array:
-  """Rows `[..., features]` (in `dtype`, default the table's) of `table` `[num_positions,
-  features]` at integer `positions` `[...]`, assumed in range (ids outside read clamped rows)."""
-  return jnp.take(table, positions, axis=0, mode='clip').astype(dtype or table.dtype)
+def lookup_positions(
+    table: Array, positions: Array, dtype: Dtype | None = None
+) -> Array:
+  """Rows `[..., features]` (in `dtype`, default the table's) of `table`
+  `[num_positions, features]` at integer `positions` `[...]`, assumed in range
+  (ids outside read clamped rows)."""
+  return jnp.take(table, positions, axis=0, mode='clip').astype(
+      dtype or table.dtype
+  )
 
 
-def lookup_tokens(table: Array, ids: Array, dtype: Dtype | None = None) -> Array:
-  """Rows `[..., features]` of `table` `[vocab, features]` at integer `ids` `[...]`; ids past
-  the table give NaN rows, so a too-small vocabulary shows as a NaN loss."""
-  return jnp.take(table, ids, axis=0, mode='fill', fill_value=jnp.nan).astype(dtype or table.dtype)
+def lookup_tokens(
+    table: Array, ids: Array, dtype: Dtype | None = None
+) -> Array:
+  """Rows `[..., features]` of `table` `[vocab, features]` at integer `ids`
+  `[...]`; ids past the table give NaN rows, so a too-small vocabulary shows as
+  a NaN loss."""
+  return jnp.take(table, ids, axis=0, mode='fill', fill_value=jnp.nan).astype(
+      dtype or table.dtype
+  )
 
 
 def attend(x: Array, table: Array, dtype: Dtype | None = None) -> Array:
-  """Tied output head: `x` `[..., features]` @ `table.T` in `dtype` -> float32 `[..., vocab]`."""
+  """Tied output head: `x` `[..., features]` @ `table.T` in `dtype` -> float32
+  `[..., vocab]`."""
   dt = dtype or table.dtype
-  return jnp.einsum('...d,vd->...v', x.astype(dt), table.astype(dt),
-                    preferred_element_type=jnp.float32)
+  return jnp.einsum(
+      '...d,vd->...v',
+      x.astype(dt),
+      table.astype(dt),
+      preferred_element_type=jnp.float32,
+  )
 
 
-def sinusoidal_encoding(positions: Array, features: int, *, scale: float = 1.0,
-                        max_wavelength: float = 10_000.0, dtype: Dtype = jnp.float32) -> Array:
-  """Fixed Vaswani sinusoid `[..., features]` of RMS `scale` at `positions` `[...]` >= 0: column
-  `2i` is `sin(p / max_wavelength**(2i/features))`, column `2i+1` the cos."""
-  enc = initializers.sinusoid_at(jnp.asarray(positions), features, max_wavelength)
+def sinusoidal_encoding(
+    positions: Array,
+    features: int,
+    *,
+    scale: float = 1.0,
+    max_wavelength: float = 10_000.0,
+    dtype: Dtype = jnp.float32,
+) -> Array:
+  """Fixed Vaswani sinusoid `[..., features]` of RMS `scale` at `positions`
+  `[...]` >= 0: column `2i` is `sin(p / max_wavelength**(2i/features))`, column
+  `2i+1` the cos."""
+  enc = initializers.sinusoid_at(
+      jnp.asarray(positions), features, max_wavelength
+  )
   return (enc * (scale * np.sqrt(2.0))).astype(dtype)
 
 
-def apply_rope(x: Array, positions: Array, max_wavelength: float = 10_000.0) -> Array:
-  """RoPE (Su et al. 2021), rotate-half (GPT-NeoX/Llama) layout, in float32: features `i` and
-  `i + H/2` of `x` `[B, T, N, H]` (H even) rotate by `p / max_wavelength**(2i/H)` at `positions`
-  `[B, T]`."""
+def apply_rope(
+    x: Array, positions: Array, max_wavelength: float = 10_000.0
+) -> Array:
+  """RoPE (Su et al. 2021), rotate-half (GPT-NeoX/Llama) layout, in float32:
+  features `i` and `i + H/2` of `x` `[B, T, N, H]` (H even) rotate by `p /
+  max_wavelength**(2i/H)` at `positions` `[B, T]`."""
   half = x.shape[-1] // 2
-  inv_freq = 1.0 / (max_wavelength ** (jnp.arange(half, dtype=jnp.float32) / half))
-  angle = positions.astype(jnp.float32)[..., None, None] * inv_freq  # [B, T, 1, H/2]
+  inv_freq = 1.0 / (
+      max_wavelength ** (jnp.arange(half, dtype=jnp.float32) / half)
+  )
+  # [B, T, 1, H/2]
+  angle = positions.astype(jnp.float32)[..., None, None] * inv_freq
   sin, cos = jnp.sin(angle), jnp.cos(angle)
   x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+  return jnp.concatenate(
+      [x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1
+  ).astype(x.dtype)
 
 
 class LearnedPositionEmbedding(nn.Module):
-  """Learned absolute position table `embedding` `[num_positions, features]` (GPT-2 `wpe`),
-  drawn by `embedding_init` in `param_dtype`; rows come out in `dtype` (None = `param_dtype`)."""
+  """Learned absolute position table `embedding` `[num_positions, features]`
+  (GPT-2 `wpe`), drawn by `embedding_init` in `param_dtype`; rows come out in
+  `dtype` (None = `param_dtype`)."""
+
   num_positions: int
   features: int
   embedding_init: initializers.InitFn = initializers.gpt2()
@@ -76,14 +121,20 @@ class LearnedPositionEmbedding(nn.Module):
 
   @nn.compact
   def __call__(self, positions: Array) -> Array:
-    table = self.param('embedding', self.embedding_init,
-                       (self.num_positions, self.features), self.param_dtype)
+    table = self.param(
+        'embedding',
+        self.embedding_init,
+        (self.num_positions, self.features),
+        self.param_dtype,
+    )
     return lookup_positions(table, positions, self.dtype or self.param_dtype)
 
 
 class TokenEmbedding(nn.Module):
-  """Token table `embedding` `[num_embeddings, features]` with a tied output head (`attend`);
-  `dtype` (None = `param_dtype`) is the compute dtype of the rows and of `attend`."""
+  """Token table `embedding` `[num_embeddings, features]` with a tied output
+  head (`attend`); `dtype` (None = `param_dtype`) is the compute dtype of the
+  rows and of `attend`."""
+
   num_embeddings: int
   features: int
   embedding_init: initializers.InitFn = initializers.gpt2()
@@ -91,8 +142,12 @@ class TokenEmbedding(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   def setup(self):
-    self.embedding = self.param('embedding', self.embedding_init,
-                                (self.num_embeddings, self.features), self.param_dtype)
+    self.embedding = self.param(
+        'embedding',
+        self.embedding_init,
+        (self.num_embeddings, self.features),
+        self.param_dtype,
+    )
 
   def __call__(self, ids: Array) -> Array:
     return lookup_tokens(self.embedding, ids, self.dtype or self.param_dtype)
@@ -103,13 +158,20 @@ class TokenEmbedding(nn.Module):
 
 
 class SinusoidalPositionEmbedding(nn.Module):
-  """Fixed sinusoid (Vaswani et al. 2017) of RMS `scale`, no parameters (`sinusoidal_encoding`;
-  `TransformerLM` scales it to the token init's std, like the learnable `sinusoidal` init)."""
+  """Fixed sinusoid (Vaswani et al. 2017) of RMS `scale`, no parameters
+  (`sinusoidal_encoding`; `TransformerLM` scales it to the token init's std,
+  like the learnable `sinusoidal` init)."""
+
   features: int
   scale: float = 1.0
   max_wavelength: float = 10_000.0
   dtype: Dtype = jnp.float32
 
   def __call__(self, positions: Array) -> Array:
-    return sinusoidal_encoding(positions, self.features, scale=self.scale,
-                               max_wavelength=self.max_wavelength, dtype=self.dtype)
+    return sinusoidal_encoding(
+        positions,
+        self.features,
+        scale=self.scale,
+        max_wavelength=self.max_wavelength,
+        dtype=self.dtype,
+    )

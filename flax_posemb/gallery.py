@@ -1,6 +1,6 @@
-"""The figure gallery: every run-level figure once, from two tiny runs (natural and
-packed_reset, synthetic corpus), each with the question it answers (`--out docs/gallery`
-regenerates the committed docs/gallery/)."""
+"""The figure gallery: every run-level figure once, from two tiny runs (natural
+and packed_reset, synthetic corpus), each with the question it answers (`--out
+docs/gallery` regenerates the committed docs/gallery/)."""
 
 import os
 import shutil
@@ -8,67 +8,152 @@ import shutil
 from absl import flags
 from ml_collections import config_flags
 
-from flax_posemb import cli, outputs
+from flax_posemb import cli
+from flax_posemb import outputs
 
 PROG = 'python -m flax_posemb.gallery'
 cli.name_main_module(PROG, __name__)
 
-config_flags.DEFINE_config_file('config', 'configs/tiny.py', 'Config of the two runs.')
-flags.DEFINE_string('out', 'runs/gallery', 'Where the figures and README.md go.')
-flags.DEFINE_string('workdir', '/tmp/flax_posemb_gallery', 'Where the two runs are trained.')
+config_flags.DEFINE_config_file(
+    'config', 'configs/tiny.py', 'Config of the two runs.'
+)
+flags.DEFINE_string(
+    'out', 'runs/gallery', 'Where the figures and README.md go.'
+)
+flags.DEFINE_string(
+    'workdir', '/tmp/flax_posemb_gallery', 'Where the two runs are trained.'
+)
 flags.DEFINE_integer('steps', 300, 'Training steps of each run.', lower_bound=1)
 cli.define_debug_flag()
 FLAGS = flags.FLAGS
 
 # (file in OUT, its evaluation and file key in `main`, question it answers).
 FIGURES = (
-    ('loss_by_position.png', 'probe', 'plot', 'Where in the context is the model worse, and '
-     'how much of the value of knowing the position do the rows there recover (synthetic '
-     'bounds, 95% CI)?'),
-    ('loss_by_position_log2.png', 'log2', 'plot', 'The same on log2 buckets (log axis): the '
-     'first positions, where context grows fastest.'),
-    ('offsets.png', 'probe', 'offsets_plot', 'Offset probe: the same texts read with rows '
-     'p + K; does shifting to later rows hurt (worse late rows) at equal context?'),
-    ('comparison.png', 'comparison', 'plot', 'Two runs on the same windows: their losses, '
-     'and the paired difference with its 95% interval.'),
-    ('table_analysis.png', 'probe', 'analysis_table_plot', 'What did the table learn: row '
-     'norms, drift from init over training, PCA, and how linearly decodable position is '
-     '(R^2 on the panel).'),
-    ('cosine_similarity.png', 'probe', 'analysis_cosine_plot', 'Cosine similarity between '
-     'position rows.'),
-    ('exposure_relation.png', 'probe', 'analysis_exposure_plot', 'Per-position quantities '
-     'against training exposure, with Spearman rho.'),
-    ('data_exposure.png', None, None, 'Before training: how often each position is seen, and '
-     'how long the source documents are.'),
+    (
+        'loss_by_position.png',
+        'probe',
+        'plot',
+        (
+            'Where in the context is the model worse, and how much of the value'
+            ' of knowing the position do the rows there recover (synthetic'
+            ' bounds, 95% CI)?'
+        ),
+    ),
+    (
+        'loss_by_position_log2.png',
+        'log2',
+        'plot',
+        (
+            'The same on log2 buckets (log axis): the '
+            'first positions, where context grows fastest.'
+        ),
+    ),
+    (
+        'offsets.png',
+        'probe',
+        'offsets_plot',
+        (
+            'Offset probe: the same texts read with rows p + K; does shifting'
+            ' to later rows hurt (worse late rows) at equal context?'
+        ),
+    ),
+    (
+        'comparison.png',
+        'comparison',
+        'plot',
+        (
+            'Two runs on the same windows: their losses, '
+            'and the paired difference with its 95% interval.'
+        ),
+    ),
+    (
+        'table_analysis.png',
+        'probe',
+        'analysis_table_plot',
+        (
+            'What did the table learn: row norms, drift from init over'
+            ' training, PCA, and how linearly decodable position is (R^2 on the'
+            ' panel).'
+        ),
+    ),
+    (
+        'cosine_similarity.png',
+        'probe',
+        'analysis_cosine_plot',
+        'Cosine similarity between position rows.',
+    ),
+    (
+        'exposure_relation.png',
+        'probe',
+        'analysis_exposure_plot',
+        'Per-position quantities against training exposure, with Spearman rho.',
+    ),
+    (
+        'data_exposure.png',
+        None,
+        None,
+        (
+            'Before training: how often each position is seen, and '
+            'how long the source documents are.'
+        ),
+    ),
 )
 
 
 def main(argv):
   del argv
-  from flax_posemb import eval_workdir, plots, training  # pylint: disable=g-import-not-at-top
-  from flax_posemb.data import report  # pylint: disable=g-import-not-at-top
+  from flax_posemb import eval_workdir
+  from flax_posemb import plots
+  from flax_posemb import training
+  from flax_posemb.data import report
+
   runs = {}
   for policy in ('natural', 'packed_reset'):
     c = FLAGS.config.copy_and_resolve_references()
-    c.data.position_policy, c.num_train_steps, c.progress_bar = policy, FLAGS.steps, False
+    c.data.position_policy, c.num_train_steps, c.progress_bar = (
+        policy,
+        FLAGS.steps,
+        False,
+    )
     c.eval_every_steps, c.allow_config_change = 0, True
     runs[policy] = os.path.join(FLAGS.workdir, policy)
     training.train_and_evaluate(c, runs[policy])
-  evals = {'comparison': eval_workdir.evaluate_and_compare(list(runs.values()))[1],
-           'probe': eval_workdir.evaluate_workdir(runs['natural'], offsets=[0, 16], analyze=True),
-           'log2': eval_workdir.evaluate_workdir(runs['natural'], bucket_edges='log2')}
+  evals = {
+      'comparison': eval_workdir.evaluate_and_compare(list(runs.values()))[1],
+      'probe': eval_workdir.evaluate_workdir(
+          runs['natural'], offsets=[0, 16], analyze=True
+      ),
+      'log2': eval_workdir.evaluate_workdir(
+          runs['natural'], bucket_edges='log2'
+      ),
+  }
   c = FLAGS.config.copy_and_resolve_references()
   c.data.position_policy = 'natural'
-  plots.data_exposure(report.exposure(c, 50), os.path.join(FLAGS.out, 'data_exposure.png'))
-  lines = ['# Figure gallery', '', f'Generated by `python -m flax_posemb.gallery --out '
-           f'{FLAGS.out}` (tiny config, synthetic corpus, natural vs packed_reset, '
-           f'{FLAGS.steps} steps); each figure once, with the question it answers.', '']
+  plots.data_exposure(
+      report.exposure(c, 50), os.path.join(FLAGS.out, 'data_exposure.png')
+  )
+  lines = [
+      '# Figure gallery',
+      '',
+      (
+          f'Generated by `python -m flax_posemb.gallery --out {FLAGS.out}`'
+          ' (tiny config, synthetic corpus, natural vs packed_reset,'
+          f' {FLAGS.steps} steps); each figure once, with the question it'
+          ' answers.'
+      ),
+      '',
+  ]
   for name, source, key, question in FIGURES:
     if source:
-      shutil.copyfile(evals[source]['files'][key], os.path.join(FLAGS.out, name))
+      shutil.copyfile(
+          evals[source]['files'][key], os.path.join(FLAGS.out, name)
+      )
     lines += [f'## {name}', '', question, '', f'![{name}]({name})', '']
     if os.path.exists(os.path.join(FLAGS.out, 'before', name)):
-      lines += [f'Before the figure rework: [before/{name}](before/{name}).', '']
+      lines += [
+          f'Before the figure rework: [before/{name}](before/{name}).',
+          '',
+      ]
   with outputs.atomic_write(os.path.join(FLAGS.out, 'README.md'), 'w') as f:
     f.write('\n'.join(lines))
   print(f'gallery: {os.path.join(FLAGS.out, "README.md")}')

@@ -1,10 +1,11 @@
-"""Named embedding-table initializers (`get`, `resolve`); sources in docs/REFERENCES.md."""
+"""Named embedding-table initializers (`get`, `resolve`); sources in
+docs/REFERENCES.md."""
 
+from collections.abc import Callable
 import dataclasses
 import functools
 import inspect
 import math
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -16,14 +17,22 @@ from flax_posemb import tables
 Array = jax.Array
 InitFn = Callable[..., Array]
 
-# TF's truncated normal (cut at +-2 std, not rescaled) keeps this fraction of the std.
+# TF's truncated normal (cut at +-2 std, not rescaled) keeps this fraction of
+# the std.
 _TRUNC2_STD_RATIO = math.sqrt(
-    1.0 - 4.0 * math.exp(-2.0) / math.sqrt(2.0 * math.pi) / math.erf(2.0 / math.sqrt(2.0)))
+    1.0
+    - 4.0
+    * math.exp(-2.0)
+    / math.sqrt(2.0 * math.pi)
+    / math.erf(2.0 / math.sqrt(2.0))
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Initializer:
-  """A named JAX initializer `(key, shape, dtype) -> Array`; `std_fn(features)`: realized std."""
+  """A named JAX initializer `(key, shape, dtype) -> Array`; `std_fn(features)`:
+  realized std."""
+
   name: str
   fn: InitFn = dataclasses.field(repr=False)
   std_fn: Callable[[int], float] = dataclasses.field(repr=False)
@@ -37,17 +46,25 @@ class Initializer:
 
 def _check_std(name: str, std: Any) -> float:
   if std is None or not math.isfinite(float(std)) or float(std) < 0:
-    raise ValueError(f"Initializer '{name}' needs a std, a finite number >= 0 (got {std}): pass "
-                     'std=0.02, or set model.position_init_std / model.token_init_std >= 0.')
+    raise ValueError(
+        f"Initializer '{name}' needs a std, a finite number >= 0 (got"
+        f' {std}): pass std=0.02, or set model.position_init_std /'
+        ' model.token_init_std >= 0.'
+    )
   return float(std)
 
 
-# Normal(0, std) entries: name -> (default std, TF truncation: cut at 2 std, not rescaled).
+# Normal(0, std) entries: name -> (default std, TF truncation: cut at 2 std, not
+# rescaled).
 _NORMALS = {
-    'gpt2': (0.02, False),  # nanoGPT (karpathy/nanoGPT model.py), Hugging Face GPT-2: all tables.
-    'gpt2_openai': (0.01, False),  # OpenAI GPT-2 (openai/gpt-2 src/model.py) `wpe`; Levanter.
-    'bert': (0.02, True),  # BERT (google-research/bert modeling.py): realized std ~0.0176.
-    'normal': (None, False),  # Parametric (e.g. MaxText's trainable position table: std 1.0).
+    # nanoGPT (karpathy/nanoGPT model.py), Hugging Face GPT-2: all tables.
+    'gpt2': (0.02, False),
+    # OpenAI GPT-2 (openai/gpt-2 src/model.py) `wpe`; Levanter.
+    'gpt2_openai': (0.01, False),
+    # BERT (google-research/bert modeling.py): realized std ~0.0176.
+    'bert': (0.02, True),
+    # Parametric (e.g. MaxText's trainable position table: std 1.0).
+    'normal': (None, False),
     'truncated_normal': (None, True),  # Parametric, truncated as `bert`.
 }
 
@@ -57,29 +74,39 @@ def _normal(name: str, std: float | None = None) -> Initializer:
   std = _check_std(name, default if std is None else std)
 
   def init(key, shape, dtype=jnp.float32):
-    z = (jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) if truncated
-         else jax.random.normal(key, shape, jnp.float32))
+    z = (
+        jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)
+        if truncated
+        else jax.random.normal(key, shape, jnp.float32)
+    )
     return (std * z).astype(dtype)
+
   realized = std * _TRUNC2_STD_RATIO if truncated else std
   return Initializer(name, init, lambda f: realized)
 
 
 # Uniform(-b, b) entries: name -> b of the table's width.
 _UNIFORMS: dict[str, Callable[[int], float]] = {
-    'word2vec': lambda f: 0.5 / f,  # Word2Vec's input vectors (original C code).
-    'small_uniform': lambda f: 1e-4,  # "SmallInit" (BlinkDL, RWKV): followed by a LayerNorm.
+    # Word2Vec's input vectors (original C code).
+    'word2vec': lambda f: 0.5 / f,
+    # "SmallInit" (BlinkDL, RWKV): followed by a LayerNorm.
+    'small_uniform': lambda f: 1e-4,
 }
 
 
 def _uniform(name: str, bound_fn: Callable[[int], float]) -> Initializer:
   def init(key, shape, dtype=jnp.float32):
     bound = bound_fn(shape[-1])
-    return jax.random.uniform(key, shape, jnp.float32, -bound, bound).astype(dtype)
+    return jax.random.uniform(key, shape, jnp.float32, -bound, bound).astype(
+        dtype
+    )
+
   return Initializer(name, init, lambda f: bound_fn(f) / math.sqrt(3.0))
 
 
 def sinusoid_at(positions, features: int, max_wavelength: float = 10_000.0):
-  """Vaswani sinusoid `[..., features]` at `positions` `[...]` (NumPy: float64, JAX: float32)."""
+  """Vaswani sinusoid `[..., features]` at `positions` `[...]` (NumPy: float64,
+  JAX: float32)."""
   xp = jnp if isinstance(positions, jax.Array) else np
   dt = jnp.float32 if xp is jnp else np.float64
   i = xp.arange(features) // 2
@@ -88,12 +115,16 @@ def sinusoid_at(positions, features: int, max_wavelength: float = 10_000.0):
   return xp.where(xp.arange(features) % 2 == 0, xp.sin(angle), xp.cos(angle))
 
 
-gpt2 = functools.partial(_normal, 'gpt2')  # The default of the embedding modules.
+# The default of the embedding modules.
+gpt2 = functools.partial(_normal, 'gpt2')
 
 
 def flax_default() -> Initializer:
-  """Flax `nn.Embed` default: variance scaling 1.0, fan-in, normal (std = 1/sqrt(features))."""
-  base = jax.nn.initializers.variance_scaling(1.0, 'fan_in', 'normal', out_axis=0)
+  """Flax `nn.Embed` default: variance scaling 1.0, fan-in, normal (std =
+  1/sqrt(features))."""
+  base = jax.nn.initializers.variance_scaling(
+      1.0, 'fan_in', 'normal', out_axis=0
+  )
   return Initializer('flax_default', base, lambda f: 1.0 / math.sqrt(f))
 
 
@@ -102,8 +133,11 @@ def zeros() -> Initializer:
   return Initializer('zeros', jax.nn.initializers.zeros, lambda f: 0.0)
 
 
-def sinusoidal(std: float | None = None, max_wavelength: float = 10_000.0) -> Initializer:
-  """Vaswani et al. (2017) sinusoid as a learnable table of RMS `std` (`resolve`: the token's)."""
+def sinusoidal(
+    std: float | None = None, max_wavelength: float = 10_000.0
+) -> Initializer:
+  """Vaswani et al. (2017) sinusoid as a learnable table of RMS `std`
+  (`resolve`: the token's)."""
   std = _check_std('sinusoidal', std)
 
   def init(key, shape, dtype=jnp.float32):
@@ -111,47 +145,68 @@ def sinusoidal(std: float | None = None, max_wavelength: float = 10_000.0) -> In
     table = sinusoid_at(np.arange(shape[0]), shape[1], max_wavelength)
     rms = float(np.sqrt(np.mean(table**2))) or 1.0
     return jnp.asarray(table * (std / rms), dtype)
+
   return Initializer('sinusoidal', init, lambda f: std)
 
 
 def same_as_token(token_init: Initializer | None = None) -> Initializer:
-  """Whatever the model's token embedding uses (GPT-2, nanoGPT and BERT share one init)."""
+  """Whatever the model's token embedding uses (GPT-2, nanoGPT and BERT share
+  one init)."""
   if token_init is None:
-    raise ValueError("'same_as_token' depends on the token embedding's initializer: use "
-                     "initializers.resolve('same_as_token', token_init=...).")
+    raise ValueError(
+        "'same_as_token' depends on the token embedding's initializer: use "
+        "initializers.resolve('same_as_token', token_init=...)."
+    )
   return token_init
 
 
 _BUILDERS: dict[str, Callable[..., Initializer]] = {
     **{n: functools.partial(_normal, n) for n in _NORMALS},
-    **{n: functools.partial(_uniform, n, bound) for n, bound in _UNIFORMS.items()},
-    **{f.__name__: f for f in (flax_default, zeros, sinusoidal, same_as_token)}}
+    **{
+        n: functools.partial(_uniform, n, bound)
+        for n, bound in _UNIFORMS.items()
+    },
+    **{f.__name__: f for f in (flax_default, zeros, sinusoidal, same_as_token)},
+}
 NAMES: tuple[str, ...] = tuple(sorted(_BUILDERS))
-# Names whose `std` can be overridden (model.position_init_std / token_init_std).
+# Names whose `std` can be overridden (model.position_init_std /
+# token_init_std).
 STD_NAMES: tuple[str, ...] = tuple(
-    n for n in NAMES if 'std' in inspect.signature(_BUILDERS[n]).parameters)
+    n for n in NAMES if 'std' in inspect.signature(_BUILDERS[n]).parameters
+)
 
 
 def get(name: str, **overrides: Any) -> Initializer:
-  """The initializer registered as `name` (one of `NAMES`), built with keyword `overrides`."""
+  """The initializer registered as `name` (one of `NAMES`), built with keyword
+  `overrides`."""
   builder = _BUILDERS.get(name)
   accepted = inspect.signature(builder).parameters if builder else {}
-  if builder is None or not set(overrides) <= set(accepted):
+  if builder is None:
     raise ValueError(
-        f"Unknown initializer {name!r}; valid names: {', '.join(NAMES)} (or a table file, "
-        "'file:PATH.npy|.npz[:KEY]|.safetensors[:KEY]')." if builder is None else
-        f"Initializer {name!r} does not accept overrides {sorted(overrides)}; accepted: "
-        f"{', '.join(accepted) or 'none'}.")
+        f"Unknown initializer {name!r}; valid names: {', '.join(NAMES)} (or a"
+        " table file, 'file:PATH.npy|.npz[:KEY]|.safetensors[:KEY]')."
+    )
+  if not set(overrides) <= set(accepted):
+    raise ValueError(
+        f'Initializer {name!r} does not accept overrides {sorted(overrides)};'
+        f" accepted: {', '.join(accepted) or 'none'}."
+    )
   return builder(**overrides)
 
 
-def resolve(name: str, *, token_init: Initializer, std: float | None = None,
-            resize: str = 'error') -> Initializer:
+def resolve(
+    name: str,
+    *,
+    token_init: Initializer,
+    std: float | None = None,
+    resize: str = 'error',
+) -> Initializer:
   """The initializer of a `[num_positions, features]` position table.
 
   Args:
-    name: One of `NAMES`, or a table file `'file:PATH[:KEY]'` (`tables.load_table`).
-    token_init: The token table's initializer: `same_as_token` is it, and `sinusoidal`
+    name: One of `NAMES`, or a table file `'file:PATH[:KEY]'`
+    (`tables.load_table`). token_init: The token table's initializer:
+    `same_as_token` is it, and `sinusoidal`
       without `std` is scaled to its realized std.
     std: Optional std override (None = the entry's default).
     resize: Row rule of a file table (`from_array`).
@@ -161,44 +216,69 @@ def resolve(name: str, *, token_init: Initializer, std: float | None = None,
   if name == 'same_as_token':
     return token_init
   if name == 'sinusoidal' and std is None:
+
     def init(key, shape, dtype=jnp.float32):
       return sinusoidal(token_init.expected_std(shape[-1]))(key, shape, dtype)
+
     return Initializer('sinusoidal', init, token_init.std_fn)
   return get(name, **({} if std is None else {'std': std}))
 
 
-# Row rules (never the width): error (must match), truncate (first rows), interpolate (ViT/DeiT).
+# Row rules (never the width): error (must match), truncate (first rows),
+# interpolate (ViT/DeiT).
 RESIZE_RULES: tuple[str, ...] = ('error', 'truncate', 'interpolate')
 
 
 def check_resize(resize: str) -> None:
   """Raises ValueError unless `resize` is one of `RESIZE_RULES`."""
   if resize not in RESIZE_RULES:
-    raise ValueError(f"Unknown table resize rule {resize!r}; valid: {', '.join(RESIZE_RULES)} "
-                     "(model.position_init_resize).")
+    raise ValueError(
+        f'Unknown table resize rule {resize!r}; valid:'
+        f" {', '.join(RESIZE_RULES)} (model.position_init_resize)."
+    )
 
 
-def fit_problem(have: tuple[int, int], want: tuple[int, int], resize: str) -> str | None:
-  """Why a `have` table cannot fill `want` under `resize` (naming the fix), or None."""
+def fit_problem(
+    have: tuple[int, int], want: tuple[int, int], resize: str
+) -> str | None:
+  """Why a `have` table cannot fill `want` under `resize` (naming the fix), or
+  None."""
   (rows, width), (want_rows, want_width) = have, want
   head = f'Table shape {have} does not fit the requested shape {want}: '
   if width != want_width:
-    return head + (f"the table's width is {width} features, the model's {want_width}; no resize "
-                   f'rule changes it: set model.emb_dim={width} or use {want_width} columns.')
-  if rows == want_rows or resize == 'interpolate' or (resize == 'truncate' and rows > want_rows):
+    return head + (
+        f"the table's width is {width} features, the model's {want_width};"
+        f' no resize rule changes it: set model.emb_dim={width} or use'
+        f' {want_width} columns.'
+    )
+  if (
+      rows == want_rows
+      or resize == 'interpolate'
+      or (resize == 'truncate' and rows > want_rows)
+  ):
     return None
   if resize == 'truncate':
-    return head + (f"resize 'truncate' only drops rows, and the table has {rows} < {want_rows} "
-                   f"rows: set model.max_len<={rows} or use resize 'interpolate'.")
-  return head + (f'the table has {rows} rows, the model {want_rows} (model.max_len): set '
-                 f'model.max_len={rows} or a row rule (model.position_init_resize): '
-                 + (f"'truncate' keeps the first {want_rows} rows, " if rows > want_rows else '')
-                 + f"'interpolate' resamples the {rows} rows linearly to {want_rows}.")
+    return head + (
+        f"resize 'truncate' only drops rows, and the table has {rows} <"
+        f' {want_rows} rows: set model.max_len<={rows} or use resize'
+        " 'interpolate'."
+    )
+  return head + (
+      f'the table has {rows} rows, the model {want_rows} (model.max_len): set '
+      f'model.max_len={rows} or a row rule (model.position_init_resize): '
+      + (
+          f"'truncate' keeps the first {want_rows} rows, "
+          if rows > want_rows
+          else ''
+      )
+      + f"'interpolate' resamples the {rows} rows linearly to {want_rows}."
+  )
 
 
 def fit_rows(table: np.ndarray, rows: int, resize: str = 'error') -> np.ndarray:
-  """`table` `[R, D]` fitted to `[rows, D]` under a rule that allows it: `table`, its first rows,
-  or (interpolate) float64 rows where new row i is old position `i * (R - 1) / (rows - 1)`."""
+  """`table` `[R, D]` fitted to `[rows, D]` under a rule that allows it:
+  `table`, its first rows, or (interpolate) float64 rows where new row i is old
+  position `i * (R - 1) / (rows - 1)`."""
   have = table.shape[0]
   if have == rows:
     return table
@@ -212,13 +292,19 @@ def fit_rows(table: np.ndarray, rows: int, resize: str = 'error') -> np.ndarray:
   return (1.0 - w) * t[lo] + w * t[hi]
 
 
-def from_array(array, *, resize: str = 'error', name: str = 'from_array') -> Initializer:
-  """An initializer returning a copy of `array` `[R, D]` (e.g. GPT-2's `wpe`), rows fitted by
-  `resize` (`RESIZE_RULES`); a shape it cannot fill raises ValueError (`fit_problem`)."""
+def from_array(
+    array, *, resize: str = 'error', name: str = 'from_array'
+) -> Initializer:
+  """An initializer returning a copy of `array` `[R, D]` (e.g. GPT-2's `wpe`),
+  rows fitted by `resize` (`RESIZE_RULES`); a shape it cannot fill raises
+  ValueError (`fit_problem`)."""
   check_resize(resize)
   table = np.array(array)
   if table.ndim != 2:
-    raise ValueError(f"from_array needs a 2-D [rows, features] table, got shape {table.shape}.")
+    raise ValueError(
+        'from_array needs a 2-D [rows, features] table, got shape'
+        f' {table.shape}.'
+    )
   std = float(np.std(np.asarray(table, np.float64)))
 
   def init(key, shape, dtype=jnp.float32):
@@ -227,4 +313,5 @@ def from_array(array, *, resize: str = 'error', name: str = 'from_array') -> Ini
     if problem:
       raise ValueError(problem)
     return jnp.asarray(fit_rows(table, shape[0], resize), dtype)
+
   return Initializer(name, init, lambda f: std)

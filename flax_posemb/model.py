@@ -1,8 +1,9 @@
-"""GPT-2-style decoder-only LM, swappable position embedding (linen; docs/DESIGN.md, Model)."""
+"""GPT-2-style decoder-only LM, swappable position embedding (linen;
+docs/DESIGN.md, Model)."""
 
+from collections.abc import Iterator, Mapping
 import dataclasses
 import functools
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -19,31 +20,46 @@ Array = jax.Array
 POSITION_TABLE_PATH: tuple[str, str] = ('pos_embed', 'embedding')
 POSITION_EMBEDDINGS: tuple[str, ...] = ('learned', 'sinusoidal', 'rope', 'none')
 ATTENTION_IMPLS: tuple[str, ...] = ('auto', 'xla', 'cudnn', 'blocked')
-_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
-# Fields of older versions that runs' config.json may still hold; they are ignored.
+_DTYPES = {
+    'float32': jnp.float32,
+    'bfloat16': jnp.bfloat16,
+    'float16': jnp.float16,
+}
+# Fields of older versions that runs' config.json may still hold; they are
+# ignored.
 REMOVED_FIELDS: tuple[str, ...] = ('check_positions',)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Model hyper-parameters, validated on construction; `defaults.model()` is built from them."""
+  """Model hyper-parameters, validated on construction; `defaults.model()` is
+  built from them."""
+
   vocab_size: int = 64  # Token vocabulary (must cover the data's token ids).
   num_layers: int = 2  # Transformer blocks.
   num_heads: int = 4  # Attention heads per block.
   emb_dim: int = 64  # Model width (token and position embedding features).
   mlp_dim: int = 256  # Hidden width of each block's MLP.
   max_len: int = 128  # Rows in the position table (largest position id + 1).
-  dropout_rate: float = 0.0  # Dropout on embeddings, attention output and MLP output.
+  # Dropout on embeddings, attention output and MLP output.
+  dropout_rate: float = 0.0
   position_embedding: str = 'learned'  # learned | sinusoidal | rope | none
-  position_init: str = 'gpt2'  # A learned table's: initializers.NAMES or 'file:...' (tables).
-  position_init_resize: str = 'error'  # File table rows != max_len: error | truncate | interpolate.
-  position_init_std: float = -1.0  # Std override (initializers.STD_NAMES); <0 = default.
+  # A learned table's: initializers.NAMES or 'file:...' (tables).
+  position_init: str = 'gpt2'
+  # File table rows != max_len: error | truncate | interpolate.
+  position_init_resize: str = 'error'
+  # Std override (initializers.STD_NAMES); <0 = default.
+  position_init_std: float = -1.0
   token_init: str = 'gpt2'  # Initializer name for the token table.
-  token_init_std: float = -1.0  # Std override for the token initializer; <0 = default.
-  dtype: str = 'float32'  # Compute dtype (bfloat16 on accelerators); logits and loss stay float32.
+  # Std override for the token initializer; <0 = default.
+  token_init_std: float = -1.0
+  # Compute dtype (bfloat16 on accelerators); logits and loss stay float32.
+  dtype: str = 'float32'
   param_dtype: str = 'float32'  # Parameter storage dtype.
-  attention_impl: str = 'auto'  # Same function: auto (flax_posemb.auto) | xla | cudnn | blocked.
-  remat: bool = False  # Rematerialize each block in the backward pass (saves memory).
+  # Same function: auto (flax_posemb.auto) | xla | cudnn | blocked.
+  attention_impl: str = 'auto'
+  # Rematerialize each block in the backward pass (saves memory).
+  remat: bool = False
 
   def __post_init__(self):
     for problem in self._problems():
@@ -53,88 +69,139 @@ class ModelConfig:
       self.position_initializer()
 
   def _problems(self) -> Iterator[str]:
-    """Problems naming the field and the fix, lazily (a check may assume earlier ones passed)."""
-    for f in ('vocab_size', 'num_layers', 'num_heads', 'emb_dim', 'mlp_dim', 'max_len'):
+    """Problems naming the field and the fix, lazily (a check may assume earlier
+    ones passed)."""
+    for f in (
+        'vocab_size',
+        'num_layers',
+        'num_heads',
+        'emb_dim',
+        'mlp_dim',
+        'max_len',
+    ):
       v = getattr(self, f)
       if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         yield f'ModelConfig.{f} must be a positive int, got {v!r}.'
     if self.emb_dim % self.num_heads:
-      yield f'emb_dim ({self.emb_dim}) must be divisible by num_heads ({self.num_heads}).'
+      yield (
+          f'emb_dim ({self.emb_dim}) must be divisible by num_heads'
+          f' ({self.num_heads}).'
+      )
     if not 0.0 <= self.dropout_rate < 1.0:
       yield f'dropout_rate must be in [0, 1), got {self.dropout_rate}.'
-    for f, valid in (('position_embedding', POSITION_EMBEDDINGS), ('dtype', _DTYPES),
-                     ('param_dtype', _DTYPES), ('attention_impl', ATTENTION_IMPLS)):
+    for f, valid in (
+        ('position_embedding', POSITION_EMBEDDINGS),
+        ('dtype', _DTYPES),
+        ('param_dtype', _DTYPES),
+        ('attention_impl', ATTENTION_IMPLS),
+    ):
       if getattr(self, f) not in valid:
         yield f'Unknown {f} {getattr(self, f)!r}; valid: {", ".join(valid)}.'
     if self.position_embedding == 'rope' and self.head_dim % 2:
       yield f'rope needs an even head dim; emb_dim/num_heads = {self.head_dim}.'
     if self.attention_impl == 'cudnn' and self.dtype == 'float32':
-      yield ("attention_impl='cudnn' (cuDNN flash attention) needs dtype 'bfloat16' or "
-             "'float16'; set model.dtype='bfloat16' or use 'xla'.")
-    for kind, name, std in (('token', self.token_init, self.token_init_std),
-                            ('position', self.position_init, self.position_init_std)):
+      yield (
+          "attention_impl='cudnn' (cuDNN flash attention) needs dtype"
+          " 'bfloat16' or 'float16'; set model.dtype='bfloat16' or use 'xla'."
+      )
+    for kind, name, std in (
+        ('token', self.token_init, self.token_init_std),
+        ('position', self.position_init, self.position_init_std),
+    ):
       if name not in initializers.NAMES and not tables.is_file_spec(name):
-        yield (f'Unknown {kind}_init {name!r}; valid names: {", ".join(initializers.NAMES)} '
-               "(position_init also 'file:PATH.npy|.npz[:KEY]|.safetensors[:KEY]').")
+        yield (
+            f'Unknown {kind}_init {name!r}; valid names:'
+            f' {", ".join(initializers.NAMES)} (position_init also'
+            " 'file:PATH.npy|.npz[:KEY]|.safetensors[:KEY]')."
+        )
       elif std >= 0 and name not in initializers.STD_NAMES:
-        yield (f'{kind}_init {name!r} takes no std (got {std}); std applies to '
-               f'{", ".join(initializers.STD_NAMES)}. Set {kind}_init_std=-1.')
+        yield (
+            f'{kind}_init {name!r} takes no std (got {std}); std applies to '
+            f'{", ".join(initializers.STD_NAMES)}. Set {kind}_init_std=-1.'
+        )
     if self.token_init == 'same_as_token':
       yield "token_init cannot be 'same_as_token'; pick e.g. 'gpt2'."
     initializers.check_resize(self.position_init_resize)
     pe = self.position_embedding
     if pe == 'learned' and tables.is_file_spec(self.position_init):
-      shape = tables.load_table(self.position_init).shape  # TableError names a bad file.
-      problem = initializers.fit_problem(shape, (self.max_len, self.emb_dim),
-                                         self.position_init_resize)
+      # TableError names a bad file.
+      shape = tables.load_table(self.position_init).shape
+      problem = initializers.fit_problem(
+          shape, (self.max_len, self.emb_dim), self.position_init_resize
+      )
       if problem:
         yield problem
-    sinusoid = pe == 'sinusoidal' or (pe == 'learned' and self.position_init == 'sinusoidal')
+    sinusoid = pe == 'sinusoidal' or (
+        pe == 'learned' and self.position_init == 'sinusoidal'
+    )
     if sinusoid and self.position_init_std < 0 and sinusoid_scale(self) == 0:
-      yield (f"The sinusoid scales to the token init's std, and {self.token_init!r} has std 0; "
-             'set model.position_init_std.')
+      yield (
+          "The sinusoid scales to the token init's std, and"
+          f' {self.token_init!r} has std 0; set model.position_init_std.'
+      )
 
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any] | Any) -> 'ModelConfig':
-    """Builds from `config.model` (a ConfigDict or mapping); unknown keys are an error."""
+    """Builds from `config.model` (a ConfigDict or mapping); unknown keys are an
+    error."""
     d = cfg.to_dict() if hasattr(cfg, 'to_dict') else dict(cfg)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names - set(REMOVED_FIELDS))
     if unknown:
-      raise ValueError(f'Unknown model config keys {unknown}; valid keys: {sorted(names)}.')
+      raise ValueError(
+          f'Unknown model config keys {unknown}; valid keys: {sorted(names)}.'
+      )
     return cls(**{k: v for k, v in d.items() if k in names})
 
-  compute_dtype = property(lambda self: _DTYPES[self.dtype], doc='jnp dtype of activations.')
-  storage_dtype = property(lambda self: _DTYPES[self.param_dtype], doc='jnp dtype of parameters.')
-  head_dim = property(lambda self: self.emb_dim // self.num_heads, doc='Features per head.')
+  compute_dtype = property(
+      lambda self: _DTYPES[self.dtype], doc='jnp dtype of activations.'
+  )
+  storage_dtype = property(
+      lambda self: _DTYPES[self.param_dtype], doc='jnp dtype of parameters.'
+  )
+  head_dim = property(
+      lambda self: self.emb_dim // self.num_heads, doc='Features per head.'
+  )
 
   def token_initializer(self) -> initializers.Initializer:
     """The token table's initializer (`token_init` with `token_init_std`)."""
     std = self.token_init_std
-    return initializers.get(self.token_init, **({} if std < 0 else {'std': std}))
+    return initializers.get(
+        self.token_init, **({} if std < 0 else {'std': std})
+    )
 
   def position_initializer(self) -> initializers.Initializer:
     """The learned table's initializer (`initializers.resolve`)."""
     return initializers.resolve(
-        self.position_init, token_init=self.token_initializer(), resize=self.position_init_resize,
-        std=None if self.position_init_std < 0 else self.position_init_std)
+        self.position_init,
+        token_init=self.token_initializer(),
+        resize=self.position_init_resize,
+        std=None if self.position_init_std < 0 else self.position_init_std,
+    )
 
 
 def position_table(params: Mapping[str, Any]) -> Array:
-  """The learned position table `[max_len, emb_dim]` of `params` (or of `{'params': ...}`)."""
+  """The learned position table `[max_len, emb_dim]` of `params` (or of
+  `{'params': ...}`)."""
   if 'params' in params and POSITION_TABLE_PATH[0] not in params:
     params = params['params']
   return params[POSITION_TABLE_PATH[0]][POSITION_TABLE_PATH[1]]
 
 
 def sinusoid_scale(cfg: ModelConfig) -> float:
-  """RMS of the fixed sinusoid: `position_init_std`, or the token init's realized std."""
-  return (cfg.position_init_std if cfg.position_init_std >= 0
-          else cfg.token_initializer().expected_std(cfg.emb_dim))
+  """RMS of the fixed sinusoid: `position_init_std`, or the token init's
+  realized std."""
+  return (
+      cfg.position_init_std
+      if cfg.position_init_std >= 0
+      else cfg.token_initializer().expected_std(cfg.emb_dim)
+  )
 
 
 class _Dense(nn.Module):
-  """Dense `[..., in] -> [..., features]`, kernel `[features, in]`: ~9% faster on CPU (measured)."""
+  """Dense `[..., in] -> [..., features]`, kernel `[features, in]`: ~9% faster
+  on CPU (measured)."""
+
   features: int
   kernel_std: float
   dtype: Any
@@ -142,64 +209,114 @@ class _Dense(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    kernel = self.param('kernel', nn.initializers.normal(self.kernel_std),
-                        (self.features, x.shape[-1]), self.param_dtype)
-    bias = self.param('bias', nn.initializers.zeros, (self.features,), self.param_dtype)
+    kernel = self.param(
+        'kernel',
+        nn.initializers.normal(self.kernel_std),
+        (self.features, x.shape[-1]),
+        self.param_dtype,
+    )
+    bias = self.param(
+        'bias', nn.initializers.zeros, (self.features,), self.param_dtype
+    )
     return layers.dense(x, kernel, bias, self.dtype)
 
 
 class Block(nn.Module):
   """Pre-LN transformer block (`layers.block`)."""
+
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array | None, positions: Array,
-               deterministic: bool) -> Array:
-    """`x` `[B, T, D]` -> `[B, T, D]`; `mask` bool `[B, 1, T, T]` or None, `positions` `[B, T]`."""
+  def __call__(
+      self, x: Array, mask: Array | None, positions: Array, deterministic: bool
+  ) -> Array:
+    """`x` `[B, T, D]` -> `[B, T, D]`; `mask` bool `[B, 1, T, T]` or None,
+    `positions` `[B, T]`."""
     cfg, d = self.config, x.shape[-1]
-    dense = functools.partial(_Dense, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype)
-    layer_norm = functools.partial(nn.LayerNorm, epsilon=layers.LAYER_NORM_EPSILON,
-                                   dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype)
+    dense = functools.partial(
+        _Dense, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype
+    )
+    layer_norm = functools.partial(
+        nn.LayerNorm,
+        epsilon=layers.LAYER_NORM_EPSILON,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.storage_dtype,
+    )
     resid_std = layers.resid_std(cfg.num_layers)
-    # In this order, so that their names (and dropout masks) stay: Dropout_0 attention, 1 MLP.
-    drop_attn, drop_mlp = nn.Dropout(cfg.dropout_rate), nn.Dropout(cfg.dropout_rate)
+    # In this order, so that their names (and dropout masks) stay: Dropout_0
+    # attention, 1 MLP.
+    drop_attn, drop_mlp = nn.Dropout(cfg.dropout_rate), nn.Dropout(
+        cfg.dropout_rate
+    )
     return layers.block(
-        x, mask, positions, cfg,
-        ln_1=layer_norm(name='ln_1'), qkv=dense(3 * d, layers.DENSE_STD, name='qkv'),
-        attn_out=dense(d, resid_std, name='attn_out'), ln_2=layer_norm(name='ln_2'),
+        x,
+        mask,
+        positions,
+        cfg,
+        ln_1=layer_norm(name='ln_1'),
+        qkv=dense(3 * d, layers.DENSE_STD, name='qkv'),
+        attn_out=dense(d, resid_std, name='attn_out'),
+        ln_2=layer_norm(name='ln_2'),
         mlp_in=dense(cfg.mlp_dim, layers.DENSE_STD, name='mlp_in'),
         mlp_out=dense(d, resid_std, name='mlp_out'),
         drop_attn=lambda y: drop_attn(y, deterministic=deterministic),
-        drop_mlp=lambda y: drop_mlp(y, deterministic=deterministic))
+        drop_mlp=lambda y: drop_mlp(y, deterministic=deterministic),
+    )
 
 
 class TransformerLM(nn.Module):
   """GPT-2-style decoder-only LM of a `ModelConfig` (docs/DESIGN.md, Model)."""
+
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, inputs: Array, positions: Array, segment_ids: Array | None = None,
-               deterministic: bool = True, embed_delta: Array | None = None) -> Array:
-    """float32 logits `[B, T, vocab_size]` of int32 token ids `inputs` `[B, T]` at `positions`
-    `[B, T]` in `[0, max_len)`; `segment_ids` `[B, T]` (0 = padding) or None (one document a
-    row); `embed_delta` float32 `[B, T, emb_dim]` or None; dropout needs `rngs={'dropout': k}`."""
+  def __call__(
+      self,
+      inputs: Array,
+      positions: Array,
+      segment_ids: Array | None = None,
+      deterministic: bool = True,
+      embed_delta: Array | None = None,
+  ) -> Array:
+    """float32 logits `[B, T, vocab_size]` of int32 token ids `inputs` `[B, T]`
+    at `positions` `[B, T]` in `[0, max_len)`; `segment_ids` `[B, T]` (0 =
+    padding) or None (one document a row); `embed_delta` float32 `[B, T,
+    emb_dim]` or None; dropout needs `rngs={'dropout': k}`."""
     cfg = self.config
     dt, pdt = cfg.compute_dtype, cfg.storage_dtype
-    tok = embeddings.TokenEmbedding(cfg.vocab_size, cfg.emb_dim, cfg.token_initializer(),
-                                    dtype=dt, param_dtype=pdt, name='token_embed')
+    tok = embeddings.TokenEmbedding(
+        cfg.vocab_size,
+        cfg.emb_dim,
+        cfg.token_initializer(),
+        dtype=dt,
+        param_dtype=pdt,
+        name='token_embed',
+    )
     pos_rows = None
     if cfg.position_embedding == 'learned':
       pos_rows = embeddings.LearnedPositionEmbedding(
-          cfg.max_len, cfg.emb_dim, cfg.position_initializer(), dtype=jnp.float32,
-          param_dtype=pdt, name='pos_embed')(positions)
+          cfg.max_len,
+          cfg.emb_dim,
+          cfg.position_initializer(),
+          dtype=jnp.float32,
+          param_dtype=pdt,
+          name='pos_embed',
+      )(positions)
     elif cfg.position_embedding == 'sinusoidal':
       pos_rows = embeddings.SinusoidalPositionEmbedding(
-          cfg.emb_dim, scale=sinusoid_scale(cfg), name='pos_embed')(positions)
+          cfg.emb_dim, scale=sinusoid_scale(cfg), name='pos_embed'
+      )(positions)
     x = layers.embedding_sum(tok(inputs), pos_rows, embed_delta)
     x = nn.Dropout(cfg.dropout_rate)(x.astype(dt), deterministic=deterministic)
     mask = layers.segment_mask(segment_ids)
     block = nn.remat(Block, static_argnums=(4,)) if cfg.remat else Block
     for i in range(cfg.num_layers):
       x = block(cfg, name=f'block_{i}')(x, mask, positions, deterministic)
-    return tok.attend(nn.LayerNorm(epsilon=layers.LAYER_NORM_EPSILON, dtype=dt, param_dtype=pdt,
-                                   name='ln_f')(x))
+    return tok.attend(
+        nn.LayerNorm(
+            epsilon=layers.LAYER_NORM_EPSILON,
+            dtype=dt,
+            param_dtype=pdt,
+            name='ln_f',
+        )(x)
+    )

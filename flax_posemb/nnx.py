@@ -1,4 +1,5 @@
-"""NNX twins of the linen modules over the same functions: same logits, linen parameter paths."""
+"""NNX twins of the linen modules over the same functions: same logits, linen
+parameter paths."""
 
 from collections.abc import Mapping
 from typing import Any
@@ -16,27 +17,41 @@ from flax_posemb.model import sinusoid_scale
 
 Array = jax.Array
 Dtype = Any
+_GPT2_INIT = initializers.gpt2()
 
 
 class _Table(nnx.Module):
   """Parameter ``embedding`` [rows, features]."""
 
-  def __init__(self, rows: int, features: int, *,
-               embedding_init: initializers.InitFn = initializers.gpt2(),
-               dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32, rngs: nnx.Rngs):
+  def __init__(
+      self,
+      rows: int,
+      features: int,
+      *,
+      embedding_init: initializers.InitFn = _GPT2_INIT,
+      dtype: Dtype | None = None,
+      param_dtype: Dtype = jnp.float32,
+      rngs: nnx.Rngs,
+  ):
     self.dtype = dtype or param_dtype
-    self.embedding = nnx.Param(embedding_init(rngs.params(), (rows, features), param_dtype))
+    self.embedding = nnx.Param(
+        embedding_init(rngs.params(), (rows, features), param_dtype)
+    )
 
 
 class LearnedPositionEmbedding(_Table):
-  """Learned table ``embedding`` [num_positions, features] (ids checked on the host)."""
+  """Learned table ``embedding`` [num_positions, features] (ids checked on the
+  host)."""
 
   def __call__(self, positions: Array) -> Array:
-    return embeddings.lookup_positions(self.embedding[...], positions, self.dtype)
+    return embeddings.lookup_positions(
+        self.embedding[...], positions, self.dtype
+    )
 
 
 class TokenEmbedding(_Table):
-  """Token table ``embedding`` [num_embeddings, features] with the tied output head."""
+  """Token table ``embedding`` [num_embeddings, features] with the tied output
+  head."""
 
   def __call__(self, ids: Array) -> Array:
     return embeddings.lookup_tokens(self.embedding[...], ids, self.dtype)
@@ -49,35 +64,64 @@ class TokenEmbedding(_Table):
 class SinusoidalPositionEmbedding(nnx.Module):
   """Fixed sinusoid of RMS ``scale`` at explicit positions; no parameters."""
 
-  def __init__(self, features: int, *, scale: float = 1.0, max_wavelength: float = 10_000.0,
-               dtype: Dtype = jnp.float32):
-    self.features, self.scale, self.max_wavelength = features, scale, max_wavelength
+  def __init__(
+      self,
+      features: int,
+      *,
+      scale: float = 1.0,
+      max_wavelength: float = 10_000.0,
+      dtype: Dtype = jnp.float32,
+  ):
+    self.features, self.scale, self.max_wavelength = (
+        features,
+        scale,
+        max_wavelength,
+    )
     self.dtype = dtype
 
   def __call__(self, positions: Array) -> Array:
-    return embeddings.sinusoidal_encoding(positions, self.features, scale=self.scale,
-                                          max_wavelength=self.max_wavelength, dtype=self.dtype)
+    return embeddings.sinusoidal_encoding(
+        positions,
+        self.features,
+        scale=self.scale,
+        max_wavelength=self.max_wavelength,
+        dtype=self.dtype,
+    )
 
 
 class RotaryEmbedding(nnx.Module):
-  """RoPE (`embeddings.apply_rope`) as a module (`TransformerLM` applies it in attention)."""
+  """RoPE (`embeddings.apply_rope`) as a module (`TransformerLM` applies it in
+  attention)."""
 
   def __init__(self, max_wavelength: float = 10_000.0):
     self.max_wavelength = max_wavelength
 
   def __call__(self, x: Array, positions: Array) -> Array:
-    """Rotates queries or keys ``[B, T, N, H]`` (H even) by int ``positions`` [B, T]."""
+    """Rotates queries or keys ``[B, T, N, H]`` (H even) by int ``positions``
+    [B, T]."""
     return embeddings.apply_rope(x, positions, self.max_wavelength)
 
 
 class Dense(nnx.Module):
-  """``[..., in] -> [..., out]``; ``kernel`` [out, in] ~ normal(kernel_std), ``bias`` 0."""
+  """``[..., in] -> [..., out]``; ``kernel`` [out, in] ~ normal(kernel_std),
+  ``bias`` 0."""
 
-  def __init__(self, in_features: int, out_features: int, *, kernel_std: float, dtype: Dtype,
-               param_dtype: Dtype, rngs: nnx.Rngs):
+  def __init__(
+      self,
+      in_features: int,
+      out_features: int,
+      *,
+      kernel_std: float,
+      dtype: Dtype,
+      param_dtype: Dtype,
+      rngs: nnx.Rngs,
+  ):
     self.dtype = dtype
-    self.kernel = nnx.Param(jax.nn.initializers.normal(kernel_std)(
-        rngs.params(), (out_features, in_features), param_dtype))
+    self.kernel = nnx.Param(
+        jax.nn.initializers.normal(kernel_std)(
+            rngs.params(), (out_features, in_features), param_dtype
+        )
+    )
     self.bias = nnx.Param(jnp.zeros((out_features,), param_dtype))
 
   def __call__(self, x: Array) -> Array:
@@ -85,16 +129,24 @@ class Dense(nnx.Module):
 
 
 def _layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
-  return nnx.LayerNorm(cfg.emb_dim, epsilon=layers.LAYER_NORM_EPSILON, dtype=cfg.compute_dtype,
-                       param_dtype=cfg.storage_dtype, rngs=rngs)
+  return nnx.LayerNorm(
+      cfg.emb_dim,
+      epsilon=layers.LAYER_NORM_EPSILON,
+      dtype=cfg.compute_dtype,
+      param_dtype=cfg.storage_dtype,
+      rngs=rngs,
+  )
 
 
 class Block(nnx.Module):
-  """Pre-LN transformer block (`layers.block`); attributes as the linen ``block_i`` params."""
+  """Pre-LN transformer block (`layers.block`); attributes as the linen
+  ``block_i`` params."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     cfg = self.config = config
-    d, dense = cfg.emb_dim, dict(dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype, rngs=rngs)
+    d, dense = cfg.emb_dim, dict(
+        dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype, rngs=rngs
+    )
     resid_std = layers.resid_std(cfg.num_layers)
     self.ln_1 = _layer_norm(cfg, rngs)
     self.qkv = Dense(d, 3 * d, kernel_std=layers.DENSE_STD, **dense)
@@ -105,17 +157,39 @@ class Block(nnx.Module):
     self.drop_attn = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
     self.drop_mlp = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
 
-  def __call__(self, x: Array, mask: Array | None, positions: Array,
-               deterministic: bool = True, rngs: nnx.Rngs | None = None) -> Array:
-    """``x`` [B, T, D], ``mask`` bool [B, 1, T, T] (None: causal), ``positions`` [B, T]."""
+  def __call__(
+      self,
+      x: Array,
+      mask: Array | None,
+      positions: Array,
+      deterministic: bool = True,
+      rngs: nnx.Rngs | None = None,
+  ) -> Array:
+    """``x`` [B, T, D], ``mask`` bool [B, 1, T, T] (None: causal), ``positions``
+    [B, T]."""
     return layers.block(
-        x, mask, positions, self.config, ln_1=self.ln_1, qkv=self.qkv, attn_out=self.attn_out,
-        ln_2=self.ln_2, mlp_in=self.mlp_in, mlp_out=self.mlp_out,
-        drop_attn=lambda y: self.drop_attn(y, deterministic=deterministic, rngs=rngs),
-        drop_mlp=lambda y: self.drop_mlp(y, deterministic=deterministic, rngs=rngs))
+        x,
+        mask,
+        positions,
+        self.config,
+        ln_1=self.ln_1,
+        qkv=self.qkv,
+        attn_out=self.attn_out,
+        ln_2=self.ln_2,
+        mlp_in=self.mlp_in,
+        mlp_out=self.mlp_out,
+        drop_attn=lambda y: self.drop_attn(
+            y, deterministic=deterministic, rngs=rngs
+        ),
+        drop_mlp=lambda y: self.drop_mlp(
+            y, deterministic=deterministic, rngs=rngs
+        ),
+    )
 
 
-_remat_block = nnx.remat(Block.__call__, static_argnums=(4,), graph_updates=False)
+_remat_block = nnx.remat(
+    Block.__call__, static_argnums=(4,), graph_updates=False
+)
 
 
 class TransformerLM(nnx.Module):
@@ -124,14 +198,27 @@ class TransformerLM(nnx.Module):
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     cfg = self.config = config
     dt, pdt = cfg.compute_dtype, cfg.storage_dtype
-    self.token_embed = TokenEmbedding(cfg.vocab_size, cfg.emb_dim, dtype=dt, param_dtype=pdt,
-                                      embedding_init=cfg.token_initializer(), rngs=rngs)
+    self.token_embed = TokenEmbedding(
+        cfg.vocab_size,
+        cfg.emb_dim,
+        dtype=dt,
+        param_dtype=pdt,
+        embedding_init=cfg.token_initializer(),
+        rngs=rngs,
+    )
     if cfg.position_embedding == 'learned':
       self.pos_embed = LearnedPositionEmbedding(
-          cfg.max_len, cfg.emb_dim, embedding_init=cfg.position_initializer(),
-          dtype=jnp.float32, param_dtype=pdt, rngs=rngs)
+          cfg.max_len,
+          cfg.emb_dim,
+          embedding_init=cfg.position_initializer(),
+          dtype=jnp.float32,
+          param_dtype=pdt,
+          rngs=rngs,
+      )
     elif cfg.position_embedding == 'sinusoidal':
-      self.pos_embed = SinusoidalPositionEmbedding(cfg.emb_dim, scale=sinusoid_scale(cfg))
+      self.pos_embed = SinusoidalPositionEmbedding(
+          cfg.emb_dim, scale=sinusoid_scale(cfg)
+      )
     else:
       self.pos_embed = None  # rope / none
     self.drop_embed = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
@@ -141,16 +228,27 @@ class TransformerLM(nnx.Module):
 
   @property
   def blocks(self) -> tuple[Block, ...]:  # block_0 ... block_{L-1}
-    return tuple(getattr(self, f'block_{i}') for i in range(self.config.num_layers))
+    return tuple(
+        getattr(self, f'block_{i}') for i in range(self.config.num_layers)
+    )
 
-  def __call__(self, inputs: Array, positions: Array, segment_ids: Array | None = None, *,
-               deterministic: bool = True, embed_delta: Array | None = None,
-               rngs: nnx.Rngs | None = None) -> Array:
+  def __call__(
+      self,
+      inputs: Array,
+      positions: Array,
+      segment_ids: Array | None = None,
+      *,
+      deterministic: bool = True,
+      embed_delta: Array | None = None,
+      rngs: nnx.Rngs | None = None,
+  ) -> Array:
     """float32 logits [B, T, vocab_size], as `model.TransformerLM`'s."""
     cfg = self.config
     pos_rows = None if self.pos_embed is None else self.pos_embed(positions)
     x = layers.embedding_sum(self.token_embed(inputs), pos_rows, embed_delta)
-    x = self.drop_embed(x.astype(cfg.compute_dtype), deterministic=deterministic, rngs=rngs)
+    x = self.drop_embed(
+        x.astype(cfg.compute_dtype), deterministic=deterministic, rngs=rngs
+    )
     mask = layers.segment_mask(segment_ids)
     apply = _remat_block if cfg.remat else Block.__call__
     for block in self.blocks:
@@ -159,27 +257,42 @@ class TransformerLM(nnx.Module):
 
 
 def to_linen_params(model: TransformerLM) -> dict[str, Any]:
-  """The model's parameters as a linen `TransformerLM` `params` dict (same paths/shapes)."""
+  """The model's parameters as a linen `TransformerLM` `params` dict (same
+  paths/shapes)."""
   return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
-def load_linen_params(model: TransformerLM, params: Mapping[str, Any]) -> TransformerLM:
-  """Copies linen params (or ``{'params': ...}``) into ``model`` in place, cast to its dtypes;
-  a different tree raises `trees.TreeMismatchError` and writes nothing."""
+def load_linen_params(
+    model: TransformerLM, params: Mapping[str, Any]
+) -> TransformerLM:
+  """Copies linen params (or ``{'params': ...}``) into ``model`` in place, cast
+  to its dtypes; a different tree raises `trees.TreeMismatchError` and writes
+  nothing."""
   if set(params) == {'params'}:
     params = params['params']
   state = nnx.state(model, nnx.Param)
-  trees.check_same_tree('params', params, nnx.to_pure_dict(state), 'linen params do not fit '
-                        'this NNX model', 'Build both models from the same ModelConfig.',
-                        where='the linen params')
-  nnx.replace_by_pure_dict(state, params, lambda var, v: var.replace(jnp.asarray(v, var.dtype)))
+  trees.check_same_tree(
+      'params',
+      params,
+      nnx.to_pure_dict(state),
+      'linen params do not fit this NNX model',
+      'Build both models from the same ModelConfig.',
+      where='the linen params',
+  )
+  nnx.replace_by_pure_dict(
+      state, params, lambda var, v: var.replace(jnp.asarray(v, var.dtype))
+  )
   nnx.update(model, state)
   return model
 
 
 def position_table(model: TransformerLM) -> Array:
   """The learned position table ``[max_len, emb_dim]`` (KeyError if none)."""
-  if not isinstance(getattr(model, 'pos_embed', None), LearnedPositionEmbedding):
-    raise KeyError("No learned position table at model.pos_embed.embedding; the model's "
-                   "position_embedding is not 'learned'.")
+  if not isinstance(
+      getattr(model, 'pos_embed', None), LearnedPositionEmbedding
+  ):
+    raise KeyError(
+        "No learned position table at model.pos_embed.embedding; the model's "
+        "position_embedding is not 'learned'."
+    )
   return model.pos_embed.embedding[...]

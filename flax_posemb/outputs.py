@@ -1,6 +1,8 @@
-"""Output files written whole or not at all, and a run's step-numbered outputs read back
-(numpy only); the rules are in docs/DESIGN.md, "Training outputs (workdir)"."""
+"""Output files written whole or not at all, and a run's step-numbered outputs
+read back (numpy only); the rules are in docs/DESIGN.md, "Training outputs
+(workdir)"."""
 
+from collections.abc import Iterator, Sequence
 import contextlib
 import errno
 import glob
@@ -8,9 +10,8 @@ import io
 import os
 import re
 import shutil
+from typing import Any
 import zipfile
-from collections.abc import Sequence
-from typing import Any, Iterator
 
 import numpy as np
 
@@ -21,8 +22,9 @@ TABLE_FILES = os.path.join('tables', 'table_*.npy')
 
 @contextlib.contextmanager
 def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
-  """Yields an in-memory file (``mode`` 'wb' or 'w') written to a hidden ``.NAME.tmp`` in one
-  unbuffered write and renamed to ``path``: a failed write leaves no file and raises once."""
+  """Yields an in-memory file (``mode`` 'wb' or 'w') written to a hidden
+  ``.NAME.tmp`` in one unbuffered write and renamed to ``path``: a failed write
+  leaves no file and raises once."""
   buf = io.BytesIO() if 'b' in mode else io.StringIO()
   yield buf
   data = buf.getvalue()
@@ -33,7 +35,7 @@ def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
     with open(tmp, 'wb', buffering=0) as f:
       view = memoryview(data.encode() if isinstance(data, str) else data)
       while view:
-        view = view[f.write(view):]
+        view = view[f.write(view) :]
       os.fsync(f.fileno())
     os.replace(tmp, path)
   finally:
@@ -43,12 +45,19 @@ def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
 
 @contextlib.contextmanager
 def replace_files(directory: str, names: Sequence[str]) -> Iterator[str]:
-  """Yields a staging directory for new ``names``, swapped in when the block succeeds (names[0],
-  "complete", leaves first and arrives last); a swap killed midway is undone by the next call."""
-  stage, old = os.path.join(directory, '.staging'), os.path.join(directory, '.replaced')
-  if os.path.isdir(old) and not os.path.exists(os.path.join(directory, names[0])):
+  """Yields a staging directory for new ``names``, swapped in when the block
+  succeeds (names[0], "complete", leaves first and arrives last); a swap killed
+  midway is undone by the next call."""
+  stage, old = os.path.join(directory, '.staging'), os.path.join(
+      directory, '.replaced'
+  )
+  if os.path.isdir(old) and not os.path.exists(
+      os.path.join(directory, names[0])
+  ):
     for n in names:  # Killed mid-swap: back to the previous complete set.
-      if not os.path.exists(os.path.join(old, n)) and os.path.exists(os.path.join(directory, n)):
+      if not os.path.exists(os.path.join(old, n)) and os.path.exists(
+          os.path.join(directory, n)
+      ):
         os.remove(os.path.join(directory, n))
     _move(old, directory, names)
   for leftover in (stage, old):
@@ -71,7 +80,8 @@ def _move(src: str, dst: str, names: Sequence[str]) -> None:
 
 
 def append_whole(path: str, data: bytes) -> None:
-  """Appends ``data`` whole or not at all (a failed or short write is cut off and raises)."""
+  """Appends ``data`` whole or not at all (a failed or short write is cut off
+  and raises)."""
   fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
   size = os.fstat(fd).st_size
   try:
@@ -85,10 +95,13 @@ def append_whole(path: str, data: bytes) -> None:
 
 
 def step_files(pattern: str) -> list[tuple[int, str]]:
-  """Sorted ``(step, path)`` of the files ``DIR/PREFIX_<int>.EXT`` of ``pattern`` (one "*")."""
+  """Sorted ``(step, path)`` of the files ``DIR/PREFIX_<int>.EXT`` of
+  ``pattern`` (one "*")."""
   prefix, ext = os.path.basename(pattern).split('*')
   exact = re.compile(re.escape(prefix) + r'(\d+)' + re.escape(ext))
-  found = ((exact.fullmatch(os.path.basename(p)), p) for p in glob.glob(pattern))
+  found = (
+      (exact.fullmatch(os.path.basename(p)), p) for p in glob.glob(pattern)
+  )
   return sorted((int(m.group(1)), p) for m, p in found if m)
 
 
@@ -101,7 +114,8 @@ def table_files(workdir: str) -> list[tuple[int, str]]:
 
 
 def _load(path: str, fix: str) -> Any:
-  """The array(s) of ``path``; a damaged file is a ValueError naming it and ``fix``."""
+  """The array(s) of ``path``; a damaged file is a ValueError naming it and
+  ``fix``."""
   try:
     data = np.load(path, allow_pickle=False)
     if not isinstance(data, np.lib.npyio.NpzFile):
@@ -111,17 +125,26 @@ def _load(path: str, fix: str) -> Any:
   except FileNotFoundError:
     raise
   except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
-    raise ValueError(f'{path} is damaged ({type(e).__name__}: {e}); it is not a complete '
-                     f'{os.path.splitext(path)[1]} file. {fix}') from e
+    raise ValueError(
+        f'{path} is damaged ({type(e).__name__}: {e}); it is not a complete '
+        f'{os.path.splitext(path)[1]} file. {fix}'
+    ) from e
 
 
 def load_npy(path: str) -> np.ndarray:
   """One table snapshot."""
-  return _load(path, 'Move it aside (the analysis then uses the remaining snapshots) or resume '
-               'training from a checkpoint before its step.')
+  return _load(
+      path,
+      'Move it aside (the analysis then uses the remaining snapshots) or resume'
+      ' training from a checkpoint before its step.',
+  )
 
 
 def load_npz(path: str) -> dict[str, np.ndarray]:
   """All arrays of one window file."""
-  return _load(path, 'Move it aside and resume training from a checkpoint before its step '
-               '(resuming drops and rewrites later window files), or leave this run out.')
+  return _load(
+      path,
+      'Move it aside and resume training from a checkpoint before its step '
+      '(resuming drops and rewrites later window files), or leave this run'
+      ' out.',
+  )

@@ -1,14 +1,15 @@
-"""Every figure of the project: each function draws arrays or results dicts into one PNG."""
+"""Every figure of the project: each function draws arrays or results dicts into
+one PNG."""
 
-import os
 from collections.abc import Sequence
+import os
 from typing import Any
 
 import matplotlib
 
 matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
-import numpy as np  # pylint: disable=wrong-import-position
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 
 _MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '*', '<', '>')
 _LINESTYLES = ('-', '--', ':', '-.')
@@ -23,209 +24,427 @@ def _save(fig, path: str) -> str:
 
 
 def _col(rows: Sequence[dict[str, Any]], key: str) -> np.ndarray:
-  return np.array([np.nan if r.get(key) is None else r[key] for r in rows], np.float64)
+  return np.array(
+      [np.nan if r.get(key) is None else r[key] for r in rows], np.float64
+  )
 
 
-def _bucket_arrays(rows: Sequence[dict[str, Any]], value: str = 'loss') -> dict[str, np.ndarray]:
-  """The columns the rows have and ``half``: the half-width of each row's ``ci95``."""
-  out = {k: _col(rows, k) for k in ('start', 'end', value, 'bayes_loss', 'filter_loss',
-                                     'recovered') if rows and k in rows[0]}
-  ci = np.array([[np.nan if x is None else x for x in r['ci95']] for r in rows], np.float64)
+def _bucket_arrays(
+    rows: Sequence[dict[str, Any]], value: str = 'loss'
+) -> dict[str, np.ndarray]:
+  """The columns the rows have and ``half``: the half-width of each row's
+  ``ci95``."""
+  out = {
+      k: _col(rows, k)
+      for k in ('start', 'end', value, 'bayes_loss', 'filter_loss', 'recovered')
+      if rows and k in rows[0]
+  }
+  ci = np.array(
+      [[np.nan if x is None else x for x in r['ci95']] for r in rows],
+      np.float64,
+  )
   out['half'] = (ci[:, 1] - ci[:, 0]) / 2
   return out
 
 
 def _log_buckets(b: dict[str, np.ndarray]) -> bool:
-  """Whether bucket widths grow geometrically (log2 buckets): then x is drawn on a log axis."""
+  """Whether bucket widths grow geometrically (log2 buckets): then x is drawn on
+  a log axis."""
   w = b['end'] - b['start']
   return len(w) >= 4 and w[-1] >= 4 * max(w[1], 1)
 
 
 def _bucket_x(b: dict[str, np.ndarray], log: bool) -> np.ndarray:
-  # On a log axis position 0 cannot be drawn: x is position + 1 there; else the bucket middle.
-  return np.sqrt((b['start'] + 1) * b['end']) if log else (b['start'] + b['end'] - 1) / 2
+  # On a log axis position 0 cannot be drawn: x is position + 1 there; else the
+  # bucket middle.
+  return (
+      np.sqrt((b['start'] + 1) * b['end'])
+      if log
+      else (b['start'] + b['end'] - 1) / 2
+  )
 
 
-def loss_by_position(per_position: dict[str, np.ndarray], results: dict[str, Any],
-                     path: str, title: str = '') -> str:
+def loss_by_position(
+    per_position: dict[str, np.ndarray],
+    results: dict[str, Any],
+    path: str,
+    title: str = '',
+) -> str:
   return _save(loss_by_position_figure(per_position, results, title), path)
 
 
-def loss_by_position_figure(per_position: dict[str, np.ndarray], results: dict[str, Any],
-                            title: str = ''):
-  """Loss by position bucket (95% CI) of ``results`` (results.json), a line per document kind,
-  ``per_position`` loss [L] or, on the synthetic corpus, the bounds and the share recovered."""
+def loss_by_position_figure(
+    per_position: dict[str, np.ndarray],
+    results: dict[str, Any],
+    title: str = '',
+):
+  """Loss by position bucket (95% CI) of ``results`` (results.json), a line per
+  document kind, ``per_position`` loss [L] or, on the synthetic corpus, the
+  bounds and the share recovered."""
   b = _bucket_arrays(results['buckets'])
   synth = 'recovered' in b
   log = _log_buckets(b)
   x = _bucket_x(b, log)
-  fig, axes = plt.subplots(2 if synth else 1, 1, figsize=(10, 6.5 if synth else 4.2),
-                           sharex=True, squeeze=False)
+  fig, axes = plt.subplots(
+      2 if synth else 1,
+      1,
+      figsize=(10, 6.5 if synth else 4.2),
+      sharex=True,
+      squeeze=False,
+  )
   ax = axes[0, 0]
-  if not synth:  # On the synthetic corpus per-position loss is a regime sawtooth: buckets only.
+  # On the synthetic corpus per-position loss is a regime sawtooth: buckets
+  # only.
+  if not synth:
     pos = np.asarray(per_position['position']) + (1 if log else 0)
-    ax.plot(pos, per_position['loss'], lw=0.6, alpha=0.35, color='C0', label='per position')
-  ax.errorbar(x, b['loss'], yerr=b['half'], fmt='o-', color='C0', capsize=3,
-              label='model, bucket mean (95% CI)')
+    ax.plot(
+        pos,
+        per_position['loss'],
+        lw=0.6,
+        alpha=0.35,
+        color='C0',
+        label='per position',
+    )
+  ax.errorbar(
+      x,
+      b['loss'],
+      yerr=b['half'],
+      fmt='o-',
+      color='C0',
+      capsize=3,
+      label='model, bucket mean (95% CI)',
+  )
   kinds = results.get('by_kind') or []
-  for i, g in enumerate(kinds if len(kinds) > 1 else []):  # The source mix: a thin line each.
-    ax.plot(x, _col(g['buckets'], 'loss'), '.-', lw=0.8, ms=3, color=f'C{i + 3}',
-            label=f"{g['group']} ({g['windows']} windows, {g['documents']} docs)")
+  # The source mix: a thin line each.
+  for i, g in enumerate(kinds if len(kinds) > 1 else []):
+    ax.plot(
+        x,
+        _col(g['buckets'], 'loss'),
+        '.-',
+        lw=0.8,
+        ms=3,
+        color=f'C{i + 3}',
+        label=f"{g['group']} ({g['windows']} windows, {g['documents']} docs)",
+    )
   ax.set_ylabel('loss (nats / token)')
-  ax.set_title(title or f"loss by position, step {results.get('step')}", fontsize=10)
-  if synth:  # recovered = (filter - loss) / (filter - bayes): the loss interval, rescaled.
+  ax.set_title(
+      title or f"loss by position, step {results.get('step')}", fontsize=10
+  )
+  # recovered = (filter - loss) / (filter - bayes): the loss interval, rescaled.
+  if synth:
     ax.plot(x, b['bayes_loss'], 'k.-', lw=1, label='Bayes (position known)')
-    ax.plot(x, b['filter_loss'], '.--', color='gray', lw=1, label='filter (position unknown)')
+    ax.plot(
+        x,
+        b['filter_loss'],
+        '.--',
+        color='gray',
+        lw=1,
+        label='filter (position unknown)',
+    )
     ax2 = axes[1, 0]
     with np.errstate(invalid='ignore', divide='ignore'):
       half = b['half'] / np.abs(b['filter_loss'] - b['bayes_loss'])
-    ax2.errorbar(x, b['recovered'], yerr=half, fmt='o-', color='C2', capsize=3,
-                 label='recovered (95% CI)')
-    ax2.axhline(1.0, color='k', lw=0.8, label='1 = Bayes: all of the position value')
-    ax2.axhline(0.0, color='gray', lw=0.8, ls='--', label='0 = position-blind filter')
+    ax2.errorbar(
+        x,
+        b['recovered'],
+        yerr=half,
+        fmt='o-',
+        color='C2',
+        capsize=3,
+        label='recovered (95% CI)',
+    )
+    ax2.axhline(
+        1.0, color='k', lw=0.8, label='1 = Bayes: all of the position value'
+    )
+    ax2.axhline(
+        0.0, color='gray', lw=0.8, ls='--', label='0 = position-blind filter'
+    )
     ax2.set_ylabel('share of the position value\nrecovered by the rows')
-  for a in axes[:, 0]:  # Legends right of the axes, where they cover no data or error bar.
-    a.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-  axes[-1, 0].set(xscale='log' if log else 'linear', xlabel='position + 1 (log scale; = '
-                  'context length)' if log else 'position (= context length - 1)')
+  # Legends right of the axes, where they cover no data or error bar.
+  for a in axes[:, 0]:
+    a.legend(
+        fontsize=8,
+        loc='upper left',
+        bbox_to_anchor=(1.01, 1.0),
+        borderaxespad=0.0,
+    )
+  axes[-1, 0].set(
+      xscale='log' if log else 'linear',
+      xlabel='position + 1 (log scale; = context length)'
+      if log
+      else 'position (= context length - 1)',
+  )
   return fig
 
 
-def _series(ax, series: Sequence[tuple[str, Sequence[dict[str, Any]]]], log: bool,
-            ylabel: str, value: str = 'loss', first_color: int = 0) -> None:
+def _series(
+    ax,
+    series: Sequence[tuple[str, Sequence[dict[str, Any]]]],
+    log: bool,
+    ylabel: str,
+    value: str = 'loss',
+    first_color: int = 0,
+) -> None:
   """Bucket rows' ``value`` (95% CI), one series per (label, rows)."""
   for j, (label, rows) in enumerate(series):
     if rows := [r for r in rows if r[value] is not None]:
       b = _bucket_arrays(rows, value)
-      ax.errorbar(_bucket_x(b, log), b[value], yerr=b['half'], fmt='o-', capsize=3,
-                  color=f'C{j + first_color}', label=label)
+      ax.errorbar(
+          _bucket_x(b, log),
+          b[value],
+          yerr=b['half'],
+          fmt='o-',
+          capsize=3,
+          color=f'C{j + first_color}',
+          label=label,
+      )
   if value != 'loss':
     ax.axhline(0.0, color='k', lw=0.8)
   ax.set_ylabel(ylabel)
   ax.legend(fontsize=8)
 
 
-def comparison(labels: Sequence[str], results: Sequence[dict[str, Any]], path: str,
-               paired: Sequence[dict[str, Any]] = ()) -> str:
-  """Bucket loss (95% CI) of several runs, excess over Bayes, ``paired`` differences."""
+def comparison(
+    labels: Sequence[str],
+    results: Sequence[dict[str, Any]],
+    path: str,
+    paired: Sequence[dict[str, Any]] = (),
+) -> str:
+  """Bucket loss (95% CI) of several runs, excess over Bayes, ``paired``
+  differences."""
   first = _bucket_arrays(results[0]['buckets'])
   synth = all('bayes_loss' in r['buckets'][0] for r in results)
   log = _log_buckets(first)
   n = 1 + int(synth) + int(bool(paired))
-  fig, axes = plt.subplots(n, 1, figsize=(8, 2.2 + 2.2 * n), sharex=True, squeeze=False)
-  runs = [(l, r['buckets']) for l, r in zip(labels, results)]
+  fig, axes = plt.subplots(
+      n, 1, figsize=(8, 2.2 + 2.2 * n), sharex=True, squeeze=False
+  )
+  runs = [(label, r['buckets']) for label, r in zip(labels, results)]
   if synth:
-    axes[0, 0].plot(_bucket_x(first, log), first['bayes_loss'], 'k-', lw=1, label='Bayes')
+    axes[0, 0].plot(
+        _bucket_x(first, log), first['bayes_loss'], 'k-', lw=1, label='Bayes'
+    )
     _series(axes[1, 0], runs, log, 'excess loss over Bayes', 'excess_loss')
   _series(axes[0, 0], runs, log, 'loss (nats / token)')
   axes[0, 0].set_title('loss by position bucket')
   if paired:
-    _series(axes[-1, 0], [(f"{p['label']} - {p['minus']}", p['buckets']) for p in paired],
-            log, 'paired difference (nats)', 'diff', 1)
-  axes[-1, 0].set(xscale='log' if log else 'linear',
-                  xlabel='position + 1 (log scale)' if log else 'position (bucket midpoint)')
+    _series(
+        axes[-1, 0],
+        [(f"{p['label']} - {p['minus']}", p['buckets']) for p in paired],
+        log,
+        'paired difference (nats)',
+        'diff',
+        1,
+    )
+  axes[-1, 0].set(
+      xscale='log' if log else 'linear',
+      xlabel='position + 1 (log scale)'
+      if log
+      else 'position (bucket midpoint)',
+  )
   return _save(fig, path)
 
 
 def offset_probe(probe: dict[str, Any], path: str) -> str:
-  """Loss by context length per offset K (results['offset_probe']) and the paired K - K0."""
+  """Loss by context length per offset K (results['offset_probe']) and the
+  paired K - K0."""
   paired = probe.get('paired_vs_first') or []
-  fig, axes = plt.subplots(2 if paired else 1, 1, figsize=(8, 7 if paired else 4.2),
-                           sharex=True, squeeze=False)
+  fig, axes = plt.subplots(
+      2 if paired else 1,
+      1,
+      figsize=(8, 7 if paired else 4.2),
+      sharex=True,
+      squeeze=False,
+  )
   log = _log_buckets(_bucket_arrays(probe['by_offset'][0]['buckets']))
-  _series(axes[0, 0], [(f"K = {r['offset']}", r['buckets']) for r in probe['by_offset']],
-          log, 'loss (nats / token)')
+  _series(
+      axes[0, 0],
+      [(f"K = {r['offset']}", r['buckets']) for r in probe['by_offset']],
+      log,
+      'loss (nats / token)',
+  )
   axes[0, 0].set_title('offset probe: same texts, rows p + K')
   if paired:
-    _series(axes[1, 0], [(f"K = {p['offset']} - K = {p['minus_offset']} (95% CI)",
-                          p['buckets']) for p in paired], log,
-            'paired difference\nK - K0 (nats / token)', 'diff', 1)
-  axes[-1, 0].set(xscale='log' if log else 'linear', xlabel='context length' + (
-      ' (log scale)' if log else ' - 1') + ' (position ids shifted by K)')
+    _series(
+        axes[1, 0],
+        [
+            (
+                f"K = {p['offset']} - K = {p['minus_offset']} (95% CI)",
+                p['buckets'],
+            )
+            for p in paired
+        ],
+        log,
+        'paired difference\nK - K0 (nats / token)',
+        'diff',
+        1,
+    )
+  axes[-1, 0].set(
+      xscale='log' if log else 'linear',
+      xlabel='context length'
+      + (' (log scale)' if log else ' - 1')
+      + ' (position ids shifted by K)',
+  )
   return _save(fig, path)
 
 
-def table_analysis(norms: np.ndarray, drift: np.ndarray | None, pca_ratio: np.ndarray,
-                   probe_edges: np.ndarray, probe_error: np.ndarray, path: str,
-                   snapshot_drift: np.ndarray | None = None,
-                   snapshot_steps: Sequence[int] = (), probe_r2: float | None = None) -> str:
-  """Row norms [L], drift from init ([L] or [S, L] at ``snapshot_steps``), PCA ratios [k] and
-  the linear position probe's error [nb] per bucket of ``probe_edges`` [nb + 1]."""
+def table_analysis(
+    norms: np.ndarray,
+    drift: np.ndarray | None,
+    pca_ratio: np.ndarray,
+    probe_edges: np.ndarray,
+    probe_error: np.ndarray,
+    path: str,
+    snapshot_drift: np.ndarray | None = None,
+    snapshot_steps: Sequence[int] = (),
+    probe_r2: float | None = None,
+) -> str:
+  """Row norms [L], drift from init ([L] or [S, L] at ``snapshot_steps``), PCA
+  ratios [k] and the linear position probe's error [nb] per bucket of
+  ``probe_edges`` [nb + 1]."""
   fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
   pos = np.arange(len(norms))
   axes[0, 0].plot(pos, norms)
   axes[0, 0].set(title='row norm', xlabel='position', ylabel='||row||')
   ax = axes[0, 1]
   if snapshot_drift is not None and len(snapshot_drift):
-    # One colour per snapshot on a step colour bar: every line is identified, none twice.
+    # One colour per snapshot on a step colour bar: every line is identified,
+    # none twice.
     steps = np.asarray(snapshot_steps, np.float64)
-    norm = matplotlib.colors.Normalize(steps.min(), max(steps.max(), steps.min() + 1))
+    norm = matplotlib.colors.Normalize(
+        steps.min(), max(steps.max(), steps.min() + 1)
+    )
     cmap = plt.get_cmap('viridis')
     for s, d in zip(steps, snapshot_drift):
       ax.plot(pos, d, lw=0.8, color=cmap(norm(s)))
-    fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label='step')
+    fig.colorbar(
+        matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label='step'
+    )
   elif drift is not None:
     ax.plot(pos, drift, 'k', lw=1.2, label='evaluated table')
     ax.legend(fontsize=8)
-  else:  # A table from elsewhere has no initial table: say so rather than show blank axes.
-    ax.text(0.5, 0.5, 'no initial table\n(drift needs a training run)', ha='center',
-            va='center', transform=ax.transAxes, color='gray')
-  ax.set(title='drift from the initial table', xlabel='position', ylabel='||row - row_0||')
+  # A table from elsewhere has no initial table: say so rather than show blank
+  # axes.
+  else:
+    ax.text(
+        0.5,
+        0.5,
+        'no initial table\n(drift needs a training run)',
+        ha='center',
+        va='center',
+        transform=ax.transAxes,
+        color='gray',
+    )
+  ax.set(
+      title='drift from the initial table',
+      xlabel='position',
+      ylabel='||row - row_0||',
+  )
   k = np.arange(1, len(pca_ratio) + 1)
   axes[1, 0].bar(k, pca_ratio)
   axes[1, 0].plot(k, np.cumsum(pca_ratio), 'k.-', label='cumulative')
-  axes[1, 0].set(title='PCA explained variance', xlabel='component', ylabel='ratio')
+  axes[1, 0].set(
+      title='PCA explained variance', xlabel='component', ylabel='ratio'
+  )
   axes[1, 0].legend(fontsize=8)
   ax = axes[1, 1]
   ax.plot((probe_edges[:-1] + probe_edges[1:] - 1) / 2, probe_error, 'o-')
   r2 = '' if probe_r2 is None else f' R^2 = {probe_r2:.2f}'
-  ax.set(title=f'linear position probe (held-out rows){r2}', xlabel='position',
-         ylabel='mean |predicted - true| position')
+  ax.set(
+      title=f'linear position probe (held-out rows){r2}',
+      xlabel='position',
+      ylabel='mean |predicted - true| position',
+  )
   if probe_r2 is not None and probe_r2 < 0.5:
-    ax.text(0.5, 0.9, 'low R^2: position is barely linearly decodable from these rows;\n'
-            'the error profile is not a ranking of positions', ha='center', va='top',
-            transform=ax.transAxes, fontsize=7, color='C3')
+    ax.text(
+        0.5,
+        0.9,
+        'low R^2: position is barely linearly decodable from these rows;\n'
+        'the error profile is not a ranking of positions',
+        ha='center',
+        va='top',
+        transform=ax.transAxes,
+        fontsize=7,
+        color='C3',
+    )
   return _save(fig, path)
 
 
 def cosine_heatmap(sim: np.ndarray, path: str, title: str = '') -> str:
   """[L, L] cosine similarity between position rows."""
   fig, ax = plt.subplots(figsize=(6, 5))
-  im = ax.imshow(sim, vmin=-1, vmax=1, cmap='RdBu_r', origin='lower', interpolation='nearest')
+  im = ax.imshow(
+      sim,
+      vmin=-1,
+      vmax=1,
+      cmap='RdBu_r',
+      origin='lower',
+      interpolation='nearest',
+  )
   fig.colorbar(im, ax=ax)
-  ax.set(title=title or 'cosine similarity of position rows', xlabel='position', ylabel='position')
+  ax.set(
+      title=title or 'cosine similarity of position rows',
+      xlabel='position',
+      ylabel='position',
+  )
   return _save(fig, path)
 
 
-def exposure_relation(exposure: np.ndarray, series: dict[str, np.ndarray], path: str,
-                      rho: dict[str, float | None] | None = None) -> str:
-  """Per-position quantities (name -> [L]) against training exposure [L], with ``rho``."""
-  fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.8), squeeze=False)
+def exposure_relation(
+    exposure: np.ndarray,
+    series: dict[str, np.ndarray],
+    path: str,
+    rho: dict[str, float | None] | None = None,
+) -> str:
+  """Per-position quantities (name -> [L]) against training exposure [L], with
+  ``rho``."""
+  fig, axes = plt.subplots(
+      1, len(series), figsize=(4.2 * len(series), 3.8), squeeze=False
+  )
   pos = np.arange(len(exposure))
   for ax, (name, y) in zip(axes[0], series.items()):
     y = np.asarray(y, np.float64)
     ok = np.isfinite(y) & (exposure > 0)
     sc = ax.scatter(exposure[ok], y[ok], c=pos[ok], s=10, cmap='viridis')
-    ax.set(xscale='log', xlabel='cumulative training exposure (tokens)', ylabel=name,
-           title=f'{name} vs exposure')
+    ax.set(
+        xscale='log',
+        xlabel='cumulative training exposure (tokens)',
+        ylabel=name,
+        title=f'{name} vs exposure',
+    )
     if (r := (rho or {}).get(name)) is not None:
-      ax.text(0.03, 0.95, f'Spearman rho = {r:+.2f}', transform=ax.transAxes, va='top',
-              fontsize=8, bbox=dict(facecolor='white', alpha=0.7, lw=0))
+      ax.text(
+          0.03,
+          0.95,
+          f'Spearman rho = {r:+.2f}',
+          transform=ax.transAxes,
+          va='top',
+          fontsize=8,
+          bbox=dict(facecolor='white', alpha=0.7, lw=0),
+      )
   fig.colorbar(sc, ax=axes[0, -1], label='position')
   return _save(fig, path)
 
 
 def data_exposure(report: dict[str, Any], path: str) -> str:
-  """Real tokens per position and document-length shares (``data.report.exposure``)."""
+  """Real tokens per position and document-length shares
+  (``data.report.exposure``)."""
   counts = np.asarray(report['counts'], np.float64)
   fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
   a.plot(np.arange(len(counts)), counts, lw=1)
-  a.set(xlabel='position id', ylabel='real tokens seen', ylim=(0, None),
-        title=f"{report['source']} / {report['policy']}: exposure per position")
+  a.set(
+      xlabel='position id',
+      ylabel='real tokens seen',
+      ylim=(0, None),
+      title=f"{report['source']} / {report['policy']}: exposure per position",
+  )
   hist = report['doc_lengths']
   b.bar([h['bucket'] for h in hist], [100 * h['token_share'] for h in hist])
-  b.set(xlabel='document length bucket ((input, target) pairs = tokens - 1)',
-        ylabel='token share (%)', title='source document lengths')
+  b.set(
+      xlabel='document length bucket ((input, target) pairs = tokens - 1)',
+      ylabel='token share (%)',
+      title='source document lengths',
+  )
   b.tick_params(axis='x', labelrotation=30)
   return _save(fig, path)
 
@@ -233,40 +452,80 @@ def data_exposure(report: dict[str, Any], path: str) -> str:
 def _arm_styles(names: Sequence[str]) -> dict[str, dict[str, Any]]:
   """One colour, marker and line style per arm."""
   cycle = plt.rcParams['axes.prop_cycle'].by_key()['color']
-  return {n: {'color': cycle[i % len(cycle)], 'marker': _MARKERS[i % len(_MARKERS)],
-              'ls': _LINESTYLES[i % len(_LINESTYLES)]} for i, n in enumerate(names)}
+  return {
+      n: {
+          'color': cycle[i % len(cycle)],
+          'marker': _MARKERS[i % len(_MARKERS)],
+          'ls': _LINESTYLES[i % len(_LINESTYLES)],
+      }
+      for i, n in enumerate(names)
+  }
 
 
-def _errorbars(ax, x: np.ndarray, intervals: Sequence[dict[str, Any]], style: dict[str, Any],
-               label: str) -> Any:
+def _errorbars(
+    ax,
+    x: np.ndarray,
+    intervals: Sequence[dict[str, Any]],
+    style: dict[str, Any],
+    label: str,
+) -> Any:
   mean, low, high = (_col(intervals, k) for k in ('mean', 'low', 'high'))
   err = np.stack([mean - low, high - mean])
-  return ax.errorbar(x, mean, yerr=np.where(np.isfinite(err), err, 0.0), ms=4, capsize=2,
-                     lw=1.2, elinewidth=0.9, label=label, **style)
+  return ax.errorbar(
+      x,
+      mean,
+      yerr=np.where(np.isfinite(err), err, 0.0),
+      ms=4,
+      capsize=2,
+      lw=1.2,
+      elinewidth=0.9,
+      label=label,
+      **style,
+  )
 
 
 def _seed_note(n: int) -> str:
-  return ('n=1 seed: no interval' if n == 1 else f'95% CI over n={n} seeds' if n > 1
-          else 'no finished run')
+  return (
+      'n=1 seed: no interval'
+      if n == 1
+      else f'95% CI over n={n} seeds'
+      if n > 1
+      else 'no finished run'
+  )
 
 
-def experiment_profile(path: str, bucket_labels: Sequence[str],
-                       series: dict[str, Sequence[dict[str, Any]]], *,
-                       differences: dict[str, Sequence[dict[str, Any]]] | None = None,
-                       baseline: str = '', title: str = '', ylabel: str = '',
-                       n_seeds: int = 0, log_y: bool = False) -> str:
-  """Per-bucket intervals over seeds per arm and, right, paired differences to ``baseline``."""
+def experiment_profile(
+    path: str,
+    bucket_labels: Sequence[str],
+    series: dict[str, Sequence[dict[str, Any]]],
+    *,
+    differences: dict[str, Sequence[dict[str, Any]]] | None = None,
+    baseline: str = '',
+    title: str = '',
+    ylabel: str = '',
+    n_seeds: int = 0,
+    log_y: bool = False,
+) -> str:
+  """Per-bucket intervals over seeds per arm and, right, paired differences to
+  ``baseline``."""
   two = bool(differences)
   names = list(dict.fromkeys([*series, *(differences or {})]))
   style = _arm_styles(names)
   fig = plt.figure(figsize=(13 if two else 8, 4.4))
-  gs = fig.add_gridspec(1, 3 if two else 2, width_ratios=[1, 1, 0.32] if two else [1, 0.4])
+  gs = fig.add_gridspec(
+      1, 3 if two else 2, width_ratios=[1, 1, 0.32] if two else [1, 0.4]
+  )
   x = np.arange(len(bucket_labels), dtype=np.float64)
   jitter = {n: 0.08 * (i - (len(names) - 1) / 2) for i, n in enumerate(names)}
   panels = [(series, ylabel, 'mean per arm')]
   if two:
-    panels.append((differences, f'difference: arm - {baseline}',
-                   f'paired difference vs {baseline}'))
+    panels.append(
+        (
+            differences,
+            f'difference: arm - {baseline}',
+            f'paired difference vs {baseline}',
+        )
+    )
   handles = {}
   for i, (intervals, panel_ylabel, what) in enumerate(panels):
     ax = fig.add_subplot(gs[0, i])
@@ -275,28 +534,62 @@ def experiment_profile(path: str, bucket_labels: Sequence[str],
     if i:
       ax.axhline(0.0, color='k', lw=0.8)
     ax.set_xticks(x, bucket_labels, rotation=45, fontsize=7)
-    ax.set(yscale='log' if log_y and not i else 'linear', ylabel=panel_ylabel,
-           xlabel='position bucket (rows of the table)')
+    ax.set(
+        yscale='log' if log_y and not i else 'linear',
+        ylabel=panel_ylabel,
+        xlabel='position bucket (rows of the table)',
+    )
     ax.set_title(f'{what} ({_seed_note(n_seeds)})', fontsize=9)
   legend_ax = fig.add_subplot(gs[0, -1])
   legend_ax.axis('off')
-  legend_ax.legend(list(handles.values()), list(handles), loc='center left', fontsize=8,
-                   frameon=False)
+  legend_ax.legend(
+      list(handles.values()),
+      list(handles),
+      loc='center left',
+      fontsize=8,
+      frameon=False,
+  )
   fig.suptitle(title, fontsize=10)
   return _save(fig, path)
 
 
-def experiment_metric_bars(path: str, panels: dict[str, dict[str, dict[str, Any]]], *,
-                           ylabels: dict[str, str], title: str = '', n_seeds: int = 0) -> str:
-  """One panel per group of arms in the same units (panel -> {arm: interval})."""
-  widths = [max(2.0, 0.55 * len(arms) + 1.0) for arms in panels.values()] or [2.0]
-  fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(max(sum(widths) + 1.2, 8.0), 4.2),
-                           squeeze=False, gridspec_kw={'width_ratios': widths})
+def experiment_metric_bars(
+    path: str,
+    panels: dict[str, dict[str, dict[str, Any]]],
+    *,
+    ylabels: dict[str, str],
+    title: str = '',
+    n_seeds: int = 0,
+) -> str:
+  """One panel per group of arms in the same units (panel -> {arm:
+  interval})."""
+  widths = [max(2.0, 0.55 * len(arms) + 1.0) for arms in panels.values()] or [
+      2.0
+  ]
+  fig, axes = plt.subplots(
+      1,
+      max(len(panels), 1),
+      figsize=(max(sum(widths) + 1.2, 8.0), 4.2),
+      squeeze=False,
+      gridspec_kw={'width_ratios': widths},
+  )
   for ax, (panel, intervals) in zip(axes[0], panels.items()):
     style = _arm_styles(list(intervals))
     for i, (name, interval) in enumerate(intervals.items()):
-      _errorbars(ax, np.array([float(i)]), [interval], {**style[name], 'ls': 'none'}, name)
-    ax.set_xticks(np.arange(len(intervals)), list(intervals), rotation=45, ha='right', fontsize=7)
+      _errorbars(
+          ax,
+          np.array([float(i)]),
+          [interval],
+          {**style[name], 'ls': 'none'},
+          name,
+      )
+    ax.set_xticks(
+        np.arange(len(intervals)),
+        list(intervals),
+        rotation=45,
+        ha='right',
+        fontsize=7,
+    )
     ax.margins(y=0.15)
     ax.set(xlim=(-0.6, len(intervals) - 0.4), ylabel=ylabels.get(panel, ''))
     ax.set_title(f'{panel}\n({_seed_note(n_seeds)})', fontsize=9)
@@ -305,14 +598,32 @@ def experiment_metric_bars(path: str, panels: dict[str, dict[str, dict[str, Any]
   return _save(fig, path)
 
 
-def experiment_curve(path: str, steps: Sequence[int], intervals: Sequence[dict[str, Any]], *,
-                     threshold: float, xlabel: str = '', ylabel: str = '',
-                     title: str = '', n_seeds: int = 0) -> str:
+def experiment_curve(
+    path: str,
+    steps: Sequence[int],
+    intervals: Sequence[dict[str, Any]],
+    *,
+    threshold: float,
+    xlabel: str = '',
+    ylabel: str = '',
+    title: str = '',
+    n_seeds: int = 0,
+) -> str:
   """A curve over training steps with its 95% band and a threshold line."""
   fig, ax = plt.subplots(figsize=(7, 4))
-  ax.plot(steps, _col(intervals, 'mean'), marker='o', ms=3, label=f'mean ({_seed_note(n_seeds)})')
-  ax.fill_between(steps, _col(intervals, 'low'), _col(intervals, 'high'), alpha=0.2)
-  ax.axhline(threshold, color='k', ls='--', lw=0.8, label=f'threshold {threshold}')
+  ax.plot(
+      steps,
+      _col(intervals, 'mean'),
+      marker='o',
+      ms=3,
+      label=f'mean ({_seed_note(n_seeds)})',
+  )
+  ax.fill_between(
+      steps, _col(intervals, 'low'), _col(intervals, 'high'), alpha=0.2
+  )
+  ax.axhline(
+      threshold, color='k', ls='--', lw=0.8, label=f'threshold {threshold}'
+  )
   ax.legend(fontsize=7, loc='lower right')
   ax.set(xlabel=xlabel, ylabel=ylabel)
   ax.set_title(title, fontsize=9)

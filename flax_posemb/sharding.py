@@ -1,20 +1,25 @@
-"""The 1-D 'data' mesh, batch and parameter (fsdp) shardings, the host-to-device boundary."""
+"""The 1-D 'data' mesh, batch and parameter (fsdp) shardings, the host-to-device
+boundary."""
 
 from typing import Any
 
 import jax
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from flax_posemb import embeddings
 from flax_posemb.batch import BATCH_KEYS
 
-FSDP_MIN_SIZE = 2 ** 14  # Matrices with at least this many elements are sharded under fsdp.
+# Matrices with at least this many elements are sharded under fsdp.
+FSDP_MIN_SIZE = 2**14
 PyTree = Any
 
 
 def make_mesh(devices: Any = None) -> Mesh:
-  """1-D mesh with axis ``'data'`` over ``devices`` (default: all devices of all hosts)."""
+  """1-D mesh with axis ``'data'`` over ``devices`` (default: all devices of all
+  hosts)."""
   devices = jax.devices() if devices is None else list(devices)
   return Mesh(np.asarray(devices), ('data',))
 
@@ -29,35 +34,62 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def tree_shardings(tree: PyTree, mesh: Mesh, fsdp: bool) -> PyTree:
-  """Per leaf of a tree of arrays / ShapeDtypeStructs: replicated, or under fsdp split along the
-  largest axis divisible by the device count."""
+  """Per leaf of a tree of arrays / ShapeDtypeStructs: replicated, or under fsdp
+  split along the largest axis divisible by the device count."""
   n = mesh.shape['data']
 
   def leaf(shape):
-    axes = [a for a in sorted(range(len(shape)), key=lambda a: -shape[a]) if shape[a] % n == 0]
-    if fsdp and n > 1 and len(shape) >= 2 and int(np.prod(shape)) >= FSDP_MIN_SIZE and axes:
-      return NamedSharding(mesh, P(*('data' if a == axes[0] else None for a in range(len(shape)))))
+    axes = [
+        a
+        for a in sorted(range(len(shape)), key=lambda a: -shape[a])
+        if shape[a] % n == 0
+    ]
+    if (
+        fsdp
+        and n > 1
+        and len(shape) >= 2
+        and int(np.prod(shape)) >= FSDP_MIN_SIZE
+        and axes
+    ):
+      return NamedSharding(
+          mesh,
+          P(*('data' if a == axes[0] else None for a in range(len(shape)))),
+      )
     return replicated(mesh)
+
   return jax.tree.map(lambda x: leaf(tuple(x.shape)), tree)
 
 
 def check_batch_layout(config: Any, mesh: Mesh) -> None:
-  """ValueError unless ``batch_size`` splits over microbatches, devices and processes."""
-  b, a, n, p = int(config.batch_size), int(config.grad_accum_steps), mesh.size, jax.process_count()
+  """ValueError unless ``batch_size`` splits over microbatches, devices and
+  processes."""
+  b, a, n, p = (
+      int(config.batch_size),
+      int(config.grad_accum_steps),
+      mesh.size,
+      jax.process_count(),
+  )
   if a < 1 or b < 1 or b % (a * n) or b % p:
-    raise ValueError(f'batch_size={b} must be a positive multiple of grad_accum_steps * device '
-                     f'count = {a} * {n} (grad_accum_steps >= 1) and of the process count {p}: '
-                     f'set --config.batch_size to a multiple of {max(a, 1) * n}.')
+    raise ValueError(
+        f'batch_size={b} must be a positive multiple of grad_accum_steps *'
+        f' device count = {a} * {n} (grad_accum_steps >= 1) and of the process'
+        f' count {p}: set --config.batch_size to a multiple of {max(a, 1) * n}.'
+    )
 
 
-def global_batch(batch: dict[str, np.ndarray], mesh: Mesh,
-                 max_len: int | None = None) -> dict[str, jax.Array]:
-  """Global ``[B, T]`` arrays of this process's rows of ``BATCH_KEYS`` (the batch contract): the
-  one host-to-device boundary, where position ids are checked against ``[0, max_len)``."""
+def global_batch(
+    batch: dict[str, np.ndarray], mesh: Mesh, max_len: int | None = None
+) -> dict[str, jax.Array]:
+  """Global ``[B, T]`` arrays of this process's rows of ``BATCH_KEYS`` (the
+  batch contract): the one host-to-device boundary, where position ids are
+  checked against ``[0, max_len)``."""
   if max_len is not None:
     embeddings.check_position_range(np.asarray(batch['positions']), max_len)
   sh = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sh, np.asarray(batch[k])) for k in BATCH_KEYS}
+  return {
+      k: jax.make_array_from_process_local_data(sh, np.asarray(batch[k]))
+      for k in BATCH_KEYS
+  }
 
 
 def to_host(x: jax.Array) -> np.ndarray:
@@ -66,5 +98,6 @@ def to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(x.addressable_data(0))
   if getattr(x, 'is_fully_addressable', True):
     return np.asarray(jax.device_get(x))
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils
+
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -1,10 +1,11 @@
-"""Per-position learning-signal statistics of any model and training loop (fields, window files,
-TensorBoard curves: docs/DESIGN.md §Statistics)."""
+"""Per-position learning-signal statistics of any model and training loop
+(fields, window files, TensorBoard curves: docs/DESIGN.md §Statistics)."""
 
 import collections.abc
+from collections.abc import Callable, Iterator, Mapping
 import functools
 import os
-from typing import Any, Callable, Iterator, Mapping, Self
+from typing import Any, Self
 
 import flax.struct
 import jax
@@ -15,18 +16,29 @@ from flax_posemb import analysis
 from flax_posemb import outputs
 from flax_posemb import sharding
 
-FIELDS = ('count', 'loss_sum', 'loss_count', 'occ_norm', 'occ_sq', 'row_sq',
-          'downstream', 'update_sq')
+FIELDS = (
+    'count',
+    'loss_sum',
+    'loss_count',
+    'occ_norm',
+    'occ_sq',
+    'row_sq',
+    'downstream',
+    'update_sq',
+)
 INT_FIELDS = ('count', 'loss_count')
-LOSS_FIELDS = ('count', 'loss_sum', 'loss_count')  # Kept with statistics off (no gradient).
+# Kept with statistics off (no gradient).
+LOSS_FIELDS = ('count', 'loss_sum', 'loss_count')
 
 Array = jax.Array
 
 
 @flax.struct.dataclass
 class PositionStats(collections.abc.Mapping):
-  """``[P]`` vectors of one step or window: a pytree and a read-only mapping of the present
-  fields (others None); ``row_grad`` ``[P, D]`` only between microbatches, until ``finish``."""
+  """``[P]`` vectors of one step or window: a pytree and a read-only mapping of
+  the present fields (others None); ``row_grad`` ``[P, D]`` only between
+  microbatches, until ``finish``."""
+
   count: Array
   loss_sum: Array
   loss_count: Array
@@ -39,9 +51,16 @@ class PositionStats(collections.abc.Mapping):
 
   @classmethod
   def zeros(cls, num_positions: int, *, collect: bool = True) -> Self:
-    """All-zero statistics: every field, or only ``LOSS_FIELDS`` when ``collect`` is False."""
-    return cls(**{k: jnp.zeros((num_positions,), jnp.int32 if k in INT_FIELDS else jnp.float32)
-                  for k in (FIELDS if collect else LOSS_FIELDS)})
+    """All-zero statistics: every field, or only ``LOSS_FIELDS`` when
+    ``collect`` is False."""
+    return cls(
+        **{
+            k: jnp.zeros(
+                (num_positions,), jnp.int32 if k in INT_FIELDS else jnp.float32
+            )
+            for k in (FIELDS if collect else LOSS_FIELDS)
+        }
+    )
 
   def __getitem__(self, key: str) -> Array:
     return {k: getattr(self, k) for k in self}[key]
@@ -53,100 +72,154 @@ class PositionStats(collections.abc.Mapping):
     return sum(1 for _ in self)
 
   def __add__(self, other: Self) -> Self:
-    """Field-wise sum (both sides hold the same fields, else jax's tree mismatch error)."""
+    """Field-wise sum (both sides hold the same fields, else jax's tree mismatch
+    error)."""
     return jax.tree.map(jnp.add, self, other)
 
   def finish(self) -> Self:
-    """Squares the summed ``row_grad`` into ``row_sq`` (after the step's last microbatch)."""
+    """Squares the summed ``row_grad`` into ``row_sq`` (after the step's last
+    microbatch)."""
     if self.row_grad is None:
       return self
-    return self.replace(row_sq=jnp.sum(jnp.square(self.row_grad), axis=-1), row_grad=None)
+    return self.replace(
+        row_sq=jnp.sum(jnp.square(self.row_grad), axis=-1), row_grad=None
+    )
 
   def to_numpy(self) -> dict[str, np.ndarray]:
     """Host copies of the present fields; counts as exact int64."""
-    return {k: sharding.to_host(v).astype(np.int64 if k in INT_FIELDS else np.float32)
-            for k, v in self.items()}
+    return {
+        k: (
+            sharding.to_host(v).astype(
+                np.int64 if k in INT_FIELDS else np.float32
+            )
+        )
+        for k, v in self.items()
+    }
 
 
 def update_sq(old_table: Array, new_table: Array) -> Array:
-  """``[P]`` squared norm of each row's change between two ``[P, D]`` tables (float32)."""
+  """``[P]`` squared norm of each row's change between two ``[P, D]`` tables
+  (float32)."""
   delta = new_table.astype(jnp.float32) - old_table.astype(jnp.float32)
   return jnp.sum(delta * delta, axis=-1)
 
 
 def downstream_targets(segment_ids: Array, loss_mask: Array) -> Array:
-  """``[B, T]`` float32 ``sum_{t' >= t, same segment} loss_mask[b, t']`` of ``[B, T]``
-  ``segment_ids`` (contiguous segments) and ``loss_mask``."""
-  # Scanned from the end, a segment "starts" at its last token: where the next id differs.
+  """``[B, T]`` float32 ``sum_{t' >= t, same segment} loss_mask[b, t']`` of
+  ``[B, T]`` ``segment_ids`` (contiguous segments) and ``loss_mask``."""
+  # Scanned from the end, a segment "starts" at its last token: where the next
+  # id differs.
   start = jnp.concatenate(
-      [segment_ids[:, 1:] != segment_ids[:, :-1], jnp.ones_like(segment_ids[:, :1], bool)], axis=1)
+      [
+          segment_ids[:, 1:] != segment_ids[:, :-1],
+          jnp.ones_like(segment_ids[:, :1], bool),
+      ],
+      axis=1,
+  )
 
   def combine(a, b):
     return jnp.where(b[1], b[0], a[0] + b[0]), a[1] | b[1]
 
   val = loss_mask.astype(jnp.float32)
-  return jax.lax.associative_scan(combine, (val, start), reverse=True, axis=1)[0]
+  return jax.lax.associative_scan(combine, (val, start), reverse=True, axis=1)[
+      0
+  ]
 
 
-def loss_stats(token_loss: Array, batch: Mapping[str, Array],
-               num_positions: int) -> PositionStats:
-  """``LOSS_FIELDS`` (no gradient needed) of ``[B, T]`` token losses and a batch."""
+def loss_stats(
+    token_loss: Array, batch: Mapping[str, Array], num_positions: int
+) -> PositionStats:
+  """``LOSS_FIELDS`` (no gradient needed) of ``[B, T]`` token losses and a
+  batch."""
   pos = batch['positions'].reshape(-1)
   mask = batch['loss_mask'].astype(jnp.float32).reshape(-1)
-  loss = jnp.where(mask > 0, token_loss.astype(jnp.float32).reshape(-1), 0.0) * mask
+  loss = (
+      jnp.where(mask > 0, token_loss.astype(jnp.float32).reshape(-1), 0.0)
+      * mask
+  )
 
-  scatter = functools.partial(jax.ops.segment_sum, segment_ids=pos, num_segments=num_positions)
-  return PositionStats(count=scatter((batch['segment_ids'] > 0).reshape(-1).astype(jnp.int32)),
-                       loss_sum=scatter(loss), loss_count=scatter((mask > 0).astype(jnp.int32)))
+  scatter = functools.partial(
+      jax.ops.segment_sum, segment_ids=pos, num_segments=num_positions
+  )
+  return PositionStats(
+      count=scatter((batch['segment_ids'] > 0).reshape(-1).astype(jnp.int32)),
+      loss_sum=scatter(loss),
+      loss_count=scatter((mask > 0).astype(jnp.int32)),
+  )
 
 
-def occurrence_stats(g: Array, token_loss: Array, batch: Mapping[str, Array],
-                     num_positions: int) -> PositionStats:
-  """One (micro)batch's statistics from ``g`` ``[B, T, D]``, the gradient of the sum-reduced
-  loss w.r.t. the embedding sum: unfinished (``row_grad``, no ``row_sq``/``update_sq``)."""
+def occurrence_stats(
+    g: Array, token_loss: Array, batch: Mapping[str, Array], num_positions: int
+) -> PositionStats:
+  """One (micro)batch's statistics from ``g`` ``[B, T, D]``, the gradient of the
+  sum-reduced loss w.r.t. the embedding sum: unfinished (``row_grad``, no
+  ``row_sq``/``update_sq``)."""
   pos = batch['positions'].reshape(-1)
   real = (batch['segment_ids'] > 0).reshape(-1)
-  g = jnp.where(real[:, None], g.astype(jnp.float32).reshape(pos.shape[0], -1), 0.0)
+  g = jnp.where(
+      real[:, None], g.astype(jnp.float32).reshape(pos.shape[0], -1), 0.0
+  )
   sq = jnp.sum(g * g, axis=-1)
-  down = downstream_targets(batch['segment_ids'], batch['loss_mask']).reshape(-1)
+  down = downstream_targets(batch['segment_ids'], batch['loss_mask']).reshape(
+      -1
+  )
 
-  scatter = functools.partial(jax.ops.segment_sum, segment_ids=pos, num_segments=num_positions)
+  scatter = functools.partial(
+      jax.ops.segment_sum, segment_ids=pos, num_segments=num_positions
+  )
   return loss_stats(token_loss, batch, num_positions).replace(
-      occ_norm=scatter(jnp.sqrt(sq)), occ_sq=scatter(sq),
-      downstream=scatter(down * real.astype(jnp.float32)), row_grad=scatter(g))
+      occ_norm=scatter(jnp.sqrt(sq)),
+      occ_sq=scatter(sq),
+      downstream=scatter(down * real.astype(jnp.float32)),
+      row_grad=scatter(g),
+  )
 
 
 def value_and_grad_with_position_stats(
-    token_loss_fn: Callable[..., Array], num_positions: int, embed_dim: int, *,
-    collect: bool = True, finish: bool = True) -> Callable[..., tuple]:
-  """Loss, parameter gradients and per-position statistics of any model, in one backward pass.
+    token_loss_fn: Callable[..., Array],
+    num_positions: int,
+    embed_dim: int,
+    *,
+    collect: bool = True,
+    finish: bool = True,
+) -> Callable[..., tuple]:
+  """Loss, parameter gradients and per-position statistics of any model, in one
+  backward pass.
 
   Args:
-    token_loss_fn: ``(params, embed_delta, batch, *args) -> [B, T]`` float32 token losses of
-      any ``params`` pytree and batch (``flax_posemb.batch``); it adds ``embed_delta`` (zeros,
-      float32 ``[B, T, D]``) to the token+position embedding sum.
-    num_positions: rows ``P`` of the position table (ids of real tokens must be below it).
-    embed_dim: width ``D`` of the embedding sum.
-    collect: False keeps only ``LOSS_FIELDS`` (loss, gradients and update are unchanged).
-    finish: False leaves ``row_grad`` unsquared, for summing microbatches (then ``finish()``).
+    token_loss_fn: ``(params, embed_delta, batch, *args) -> [B, T]`` float32
+      token losses of any ``params`` pytree and batch (``flax_posemb.batch``);
+      it adds ``embed_delta`` (zeros, float32 ``[B, T, D]``) to the
+      token+position embedding sum.
+    num_positions: rows ``P`` of the position table (ids of real tokens must be
+    below it). embed_dim: width ``D`` of the embedding sum. collect: False keeps
+    only ``LOSS_FIELDS`` (loss, gradients and update are unchanged). finish:
+    False leaves ``row_grad`` unsquared, for summing microbatches (then
+    ``finish()``).
 
   Returns:
-    ``f(params, batch, *args, denominator=None) -> (loss, grads, stats)``: the mean token loss
-    over ``loss_mask`` (or its sum / ``denominator``), its gradient, and ``PositionStats``
-    without ``update_sq`` (added by ``PositionStatistics.inside_step``).
+    ``f(params, batch, *args, denominator=None) -> (loss, grads, stats)``: the
+    mean token loss over ``loss_mask`` (or its sum / ``denominator``), its
+    gradient, and ``PositionStats`` without ``update_sq`` (added by
+    ``PositionStatistics.inside_step``).
   """
+
   def f(params, batch, *args, denominator=None):
     mask = batch['loss_mask'].astype(jnp.float32)
-    denom = jnp.maximum(jnp.sum(mask), 1.0) if denominator is None else denominator
+    denom = (
+        jnp.maximum(jnp.sum(mask), 1.0) if denominator is None else denominator
+    )
 
     def mean_loss(p, delta):
       tl = token_loss_fn(p, delta, batch, *args)
       return jnp.sum(tl * mask) / denom, tl
 
-    # The embed_delta gradient is taken in both modes so that the loss and the parameter
-    # gradients compile identically whether or not statistics are collected.
-    (loss, tl), (grads, g_delta) = jax.value_and_grad(mean_loss, argnums=(0, 1), has_aux=True)(
-        params, jnp.zeros(batch['positions'].shape + (embed_dim,), jnp.float32))
+    # The embed_delta gradient is taken in both modes so that the loss and the
+    # parameter gradients compile identically whether or not statistics are
+    # collected.
+    (loss, tl), (grads, g_delta) = jax.value_and_grad(
+        mean_loss, argnums=(0, 1), has_aux=True
+    )(params, jnp.zeros(batch['positions'].shape + (embed_dim,), jnp.float32))
     if not collect:
       return loss, grads, loss_stats(tl, batch, num_positions)
     stats = occurrence_stats(g_delta * denom, tl, batch, num_positions)
@@ -156,114 +229,188 @@ def value_and_grad_with_position_stats(
 
 
 class PositionStatistics:
-  """The statistics of a training loop: ``inside_step`` in the jitted step, ``on_step`` on the
-  host (docs/DESIGN.md §Statistics; README §Statistics for your own model).
+  """The statistics of a training loop: ``inside_step`` in the jitted step,
+  ``on_step`` on the host (docs/DESIGN.md §Statistics; README §Statistics for
+  your own model).
 
   Args:
-    num_positions: rows ``P`` of the position table.
-    embed_dim: width ``D`` of the embedding sum.
-    log_every: steps per window: one ends at every multiple of it (``window_ends``).
-    last_step: a window also ends here (a run's last step; None: only ``log_every``).
-    directory: where ``window_STEP.npz`` files are written (None: no files).
-    writer: None, or anything with tensorboardX's ``add_histogram_raw`` and ``add_image``.
-    collect: False keeps only ``LOSS_FIELDS``.
-    initial_table: ``[P, D]`` table at step 0, for the drift curve (None: no drift).
+    num_positions: rows ``P`` of the position table. embed_dim: width ``D`` of
+    the embedding sum. log_every: steps per window: one ends at every multiple
+    of it (``window_ends``). last_step: a window also ends here (a run's last
+    step; None: only ``log_every``). directory: where ``window_STEP.npz`` files
+    are written (None: no files). writer: None, or anything with tensorboardX's
+    ``add_histogram_raw`` and ``add_image``. collect: False keeps only
+    ``LOSS_FIELDS``. initial_table: ``[P, D]`` table at step 0, for the drift
+    curve (None: no drift).
   """
 
-  def __init__(self, num_positions: int, embed_dim: int, *, log_every: int = 1,
-               last_step: int | None = None, directory: str | None = None, writer: Any = None,
-               collect: bool = True, initial_table: Any = None):
+  def __init__(
+      self,
+      num_positions: int,
+      embed_dim: int,
+      *,
+      log_every: int = 1,
+      last_step: int | None = None,
+      directory: str | None = None,
+      writer: Any = None,
+      collect: bool = True,
+      initial_table: Any = None,
+  ):
     self.num_positions, self.embed_dim = num_positions, embed_dim
     self.log_every, self.last_step = log_every, last_step
     self.directory, self.writer, self.collect = directory, writer, collect
-    self.initial_table = None if initial_table is None else np.asarray(initial_table, np.float64)
-    self.cumulative_count = np.zeros(num_positions, np.int64)  # exact, since step 0
+    self.initial_table = (
+        None if initial_table is None else np.asarray(initial_table, np.float64)
+    )
+    # exact, since step 0
+    self.cumulative_count = np.zeros(num_positions, np.int64)
     self.first_step = 1  # of the current window
 
-  def value_and_grad(self, token_loss_fn: Callable[..., Array], *,
-                     finish: bool = True) -> Callable[..., tuple]:
-    """``value_and_grad_with_position_stats`` for this table (same arguments)."""
+  def value_and_grad(
+      self, token_loss_fn: Callable[..., Array], *, finish: bool = True
+  ) -> Callable[..., tuple]:
+    """``value_and_grad_with_position_stats`` for this table (same
+    arguments)."""
     return value_and_grad_with_position_stats(
-        token_loss_fn, self.num_positions, self.embed_dim, collect=self.collect, finish=finish)
+        token_loss_fn,
+        self.num_positions,
+        self.embed_dim,
+        collect=self.collect,
+        finish=finish,
+    )
 
   def init(self) -> PositionStats:
-    """An empty window (a new buffer each call: a jitted step may donate the last one)."""
+    """An empty window (a new buffer each call: a jitted step may donate the
+    last one)."""
     return PositionStats.zeros(self.num_positions, collect=self.collect)
 
-  def inside_step(self, window: PositionStats, stats: PositionStats, old_table: Array = None,
-                  new_table: Array = None) -> PositionStats:
-    """In the jitted step: ``window`` plus the step's ``stats``, whose ``update_sq`` comes from
-    the ``[P, D]`` tables before and after the update (zeros without a table)."""
+  def inside_step(
+      self,
+      window: PositionStats,
+      stats: PositionStats,
+      old_table: Array = None,
+      new_table: Array = None,
+  ) -> PositionStats:
+    """In the jitted step: ``window`` plus the step's ``stats``, whose
+    ``update_sq`` comes from the ``[P, D]`` tables before and after the update
+    (zeros without a table)."""
     stats = stats.finish()
     if stats.occ_norm is not None:
-      stats = stats.replace(update_sq=jnp.zeros((self.num_positions,), jnp.float32)
-                            if old_table is None else update_sq(old_table, new_table))
+      stats = stats.replace(
+          update_sq=jnp.zeros((self.num_positions,), jnp.float32)
+          if old_table is None
+          else update_sq(old_table, new_table)
+      )
     return window + stats
 
   def window_ends(self, step: int) -> bool:
     """Whether a window ends after ``step`` (the one rule; a loop asks it)."""
     return step % self.log_every == 0 or step == self.last_step
 
-  def on_step(self, step: int, window: PositionStats, *, table: Any = None) -> PositionStats:
-    """On the host after ``step``: at a window end, writes and reports the window (``table``:
-    the ``[P, D]`` table after ``step``, for drift) and returns a new one; else ``window``."""
+  def on_step(
+      self, step: int, window: PositionStats, *, table: Any = None
+  ) -> PositionStats:
+    """On the host after ``step``: at a window end, writes and reports the
+    window (``table``: the ``[P, D]`` table after ``step``, for drift) and
+    returns a new one; else ``window``."""
     if not self.window_ends(step):
       return window
     host = window.to_numpy()
     self.cumulative_count = self.cumulative_count + host['count']
     if self.directory is not None:
-      with outputs.atomic_write(os.path.join(self.directory, f'window_{step}.npz')) as f:
-        np.savez(f, step=np.int64(step), first_step=np.int64(self.first_step),
-                 num_steps=np.int64(step - self.first_step + 1),
-                 cumulative_count=self.cumulative_count, **host)
+      with outputs.atomic_write(
+          os.path.join(self.directory, f'window_{step}.npz')
+      ) as f:
+        np.savez(
+            f,
+            step=np.int64(step),
+            first_step=np.int64(self.first_step),
+            num_steps=np.int64(step - self.first_step + 1),
+            cumulative_count=self.cumulative_count,
+            **host,
+        )
     if self.writer is not None:
       curves = {'count': host['count']}
       if 'occ_norm' in host:
         d = derived(host)
-        curves.update(signal_per_occurrence=d['signal_per_occurrence'],
-                      coherence=d['coherence'], update_sq=host['update_sq'])
+        curves.update(
+            signal_per_occurrence=d['signal_per_occurrence'],
+            coherence=d['coherence'],
+            update_sq=host['update_sq'],
+        )
       if table is not None and self.initial_table is not None:
         curves['drift'] = analysis.drift(table, self.initial_table)
-      for name, values in curves.items():  # bucket p = [p, p + 1) holds values[p] (NaN as 0)
+      # bucket p = [p, p + 1) holds values[p] (NaN as 0)
+      for name, values in curves.items():
         v = np.nan_to_num(np.asarray(values, np.float64))
         p = np.arange(len(v), dtype=np.float64)
         self.writer.add_histogram_raw(
-            f'positions/{name}', min=0.0, max=float(len(v)), num=float(v.sum()),
-            sum=float(p @ v), sum_squares=float(p * p @ v), bucket_limits=(p + 1).tolist(),
-            bucket_counts=v.tolist(), global_step=step)
+            f'positions/{name}',
+            min=0.0,
+            max=float(len(v)),
+            num=float(v.sum()),
+            sum=float(p @ v),
+            sum_squares=float(p * p @ v),
+            bucket_limits=(p + 1).tolist(),
+            bucket_counts=v.tolist(),
+            global_step=step,
+        )
     self.first_step = step + 1
     return self.init()
 
   def report_table(self, step: int, table: Any) -> None:
-    """The ``[P, D]`` table's cosine similarity as an image (red 1, white 0, blue -1)."""
+    """The ``[P, D]`` table's cosine similarity as an image (red 1, white 0,
+    blue -1)."""
     if self.writer is None:
       return
-    c = np.clip(analysis.cosine_similarity(table), -1.0, 1.0)[::-1]  # row 0 at the bottom
-    rgb = np.stack([np.minimum(1 + c, 1), 1 - np.abs(c), np.minimum(1 - c, 1)], axis=-1)
-    self.writer.add_image('positions/cosine_similarity', (255 * rgb).astype(np.uint8),
-                          global_step=step, dataformats='HWC')
+    # row 0 at the bottom
+    c = np.clip(analysis.cosine_similarity(table), -1.0, 1.0)[::-1]
+    rgb = np.stack(
+        [np.minimum(1 + c, 1), 1 - np.abs(c), np.minimum(1 - c, 1)], axis=-1
+    )
+    self.writer.add_image(
+        'positions/cosine_similarity',
+        (255 * rgb).astype(np.uint8),
+        global_step=step,
+        dataformats='HWC',
+    )
 
   def state(self, window: PositionStats) -> dict[str, Any]:
     """This object's part of a checkpoint: host numpy arrays and scalars."""
-    return dict(window=window.to_numpy(), cumulative_count=self.cumulative_count,
-                window_first_step=self.first_step)
+    return dict(
+        window=window.to_numpy(),
+        cumulative_count=self.cumulative_count,
+        window_first_step=self.first_step,
+    )
 
   def restore(self, saved: Mapping[str, Any]) -> PositionStats:
-    """Loads ``state``'s output; returns the window to continue (host arrays). Fields this
-    object does not collect are dropped; ones it collects but ``saved`` lacks start at 0."""
+    """Loads ``state``'s output; returns the window to continue (host arrays).
+    Fields this object does not collect are dropped; ones it collects but
+    ``saved`` lacks start at 0."""
     self.cumulative_count = np.asarray(saved['cumulative_count'], np.int64)
     self.first_step = int(saved['window_first_step'])
-    return PositionStats(**{k: np.asarray(saved['window'].get(k, v), v.dtype)
-                            for k, v in self.init().items()})
+    return PositionStats(
+        **{
+            k: np.asarray(saved['window'].get(k, v), v.dtype)
+            for k, v in self.init().items()
+        }
+    )
 
 
 def derived(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:
-  """``[P]`` float64 ratios ``coherence``, ``signal_per_occurrence``, ``signal_per_downstream``
-  and ``mean_loss`` (docs/DESIGN.md §Statistics) of a mapping with (some of) ``FIELDS`` (a
-  ``PositionStats``, a window file), NaN where undefined or not collected."""
+  """``[P]`` float64 ratios ``coherence``, ``signal_per_occurrence``,
+  ``signal_per_downstream`` and ``mean_loss`` (docs/DESIGN.md §Statistics) of a
+  mapping with (some of) ``FIELDS`` (a ``PositionStats``, a window file), NaN
+  where undefined or not collected."""
   size = len(np.asarray(stats['count']))
-  s = {k: np.asarray(stats[k], np.float64) if k in stats else np.full(size, np.nan)
-       for k in FIELDS}
+  s = {
+      k: (
+          np.asarray(stats[k], np.float64)
+          if k in stats
+          else np.full(size, np.nan)
+      )
+      for k in FIELDS
+  }
 
   def div(a, b):
     with np.errstate(divide='ignore', invalid='ignore'):

@@ -1,9 +1,10 @@
-"""Shared test setup: CPU only, JAX persistent compilation cache, one shared tiny run.
+"""Shared test setup: CPU only, JAX persistent compilation cache, one shared
+tiny run.
 
-The compilation cache lives in ``tmp/.jax_cache`` at the repository root (git-ignored) so
-repeated CI runs and subprocesses reuse compiled steps. ``tiny_run`` trains one small run
-through the library once per session; tests that only read a trained run share it.
-"""
+The compilation cache lives in ``tmp/.jax_cache`` at the repository root
+(git-ignored) so repeated CI runs and subprocesses reuse compiled steps.
+``tiny_run`` trains one small run through the library once per session; tests
+that only read a trained run share it."""
 
 import os
 import pathlib
@@ -14,21 +15,31 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', str(CACHE_DIR))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
 
-import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
-jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
-jax.config.update('jax_persistent_cache_min_compile_time_secs',
-                  float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))
+jax.config.update(
+    'jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR']
+)
+jax.config.update(
+    'jax_persistent_cache_min_compile_time_secs',
+    float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']),
+)
 
-# Environment for subprocesses started by tests (train.py, multi-device, multi-host).
-SUBPROCESS_ENV = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(ROOT),
-                      JAX_COMPILATION_CACHE_DIR=str(CACHE_DIR))
+# Environment for subprocesses started by tests (train.py, multi-device,
+# multi-host).
+SUBPROCESS_ENV = dict(
+    os.environ,
+    JAX_PLATFORMS='cpu',
+    PYTHONPATH=str(ROOT),
+    JAX_COMPILATION_CACHE_DIR=str(CACHE_DIR),
+)
 
 
 def tiny_config():
   """A config small enough to compile and train in seconds on one CPU core."""
-  from flax_posemb import defaults  # pylint: disable=g-import-not-at-top
+  from flax_posemb import defaults
+
   c = defaults.base()
   c.num_train_steps = 20
   c.batch_size = 8
@@ -59,7 +70,8 @@ def tiny_config_factory():
 @pytest.fixture(scope='session')
 def tiny_run(tmp_path_factory):
   """One tiny run trained through the library: (workdir, config, result)."""
-  from flax_posemb import training  # pylint: disable=g-import-not-at-top
+  from flax_posemb import training
+
   workdir = str(tmp_path_factory.mktemp('tiny_run'))
   config = tiny_config()
   result = training.train_and_evaluate(config, workdir)
@@ -68,14 +80,19 @@ def tiny_run(tmp_path_factory):
 
 @pytest.fixture
 def small_disk(tmp_path):
-  """A real 1.8 MB filesystem (tmpfs; room for the first checkpoint of configs/tiny.py, not the
-  second). Mounting needs root: elsewhere the tests using it skip, and the injected full-disk
-  tests (which run everywhere) remain."""
-  import subprocess  # pylint: disable=g-import-not-at-top
+  """A real 1.8 MB filesystem (tmpfs; room for the first checkpoint of
+  configs/tiny.py, not the second). Mounting needs root: elsewhere the tests
+  using it skip, and the injected full-disk tests (which run everywhere)
+  remain."""
+  import subprocess
+
   disk = tmp_path / 'disk'
   disk.mkdir()
-  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1800k', 'tmpfs', str(disk)],
-                    capture_output=True, check=False).returncode:
+  if subprocess.run(
+      ['mount', '-t', 'tmpfs', '-o', 'size=1800k', 'tmpfs', str(disk)],
+      capture_output=True,
+      check=False,
+  ).returncode:
     pytest.skip('mounting a tmpfs needs root')
   yield disk
   subprocess.run(['umount', '--lazy', str(disk)], check=False)

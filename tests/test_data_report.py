@@ -21,7 +21,9 @@ def test_exposure_counts_real_tokens_per_position():
   assert rep['real_tokens'] == sum(rep['counts']) > 0
   assert rep['token_slots'] == 5 * cfg.batch_size * cfg.data.seq_len
   assert sum(h['docs'] for h in rep['doc_lengths']) == 100
-  np.testing.assert_allclose(sum(h['token_share'] for h in rep['segment_lengths']), 1.0)
+  np.testing.assert_allclose(
+      sum(h['token_share'] for h in rep['segment_lengths']), 1.0
+  )
   assert 'padding' in report.format_report(rep)
 
 
@@ -36,10 +38,26 @@ def test_cli_prints_and_writes_json_and_png(tmp_path):
   js, png = tmp_path / 'e.json', tmp_path / 'e.png'
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   out = subprocess.run(
-      [sys.executable, '-m', 'flax_posemb.data', '--config', 'configs/tiny.py',
-       '--num_batches', '3', '--json', str(js), '--png', str(png),
-       '--config.data.position_policy=packed_reset'],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+      [
+          sys.executable,
+          '-m',
+          'flax_posemb.data',
+          '--config',
+          'configs/tiny.py',
+          '--num_batches',
+          '3',
+          '--json',
+          str(js),
+          '--png',
+          str(png),
+          '--config.data.position_policy=packed_reset',
+      ],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert 'policy=packed_reset' in out.stdout and 'decile' in out.stdout
   assert json.loads(js.read_text())['policy'] == 'packed_reset'
@@ -55,23 +73,39 @@ def test_policy_shares_count_what_window_policies_drop():
     assert shares[p]['token_share'] == 1.0
   np.testing.assert_allclose(shares['natural']['token_share'], 1.5 / 10.5)
   np.testing.assert_allclose(shares['random_offset']['token_share'], 1.5 / 10.5)
-  np.testing.assert_allclose(shares['length_schedule']['token_share'],
-                             0.5 * 0.5 / 10.5 + 0.5 * 1.5 / 10.5)
+  np.testing.assert_allclose(
+      shares['length_schedule']['token_share'],
+      0.5 * 0.5 / 10.5 + 0.5 * 1.5 / 10.5,
+  )
   assert shares['packed']['last_over_first'] == 1.0
-  np.testing.assert_allclose(shares['natural']['last_over_first'], 0.5)  # 1 of 2 docs.
-  # Wrapped at T: the 10T document fills every position 10 times, the short one the first half.
-  np.testing.assert_allclose(shares['natural_chunked']['last_over_first'], 10 / 11)
+  # 1 of 2 docs.
+  np.testing.assert_allclose(shares['natural']['last_over_first'], 0.5)
+  # Wrapped at T: the 10T document fills every position 10 times, the short one
+  # the first half.
+  np.testing.assert_allclose(
+      shares['natural_chunked']['last_over_first'], 10 / 11
+  )
   st = report.length_stats(np.array([10 * t, t // 2]), t)
   assert st['docs_longer_than_context'] == 0.5 and st['max'] == 10 * t
 
 
 def _long_text_arm(policy: str, shuffle_rows: int | None = None):
-  """The long_text experiment's training config of `policy`, 4 rows per step (its packed
-  budget: 2048 scored bytes)."""
-  from flax_posemb.experiments import spec  # pylint: disable=g-import-not-at-top
-  exp = spec.load(os.path.join(os.path.dirname(__file__), '..', 'configs', 'experiments',
-                               'long_text.py'))
-  run = next(r for r in spec.expand(exp) if r.config.data.position_policy == policy)
+  """The long_text experiment's training config of `policy`, 4 rows per step
+  (its packed budget: 2048 scored bytes)."""
+  from flax_posemb.experiments import spec
+
+  exp = spec.load(
+      os.path.join(
+          os.path.dirname(__file__),
+          '..',
+          'configs',
+          'experiments',
+          'long_text.py',
+      )
+  )
+  run = next(
+      r for r in spec.expand(exp) if r.config.data.position_policy == policy
+  )
   overrides = [('batch_size', 4)]
   if shuffle_rows is not None:
     overrides.append(('data.shuffle_rows', shuffle_rows))
@@ -80,14 +114,21 @@ def _long_text_arm(policy: str, shuffle_rows: int | None = None):
 
 def test_long_text_streaming_batches_mix_documents_like_a_random_draw():
   for policy in ('packed', 'packed_reset', 'natural_chunked'):
-    div = report.exposure(_long_text_arm(policy), num_batches=200,
-                          num_source_docs=0)['batch_diversity']
+    div = report.exposure(
+        _long_text_arm(policy), num_batches=200, num_source_docs=0
+    )['batch_diversity']
     assert div['all_one_doc'] <= div['random_all_one_doc'] + 0.01, (policy, div)
-    assert div['same_doc_pairs'] < 3 * div['random_same_doc_pairs'], (policy, div)
+    assert div['same_doc_pairs'] < 3 * div['random_same_doc_pairs'], (
+        policy,
+        div,
+    )
 
 
 def test_long_text_packed_rows_in_stream_order_fill_batches_from_one_document():
-  div = report.exposure(_long_text_arm('packed', shuffle_rows=0), num_batches=50,
-                        num_source_docs=0)['batch_diversity']
+  div = report.exposure(
+      _long_text_arm('packed', shuffle_rows=0),
+      num_batches=50,
+      num_source_docs=0,
+  )['batch_diversity']
   assert div['all_one_doc'] > 0.3 and div['same_doc_pairs'] > 0.3, div
   assert div['random_all_one_doc'] < 0.01

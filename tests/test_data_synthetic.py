@@ -1,4 +1,5 @@
-"""Synthetic corpus: generator consistency, exact Bayes loss vs Monte-Carlo, default gap."""
+"""Synthetic corpus: generator consistency, exact Bayes loss vs Monte-Carlo,
+default gap."""
 
 import numpy as np
 import pytest
@@ -20,7 +21,9 @@ def test_vectorized_and_scalar_generation_give_identical_documents():
   starts = np.random.default_rng(0).integers(0, 128, 200)
   many = src.docs_many(idx, starts, 128)
   for i, s, doc in zip(idx, starts, many):
-    np.testing.assert_array_equal(doc, src.doc(int(i), start=int(s), max_pairs=128))
+    np.testing.assert_array_equal(
+        doc, src.doc(int(i), start=int(s), max_pairs=128)
+    )
 
 
 def test_document_prefix_does_not_depend_on_truncation():
@@ -34,14 +37,20 @@ def test_bayes_loss_matches_monte_carlo_of_the_pipeline_generator():
   corp = _corpus()
   length, n = 40, 3000
   src = pipeline.make_source(tiny.get_config().data, 'validation')
-  docs = np.stack(src.docs_many(np.arange(n), np.zeros(n, int), length, num_pairs=length))  # [n, length+1]
+  # [n, length+1]
+  docs = np.stack(
+      src.docs_many(np.arange(n), np.zeros(n, int), length, num_pairs=length)
+  )
   assert docs.shape == (n, length + 1)
   p = np.arange(length)
   regimes = corp.regime(p + 1)
-  nll = -np.log(corp.matrices[regimes[None, :], docs[:, :-1], docs[:, 1:]])  # [n, length]
+  # [n, length]
+  nll = -np.log(corp.matrices[regimes[None, :], docs[:, :-1], docs[:, 1:]])
   mc, se = nll.mean(0), nll.std(0) / np.sqrt(n)
   exact = corp.bayes_loss(length)
-  assert np.all(np.abs(mc - exact) < 5 * se + 1e-3), np.max(np.abs(mc - exact) / se)
+  assert np.all(np.abs(mc - exact) < 5 * se + 1e-3), np.max(
+      np.abs(mc - exact) / se
+  )
 
 
 def test_filter_loss_is_reproducible_and_matches_an_independent_estimate():
@@ -49,15 +58,24 @@ def test_filter_loss_is_reproducible_and_matches_an_independent_estimate():
   a, se = corp.filter_loss(32, num_docs=2000, seed=1)
   b, _ = corp.filter_loss(32, num_docs=2000, seed=2)
   assert np.all(np.abs(a - b) < 6 * se * np.sqrt(2) + 1e-3)
-  np.testing.assert_array_equal(a, corp.filter_loss(32, num_docs=2000, seed=1)[0])
+  np.testing.assert_array_equal(
+      a, corp.filter_loss(32, num_docs=2000, seed=1)[0]
+  )
 
 
 def test_default_corpus_has_gap_of_at_least_point_two_nats_in_every_bucket():
   cfg = tiny.get_config()
   ref = data.reference_losses(cfg.data, cfg.data.seq_len)
   assert set(ref) == {'bayes_loss', 'filter_loss'}
-  assert ref['bayes_loss'].shape == (cfg.data.seq_len,) and ref['bayes_loss'].dtype == np.float64
-  gap = (ref['filter_loss'] - ref['bayes_loss']).reshape(-1, cfg.eval.bucket_size).mean(1)
+  assert (
+      ref['bayes_loss'].shape == (cfg.data.seq_len,)
+      and ref['bayes_loss'].dtype == np.float64
+  )
+  gap = (
+      (ref['filter_loss'] - ref['bayes_loss'])
+      .reshape(-1, cfg.eval.bucket_size)
+      .mean(1)
+  )
   assert np.all(gap >= 0.2), gap
 
 
@@ -65,7 +83,9 @@ def test_every_eval_bucket_carries_every_regime_equally_often():
   cfg = tiny.get_config()
   corp = synthetic.from_config(cfg.data)
   assert corp.period <= cfg.eval.bucket_size
-  r = corp.regime(np.arange(1, cfg.data.seq_len + 1)).reshape(-1, cfg.eval.bucket_size)
+  r = corp.regime(np.arange(1, cfg.data.seq_len + 1)).reshape(
+      -1, cfg.eval.bucket_size
+  )
   counts = np.stack([(r == k).sum(1) for k in range(corp.num_regimes)], 1)
   assert np.all(counts == counts[0, 0])
 
@@ -82,11 +102,15 @@ def test_wikipedia_length_distribution_reproduces_token_shares():
   m = dist.sample_many(rng.random(200_000), rng.random(200_000))
   assert m.min() >= 1 and m.max() <= 128
   edges = np.asarray(dist.edges)
-  shares = np.array([m[(m > lo) & (m <= hi)].sum() for lo, hi in zip(edges[:-1], edges[1:])])
-  np.testing.assert_allclose(shares / shares.sum(), np.array(lengths.WIKIPEDIA_SHARES) / 100,
-                             atol=0.01)
+  shares = np.array(
+      [m[(m > lo) & (m <= hi)].sum() for lo, hi in zip(edges[:-1], edges[1:])]
+  )
+  np.testing.assert_allclose(
+      shares / shares.sum(), np.array(lengths.WIKIPEDIA_SHARES) / 100, atol=0.01
+  )
   assert [dist.sample(a, b) for a, b in [(0.1, 0.3), (0.99, 0.5)]] == list(
-      dist.sample_many(np.array([0.1, 0.99]), np.array([0.3, 0.5])))
+      dist.sample_many(np.array([0.1, 0.99]), np.array([0.3, 0.5]))
+  )
 
 
 @pytest.mark.parametrize('spec', ['bogus', '1,-1', '0,0'])

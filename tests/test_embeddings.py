@@ -1,4 +1,5 @@
-"""Tests for flax_posemb.embeddings: lookups, the host position check, sinusoid, RoPE, tied head."""
+"""Tests for flax_posemb.embeddings: lookups, the host position check, sinusoid,
+RoPE, tied head."""
 
 import math
 
@@ -27,9 +28,14 @@ def test_learned_lookup_returns_table_rows():
   np.testing.assert_array_equal(out, np.asarray(table)[np.asarray(pos)])
 
 
-@pytest.mark.parametrize('bad,named', [(8, 'Position id 8 is outside'),
-                                        (-1, 'Position id -1 is negative'),
-                                        (1000, 'Position id 1000 is outside')])
+@pytest.mark.parametrize(
+    'bad,named',
+    [
+        (8, 'Position id 8 is outside'),
+        (-1, 'Position id -1 is negative'),
+        (1000, 'Position id 1000 is outside'),
+    ],
+)
 def test_position_range_check_names_the_id_and_the_table(bad, named):
   embeddings.check_position_range(np.array([[0, 7]]), 8)
   embeddings.check_position_range(np.zeros((0, 4), np.int32), 8)
@@ -45,15 +51,22 @@ def test_float_positions_are_an_error():
 
 
 def test_learned_dtypes():
-  mod = embeddings.LearnedPositionEmbedding(8, 4, initializers.get('gpt2'),
-                                            dtype=jnp.bfloat16, param_dtype=jnp.float32)
+  mod = embeddings.LearnedPositionEmbedding(
+      8,
+      4,
+      initializers.get('gpt2'),
+      dtype=jnp.bfloat16,
+      param_dtype=jnp.float32,
+  )
   params = mod.init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32))
   assert params['params']['embedding'].dtype == jnp.float32
   assert mod.apply(params, jnp.zeros((1, 2), jnp.int32)).dtype == jnp.bfloat16
 
 
 def test_token_embedding_attend_is_tied_and_float32():
-  mod = embeddings.TokenEmbedding(10, 6, initializers.get('gpt2'), dtype=jnp.bfloat16)
+  mod = embeddings.TokenEmbedding(
+      10, 6, initializers.get('gpt2'), dtype=jnp.bfloat16
+  )
   params = mod.init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32))
   table = np.asarray(params['params']['embedding'], np.float32)
   ids = jnp.array([[1, 9]], jnp.int32)
@@ -61,7 +74,10 @@ def test_token_embedding_attend_is_tied_and_float32():
   assert x.dtype == jnp.bfloat16
   logits = mod.apply(params, x, method=mod.attend)
   assert logits.shape == (1, 2, 10) and logits.dtype == jnp.float32
-  ref = np.asarray(x, np.float32) @ np.asarray(jnp.asarray(table, jnp.bfloat16), np.float32).T
+  ref = (
+      np.asarray(x, np.float32)
+      @ np.asarray(jnp.asarray(table, jnp.bfloat16), np.float32).T
+  )
   np.testing.assert_allclose(logits, ref, rtol=1e-2, atol=1e-5)
 
 
@@ -73,16 +89,21 @@ def test_sinusoidal_has_no_params_and_matches_formula():
   out = np.asarray(mod.apply(variables, pos))
   assert out.shape == (1, 3, 8)
   s = 0.02 * math.sqrt(2)
-  np.testing.assert_allclose(out[0, 2, 2], s * math.sin(300 / 10000 ** (2 / 8)), rtol=1e-4)
-  np.testing.assert_allclose(out[0, 1, 5], s * math.cos(5 / 10000 ** (4 / 8)), rtol=1e-4)
+  np.testing.assert_allclose(
+      out[0, 2, 2], s * math.sin(300 / 10000 ** (2 / 8)), rtol=1e-4
+  )
+  np.testing.assert_allclose(
+      out[0, 1, 5], s * math.cos(5 / 10000 ** (4 / 8)), rtol=1e-4
+  )
   np.testing.assert_allclose(np.sqrt((out**2).mean(-1)), 0.02, rtol=1e-5)
 
 
 def test_sinusoidal_module_matches_sinusoidal_initializer():
   mod = embeddings.SinusoidalPositionEmbedding(16, scale=0.05)
   fixed = np.asarray(mod.apply({}, jnp.arange(32, dtype=jnp.int32)))
-  learned_init = np.asarray(initializers.get('sinusoidal', std=0.05)(jax.random.key(0),
-                                                                       (32, 16)))
+  learned_init = np.asarray(
+      initializers.get('sinusoidal', std=0.05)(jax.random.key(0), (32, 16))
+  )
   np.testing.assert_allclose(fixed, learned_init, rtol=1e-4, atol=1e-6)
 
 
@@ -97,7 +118,10 @@ def test_rope_preserves_norm_and_depends_only_on_relative_position():
     return np.asarray(jnp.sum(rq * rk, -1))
 
   rq = embeddings.apply_rope(q, jnp.array([[17]], jnp.int32))
-  np.testing.assert_allclose(jnp.linalg.norm(rq, axis=-1), jnp.linalg.norm(q, axis=-1),
-                             rtol=1e-5)
-  np.testing.assert_allclose(score(10, 3), score(110, 103), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+      jnp.linalg.norm(rq, axis=-1), jnp.linalg.norm(q, axis=-1), rtol=1e-5
+  )
+  np.testing.assert_allclose(
+      score(10, 3), score(110, 103), rtol=1e-4, atol=1e-5
+  )
   assert not np.allclose(score(10, 3), score(10, 4), atol=1e-3)

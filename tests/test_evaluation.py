@@ -1,4 +1,5 @@
-"""Loss by position bucket: exact bucket math, standard errors, offsets, compatibility."""
+"""Loss by position bucket: exact bucket math, standard errors, offsets,
+compatibility."""
 
 import os
 
@@ -14,14 +15,22 @@ from flax_posemb import buckets as buckets_lib
 from flax_posemb import defaults
 from flax_posemb import eval_report
 from flax_posemb import evaluation
-from flax_posemb.model import ModelConfig, TransformerLM
+from flax_posemb.model import ModelConfig
+from flax_posemb.model import TransformerLM
 
 T = 16
 
 
 def _model(max_len=T, **kw):
-  cfg = ModelConfig(vocab_size=11, num_layers=1, num_heads=2, emb_dim=16, mlp_dim=32,
-                    max_len=max_len, **kw)
+  cfg = ModelConfig(
+      vocab_size=11,
+      num_layers=1,
+      num_heads=2,
+      emb_dim=16,
+      mlp_dim=32,
+      max_len=max_len,
+      **kw,
+  )
   model = TransformerLM(cfg)
   x = jnp.zeros((1, 4), jnp.int32)
   params = model.init(jax.random.key(0), x, x)['params']
@@ -29,7 +38,8 @@ def _model(max_len=T, **kw):
 
 
 def _batches():
-  """Two hand-built batches (5 and 2 rows): packed rows, padding and masked targets."""
+  """Two hand-built batches (5 and 2 rows): packed rows, padding and masked
+  targets."""
   rng = np.random.default_rng(0)
   out = []
   for rows in (5, 2):
@@ -43,21 +53,34 @@ def _batches():
     pos[1, 12:] = 0
     mask = (seg > 0).astype(np.float32)
     mask[-1, [3, 7]] = 0.0  # unscored targets inside a document
-    out.append({'inputs': inputs, 'targets': targets, 'positions': pos, 'segment_ids': seg,
-                'loss_mask': mask})
+    out.append(
+        {
+            'inputs': inputs,
+            'targets': targets,
+            'positions': pos,
+            'segment_ids': seg,
+            'loss_mask': mask,
+        }
+    )
   return out
 
 
 def test_bucket_losses_equal_naive_recomputation_from_logits():
   model, params = _model()
   edges = np.array([0, 3, 8, 16])
-  acc, = evaluation.accumulate(evaluation.model_apply_fn(model), params, _batches(), edges)
+  (acc,) = evaluation.accumulate(
+      evaluation.model_apply_fn(model), params, _batches(), edges
+  )
   res = evaluation.summarize(acc).results
   sums, counts = np.zeros(3), np.zeros(3)
   pos_sum = np.zeros(T)
-  apply = jax.jit(lambda p, x, pos, seg: model.apply({'params': p}, x, pos, segment_ids=seg))
+  apply = jax.jit(
+      lambda p, x, pos, seg: model.apply({'params': p}, x, pos, segment_ids=seg)
+  )
   for b in _batches():
-    logits = np.asarray(apply(params, b['inputs'], b['positions'], b['segment_ids']), np.float64)
+    logits = np.asarray(
+        apply(params, b['inputs'], b['positions'], b['segment_ids']), np.float64
+    )
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     nll = -np.take_along_axis(logp, b['targets'][..., None], -1)[..., 0]
     for r in range(nll.shape[0]):
@@ -69,10 +92,14 @@ def test_bucket_losses_equal_naive_recomputation_from_logits():
           counts[k] += 1
           pos_sum[p] += nll[r, t]
   assert [x['tokens'] for x in res['buckets']] == counts.astype(int).tolist()
-  np.testing.assert_allclose([x['loss'] for x in res['buckets']], sums / counts, rtol=1e-5)
+  np.testing.assert_allclose(
+      [x['loss'] for x in res['buckets']], sums / counts, rtol=1e-5
+  )
   np.testing.assert_allclose(acc.loss_sum, pos_sum, rtol=1e-5)
   assert res['overall']['tokens'] == int(counts.sum())
-  np.testing.assert_allclose(res['overall']['loss'], sums.sum() / counts.sum(), rtol=1e-5)
+  np.testing.assert_allclose(
+      res['overall']['loss'], sums.sum() / counts.sum(), rtol=1e-5
+  )
   assert res['buckets'][0]['windows'] == 7  # padded rows are not windows
   assert res['overall']['windows'] == 7
 
@@ -88,12 +115,16 @@ def test_stderr_is_spread_of_window_means_over_sqrt_windows():
   rows = acc.buckets()
   np.testing.assert_allclose(rows[1]['stderr'], means[:, 1].std(ddof=1) / 2.0)
   lo, hi = rows[0]['ci95']
-  np.testing.assert_allclose(hi - lo, 2 * 3.182446305284263 * rows[0]['stderr'])  # t, 3 df
-  # Last minus best uses the paired covariance: the per-window differences' spread.
+  # t, 3 df
+  np.testing.assert_allclose(hi - lo, 2 * 3.182446305284263 * rows[0]['stderr'])
+  # Last minus best uses the paired covariance: the per-window differences'
+  # spread.
   d = buckets_lib.degradation(acc.per_window())
   diff = means[:, 1] - means[:, 0]
   np.testing.assert_allclose(d['last_minus_best'], diff.mean())
-  np.testing.assert_allclose(d['last_minus_best_stderr'], diff.std(ddof=1) / 2.0)
+  np.testing.assert_allclose(
+      d['last_minus_best_stderr'], diff.std(ddof=1) / 2.0
+  )
 
 
 def test_stderr_with_unequal_counts_is_the_ratio_estimator():
@@ -101,7 +132,8 @@ def test_stderr_with_unequal_counts_is_the_ratio_estimator():
   s = np.array([[3.0], [10.0], [1.0]])
   c = np.array([[2.0], [5.0], [1.0]])
   acc.add(np.zeros(8), np.zeros(8), s, c)
-  acc.add(np.zeros(8), np.zeros(8), np.zeros((2, 1)), np.zeros((2, 1)))  # empty windows
+  # empty windows
+  acc.add(np.zeros(8), np.zeros(8), np.zeros((2, 1)), np.zeros((2, 1)))
   loss, cov = buckets_lib.bucket_stats(acc.per_window())[:2]
   ratio = s.sum() / c.sum()
   expect = 3 / 2 * np.sum((s - ratio * c) ** 2) / c.sum() ** 2
@@ -111,44 +143,59 @@ def test_stderr_with_unequal_counts_is_the_ratio_estimator():
 
 
 def test_degradation_slope_recovers_a_linear_trend():
-  edges = np.arange(0, 80, 10)  # 7 buckets of 10 over 70 positions (last ends at 70)
+  # 7 buckets of 10 over 70 positions (last ends at 70)
+  edges = np.arange(0, 80, 10)
   acc = buckets_lib.BucketAccumulator(edges)
   mid = (edges[:-1] + edges[1:] - 1) / 2
   rng = np.random.default_rng(1)
   noise = rng.normal(0, 0.01, (50, 1))
-  means = 2.0 + 0.003 * mid[None, :] + noise  # common per-window shift: slope stays exact
+  # common per-window shift: slope stays exact
+  means = 2.0 + 0.003 * mid[None, :] + noise
   acc.add(np.zeros(70), np.zeros(70), means * 10, np.full(means.shape, 10.0))
   d = buckets_lib.degradation(acc.per_window())
   assert d['slope_buckets'] == [4, 5, 6]  # midpoints >= 35
   np.testing.assert_allclose(d['slope'], 0.003, rtol=1e-9)
-  assert d['slope_stderr'] < 1e-9  # a shift shared by all buckets does not blur the slope
+  # a shift shared by all buckets does not blur the slope
+  assert d['slope_stderr'] < 1e-9
   np.testing.assert_allclose(d['last_minus_best'], 0.003 * 60)
   assert d['best_bucket'] == 0
 
 
 def test_make_edges_variants_and_errors():
   np.testing.assert_array_equal(buckets_lib.make_edges(40, 16), [0, 16, 32, 40])
-  np.testing.assert_array_equal(buckets_lib.make_edges(12, 0, 'log2'), [0, 1, 2, 4, 8, 12])
-  np.testing.assert_array_equal(buckets_lib.make_edges(512, 0, '0,128,256'), [0, 128, 256, 512])
-  with pytest.raises(ValueError, match='exceeds the evaluation window length 128'):
+  np.testing.assert_array_equal(
+      buckets_lib.make_edges(12, 0, 'log2'), [0, 1, 2, 4, 8, 12]
+  )
+  np.testing.assert_array_equal(
+      buckets_lib.make_edges(512, 0, '0,128,256'), [0, 128, 256, 512]
+  )
+  with pytest.raises(
+      ValueError, match='exceeds the evaluation window length 128'
+  ):
     buckets_lib.make_edges(128, 0, '0,64,256')
   with pytest.raises(ValueError, match='start at 0'):
     buckets_lib.make_edges(128, 0, '16,64')
   with pytest.raises(ValueError, match='increase strictly'):
     buckets_lib.make_edges(128, 0, '0,64,32')
-  np.testing.assert_array_equal(buckets_lib.bucket_of_position(np.array([0, 2, 5])),
-                                [0, 0, 1, 1, 1])
+  np.testing.assert_array_equal(
+      buckets_lib.bucket_of_position(np.array([0, 2, 5])), [0, 0, 1, 1, 1]
+  )
 
 
 def test_offset_zero_equals_plain_and_offsets_shift_rows_only():
   model, params = _model(max_len=24)
   edges = np.array([0, 8, 16])
   fn = evaluation.model_apply_fn(model)
-  plain, = evaluation.accumulate(fn, params, _batches(), edges)
-  zero, four = evaluation.accumulate(fn, params, _batches(), edges, offsets=(0, 4))
+  (plain,) = evaluation.accumulate(fn, params, _batches(), edges)
+  zero, four = evaluation.accumulate(
+      fn, params, _batches(), edges, offsets=(0, 4)
+  )
   np.testing.assert_array_equal(plain.loss_sum, zero.loss_sum)
-  np.testing.assert_array_equal(plain.per_window()['win_sum'], zero.per_window()['win_sum'])
-  np.testing.assert_array_equal(plain.count, four.count)  # indexed by context, not by row
+  np.testing.assert_array_equal(
+      plain.per_window()['win_sum'], zero.per_window()['win_sum']
+  )
+  # indexed by context, not by row
+  np.testing.assert_array_equal(plain.count, four.count)
   assert not np.allclose(plain.loss_sum, four.loss_sum)
 
 
@@ -167,20 +214,37 @@ def test_evaluation_settings_are_checked_once_against_the_position_table():
 def test_incompatible_checkpoint_is_a_clear_error():
   _, params16 = _model(max_len=16)
   c = _synthetic_config(max_len=32)
-  with pytest.raises(ValueError, match=r'max_len=32.*params/pos_embed/embedding has shape \(16,'):
-    evaluation.run_evaluation(TransformerLM(ModelConfig.from_config(c.model)), params16, c)
+  with pytest.raises(
+      ValueError,
+      match=r'max_len=32.*params/pos_embed/embedding has shape \(16,',
+  ):
+    evaluation.run_evaluation(
+        TransformerLM(ModelConfig.from_config(c.model)), params16, c
+    )
 
 
 def test_format_table_lists_every_bucket():
   acc = buckets_lib.BucketAccumulator(np.array([0, 4, 8]))
-  acc.add(np.zeros(8), np.zeros(8), np.array([[4.0, 8.0], [6.0, 8.0]]), np.full((2, 2), 4.0))
+  acc.add(
+      np.zeros(8),
+      np.zeros(8),
+      np.array([[4.0, 8.0], [6.0, 8.0]]),
+      np.full((2, 2), 4.0),
+  )
   text = eval_report.format_table(evaluation.summarize(acc).results)
   assert '[0, 4)' in text and '[4, 8)' in text and 'overall loss 1.6250' in text
 
 
 def _synthetic_config(max_len=32):
   c = defaults.base()
-  c.model.update(vocab_size=64, num_layers=1, num_heads=2, emb_dim=16, mlp_dim=32, max_len=max_len)
+  c.model.update(
+      vocab_size=64,
+      num_layers=1,
+      num_heads=2,
+      emb_dim=16,
+      mlp_dim=32,
+      max_len=max_len,
+  )
   c.data.seq_len = max_len
   c.data.synthetic.num_docs = 64
   c.eval.update(num_windows=6, batch_size=4, bucket_size=8)
@@ -196,25 +260,47 @@ def test_run_evaluation_offsets_zero_equals_plain_on_synthetic_windows():
   plain = out.results
   probe = plain['offset_probe']['by_offset'][0]
   assert plain['step'] == 7 and plain['settings']['window_len'] == 32
-  assert [b['loss'] for b in probe['buckets']] == [b['loss'] for b in plain['buckets']]
-  assert [b['stderr'] for b in probe['buckets']] == [b['stderr'] for b in plain['buckets']]
-  assert all(b['tokens'] == 6 * 8 and b['windows'] == 6 for b in plain['buckets'])
+  assert [b['loss'] for b in probe['buckets']] == [
+      b['loss'] for b in plain['buckets']
+  ]
+  assert [b['stderr'] for b in probe['buckets']] == [
+      b['stderr'] for b in plain['buckets']
+  ]
+  assert all(
+      b['tokens'] == 6 * 8 and b['windows'] == 6 for b in plain['buckets']
+  )
   b = plain['buckets'][0]
   assert b['bayes_loss'] <= b['filter_loss']
-  np.testing.assert_allclose(b['recovered'], (b['filter_loss'] - b['loss'])
-                             / (b['filter_loss'] - b['bayes_loss']))
-  # Offsets: a shorter window of the same texts, every K scored on identical tokens.
+  np.testing.assert_allclose(
+      b['recovered'],
+      (b['filter_loss'] - b['loss']) / (b['filter_loss'] - b['bayes_loss']),
+  )
+  # Offsets: a shorter window of the same texts, every K scored on identical
+  # tokens.
   out = evaluation.run_evaluation(model, params, c, offsets=[0, 8])
   probe = out.results['offset_probe']
-  assert probe['window_len'] == 24 and 'off the training distribution' in probe['note']
-  np.testing.assert_array_equal(out.per_position['offset_count'][0], out.per_position['offset_count'][1])
-  np.testing.assert_allclose(out.per_position['offset_loss'][0], out.per_position['loss'][:24],
-                             rtol=1e-5)  # causal: first 24 tokens score the same in longer windows
+  assert (
+      probe['window_len'] == 24
+      and 'off the training distribution' in probe['note']
+  )
+  np.testing.assert_array_equal(
+      out.per_position['offset_count'][0], out.per_position['offset_count'][1]
+  )
+  np.testing.assert_allclose(
+      out.per_position['offset_loss'][0],
+      out.per_position['loss'][:24],
+      # causal: first 24 tokens score the same in longer
+      # windows
+      rtol=1e-5,
+  )
   # K - 0 per bucket, paired over the same windows.
-  k8, = probe['paired_vs_first']
+  (k8,) = probe['paired_vs_first']
   assert (k8['offset'], k8['minus_offset']) == (8, 0)
-  for d, b8, b0 in zip(k8['buckets'], probe['by_offset'][1]['buckets'],
-                       probe['by_offset'][0]['buckets']):
+  for d, b8, b0 in zip(
+      k8['buckets'],
+      probe['by_offset'][1]['buckets'],
+      probe['by_offset'][0]['buckets'],
+  ):
     assert d['diff'] == pytest.approx(b8['loss'] - b0['loss'], abs=1e-9)
     assert d['stderr'] > 0 and d['ci95'][0] < d['diff'] < d['ci95'][1]
 
@@ -228,7 +314,7 @@ def test_run_evaluation_offset_leaving_no_window_is_a_clear_error():
     evaluation.run_evaluation(model, params, c, offsets=[0, 32])
 
 
-_SHARDED_SCRIPT = '''
+_SHARDED_SCRIPT = """
 import json, sys
 import jax
 sys.path.insert(0, sys.argv[1])
@@ -236,36 +322,64 @@ import test_evaluation as te
 from flax_posemb import evaluation
 assert jax.device_count() == 4, jax.devices()
 model, params = te._model()
-acc, = evaluation.accumulate(evaluation.model_apply_fn(model), params, te._batches(),
-                             [0, 3, 8, 16])
+(acc,) = evaluation.accumulate(
+    evaluation.model_apply_fn(model), params, te._batches(), [0, 3, 8, 16])
 print(json.dumps({'loss_sum': acc.loss_sum.tolist(), 'windows': acc.windows,
                   'win_sum': acc.per_window()['win_sum'].tolist()}))
-'''
+"""
 
 
 def test_sharded_over_four_devices_matches_one_device():
   import json
   import subprocess
   import sys
+
   here = os.path.dirname(os.path.abspath(__file__))
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=4')
-  proc = subprocess.run([sys.executable, '-c', _SHARDED_SCRIPT, here], capture_output=True,
-                        text=True, env=env, timeout=300, cwd=os.path.dirname(here))
+  env = dict(
+      os.environ,
+      JAX_PLATFORMS='cpu',
+      XLA_FLAGS='--xla_force_host_platform_device_count=4',
+  )
+  proc = subprocess.run(
+      [sys.executable, '-c', _SHARDED_SCRIPT, here],
+      capture_output=True,
+      text=True,
+      env=env,
+      timeout=300,
+      cwd=os.path.dirname(here),
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   got = json.loads(proc.stdout.strip().splitlines()[-1])
   model, params = _model()
-  acc, = evaluation.accumulate(evaluation.model_apply_fn(model), params, _batches(),
-                               np.array([0, 3, 8, 16]))
-  assert got['windows'] == acc.windows == 7  # 5- and 2-row batches padded to 8 rows
+  (acc,) = evaluation.accumulate(
+      evaluation.model_apply_fn(model),
+      params,
+      _batches(),
+      np.array([0, 3, 8, 16]),
+  )
+  # 5- and 2-row batches padded to 8 rows
+  assert got['windows'] == acc.windows == 7
   np.testing.assert_allclose(got['loss_sum'], acc.loss_sum, rtol=1e-5)
-  np.testing.assert_allclose(got['win_sum'], acc.per_window()['win_sum'], rtol=1e-5)
+  np.testing.assert_allclose(
+      got['win_sum'], acc.per_window()['win_sum'], rtol=1e-5
+  )
 
 
-@pytest.mark.parametrize('where,value,match', [
-    ('scored', -1, 'Position id -1 is negative'),  # not booked at position 0
-    ('unscored', 40, r'40 is outside the position table \[0, 16\)'),  # past the table, masked
-])
-def test_every_position_id_the_model_sees_is_checked_on_the_host(where, value, match):
+@pytest.mark.parametrize(
+    'where,value,match',
+    [
+        (
+            'scored',
+            -1,
+            'Position id -1 is negative',
+        ),  # not booked at position 0
+        # past the table, masked
+        ('unscored', 40, r'40 is outside the position table \[0, 16\)'),
+    ],
+)
+def test_every_position_id_the_model_sees_is_checked_on_the_host(
+    where, value, match
+):
   model, params = _model()
   batch = _batches()[1]
   if where == 'scored':
@@ -274,20 +388,27 @@ def test_every_position_id_the_model_sees_is_checked_on_the_host(where, value, m
     batch['positions'][1, 14] = value  # padding, loss_mask 0
     assert batch['loss_mask'][1, 14] == 0
   with pytest.raises(ValueError, match=match):
-    evaluation.accumulate(evaluation.model_apply_fn(model), params, [batch],
-                          np.array([0, 8, 16]))
+    evaluation.accumulate(
+        evaluation.model_apply_fn(model), params, [batch], np.array([0, 8, 16])
+    )
 
 
 def _accumulate_windows(shift=0.0, seed=0, n=40, nb=3):
-  """Synthetic per-window sums: a common per-window difficulty plus run-specific noise."""
+  """Synthetic per-window sums: a common per-window difficulty plus run-specific
+  noise."""
   rng = np.random.default_rng(seed)
   edges = np.array([0, 4, 8, 12])
   acc = buckets_lib.BucketAccumulator(edges)
   difficulty = np.random.default_rng(99).normal(0, 1.0, (n, 1))
   counts = np.full((n, nb), 4.0)
   means = 2.0 + difficulty + shift + rng.normal(0, 0.05, (n, nb))
-  acc.add(np.zeros(12), np.zeros(12), means * counts, counts,
-          np.arange(n, dtype=np.uint64) + 1000)
+  acc.add(
+      np.zeros(12),
+      np.zeros(12),
+      means * counts,
+      counts,
+      np.arange(n, dtype=np.uint64) + 1000,
+  )
   return acc
 
 
@@ -295,7 +416,9 @@ def test_per_window_sums_give_exactly_the_bucket_means():
   acc = _accumulate_windows()
   w = acc.per_window()
   means = w['win_sum'].sum(0) / w['win_count'].sum(0)
-  np.testing.assert_allclose(means, [b['loss'] for b in acc.buckets()], rtol=1e-12)
+  np.testing.assert_allclose(
+      means, [b['loss'] for b in acc.buckets()], rtol=1e-12
+  )
 
 
 def test_a_minus_a_is_zero_with_zero_stderr_and_pairing_narrows_the_interval():
@@ -305,12 +428,16 @@ def test_a_minus_a_is_zero_with_zero_stderr_and_pairing_narrows_the_interval():
   diff = buckets_lib.paired_difference(b.per_window(), a.per_window())
   for r in diff:
     assert r['diff'] == pytest.approx(0.1, abs=0.05)
-    assert r['stderr'] < r['unpaired_stderr'] / 5  # the shared difficulty cancels
+    # the shared difficulty cancels
+    assert r['stderr'] < r['unpaired_stderr'] / 5
     assert r['ci95'][0] < r['diff'] < r['ci95'][1]
   # Window order does not matter: pairing is by window identity.
   pw = a.per_window()
-  rev = {k: (v[::-1] if k != 'edges' else v) for k, v in pw.items()}
-  assert buckets_lib.paired_difference(b.per_window(), rev)[0]['diff'] == diff[0]['diff']
+  rev = {k: v[::-1] if k != 'edges' else v for k, v in pw.items()}
+  assert (
+      buckets_lib.paired_difference(b.per_window(), rev)[0]['diff']
+      == diff[0]['diff']
+  )
 
 
 def test_paired_difference_refuses_runs_on_different_windows():
@@ -336,18 +463,26 @@ def test_identical_texts_are_distinct_windows_and_still_pair_up():
   ids = buckets_lib.unique_window_ids(np.array([7, 7, 9], np.uint64), seen)
   assert len(set(ids.tolist())) == 3 and ids[0] == 7 and ids[2] == 9
   again = buckets_lib.unique_window_ids(np.array([7, 7, 9], np.uint64), {})
-  np.testing.assert_array_equal(ids, again)  # the same evaluation gives the same ids
+  # the same evaluation gives the same ids
+  np.testing.assert_array_equal(ids, again)
   model, params = _model()
   batch = _batches()[1]
-  batch = {k: np.concatenate([v, v]) for k, v in batch.items()}  # every window twice
-  acc, k8 = evaluation.accumulate(evaluation.model_apply_fn(model), params, [batch],
-                                  np.array([0, 8, 16]), offsets=(0, 0))
+  # every window twice
+  batch = {k: np.concatenate([v, v]) for k, v in batch.items()}
+  acc, k8 = evaluation.accumulate(
+      evaluation.model_apply_fn(model),
+      params,
+      [batch],
+      np.array([0, 8, 16]),
+      offsets=(0, 0),
+  )
   diff = buckets_lib.paired_difference(k8.per_window(), acc.per_window())
   assert all(d['diff'] == 0.0 for d in diff)
 
 
 def _windows_of_documents(means, doc=None):
-  """Accumulator of windows with per-bucket means [W, 2] (4 tokens each), in documents `doc`."""
+  """Accumulator of windows with per-bucket means [W, 2] (4 tokens each), in
+  documents `doc`."""
   acc = buckets_lib.BucketAccumulator(np.array([0, 4, 8]))
   counts = np.full(means.shape, 4.0)
   prov = None if doc is None else {'doc': np.asarray(doc)}
@@ -355,29 +490,43 @@ def _windows_of_documents(means, doc=None):
   return acc
 
 
-def test_clustered_stderr_equals_the_window_stderr_when_every_window_has_its_own_document():
+def test_clustered_stderr_is_the_window_stderr_for_one_window_per_doc():
   means = np.random.default_rng(3).normal(2.0, 1.0, (12, 2))
-  own, none = _windows_of_documents(means, np.arange(12) * 7), _windows_of_documents(means)
+  own, none = _windows_of_documents(
+      means, np.arange(12) * 7
+  ), _windows_of_documents(means)
   a, b = own.per_window(), none.per_window()
-  assert own.buckets() == none.buckets() and buckets_lib.overall(a) == buckets_lib.overall(b)
+  assert own.buckets() == none.buckets() and buckets_lib.overall(
+      a
+  ) == buckets_lib.overall(b)
   assert buckets_lib.degradation(a) == buckets_lib.degradation(b)
   assert own.buckets()[0]['documents'] == own.buckets()[0]['windows'] == 12
-  np.testing.assert_allclose(own.buckets()[1]['stderr'], means[:, 1].std(ddof=1) / np.sqrt(12))
+  np.testing.assert_allclose(
+      own.buckets()[1]['stderr'], means[:, 1].std(ddof=1) / np.sqrt(12)
+  )
 
 
 def test_clustered_stderr_is_larger_when_windows_of_one_document_agree():
-  doc = np.repeat(np.arange(4), 5)  # 20 windows in 4 documents, identical within each
+  # 20 windows in 4 documents, identical within each
+  doc = np.repeat(np.arange(4), 5)
   per_doc = np.random.default_rng(4).normal(2.0, 1.0, (4, 2))
-  clustered, naive = _windows_of_documents(per_doc[doc], doc), _windows_of_documents(per_doc[doc])
+  clustered, naive = _windows_of_documents(
+      per_doc[doc], doc
+  ), _windows_of_documents(per_doc[doc])
   row, naive_row = clustered.buckets()[0], naive.buckets()[0]
-  np.testing.assert_allclose(row['stderr'], per_doc[:, 0].std(ddof=1) / 2.0)  # 4 clusters
-  np.testing.assert_allclose(naive_row['stderr'], per_doc[doc, 0].std(ddof=1) / np.sqrt(20))
+  # 4 clusters
+  np.testing.assert_allclose(row['stderr'], per_doc[:, 0].std(ddof=1) / 2.0)
+  np.testing.assert_allclose(
+      naive_row['stderr'], per_doc[doc, 0].std(ddof=1) / np.sqrt(20)
+  )
   assert row['stderr'] > 1.5 * naive_row['stderr']
   whole = buckets_lib.overall(clustered.per_window())
   naive_whole = buckets_lib.overall(naive.per_window())
   assert (row['windows'], row['documents'], whole['documents']) == (20, 4, 4)
   lo, hi = row['ci95']
-  np.testing.assert_allclose(hi - lo, 2 * scipy.stats.t.ppf(0.975, 3) * row['stderr'])
+  np.testing.assert_allclose(
+      hi - lo, 2 * scipy.stats.t.ppf(0.975, 3) * row['stderr']
+  )
   assert whole['stderr'] > 1.5 * naive_whole['stderr']
 
 
@@ -389,46 +538,88 @@ def test_paired_difference_clusters_by_document():
   a = _windows_of_documents(means + effect[doc, None], doc).per_window()
   b = _windows_of_documents(means, doc).per_window()
   rows = buckets_lib.paired_difference(a, b)
-  unclustered = buckets_lib.paired_difference(*({k: v for k, v in w.items() if k != 'doc'}
-                                                for w in (a, b)))
+  unclustered = buckets_lib.paired_difference(
+      *({k: v for k, v in w.items() if k != 'doc'} for w in (a, b))
+  )
   for r, u in zip(rows, unclustered):
     assert (r['windows'], r['documents'], u['documents']) == (20, 5, 20)
     np.testing.assert_allclose(r['diff'], effect.mean())
     np.testing.assert_allclose(r['stderr'], effect.std(ddof=1) / np.sqrt(5))
-    np.testing.assert_allclose(u['stderr'], effect[doc].std(ddof=1) / np.sqrt(20))
-    np.testing.assert_allclose(r['ci95'][1] - r['diff'], scipy.stats.t.ppf(0.975, 4) * r['stderr'])
+    np.testing.assert_allclose(
+        u['stderr'], effect[doc].std(ddof=1) / np.sqrt(20)
+    )
+    np.testing.assert_allclose(
+        r['ci95'][1] - r['diff'], scipy.stats.t.ppf(0.975, 4) * r['stderr']
+    )
 
 
-def test_window_groups_split_the_bucket_table_by_kind_start_depth_and_distance_to_the_end():
-  t = 10  # windows of 11 tokens; depth bins [0, 10), [10, 20), [20, 40), ..., >= 1280
+def test_window_groups_split_buckets_by_kind_depth_and_distance_to_end():
+  # windows of 11 tokens; depth bins [0, 10), [10, 20), [20, 40), ..., >= 1280
+  t = 10
   start = np.array([0, 15, 16, 25, 2000, 2500])
-  doc_len = np.array([11, 40, 40, 2000, 2011, 3000])  # after the window: 0, 14, 13, 1964, 0, 489
+  # after the window: 0, 14, 13, 1964, 0, 489
+  doc_len = np.array([11, 40, 40, 2000, 2011, 3000])
   acc = _windows_of_documents(np.arange(12.0).reshape(6, 2), [0, 1, 1, 2, 3, 4])
-  pw = dict(acc.per_window(), start=start, doc_len=doc_len,
-            kind=np.array(['code', 'bible', 'bible', 'code', 'bible', 'bible']))
+  pw = dict(
+      acc.per_window(),
+      start=start,
+      doc_len=doc_len,
+      kind=np.array(['code', 'bible', 'bible', 'code', 'bible', 'bible']),
+  )
   tables = buckets_lib.provenance_tables(pw, t)
   s = tables['windows']
   assert (s['windows'], s['documents'], s['first_window_overlaps']) == (6, 5, 1)
-  assert s['kinds'] == {'bible': {'windows': 4, 'documents': 3},
-                        'code': {'windows': 2, 'documents': 2}}
-  assert (s['start']['min'], s['start']['max'], s['to_end']['min']) == (0, 2500, 0)
-  assert s['long_doc_share'] == pytest.approx(5 / 6)  # documents of >= 40 tokens
-  depth = {g['group']: (g['windows'], g['documents']) for g in tables['by_depth']}
-  assert depth == {'[0, 10)': (1, 1), '[10, 20)': (2, 1), '[20, 40)': (1, 1), '>= 1280': (2, 2)}
+  assert s['kinds'] == {
+      'bible': {'windows': 4, 'documents': 3},
+      'code': {'windows': 2, 'documents': 2},
+  }
+  assert (s['start']['min'], s['start']['max'], s['to_end']['min']) == (
+      0,
+      2500,
+      0,
+  )
+  # documents of >= 40 tokens
+  assert s['long_doc_share'] == pytest.approx(5 / 6)
+  depth = {
+      g['group']: (g['windows'], g['documents']) for g in tables['by_depth']
+  }
+  assert depth == {
+      '[0, 10)': (1, 1),
+      '[10, 20)': (2, 1),
+      '[20, 40)': (1, 1),
+      '>= 1280': (2, 2),
+  }
   end = {g['group']: g for g in tables['by_end']}
-  assert {k: g['windows'] for k, g in end.items()} == {'[0, 10)': 2, '[10, 40)': 2, '>= 320': 2}
+  assert {k: g['windows'] for k, g in end.items()} == {
+      '[0, 10)': 2,
+      '[10, 40)': 2,
+      '>= 320': 2,
+  }
   near = end['[0, 10)']  # windows 0 and 4, bucket means (0, 1) and (8, 9)
-  assert near['buckets'][1]['loss'] == pytest.approx(5.0) and near['documents'] == 2
+  assert (
+      near['buckets'][1]['loss'] == pytest.approx(5.0)
+      and near['documents'] == 2
+  )
   bible = next(g for g in tables['by_kind'] if g['group'] == 'bible')
   assert bible['buckets'][0]['loss'] == pytest.approx(np.mean([2, 4, 8, 10]))
 
 
 def test_the_evaluation_library_imports_no_runner_module():
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  code = ('import sys, flax_posemb.evaluation; print(sorted(m for m in sys.modules if m in '
-          '{"flax_posemb.eval_workdir", "flax_posemb.eval_report", "flax_posemb.checkpointing", '
-          '"flax_posemb.workdir", "matplotlib"}))')
-  proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                        env=dict(os.environ, JAX_PLATFORMS='cpu'), timeout=120)
-  assert proc.returncode == 0 and proc.stdout.strip() == '[]', proc.stdout + proc.stderr[-2000:]
+  import subprocess
+  import sys
+
+  code = (
+      'import sys, flax_posemb.evaluation; print(sorted(m for m in sys.modules'
+      ' if m in {"flax_posemb.eval_workdir", "flax_posemb.eval_report",'
+      ' "flax_posemb.checkpointing", "flax_posemb.workdir", "matplotlib"}))'
+  )
+  proc = subprocess.run(
+      [sys.executable, '-c', code],
+      capture_output=True,
+      text=True,
+      env=dict(os.environ, JAX_PLATFORMS='cpu'),
+      timeout=120,
+  )
+  assert proc.returncode == 0 and proc.stdout.strip() == '[]', (
+      proc.stdout + proc.stderr[-2000:]
+  )

@@ -1,5 +1,5 @@
-"""Tests for flax_posemb.model: config, shapes/dtypes, causality, packing, embed_delta."""
-
+"""Tests for flax_posemb.model: config, shapes/dtypes, causality, packing,
+embed_delta."""
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +14,9 @@ from flax_posemb.model import TransformerLM
 from flax_posemb.model import position_table
 
 B, T = 2, 12
-SMALL = dict(vocab_size=16, num_layers=1, num_heads=2, emb_dim=16, mlp_dim=32, max_len=T)
+SMALL = dict(
+    vocab_size=16, num_layers=1, num_heads=2, emb_dim=16, mlp_dim=32, max_len=T
+)
 
 
 def _batch(seed=0, b=B, t=T):
@@ -26,7 +28,9 @@ def _batch(seed=0, b=B, t=T):
 
 def _init(cfg, inputs, positions, segment_ids=None):
   model = TransformerLM(cfg)
-  variables = jax.jit(model.init)(jax.random.key(0), inputs, positions, segment_ids)
+  variables = jax.jit(model.init)(
+      jax.random.key(0), inputs, positions, segment_ids
+  )
   return model, variables
 
 
@@ -44,37 +48,56 @@ def test_from_config_rejects_unknown_keys():
 
 
 def test_an_old_run_with_the_removed_check_positions_field_loads_and_resumes():
-  # Runs saved before the in-model position guard was removed record model.check_positions.
+  # Runs saved before the in-model position guard was removed record
+  # model.check_positions.
   from flax_posemb import workdir
+
   old = defaults.base().to_dict()
   old['model']['check_positions'] = False
   assert ModelConfig.from_config(old['model']) == ModelConfig()
   assert workdir.config_changes(old, defaults.base()) == {}
 
 
-@pytest.mark.parametrize('bad,match', [
-    ({'emb_dim': 30, 'num_heads': 4}, 'divisible'),
-    ({'position_embedding': 'alibi'}, 'valid: learned'),
-    ({'position_init': 'nope'}, 'valid names'),
-    ({'dtype': 'fp16'}, 'bfloat16'),
-    ({'attention_impl': 'flash'}, 'xla'),
-    ({'attention_impl': 'cudnn', 'dtype': 'float32'}, 'bfloat16'),
-    ({'position_init': 'normal'}, 'position_init_std'),
-    ({'token_init': 'same_as_token'}, 'token_init'),
-    ({'num_layers': 0}, 'positive'),
-    ({'position_embedding': 'rope', 'emb_dim': 12, 'num_heads': 4}, 'even head dim'),
-    ({'token_init': 'zeros', 'token_init_std': 0.1}, 'takes no std'),
-    ({'token_init': 'zeros', 'position_init': 'sinusoidal'}, 'position_init_std'),
-    ({'position_embedding': 'sinusoidal', 'token_init': 'zeros'}, 'position_init_std'),
-    ({'position_embedding': 'rope', 'position_init': 'nope'}, 'valid names'),
-])
+@pytest.mark.parametrize(
+    'bad,match',
+    [
+        ({'emb_dim': 30, 'num_heads': 4}, 'divisible'),
+        ({'position_embedding': 'alibi'}, 'valid: learned'),
+        ({'position_init': 'nope'}, 'valid names'),
+        ({'dtype': 'fp16'}, 'bfloat16'),
+        ({'attention_impl': 'flash'}, 'xla'),
+        ({'attention_impl': 'cudnn', 'dtype': 'float32'}, 'bfloat16'),
+        ({'position_init': 'normal'}, 'position_init_std'),
+        ({'token_init': 'same_as_token'}, 'token_init'),
+        ({'num_layers': 0}, 'positive'),
+        (
+            {'position_embedding': 'rope', 'emb_dim': 12, 'num_heads': 4},
+            'even head dim',
+        ),
+        ({'token_init': 'zeros', 'token_init_std': 0.1}, 'takes no std'),
+        (
+            {'token_init': 'zeros', 'position_init': 'sinusoidal'},
+            'position_init_std',
+        ),
+        (
+            {'position_embedding': 'sinusoidal', 'token_init': 'zeros'},
+            'position_init_std',
+        ),
+        (
+            {'position_embedding': 'rope', 'position_init': 'nope'},
+            'valid names',
+        ),
+    ],
+)
 def test_bad_config_values_raise_clear_errors(bad, match):
   with pytest.raises(ValueError, match=match):
     ModelConfig(**bad)
 
 
-@pytest.mark.parametrize('dtype,param_dtype', [('float32', 'float32'), ('bfloat16', 'float32'),
-                                               ('bfloat16', 'bfloat16')])
+@pytest.mark.parametrize(
+    'dtype,param_dtype',
+    [('float32', 'float32'), ('bfloat16', 'float32'), ('bfloat16', 'bfloat16')],
+)
 def test_shapes_and_dtypes(dtype, param_dtype):
   cfg = ModelConfig(**SMALL, dtype=dtype, param_dtype=param_dtype)
   inputs, positions = _batch()
@@ -84,30 +107,37 @@ def test_shapes_and_dtypes(dtype, param_dtype):
   assert table.shape == (T, 16) and table.dtype == jnp.dtype(param_dtype)
   assert table is params[POSITION_TABLE_PATH[0]][POSITION_TABLE_PATH[1]]
   assert params['token_embed']['embedding'].shape == (16, 16)
-  assert set(variables) == {'params'}  # No perturbation collection: batch size is free.
+  # No perturbation collection: batch size is free.
+  assert set(variables) == {'params'}
   logits = jax.jit(model.apply)({'params': params}, inputs, positions)
   assert logits.shape == (B, T, 16) and logits.dtype == jnp.float32
   assert np.all(np.isfinite(logits))
 
 
 def test_causality_loss_at_t_has_zero_grad_for_later_rows():
-  cfg = ModelConfig(**dict(SMALL, num_layers=2))  # Two blocks: leaks could compound.
+  # Two blocks: leaks could compound.
+  cfg = ModelConfig(**dict(SMALL, num_layers=2))
   inputs, positions = _batch()
   model, variables = _init(cfg, inputs, positions)
 
   @jax.jit
-  def table_grad(params, weights):  # weights [T]: one-hot selects the loss at token t.
+  # weights [T]: one-hot selects the loss at token t.
+  def table_grad(params, weights):
     def loss(p):
       logits = model.apply({'params': p}, inputs, positions)
-      ce = optax.softmax_cross_entropy_with_integer_labels(logits, inputs[:, ::-1])  # [B, T]
+      # [B, T]
+      ce = optax.softmax_cross_entropy_with_integer_labels(
+          logits, inputs[:, ::-1]
+      )
       return jnp.sum(ce * weights)
+
     return position_table(jax.grad(loss)(params))
 
   for t in (0, 5, T - 1):
     g = table_grad(variables['params'], jax.nn.one_hot(t, T))
     row_norm = np.linalg.norm(np.asarray(g), axis=1)
-    assert np.all(row_norm[t + 1:] == 0.0), (t, row_norm)
-    assert np.all(row_norm[:t + 1] > 0.0), (t, row_norm)
+    assert np.all(row_norm[t + 1 :] == 0.0), (t, row_norm)
+    assert np.all(row_norm[: t + 1] > 0.0), (t, row_norm)
 
 
 def test_packed_segments_do_not_attend_across_documents():
@@ -120,11 +150,14 @@ def test_packed_segments_do_not_attend_across_documents():
   base = f({'params': variables['params']}, inputs, positions, segs)
   changed = inputs.at[0, :5].set((inputs[0, :5] + 3) % 16)
   out = f({'params': variables['params']}, changed, positions, segs)
-  np.testing.assert_array_equal(out[0, 5:], base[0, 5:])  # Document 2 sees nothing of 1.
+  # Document 2 sees nothing of 1.
+  np.testing.assert_array_equal(out[0, 5:], base[0, 5:])
   assert not np.allclose(out[0, :5], base[0, :5])
   # Without segment ids the same change does leak (the test can fail).
   leak = f({'params': variables['params']}, changed, positions)
-  assert not np.allclose(leak[0, 5:], f({'params': variables['params']}, inputs, positions)[0, 5:])
+  assert not np.allclose(
+      leak[0, 5:], f({'params': variables['params']}, inputs, positions)[0, 5:]
+  )
 
 
 def test_padding_segment_zero_keeps_outputs_finite():
@@ -132,26 +165,39 @@ def test_padding_segment_zero_keeps_outputs_finite():
   inputs, positions = _batch(b=1)
   segs = jnp.asarray([[1] * 8 + [0] * 4], jnp.int32)
   model, variables = _init(cfg, inputs, positions, segs)
-  out = jax.jit(model.apply)({'params': variables['params']}, inputs, positions, segs)
+  out = jax.jit(model.apply)(
+      {'params': variables['params']}, inputs, positions, segs
+  )
   assert np.all(np.isfinite(out))
 
 
 def test_embed_delta_grads_summed_by_position_equal_table_grad():
   cfg = ModelConfig(**SMALL)
   inputs, _ = _batch(b=3)
-  # Packed rows with reset positions and an offset row: each row id appears several times.
-  positions = jnp.asarray([list(range(6)) + list(range(6)),
-                           list(range(T)),
-                           list(range(3, 9)) + list(range(6))], jnp.int32)
+  # Packed rows with reset positions and an offset row: each row id appears
+  # several times.
+  positions = jnp.asarray(
+      [
+          list(range(6)) + list(range(6)),
+          list(range(T)),
+          list(range(3, 9)) + list(range(6)),
+      ],
+      jnp.int32,
+  )
   segs = jnp.asarray([[1] * 6 + [2] * 6, [1] * T, [1] * 6 + [2] * 6], jnp.int32)
   model, variables = _init(cfg, inputs, positions, segs)
 
   def loss(params, delta):
-    logits = model.apply({'params': params}, inputs, positions, segs, embed_delta=delta)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, inputs).mean()
+    logits = model.apply(
+        {'params': params}, inputs, positions, segs, embed_delta=delta
+    )
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits, inputs
+    ).mean()
 
   g_params, g_delta = jax.jit(jax.grad(loss, argnums=(0, 1)))(
-      variables['params'], jnp.zeros((3, T, 16), jnp.float32))
+      variables['params'], jnp.zeros((3, T, 16), jnp.float32)
+  )
   pert = np.asarray(g_delta, np.float64)  # [B, T, D]
   expected = np.zeros((T, 16))
   np.add.at(expected, np.asarray(positions), pert)
@@ -168,10 +214,13 @@ def test_fixed_position_variants_run_without_a_table(kind):
   assert 'pos_embed' not in variables['params']
   out = jax.jit(model.apply)({'params': variables['params']}, inputs, positions)
   assert out.shape == (B, T, 16) and np.all(np.isfinite(out))
-  shifted = jax.jit(model.apply)({'params': variables['params']}, inputs, positions + 40)
+  shifted = jax.jit(model.apply)(
+      {'params': variables['params']}, inputs, positions + 40
+  )
   if kind == 'none':
     np.testing.assert_array_equal(out, shifted)
-  elif kind == 'rope':  # Relative: a common shift changes nothing (up to rounding).
+  # Relative: a common shift changes nothing (up to rounding).
+  elif kind == 'rope':
     np.testing.assert_allclose(out, shifted, atol=2e-4)
   else:
     assert not np.allclose(out, shifted, atol=1e-5)
@@ -197,15 +246,25 @@ def test_remat_gives_same_grads_and_dropout_uses_rng():
     @jax.jit
     def loss_and_grad(p, key, model=model):
       def loss(p):
-        logits = model.apply({'params': p}, inputs, positions, deterministic=False,
-                             rngs={'dropout': key})
-        return optax.softmax_cross_entropy_with_integer_labels(logits, inputs).mean()
+        logits = model.apply(
+            {'params': p},
+            inputs,
+            positions,
+            deterministic=False,
+            rngs={'dropout': key},
+        )
+        return optax.softmax_cross_entropy_with_integer_labels(
+            logits, inputs
+        ).mean()
+
       return jax.value_and_grad(loss)(p)
 
     results[remat] = (loss_and_grad, variables['params'])
   fn0, params = results[False]
   fn1, _ = results[True]
-  (l0, g0), (l1, g1) = fn0(params, jax.random.key(3)), fn1(params, jax.random.key(3))
+  (l0, g0), (l1, g1) = fn0(params, jax.random.key(3)), fn1(
+      params, jax.random.key(3)
+  )
   np.testing.assert_allclose(l0, l1, rtol=1e-6)
   for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)

@@ -1,4 +1,5 @@
-"""Figures show what the console reports and hide no data behind legends or labels."""
+"""Figures show what the console reports and hide no data behind legends or
+labels."""
 
 import numpy as np
 
@@ -6,14 +7,26 @@ from flax_posemb import plots
 
 
 def _rows(losses, edges=(0, 4, 8, 12), synth=False, half=0.3):
-  """Bucket rows as results.json holds them: stderr 0.05 with a t interval of few documents
-  (half-width 0.3, far from 1.96 * 0.05)."""
+  """Bucket rows as results.json holds them: stderr 0.05 with a t interval of
+  few documents (half-width 0.3, far from 1.96 * 0.05)."""
   out = []
   for (a, b), loss in zip(zip(edges[:-1], edges[1:]), losses):
-    r = dict(start=a, end=b, loss=loss, stderr=0.05, ci95=[loss - half, loss + half],
-             tokens=10, windows=10)
+    r = dict(
+        start=a,
+        end=b,
+        loss=loss,
+        stderr=0.05,
+        ci95=[loss - half, loss + half],
+        tokens=10,
+        windows=10,
+    )
     if synth:
-      r.update(bayes_loss=1.0, filter_loss=2.0, excess_loss=loss - 1.0, recovered=2.0 - loss)
+      r.update(
+          bayes_loss=1.0,
+          filter_loss=2.0,
+          excess_loss=loss - 1.0,
+          recovered=2.0 - loss,
+      )
     out.append(r)
   return out
 
@@ -30,16 +43,26 @@ def test_loss_by_position_legends_and_labels_sit_outside_the_axes():
     assert not ax.texts, 'text labels inside the axes can cover error bars'
 
 
-def test_offset_probe_figure_plots_the_paired_difference_the_console_reports(monkeypatch):
+def test_offset_probe_figure_plots_the_paired_difference_the_console_reports(
+    monkeypatch,
+):
   figs = []
-  monkeypatch.setattr(plots, '_save', lambda fig, path: figs.append(fig) or path)
-  paired = [dict(start=a, end=b, diff=d, ci95=[d - 0.01, d + 0.01])
-            for (a, b), d in zip(((0, 4), (4, 8), (8, 12)), (0.02, 0.0, 0.18))]
-  probe = {'by_offset': [dict(offset=0, buckets=_rows([1.5, 1.4, 1.6])),
-                         dict(offset=4, buckets=_rows([1.52, 1.4, 1.78]))],
-           'paired_vs_first': [dict(offset=4, minus_offset=0, buckets=paired)]}
+  monkeypatch.setattr(
+      plots, '_save', lambda fig, path: figs.append(fig) or path
+  )
+  paired = [
+      dict(start=a, end=b, diff=d, ci95=[d - 0.01, d + 0.01])
+      for (a, b), d in zip(((0, 4), (4, 8), (8, 12)), (0.02, 0.0, 0.18))
+  ]
+  probe = {
+      'by_offset': [
+          dict(offset=0, buckets=_rows([1.5, 1.4, 1.6])),
+          dict(offset=4, buckets=_rows([1.52, 1.4, 1.78])),
+      ],
+      'paired_vs_first': [dict(offset=4, minus_offset=0, buckets=paired)],
+  }
   plots.offset_probe(probe, 'unused.png')
-  fig, = figs
+  (fig,) = figs
   assert len(fig.axes) == 2
   ax = fig.axes[1]
   assert 'K - K0' in ax.get_ylabel()
@@ -48,22 +71,32 @@ def test_offset_probe_figure_plots_the_paired_difference_the_console_reports(mon
 
 
 def _bar_half_widths(ax):
-  """Half the length of each vertical error bar of the axes' first errorbar series."""
+  """Half the length of each vertical error bar of the axes' first errorbar
+  series."""
   segments = ax.containers[0].lines[2][0].get_segments()
   return [abs(seg[1][1] - seg[0][1]) / 2 for seg in segments]
 
 
-def test_error_bars_are_the_t_intervals_the_results_carry_not_1_96_stderr(monkeypatch):
+def test_error_bars_are_the_t_intervals_the_results_carry_not_1_96_stderr(
+    monkeypatch,
+):
   figs = []
-  monkeypatch.setattr(plots, '_save', lambda fig, path: figs.append(fig) or path)
+  monkeypatch.setattr(
+      plots, '_save', lambda fig, path: figs.append(fig) or path
+  )
   results = {'step': 1, 'buckets': _rows([1.5, 1.4, 1.6], synth=True)}
-  fig = plots.loss_by_position_figure({'position': np.arange(12), 'loss': np.ones(12)}, results)
+  fig = plots.loss_by_position_figure(
+      {'position': np.arange(12), 'loss': np.ones(12)}, results
+  )
   np.testing.assert_allclose(_bar_half_widths(fig.axes[0]), 0.3)
-  # recovered = (filter - loss) / (filter - bayes) with filter - bayes = 1: the same interval.
+  # recovered = (filter - loss) / (filter - bayes) with filter - bayes = 1: the
+  # same interval.
   np.testing.assert_allclose(_bar_half_widths(fig.axes[1]), 0.3)
   plots.comparison(['a', 'b'], [results, results], 'unused.png')
   for ax in figs[-1].axes:
     np.testing.assert_allclose(_bar_half_widths(ax), 0.3)
-  plots.offset_probe({'by_offset': [dict(offset=0, buckets=_rows([1.5, 1.4, 1.6]))]},
-                     'unused.png')
+  plots.offset_probe(
+      {'by_offset': [dict(offset=0, buckets=_rows([1.5, 1.4, 1.6]))]},
+      'unused.png',
+  )
   np.testing.assert_allclose(_bar_half_widths(figs[-1].axes[0]), 0.3)

@@ -1,7 +1,10 @@
-"""The README is the user's truth: CI must run exactly its install and test commands."""
+"""The README is the user's truth: CI must run exactly its install and test
+commands."""
 
 import pathlib
 import re
+import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -19,7 +22,9 @@ def test_quickstart_is_exactly_three_commands():
 
 def test_ci_runs_the_readme_install_and_test_commands_verbatim():
   install, _, test = _quickstart_commands()
-  ci_lines = [l.strip() for l in (ROOT / '.ci' / 'run').read_text().splitlines()]
+  ci_lines = [
+      line.strip() for line in (ROOT / '.ci' / 'run').read_text().splitlines()
+  ]
   assert install in ci_lines
   assert test in ci_lines
   assert 'set -euo pipefail' in ci_lines
@@ -32,12 +37,29 @@ def test_quickstart_main_command_uses_files_that_exist():
 
 
 def _python_blocks() -> list[str]:
-  return re.findall(r'```python\n(.*?)```', (ROOT / 'README.md').read_text(), re.S)
+  return re.findall(
+      r'```python\n(.*?)```', (ROOT / 'README.md').read_text(), re.S
+  )
 
 
 def test_readme_python_examples_run(tmp_path, monkeypatch):
-  monkeypatch.chdir(tmp_path)  # the examples write runs/... relative to the working directory
+  # the examples write runs/... relative to the working directory
+  monkeypatch.chdir(tmp_path)
   blocks = _python_blocks()
   assert len(blocks) >= 3
   for block in blocks:
-    exec(compile(block, 'README.md', 'exec'), {})  # pylint: disable=exec-used
+    exec(compile(block, 'README.md', 'exec'), {})
+
+
+def test_the_formatter_check_refuses_code_not_in_the_project_style(tmp_path):
+  # 4-space indentation: pyink under pyproject.toml (2 spaces, 80 columns)
+  # wants to reformat it, so `.ci/run` fails on such a file.
+  path = tmp_path / 'misformatted.py'
+  path.write_text('def f():\n    return 1\n')
+  check = [sys.executable, '-m', 'pyink', '--check', '--config']
+  config = str(ROOT / 'pyproject.toml')
+  bad = subprocess.run([*check, config, str(path)], capture_output=True)
+  assert bad.returncode == 1, bad.stderr
+  path.write_text('def f():\n  return 1\n')
+  good = subprocess.run([*check, config, str(path)], capture_output=True)
+  assert good.returncode == 0, good.stderr

@@ -1,4 +1,5 @@
-"""Per-position statistics (flax_posemb.stats) against independent computations."""
+"""Per-position statistics (flax_posemb.stats) against independent
+computations."""
 
 import os
 
@@ -14,7 +15,8 @@ B, T, D, V, L = 3, 8, 5, 7, 12  # batch, length, width, vocab, table rows
 
 
 class StandIn(nn.Module):
-  """Tiny causal model (not a TransformerLM) taking embed_delta; segment-restricted mixing."""
+  """Tiny causal model (not a TransformerLM) taking embed_delta;
+  segment-restricted mixing."""
 
   @nn.compact
   def __call__(self, inputs, positions, segment_ids, embed_delta=None):
@@ -33,24 +35,36 @@ def make_batch(seed=0):
   rng = np.random.default_rng(seed)
   inputs = rng.integers(0, V, (B, T)).astype(np.int32)
   targets = rng.integers(0, V, (B, T)).astype(np.int32)
-  # Row 0: one document + padding; row 1: two packed documents; row 2: random offset.
+  # Row 0: one document + padding; row 1: two packed documents; row 2: random
+  # offset.
   seg = np.array([[1] * 5 + [0] * 3, [1] * 3 + [2] * 5, [1] * 8], np.int32)
-  pos = np.array([list(range(5)) + [0] * 3, [0, 1, 2, 0, 1, 2, 3, 4],
-                  list(range(3, 11))], np.int32)
+  pos = np.array(
+      [list(range(5)) + [0] * 3, [0, 1, 2, 0, 1, 2, 3, 4], list(range(3, 11))],
+      np.int32,
+  )
   mask = (seg > 0).astype(np.float32)
   mask[1, 2] = 0.0  # last token of a document has no target
   mask[2, 5] = 0.0
-  return dict(inputs=inputs, targets=targets, positions=pos, segment_ids=seg,
-              loss_mask=mask)
+  return dict(
+      inputs=inputs,
+      targets=targets,
+      positions=pos,
+      segment_ids=seg,
+      loss_mask=mask,
+  )
 
 
 def token_losses(logits, targets):
-  return -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+  return -jnp.take_along_axis(
+      jax.nn.log_softmax(logits), targets[..., None], -1
+  )[..., 0]
 
 
 def test_downstream_counts_later_scored_targets_in_segment():
   batch = make_batch()
-  got = np.asarray(stats.downstream_targets(batch['segment_ids'], batch['loss_mask']))
+  got = np.asarray(
+      stats.downstream_targets(batch['segment_ids'], batch['loss_mask'])
+  )
   want = np.zeros((B, T))
   for b in range(B):
     for t in range(T):
@@ -63,20 +77,29 @@ def test_downstream_counts_later_scored_targets_in_segment():
 def setup():
   batch = make_batch()
   model = StandIn()
-  params = model.init(jax.random.key(0), batch['inputs'], batch['positions'],
-                      batch['segment_ids'])['params']
+  params = model.init(
+      jax.random.key(0),
+      batch['inputs'],
+      batch['positions'],
+      batch['segment_ids'],
+  )['params']
   return model, params, batch
 
 
 def per_example_oracle(sum_loss, params, batch):
-  """Window fields from per-example gradients (vmap of grad), one example at a time.
+  """Window fields from per-example gradients (vmap of grad), one example at a
+  time.
 
   Args:
-    sum_loss: ``(params, delta [b, T, D], batch) -> (sum-reduced loss, token losses)``.
+    sum_loss: ``(params, delta [b, T, D], batch) -> (sum-reduced loss, token
+        losses)``.
   """
+
   def one(x):
     xb = jax.tree.map(lambda a: a[None], x)
-    return jax.grad(lambda d: sum_loss(params, d, xb)[0])(jnp.zeros((1, T, D)))[0]
+    return jax.grad(lambda d: sum_loss(params, d, xb)[0])(jnp.zeros((1, T, D)))[
+        0
+    ]
 
   g = np.asarray(jax.vmap(one)(batch), np.float64)  # [B, T, D]
   tl = np.asarray(sum_loss(params, jnp.zeros((B, T, D)), batch)[1], np.float64)
@@ -96,23 +119,29 @@ def per_example_oracle(sum_loss, params, batch):
       if batch['loss_mask'][b, t] > 0:
         want['loss_count'][p] += 1
         want['loss_sum'][p] += tl[b, t]
-  want['row_sq'] = np.sum(gsum ** 2, -1)
+  want['row_sq'] = np.sum(gsum**2, -1)
   return want
 
 
 def assert_stats_match(got, want):
   assert set(got) == set(want)
   for k in want:
-    np.testing.assert_allclose(np.asarray(got[k], np.float64), want[k], rtol=1e-5,
-                               atol=1e-7, err_msg=k)
+    np.testing.assert_allclose(
+        np.asarray(got[k], np.float64), want[k], rtol=1e-5, atol=1e-7, err_msg=k
+    )
 
 
 def test_any_model_stats_match_per_example_gradients_linen(setup):
   model, params, batch = setup
 
   def token_loss_fn(p, embed_delta, b):
-    logits = model.apply({'params': p}, b['inputs'], b['positions'], b['segment_ids'],
-                         embed_delta=embed_delta)
+    logits = model.apply(
+        {'params': p},
+        b['inputs'],
+        b['positions'],
+        b['segment_ids'],
+        embed_delta=embed_delta,
+    )
     return token_losses(logits, b['targets'])
 
   f = jax.jit(stats.value_and_grad_with_position_stats(token_loss_fn, L, D))
@@ -124,22 +153,30 @@ def test_any_model_stats_match_per_example_gradients_linen(setup):
 
   assert_stats_match(got, per_example_oracle(sum_loss, params, batch))
   n = batch['loss_mask'].sum()
-  np.testing.assert_allclose(float(loss), float(sum_loss(params, None, batch)[0]) / n,
-                             rtol=1e-6)
-  # grads are of the mean loss; row_sq is the squared table-gradient row of the sum loss.
+  np.testing.assert_allclose(
+      float(loss), float(sum_loss(params, None, batch)[0]) / n, rtol=1e-6
+  )
+  # grads are of the mean loss; row_sq is the squared table-gradient row of the
+  # sum loss.
   want_grads = jax.grad(lambda p: sum_loss(p, None, batch)[0] / n)(params)
   for x, y in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-8)
-  table_grad = np.asarray(grads['pos_embed']['embedding'], np.float64) * float(n)
-  np.testing.assert_allclose(np.asarray(got['row_sq']), np.sum(table_grad ** 2, -1),
-                             rtol=1e-4, atol=1e-9)
+    np.testing.assert_allclose(
+        np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-8
+    )
+  table_grad = np.asarray(grads['pos_embed']['embedding'], np.float64) * float(
+      n
+  )
+  np.testing.assert_allclose(
+      np.asarray(got['row_sq']), np.sum(table_grad**2, -1), rtol=1e-4, atol=1e-9
+  )
   assert got['count'].dtype == jnp.int32 and 'update_sq' not in got
 
 
 def test_any_model_stats_match_per_example_gradients_nnx():
-  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from flax import nnx
 
   class NNXStandIn(nnx.Module):
+
     def __init__(self, rngs):
       self.tok = nnx.Embed(V, D, rngs=rngs)
       self.pos = nnx.Embed(L, D, rngs=rngs)
@@ -157,8 +194,9 @@ def test_any_model_stats_match_per_example_gradients_nnx():
   def token_loss_fn(st, embed_delta, b):
     return token_losses(nnx.merge(graphdef, st)(b, embed_delta), b['targets'])
 
-  loss, grads, got = jax.jit(stats.value_and_grad_with_position_stats(token_loss_fn, L, D))(
-      state, batch)
+  loss, grads, got = jax.jit(
+      stats.value_and_grad_with_position_stats(token_loss_fn, L, D)
+  )(state, batch)
 
   def sum_loss(st, d, b):
     tl = token_loss_fn(st, d, b)
@@ -172,12 +210,25 @@ def test_stats_off_keeps_loss_fields_and_identical_loss_and_grads(setup):
   model, params, batch = setup
 
   def token_loss_fn(p, embed_delta, b):
-    return token_losses(model.apply({'params': p}, b['inputs'], b['positions'],
-                                    b['segment_ids'], embed_delta=embed_delta), b['targets'])
+    return token_losses(
+        model.apply(
+            {'params': p},
+            b['inputs'],
+            b['positions'],
+            b['segment_ids'],
+            embed_delta=embed_delta,
+        ),
+        b['targets'],
+    )
 
-  on = jax.jit(stats.value_and_grad_with_position_stats(token_loss_fn, L, D))(params, batch)
-  off = jax.jit(stats.value_and_grad_with_position_stats(token_loss_fn, L, D, collect=False))(
-      params, batch)
+  on = jax.jit(stats.value_and_grad_with_position_stats(token_loss_fn, L, D))(
+      params, batch
+  )
+  off = jax.jit(
+      stats.value_and_grad_with_position_stats(
+          token_loss_fn, L, D, collect=False
+      )
+  )(params, batch)
   assert list(off[2]) == list(stats.LOSS_FIELDS)
   assert float(on[0]) == float(off[0])
   for x, y in zip(jax.tree.leaves(on[1]), jax.tree.leaves(off[1])):
@@ -190,8 +241,12 @@ def test_absent_positions_get_exactly_zero_gradient(setup):
   model, params, batch = setup
 
   def loss(params):
-    logits = model.apply({'params': params}, batch['inputs'], batch['positions'],
-                         batch['segment_ids'])
+    logits = model.apply(
+        {'params': params},
+        batch['inputs'],
+        batch['positions'],
+        batch['segment_ids'],
+    )
     return jnp.sum(token_losses(logits, batch['targets']) * batch['loss_mask'])
 
   grad = np.asarray(jax.grad(loss)(params)['pos_embed']['embedding'])
@@ -204,12 +259,21 @@ def test_absent_positions_get_exactly_zero_gradient(setup):
 
 def test_microbatch_sums_square_after_summing():
   g = jnp.ones((2, 1, 3))
-  b = dict(positions=jnp.zeros((2, 1), jnp.int32), segment_ids=jnp.ones((2, 1), jnp.int32),
-           loss_mask=jnp.ones((2, 1)))
+  b = dict(
+      positions=jnp.zeros((2, 1), jnp.int32),
+      segment_ids=jnp.ones((2, 1), jnp.int32),
+      loss_mask=jnp.ones((2, 1)),
+  )
   whole = stats.occurrence_stats(g, jnp.zeros((2, 1)), b, 2).finish()
-  halves = [stats.occurrence_stats(g[i:i + 1], jnp.zeros((1, 1)),
-                                   {k: v[i:i + 1] for k, v in b.items()}, 2)
-            for i in range(2)]
+  halves = [
+      stats.occurrence_stats(
+          g[i : i + 1],
+          jnp.zeros((1, 1)),
+          {k: v[i : i + 1] for k, v in b.items()},
+          2,
+      )
+      for i in range(2)
+  ]
   split = (halves[0] + halves[1]).finish()
   assert float(whole['row_sq'][0]) == float(split['row_sq'][0]) == 12.0
   assert float(split['occ_sq'][0]) == 6.0 and split.row_grad is None
@@ -225,12 +289,21 @@ def test_update_sq_and_derived_ratios():
   new = jnp.array([[3.0, 4.0], [0.0, 0.0], [1.0, 0.0]])
   np.testing.assert_array_equal(stats.update_sq(old, new), [25.0, 0.0, 1.0])
   s = {k: np.zeros(2) for k in stats.FIELDS}
-  s.update(count=np.array([2, 0]), occ_sq=np.array([2.0, 0]), row_sq=np.array([4.0, 0]),
-           occ_norm=np.array([2.0, 0]), downstream=np.array([8.0, 0]))
+  s.update(
+      count=np.array([2, 0]),
+      occ_sq=np.array([2.0, 0]),
+      row_sq=np.array([4.0, 0]),
+      occ_norm=np.array([2.0, 0]),
+      downstream=np.array([8.0, 0]),
+  )
   d = stats.derived(s)
   assert d['coherence'][0] == 1.0 and np.isnan(d['coherence'][1])
-  assert d['signal_per_occurrence'][0] == 1.0 and d['signal_per_downstream'][0] == 0.25
-  off = stats.derived({k: s[k] for k in stats.LOSS_FIELDS})  # statistics off: NaN ratios
+  assert (
+      d['signal_per_occurrence'][0] == 1.0
+      and d['signal_per_downstream'][0] == 0.25
+  )
+  # statistics off: NaN ratios
+  off = stats.derived({k: s[k] for k in stats.LOSS_FIELDS})
   assert np.all(np.isnan(off['coherence'])) and np.isnan(off['mean_loss'][0])
 
 
@@ -238,30 +311,47 @@ def test_position_stats_is_a_mapping_of_present_fields_and_a_pytree():
   s = stats.PositionStats.zeros(4, collect=False)
   assert dict(s).keys() == set(stats.LOSS_FIELDS) and 'occ_sq' not in s
   with pytest.raises(KeyError):
-    s['occ_sq']  # pylint: disable=pointless-statement
+    s['occ_sq']
   doubled = jax.jit(lambda x: x + x)(s.replace(count=jnp.ones(4, jnp.int32)))
-  assert isinstance(doubled, stats.PositionStats) and int(doubled['count'][0]) == 2
+  assert (
+      isinstance(doubled, stats.PositionStats) and int(doubled['count'][0]) == 2
+  )
 
 
 def _fake_step(i, collect=True):
   """Statistics of a made-up step ``i`` (deterministic, different per step)."""
   s = stats.PositionStats.zeros(4, collect=collect)
-  return jax.tree.map(lambda x: x + jnp.asarray(i * np.arange(1, 5), x.dtype), s)
+  return jax.tree.map(
+      lambda x: x + jnp.asarray(i * np.arange(1, 5), x.dtype), s
+  )
 
 
-def test_windows_files_hold_the_window_sums_and_exact_cumulative_counts(tmp_path):
-  st = stats.PositionStatistics(4, 2, log_every=2, last_step=5, directory=str(tmp_path))
+def test_windows_files_hold_the_window_sums_and_exact_cumulative_counts(
+    tmp_path,
+):
+  st = stats.PositionStatistics(
+      4, 2, log_every=2, last_step=5, directory=str(tmp_path)
+  )
   window = st.init()
   old, new = jnp.zeros((4, 2)), jnp.ones((4, 2))
   for i in range(1, 6):
     window = jax.jit(st.inside_step)(window, _fake_step(i), old, new)
     window = st.on_step(i, window)
-  assert sorted(os.listdir(tmp_path)) == ['window_2.npz', 'window_4.npz', 'window_5.npz']
+  assert sorted(os.listdir(tmp_path)) == [
+      'window_2.npz',
+      'window_4.npz',
+      'window_5.npz',
+  ]
   with np.load(tmp_path / 'window_4.npz') as f:
     assert set(stats.FIELDS) <= set(f.files) and f['count'].dtype == np.int64
-    assert (int(f['step']), int(f['first_step']), int(f['num_steps'])) == (4, 3, 2)
+    assert (int(f['step']), int(f['first_step']), int(f['num_steps'])) == (
+        4,
+        3,
+        2,
+    )
     np.testing.assert_array_equal(f['count'], 7 * np.arange(1, 5))
-    np.testing.assert_array_equal(f['update_sq'], [4.0] * 4)  # 2 steps x ||(1, 1)||^2
+    # 2 steps x ||(1, 1)||^2
+    np.testing.assert_array_equal(f['update_sq'], [4.0] * 4)
     np.testing.assert_array_equal(f['cumulative_count'], 10 * np.arange(1, 5))
     assert f['cumulative_count'].dtype == np.int64
 
@@ -269,19 +359,26 @@ def test_windows_files_hold_the_window_sums_and_exact_cumulative_counts(tmp_path
 @pytest.mark.parametrize('collect', [True, False])
 def test_restored_statistics_continue_the_same_window(tmp_path, collect):
   def run(directory, stop_at=None):
-    st = stats.PositionStatistics(4, 2, log_every=3, directory=str(directory), collect=collect)
+    st = stats.PositionStatistics(
+        4, 2, log_every=3, directory=str(directory), collect=collect
+    )
     window = st.init()
     for i in range(1, 8):
       window = st.on_step(i, st.inside_step(window, _fake_step(i, collect)))
       if i == stop_at:  # a checkpoint, then a new process
         saved = jax.tree.map(np.asarray, st.state(window))
-        st = stats.PositionStatistics(4, 2, log_every=3, directory=str(directory),
-                                      collect=collect)
+        st = stats.PositionStatistics(
+            4, 2, log_every=3, directory=str(directory), collect=collect
+        )
         window = st.restore(saved)
     return directory
 
   a, b = run(tmp_path / 'a'), run(tmp_path / 'b', stop_at=4)
-  assert sorted(os.listdir(a)) == sorted(os.listdir(b)) == ['window_3.npz', 'window_6.npz']
+  assert (
+      sorted(os.listdir(a))
+      == sorted(os.listdir(b))
+      == ['window_3.npz', 'window_6.npz']
+  )
   for name in os.listdir(a):
     with np.load(a / name) as x, np.load(b / name) as y:
       assert x.files == y.files
@@ -305,25 +402,42 @@ class _Writer:
 def test_writer_gets_per_position_curves_and_the_cosine_image():
   w = _Writer()
   st = stats.PositionStatistics(4, 2, writer=w, initial_table=np.zeros((4, 2)))
-  window = st.inside_step(st.init(), _fake_step(1), jnp.zeros((4, 2)), jnp.ones((4, 2)))
+  window = st.inside_step(
+      st.init(), _fake_step(1), jnp.zeros((4, 2)), jnp.ones((4, 2))
+  )
   st.on_step(1, window, table=np.array([[3.0, 4.0]] * 4))
   names = {t for t, _ in w.histograms}
-  assert names == {f'positions/{k}' for k in ('count', 'signal_per_occurrence', 'coherence',
-                                              'update_sq', 'drift')}
+  assert names == {
+      f'positions/{k}'
+      for k in (
+          'count',
+          'signal_per_occurrence',
+          'coherence',
+          'update_sq',
+          'drift',
+      )
+  }
   h = w.histograms['positions/drift', 1]
   assert h['bucket_limits'] == [1, 2, 3, 4] and h['bucket_counts'] == [5.0] * 4
   assert w.histograms['positions/count', 1]['bucket_counts'] == [1, 2, 3, 4]
-  st.report_table(1, np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, 0.0]]))
+  st.report_table(
+      1, np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, 0.0]])
+  )
   img, fmt = w.images['positions/cosine_similarity', 1]
   assert fmt == 'HWC' and img.shape == (4, 4, 3) and img.dtype == np.uint8
-  np.testing.assert_array_equal(img[-1, 0], [255, 0, 0])  # cos(row 0, row 0) = 1: red
-  np.testing.assert_array_equal(img[-1, 2], [0, 0, 255])  # cos(row 0, row 2) = -1: blue
+  # cos(row 0, row 0) = 1: red
+  np.testing.assert_array_equal(img[-1, 0], [255, 0, 0])
+  # cos(row 0, row 2) = -1: blue
+  np.testing.assert_array_equal(img[-1, 2], [0, 0, 255])
 
 
-# ---- a user's own loop (linen and NNX) against the project trainer -----------------------
+# ---- a user's own loop (linen and NNX) against the project trainer
+# -----------------------
+
 
 def _trainer_config():
-  from conftest import tiny_config  # pylint: disable=g-import-not-at-top
+  from conftest import tiny_config
+
   c = tiny_config()
   c.num_train_steps, c.log_every_steps, c.eval_every_steps = 4, 2, 0
   c.checkpoint_every_steps, c.grad_accum_steps = 4, 1
@@ -332,24 +446,44 @@ def _trainer_config():
 
 @pytest.fixture(scope='module')
 def trainer_run(tmp_path_factory):
-  from flax_posemb import training  # pylint: disable=g-import-not-at-top
+  from flax_posemb import training
+
   workdir = str(tmp_path_factory.mktemp('trainer'))
   training.train_and_evaluate(_trainer_config(), workdir)
   return workdir
 
 
 def _user_setup(config):
-  """What a user has: the model, its init, an optimizer and batches (as the trainer's)."""
-  import optax  # pylint: disable=g-import-not-at-top
-  from flax_posemb import data, model as model_lib, optim  # pylint: disable=g-import-not-at-top
+  """What a user has: the model, its init, an optimizer and batches (as the
+  trainer's)."""
+  import optax
+
+  from flax_posemb import data
+  from flax_posemb import model as model_lib
+  from flax_posemb import optim
+
   mcfg = model_lib.ModelConfig.from_config(config.model)
   model = model_lib.TransformerLM(mcfg)
   seq = jnp.zeros((1, config.data.seq_len), jnp.int32)
   key = jax.random.split(jax.random.key(config.seed))[0]
-  params = model.init(key, seq, jnp.arange(config.data.seq_len)[None], segment_ids=seq + 1)
-  batches = data.make_train_iterator(config.data, batch_size=config.batch_size, seed=config.seed,
-                                     num_train_steps=config.num_train_steps, max_len=mcfg.max_len)
-  return mcfg, model, params['params'], optim.make_optimizer(config, params['params']), batches, optax
+  params = model.init(
+      key, seq, jnp.arange(config.data.seq_len)[None], segment_ids=seq + 1
+  )
+  batches = data.make_train_iterator(
+      config.data,
+      batch_size=config.batch_size,
+      seed=config.seed,
+      num_train_steps=config.num_train_steps,
+      max_len=mcfg.max_len,
+  )
+  return (
+      mcfg,
+      model,
+      params['params'],
+      optim.make_optimizer(config, params['params']),
+      batches,
+      optax,
+  )
 
 
 def linen_user_loop(config, directory):
@@ -357,13 +491,21 @@ def linen_user_loop(config, directory):
   T, D = mcfg.max_len, mcfg.emb_dim
 
   def token_loss_fn(p, embed_delta, batch):
-    logits = model.apply({'params': p}, batch['inputs'], batch['positions'],
-                         segment_ids=batch['segment_ids'], embed_delta=embed_delta)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
+    logits = model.apply(
+        {'params': p},
+        batch['inputs'],
+        batch['positions'],
+        segment_ids=batch['segment_ids'],
+        embed_delta=embed_delta,
+    )
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits, batch['targets']
+    )
 
   # ---- the user loop: as in the README ----
-  stats_obj = stats.PositionStatistics(num_positions=T, embed_dim=D, log_every=2,
-                                       directory=directory)
+  stats_obj = stats.PositionStatistics(
+      num_positions=T, embed_dim=D, log_every=2, directory=directory
+  )
   grad_fn = stats_obj.value_and_grad(token_loss_fn)
 
   @jax.jit
@@ -371,19 +513,27 @@ def linen_user_loop(config, directory):
     loss, grads, s = grad_fn(params, batch)
     updates, opt_state = tx.update(grads, opt_state, params)
     new = optax.apply_updates(params, updates)
-    window = stats_obj.inside_step(window, s, params['pos_embed']['embedding'],
-                                   new['pos_embed']['embedding'])
+    window = stats_obj.inside_step(
+        window,
+        s,
+        params['pos_embed']['embedding'],
+        new['pos_embed']['embedding'],
+    )
     return new, opt_state, window, loss
 
   opt_state, window = tx.init(params), stats_obj.init()
   for i in range(1, config.num_train_steps + 1):
-    params, opt_state, window, _ = step(params, opt_state, window, next(batches))
+    params, opt_state, window, _ = step(
+        params, opt_state, window, next(batches)
+    )
     window = stats_obj.on_step(i, window)
 
 
 def nnx_user_loop(config, directory):
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from flax_posemb import nnx as posemb_nnx  # pylint: disable=g-import-not-at-top
+  from flax import nnx
+
+  from flax_posemb import nnx as posemb_nnx
+
   mcfg, _, linen_params, tx, batches, optax = _user_setup(config)
   model = posemb_nnx.TransformerLM(mcfg, rngs=nnx.Rngs(0))
 
@@ -396,11 +546,22 @@ def nnx_user_loop(config, directory):
     state = jax.tree.map(lambda x: x, param_state)
     nnx.replace_by_pure_dict(state, p)
     m = nnx.merge(graphdef, state, rest)
-    logits = m(batch['inputs'], batch['positions'], batch['segment_ids'], embed_delta=embed_delta)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
+    logits = m(
+        batch['inputs'],
+        batch['positions'],
+        batch['segment_ids'],
+        embed_delta=embed_delta,
+    )
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits, batch['targets']
+    )
 
-  stats_obj = stats.PositionStatistics(num_positions=mcfg.max_len, embed_dim=mcfg.emb_dim,
-                                       log_every=2, directory=directory)
+  stats_obj = stats.PositionStatistics(
+      num_positions=mcfg.max_len,
+      embed_dim=mcfg.emb_dim,
+      log_every=2,
+      directory=directory,
+  )
   grad_fn = stats_obj.value_and_grad(token_loss_fn)
 
   @jax.jit
@@ -408,43 +569,77 @@ def nnx_user_loop(config, directory):
     loss, grads, s = grad_fn(params, batch)
     updates, opt_state = tx.update(grads, opt_state, params)
     new = optax.apply_updates(params, updates)
-    window = stats_obj.inside_step(window, s, params['pos_embed']['embedding'],
-                                   new['pos_embed']['embedding'])
+    window = stats_obj.inside_step(
+        window,
+        s,
+        params['pos_embed']['embedding'],
+        new['pos_embed']['embedding'],
+    )
     return new, opt_state, window, loss
 
   opt_state, window = tx.init(params), stats_obj.init()
   for i in range(1, config.num_train_steps + 1):
-    params, opt_state, window, _ = step(params, opt_state, window, next(batches))
+    params, opt_state, window, _ = step(
+        params, opt_state, window, next(batches)
+    )
     window = stats_obj.on_step(i, window)
 
 
 @pytest.mark.parametrize('loop', [linen_user_loop, nnx_user_loop])
-def test_a_user_loop_writes_the_trainers_windows_and_eval_analyzes_them(trainer_run, tmp_path,
-                                                                         loop):
-  import json  # pylint: disable=g-import-not-at-top
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  from conftest import ROOT, SUBPROCESS_ENV  # pylint: disable=g-import-not-at-top
+def test_a_user_loop_writes_the_trainers_windows_and_eval_analyzes_them(
+    trainer_run, tmp_path, loop
+):
+  import json
+  import subprocess
+  import sys
+
+  from conftest import ROOT
+  from conftest import SUBPROCESS_ENV
+
   mine = tmp_path / 'stats'
   loop(_trainer_config(), str(mine))
   ref = os.path.join(trainer_run, 'stats')
-  assert sorted(os.listdir(mine)) == sorted(os.listdir(ref)) == ['window_2.npz', 'window_4.npz']
+  assert (
+      sorted(os.listdir(mine))
+      == sorted(os.listdir(ref))
+      == ['window_2.npz', 'window_4.npz']
+  )
   for name in os.listdir(ref):
     with np.load(os.path.join(ref, name)) as want, np.load(mine / name) as got:
       assert sorted(got.files) == sorted(want.files)
       for k in want.files:
         w = np.asarray(want[k], np.float64)
-        np.testing.assert_allclose(got[k], w, rtol=2e-5, atol=1e-6 * np.abs(w).max(),
-                                   err_msg=f'{name}: {k}')
+        np.testing.assert_allclose(
+            got[k],
+            w,
+            rtol=2e-5,
+            atol=1e-6 * np.abs(w).max(),
+            err_msg=f'{name}: {k}',
+        )
   if loop is nnx_user_loop:
     return  # one run of the command suffices
   out = tmp_path / 'out'
-  proc = subprocess.run([sys.executable, str(ROOT / 'eval.py'), '--analyze', '--stats',
-                         str(mine), '--output', str(out)], cwd=str(ROOT), env=SUBPROCESS_ENV,
-                        capture_output=True, text=True, timeout=600)
+  proc = subprocess.run(
+      [
+          sys.executable,
+          str(ROOT / 'eval.py'),
+          '--analyze',
+          '--stats',
+          str(mine),
+          '--output',
+          str(out),
+      ],
+      cwd=str(ROOT),
+      env=SUBPROCESS_ENV,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = json.load(open(out / 'stats_analysis.json'))
   assert summary['windows'] == 2 and summary['last_step'] == 4
   with np.load(os.path.join(ref, 'window_4.npz')) as z:
-    assert summary['exposure']['total_tokens'] == int(z['cumulative_count'].sum())
+    assert summary['exposure']['total_tokens'] == int(
+        z['cumulative_count'].sum()
+    )
   assert os.path.getsize(summary['files']['exposure_plot']) > 0

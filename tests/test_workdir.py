@@ -1,5 +1,6 @@
-"""The workdir's guarantees: one writer, no partial outputs, no silent config change, no
-silent restart over a trained run (flax_posemb.workdir and the loop that uses it)."""
+"""The workdir's guarantees: one writer, no partial outputs, no silent config
+change, no silent restart over a trained run (flax_posemb.workdir and the loop
+that uses it)."""
 
 import errno
 import json
@@ -13,9 +14,14 @@ import time
 
 import numpy as np
 import pytest
-from conftest import SUBPROCESS_ENV, tiny_config
 
-from flax_posemb import checkpointing, data as data_lib, outputs, training, workdir
+from conftest import SUBPROCESS_ENV
+from conftest import tiny_config
+from flax_posemb import checkpointing
+from flax_posemb import data as data_lib
+from flax_posemb import outputs
+from flax_posemb import training
+from flax_posemb import workdir
 
 
 def five_steps():
@@ -34,7 +40,9 @@ def trained_five_steps(tmp_path):
 
 def test_second_writer_is_refused_with_the_holder_named(tmp_path):
   with workdir.Lock(str(tmp_path)):
-    with pytest.raises(workdir.WorkdirError, match=f'pid {os.getpid()}.*two processes'):
+    with pytest.raises(
+        workdir.WorkdirError, match=f'pid {os.getpid()}.*two processes'
+    ):
       with workdir.Lock(str(tmp_path)):
         pass
   with workdir.Lock(str(tmp_path)):  # released on exit
@@ -42,15 +50,19 @@ def test_second_writer_is_refused_with_the_holder_named(tmp_path):
 
 
 def test_lock_of_a_killed_holder_is_not_stale(tmp_path):
-  script = textwrap.dedent('''
+  script = textwrap.dedent("""
       import sys, time
       from flax_posemb import workdir
       with workdir.Lock(sys.argv[1]):
         print('LOCKED', flush=True)
         time.sleep(60)
-  ''')
-  proc = subprocess.Popen([sys.executable, '-c', script, str(tmp_path)], env=SUBPROCESS_ENV,
-                          stdout=subprocess.PIPE, text=True)
+  """)
+  proc = subprocess.Popen(
+      [sys.executable, '-c', script, str(tmp_path)],
+      env=SUBPROCESS_ENV,
+      stdout=subprocess.PIPE,
+      text=True,
+  )
   try:
     assert proc.stdout.readline().strip() == 'LOCKED'
     with pytest.raises(workdir.WorkdirError, match=f'pid {proc.pid}'):
@@ -73,10 +85,12 @@ def test_atomic_write_leaves_no_file_when_the_writer_fails(tmp_path):
 
 
 def test_a_full_disk_fails_an_output_file_once_and_leaves_nothing(small_disk):
-  """One error, not numpy's zip writer and the file's close failing again after it."""
+  """One error, not numpy's zip writer and the file's close failing again after
+  it."""
   with pytest.raises(OSError) as e:
     with outputs.atomic_write(str(small_disk / 'stats' / 'window_5.npz')) as f:
-      np.savez(f, x=np.random.default_rng(0).random(1 << 19))  # 4 MB on a 1.8 MB disk
+      # 4 MB on a 1.8 MB disk
+      np.savez(f, x=np.random.default_rng(0).random(1 << 19))
   assert e.value.errno == errno.ENOSPC and e.value.__context__ is None
   assert not [p for p in small_disk.rglob('*') if p.is_file()]
 
@@ -85,9 +99,11 @@ def test_resume_cleans_leftovers_of_a_killed_write(tmp_path):
   wd = str(tmp_path / 'w')
   os.makedirs(os.path.join(wd, 'stats'))
   os.makedirs(os.path.join(wd, 'tables'))
-  junk = [os.path.join(wd, 'stats', 'window_5.npz.tmp.npz'),
-          os.path.join(wd, 'stats', '.window_5.npz.tmp'),
-          os.path.join(wd, 'tables', '.table_5.npy.tmp')]
+  junk = [
+      os.path.join(wd, 'stats', 'window_5.npz.tmp.npz'),
+      os.path.join(wd, 'stats', '.window_5.npz.tmp'),
+      os.path.join(wd, 'tables', '.table_5.npy.tmp'),
+  ]
   for p in junk:
     open(p, 'w').close()
   assert training.train_and_evaluate(five_steps(), wd)['step'] == 5
@@ -100,7 +116,9 @@ def test_outputs_without_checkpoints_are_never_wiped(tmp_path):
   os.rename(os.path.join(wd, 'checkpoints'), str(tmp_path / 'moved'))
   with open(os.path.join(wd, 'metrics.jsonl')) as f:
     before = f.read()
-  with pytest.raises(workdir.WorkdirError, match='no checkpoint to resume from'):
+  with pytest.raises(
+      workdir.WorkdirError, match='no checkpoint to resume from'
+  ):
     training.train_and_evaluate(c, wd)
   with open(os.path.join(wd, 'metrics.jsonl')) as f:
     assert f.read() == before
@@ -116,7 +134,12 @@ def test_resume_with_another_policy_names_the_change_not_corruption(tmp_path):
   msg = str(e.value)
   assert "data.position_policy: 'natural' -> 'packed'" in msg
   assert 'optimizer.learning_rate' in msg and 'corrupt' not in msg
-  assert json.load(open(os.path.join(wd, 'config.json')))['data']['position_policy'] == 'natural'
+  assert (
+      json.load(open(os.path.join(wd, 'config.json')))['data'][
+          'position_policy'
+      ]
+      == 'natural'
+  )
 
 
 def test_log_and_eval_settings_may_change_on_resume(tmp_path):
@@ -136,7 +159,9 @@ def test_diverged_finite_loss_stops_before_it_is_saved(tmp_path):
   with pytest.raises(training.NonFiniteLossError, match='Diverged .*step 1'):
     training.train_and_evaluate(c, wd)
   assert checkpointing.restore_params(wd)[2].step == 0
-  assert training.divergence_bound(tiny_config()) == pytest.approx(3 * np.log(64))
+  assert training.divergence_bound(tiny_config()) == pytest.approx(
+      3 * np.log(64)
+  )
 
 
 def test_sigterm_during_setup_leaves_a_resumable_workdir(tmp_path, monkeypatch):
@@ -147,7 +172,9 @@ def test_sigterm_during_setup_leaves_a_resumable_workdir(tmp_path, monkeypatch):
     time.sleep(0.1)
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(data_lib, 'make_train_iterator', make_iterator_then_sigterm)
+  monkeypatch.setattr(
+      data_lib, 'make_train_iterator', make_iterator_then_sigterm
+  )
   wd = str(tmp_path / 'w')
   result = training.train_and_evaluate(tiny_config(), wd)
   assert result['preempted'] and result['step'] == 0
@@ -159,30 +186,42 @@ def test_sigterm_during_setup_leaves_a_resumable_workdir(tmp_path, monkeypatch):
   assert training.train_and_evaluate(c, wd)['resumed_from'] == 0
 
 
-def test_a_tensorboard_write_on_a_full_disk_raises_in_the_caller_and_leaves_no_partial_event(
-    tmp_path, monkeypatch):
-  """No writer thread and no flush at exit to fail again later: the caller gets the error."""
+def test_a_tensorboard_write_on_a_full_disk_raises_and_leaves_no_partial(
+    tmp_path, monkeypatch
+):
+  """No writer thread and no flush at exit to fail again later: the caller gets
+  the error."""
   threads = threading.active_count()
   tb = training.TensorBoard(str(tmp_path))
   before = open(tb.path, 'rb').read()
   real = os.write
-  monkeypatch.setattr(os, 'write', lambda fd, data: real(fd, data[:len(data) // 2]))
+  monkeypatch.setattr(
+      os, 'write', lambda fd, data: real(fd, data[: len(data) // 2])
+  )
   with pytest.raises(OSError, match='short write'):
     tb.add_scalar('train/loss', 1.0, 1)
   monkeypatch.undo()
-  assert open(tb.path, 'rb').read() == before and threading.active_count() == threads
+  assert (
+      open(tb.path, 'rb').read() == before
+      and threading.active_count() == threads
+  )
 
 
-def test_a_run_started_before_a_field_existed_resumes_with_its_default(tmp_path):
+def test_a_run_started_before_a_field_existed_resumes_with_its_default(
+    tmp_path,
+):
   wd, c = trained_five_steps(tmp_path)
-  c = training.resolve_auto(c, wd)  # as train_and_evaluate does before this check
+  # as train_and_evaluate does before this check
+  c = training.resolve_auto(c, wd)
   path = os.path.join(wd, 'config.json')
   saved = json.load(open(path))
   del saved['data']['on_decode_error']  # as written by an older version
   json.dump(saved, open(path, 'w'))
   assert workdir.check_resume_config(wd, c, saved) == {}
   c.data.on_decode_error = 'skip'
-  with pytest.raises(workdir.WorkdirError, match="data.on_decode_error: None -> 'skip'"):
+  with pytest.raises(
+      workdir.WorkdirError, match="data.on_decode_error: None -> 'skip'"
+  ):
     workdir.check_resume_config(wd, c, saved)
   c.data.on_decode_error = 'replace'
   c.data.num_workers = 2  # the saved data-iterator state depends on it
@@ -191,9 +230,12 @@ def test_a_run_started_before_a_field_existed_resumes_with_its_default(tmp_path)
 
 
 @pytest.mark.parametrize('config_json', ['missing', 'edited'])
-def test_resume_compares_with_the_config_stored_in_the_checkpoint(tmp_path, config_json):
-  """config.json gone, or rewritten to the new values: the checkpoint's own config still
-  refuses the change (the drift check is not switched off by one file)."""
+def test_resume_compares_with_the_config_stored_in_the_checkpoint(
+    tmp_path, config_json
+):
+  """config.json gone, or rewritten to the new values: the checkpoint's own
+  config still refuses the change (the drift check is not switched off by one
+  file)."""
   wd, c = trained_five_steps(tmp_path)
   c.optimizer.learning_rate = 1e-2
   path = os.path.join(wd, 'config.json')
@@ -211,38 +253,52 @@ def test_a_garbled_config_json_is_named_with_the_fix(tmp_path):
   wd, c = trained_five_steps(tmp_path)
   with open(os.path.join(wd, 'config.json'), 'w') as f:
     f.write('{"data": ')
-  with pytest.raises(workdir.WorkdirError, match='config.json is not valid JSON.*move it'):
+  with pytest.raises(
+      workdir.WorkdirError, match='config.json is not valid JSON.*move it'
+  ):
     training.train_and_evaluate(c, wd)
   os.remove(os.path.join(wd, 'config.json'))  # the fix the message names
   assert training.train_and_evaluate(c, wd)['resumed_from'] == 5
 
 
-def test_a_half_written_last_eval_row_of_a_finished_run_is_rewritten_on_resume(tmp_path):
+def test_a_half_written_last_eval_row_of_a_finished_run_is_rewritten_on_resume(
+    tmp_path,
+):
   wd, c = str(tmp_path / 'w'), tiny_config()
   c.num_train_steps = c.eval_every_steps = c.checkpoint_every_steps = 10
   training.train_and_evaluate(c, wd)
   path = os.path.join(wd, 'metrics.jsonl')
   text = open(path).read()
   assert '"eval"' in text.splitlines()[-1]
-  open(path, 'w').write(text[:len(text) - len(text.splitlines()[-1]) // 2 - 1])  # half of it
+  # half of it
+  open(path, 'w').write(text[: len(text) - len(text.splitlines()[-1]) // 2 - 1])
   assert training.train_and_evaluate(c, wd)['resumed_from'] == 10
-  rows = [json.loads(l) for l in open(path)]
+  rows = [json.loads(line) for line in open(path)]
   assert [r['step'] for r in rows if 'eval' in r] == [10]
-  assert json.loads(text.splitlines()[-1])['eval']['overall'] == rows[-1]['eval']['overall']
+  assert (
+      json.loads(text.splitlines()[-1])['eval']['overall']
+      == rows[-1]['eval']['overall']
+  )
 
 
-def test_a_half_written_last_training_row_of_a_finished_run_is_rewritten_on_resume(tmp_path):
+def test_a_half_written_last_row_of_a_finished_run_is_rewritten_on_resume(
+    tmp_path,
+):
   wd, c = trained_five_steps(tmp_path)
   path = os.path.join(wd, 'metrics.jsonl')
   text = open(path).read()
   last = text.splitlines()[-1]
   assert json.loads(last)['step'] == 5 and 'loss' in json.loads(last)
-  open(path, 'w').write(text[:len(text) - len(last) // 2 - 1])  # half of it
+  open(path, 'w').write(text[: len(text) - len(last) // 2 - 1])  # half of it
   assert training.train_and_evaluate(c, wd)['resumed_from'] == 5
-  assert [json.loads(l) for l in open(path)] == [json.loads(l) for l in text.splitlines()]
+  assert [json.loads(line) for line in open(path)] == [
+      json.loads(line) for line in text.splitlines()
+  ]
 
 
-def test_a_truncated_window_file_is_named_on_resume_and_nothing_changes(tmp_path):
+def test_a_truncated_window_file_is_named_on_resume_and_nothing_changes(
+    tmp_path,
+):
   wd, c = trained_five_steps(tmp_path)
   path = os.path.join(wd, 'stats', 'window_5.npz')
   open(path, 'r+b').truncate(100)
@@ -252,13 +308,16 @@ def test_a_truncated_window_file_is_named_on_resume_and_nothing_changes(tmp_path
   assert open(os.path.join(wd, 'metrics.jsonl')).read() == before
 
 
-def test_a_metrics_row_that_fails_to_append_leaves_no_partial_line(tmp_path, monkeypatch):
+def test_a_metrics_row_that_fails_to_append_leaves_no_partial_line(
+    tmp_path, monkeypatch
+):
   workdir.append_row(str(tmp_path), {'step': 1, 'loss': 2.0})
   real = os.write
 
   def full_disk(fd, data):
-    real(fd, data[:len(data) // 2])
+    real(fd, data[: len(data) // 2])
     raise OSError(28, 'No space left on device')
+
   monkeypatch.setattr(workdir.os, 'write', full_disk)
   with pytest.raises(OSError, match='No space'):
     workdir.append_row(str(tmp_path), {'step': 2, 'loss': 1.0})
@@ -267,11 +326,15 @@ def test_a_metrics_row_that_fails_to_append_leaves_no_partial_line(tmp_path, mon
 
 
 def test_a_run_saved_before_row_shuffling_resumes_only_with_stream_order():
-  from flax_posemb import defaults  # pylint: disable=g-import-not-at-top
-  from flax_posemb import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from flax_posemb import defaults
+  from flax_posemb import workdir as workdir_lib
+
   config = defaults.base()
   saved = config.to_dict()
-  del saved['data']['shuffle_rows']  # config.json of a run from before the field existed
-  assert workdir_lib.config_changes(saved, config) == {'data.shuffle_rows': [None, 8192]}
+  # config.json of a run from before the field existed
+  del saved['data']['shuffle_rows']
+  assert workdir_lib.config_changes(saved, config) == {
+      'data.shuffle_rows': [None, 8192]
+  }
   config.data.shuffle_rows = 0  # what it ran with: stream order
   assert workdir_lib.config_changes(saved, config) == {}

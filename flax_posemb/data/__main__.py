@@ -1,10 +1,11 @@
 """Exposure report CLI (docs/DESIGN.md "Data policies and tokens").
 
   python -m flax_posemb.data --config configs/tiny.py --num_batches 100 \
-      [--num_source_docs 0] [--json FILE] [--png FILE] [--config.data.position_policy=packed]
+      [--num_source_docs 0] [--json FILE] [--png FILE]
+      [--config.data.position_policy=packed]
 
-Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback; --debug shows it).
-"""
+Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback;
+--debug shows it). """
 
 import json
 import os
@@ -17,14 +18,25 @@ from flax_posemb import cli
 PROG = 'python -m flax_posemb.data'
 cli.name_main_module(PROG, __name__)
 
-from flax_posemb.data import report  # pylint: disable=g-import-not-at-top,wrong-import-position
+from flax_posemb.data import report  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/NAME.py).')
-_NUM_BATCHES = flags.DEFINE_integer('num_batches', 100, 'Training batches to count.', lower_bound=1)
-_NUM_DOCS = flags.DEFINE_integer('num_source_docs', 2000, 'Source documents sampled for the '
-                                 'length distribution and policy shares (0 = all).', lower_bound=0)
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Config file (configs/NAME.py).'
+)
+_NUM_BATCHES = flags.DEFINE_integer(
+    'num_batches', 100, 'Training batches to count.', lower_bound=1
+)
+_NUM_DOCS = flags.DEFINE_integer(
+    'num_source_docs',
+    2000,
+    'Source documents sampled for the '
+    'length distribution and policy shares (0 = all).',
+    lower_bound=0,
+)
 _JSON = flags.DEFINE_string('json', '', 'Write the report as JSON here.')
-_PNG = flags.DEFINE_string('png', '', 'Write a plot of exposure per position here.')
+_PNG = flags.DEFINE_string(
+    'png', '', 'Write a plot of exposure per position here.'
+)
 cli.define_debug_flag()
 flags.mark_flags_as_required(['config'])
 
@@ -33,14 +45,17 @@ def main(argv):
   del argv  # cli.run refuses positional arguments.
   for flag, path in (('--json', _JSON.value), ('--png', _PNG.value)):
     if path:  # Checked before the report is computed.
-      cli.check_output_dir(os.path.dirname(os.path.abspath(path)), f'the directory of {flag}')
+      cli.check_output_dir(
+          os.path.dirname(os.path.abspath(path)), f'the directory of {flag}'
+      )
   rep = report.exposure(_CONFIG.value, _NUM_BATCHES.value, _NUM_DOCS.value)
   print(report.format_report(rep))
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
       json.dump(rep, f, indent=1)
   if _PNG.value:
-    from flax_posemb import plots  # pylint: disable=g-import-not-at-top
+    from flax_posemb import plots
+
     plots.data_exposure(rep, _PNG.value)
 
 

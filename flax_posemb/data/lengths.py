@@ -1,7 +1,8 @@
-"""Document-length distributions over ``[1, seq_len]`` pairs: ``'wikipedia'`` (token shares
-per bucket 1/32, 1/16, ..., 1 of the context: Pouransari et al., arXiv 2405.13226),
-``'uniform'``, ``'full'`` or token shares ``'a,b,c,...'`` of buckets with upper edges
-``seq_len / 2**(n-1), ..., seq_len``; lengths are uniform within a bucket."""
+"""Document-length distributions over ``[1, seq_len]`` pairs: ``'wikipedia'``
+(token shares per bucket 1/32, 1/16, ..., 1 of the context: Pouransari et al.,
+arXiv 2405.13226), ``'uniform'``, ``'full'`` or token shares ``'a,b,c,...'`` of
+buckets with upper edges ``seq_len / 2**(n-1), ..., seq_len``; lengths are
+uniform within a bucket."""
 
 import dataclasses
 
@@ -12,7 +13,9 @@ WIKIPEDIA_SHARES = (15.3, 21.5, 23.0, 19.1, 13.1, 8.0)
 
 @dataclasses.dataclass(frozen=True)
 class LengthDist:
-  """Bucket ``b`` is ``(edges[b], edges[b+1]]`` (document probability ``doc_probs[b]``)."""
+  """Bucket ``b`` is ``(edges[b], edges[b+1]]`` (document probability
+  ``doc_probs[b]``)."""
+
   edges: tuple[int, ...]
   doc_probs: tuple[float, ...]
   token_shares: tuple[float, ...]
@@ -31,27 +34,43 @@ class LengthDist:
 
 
 def parse(spec: str, seq_len: int) -> LengthDist:
-  """The `LengthDist` of `spec` (see the module docstring) for rows of `seq_len` pairs."""
+  """The `LengthDist` of `spec` (see the module docstring) for rows of `seq_len`
+  pairs."""
   spec = str(spec).strip()
   if spec == 'full':
     return LengthDist((seq_len - 1, seq_len), (1.0,), (1.0,))
   try:  # 'uniform' is one bucket, (0, seq_len].
-    shares = (WIKIPEDIA_SHARES if spec == 'wikipedia' else [1.0] if spec == 'uniform'
-              else [float(x) for x in spec.split(',')])
+    shares = (
+        WIKIPEDIA_SHARES
+        if spec == 'wikipedia'
+        else [1.0]
+        if spec == 'uniform'
+        else [float(x) for x in spec.split(',')]
+    )
   except ValueError:
     shares = [-1.0]
   if any(s < 0 for s in shares) or sum(shares) <= 0:
-    raise ValueError(f'Unknown length distribution {spec!r}: use wikipedia | uniform | full | '
-                     'comma-separated token shares per bucket (>= 0, not all zero), e.g. '
-                     '"15,22,23,19,13,8".')
+    raise ValueError(
+        f'Unknown length distribution {spec!r}: use wikipedia | uniform | full'
+        ' | comma-separated token shares per bucket (>= 0, not all zero), e.g.'
+        ' "15,22,23,19,13,8".'
+    )
   n = len(shares)
-  raw = np.array([0] + [max(1, int(round(seq_len / 2**(n - 1 - i)))) for i in range(n)])
-  kept = np.flatnonzero(raw[1:] > raw[:-1])  # Short contexts: empty buckets merge into the next.
+  raw = np.array(
+      [0] + [max(1, int(round(seq_len / 2 ** (n - 1 - i)))) for i in range(n)]
+  )
+  # Short contexts: empty buckets merge into the next.
+  kept = np.flatnonzero(raw[1:] > raw[:-1])
   into = np.minimum(np.searchsorted(kept, np.arange(n)), len(kept) - 1)
-  merged = np.bincount(into, weights=np.asarray(shares, np.float64), minlength=len(kept))
+  merged = np.bincount(
+      into, weights=np.asarray(shares, np.float64), minlength=len(kept)
+  )
   edges = np.concatenate([[0], raw[1:][kept]])
   shares_arr = merged / sum(merged)
   probs = shares_arr / ((edges[:-1] + 1 + edges[1:]) / 2)
   probs /= probs.sum()
-  return LengthDist(tuple(int(e) for e in edges), tuple(float(p) for p in probs),
-                    tuple(float(s) for s in shares_arr))
+  return LengthDist(
+      tuple(int(e) for e in edges),
+      tuple(float(p) for p in probs),
+      tuple(float(s) for s in shares_arr),
+  )

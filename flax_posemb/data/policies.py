@@ -1,31 +1,49 @@
-"""Position policies: how documents become rows (docs/DESIGN.md "Data policies and tokens")."""
+"""Position policies: how documents become rows (docs/DESIGN.md "Data policies
+and tokens")."""
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grain
 import numpy as np
 
 from flax_posemb.batch import BATCH_KEYS as KEYS
 
-POLICIES = ('natural', 'packed', 'packed_reset', 'random_offset', 'length_schedule',
-            'resampled', 'natural_chunked')
-PACKED_POLICIES = ('packed', 'packed_reset')  # Full rows, documents cross row boundaries.
-STREAM_POLICIES = PACKED_POLICIES + ('natural_chunked',)  # Every pair of every document.
-DOC_IDS = 'doc_ids'  # Per-token document index (-1: padding), for the report's batch diversity.
+POLICIES = (
+    'natural',
+    'packed',
+    'packed_reset',
+    'random_offset',
+    'length_schedule',
+    'resampled',
+    'natural_chunked',
+)
+# Full rows, documents cross row boundaries.
+PACKED_POLICIES = ('packed', 'packed_reset')
+# Every pair of every document.
+STREAM_POLICIES = PACKED_POLICIES + ('natural_chunked',)
+# Per-token document index (-1: padding), for the report's batch diversity.
+DOC_IDS = 'doc_ids'
 
 
 def empty_row(seq_len: int) -> dict[str, np.ndarray]:
   """An all-padding row: every array ``[seq_len]``, zeros."""
-  return {k: np.zeros((seq_len,), np.float32 if k == 'loss_mask' else np.int32) for k in KEYS}
+  return {
+      k: np.zeros((seq_len,), np.float32 if k == 'loss_mask' else np.int32)
+      for k in KEYS
+  }
 
 
-def natural_row(tokens: np.ndarray, seq_len: int, start: int = 0) -> dict[str, np.ndarray]:
-  """One document ``[n]`` in one row of ``[seq_len]`` arrays: its first ``min(n - 1,
-  seq_len)`` pairs at positions from `start` (``start + pairs <= seq_len``), padded."""
+def natural_row(
+    tokens: np.ndarray, seq_len: int, start: int = 0
+) -> dict[str, np.ndarray]:
+  """One document ``[n]`` in one row of ``[seq_len]`` arrays: its first ``min(n
+  - 1, seq_len)`` pairs at positions from `start` (``start + pairs <=
+  seq_len``), padded."""
   row = empty_row(seq_len)
   m = max(min(len(tokens) - 1, seq_len), 0)
   row['inputs'][:m] = tokens[:m]
-  row['targets'][:m] = tokens[1:m + 1]
+  row['targets'][:m] = tokens[1 : m + 1]
   row['positions'][:m] = np.arange(start, start + m, dtype=np.int32)
   row['segment_ids'][:m] = 1
   row['loss_mask'][:m] = 1.0
@@ -33,14 +51,21 @@ def natural_row(tokens: np.ndarray, seq_len: int, start: int = 0) -> dict[str, n
 
 
 class PackIterDataset(grain.IterDataset):
-  """Streams documents whole into the rows of the `STREAM_POLICIES` (not Grain's packers:
-  docs/DESIGN.md "Row order"). `parent` yields chunks of ``[n]`` document indices;
-  ``materialize(chunk, column)`` gives their tokens, the first placed at row column `column`."""
+  """Streams documents whole into the rows of the `STREAM_POLICIES` (not Grain's
+  packers: docs/DESIGN.md "Row order"). `parent` yields chunks of ``[n]``
+  document indices; ``materialize(chunk, column)`` gives their tokens, the first
+  placed at row column `column`."""
 
-  def __init__(self, parent: grain.IterDataset,
-               materialize: Callable[[Any, int], Sequence[np.ndarray]],
-               seq_len: int, reset: bool, min_tokens: int = 2, max_len: int | None = None,
-               chunked: bool = False):
+  def __init__(
+      self,
+      parent: grain.IterDataset,
+      materialize: Callable[[Any, int], Sequence[np.ndarray]],
+      seq_len: int,
+      reset: bool,
+      min_tokens: int = 2,
+      max_len: int | None = None,
+      chunked: bool = False,
+  ):
     super().__init__(parent)
     self._args = (materialize, seq_len, reset, min_tokens, max_len, chunked)
 
@@ -52,12 +77,19 @@ class PackIterDataset(grain.IterDataset):
 
 
 class _PackIterator(grain.DatasetIterator):
-  """State: the parent's before the current chunk, its start column, document and pair."""
+  """State: the parent's before the current chunk, its start column, document
+  and pair."""
 
-  def __init__(self, parent, materialize, seq_len, reset, min_tokens, max_len, chunked):
+  def __init__(
+      self, parent, materialize, seq_len, reset, min_tokens, max_len, chunked
+  ):
     super().__init__(parent)
     self._materialize, self._seq_len, self._reset = materialize, seq_len, reset
-    self._min_tokens, self._max_len, self._chunked = min_tokens, max_len, chunked
+    self._min_tokens, self._max_len, self._chunked = (
+        min_tokens,
+        max_len,
+        chunked,
+    )
     self._chunk = self._docs = self._chunk_state = self._tok = None
     self._chunk_col = self._doc = self._pos = 0
 
@@ -70,13 +102,16 @@ class _PackIterator(grain.DatasetIterator):
 
   def _load_doc(self) -> None:
     """Tokens of document `_doc` (None if too short or past the chunk's end)."""
-    tok = np.asarray(self._docs[self._doc]) if self._doc < len(self._docs) else ()
+    tok = (
+        np.asarray(self._docs[self._doc]) if self._doc < len(self._docs) else ()
+    )
     self._tok = tok if len(tok) >= self._min_tokens else None
 
   def _next_piece(self, need: int, column: int):
     """(inputs, targets, in-document positions, doc ids) of <= `need` pairs."""
     while True:
-      if self._docs is None or self._doc >= len(self._docs):  # None: nothing read yet (column 0).
+      # None: nothing read yet (column 0).
+      if self._docs is None or self._doc >= len(self._docs):
         self._load_chunk(column)
       elif self._tok is None or self._pos >= len(self._tok) - 1:
         self._doc, self._pos = self._doc + 1, 0
@@ -85,38 +120,62 @@ class _PackIterator(grain.DatasetIterator):
         tok, k = self._tok, self._pos
         take = min(need, len(tok) - 1 - k)
         self._pos += take
-        return (tok[k:k + take], tok[k + 1:k + 1 + take], np.arange(k, k + take, dtype=np.int32),
-                np.full(take, self._chunk[self._doc], np.int32))
+        return (
+            tok[k : k + take],
+            tok[k + 1 : k + 1 + take],
+            np.arange(k, k + take, dtype=np.int32),
+            np.full(take, self._chunk[self._doc], np.int32),
+        )
 
   def __next__(self) -> dict[str, np.ndarray]:
     t = self._seq_len
     if self._chunked:
       inp, tgt, _, docs = self._next_piece(t, 0)
       row = natural_row(np.append(inp, tgt[-1:]), t)
-      row[DOC_IDS] = np.where(row['segment_ids'] > 0, docs[0], -1).astype(np.int32)
+      row[DOC_IDS] = np.where(row['segment_ids'] > 0, docs[0], -1).astype(
+          np.int32
+      )
       return row
     parts, need = [], t
     while need:
       parts.append(self._next_piece(need, t - need))
       need -= len(parts[-1][0])
-    inputs, targets, doc_pos, docs = (np.concatenate([p[j] for p in parts]).astype(np.int32)
-                                      for j in range(4))
-    row = {'inputs': inputs, 'targets': targets, DOC_IDS: docs,
-           'positions': np.arange(t, dtype=np.int32), 'segment_ids': np.ones((t,), np.int32),
-           'loss_mask': np.ones((t,), np.float32)}
+    inputs, targets, doc_pos, docs = (
+        np.concatenate([p[j] for p in parts]).astype(np.int32) for j in range(4)
+    )
+    row = {
+        'inputs': inputs,
+        'targets': targets,
+        DOC_IDS: docs,
+        'positions': np.arange(t, dtype=np.int32),
+        'segment_ids': np.ones((t,), np.int32),
+        'loss_mask': np.ones((t,), np.float32),
+    }
     if self._reset:
       if self._max_len is not None:
-        doc_pos = doc_pos % self._max_len  # Past the table: a new segment from position 0.
+        # Past the table: a new segment from position 0.
+        doc_pos = doc_pos % self._max_len
       starts = doc_pos == 0
       starts[0] = True
-      row['positions'], row['segment_ids'] = doc_pos, np.cumsum(starts, dtype=np.int32)
+      row['positions'], row['segment_ids'] = doc_pos, np.cumsum(
+          starts, dtype=np.int32
+      )
     return row
 
   def get_state(self) -> dict[str, Any]:
     if self._docs is None:
-      return {'parent': self._parent.get_state(), 'column': 0, 'doc': -1, 'pos': 0}
-    return {'parent': self._chunk_state, 'column': self._chunk_col, 'doc': self._doc,
-            'pos': self._pos}
+      return {
+          'parent': self._parent.get_state(),
+          'column': 0,
+          'doc': -1,
+          'pos': 0,
+      }
+    return {
+        'parent': self._chunk_state,
+        'column': self._chunk_col,
+        'doc': self._doc,
+        'pos': self._pos,
+    }
 
   def set_state(self, state: dict[str, Any]) -> None:
     self._parent.set_state(state['parent'])
@@ -129,14 +188,17 @@ class _PackIterator(grain.DatasetIterator):
 
 
 class ScheduleCropIterDataset(grain.IterDataset):
-  """Crops the first `num_short` batches ``[b, T] -> [b, short_len]`` (`length_schedule`)."""
+  """Crops the first `num_short` batches ``[b, T] -> [b, short_len]``
+  (`length_schedule`)."""
 
   def __init__(self, parent: grain.IterDataset, short_len: int, num_short: int):
     super().__init__(parent)
     self._short_len, self._num_short = short_len, num_short
 
   def __iter__(self) -> '_ScheduleCropIterator':
-    return _ScheduleCropIterator(self._parent.__iter__(), self._short_len, self._num_short)
+    return _ScheduleCropIterator(
+        self._parent.__iter__(), self._short_len, self._num_short
+    )
 
   def __str__(self) -> str:
     return f'ScheduleCropIterDataset({self._short_len}, {self._num_short})'
@@ -151,7 +213,10 @@ class _ScheduleCropIterator(grain.DatasetIterator):
   def __next__(self):
     batch = next(self._parent)
     if self._step < self._num_short:
-      batch = {k: np.ascontiguousarray(v[:, :self._short_len]) for k, v in batch.items()}
+      batch = {
+          k: np.ascontiguousarray(v[:, : self._short_len])
+          for k, v in batch.items()
+      }
     self._step += 1
     return batch
 

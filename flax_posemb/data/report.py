@@ -1,4 +1,5 @@
-"""Position-exposure report, ``python -m flax_posemb.data`` (docs/DESIGN.md, data policies)."""
+"""Position-exposure report, ``python -m flax_posemb.data`` (docs/DESIGN.md,
+data policies)."""
 
 from typing import Any
 
@@ -7,78 +8,141 @@ import numpy as np
 from flax_posemb.data import pipeline
 
 
-def _hist(lengths: np.ndarray, seq_len: int, beyond: bool = False) -> list[dict[str, Any]]:
-  """Documents and token share per bucket (0, T/32], ..., (T/2, T] (+ past T) of lengths ``[n]``."""
+def _hist(
+    lengths: np.ndarray, seq_len: int, beyond: bool = False
+) -> list[dict[str, Any]]:
+  """Documents and token share per bucket (0, T/32], ..., (T/2, T] (+ past T) of
+  lengths ``[n]``."""
   t, total = seq_len, max(int(lengths.sum()), 1)
-  edges = [0] + [max(1, int(round(t / 2**(5 - i)))) for i in range(6)]
+  edges = [0] + [max(1, int(round(t / 2 ** (5 - i)))) for i in range(6)]
   buckets = [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
   if beyond:
     buckets += [(t, 2 * t), (2 * t, 4 * t), (4 * t, 16 * t), (16 * t, np.inf)]
   sels = [(lo, hi, (lengths > lo) & (lengths <= hi)) for lo, hi in buckets]
-  return [{'bucket': f"({lo},{'inf)' if hi == np.inf else f'{hi}]'}", 'docs': int(sel.sum()),
-           'token_share': float(lengths[sel].sum() / total)} for lo, hi, sel in sels]
+  return [
+      {
+          'bucket': f"({lo},{'inf)' if hi == np.inf else f'{hi}]'}",
+          'docs': int(sel.sum()),
+          'token_share': float(lengths[sel].sum() / total),
+      }
+      for lo, hi, sel in sels
+  ]
 
 
 def _deciles(counts: np.ndarray) -> tuple[np.ndarray, float | None]:
-  """Mean counts per tenth of positions ``[10]`` and the last over the first (None: 0)."""
-  d = np.array([x.mean() for x in np.array_split(counts.astype(np.float64), 10)])
+  """Mean counts per tenth of positions ``[10]`` and the last over the first
+  (None: 0)."""
+  d = np.array(
+      [x.mean() for x in np.array_split(counts.astype(np.float64), 10)]
+  )
   return d, float(d[-1] / d[0]) if d[0] else None
 
 
-def policy_shares(doc_pairs: np.ndarray, data_config, seed: int = 0) -> dict[str, Any]:
-  """{policy: {'token_share', 'last_over_first'}} of documents of untruncated lengths ``[n]``
-  (pairs), analytically for one epoch (``max_len = seq_len``; docs/DESIGN.md)."""
-  from flax_posemb.data import lengths as lengths_lib  # pylint: disable=g-import-not-at-top
+def policy_shares(
+    doc_pairs: np.ndarray, data_config, seed: int = 0
+) -> dict[str, Any]:
+  """{policy: {'token_share', 'last_over_first'}} of documents of untruncated
+  lengths ``[n]`` (pairs), analytically for one epoch (``max_len = seq_len``;
+  docs/DESIGN.md)."""
+  from flax_posemb.data import lengths as lengths_lib
+
   c, t = data_config, int(data_config.seq_len)
   n = np.asarray(doc_pairs, np.int64)
-  n = n[n + 1 >= int(c.min_doc_len)]  # Shorter documents are skipped by every policy.
+  # Shorter documents are skipped by every policy.
+  n = n[n + 1 >= int(c.min_doc_len)]
   total = max(int(np.asarray(doc_pairs).sum()), 1)
-  used = lambda cap: float(np.minimum(n, cap).sum() / total)
-  ratio = lambda counts: _deciles(counts)[1]
+
+  def used(cap):
+    return float(np.minimum(n, cap).sum() / total)
+
+  def ratio(counts):
+    return _deciles(counts)[1]
+
   p = np.arange(t)
   srt = np.sort(n)
-  alive = lambda q: len(srt) - np.searchsorted(srt, q, side='right')  # #{n > q}.
+
+  # #{n > q}.
+  def alive(q):
+    return len(srt) - np.searchsorted(srt, q, side='right')
+
   natural = alive(p)
-  wrapped = sum(alive(p + k * t) for k in range(int(srt[-1] // t) + 1)) if len(srt) else p * 0
+  wrapped = (
+      sum(alive(p + k * t) for k in range(int(srt[-1] // t) + 1))
+      if len(srt)
+      else p * 0
+  )
   f = float(c.schedule_fraction)
-  u = np.random.default_rng([seed, 0x5A]).random((2, 16 * len(n)))  # 16 draws per document.
+  # 16 draws per document.
+  u = np.random.default_rng([seed, 0x5A]).random((2, 16 * len(n)))
   m = lengths_lib.parse(c.resample_dist, t).sample_many(u[0], u[1])
   resampled = float(np.minimum(np.repeat(n, 16), m).sum() / 16 / total)
   return {
       'packed': {'token_share': used(np.inf), 'last_over_first': 1.0},
-      'packed_reset': {'token_share': used(np.inf), 'last_over_first': ratio(wrapped)},
-      'natural_chunked': {'token_share': used(np.inf), 'last_over_first': ratio(wrapped)},
+      'packed_reset': {
+          'token_share': used(np.inf),
+          'last_over_first': ratio(wrapped),
+      },
+      'natural_chunked': {
+          'token_share': used(np.inf),
+          'last_over_first': ratio(wrapped),
+      },
       'natural': {'token_share': used(t), 'last_over_first': ratio(natural)},
       'random_offset': {'token_share': used(t), 'last_over_first': None},
-      'length_schedule': {'token_share': f * used(int(c.schedule_seq_len)) + (1 - f) * used(t),
-                          'last_over_first': ratio(natural)},
+      'length_schedule': {
+          'token_share': f * used(int(c.schedule_seq_len)) + (1 - f) * used(t),
+          'last_over_first': ratio(natural),
+      },
       'resampled': {'token_share': resampled, 'last_over_first': None},
   }
 
 
 def length_stats(doc_pairs: np.ndarray, seq_len: int) -> dict[str, Any]:
-  """Untruncated document lengths (pairs): count, mean, quantiles, share beyond the context."""
+  """Untruncated document lengths (pairs): count, mean, quantiles, share beyond
+  the context."""
   n = np.asarray(doc_pairs, np.int64)
   if not len(n):
     return {'docs': 0}
-  q = lambda x: float(np.quantile(n, x))
-  return {'docs': int(len(n)), 'pairs': int(n.sum()), 'mean': float(n.mean()),
-          'median': q(0.5), 'p90': q(0.9), 'p99': q(0.99), 'max': int(n.max()),
-          'docs_longer_than_context': float((n > seq_len).mean()),
-          'pairs_past_context': float(np.maximum(n - seq_len, 0).sum() / max(n.sum(), 1))}
+
+  def q(x):
+    return float(np.quantile(n, x))
+
+  return {
+      'docs': int(len(n)),
+      'pairs': int(n.sum()),
+      'mean': float(n.mean()),
+      'median': q(0.5),
+      'p90': q(0.9),
+      'p99': q(0.99),
+      'max': int(n.max()),
+      'docs_longer_than_context': float((n > seq_len).mean()),
+      'pairs_past_context': float(
+          np.maximum(n - seq_len, 0).sum() / max(n.sum(), 1)
+      ),
+  }
 
 
-def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dict[str, Any]:
-  """JSON-serializable exposure report of `num_batches` training batches ('counts'
-  ``[seq_len]``, 'deciles' ``[10]``, ...) and `num_source_docs` source documents (0 = all)."""
+def exposure(
+    config, num_batches: int = 100, num_source_docs: int = 2000
+) -> dict[str, Any]:
+  """JSON-serializable exposure report of `num_batches` training batches
+  ('counts' ``[seq_len]``, 'deciles' ``[10]``, ...) and `num_source_docs` source
+  documents (0 = all)."""
   c = config.data
   t, max_len = int(c.seq_len), int(config.model.max_len)
   pipeline.validate_config(c, max_len=max_len)
-  it = pipeline.make_train_iterator(c, batch_size=int(config.batch_size), seed=int(config.seed),
-                                    num_train_steps=int(config.num_train_steps), max_len=max_len,
-                                    with_doc_ids=True)
-  # packed_reset keeps in-document positions up to the table; every other policy stays < T.
-  counts = np.zeros(max_len if c.position_policy == 'packed_reset' else t, np.int64)
+  it = pipeline.make_train_iterator(
+      c,
+      batch_size=int(config.batch_size),
+      seed=int(config.seed),
+      num_train_steps=int(config.num_train_steps),
+      max_len=max_len,
+      with_doc_ids=True,
+  )
+  # packed_reset keeps in-document positions up to the table; every other policy
+  # stays < T.
+  counts = np.zeros(
+      max_len if c.position_policy == 'packed_reset' else t, np.int64
+  )
   slots, seg_lens, main_docs = 0, [], []
   for _ in range(num_batches):
     b = next(it)
@@ -87,122 +151,202 @@ def exposure(config, num_batches: int = 100, num_source_docs: int = 2000) -> dic
     slots += real.size
     for seg, doc in zip(b['segment_ids'], b['doc_ids']):
       seg_lens += np.unique(seg[seg > 0], return_counts=True)[1].tolist()
-      ids, n = np.unique(doc[doc >= 0], return_counts=True)  # Main document: most tokens.
+      # Main document: most tokens.
+      ids, n = np.unique(doc[doc >= 0], return_counts=True)
       main_docs.append(ids[np.argmax(n)] if len(ids) else -1)
   main_docs = np.array(main_docs, np.int64).reshape(num_batches, -1)
   deciles, last_over_first = _deciles(counts)
   src = pipeline.make_source(c, c.train_split)
   k = len(src) if num_source_docs <= 0 else min(num_source_docs, len(src))
-  sample = pipeline.DocOrder(len(src), int(config.seed), True).take(np.arange(k)).tolist()
-  doc_lens = np.array([max(len(src.doc(d, max_pairs=None)) - 1, 0) for d in sample], np.int64)
+  sample = (
+      pipeline.DocOrder(len(src), int(config.seed), True)
+      .take(np.arange(k))
+      .tolist()
+  )
+  doc_lens = np.array(
+      [max(len(src.doc(d, max_pairs=None)) - 1, 0) for d in sample], np.int64
+  )
   shares = policy_shares(doc_lens, c, int(config.seed))
-  bad = None  # Synthetic text; real text: invalid UTF-8 found by the build and while reading.
+  # Synthetic text; real text: invalid UTF-8 found by the build and while
+  # reading.
+  bad = None
   if hasattr(src, 'decode_errors'):
-    bad = dict(src.build_decode_errors or dict(mode=src.on_decode_error, documents=0, files=[]))
+    bad = dict(
+        src.build_decode_errors
+        or dict(mode=src.on_decode_error, documents=0, files=[])
+    )
     bad['documents'] += int(src.decode_errors)
   return {
-      'source': c.source, 'name': c.name, 'policy': c.position_policy, 'seq_len': t,
-      'batch_size': int(config.batch_size), 'num_batches': int(num_batches),
-      'real_tokens': int(counts.sum()), 'token_slots': int(slots),
+      'source': c.source,
+      'name': c.name,
+      'policy': c.position_policy,
+      'seq_len': t,
+      'batch_size': int(config.batch_size),
+      'num_batches': int(num_batches),
+      'real_tokens': int(counts.sum()),
+      'token_slots': int(slots),
       'padding_fraction': float(1 - counts.sum() / max(slots, 1)),
-      'counts': counts.tolist(), 'deciles': deciles.tolist(), 'last_over_first': last_over_first,
-      'segment_lengths': _hist(np.asarray(seg_lens), t), 'doc_lengths': _hist(doc_lens, t, True),
+      'counts': counts.tolist(),
+      'deciles': deciles.tolist(),
+      'last_over_first': last_over_first,
+      'segment_lengths': _hist(np.asarray(seg_lens), t),
+      'doc_lengths': _hist(doc_lens, t, True),
       'doc_length_stats': length_stats(doc_lens, t),
       'mean_doc_pairs': float(doc_lens.mean()) if len(doc_lens) else 0.0,
-      'policies': shares, 'token_share': shares[c.position_policy]['token_share'],
+      'policies': shares,
+      'token_share': shares[c.position_policy]['token_share'],
       'batch_diversity': batch_diversity(main_docs, doc_lens, c, len(src)),
       'decode_errors': bad,
       'composition': composition(c) if c.source == 'long_text' else None,
   }
 
 
-def batch_diversity(main_docs: np.ndarray, doc_pairs: np.ndarray, data_config,
-                    split_docs: int) -> dict[str, float | None]:
-  """Shares of same-document row pairs and one-document batches in `main_docs` ``[num_batches,
-  b]`` and (``random_*``) for rows drawn at random from the policy's epoch, estimated from
-  `doc_pairs` ``[k]`` sampled of `split_docs` (docs/DESIGN.md "Row order")."""
+def batch_diversity(
+    main_docs: np.ndarray, doc_pairs: np.ndarray, data_config, split_docs: int
+) -> dict[str, float | None]:
+  """Shares of same-document row pairs and one-document batches in `main_docs`
+  ``[num_batches, b]`` and (``random_*``) for rows drawn at random from the
+  policy's epoch, estimated from `doc_pairs` ``[k]`` sampled of `split_docs`
+  (docs/DESIGN.md "Row order")."""
   b = main_docs.shape[1]
   if b < 2:
-    return {'same_doc_pairs': None, 'random_same_doc_pairs': None, 'all_one_doc': None,
-            'random_all_one_doc': None}
+    return {
+        'same_doc_pairs': None,
+        'random_same_doc_pairs': None,
+        'all_one_doc': None,
+        'random_all_one_doc': None,
+    }
   i, j = np.triu_indices(b, 1)
   same = (main_docs[:, i] == main_docs[:, j]) & (main_docs[:, i] >= 0)
   one = (main_docs == main_docs[:, :1]).all(1) & (main_docs[:, 0] >= 0)
   pairs = np.asarray(doc_pairs, np.float64)
-  w = {'natural_chunked': np.ceil(pairs / int(data_config.seq_len)),
-       'packed': pairs, 'packed_reset': pairs}.get(data_config.position_policy,
-                                                    (pairs > 0).astype(np.float64))
+  w = {
+      'natural_chunked': np.ceil(pairs / int(data_config.seq_len)),
+      'packed': pairs,
+      'packed_reset': pairs,
+  }.get(data_config.position_policy, (pairs > 0).astype(np.float64))
   w = np.where(pairs + 1 >= int(data_config.min_doc_len), w, 0.0)
   p = w / max(w.sum(), 1.0)
   f = len(pairs) / max(int(split_docs), 1)
-  return {'same_doc_pairs': float(same.mean()), 'random_same_doc_pairs': float(f * np.sum(p**2)),
-          'all_one_doc': float(one.mean()), 'random_all_one_doc': float(f**(b - 1) * np.sum(p**b))}
+  return {
+      'same_doc_pairs': float(same.mean()),
+      'random_same_doc_pairs': float(f * np.sum(p**2)),
+      'all_one_doc': float(one.mean()),
+      'random_all_one_doc': float(f ** (b - 1) * np.sum(p**b)),
+  }
 
 
 def composition(data_config) -> list[dict[str, Any]]:
-  """`long_text.split_stats` per split and kind of a `long_text` corpus at data.seq_len."""
-  from flax_posemb.data import long_text  # pylint: disable=g-import-not-at-top
+  """`long_text.split_stats` per split and kind of a `long_text` corpus at
+  data.seq_len."""
+  from flax_posemb.data import long_text
+
   rows = []
   for split in ('train', 'validation'):
     src = pipeline.make_source(data_config, split)
     lengths = {}
     for i in range(len(src)):
-      lengths.setdefault(src.kind(i), []).append(len(src.doc(i, max_pairs=None)))
-    rows += [{'split': split, 'kind': k, **long_text.split_stats(lengths[k], data_config.seq_len)}
-             for k in sorted(lengths, key=long_text.KINDS.index)]
+      lengths.setdefault(src.kind(i), []).append(
+          len(src.doc(i, max_pairs=None))
+      )
+    rows += [
+        {
+            'split': split,
+            'kind': k,
+            **long_text.split_stats(lengths[k], data_config.seq_len),
+        }
+        for k in sorted(lengths, key=long_text.KINDS.index)
+    ]
   return rows
 
 
 def format_report(rep: dict[str, Any]) -> str:
   """Human-readable text of an `exposure` dict."""
   t = rep['seq_len']
-  lines = [f"source={rep['source']}{'/' + rep['name'] if rep['name'] else ''} policy="
-           f"{rep['policy']} seq_len={t} batches={rep['num_batches']}x{rep['batch_size']}",
-           f"real tokens {rep['real_tokens']} of {rep['token_slots']} slots "
-           f"(padding {100 * rep['padding_fraction']:.1f}%)",
-           f"measured late/early exposure (last/first decile): {_fmt(rep['last_over_first'])}",
-           'real tokens per position, mean per decile of positions:']
+  lines = [
+      (
+          f"source={rep['source']}{'/' + rep['name'] if rep['name'] else ''}"
+          f" policy={rep['policy']} seq_len={t}"
+          f" batches={rep['num_batches']}x{rep['batch_size']}"
+      ),
+      (
+          f"real tokens {rep['real_tokens']} of {rep['token_slots']} slots "
+          f"(padding {100 * rep['padding_fraction']:.1f}%)"
+      ),
+      (
+          'measured late/early exposure (last/first decile):'
+          f" {_fmt(rep['last_over_first'])}"
+      ),
+      'real tokens per position, mean per decile of positions:',
+  ]
   edges = np.linspace(0, t, 11).astype(int)
   first, top = rep['deciles'][0] or 1.0, max(max(rep['deciles']), 1e-9)
-  lines += [f'  [{a:5d},{b:5d})  {d:10.1f}  {d / first:5.2f}x  {"#" * int(round(40 * d / top))}'
-            for a, b, d in zip(edges[:-1], edges[1:], rep['deciles'])]
+  lines += [
+      f'  [{a:5d},{b:5d})  {d:10.1f}  {d / first:5.2f}x '
+      f' {"#" * int(round(40 * d / top))}'
+      for a, b, d in zip(edges[:-1], edges[1:], rep['deciles'])
+  ]
   div = rep.get('batch_diversity')
   if div and div['same_doc_pairs'] is not None:
-    lines.append(f"rows of one batch from one document: {100 * div['same_doc_pairs']:.2f}% of "
-                 f"row pairs (random draw {100 * div['random_same_doc_pairs']:.2f}%), "
-                 f"{100 * div['all_one_doc']:.2f}% of batches all one document (random draw "
-                 f"{100 * div['random_all_one_doc']:.4f}%)")
+    lines.append(
+        'rows of one batch from one document:'
+        f" {100 * div['same_doc_pairs']:.2f}% of row pairs (random draw"
+        f" {100 * div['random_same_doc_pairs']:.2f}%),"
+        f" {100 * div['all_one_doc']:.2f}% of batches all one document (random"
+        f" draw {100 * div['random_all_one_doc']:.4f}%)"
+    )
   bad = rep.get('decode_errors')
   if bad and bad['documents']:
-    lines.append(f"invalid UTF-8: {bad['documents']} document(s) "
-                 f"({'replaced by U+FFFD' if bad['mode'] == 'replace' else 'dropped'}, "
-                 f"data.on_decode_error={bad['mode']}); files: {', '.join(bad['files'][:5])}")
+    lines.append(
+        f"invalid UTF-8: {bad['documents']} document(s)"
+        f" ({'replaced by U+FFFD' if bad['mode'] == 'replace' else 'dropped'},"
+        f" data.on_decode_error={bad['mode']}); files:"
+        f" {', '.join(bad['files'][:5])}"
+    )
   st = rep.get('doc_length_stats', {})
   if st.get('docs'):
     lines.append(
-        f"source documents (sample of {st['docs']}, untruncated, pairs): mean "
-        f"{st['mean']:.0f}, median {st['median']:.0f}, p90 {st['p90']:.0f}, p99 "
-        f"{st['p99']:.0f}, max {st['max']}; {100 * st['docs_longer_than_context']:.1f}% of "
-        f"documents are longer than the context; {100 * st['pairs_past_context']:.1f}% of all "
-        'pairs lie past the first context of their document')
-  for key, title in (('doc_lengths', 'source document lengths (pairs, untruncated)'),
-                     ('segment_lengths', 'row segments (pairs)')):
+        f"source documents (sample of {st['docs']}, untruncated, pairs): mean"
+        f" {st['mean']:.0f}, median {st['median']:.0f}, p90 {st['p90']:.0f},"
+        f" p99 {st['p99']:.0f}, max {st['max']};"
+        f" {100 * st['docs_longer_than_context']:.1f}% of documents are longer"
+        f" than the context; {100 * st['pairs_past_context']:.1f}% of all pairs"
+        ' lie past the first context of their document'
+    )
+  for key, title in (
+      ('doc_lengths', 'source document lengths (pairs, untruncated)'),
+      ('segment_lengths', 'row segments (pairs)'),
+  ):
     lines.append(f'{title}:')
-    lines += [f"  {h['bucket']:>14s}  docs {h['docs']:7d}  token share "
-              f"{100 * h['token_share']:5.1f}%" for h in rep[key]]
+    lines += [
+        f"  {h['bucket']:>14s}  docs {h['docs']:7d}  token share "
+        f"{100 * h['token_share']:5.1f}%"
+        for h in rep[key]
+    ]
   if rep.get('composition'):
-    lines += [f'corpus by split and kind (tokens with separators; >=4T, >=8T: documents of at '
-              f'least 4 and 8 contexts; deep windows: what eval.window_start=deep can draw, '
-              f'{t + 1} tokens past the first {t} of a document of >= 4 contexts):',
-              '  split      kind          docs     tokens  >=4T  >=8T deep windows']
-    lines += [f"  {r['split']:10s} {r['kind']:11s} {r['docs']:6d} {r['tokens']:10d} "
-              f"{r['docs_ge_4t']:5d} {r['docs_ge_8t']:5d} {r['deep_windows']:12d}"
-              for r in rep['composition']]
-  lines.append('per policy (analytic, one epoch of the sample): share of corpus tokens used, '
-               'late/early exposure')
-  lines += [f"  {'*' if name == rep['policy'] else ' '} {name:16s} tokens used "
-            f"{100 * v['token_share']:6.2f}%  late/early {_fmt(v['last_over_first'])}"
-            for name, v in rep['policies'].items()]
+    lines += [
+        (
+            'corpus by split and kind (tokens with separators; >=4T, >=8T:'
+            ' documents of at least 4 and 8 contexts; deep windows: what'
+            f' eval.window_start=deep can draw, {t + 1} tokens past the first'
+            f' {t} of a document of >= 4 contexts):'
+        ),
+        '  split      kind          docs     tokens  >=4T  >=8T deep windows',
+    ]
+    lines += [
+        f"  {r['split']:10s} {r['kind']:11s} {r['docs']:6d} {r['tokens']:10d} "
+        f"{r['docs_ge_4t']:5d} {r['docs_ge_8t']:5d} {r['deep_windows']:12d}"
+        for r in rep['composition']
+    ]
+  lines.append(
+      'per policy (analytic, one epoch of the sample): share of corpus tokens'
+      ' used, late/early exposure'
+  )
+  lines += [
+      f"  {'*' if name == rep['policy'] else ' '} {name:16s} tokens used "
+      f"{100 * v['token_share']:6.2f}%  late/early {_fmt(v['last_over_first'])}"
+      for name, v in rep['policies'].items()
+  ]
   return '\n'.join(lines)
 
 

@@ -1,8 +1,9 @@
-"""Document sources: random access to the tokenized documents of one split (real text as
-``[SEP] + tokens(text)``: docs/DESIGN.md "Data policies and tokens")."""
+"""Document sources: random access to the tokenized documents of one split (real
+text as ``[SEP] + tokens(text)``: docs/DESIGN.md "Data policies and tokens")."""
 
 import abc
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -14,18 +15,21 @@ DECODE_ERROR_MODES = ('replace', 'skip', 'error')  # data.on_decode_error
 
 
 def decode_mode(data_config) -> str:
-  """``data.on_decode_error``; configs saved before the field existed mean 'replace'."""
+  """``data.on_decode_error``; configs saved before the field existed mean
+  'replace'."""
   return data_config.get('on_decode_error', 'replace')
 
 
 class DocSource(abc.ABC):
   """Random access to the documents of one split."""
 
-  positional: bool = False  # A document's tokens depend on the position id it starts at.
+  # A document's tokens depend on the position id it starts at.
+  positional: bool = False
   default_kind: str = ''  # `kind` of a document whose record names none.
 
   def kind(self, index: int) -> str:
-    """What kind of text document `index` is (provenance of evaluation windows)."""
+    """What kind of text document `index` is (provenance of evaluation
+    windows)."""
     del index
     return self.default_kind
 
@@ -34,20 +38,34 @@ class DocSource(abc.ABC):
     """Number of documents."""
 
   @abc.abstractmethod
-  def doc(self, index: int, *, start: int = 0, max_pairs: int | None,
-          num_pairs: int | None = None) -> np.ndarray:
-    """Tokens ``[n]`` int32 of document `index`, at most ``max_pairs + 1`` (None: all);
-    synthetic: from position id `start`, exactly `num_pairs` pairs if given."""
+  def doc(
+      self,
+      index: int,
+      *,
+      start: int = 0,
+      max_pairs: int | None,
+      num_pairs: int | None = None,
+  ) -> np.ndarray:
+    """Tokens ``[n]`` int32 of document `index`, at most ``max_pairs + 1``
+    (None: all); synthetic: from position id `start`, exactly `num_pairs` pairs
+    if given."""
 
 
 class SyntheticSource(DocSource):
-  """Synthetic documents of one split, lengths from `length_dist` (>= `min_pairs`)."""
+  """Synthetic documents of one split, lengths from `length_dist` (>=
+  `min_pairs`)."""
 
   positional = True
   default_kind = 'synthetic'
 
-  def __init__(self, corpus: synthetic_lib.SyntheticCorpus, split: str, num_docs: int,
-               length_dist: lengths_lib.LengthDist, min_pairs: int = 1):
+  def __init__(
+      self,
+      corpus: synthetic_lib.SyntheticCorpus,
+      split: str,
+      num_docs: int,
+      length_dist: lengths_lib.LengthDist,
+      min_pairs: int = 1,
+  ):
     self.corpus, self.split, self.num_docs = corpus, split, int(num_docs)
     self.length_dist, self.min_pairs = length_dist, int(min_pairs)
 
@@ -57,7 +75,11 @@ class SyntheticSource(DocSource):
   def doc(self, index, *, start=0, max_pairs, num_pairs=None):
     if num_pairs is None:
       num_pairs = self.num_pairs(index)
-    m = int(num_pairs) if max_pairs is None else min(int(num_pairs), int(max_pairs))
+    m = (
+        int(num_pairs)
+        if max_pairs is None
+        else min(int(num_pairs), int(max_pairs))
+    )
     u = self.corpus.doc_uniforms_many(self.split, np.asarray([index]), m + 3)[0]
     return self.corpus.generate(u[2:], int(start))
 
@@ -65,31 +87,58 @@ class SyntheticSource(DocSource):
     """Length (pairs) of document `index` before truncation (no generation)."""
     return int(self.pairs_many(np.asarray([index]), None)[0])
 
-  def docs_many(self, indices: np.ndarray, starts: np.ndarray, max_pairs: int,
-                num_pairs: int | None = None) -> list[np.ndarray]:
-    """Vectorized `doc` of documents ``[n]`` at position ids ``[n]`` (identical tokens)."""
-    pairs = self.pairs_many(indices, max_pairs) if num_pairs is None else np.full(
-        len(indices), min(int(num_pairs), int(max_pairs)), np.int64)
-    u = self.corpus.doc_uniforms_many(self.split, indices, int(pairs.max(initial=0)) + 3)
+  def docs_many(
+      self,
+      indices: np.ndarray,
+      starts: np.ndarray,
+      max_pairs: int,
+      num_pairs: int | None = None,
+  ) -> list[np.ndarray]:
+    """Vectorized `doc` of documents ``[n]`` at position ids ``[n]`` (identical
+    tokens)."""
+    pairs = (
+        self.pairs_many(indices, max_pairs)
+        if num_pairs is None
+        else np.full(
+            len(indices), min(int(num_pairs), int(max_pairs)), np.int64
+        )
+    )
+    u = self.corpus.doc_uniforms_many(
+        self.split, indices, int(pairs.max(initial=0)) + 3
+    )
     return self.corpus.generate_many(u[:, 2:], starts, pairs + 1)
 
-  def pairs_many(self, indices: np.ndarray, max_pairs: int | None) -> np.ndarray:
-    """Pairs ``[n]`` int64 of documents ``[n]`` after truncation to `max_pairs` (None: none)."""
+  def pairs_many(
+      self, indices: np.ndarray, max_pairs: int | None
+  ) -> np.ndarray:
+    """Pairs ``[n]`` int64 of documents ``[n]`` after truncation to `max_pairs`
+    (None: none)."""
     u = self.corpus.doc_uniforms_many(self.split, indices, 2)
-    m = np.maximum(self.length_dist.sample_many(u[:, 0], u[:, 1]), self.min_pairs)
+    m = np.maximum(
+        self.length_dist.sample_many(u[:, 0], u[:, 1]), self.min_pairs
+    )
     return m if max_pairs is None else np.minimum(m, int(max_pairs))
 
 
 class TextSource(DocSource):
-  """Tokenized documents of random-access records: dicts with the text at `feature` (or the
-  text itself, `feature` ''); `kind` of a record without one."""
+  """Tokenized documents of random-access records: dicts with the text at
+  `feature` (or the text itself, `feature` ''); `kind` of a record without
+  one."""
 
-  def __init__(self, records: Sequence[Any], tokenizer: tokenizers_lib.Tokenizer,
-               feature: str = 'text', on_decode_error: str = 'replace', kind: str = 'text'):
+  def __init__(
+      self,
+      records: Sequence[Any],
+      tokenizer: tokenizers_lib.Tokenizer,
+      feature: str = 'text',
+      on_decode_error: str = 'replace',
+      kind: str = 'text',
+  ):
     self.records, self.tokenizer, self.feature = records, tokenizer, feature
     self.on_decode_error, self.default_kind = on_decode_error, kind
-    self.decode_errors = 0  # Documents of invalid UTF-8 met by `text` in this process.
-    self.build_decode_errors: dict[str, Any] | None = None  # What the corpus build found.
+    # Documents of invalid UTF-8 met by `text` in this process.
+    self.decode_errors = 0
+    # What the corpus build found.
+    self.build_decode_errors: dict[str, Any] | None = None
 
   def __len__(self) -> int:
     return len(self.records)
@@ -107,14 +156,22 @@ class TextSource(DocSource):
       return bytes(rec).decode('utf-8')
     except UnicodeDecodeError as e:
       if self.on_decode_error == 'error':
-        raise ValueError(f'Document {index} is not valid UTF-8 ({e.reason} at byte {e.start}); '
-                         'data.on_decode_error=error refuses it. Fix the data, or set data.'
-                         'on_decode_error=replace (U+FFFD) or skip (drop the document).') from None
+        raise ValueError(
+            f'Document {index} is not valid UTF-8 ({e.reason} at byte'
+            f' {e.start}); data.on_decode_error=error refuses it. Fix the data,'
+            ' or set data.on_decode_error=replace (U+FFFD) or skip (drop the'
+            ' document).'
+        ) from None
       self.decode_errors += 1
-      return '' if self.on_decode_error == 'skip' else bytes(rec).decode('utf-8', 'replace')
+      return (
+          ''
+          if self.on_decode_error == 'skip'
+          else bytes(rec).decode('utf-8', 'replace')
+      )
 
   def kind(self, index: int) -> str:
-    """The record's 'kind' field (e.g. long_text's 'shakespeare'), else the source's."""
+    """The record's 'kind' field (e.g. long_text's 'shakespeare'), else the
+    source's."""
     rec = self.records[int(index)]
     kind = rec.get('kind') if isinstance(rec, dict) else None
     if isinstance(kind, np.ndarray):
@@ -126,5 +183,7 @@ class TextSource(DocSource):
   def doc(self, index, *, start=0, max_pairs, num_pairs=None):
     del start
     caps = [int(x) + 1 for x in (max_pairs, num_pairs) if x is not None]
-    return np.asarray(self.tokenizer.encode_doc(self.text(index), min(caps, default=None)),
-                      np.int32)
+    return np.asarray(
+        self.tokenizer.encode_doc(self.text(index), min(caps, default=None)),
+        np.int32,
+    )

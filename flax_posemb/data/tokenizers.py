@@ -1,9 +1,9 @@
-"""Tokenizers for real text: UTF-8 bytes, or SentencePiece (its BOS piece separates
-documents)."""
+"""Tokenizers for real text: UTF-8 bytes, or SentencePiece (its BOS piece
+separates documents)."""
 
 import abc
+from collections.abc import Iterable
 import io
-from typing import Iterable
 
 import numpy as np
 
@@ -15,7 +15,8 @@ class Tokenizer(abc.ABC):
 
   vocab_size: int
   sep_id: int
-  CHARS_PER_TOKEN = 1  # `encode_doc`'s cheap pre-cut: a token covers at most this many chars.
+  # `encode_doc`'s cheap pre-cut: a token covers at most this many chars.
+  CHARS_PER_TOKEN = 1
 
   @abc.abstractmethod
   def encode(self, text: str) -> list[int]:
@@ -24,7 +25,7 @@ class Tokenizer(abc.ABC):
   def encode_doc(self, text: str, max_tokens: int | None = None) -> list[int]:
     """``[sep_id] + encode(text)``, truncated to `max_tokens` tokens."""
     if max_tokens is not None:
-      text = text[:max(int(max_tokens), 0) * self.CHARS_PER_TOKEN]
+      text = text[: max(int(max_tokens), 0) * self.CHARS_PER_TOKEN]
     ids = [self.sep_id] + self.encode(text)
     return ids if max_tokens is None else ids[:max_tokens]
 
@@ -39,8 +40,9 @@ class ByteTokenizer(Tokenizer):
     return list(text.encode('utf-8'))
 
   def decode(self, ids) -> str:
-    return bytes(int(i) for i in np.asarray(ids).ravel() if 0 <= int(i) < 256).decode(
-        'utf-8', errors='replace')
+    return bytes(
+        int(i) for i in np.asarray(ids).ravel() if 0 <= int(i) < 256
+    ).decode('utf-8', errors='replace')
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -49,37 +51,63 @@ class SentencePieceTokenizer(Tokenizer):
   CHARS_PER_TOKEN = 32  # Pieces rarely exceed 32 chars.
 
   def __init__(self, model_file: str):
-    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    import sentencepiece as spm
+
     self._sp = spm.SentencePieceProcessor(model_file=model_file)
     self.vocab_size = int(self._sp.get_piece_size())
-    # The BOS piece separates documents (EOS if it has none; models trained here have both).
-    self.sep_id = int(self._sp.bos_id() if self._sp.bos_id() >= 0 else self._sp.eos_id())
+    # The BOS piece separates documents (EOS if it has none; models trained here
+    # have both).
+    self.sep_id = int(
+        self._sp.bos_id() if self._sp.bos_id() >= 0 else self._sp.eos_id()
+    )
     if self.sep_id < 0:
-      raise ValueError(f'SentencePiece model {model_file} has neither a BOS nor an EOS piece to '
-                       'separate documents. Train it with --bos_id or --eos_id >= 0, or set '
-                       "data.spm_model='' to train one on the corpus.")
+      raise ValueError(
+          f'SentencePiece model {model_file} has neither a BOS nor an EOS piece'
+          ' to separate documents. Train it with --bos_id or --eos_id >= 0, or'
+          " set data.spm_model='' to train one on the corpus."
+      )
 
   def encode(self, text: str) -> list[int]:
     return list(self._sp.encode(text))
 
   def decode(self, ids) -> str:
-    return self._sp.decode([int(i) for i in np.asarray(ids).ravel() if int(i) != self.sep_id])
+    return self._sp.decode(
+        [int(i) for i in np.asarray(ids).ravel() if int(i) != self.sep_id]
+    )
 
   @classmethod
-  def train(cls, texts: Iterable[str], vocab_size: int, save_path: str) -> 'SentencePieceTokenizer':
-    """Trains a unigram model with byte fallback on `texts` and saves it to `save_path`."""
-    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  def train(
+      cls, texts: Iterable[str], vocab_size: int, save_path: str
+  ) -> 'SentencePieceTokenizer':
+    """Trains a unigram model with byte fallback on `texts` and saves it to
+    `save_path`."""
+    import sentencepiece as spm
+
     buf = io.BytesIO()
     try:
       spm.SentencePieceTrainer.train(
-          sentence_iterator=(t for t in texts if t.strip()), model_writer=buf,
-          vocab_size=int(vocab_size), model_type='unigram', byte_fallback=True,
-          character_coverage=0.9995, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-          hard_vocab_limit=False, max_sentence_length=1 << 16, input_sentence_size=200_000,
-          shuffle_input_sentence=True, minloglevel=2)
+          sentence_iterator=(t for t in texts if t.strip()),
+          model_writer=buf,
+          vocab_size=int(vocab_size),
+          model_type='unigram',
+          byte_fallback=True,
+          character_coverage=0.9995,
+          unk_id=0,
+          bos_id=1,
+          eos_id=2,
+          pad_id=-1,
+          hard_vocab_limit=False,
+          max_sentence_length=1 << 16,
+          input_sentence_size=200_000,
+          shuffle_input_sentence=True,
+          minloglevel=2,
+      )
     except RuntimeError as e:
-      raise ValueError(f'SentencePiece training failed ({e}); the corpus may be empty or too '
-                       'small for data.spm_vocab_size.') from e
-    with outputs.atomic_write(save_path) as f:  # Whole: another process may be loading it.
+      raise ValueError(
+          f'SentencePiece training failed ({e}); the corpus may be empty or too'
+          ' small for data.spm_vocab_size.'
+      ) from e
+    # Whole: another process may be loading it.
+    with outputs.atomic_write(save_path) as f:
       f.write(buf.getvalue())
     return cls(model_file=save_path)

@@ -1,4 +1,5 @@
-"""Paired sweeps of runs, their measures and reports (docs/DESIGN.md "Experiments outputs")."""
+"""Paired sweeps of runs, their measures and reports (docs/DESIGN.md
+"Experiments outputs")."""
 
 import collections
 import logging
@@ -8,24 +9,52 @@ import sys
 from typing import Any
 
 from flax_posemb import outputs
-from flax_posemb.experiments import report, spec, sweep
-from flax_posemb.experiments.paired import judge, t_interval, verdict, with_holm
-from flax_posemb.experiments.spec import arm, claim, expand, load, profile
+from flax_posemb.experiments import report
+from flax_posemb.experiments import spec
+from flax_posemb.experiments import sweep
+from flax_posemb.experiments.paired import judge
+from flax_posemb.experiments.paired import t_interval
+from flax_posemb.experiments.paired import verdict
+from flax_posemb.experiments.paired import with_holm
+from flax_posemb.experiments.spec import arm
+from flax_posemb.experiments.spec import claim
+from flax_posemb.experiments.spec import expand
+from flax_posemb.experiments.spec import load
+from flax_posemb.experiments.spec import profile
 
-__all__ = ['arm', 'claim', 'expand', 'judge', 'load', 'profile', 'run_experiment', 'run_suite',
-           't_interval', 'verdict', 'with_holm']
+__all__ = [
+    'arm',
+    'claim',
+    'expand',
+    'judge',
+    'load',
+    'profile',
+    'run_experiment',
+    'run_suite',
+    't_interval',
+    'verdict',
+    'with_holm',
+]
 logger = logging.getLogger(__name__)
 
 
 def _command(command: str) -> str:
   return command or 'python -m flax_posemb.experiments ' + ' '.join(
-      shlex.quote(a) for a in sys.argv[1:])
+      shlex.quote(a) for a in sys.argv[1:]
+  )
 
 
-def run_experiment(config_path: str, workdir: str, *, report_dir: str = '', command: str = '',
-                   **sweep_kwargs: Any) -> dict[str, Any]:
-  """Runs (or resumes, `sweep.run_sweep` with ``sweep_kwargs``) ``NAME.py[:scale]`` and writes
-  its report into ``report_dir`` ('' = ``workdir``), stating ``command`` ('' = this argv)."""
+def run_experiment(
+    config_path: str,
+    workdir: str,
+    *,
+    report_dir: str = '',
+    command: str = '',
+    **sweep_kwargs: Any,
+) -> dict[str, Any]:
+  """Runs (or resumes, `sweep.run_sweep` with ``sweep_kwargs``)
+  ``NAME.py[:scale]`` and writes its report into ``report_dir`` ('' =
+  ``workdir``), stating ``command`` ('' = this argv)."""
   exp = spec.load(config_path)
   out = sweep.run_sweep(exp, workdir, **sweep_kwargs)
   summary = report.write(exp, out, report_dir or workdir, _command(command))
@@ -33,41 +62,83 @@ def run_experiment(config_path: str, workdir: str, *, report_dir: str = '', comm
   return summary
 
 
-def run_suite(config_paths: list[str], workdir: str, *, run_store: str = '',
-              report_dir: str = '', max_runs: int = -1, command: str = '',
-              **sweep_kwargs: Any) -> dict[str, dict[str, Any]]:
-  """name -> summary of experiments sharing one run store (``max_runs`` counts over all)."""
+def run_suite(
+    config_paths: list[str],
+    workdir: str,
+    *,
+    run_store: str = '',
+    report_dir: str = '',
+    max_runs: int = -1,
+    command: str = '',
+    **sweep_kwargs: Any,
+) -> dict[str, dict[str, Any]]:
+  """name -> summary of experiments sharing one run store (``max_runs`` counts
+  over all)."""
   store = run_store or os.path.join(workdir, 'store')
   os.makedirs(store, exist_ok=True)
   out_root = report_dir or workdir
   command = _command(command)
-  count_done = lambda: sum(sweep.is_done(os.path.join(store, d)) for d in os.listdir(store))
+
+  def count_done():
+    return sum(sweep.is_done(os.path.join(store, d)) for d in os.listdir(store))
+
   summaries: dict[str, dict[str, Any]] = {}
   for path in spec.expand_paths(config_paths):
     name = spec.load(path).name
     before = count_done()
     summaries[name] = run_experiment(
-        path, os.path.join(workdir, name), run_store=store, report_dir=os.path.join(out_root, name),
-        max_runs=max_runs, command=command, **sweep_kwargs)
+        path,
+        os.path.join(workdir, name),
+        run_store=store,
+        report_dir=os.path.join(out_root, name),
+        max_runs=max_runs,
+        command=command,
+        **sweep_kwargs,
+    )
     if max_runs >= 0:
       max_runs = max(0, max_runs - (count_done() - before))
   write_index(summaries, out_root, command)
   return summaries
 
 
-def write_index(summaries: dict[str, dict[str, Any]], out_dir: str, command: str) -> str:
-  """Writes ``out_dir/README.md``: per experiment its verdict counts and links; returns it."""
-  lines = ['# Experiments', '', f'Produced by `{command}` (one process, one shared run '
-           'store: arms whose resolved configs coincide across experiments are one run).', '']
+def _verdict_counts(claims: list[dict[str, Any]], key: str) -> str:
+  """'N verdict, ...' of the claims' `key` ('verdict' or 'verdict_holm')."""
+  counts = collections.Counter(c[key] for c in claims)
+  return ', '.join(f'{n} {v}' for v, n in counts.items()) or 'no claims'
+
+
+def write_index(
+    summaries: dict[str, dict[str, Any]], out_dir: str, command: str
+) -> str:
+  """Writes ``out_dir/README.md``: per experiment its verdict counts and links;
+  returns it."""
+  lines = [
+      '# Experiments',
+      '',
+      (
+          f'Produced by `{command}` (one process, one shared run store: arms'
+          ' whose resolved configs coincide across experiments are one run).'
+      ),
+      '',
+  ]
   for name, s in summaries.items():
-    count = lambda key: ', '.join(f'{n} {v}' for v, n in collections.Counter(
-        c[key] for c in s['claims']).items()) or 'no claims'
     partial = '' if s['complete'] else ' **(partial sweep)**'
-    lines += [f'## [{s["title"]}]({name}/REPORT.md){partial}', '', s['question'], '',
-              f'Verdicts: {count("verdict")} ({s["multiplicity"]["claims_tested"]} claims '
-              f'tested; after Holm-Bonferroni: {count("verdict_holm")}). Data: '
-              f'[`summary.json`]({name}/summary.json).', '',
-              f'![{name}]({name}/{s["figures"][0]})', '']
+    lines += [
+        f'## [{s["title"]}]({name}/REPORT.md){partial}',
+        '',
+        s['question'],
+        '',
+        (
+            f'Verdicts: {_verdict_counts(s["claims"], "verdict")}'
+            f' ({s["multiplicity"]["claims_tested"]} claims tested; after'
+            ' Holm-Bonferroni:'
+            f' {_verdict_counts(s["claims"], "verdict_holm")}). Data:'
+            f' [`summary.json`]({name}/summary.json).'
+        ),
+        '',
+        f'![{name}]({name}/{s["figures"][0]})',
+        '',
+    ]
   path = os.path.join(out_dir, 'README.md')
   with outputs.atomic_write(path, 'w') as f:
     f.write('\n'.join(lines))

@@ -1,4 +1,5 @@
-"""CLI: python -m flax_posemb.experiments CONFIG[:scale] [CONFIG ...] --workdir DIR [--quick] ...
+"""CLI: python -m flax_posemb.experiments CONFIG[:scale] [CONFIG ...] --workdir
+DIR [--quick] ...
 
 Layout: docs/DESIGN.md "Experiments outputs"; exit codes: flax_posemb.cli."""
 
@@ -13,43 +14,67 @@ from flax_posemb import cli
 PROG = 'python -m flax_posemb.experiments'
 cli.name_main_module(PROG, __name__)
 
-from flax_posemb import experiments  # pylint: disable=g-import-not-at-top,wrong-import-position
-from flax_posemb.experiments import spec, sweep  # pylint: disable=wrong-import-position
+from flax_posemb import experiments  # noqa: E402
+from flax_posemb.experiments import spec  # noqa: E402
+from flax_posemb.experiments import sweep  # noqa: E402
 
-flags.DEFINE_string('workdir', None, 'Experiment workdir (resumed if it exists).')
-flags.DEFINE_bool('quick', False, 'Two tiny arms, one seed, a few steps (pipeline check).')
+flags.DEFINE_string(
+    'workdir', None, 'Experiment workdir (resumed if it exists).'
+)
+flags.DEFINE_bool(
+    'quick', False, 'Two tiny arms, one seed, a few steps (pipeline check).'
+)
 flags.DEFINE_string('run_store', '', 'Run workdirs shared across experiments.')
-flags.DEFINE_string('report_dir', '', 'REPORT.md destination (default: the workdir).')
-flags.DEFINE_integer('max_runs', -1, 'Train at most N new runs (-1: all).', lower_bound=-1)
-flags.DEFINE_string('compilation_cache', os.path.expanduser('~/.cache/flax_posemb/jax_cache'),
-                    "JAX persistent compilation cache ('' disables).")
+flags.DEFINE_string(
+    'report_dir', '', 'REPORT.md destination (default: the workdir).'
+)
+flags.DEFINE_integer(
+    'max_runs', -1, 'Train at most N new runs (-1: all).', lower_bound=-1
+)
+flags.DEFINE_string(
+    'compilation_cache',
+    os.path.expanduser('~/.cache/flax_posemb/jax_cache'),
+    "JAX persistent compilation cache ('' disables).",
+)
 cli.define_debug_flag()
 FLAGS = flags.FLAGS
 
 
 def main(argv: list[str]) -> int | None:
   if len(argv) < 2 or not FLAGS.workdir:
-    raise cli.UserError('an experiment config (e.g. configs/experiments/init_comparison.py, '
-                        'or the suite all.py) and --workdir are required.')
-  cli.start_on_huge_pages()  # Before anything is written: the process may restart.
+    raise cli.UserError(
+        'an experiment config (e.g. configs/experiments/init_comparison.py, '
+        'or the suite all.py) and --workdir are required.'
+    )
+  # Before anything is written: the process may restart.
+  cli.start_on_huge_pages()
   for flag in ('workdir', 'run_store', 'report_dir'):
     if FLAGS[flag].value:
       cli.check_output_dir(FLAGS[flag].value, f'--{flag}')
   paths = spec.expand_paths(argv[1:])
   for path in paths:  # Every experiment config is checked before anything runs.
     spec.load(path)
-  if not FLAGS['verbosity'].present:  # One line per run; Orbax/TFDS INFO only with --verbosity.
+  # One line per run; Orbax/TFDS INFO only with --verbosity.
+  if not FLAGS['verbosity'].present:
     absl_logging.set_verbosity(absl_logging.WARNING)
     logging.getLogger('flax_posemb').setLevel(logging.INFO)
-  if FLAGS.compilation_cache:  # JAX's persistent cache: runs of equal shapes compile once.
-    import jax  # pylint: disable=g-import-not-at-top
+  # JAX's persistent cache: runs of equal shapes compile once.
+  if FLAGS.compilation_cache:
+    import jax
+
     jax.config.update('jax_compilation_cache_dir', FLAGS.compilation_cache)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
-  kwargs = dict(quick=FLAGS.quick, run_store=FLAGS.run_store, report_dir=FLAGS.report_dir,
-                max_runs=FLAGS.max_runs)
+  kwargs = dict(
+      quick=FLAGS.quick,
+      run_store=FLAGS.run_store,
+      report_dir=FLAGS.report_dir,
+      max_runs=FLAGS.max_runs,
+  )
   try:
     if len(paths) == 1:
-      summaries = {'': experiments.run_experiment(paths[0], FLAGS.workdir, **kwargs)}
+      summaries = {
+          '': experiments.run_experiment(paths[0], FLAGS.workdir, **kwargs)
+      }
     else:
       summaries = experiments.run_suite(paths, FLAGS.workdir, **kwargs)
   except sweep.Preempted as e:

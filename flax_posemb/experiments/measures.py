@@ -1,44 +1,81 @@
-"""Per-run measures from a finished run's files (docs/DESIGN.md "Experiments outputs")."""
+"""Per-run measures from a finished run's files (docs/DESIGN.md "Experiments
+outputs")."""
 
+from collections.abc import Mapping
 import itertools
 import json
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import scipy.stats
 
-from flax_posemb import analysis, outputs, stats, workdir
+from flax_posemb import analysis
+from flax_posemb import outputs
+from flax_posemb import stats
+from flax_posemb import workdir
 
 # Bucket vector -> the per-position vector it averages (``position_vectors``).
-_SOURCES = {'bucket_exposure': 'exposure', 'bucket_row_grad': 'row_grad',
-            'bucket_occ_signal': 'signal_per_occurrence',
-            'bucket_downstream_signal': 'signal_per_downstream',
-            'bucket_update_rss': 'update_rss', 'bucket_drift': 'drift',
-            'bucket_train_loss': 'mean_loss', 'bucket_row_norm': 'row_norm'}
+_SOURCES = {
+    'bucket_exposure': 'exposure',
+    'bucket_row_grad': 'row_grad',
+    'bucket_occ_signal': 'signal_per_occurrence',
+    'bucket_downstream_signal': 'signal_per_downstream',
+    'bucket_update_rss': 'update_rss',
+    'bucket_drift': 'drift',
+    'bucket_train_loss': 'mean_loss',
+    'bucket_row_norm': 'row_norm',
+}
 VECTORS = ('bucket_loss', 'bucket_excess', 'bucket_recovered', *_SOURCES)
 # name -> bucket vector whose last / first bucket it is.
-_LATE_OVER_EARLY = {'update': 'bucket_update_rss', **{k: f'bucket_{k}' for k in (
-    'exposure', 'row_grad', 'occ_signal', 'downstream_signal', 'drift', 'row_norm')}}
-_RARE = ('rare_row_fraction', 'loss_rare_rows', 'loss_common_late_rows', 'excess_rare_rows',
-         'excess_common_late_rows')
+_LATE_OVER_EARLY = {
+    'update': 'bucket_update_rss',
+    **{
+        k: f'bucket_{k}'
+        for k in (
+            'exposure',
+            'row_grad',
+            'occ_signal',
+            'downstream_signal',
+            'drift',
+            'row_norm',
+        )
+    },
+}
+_RARE = (
+    'rare_row_fraction',
+    'loss_rare_rows',
+    'loss_common_late_rows',
+    'excess_rare_rows',
+    'excess_common_late_rows',
+)
 # Axis labels of the figures; '{loss}' is the corpus's loss unit (``label``).
-LABELS = {'bucket_loss': 'held-out loss ({loss})',
-          'bucket_excess': 'excess loss over Bayes ({loss})',
-          'bucket_recovered': 'share of the position value recovered (0 = content only, 1 = Bayes)',
-          'bucket_exposure': 'training tokens seen per row (cumulative)',
-          'bucket_row_grad': 'table-gradient row norm (RMS per step, 2nd half)',
-          'bucket_occ_signal': 'gradient norm per occurrence (2nd half)',
-          'bucket_downstream_signal': 'gradient norm per downstream target (2nd half)',
-          'bucket_update_rss': 'cumulative update norm of the row (root of summed squares)',
-          'bucket_drift': 'drift from init ||row_end - row_0||',
-          'bucket_train_loss': 'training loss, 2nd half ({loss})',
-          'bucket_row_norm': 'norm of the final row', 'final_loss': 'held-out loss ({loss})'}
+LABELS = {
+    'bucket_loss': 'held-out loss ({loss})',
+    'bucket_excess': 'excess loss over Bayes ({loss})',
+    'bucket_recovered': (
+        'share of the position value recovered (0 = content only, 1 = Bayes)'
+    ),
+    'bucket_exposure': 'training tokens seen per row (cumulative)',
+    'bucket_row_grad': 'table-gradient row norm (RMS per step, 2nd half)',
+    'bucket_occ_signal': 'gradient norm per occurrence (2nd half)',
+    'bucket_downstream_signal': (
+        'gradient norm per downstream target (2nd half)'
+    ),
+    'bucket_update_rss': (
+        'cumulative update norm of the row (root of summed squares)'
+    ),
+    'bucket_drift': 'drift from init ||row_end - row_0||',
+    'bucket_train_loss': 'training loss, 2nd half ({loss})',
+    'bucket_row_norm': 'norm of the final row',
+    'final_loss': 'held-out loss ({loss})',
+}
 
 
 def label(metric: str, tokenizer: str = '') -> str:
   """Axis label of ``metric`` with its unit."""
   return LABELS.get(metric, metric).format(
-      loss='nats/byte' if tokenizer == 'byte' else 'nats/token')
+      loss='nats/byte' if tokenizer == 'byte' else 'nats/token'
+  )
 
 
 def load_json(path: str) -> Any:
@@ -56,15 +93,24 @@ def load_tables(run_dir: str) -> dict[int, np.ndarray]:
   return {s: outputs.load_npy(p) for s, p in outputs.table_files(run_dir)}
 
 
-def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
-                     tables: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
+def position_vectors(
+    windows: list[dict[str, np.ndarray]],
+    num_steps: int,
+    tables: Mapping[int, np.ndarray],
+) -> dict[str, np.ndarray]:
   """``[max_len]`` per-position vectors of a run (docs/DESIGN.md)."""
   out: dict[str, np.ndarray] = {}
   if windows:
-    late = [w for w in windows if int(w['step']) > num_steps // 2] or windows[-1:]
-    # A run with collect_stats=False has only stats.LOSS_FIELDS: its gradient vectors are NaN.
+    late = [w for w in windows if int(w['step']) > num_steps // 2] or windows[
+        -1:
+    ]
+    # A run with collect_stats=False has only stats.LOSS_FIELDS: its gradient
+    # vectors are NaN.
     nan = np.full(np.shape(windows[0]['count']), np.nan)
-    total = lambda ws, k: sum(np.asarray(w.get(k, nan), np.float64) for w in ws)
+
+    def total(ws, k):
+      return sum(np.asarray(w.get(k, nan), np.float64) for w in ws)
+
     late_sums = {k: total(late, k) for k in stats.FIELDS}
     out.update(stats.derived(late_sums))
     late_steps = sum(int(w.get('num_steps', 1)) for w in late)
@@ -79,107 +125,176 @@ def position_vectors(windows: list[dict[str, np.ndarray]], num_steps: int,
 
 
 def step_seconds(run_dir: str) -> float:
-  """Steady-state seconds per step from ``metrics.jsonl`` (after the first row; NaN if none)."""
+  """Steady-state seconds per step from ``metrics.jsonl`` (after the first row;
+  NaN if none)."""
   metrics = workdir.metric_rows(run_dir)
-  rows = [(int(r['step']), float(r['elapsed'])) for _, r in metrics
-          if 'elapsed' in r and 'eval' not in r]
+  rows = [
+      (int(r['step']), float(r['elapsed']))
+      for _, r in metrics
+      if 'elapsed' in r and 'eval' not in r
+  ]
   if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
     return float('nan')
   return (rows[-1][1] - rows[0][1]) / (rows[-1][0] - rows[0][0])
 
 
 def _pearson(x: np.ndarray, y: np.ndarray) -> float:
-  """Pearson r over the entries finite in both; NaN below 3 of them or for a constant."""
+  """Pearson r over the entries finite in both; NaN below 3 of them or for a
+  constant."""
   ok = np.isfinite(x) & np.isfinite(y)
   if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
     return float('nan')
   return float(scipy.stats.pearsonr(x[ok], y[ok]).statistic)
 
 
-def run_measures(run_dir: str, eval_results: Mapping[str, Any], num_steps: int,
-                 train_seconds: float = float('nan'),
-                 per_position: Mapping[str, np.ndarray] | None = None,
-                 rare_exposure: float = 100.0) -> dict[str, Any]:
-  """``{'scalars', 'vectors', 'buckets'}`` of a finished run (``per_position``: arrays [L])."""
+def run_measures(
+    run_dir: str,
+    eval_results: Mapping[str, Any],
+    num_steps: int,
+    train_seconds: float = float('nan'),
+    per_position: Mapping[str, np.ndarray] | None = None,
+    rare_exposure: float = 100.0,
+) -> dict[str, Any]:
+  """``{'scalars', 'vectors', 'buckets'}`` of a finished run (``per_position``:
+  arrays [L])."""
   buckets = eval_results['buckets']
   edges = [(int(b['start']), int(b['end'])) for b in buckets]
-  get = lambda key: np.array([float(b.get(key, float('nan'))) for b in buckets])
+
+  def get(key):
+    return np.array([float(b.get(key, float('nan'))) for b in buckets])
+
   pos = position_vectors(load_windows(run_dir), num_steps, load_tables(run_dir))
-  vec = {'bucket_loss': get('loss'), 'bucket_excess': get('excess_loss'),
-         'bucket_recovered': get('recovered')}
-  for name, key in _SOURCES.items():  # Each bucket's mean of its finite entries (NaN if none).
+  vec = {
+      'bucket_loss': get('loss'),
+      'bucket_excess': get('excess_loss'),
+      'bucket_recovered': get('recovered'),
+  }
+  # Each bucket's mean of its finite entries (NaN if none).
+  for name, key in _SOURCES.items():
     parts = [np.asarray(pos.get(key, [])[a:b], np.float64) for a, b in edges]
-    vec[name] = np.array([v[np.isfinite(v)].mean() if np.isfinite(v).any() else np.nan
-                          for v in parts])
+    vec[name] = np.array(
+        [
+            v[np.isfinite(v)].mean() if np.isfinite(v).any() else np.nan
+            for v in parts
+        ]
+    )
   s = _scalars(eval_results, vec, pos, num_steps, train_seconds)
   s['step_seconds'] = step_seconds(run_dir)
   s.update(_rare_rows(pos, per_position, rare_exposure))
-  return {'scalars': s, 'vectors': {k: [float(x) for x in v] for k, v in vec.items()},
-          'buckets': [list(e) for e in edges]}
+  return {
+      'scalars': s,
+      'vectors': {k: [float(x) for x in v] for k, v in vec.items()},
+      'buckets': [list(e) for e in edges],
+  }
 
 
-def _scalars(eval_results: Mapping[str, Any], vec: Mapping[str, np.ndarray],
-             pos: Mapping[str, np.ndarray], num_steps: int,
-             train_seconds: float) -> dict[str, float]:
+def _scalars(
+    eval_results: Mapping[str, Any],
+    vec: Mapping[str, np.ndarray],
+    pos: Mapping[str, np.ndarray],
+    num_steps: int,
+    train_seconds: float,
+) -> dict[str, float]:
   nan = float('nan')
-  overall, deg = eval_results['overall']['loss'], eval_results['degradation']['last_minus_best']
-  s = {'final_loss': float(np.nanmean(vec['bucket_loss']) if overall is None else overall),
-       'degradation': nan if deg is None else float(deg),
-       'update_rss_late': float(vec['bucket_update_rss'][-1]),
-       'drift_late': float(vec['bucket_drift'][-1]),
-       'drift_mean': float(np.nanmean(pos['drift'])) if 'drift' in pos else nan,
-       'train_seconds': float(train_seconds)}
+  overall, deg = (
+      eval_results['overall']['loss'],
+      eval_results['degradation']['last_minus_best'],
+  )
+  s = {
+      'final_loss': float(
+          np.nanmean(vec['bucket_loss']) if overall is None else overall
+      ),
+      'degradation': nan if deg is None else float(deg),
+      'update_rss_late': float(vec['bucket_update_rss'][-1]),
+      'drift_late': float(vec['bucket_drift'][-1]),
+      'drift_mean': float(np.nanmean(pos['drift'])) if 'drift' in pos else nan,
+      'train_seconds': float(train_seconds),
+  }
   for k in ('loss', 'excess', 'recovered'):
-    s[f'{k}_early'], s[f'{k}_late'] = float(vec[f'bucket_{k}'][0]), float(vec[f'bucket_{k}'][-1])
+    s[f'{k}_early'], s[f'{k}_late'] = float(vec[f'bucket_{k}'][0]), float(
+        vec[f'bucket_{k}'][-1]
+    )
   s['loss_late_minus_early'] = s['loss_late'] - s['loss_early']
   s['excess_late_minus_early'] = s['excess_late'] - s['excess_early']
   for name, v in _LATE_OVER_EARLY.items():
     ok = vec[v][0] and np.isfinite(vec[v][0])
     s[f'{name}_late_over_early'] = float(vec[v][-1] / vec[v][0]) if ok else nan
-  s['signal_loss_corr'] = _pearson(pos.get('signal_per_occurrence', np.array([])),
-                                   pos.get('mean_loss', np.array([])))
+  s['signal_loss_corr'] = _pearson(
+      pos.get('signal_per_occurrence', np.array([])),
+      pos.get('mean_loss', np.array([])),
+  )
   scored = float(pos['scored_total'].sum()) if 'scored_total' in pos else nan
   s['tokens_per_step'] = scored / num_steps if num_steps else nan
-  s['train_tokens_per_second'] = scored / train_seconds if train_seconds else nan
-  by_offset = {int(p['offset']): p['overall']['loss']
-               for p in (eval_results.get('offset_probe') or {}).get('by_offset', [])}
+  s['train_tokens_per_second'] = (
+      scored / train_seconds if train_seconds else nan
+  )
+  by_offset = {
+      int(p['offset']): p['overall']['loss']
+      for p in (eval_results.get('offset_probe') or {}).get('by_offset', [])
+  }
   for k, loss in by_offset.items():
     if k and by_offset.get(0) is not None and loss is not None:
       s[f'offset_penalty_{k}'] = float(loss) - float(by_offset[0])
   return s
 
 
-def _rare_rows(pos: Mapping[str, np.ndarray], per_position: Mapping[str, np.ndarray] | None,
-               rare_exposure: float) -> dict[str, float]:
-  """Held-out loss (and excess over Bayes) of rare vs common rows of the second half."""
+def _rare_rows(
+    pos: Mapping[str, np.ndarray],
+    per_position: Mapping[str, np.ndarray] | None,
+    rare_exposure: float,
+) -> dict[str, float]:
+  """Held-out loss (and excess over Bayes) of rare vs common rows of the second
+  half."""
   out = dict.fromkeys(_RARE, float('nan'))
-  if per_position is None or 'exposure' not in pos or 'loss' not in per_position:
+  if (
+      per_position is None
+      or 'exposure' not in pos
+      or 'loss' not in per_position
+  ):
     return out
   loss = np.asarray(per_position['loss'], np.float64)
   n = len(loss)
   late = np.arange(n) >= n // 2
   rare = late & (np.asarray(pos['exposure'], np.float64)[:n] < rare_exposure)
-  mean = lambda v, m: float(np.nanmean(v[m])) if m.any() else float('nan')
+
+  def mean(v, m):
+    return float(np.nanmean(v[m])) if m.any() else float('nan')
+
   out['rare_row_fraction'] = float(rare.sum() / max(late.sum(), 1))
   values = {'loss': loss}
   if 'bayes_loss' in per_position:
-    values['excess'] = loss - np.asarray(per_position['bayes_loss'], np.float64)[:n]
+    values['excess'] = (
+        loss - np.asarray(per_position['bayes_loss'], np.float64)[:n]
+    )
   for k, v in values.items():
-    out[f'{k}_rare_rows'], out[f'{k}_common_late_rows'] = mean(v, rare), mean(v, late & ~rare)
+    out[f'{k}_rare_rows'], out[f'{k}_common_late_rows'] = mean(v, rare), mean(
+        v, late & ~rare
+    )
   return out
 
 
-def convergence_step(run_dirs: Mapping[str, str], threshold: float) -> dict[str, Any]:
-  """When the tables of two or more arms (arm -> run dir) agree >= ``threshold`` from then on:
-  agreement is the mean pairwise Pearson r of their cosine-similarity structures (constant: 0)."""
+def convergence_step(
+    run_dirs: Mapping[str, str], threshold: float
+) -> dict[str, Any]:
+  """When the tables of two or more arms (arm -> run dir) agree >= ``threshold``
+  from then on: agreement is the mean pairwise Pearson r of their
+  cosine-similarity structures (constant: 0)."""
   snaps = {a: load_tables(d) for a, d in run_dirs.items()}
   common = sorted(set.intersection(*(set(s) for s in snaps.values())))
   agreement = []
   for step in common:
-    structs = [analysis.cosine_similarity(s[step])[np.triu_indices(len(s[step]), k=1)]
-               for s in snaps.values()]
+    structs = [
+        analysis.cosine_similarity(s[step])[np.triu_indices(len(s[step]), k=1)]
+        for s in snaps.values()
+    ]
     r = [_pearson(a, b) for a, b in itertools.combinations(structs, 2)]
     agreement.append(float(np.mean(np.nan_to_num(r))))
-  converged = next((float(step) for i, step in enumerate(common)
-                    if all(a >= threshold for a in agreement[i:])), float('nan'))
+  converged = next(
+      (
+          float(step)
+          for i, step in enumerate(common)
+          if all(a >= threshold for a in agreement[i:])
+      ),
+      float('nan'),
+  )
   return {'steps': common, 'agreement': agreement, 'converged_step': converged}

@@ -1,9 +1,10 @@
-"""Paired t intervals over seeds, the fixed verdict rule and Holm-Bonferroni correction."""
+"""Paired t intervals over seeds, the fixed verdict rule and Holm-Bonferroni
+correction."""
 
+from collections.abc import Mapping, Sequence
 import dataclasses
 import math
 import warnings
-from typing import Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -11,13 +12,16 @@ from scipy import stats
 SUPPORTED = 'supported'
 CONTRADICTED = 'contradicted'
 INCONCLUSIVE = 'inconclusive at this scale'
-NOT_MEASURED = 'not measured'  # No seed has a finite value of the metric for both arms.
+# No seed has a finite value of the metric for both arms.
+NOT_MEASURED = 'not measured'
 DIRECTIONS = ('greater', 'less', 'equivalent')
 
 
 @dataclasses.dataclass(frozen=True)
 class Interval:
-  """Sample mean with its two-sided Student-t interval (bounds and stderr NaN if n < 2)."""
+  """Sample mean with its two-sided Student-t interval (bounds and stderr NaN if
+  n < 2)."""
+
   mean: float
   low: float
   high: float
@@ -35,49 +39,78 @@ def _finite(values: Sequence[float] | np.ndarray) -> np.ndarray:
 
 
 def _ttest(x: np.ndarray, popmean: float, alternative: str = 'two-sided'):
-  with warnings.catch_warnings():  # Identical values (zero spread): a point interval, no warning.
+  # Identical values (zero spread): a point interval, no warning.
+  with warnings.catch_warnings():
     warnings.simplefilter('ignore', RuntimeWarning)
     return stats.ttest_1samp(x, popmean, alternative=alternative)
 
 
-def t_interval(values: Sequence[float] | np.ndarray, level: float = 0.95) -> Interval:
-  """Student-t interval of the mean of the finite entries of ``values`` (shape ``[n]``)."""
+def t_interval(
+    values: Sequence[float] | np.ndarray, level: float = 0.95
+) -> Interval:
+  """Student-t interval of the mean of the finite entries of ``values`` (shape
+  ``[n]``)."""
   x = _finite(values)
   nan = float('nan')
   if x.size < 2:
-    return Interval(float(x.mean()) if x.size else nan, nan, nan, int(x.size), nan, level)
+    return Interval(
+        float(x.mean()) if x.size else nan, nan, nan, int(x.size), nan, level
+    )
   ci = _ttest(x, 0.0).confidence_interval(level)
-  return Interval(float(x.mean()), float(ci.low), float(ci.high), int(x.size),
-                  float(stats.sem(x)), level)
+  return Interval(
+      float(x.mean()),
+      float(ci.low),
+      float(ci.high),
+      int(x.size),
+      float(stats.sem(x)),
+      level,
+  )
 
 
-def decision_p_value(values: Sequence[float] | np.ndarray, direction: str,
-                     margin: float = 0.0) -> float:
-  """Smallest alpha at which the (1 - alpha) interval of ``values`` ``[n]`` is decisive
-  under ``verdict`` (equivalent: TOST, or the interval beyond one side of the band)."""
+def decision_p_value(
+    values: Sequence[float] | np.ndarray, direction: str, margin: float = 0.0
+) -> float:
+  """Smallest alpha at which the (1 - alpha) interval of ``values`` ``[n]`` is
+  decisive under ``verdict`` (equivalent: TOST, or the interval beyond one side
+  of the band)."""
   x = _finite(values)
-  above = lambda c: 2.0 * float(_ttest(x, c, 'greater').pvalue)  # alpha at which low > c
-  below = lambda c: 2.0 * float(_ttest(x, c, 'less').pvalue)  # alpha at which high < c
+
+  # alpha at which low > c
+  def above(c):
+    return 2.0 * float(_ttest(x, c, 'greater').pvalue)
+
+  # alpha at which high < c
+  def below(c):
+    return 2.0 * float(_ttest(x, c, 'less').pvalue)
+
   if direction == 'equivalent':
-    p = min(max(above(-margin), below(margin)), min(above(margin), below(-margin)))
+    p = min(
+        max(above(-margin), below(margin)), min(above(margin), below(-margin))
+    )
   else:
     p = min(above(0.0), below(0.0))
-  return min(1.0, p) if math.isfinite(p) else 1.0  # NaN below two values: never decisive.
+  # NaN below two values: never decisive.
+  return min(1.0, p) if math.isfinite(p) else 1.0
 
 
 def holm(p_values: Sequence[float]) -> np.ndarray:
-  """Holm-Bonferroni adjusted p-values, in the input order (scipy has no Holm)."""
+  """Holm-Bonferroni adjusted p-values, in the input order (scipy has no
+  Holm)."""
   p = np.asarray(p_values, dtype=np.float64)
   m = p.size
   order = np.argsort(p, kind='stable')
   out = np.empty(m)
-  out[order] = np.minimum(1.0, np.maximum.accumulate(p[order] * (m - np.arange(m))))
+  out[order] = np.minimum(
+      1.0, np.maximum.accumulate(p[order] * (m - np.arange(m)))
+  )
   return out
 
 
 def verdict(interval: Interval, direction: str, margin: float = 0.0) -> str:
-  """The fixed rule on the interval of the mean paired difference ``arm - baseline``."""
-  lo, hi = interval.low, interval.high  # NaN bounds (n < 2) fail every test: inconclusive.
+  """The fixed rule on the interval of the mean paired difference ``arm -
+  baseline``."""
+  # NaN bounds (n < 2) fail every test: inconclusive.
+  lo, hi = interval.low, interval.high
   if direction == 'greater':
     return SUPPORTED if lo > 0 else CONTRADICTED if hi < 0 else INCONCLUSIVE
   if direction == 'less':
@@ -87,21 +120,39 @@ def verdict(interval: Interval, direction: str, margin: float = 0.0) -> str:
   return CONTRADICTED if lo > margin or hi < -margin else INCONCLUSIVE
 
 
-def judge(arm: Mapping[int, float], baseline: Mapping[int, float], direction: str,
-          margin: float = 0.0, level: float = 0.95) -> dict:
+def judge(
+    arm: Mapping[int, float],
+    baseline: Mapping[int, float],
+    direction: str,
+    margin: float = 0.0,
+    level: float = 0.95,
+) -> dict:
   """Interval, verdict and p value of a paired claim (seed -> metric maps)."""
   seeds = sorted(set(arm) & set(baseline))
   d = np.array([float(arm[s]) - float(baseline[s]) for s in seeds], np.float64)
   interval = t_interval(d, level)
-  return {'seeds': seeds, 'differences': [float(x) for x in d], 'interval': interval.as_dict(),
-          'verdict': verdict(interval, direction, margin) if interval.n else NOT_MEASURED,
-          'p_value': decision_p_value(d, direction, margin)}
+  return {
+      'seeds': seeds,
+      'differences': [float(x) for x in d],
+      'interval': interval.as_dict(),
+      'verdict': (
+          verdict(interval, direction, margin) if interval.n else NOT_MEASURED
+      ),
+      'p_value': decision_p_value(d, direction, margin),
+  }
 
 
 def with_holm(judgements: Sequence[dict], alpha: float = 0.05) -> list[dict]:
-  """``judge`` outputs plus ``p_holm`` and ``verdict_holm`` over the measured ones."""
-  out = [dict(j, p_holm=float('nan'), verdict_holm=NOT_MEASURED) for j in judgements]
+  """``judge`` outputs plus ``p_holm`` and ``verdict_holm`` over the measured
+  ones."""
+  out = [
+      dict(j, p_holm=float('nan'), verdict_holm=NOT_MEASURED)
+      for j in judgements
+  ]
   tested = [j for j in out if j['verdict'] != NOT_MEASURED]
   for j, p in zip(tested, holm([j['p_value'] for j in tested])):
-    j.update(p_holm=float(p), verdict_holm=j['verdict'] if p < alpha else INCONCLUSIVE)
+    j.update(
+        p_holm=float(p),
+        verdict_holm=j['verdict'] if p < alpha else INCONCLUSIVE,
+    )
   return out

@@ -1,32 +1,54 @@
-"""A sweep's summary.json, REPORT.md and figures (docs/DESIGN.md "Experiments outputs")."""
+"""A sweep's summary.json, REPORT.md and figures (docs/DESIGN.md "Experiments
+outputs")."""
 
+from collections.abc import Iterable, Mapping
 import math
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import ml_collections
 import numpy as np
 
-from flax_posemb import eval_report, outputs
-from flax_posemb.experiments import measures, paired, sweep
+from flax_posemb import eval_report
+from flax_posemb import outputs
+from flax_posemb.experiments import measures
+from flax_posemb.experiments import paired
+from flax_posemb.experiments import sweep
 
 # Per-arm scalars of the report's arm table (all of them are in summary.json).
-TABLE_SCALARS = ('final_loss', 'loss_late_minus_early', 'excess_late', 'recovered_late',
-                 'exposure_late_over_early', 'update_late_over_early', 'drift_late',
-                 'tokens_per_step', 'train_seconds', 'step_seconds')
+TABLE_SCALARS = (
+    'final_loss',
+    'loss_late_minus_early',
+    'excess_late',
+    'recovered_late',
+    'exposure_late_over_early',
+    'update_late_over_early',
+    'drift_late',
+    'tokens_per_step',
+    'train_seconds',
+    'step_seconds',
+)
 
 
 def stated_settings(config: ml_collections.ConfigDict) -> dict[str, object]:
-  """The settings every report states (token init, beta2, weight decay, corpus, shapes)."""
+  """The settings every report states (token init, beta2, weight decay, corpus,
+  shapes)."""
   d, m, o = config.data, config.model, config.optimizer
-  return {'token_init': m.token_init, 'token_init_std': float(m.token_init_std),
-          'beta2': float(o.b2), 'weight_decay': float(o.weight_decay),
-          'decay_position_table': bool(o.decay_position_table),
-          'corpus': d.source if d.source != 'tfds' else f'tfds:{d.name}',
-          'tokenizer': d.tokenizer if d.source != 'synthetic' else 'synthetic',
-          'seq_len': int(d.seq_len), 'num_train_steps': int(config.num_train_steps),
-          'model': f'{m.num_layers} layers, {m.num_heads} heads, width {m.emb_dim}, table '
-                   f'{m.max_len} rows'}
+  return {
+      'token_init': m.token_init,
+      'token_init_std': float(m.token_init_std),
+      'beta2': float(o.b2),
+      'weight_decay': float(o.weight_decay),
+      'decay_position_table': bool(o.decay_position_table),
+      'corpus': d.source if d.source != 'tfds' else f'tfds:{d.name}',
+      'tokenizer': d.tokenizer if d.source != 'synthetic' else 'synthetic',
+      'seq_len': int(d.seq_len),
+      'num_train_steps': int(config.num_train_steps),
+      'model': (
+          f'{m.num_layers} layers, {m.num_heads} heads, width {m.emb_dim},'
+          f' table {m.max_len} rows'
+      ),
+  }
 
 
 def _finite(x: Any) -> bool:
@@ -36,7 +58,7 @@ def _finite(x: Any) -> bool:
 def fmt(x: Any, nd: int = 4) -> str:
   if not _finite(x):
     return 'n/a'
-  if x != 0 and (abs(x) >= 1e4 or abs(x) < 10 ** -nd):
+  if x != 0 and (abs(x) >= 1e4 or abs(x) < 10**-nd):
     return f'{x:.{max(nd - 1, 1)}e}'
   return f'{x:.{nd}f}'
 
@@ -49,15 +71,25 @@ def fmt_interval(iv: Mapping[str, Any], nd: int = 4) -> str:
   return f"{fmt(iv['mean'], nd)} [{fmt(iv['low'], nd)}, {fmt(iv['high'], nd)}]"
 
 
-def _values(runs: Mapping[int, Mapping[str, Any]], metric: str) -> dict[int, float]:
+def _values(
+    runs: Mapping[int, Mapping[str, Any]], metric: str
+) -> dict[int, float]:
   """seed -> scalar ``metric`` (NaN where not measured)."""
   return {s: float(m['scalars'].get(metric, np.nan)) for s, m in runs.items()}
 
 
-def _vectors(runs: Mapping[int, Mapping[str, Any]], metric: str, seeds) -> np.ndarray:
-  """``[len(seeds), B]`` vector ``metric`` of those seeds (NaN where not measured)."""
-  return np.array([runs[s]['vectors'].get(metric, [np.nan] * len(runs[s]['buckets']))
-                   for s in seeds], np.float64).reshape(len(seeds), -1)
+def _vectors(
+    runs: Mapping[int, Mapping[str, Any]], metric: str, seeds
+) -> np.ndarray:
+  """``[len(seeds), B]`` vector ``metric`` of those seeds (NaN where not
+  measured)."""
+  return np.array(
+      [
+          runs[s]['vectors'].get(metric, [np.nan] * len(runs[s]['buckets']))
+          for s in seeds
+      ],
+      np.float64,
+  ).reshape(len(seeds), -1)
 
 
 def _intervals(x: np.ndarray) -> list[dict[str, Any]]:
@@ -66,15 +98,25 @@ def _intervals(x: np.ndarray) -> list[dict[str, Any]]:
 
 
 def _md_table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
-  """Markdown table lines; a dict cell is an interval (``fmt_interval(cell, 3)``)."""
-  return ['| ' + ' | '.join(fmt_interval(c, 3) if isinstance(c, dict) else str(c) for c in r)
-          + ' |' for r in [header, ['---'] * len(header), *rows]]
+  """Markdown table lines; a dict cell is an interval (``fmt_interval(cell,
+  3)``)."""
+  return [
+      '| '
+      + ' | '.join(
+          fmt_interval(c, 3) if isinstance(c, dict) else str(c) for c in r
+      )
+      + ' |'
+      for r in [header, ['---'] * len(header), *rows]
+  ]
 
 
-def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> dict[str, Any]:
+def aggregate(
+    exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]
+) -> dict[str, Any]:
   """The JSON-ready summary of a sweep (``sweep.run_sweep`` output)."""
   rows = [r for r in sweep_out['runs'] if r['done']]
-  # arm (grid order, unfinished arms included) -> {seed: measures}, seeds ascending.
+  # arm (grid order, unfinished arms included) -> {seed: measures}, seeds
+  # ascending.
   by_arm: dict[str, dict[int, Any]] = {r['arm']: {} for r in sweep_out['runs']}
   for r in sorted(rows, key=lambda r: int(r['seed'])):
     by_arm[r['arm']][int(r['seed'])] = r['measures']
@@ -86,67 +128,130 @@ def aggregate(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]) -> d
   if windows := _window_groups(rows, by_arm):
     analyses['windows'] = windows
   overrides = {a.name: dict(a.overrides) for a in exp.arms}
-  return {'experiment': exp.name, 'title': exp.title, 'question': exp.question,
-          'complete': sweep_out['complete'], 'quick': bool(sweep_out.get('quick')),
-          'buckets': rows[0]['measures']['buckets'] if rows else [],
-          'settings': stated_settings(rows[0]['config']) if rows else {},
-          'budget': sweep_out['budget'], 'arms': _arms(by_arm, rows), 'claims': claims,
-          'multiplicity': {'method': 'holm', 'claims_tested': len(tested), 'alpha': 0.05,
-                           'verdicts_changed': sum(c['verdict_holm'] != c['verdict']
-                                                   for c in tested)},
-          'profiles': _profiles(exp, by_arm), 'analyses': analyses,
-          'runs': [{'arm': r['arm'], 'seed': r['seed'], 'key': r['key'], 'done': r['done'],
-                    'overrides': overrides[r['arm']]} for r in sweep_out['runs']]}
+  return {
+      'experiment': exp.name,
+      'title': exp.title,
+      'question': exp.question,
+      'complete': sweep_out['complete'],
+      'quick': bool(sweep_out.get('quick')),
+      'buckets': rows[0]['measures']['buckets'] if rows else [],
+      'settings': stated_settings(rows[0]['config']) if rows else {},
+      'budget': sweep_out['budget'],
+      'arms': _arms(by_arm, rows),
+      'claims': claims,
+      'multiplicity': {
+          'method': 'holm',
+          'claims_tested': len(tested),
+          'alpha': 0.05,
+          'verdicts_changed': sum(
+              c['verdict_holm'] != c['verdict'] for c in tested
+          ),
+      },
+      'profiles': _profiles(exp, by_arm),
+      'analyses': analyses,
+      'runs': [
+          {
+              'arm': r['arm'],
+              'seed': r['seed'],
+              'key': r['key'],
+              'done': r['done'],
+              'overrides': overrides[r['arm']],
+          }
+          for r in sweep_out['runs']
+      ],
+  }
 
 
-def _arms(by_arm: Mapping[str, Any], rows: list[Mapping[str, Any]]) -> dict[str, Any]:
-  """arm -> {seeds[, scalars, vectors, corpus, tokenizer]} (intervals over seeds)."""
+def _arms(
+    by_arm: Mapping[str, Any], rows: list[Mapping[str, Any]]
+) -> dict[str, Any]:
+  """arm -> {seeds[, scalars, vectors, corpus, tokenizer]} (intervals over
+  seeds)."""
   settings = {r['arm']: stated_settings(r['config']) for r in rows}
-  names = lambda kind: sorted({k for r in rows for k in r['measures'][kind]})
+
+  def names(kind):
+    return sorted({k for r in rows for k in r['measures'][kind]})
+
   out = {}
   for a, runs in by_arm.items():
     out[a] = {'seeds': list(runs), 'scalars': {}, 'vectors': {}}
     if runs:
-      out[a]['scalars'] = {k: paired.t_interval(list(_values(runs, k).values())).as_dict()
-                           for k in names('scalars')}
-      out[a]['vectors'] = {k: _intervals(_vectors(runs, k, list(runs))) for k in names('vectors')}
-      out[a].update(corpus=settings[a]['corpus'], tokenizer=settings[a]['tokenizer'])
+      out[a]['scalars'] = {
+          k: paired.t_interval(list(_values(runs, k).values())).as_dict()
+          for k in names('scalars')
+      }
+      out[a]['vectors'] = {
+          k: _intervals(_vectors(runs, k, list(runs))) for k in names('vectors')
+      }
+      out[a].update(
+          corpus=settings[a]['corpus'], tokenizer=settings[a]['tokenizer']
+      )
   return out
 
 
-def _claims(exp: ml_collections.ConfigDict, by_arm: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _claims(
+    exp: ml_collections.ConfigDict, by_arm: Mapping[str, Any]
+) -> list[dict[str, Any]]:
   claims = []
   for c in exp.claims:
     if c.arm in by_arm and (not c.baseline or c.baseline in by_arm):
       av = _values(by_arm[c.arm], c.metric)
-      bv = _values(by_arm[c.baseline], c.metric) if c.baseline else dict.fromkeys(av, 0.0)
-      claims.append({'id': c.id, 'text': c.text, 'metric': c.metric, 'arm': c.arm,
-                     'baseline': c.baseline, 'direction': c.direction, 'margin': c.margin,
-                     **paired.judge(av, bv, c.direction, c.margin)})
+      bv = (
+          _values(by_arm[c.baseline], c.metric)
+          if c.baseline
+          else dict.fromkeys(av, 0.0)
+      )
+      claims.append(
+          {
+              'id': c.id,
+              'text': c.text,
+              'metric': c.metric,
+              'arm': c.arm,
+              'baseline': c.baseline,
+              'direction': c.direction,
+              'margin': c.margin,
+              **paired.judge(av, bv, c.direction, c.margin),
+          }
+      )
   return claims
 
 
-def _profiles(exp: ml_collections.ConfigDict, by_arm: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _profiles(
+    exp: ml_collections.ConfigDict, by_arm: Mapping[str, Any]
+) -> list[dict[str, Any]]:
   """Each profile's finished arms and their per-bucket paired differences."""
   profiles = []
   for p in exp.profiles:
     present = [a for a in p.arms if by_arm.get(a)]
     if not present:
       continue
-    prof = {'metric': p.metric, 'title': p.title, 'arms': present, 'baseline': p.baseline,
-            'differences': {}}
+    prof = {
+        'metric': p.metric,
+        'title': p.title,
+        'arms': present,
+        'baseline': p.baseline,
+        'differences': {},
+    }
     for a in present if by_arm.get(p.baseline) else ():
       shared = sorted(set(by_arm[a]) & set(by_arm[p.baseline]))
       if a != p.baseline and shared:
-        prof['differences'][a] = _intervals(_vectors(by_arm[a], p.metric, shared)
-                                            - _vectors(by_arm[p.baseline], p.metric, shared))
+        prof['differences'][a] = _intervals(
+            _vectors(by_arm[a], p.metric, shared)
+            - _vectors(by_arm[p.baseline], p.metric, shared)
+        )
     profiles.append(prof)
   return profiles
 
 
-def _window_groups(rows: list[Mapping[str, Any]], arms: Iterable[str]) -> dict[str, Any]:
-  """The windows' provenance and the last bucket's rise per window group and arm."""
-  paths = [(r['arm'], os.path.join(r['run_dir'], sweep.EVAL_DIR, 'results.json')) for r in rows]
+def _window_groups(
+    rows: list[Mapping[str, Any]], arms: Iterable[str]
+) -> dict[str, Any]:
+  """The windows' provenance and the last bucket's rise per window group and
+  arm."""
+  paths = [
+      (r['arm'], os.path.join(r['run_dir'], sweep.EVAL_DIR, 'results.json'))
+      for r in rows
+  ]
   results = [(a, measures.load_json(p)) for a, p in paths if os.path.exists(p)]
   if not results or 'windows' not in results[0][1]:
     return {}
@@ -160,187 +265,399 @@ def _window_groups(rows: list[Mapping[str, Any]], arms: Iterable[str]) -> dict[s
         losses = [b['loss'] for b in g['buckets'][-2:]]
         if g['group'] in labels and len(losses) == 2 and None not in losses:
           per_arm[arm][g['group']].append(losses[1] - losses[0])
-    rise[name] = {'groups': [f"{g['group']} ({g['windows']} windows, {g['documents']} docs)"
-                             for g in first],
-                  'arms': {a: [paired.t_interval(v[k]).as_dict() for k in labels]
-                           for a, v in per_arm.items() if any(v.values())}}
+    rise[name] = {
+        'groups': [
+            f"{g['group']} ({g['windows']} windows, {g['documents']} docs)"
+            for g in first
+        ],
+        'arms': {
+            a: [paired.t_interval(v[k]).as_dict() for k in labels]
+            for a, v in per_arm.items()
+            if any(v.values())
+        },
+    }
   return {'summary': results[0][1]['windows'], 'rise': rise}
 
 
-def _convergence(exp: ml_collections.ConfigDict, rows: list[Mapping[str, Any]]) -> dict[str, Any]:
-  groups: dict[int, dict[str, str]] = {}  # seed -> {arm: run_dir} of the finished runs
+def _convergence(
+    exp: ml_collections.ConfigDict, rows: list[Mapping[str, Any]]
+) -> dict[str, Any]:
+  # seed -> {arm: run_dir} of the finished runs
+  groups: dict[int, dict[str, str]] = {}
   for r in rows:
     groups.setdefault(r['seed'], {})[r['arm']] = r['run_dir']
-  per_seed = {s: measures.convergence_step(g, float(exp.convergence_threshold))
-              for s, g in groups.items() if len(g) >= 2}
+  per_seed = {
+      s: measures.convergence_step(g, float(exp.convergence_threshold))
+      for s, g in groups.items()
+      if len(g) >= 2
+  }
   if not per_seed:
     return {}
   steps = min((v['steps'] for v in per_seed.values()), key=len)
-  curves = np.array([v['agreement'][:len(steps)] for v in per_seed.values()], np.float64)
+  curves = np.array(
+      [v['agreement'][: len(steps)] for v in per_seed.values()], np.float64
+  )
   converged = {s: v['converged_step'] for s, v in per_seed.items()}
-  return {'threshold': float(exp.convergence_threshold), 'steps': steps,
-          'agreement': _intervals(curves),
-          'converged_step': paired.t_interval(list(converged.values())).as_dict(),
-          'never_converged_seeds': [s for s, c in converged.items() if not math.isfinite(c)]}
+  return {
+      'threshold': float(exp.convergence_threshold),
+      'steps': steps,
+      'agreement': _intervals(curves),
+      'converged_step': paired.t_interval(list(converged.values())).as_dict(),
+      'never_converged_seeds': [
+          s for s, c in converged.items() if not math.isfinite(c)
+      ],
+  }
 
 
 def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   """Writes the report's figures; returns (title, file name) of each."""
-  from flax_posemb import plots  # pylint: disable=g-import-not-at-top
+  from flax_posemb import plots
+
   s = summary['settings']
   n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
-  identity = (f'{summary["experiment"]}: {s.get("model", "?")}, context {s.get("seq_len", "?")}, '
-              f'{s.get("num_train_steps", "?")} steps, {n_seeds} seed(s) per arm')
+  identity = (
+      f'{summary["experiment"]}: {s.get("model", "?")}, context'
+      f' {s.get("seq_len", "?")}, {s.get("num_train_steps", "?")} steps,'
+      f' {n_seeds} seed(s) per arm'
+  )
   made = []
   for i, p in enumerate(summary['profiles']):
     name = f'profile_{i}_{p["metric"]}.png'
     series = {a: summary['arms'][a]['vectors'][p['metric']] for a in p['arms']}
     tokenizers = {summary['arms'][a]['tokenizer'] for a in p['arms']}
-    means = np.array([iv['mean'] for ivs in series.values() for iv in ivs
-                      if iv.get('mean') is not None], np.float64)
-    title = p['title'] if 'bucket' in p['title'] else f'{p["title"]} by position bucket'
+    means = np.array(
+        [
+            iv['mean']
+            for ivs in series.values()
+            for iv in ivs
+            if iv.get('mean') is not None
+        ],
+        np.float64,
+    )
+    title = (
+        p['title']
+        if 'bucket' in p['title']
+        else f'{p["title"]} by position bucket'
+    )
     plots.experiment_profile(
-        os.path.join(out_dir, name), [f'{a}-{b}' for a, b in summary['buckets']], series,
-        differences=p['differences'], baseline=p['baseline'], n_seeds=n_seeds,
-        log_y=bool(p['metric'] == 'bucket_exposure' and means.size and means.min() > 0
-                   and means.max() > 100 * means.min()),
+        os.path.join(out_dir, name),
+        [f'{a}-{b}' for a, b in summary['buckets']],
+        series,
+        differences=p['differences'],
+        baseline=p['baseline'],
+        n_seeds=n_seeds,
+        log_y=bool(
+            p['metric'] == 'bucket_exposure'
+            and means.size
+            and means.min() > 0
+            and means.max() > 100 * means.min()
+        ),
         title=f'{title}\n{identity}',
-        ylabel=measures.label(p['metric'], tokenizers.pop() if len(tokenizers) == 1 else ''))
+        ylabel=measures.label(
+            p['metric'], tokenizers.pop() if len(tokenizers) == 1 else ''
+        ),
+    )
     made.append((p['title'], name))
-  panels, ylabels = {}, {}  # corpus panel -> {arm: final_loss interval}, its axis label
+  # corpus panel -> {arm: final_loss interval}, its axis label
+  panels, ylabels = {}, {}
   for a, v in summary['arms'].items():
     if v['seeds']:
-      panel = (v['corpus'] if v['tokenizer'] in ('synthetic', '')
-               else f'{v["corpus"]} ({v["tokenizer"]} tokens)')
+      panel = (
+          v['corpus']
+          if v['tokenizer'] in ('synthetic', '')
+          else f'{v["corpus"]} ({v["tokenizer"]} tokens)'
+      )
       panels.setdefault(panel, {})[a] = v['scalars'].get('final_loss', {})
       ylabels[panel] = measures.label('final_loss', v['tokenizer'])
   plots.experiment_metric_bars(
-      os.path.join(out_dir, 'final_loss.png'), panels, ylabels=ylabels, n_seeds=n_seeds,
-      title=f'Final held-out loss per arm, one panel per corpus\n{identity}')
-  made.append(('Final held-out loss per arm (one panel per corpus)', 'final_loss.png'))
+      os.path.join(out_dir, 'final_loss.png'),
+      panels,
+      ylabels=ylabels,
+      n_seeds=n_seeds,
+      title=f'Final held-out loss per arm, one panel per corpus\n{identity}',
+  )
+  made.append(
+      ('Final held-out loss per arm (one panel per corpus)', 'final_loss.png')
+  )
   if conv := summary['analyses'].get('cosine_convergence'):
     plots.experiment_curve(
-        os.path.join(out_dir, 'cosine_convergence.png'), conv['steps'], conv['agreement'],
-        threshold=conv['threshold'], xlabel='training step', n_seeds=n_seeds,
-        ylabel="agreement of the inits' cosine structure\n(mean pairwise Pearson r)",
-        title=f'Do the inits converge to one similarity structure?\n{identity}')
-    made.append(('Cross-init agreement of the cosine-similarity structure',
-                 'cosine_convergence.png'))
+        os.path.join(out_dir, 'cosine_convergence.png'),
+        conv['steps'],
+        conv['agreement'],
+        threshold=conv['threshold'],
+        xlabel='training step',
+        n_seeds=n_seeds,
+        ylabel=(
+            "agreement of the inits' cosine structure\n(mean pairwise"
+            ' Pearson r)'
+        ),
+        title=f'Do the inits converge to one similarity structure?\n{identity}',
+    )
+    made.append(
+        (
+            'Cross-init agreement of the cosine-similarity structure',
+            'cosine_convergence.png',
+        )
+    )
   return made
 
 
-def write(exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any], out_dir: str,
-          command: str) -> dict[str, Any]:
-  """Writes ``summary.json``, the figures and ``REPORT.md``; returns the summary."""
+def write(
+    exp: ml_collections.ConfigDict,
+    sweep_out: Mapping[str, Any],
+    out_dir: str,
+    command: str,
+) -> dict[str, Any]:
+  """Writes ``summary.json``, the figures and ``REPORT.md``; returns the
+  summary."""
   summary = dict(aggregate(exp, sweep_out), command=command)
   figures = _plots(summary, out_dir)
   summary['figures'] = [f for _, f in figures]
-  sweep.write_json(os.path.join(out_dir, 'summary.json'), eval_report.json_safe(summary))
+  sweep.write_json(
+      os.path.join(out_dir, 'summary.json'), eval_report.json_safe(summary)
+  )
   with outputs.atomic_write(os.path.join(out_dir, 'REPORT.md'), 'w') as f:
     f.write(markdown(exp, summary, figures))
   return summary
 
 
-def markdown(exp: ml_collections.ConfigDict, summary: Mapping[str, Any],
-             figures: list[tuple[str, str]]) -> str:
+def markdown(
+    exp: ml_collections.ConfigDict,
+    summary: Mapping[str, Any],
+    figures: list[tuple[str, str]],
+) -> str:
   """The REPORT.md text."""
   lines = [f'# {summary["title"]}', '', summary['question'], '']
   if not summary['complete']:
-    lines += ['**Partial sweep:** some runs have not finished; numbers use the finished '
-              'seeds only.', '']
-  if exp.notes and summary['complete'] and not summary['quick']:  # Notes cite full runs.
-    lines += ['## What changed since the previous report', '', *(f'- {n}' for n in exp.notes), '']
-  lines += _setup_lines(summary) + _claims_lines(summary) + _arms_lines(exp, summary)
+    lines += [
+        (
+            '**Partial sweep:** some runs have not finished; numbers use the'
+            ' finished seeds only.'
+        ),
+        '',
+    ]
+  # Notes cite full runs.
+  if exp.notes and summary['complete'] and not summary['quick']:
+    lines += [
+        '## What changed since the previous report',
+        '',
+        *(f'- {n}' for n in exp.notes),
+        '',
+    ]
+  lines += (
+      _setup_lines(summary) + _claims_lines(summary) + _arms_lines(exp, summary)
+  )
   if windows := summary['analyses'].get('windows'):
-    lines += ['## Evaluation windows', '', 'Every run is scored on the same held-out windows '
-              '(bucket intervals inside a run are clustered by document; see docs/DESIGN.md).',
-              '', eval_report.format_windows(windows['summary']), '',
-              'Last bucket minus the bucket before it, by window group (mean over seeds '
-              '[95% CI]): a rise at every depth and far from the document end is a position '
-              'effect; a rise only near the end comes from documents\' endings.', '']
-    titles = {'by_depth': 'window start (tokens into the document)',
-              'by_end': 'tokens from the window\'s end to the document\'s end'}
+    lines += [
+        '## Evaluation windows',
+        '',
+        (
+            'Every run is scored on the same held-out windows (bucket intervals'
+            ' inside a run are clustered by document; see docs/DESIGN.md).'
+        ),
+        '',
+        eval_report.format_windows(windows['summary']),
+        '',
+        (
+            'Last bucket minus the bucket before it, by window group (mean over'
+            ' seeds [95% CI]): a rise at every depth and far from the document'
+            ' end is a position effect; a rise only near the end comes from'
+            " documents' endings."
+        ),
+        '',
+    ]
+    titles = {
+        'by_depth': 'window start (tokens into the document)',
+        'by_end': "tokens from the window's end to the document's end",
+    }
     for name, t in windows['rise'].items():
       lines += [f'### By {titles.get(name, name)}', '']
-      lines += _md_table(['arm', *t['groups']], ([a, *v] for a, v in t['arms'].items())) + ['']
-  lines += ['## Figures', '', *(x for t, n in figures for x in (f'![{t}]({n})', ''))]
-  lines += ['## Configs', '', 'Arms (dotted overrides of the shared base config):', '']
-  lines += [f'- `{a.name}`: ' + (', '.join(f'`{k}={v!r}`' for k, v in a.overrides)
-                                  or 'base config') for a in exp.arms if a.name in summary['arms']]
-  lines += ['', "Every run's full resolved config is in `config.json` / `run.json` of its run "
-            'directory; `summary.json` holds every measure per arm.', '']
+      lines += _md_table(
+          ['arm', *t['groups']], ([a, *v] for a, v in t['arms'].items())
+      ) + ['']
+  lines += [
+      '## Figures',
+      '',
+      *(x for t, n in figures for x in (f'![{t}]({n})', '')),
+  ]
+  lines += [
+      '## Configs',
+      '',
+      'Arms (dotted overrides of the shared base config):',
+      '',
+  ]
+  lines += [
+      f'- `{a.name}`: '
+      + (', '.join(f'`{k}={v!r}`' for k, v in a.overrides) or 'base config')
+      for a in exp.arms
+      if a.name in summary['arms']
+  ]
+  lines += [
+      '',
+      (
+          "Every run's full resolved config is in `config.json` / `run.json` of"
+          ' its run directory; `summary.json` holds every measure per arm.'
+      ),
+      '',
+  ]
   return '\n'.join(lines)
 
 
 def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
   s, b = summary['settings'], summary['budget']
   n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
-  lines = ['## Setup', '', f'- Command: `{summary["command"]}`',
-           f'- Corpus: {s.get("corpus")} (tokenizer: {s.get("tokenizer")}), context '
-           f'{s.get("seq_len")}; model: {s.get("model")}.',
-           f'- Token-embedding init: `{s.get("token_init")}` (std {fmt(s.get("token_init_std"))}); '
-           f'Adam beta2 = {s.get("beta2")}; weight decay {s.get("weight_decay")}, applied to the '
-           f'position table: {s.get("decay_position_table")} (unless an arm overrides these).',
-           f'- {n_seeds} seed(s) per arm, paired: seed s of every arm shares the model-init and '
-           f'data-order seed. {s.get("num_train_steps")} optimizer steps for every arm.']
+  lines = [
+      '## Setup',
+      '',
+      f'- Command: `{summary["command"]}`',
+      (
+          f'- Corpus: {s.get("corpus")} (tokenizer: {s.get("tokenizer")}),'
+          f' context {s.get("seq_len")}; model: {s.get("model")}.'
+      ),
+      (
+          f'- Token-embedding init: `{s.get("token_init")}` (std'
+          f' {fmt(s.get("token_init_std"))}); Adam beta2 = {s.get("beta2")};'
+          f' weight decay {s.get("weight_decay")}, applied to the position'
+          f' table: {s.get("decay_position_table")} (unless an arm overrides'
+          ' these).'
+      ),
+      (
+          f'- {n_seeds} seed(s) per arm, paired: seed s of every arm shares the'
+          f' model-init and data-order seed. {s.get("num_train_steps")}'
+          ' optimizer steps for every arm.'
+      ),
+  ]
   if b['mode'] == 'real_tokens':
     lines.append(
-        f'- Budget: same steps and same scored (unmasked) tokens per step. Each arm\'s rows '
-        f'per step = round({fmt(b["target_tokens_per_step"], 1)} / its measured scored tokens '
+        f'- Budget: same steps and same scored (unmasked) tokens per step. Each'
+        f" arm's rows "
+        f'per step = round({fmt(b["target_tokens_per_step"], 1)} / its measured'
+        ' scored tokens '
         f'per row); reference arm `{b["reference"]}`. Rows per step: '
-        + ', '.join(f'{a} {n} ({fmt(b["per_row"][a], 1)}/row)' for a, n in b['batch_size'].items())
-        + '. Tokens actually scored per step are in the arm table.')
+        + ', '.join(
+            f'{a} {n} ({fmt(b["per_row"][a], 1)}/row)'
+            for a, n in b['batch_size'].items()
+        )
+        + '. Tokens actually scored per step are in the arm table.'
+    )
   else:
-    lines.append('- Budget: same steps and rows per step for every arm (not token-equalized); '
-                 'tokens actually scored per step are in the arm table.')
-  lines += ['- Intervals: 95% Student-t over seeds (mean [low, high]). Verdict rule, fixed '
-            'before running: a directional claim is *supported* when the interval of the paired '
-            'difference (arm - baseline) excludes 0 in the predicted direction, *contradicted* '
-            'when it excludes 0 the other way, else *inconclusive at this scale*; an "equivalent" '
-            'claim is supported when the interval lies inside ±margin, contradicted when it lies '
-            'wholly outside.', '']
+    lines.append(
+        '- Budget: same steps and rows per step for every arm (not'
+        ' token-equalized); tokens actually scored per step are in the arm'
+        ' table.'
+    )
+  lines += [
+      (
+          '- Intervals: 95% Student-t over seeds (mean [low, high]). Verdict'
+          ' rule, fixed before running: a directional claim is *supported* when'
+          ' the interval of the paired difference (arm - baseline) excludes 0'
+          ' in the predicted direction, *contradicted* when it excludes 0 the'
+          ' other way, else *inconclusive at this scale*; an "equivalent" claim'
+          ' is supported when the interval lies inside ±margin, contradicted'
+          ' when it lies wholly outside.'
+      ),
+      '',
+  ]
   return lines
 
 
 def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
   m = summary['multiplicity']
-  lines = ['## Claims', '', f'{m["claims_tested"]} claims tested. The verdict is the fixed rule '
-           'above, on each claim\'s own 95% interval. Multiplicity: Holm-Bonferroni over all '
-           'tested claims of this experiment (family-wise error 5%); `p` is the smallest alpha '
-           'at which the claim\'s interval is decisive, `p (Holm)` its adjusted value, and the '
-           'last column gives the verdict after the correction where it differs '
-           f'({m["verdicts_changed"]} do).', '']
+  lines = [
+      '## Claims',
+      '',
+      (
+          f'{m["claims_tested"]} claims tested. The verdict is the fixed rule'
+          " above, on each claim's own 95% interval. Multiplicity:"
+          ' Holm-Bonferroni over all tested claims of this experiment'
+          ' (family-wise error 5%); `p` is the smallest alpha at which the'
+          " claim's interval is decisive, `p (Holm)` its adjusted value, and"
+          ' the last column gives the verdict after the correction where it'
+          f' differs ({m["verdicts_changed"]} do).'
+      ),
+      '',
+  ]
   rows = []
   for c in summary['claims']:
-    pred = {'equivalent': f'|d| < {c["margin"]}', 'greater': '> 0'}.get(c['direction'], '< 0')
-    rows.append([c['text'], f'`{c["metric"]}`', f'{c["arm"]} - {c["baseline"] or "0"}', pred,
-                 fmt_interval(c['interval']), c['interval']['n'], f'**{c["verdict"]}**',
-                 fmt(c['p_value'], 3), fmt(c['p_holm'], 3),
-                 '' if c['verdict_holm'] == c['verdict'] else c['verdict_holm']])
-  return lines + _md_table(['claim', 'metric', 'arm - baseline', 'predicted',
-                            'difference [95% CI]', 'n', 'verdict', 'p', 'p (Holm)',
-                            'verdict after Holm (if different)'], rows)
+    pred = {'equivalent': f'|d| < {c["margin"]}', 'greater': '> 0'}.get(
+        c['direction'], '< 0'
+    )
+    rows.append(
+        [
+            c['text'],
+            f'`{c["metric"]}`',
+            f'{c["arm"]} - {c["baseline"] or "0"}',
+            pred,
+            fmt_interval(c['interval']),
+            c['interval']['n'],
+            f'**{c["verdict"]}**',
+            fmt(c['p_value'], 3),
+            fmt(c['p_holm'], 3),
+            '' if c['verdict_holm'] == c['verdict'] else c['verdict_holm'],
+        ]
+    )
+  return lines + _md_table(
+      [
+          'claim',
+          'metric',
+          'arm - baseline',
+          'predicted',
+          'difference [95% CI]',
+          'n',
+          'verdict',
+          'p',
+          'p (Holm)',
+          'verdict after Holm (if different)',
+      ],
+      rows,
+  )
 
 
-def _arms_lines(exp: ml_collections.ConfigDict, summary: Mapping[str, Any]) -> list[str]:
-  lines = ['', '## Arms', '', 'Wall-clock cost: `train_seconds` is the whole training of a run '
-           '(compilation included; runs of a shape already compiled load it from the persistent '
-           'cache), `step_seconds` the steady-state seconds per step (logging windows after the '
-           'first). Both are wall-clock on the machine that ran the sweep.', '']
+def _arms_lines(
+    exp: ml_collections.ConfigDict, summary: Mapping[str, Any]
+) -> list[str]:
+  lines = [
+      '',
+      '## Arms',
+      '',
+      (
+          'Wall-clock cost: `train_seconds` is the whole training of a run'
+          ' (compilation included; runs of a shape already compiled load it'
+          ' from the persistent cache), `step_seconds` the steady-state seconds'
+          ' per step (logging windows after the first). Both are wall-clock on'
+          ' the machine that ran the sweep.'
+      ),
+      '',
+  ]
   arms = summary['arms']
   for names in (TABLE_SCALARS, tuple(exp.report_scalars)):
     if names:
-      lines += _md_table(['arm', *names], ([a, *(v['scalars'].get(k, {}) for k in names)]
-                                           for a, v in arms.items())) + ['']
+      lines += _md_table(
+          ['arm', *names],
+          (
+              [a, *(v['scalars'].get(k, {}) for k in names)]
+              for a, v in arms.items()
+          ),
+      ) + ['']
   for p in summary['profiles']:
     rows = [[a, *arms[a]['vectors'][p['metric']]] for a in p['arms']]
-    rows += [[f'{a} - {p["baseline"]}', *d] for a, d in p['differences'].items()]
+    rows += [
+        [f'{a} - {p["baseline"]}', *d] for a, d in p['differences'].items()
+    ]
     lines += [f'### {p["title"]} (per position bucket)', '']
-    lines += _md_table(['arm', *(f'{x}-{y}' for x, y in summary['buckets'])], rows) + ['']
+    lines += _md_table(
+        ['arm', *(f'{x}-{y}' for x, y in summary['buckets'])], rows
+    ) + ['']
   if conv := summary['analyses'].get('cosine_convergence'):
-    lines += ['### Convergence of the similarity structure across inits', '',
-              f'First logged step from which the mean pairwise correlation of the inits\' '
-              f'row cosine-similarity matrices stays >= {conv["threshold"]}: '
-              f'{fmt_interval(conv["converged_step"], 0)} '
-              f'(seeds that never converged: {conv["never_converged_seeds"] or "none"}).', '']
+    lines += [
+        '### Convergence of the similarity structure across inits',
+        '',
+        f'First logged step from which the mean pairwise correlation of the'
+        f" inits' "
+        f'row cosine-similarity matrices stays >= {conv["threshold"]}: '
+        f'{fmt_interval(conv["converged_step"], 0)} '
+        '(seeds that never converged:'
+        f' {conv["never_converged_seeds"] or "none"}).',
+        '',
+    ]
   return lines

@@ -1,5 +1,7 @@
-"""Experiment configs: base config per scale, loading, validation (once, here), the grid."""
+"""Experiment configs: base config per scale, loading, validation (once, here),
+the grid."""
 
+from collections.abc import Iterable, Mapping
 import dataclasses
 import functools
 import hashlib
@@ -7,7 +9,7 @@ import json
 import math
 import os
 import runpy
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import ml_collections
 
@@ -15,50 +17,95 @@ from flax_posemb import defaults
 from flax_posemb.experiments import paired
 
 BUDGET_MODES = ('real_tokens', 'none')
-# Scored tokens per optimizer step of every arm (the budget): 2 full rows at 'quick', 5 at
-# 'cpu', 16 at 'accelerator'.
+# Scored tokens per optimizer step of every arm (the budget): 2 full rows at
+# 'quick', 5 at 'cpu', 16 at 'accelerator'.
 TARGET_TOKENS_PER_STEP = {'quick': 64, 'cpu': 320, 'accelerator': 16 * 1024}
 
 _SHARED = {
-    'progress_bar': False, 'eval_every_steps': 0, 'data.source': 'synthetic',
-    'data.position_policy': 'packed', 'model.position_embedding': 'learned',
-    'model.position_init': 'gpt2', 'optimizer.b2': 0.95, 'optimizer.weight_decay': 0.1,
+    'progress_bar': False,
+    'eval_every_steps': 0,
+    'data.source': 'synthetic',
+    'data.position_policy': 'packed',
+    'model.position_embedding': 'learned',
+    'model.position_init': 'gpt2',
+    'optimizer.b2': 0.95,
+    'optimizer.weight_decay': 0.1,
     'optimizer.decay_position_table': True,
-    # Flax nn.Embed's default (std 1/sqrt(width), set below), so 'same_as_token' differs
-    # from every position init's 0.02.
-    'model.token_init': 'normal'}
-_SMALL = {'data.synthetic.num_regimes': 2, 'data.synthetic.segment_len': 4,
-          'model.num_heads': 2, 'eval.bucket_size': 8}
+    # Flax nn.Embed's default (std 1/sqrt(width), set below), so 'same_as_token'
+    # differs from every position init's 0.02.
+    'model.token_init': 'normal',
+}
+_SMALL = {
+    'data.synthetic.num_regimes': 2,
+    'data.synthetic.segment_len': 4,
+    'model.num_heads': 2,
+    'eval.bucket_size': 8,
+}
 _PER_SCALE = {
     'quick': {  # The whole pipeline in seconds; its numbers mean nothing.
-        **_SMALL, 'num_train_steps': 4, 'batch_size': 4, 'log_every_steps': 2,
-        'checkpoint_every_steps': 4, 'data.seq_len': 32, 'data.schedule_seq_len': 8,
-        'data.synthetic.num_docs': 2_000, 'model.num_layers': 1, 'model.emb_dim': 16,
-        'model.mlp_dim': 32, 'model.max_len': 32, 'optimizer.warmup_steps': 1,
-        'eval.num_windows': 4, 'eval.batch_size': 4},
+        **_SMALL,
+        'num_train_steps': 4,
+        'batch_size': 4,
+        'log_every_steps': 2,
+        'checkpoint_every_steps': 4,
+        'data.seq_len': 32,
+        'data.schedule_seq_len': 8,
+        'data.synthetic.num_docs': 2_000,
+        'model.num_layers': 1,
+        'model.emb_dim': 16,
+        'model.mlp_dim': 32,
+        'model.max_len': 32,
+        'optimizer.warmup_steps': 1,
+        'eval.num_windows': 4,
+        'eval.batch_size': 4,
+    },
     'cpu': {
-        **_SMALL, 'num_train_steps': 500, 'batch_size': 16, 'log_every_steps': 25,
-        'checkpoint_every_steps': 500, 'data.seq_len': 64, 'data.schedule_seq_len': 16,
+        **_SMALL,
+        'num_train_steps': 500,
+        'batch_size': 16,
+        'log_every_steps': 25,
+        'checkpoint_every_steps': 500,
+        'data.seq_len': 64,
+        'data.schedule_seq_len': 16,
         'data.synthetic.num_docs': 20_000,
-        # 16 tokens: 500 steps learn the transition matrices (packed recovers ~0.9 in every
-        # bucket), so the late-row penalty is measurable; with 64 the model stays below the
-        # content-only filter everywhere.
-        'data.synthetic.vocab_size': 16, 'model.num_layers': 2, 'model.emb_dim': 32,
-        'model.mlp_dim': 128, 'model.max_len': 64, 'optimizer.warmup_steps': 20,
-        'eval.num_windows': 64, 'eval.batch_size': 32},
+        # 16 tokens: 500 steps learn the transition matrices (packed recovers
+        # ~0.9 in every bucket), so the late-row penalty is measurable; with 64
+        # the model stays below the content-only filter everywhere.
+        'data.synthetic.vocab_size': 16,
+        'model.num_layers': 2,
+        'model.emb_dim': 32,
+        'model.mlp_dim': 128,
+        'model.max_len': 64,
+        'optimizer.warmup_steps': 20,
+        'eval.num_windows': 64,
+        'eval.batch_size': 32,
+    },
     'accelerator': {  # GPT-2-small shapes.
-        'num_train_steps': 5000, 'batch_size': 32, 'log_every_steps': 100,
-        'checkpoint_every_steps': 1000, 'data.seq_len': 1024, 'data.schedule_seq_len': 128,
-        'data.synthetic.vocab_size': 64, 'model.num_layers': 12, 'model.num_heads': 12,
-        'model.emb_dim': 768, 'model.mlp_dim': 3072, 'model.max_len': 1024,
-        'model.dtype': 'bfloat16', 'optimizer.learning_rate': 6e-4,
-        'optimizer.warmup_steps': 200, 'eval.bucket_edges': '0,32,64,128,256,512,768,1024',
-        'eval.num_windows': 256, 'eval.batch_size': 32},
+        'num_train_steps': 5000,
+        'batch_size': 32,
+        'log_every_steps': 100,
+        'checkpoint_every_steps': 1000,
+        'data.seq_len': 1024,
+        'data.schedule_seq_len': 128,
+        'data.synthetic.vocab_size': 64,
+        'model.num_layers': 12,
+        'model.num_heads': 12,
+        'model.emb_dim': 768,
+        'model.mlp_dim': 3072,
+        'model.max_len': 1024,
+        'model.dtype': 'bfloat16',
+        'optimizer.learning_rate': 6e-4,
+        'optimizer.warmup_steps': 200,
+        'eval.bucket_edges': '0,32,64,128,256,512,768,1024',
+        'eval.num_windows': 256,
+        'eval.batch_size': 32,
+    },
 }
 
 
 def base_config(scale: str) -> ml_collections.ConfigDict:
-  """The locked training config shared by every arm of every experiment at ``scale``."""
+  """The locked training config shared by every arm of every experiment at
+  ``scale``."""
   c = defaults.base()
   c.update_from_flattened_dict({**_SHARED, **_PER_SCALE[scale]})
   c.model.token_init_std = 1.0 / math.sqrt(c.model.emb_dim)
@@ -66,17 +113,23 @@ def base_config(scale: str) -> ml_collections.ConfigDict:
   return c
 
 
-def new(name: str, title: str, question: str, scale: str = 'cpu') -> ml_collections.ConfigDict:
-  """An experiment config with every field at its default (fill arms, claims, ...)."""
+def new(
+    name: str, title: str, question: str, scale: str = 'cpu'
+) -> ml_collections.ConfigDict:
+  """An experiment config with every field at its default (fill arms, claims,
+  ...)."""
   c = ml_collections.ConfigDict()
   c.name, c.title = name, title
   c.question = question  # One paragraph.
   c.scale = scale  # 'cpu' | 'accelerator': base_config.
-  c.base_overrides = ()  # Dotted-key overrides of the base config for every arm.
+  # Dotted-key overrides of the base config for every arm.
+  c.base_overrides = ()
   c.arms = ()  # arm(...) each.
-  c.seeds = (0, 1, 2, 3, 4)  # Seed s of every arm shares data order and model init.
+  # Seed s of every arm shares data order and model init.
+  c.seeds = (0, 1, 2, 3, 4)
   c.claims = ()  # claim(...) each, judged by paired.verdict.
-  c.profiles = ()  # profile(...) each: per-bucket comparisons to tabulate and plot.
+  # profile(...) each: per-bucket comparisons to tabulate and plot.
+  c.profiles = ()
   c.analyses = ()  # Cross-arm analyses: ('cosine_convergence',) or none.
   c.convergence_threshold = 0.9  # Agreement level of 'cosine_convergence'.
   c.offsets = ()  # Offset-probe shifts of the final evaluation, e.g. (0, 16).
@@ -84,40 +137,75 @@ def new(name: str, title: str, question: str, scale: str = 'cpu') -> ml_collecti
   c.quick_overrides = ()  # Applied after the arm's overrides under --quick.
   c.rare_exposure = 100.0  # Rows seen fewer times than this are "rare".
   c.report_scalars = ()  # Extra per-arm scalars tabulated in REPORT.md.
-  c.notes = ()  # What changed since the previous committed report (listed first).
-  c.budget = ml_collections.ConfigDict({
-      'equalize': 'real_tokens',  # BUDGET_MODES (sweep.equalize).
-      'target_tokens_per_step': float(TARGET_TOKENS_PER_STEP.get(scale, 0)),
-      'reference_arm': '',  # Keeps the base batch size when no target is set (<= 0).
-      'estimate_batches': 20})  # Batches drawn to measure scored tokens per row.
+  # What changed since the previous committed report (listed first).
+  c.notes = ()
+  c.budget = ml_collections.ConfigDict(
+      {
+          'equalize': 'real_tokens',  # BUDGET_MODES (sweep.equalize).
+          'target_tokens_per_step': float(TARGET_TOKENS_PER_STEP.get(scale, 0)),
+          # Keeps the base batch size when no target is set (<= 0).
+          'reference_arm': '',
+          # Batches drawn to measure scored tokens per row.
+          'estimate_batches': 20,
+      }
+  )
   return c
 
 
-def arm(name: str, overrides: Mapping[str, Any] | None = None,
-        label: str = '') -> ml_collections.ConfigDict:
-  """One arm: a name ('packed', 'stdlib/natural', ...) and dotted-key overrides."""
+def arm(
+    name: str, overrides: Mapping[str, Any] | None = None, label: str = ''
+) -> ml_collections.ConfigDict:
+  """One arm: a name ('packed', 'stdlib/natural', ...) and dotted-key
+  overrides."""
   pairs = tuple((str(k), v) for k, v in (overrides or {}).items())
-  return ml_collections.ConfigDict({'name': name, 'label': label or name, 'overrides': pairs})
+  return ml_collections.ConfigDict(
+      {'name': name, 'label': label or name, 'overrides': pairs}
+  )
 
 
-def claim(claim_id: str, text: str, metric: str, arm_name: str, baseline: str,
-          direction: str, margin: float = 0.0) -> ml_collections.ConfigDict:
-  """A claim on per-seed ``metric(arm) - metric(baseline)`` (baseline '': 0), `paired.verdict`."""
-  return ml_collections.ConfigDict({
-      'id': claim_id, 'text': text, 'metric': metric, 'arm': arm_name, 'baseline': baseline,
-      'direction': direction, 'margin': float(margin)})
+def claim(
+    claim_id: str,
+    text: str,
+    metric: str,
+    arm_name: str,
+    baseline: str,
+    direction: str,
+    margin: float = 0.0,
+) -> ml_collections.ConfigDict:
+  """A claim on per-seed ``metric(arm) - metric(baseline)`` (baseline '': 0),
+  `paired.verdict`."""
+  return ml_collections.ConfigDict(
+      {
+          'id': claim_id,
+          'text': text,
+          'metric': metric,
+          'arm': arm_name,
+          'baseline': baseline,
+          'direction': direction,
+          'margin': float(margin),
+      }
+  )
 
 
-def profile(metric: str, arms: Iterable[str], baseline: str = '',
-            title: str = '') -> ml_collections.ConfigDict:
-  """``metric`` per bucket across ``arms`` (paired differences against ``baseline``)."""
-  return ml_collections.ConfigDict({'metric': metric, 'arms': tuple(arms),
-                                    'baseline': baseline, 'title': title or metric})
+def profile(
+    metric: str, arms: Iterable[str], baseline: str = '', title: str = ''
+) -> ml_collections.ConfigDict:
+  """``metric`` per bucket across ``arms`` (paired differences against
+  ``baseline``)."""
+  return ml_collections.ConfigDict(
+      {
+          'metric': metric,
+          'arms': tuple(arms),
+          'baseline': baseline,
+          'title': title or metric,
+      }
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One run of the grid."""
+
   arm: str
   seed: int
   config: ml_collections.ConfigDict
@@ -129,31 +217,43 @@ class Run:
 
 def _globals(path: str) -> dict[str, Any]:
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'experiment config {path!r} not found; pass a file such as '
-                            'configs/experiments/init_comparison.py.')
+    raise FileNotFoundError(
+        f'experiment config {path!r} not found; pass a file such as '
+        'configs/experiments/init_comparison.py.'
+    )
   return runpy.run_path(path)
 
 
 def expand_paths(paths: Iterable[str]) -> list[str]:
-  """``NAME.py[:scale]`` paths without duplicates, suites replaced by their experiments."""
+  """``NAME.py[:scale]`` paths without duplicates, suites replaced by their
+  experiments."""
   out: list[str] = []
   for entry in paths:
     path, _, arg = entry.partition(':')
     members = _globals(path).get('EXPERIMENTS')
-    out += [entry] if members is None else [
-        os.path.join(os.path.dirname(path), m) + (f':{arg}' if arg else '') for m in members]
+    out += (
+        [entry]
+        if members is None
+        else [
+            os.path.join(os.path.dirname(path), m) + (f':{arg}' if arg else '')
+            for m in members
+        ]
+    )
   return list(dict.fromkeys(out))
 
 
 def load(path_and_arg: str) -> ml_collections.ConfigDict:
-  """The validated ``get_config([arg])`` of ``configs/experiments/NAME.py[:arg]``."""
+  """The validated ``get_config([arg])`` of
+  ``configs/experiments/NAME.py[:arg]``."""
   path, _, arg = path_and_arg.partition(':')
   get_config = _globals(path).get('get_config')
   exp = None if get_config is None else get_config(arg) if arg else get_config()
   if not isinstance(exp, ml_collections.ConfigDict) or 'arms' not in exp:
-    raise ValueError(f'{path} is not an experiment config: its get_config() must return '
-                     'arms (configs/experiments/NAME.py; a suite defines EXPERIMENTS; '
-                     'training configs go to train.py).')
+    raise ValueError(
+        f'{path} is not an experiment config: its get_config() must return '
+        'arms (configs/experiments/NAME.py; a suite defines EXPERIMENTS; '
+        'training configs go to train.py).'
+    )
   validate(exp)
   return exp
 
@@ -162,34 +262,77 @@ def validate(exp: ml_collections.ConfigDict) -> None:
   """Raises one ``ValueError`` listing every problem of an experiment config."""
   names = [a.name for a in exp.arms]
   checks = [
-      (exp.scale not in ('cpu', 'accelerator'),
-       f"scale {exp.scale!r} is not 'cpu' or 'accelerator'"),
+      (
+          exp.scale not in ('cpu', 'accelerator'),
+          f"scale {exp.scale!r} is not 'cpu' or 'accelerator'",
+      ),
       (len(set(names)) != len(names), f'duplicate arm names in {names}'),
-      (not exp.seeds or len(set(exp.seeds)) != len(exp.seeds),
-       f'seeds must be distinct and non-empty, got {tuple(exp.seeds)}'),
-      (exp.budget.equalize not in BUDGET_MODES,
-       f'budget.equalize {exp.budget.equalize!r} is not one of {BUDGET_MODES}'),
-      (len(exp.quick_arms) != 2 or any(a not in names for a in exp.quick_arms),
-       f'quick_arms must name two arms of {names}')]
+      (
+          not exp.seeds or len(set(exp.seeds)) != len(exp.seeds),
+          f'seeds must be distinct and non-empty, got {tuple(exp.seeds)}',
+      ),
+      (
+          exp.budget.equalize not in BUDGET_MODES,
+          (
+              f'budget.equalize {exp.budget.equalize!r} is not one of'
+              f' {BUDGET_MODES}'
+          ),
+      ),
+      (
+          len(exp.quick_arms) != 2
+          or any(a not in names for a in exp.quick_arms),
+          f'quick_arms must name two arms of {names}',
+      ),
+  ]
   for c in exp.claims:
-    checks += [(c.direction not in paired.DIRECTIONS,
-                f'claim {c.id!r}: direction {c.direction!r} is not one of {paired.DIRECTIONS}'),
-               (c.direction == 'equivalent' and not c.margin > 0,
-                f'claim {c.id!r}: an "equivalent" claim needs margin > 0 (the largest '
-                f'difference still "similar"), got {c.margin}')]
-  named = [(f'claim {c.id!r}', a) for c in exp.claims for a in (c.arm, c.baseline) if a]
-  named += [(f'profile {p.metric!r}', a) for p in exp.profiles for a in (*p.arms, p.baseline)]
-  checks += [(a and a not in names, f'{owner} names arm {a!r}, which is not one of {names}')
-             for owner, a in named]
+    checks += [
+        (
+            c.direction not in paired.DIRECTIONS,
+            (
+                f'claim {c.id!r}: direction {c.direction!r} is not one of'
+                f' {paired.DIRECTIONS}'
+            ),
+        ),
+        (
+            c.direction == 'equivalent' and not c.margin > 0,
+            (
+                f'claim {c.id!r}: an "equivalent" claim needs margin > 0 (the'
+                f' largest difference still "similar"), got {c.margin}'
+            ),
+        ),
+    ]
+  named = [
+      (f'claim {c.id!r}', a)
+      for c in exp.claims
+      for a in (c.arm, c.baseline)
+      if a
+  ]
+  named += [
+      (f'profile {p.metric!r}', a)
+      for p in exp.profiles
+      for a in (*p.arms, p.baseline)
+  ]
+  checks += [
+      (
+          a and a not in names,
+          f'{owner} names arm {a!r}, which is not one of {names}',
+      )
+      for owner, a in named
+  ]
   problems = [message for bad, message in checks if bad]
   if problems:
     raise ValueError(f'experiment {exp.name!r}: ' + '; '.join(problems) + '.')
-  _arm_configs(exp, 'quick')  # Every override key exists (apply_overrides says which).
+  # Every override key exists (apply_overrides says which).
+  _arm_configs(exp, 'quick')
 
 
-def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[tuple[str, Any]],
-                    where: str = '') -> ml_collections.ConfigDict:
-  """A locked copy of ``config`` with dotted-key ``overrides``; a bad one is a ValueError."""
+def apply_overrides(
+    config: ml_collections.ConfigDict,
+    overrides: Iterable[tuple[str, Any]],
+    where: str = '',
+) -> ml_collections.ConfigDict:
+  """A locked copy of ``config`` with dotted-key ``overrides``; a bad one is a
+  ValueError."""
   config = ml_collections.ConfigDict(config.to_dict())
   config.lock()  # An unknown key is an error instead of a new field.
   for key, value in overrides:  # One at a time, so that an error names its key.
@@ -198,26 +341,46 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[tuple
     except (KeyError, AttributeError, TypeError) as e:
       raise ValueError(
           f'{where}: override {key}={value!r} has the wrong type ({e}).'
-          if isinstance(e, TypeError) else f'{where}: override {key!r} is not a config '
-          'field; see flax_posemb/defaults.py for the valid keys.') from e
+          if isinstance(e, TypeError)
+          else (
+              f'{where}: override {key!r} is not a config '
+              'field; see flax_posemb/defaults.py for the valid keys.'
+          )
+      ) from e
   return config
 
 
 def _arm_configs(exp: ml_collections.ConfigDict, scale: str) -> dict[str, Any]:
-  base = apply_overrides(base_config(scale), tuple(exp.base_overrides),
-                         f'experiment {exp.name!r} base_overrides')
+  base = apply_overrides(
+      base_config(scale),
+      tuple(exp.base_overrides),
+      f'experiment {exp.name!r} base_overrides',
+  )
   last = tuple(exp.quick_overrides) if scale == 'quick' else ()
-  return {a.name: apply_overrides(base, tuple(a.overrides) + last, f'arm {a.name!r}')
-          for a in exp.arms}
+  return {
+      a.name: apply_overrides(
+          base, tuple(a.overrides) + last, f'arm {a.name!r}'
+      )
+      for a in exp.arms
+  }
 
 
 def expand(exp: ml_collections.ConfigDict, quick: bool = False) -> list[Run]:
-  """Every arm at every seed, seed-major (``quick``: ``quick_arms`` at the first seed)."""
+  """Every arm at every seed, seed-major (``quick``: ``quick_arms`` at the first
+  seed)."""
   arm_configs = _arm_configs(exp, 'quick' if quick else exp.scale)
   arm_names = list(exp.quick_arms) if quick else list(arm_configs)
-  return [Run(name, int(seed), apply_overrides(arm_configs[name], (('seed', int(seed)),),
-                                               f'arm {name!r}'))
-          for seed in exp.seeds[:1 if quick else None] for name in arm_names]
+  return [
+      Run(
+          name,
+          int(seed),
+          apply_overrides(
+              arm_configs[name], (('seed', int(seed)),), f'arm {name!r}'
+          ),
+      )
+      for seed in exp.seeds[: 1 if quick else None]
+      for name in arm_names
+  ]
 
 
 def run_key(config: ml_collections.ConfigDict) -> str:
@@ -225,5 +388,9 @@ def run_key(config: ml_collections.ConfigDict) -> str:
   d = config.to_dict()
   for key in defaults.NON_SEMANTIC:
     *parents, leaf = key.split('.')
-    functools.reduce(lambda node, part: node.get(part, {}), parents, d).pop(leaf, None)
-  return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    functools.reduce(lambda node, part: node.get(part, {}), parents, d).pop(
+        leaf, None
+    )
+  return hashlib.sha256(
+      json.dumps(d, sort_keys=True, default=str).encode()
+  ).hexdigest()[:12]
