@@ -26,7 +26,7 @@ TRAIN = [
 EVAL = [str(ROOT / 'eval.py')]
 DATA = [
     '-m',
-    'flax_posemb.data',
+    'flax_posemb.commands.data_report',
     '--config',
     'configs/tiny.py',
     '--num_batches',

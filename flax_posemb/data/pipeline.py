@@ -16,6 +16,8 @@ from flax_posemb.data import lengths as lengths_lib
 from flax_posemb.data import policies
 from flax_posemb.data import sources
 from flax_posemb.data import synthetic as synthetic_lib
+from flax_posemb.data import text_sources
+from flax_posemb.data import windows
 
 SOURCES = ('synthetic', 'stdlib', 'local_text', 'tfds', 'long_text')
 TOKENIZERS = ('byte', 'sentencepiece')
@@ -144,8 +146,6 @@ def make_source(data_config, split: str) -> sources.DocSource:
         dist,
         min_pairs=int(c.min_doc_len) - 1,
     )
-  from flax_posemb.data import text_sources
-
   return text_sources.make_text_source(c, split)
 
 
@@ -153,8 +153,6 @@ def vocab_size(data_config) -> int:
   """Token ids produced by this config are < this."""
   if data_config.source == 'synthetic':
     return int(data_config.synthetic.vocab_size)
-  from flax_posemb.data import text_sources
-
   return int(text_sources.make_tokenizer(data_config).vocab_size)
 
 
@@ -514,10 +512,7 @@ def deep_limits(
   )
 
 
-def deep_region(lengths, min_doc_len: int, min_start: int) -> np.ndarray:
-  """``[n]`` tokens of each document that 'deep' windows may cover."""
-  lengths = np.asarray(lengths, np.int64)
-  return np.where(lengths >= min_doc_len, np.maximum(lengths - min_start, 0), 0)
+deep_region = windows.deep_region
 
 
 def _batches(

@@ -1,33 +1,24 @@
 """Real text through TFDS array_record, without TensorFlow: the ``local_text``
-and ``stdlib`` corpora (built on first use), prepared TFDS datasets
-(docs/DESIGN.md "Data policies and tokens")."""
+and ``stdlib`` corpora (built on first use), your own text prepared as a
+dataset (`prepare_dataset`), prepared TFDS datasets (docs/DESIGN.md "Data
+policies and tokens")."""
 
-import contextlib
-import dataclasses
-import fcntl
-import functools
 import glob as glob_lib
 import hashlib
-import importlib
-import inspect
-import io
-import json
 import os
 import re
+import shutil
 import sys
-import sysconfig
+from typing import Any
 
 from absl import logging
 from etils import epath
 import tensorflow_datasets as tfds
 
+from flax_posemb.data import long_text
 from flax_posemb.data import sources
+from flax_posemb.data import text_corpus
 from flax_posemb.data import tokenizers
-
-# Corpora of the stdlib.
-PY_VERSION = f'py{sys.version_info.major}{sys.version_info.minor}'
-# In the builder config hash: bump when the stored documents change.
-_BUILD_FORMAT = 'utf8v1'
 
 
 def data_dir(data_config) -> str:
@@ -39,20 +30,6 @@ def data_dir(data_config) -> str:
   )
   os.makedirs(d, exist_ok=True)
   return d
-
-
-def _hash_percent(key: str) -> float:
-  """Deterministic score in [0, 100) of a document key (its split is by this
-  score)."""
-  return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) / 2**32 * 100
-
-
-def _hash_files(paths: list[str], extra: str) -> str:
-  h = hashlib.sha1(extra.encode())
-  for p in paths:
-    h.update(p.encode())
-    h.update(epath.Path(p).read_bytes())
-  return h.hexdigest()[:12]
 
 
 def refuse_invalid_utf8(paths: list[str]) -> None:
@@ -72,243 +49,12 @@ def refuse_invalid_utf8(paths: list[str]) -> None:
       ) from None
 
 
-def _file_docs(path: str, cfg) -> list[str]:
-  """The documents of one .txt/.jsonl/.py/.parquet file (text: lossless
-  surrogateescape)."""
-  if path.endswith('.parquet'):
-    return parquet_texts(path, cfg.text_field)
-  content = epath.Path(path).read_bytes().decode('utf-8', 'surrogateescape')
-  if path.endswith('.jsonl'):
-    recs = [json.loads(line) for line in content.split('\n') if line.strip()]
-    return [
-        str(r.get(cfg.text_field, '')) if isinstance(r, dict) else str(r)
-        for r in recs
-    ]
-  if cfg.split_by == 'python':
-    return split_python_source(content)
-  if cfg.split_by == 'line':
-    return content.split('\n')
-  return (
-      [content] if cfg.split_by == 'file' else re.split(r'\n[ \t]*\n', content)
-  )
-
-
-def split_python_source(text: str) -> list[str]:
-  """Non-blank documents of a module cut at top-level def/class (decorators
-  attached)."""
-  docs, cur, prev_decorator = [], [], False
-  for line in text.splitlines(keepends=True):
-    if (
-        re.match('def |class |async def |@', line)
-        and not prev_decorator
-        and cur
-    ):
-      docs.append(''.join(cur))
-      cur = []
-    cur.append(line)
-    if line.strip():
-      prev_decorator = line.startswith('@')
-  docs.append(''.join(cur))
-  return [d for d in docs if d.strip()]
-
-
-@dataclasses.dataclass(eq=False, kw_only=True)
-class TextBuilderConfig(tfds.core.BuilderConfig):
-  """The documents of `files` (or a saved Hugging Face dataset), cut by
-  `split_by`."""
-
-  files: tuple[str, ...]
-  split_by: str
-  text_field: str = 'text'
-  val_percent: int
-  on_decode_error: str = 'replace'
-  hf_dataset: str = ''
-  # long_text: its input files per kind.
-  parts: dict[str, list[str]] | None = None
-
-
-class _TextCorpus(tfds.core.GeneratorBasedBuilder):
-  """The documents of a `TextBuilderConfig` (records: `FEATURES`), split by
-  document key."""
-
-  VERSION = tfds.core.Version('1.0.0')
-  # The documents of a builder without configs.
-  SOURCE: TextBuilderConfig | None = None
-  FEATURES = ('text',)
-
-  # TFDS' default probes `importlib_resources` (not installed here); the file is
-  # enough.
-  @tfds.core.utils.classproperty
-  @classmethod
-  def code_path(cls) -> epath.Path:
-    return epath.Path(inspect.getfile(_TextCorpus))
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=self._source().description,
-        features=tfds.features.FeaturesDict(
-            {f: tfds.features.Text() for f in self.FEATURES}
-        ),
-        metadata=tfds.core.MetadataDict(),
-    )
-
-  def _source(self) -> TextBuilderConfig:
-    return self.builder_config or self.SOURCE
-
-  def _docs(self, bad: list[str]):
-    """(key, kind, text) of every document in file order; files of invalid UTF-8
-    go to `bad`."""
-    cfg = self._source()
-    if cfg.hf_dataset:  # Then `files` is empty.
-      yield from hf_documents(cfg.hf_dataset, cfg.text_field)
-    for path in cfg.files:
-      for i, doc in enumerate(_file_docs(path, cfg)):
-        # Invalid UTF-8 ('error' refused it pre-build).
-        if re.search('[\udc80-\udcff]', doc):
-          bad.append(path)
-          if cfg.on_decode_error == 'skip':
-            continue
-          doc = doc.encode('utf-8', 'surrogateescape').decode(
-              'utf-8', errors='replace'
-          )
-        yield f'{path}:{i}', '', doc
-
-  def _held_out(self, docs: list[tuple[str, str, int]]) -> set[str]:
-    """Keys of the validation documents among (key, kind, tokens) `docs`."""
-    pct = self._source().val_percent
-    scores = {key: _hash_percent(key) for key, _, _ in docs}
-    val = {k for k, v in scores.items() if v < pct}
-    # Tiny corpus: still one validation doc.
-    if pct > 0 and not val and len(scores) >= 2:
-      val = {min(scores, key=scores.get)}
-    return val
-
-  def _split_generators(self, dl_manager):
-    del dl_manager
-    bad: list[str] = []
-    docs = [
-        (key, kind, len(text.encode('utf-8')) + 1)
-        for key, kind, text in self._docs(bad)
-    ]
-    val = self._held_out(docs)
-    self.info.metadata['decode_errors'] = {
-        'mode': self._source().on_decode_error,
-        'documents': len(bad),
-        'files': sorted(set(bad))[:20],
-    }
-    return {
-        split: self._generate_examples(val, split == 'validation')
-        for split, n in (
-            ('train', len(docs) - len(val)),
-            ('validation', len(val)),
-        )
-        if n
-    }
-
-  def _generate_examples(self, val: set[str], validation: bool):
-    for key, kind, text in self._docs([]):
-      if (key in val) == validation:
-        yield key, dict(zip(self.FEATURES, (text, kind)))
-
-
-class LocalText(_TextCorpus):
+class LocalText(text_corpus.TextCorpus):
   """The user's .txt/.jsonl files (`data.local_glob`)."""
 
 
-class Stdlib(_TextCorpus):
+class Stdlib(text_corpus.TextCorpus):
   """The Python standard library's .py files, split at top-level definitions."""
-
-
-def build(builder) -> None:
-  """Writes `builder`'s dataset as array_record (TFDS prints silenced)."""
-  tfds.disable_progress_bar()
-  with contextlib.redirect_stdout(io.StringIO()):
-    builder.download_and_prepare(file_format='array_record')
-
-
-def _prepare(builder_cls, config: TextBuilderConfig, ddir: str):
-  """The dataset, built once (a file lock keeps concurrent processes from
-  racing)."""
-  builder = builder_cls(config=config, data_dir=ddir)
-  if not builder.is_prepared():
-    with open(
-        os.path.join(ddir, f'.{builder.name}_{config.name}.lock'), 'w'
-    ) as f:
-      fcntl.flock(f, fcntl.LOCK_EX)  # Released when the file closes.
-      # Another process may have built it.
-      builder = builder_cls(config=config, data_dir=ddir)
-      if not builder.is_prepared():
-        logging.info(
-            'Building the %s corpus (%s) into %s ...',
-            builder.name,
-            config.description,
-            ddir,
-        )
-        build(builder)
-  # Set by every build (_split_generators).
-  found = builder.info.metadata['decode_errors']
-  if found['documents']:
-    _log_once(
-        logging.WARNING,
-        '%s: %d document(s) are not valid UTF-8 (files: %s);'
-        ' data.on_decode_error=%s %s. Use data.on_decode_error=error to refuse'
-        ' such files.',
-        builder.name,
-        found['documents'],
-        ', '.join(found['files'][:5]),
-        found['mode'],
-        'replaced the invalid bytes by U+FFFD'
-        if found['mode'] == 'replace'
-        else 'dropped them',
-    )
-  return builder
-
-
-@functools.cache  # Once per message and process.
-def _log_once(level: int, msg: str, *args) -> None:
-  logging.log(level, msg, *args)
-
-
-def _optional_import(module: str, path: str):
-  try:
-    return importlib.import_module(module)
-  except ImportError:
-    raise ValueError(
-        f'{path}: reading it needs the {module.split(".")[0]} library (pip '
-        f'install {module.split(".")[0]}).'
-    ) from None
-
-
-def _check_column(path: str, column: str, columns: list[str]) -> None:
-  if column not in columns:
-    raise ValueError(
-        f'{path} has no column {column!r} (data.text_feature / --text_field); '
-        f'its columns are {columns}.'
-    )
-
-
-def parquet_texts(path: str, column: str) -> list[str]:
-  """The ``column`` of a Parquet file as a list of documents (needs pyarrow)."""
-  pq = _optional_import('pyarrow.parquet', path)
-  _check_column(path, column, pq.read_schema(path).names)
-  return [
-      '' if t is None else str(t)
-      for t in pq.read_table(path, columns=[column]).column(column).to_pylist()
-  ]
-
-
-def hf_documents(path: str, column: str):
-  """(``SPLIT:ROW``, '', text) of every row of a dataset saved with
-  ``save_to_disk``."""
-  datasets = _optional_import('datasets', path)
-  ds = datasets.load_from_disk(path)
-  for split, part in (
-      ds.items() if isinstance(ds, datasets.DatasetDict) else [('all', ds)]
-  ):
-    _check_column(f'{path} ({split})', column, part.column_names)
-    for i, text in enumerate(part[column]):
-      yield f'{split}:{i}', '', '' if text is None else str(text)
 
 
 def glob_files(globs, suffixes: tuple[str, ...], what: str) -> list[str]:
@@ -334,28 +80,61 @@ def glob_files(globs, suffixes: tuple[str, ...], what: str) -> list[str]:
   return files
 
 
-def stdlib_files() -> list[str]:
-  """Sorted .py files of this Python's standard library (no site-packages, no
-  tests)."""
-  out = []
-  for dirpath, dirnames, filenames in os.walk(sysconfig.get_paths()['stdlib']):
-    dirnames[:] = sorted(
-        d
-        for d in dirnames
-        if d
-        not in (
-            'site-packages',
-            'dist-packages',
-            '__pycache__',
-            'test',
-            'tests',
-            'idle_test',
-        )
+def prepare_dataset(
+    name: str,
+    ddir: str,
+    *,
+    inputs: tuple[str, ...] = (),
+    hf_dataset: str = '',
+    split_by: str = 'file',
+    text_field: str = 'text',
+    val_percent: int = 5,
+    on_decode_error: str = 'replace',
+    overwrite: bool = False,
+) -> dict[str, Any]:
+  """Builds ``ddir/name/1.0.0`` from `inputs` (globs) or `hf_dataset` (the
+  flags of ``python -m flax_posemb.commands.prepare``, checked by them):
+  ``{'path', 'feature', 'splits': {split: documents}}``."""
+  if hf_dataset:
+    files: tuple[str, ...] = ()
+    what = hf_dataset
+  else:
+    found = glob_files(
+        inputs, ('.txt', '.jsonl', '.parquet'), f'--input {", ".join(inputs)}'
     )
-    out += [
-        os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith('.py')
-    ]
-  return out
+    files = tuple(os.path.abspath(f) for f in found)
+    what = f'{len(files)} files'
+  root = os.path.join(ddir, name)
+  if os.path.exists(root) and not overwrite:
+    raise ValueError(
+        f'{root} exists; pass --overwrite to rebuild it, or another --name.'
+    )
+  shutil.rmtree(root, ignore_errors=True)
+  if on_decode_error == 'error':
+    refuse_invalid_utf8([f for f in files if not f.endswith('.parquet')])
+  source = text_corpus.TextBuilderConfig(
+      name='default',
+      files=files,
+      split_by=split_by,
+      text_field=text_field,
+      val_percent=val_percent,
+      on_decode_error=on_decode_error,
+      hf_dataset=hf_dataset,
+      description=f'{what} (flax_posemb.commands.prepare)',
+  )
+  # A builder without configs, named `name`: the dataset is ddir/name/1.0.0.
+  builder_cls = type(
+      'Prepared',
+      (text_corpus.TextCorpus,),
+      {'name': name, 'SOURCE': source, '__module__': __name__},
+      skip_registration=True,
+  )
+  builder = builder_cls(data_dir=ddir)
+  text_corpus.build(builder)
+  # TFDS's download directory, empty.
+  shutil.rmtree(os.path.join(ddir, 'downloads'), ignore_errors=True)
+  splits = {k: int(v.num_examples) for k, v in builder.info.splits.items()}
+  return {'path': builder.data_dir, 'feature': 'text', 'splits': splits}
 
 
 def data_source(builder, split: str, name: str):
@@ -380,8 +159,6 @@ def _records(data_config, split: str):
   if c.source == 'tfds':
     return (*tfds_records(c.name, split, ddir, c.text_feature), None)
   if c.source == 'long_text':
-    from flax_posemb.data import long_text
-
     return (
         data_source(long_text.builder(c, ddir), split, 'long_text'),
         'text',
@@ -389,12 +166,15 @@ def _records(data_config, split: str):
     )
   val_percent, mode = int(c.val_percent), sources.decode_mode(c)
   if c.source == 'stdlib':
-    files = stdlib_files()
-    h = _hash_files(files, f'{PY_VERSION}|{val_percent}|{_BUILD_FORMAT}|{mode}')
-    builder = _prepare(
+    files = text_corpus.stdlib_files()
+    h = text_corpus.hash_files(
+        files,
+        f'{text_corpus.PY_VERSION}|{val_percent}|{text_corpus.BUILD_FORMAT}|{mode}',
+    )
+    builder = text_corpus.build_once(
         Stdlib,
-        TextBuilderConfig(
-            name=f'{PY_VERSION}_{h}',
+        text_corpus.TextBuilderConfig(
+            name=f'{text_corpus.PY_VERSION}_{h}',
             files=tuple(files),
             split_by='python',
             val_percent=val_percent,
@@ -409,16 +189,16 @@ def _records(data_config, split: str):
     files = glob_files(
         [c.local_glob], ('.txt', '.jsonl'), f'data.local_glob={c.local_glob!r}'
     )
-    h = _hash_files(
+    h = text_corpus.hash_files(
         files,
         f'{c.local_split_by}|{c.text_feature}|{val_percent}|'
-        f'{_BUILD_FORMAT}|{mode}',
+        f'{text_corpus.BUILD_FORMAT}|{mode}',
     )
     if mode == 'error':
       refuse_invalid_utf8(files)
-    builder = _prepare(
+    builder = text_corpus.build_once(
         LocalText,
-        TextBuilderConfig(
+        text_corpus.TextBuilderConfig(
             name=f'h{h}',
             files=tuple(files),
             split_by=c.local_split_by,
@@ -523,7 +303,7 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
           ' "flax_posemb[prepare]"), tfds build '
           f'{base} --file_format=array_record --data_dir={ddir}, or copy a'
           f' build into {ddir}. '
-          f'Your own text: python -m flax_posemb.data.prepare --name {base}'
+          f'Your own text: python -m flax_posemb.commands.prepare --name {base}'
           " --input 'FILES' "
           f'--data_dir {ddir}. Else check the spelling (catalog names are'
           ' lowercase, e.g. pg19, '
@@ -542,7 +322,7 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
       )
     records = data_source(builder, split, f'TFDS dataset {name!r}')
   feature = pick_text_feature(records.dataset_info.features, text_feature, name)
-  _log_once(
+  text_corpus.log_once(
       logging.INFO,
       'TFDS dataset %s: text feature %r%s.',
       name,

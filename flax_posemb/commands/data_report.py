@@ -1,11 +1,12 @@
-"""Exposure report CLI (docs/DESIGN.md "Data policies and tokens").
+"""Position-exposure report of a config (docs/DESIGN.md "Data policies and
+tokens"; the maths: `flax_posemb.data.report`).
 
-  python -m flax_posemb.data --config configs/tiny.py --num_batches 100 \
-      [--num_source_docs 0] [--json FILE] [--png FILE]
+  python -m flax_posemb.commands.data_report --config configs/tiny.py \
+      --num_batches 100 [--num_source_docs 0] [--json FILE] [--png FILE]
       [--config.data.position_policy=packed]
 
 Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message, no traceback;
---debug shows it). """
+--debug shows it)."""
 
 import json
 import os
@@ -14,11 +15,11 @@ from absl import flags
 from ml_collections import config_flags
 
 from flax_posemb import cli
+from flax_posemb import plots
+from flax_posemb.data import report
 
-PROG = 'python -m flax_posemb.data'
+PROG = 'python -m flax_posemb.commands.data_report'
 cli.name_main_module(PROG, __name__)
-
-from flax_posemb.data import report  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file (configs/NAME.py).'
@@ -43,19 +44,21 @@ flags.mark_flags_as_required(['config'])
 
 def main(argv):
   del argv  # cli.run refuses positional arguments.
-  for flag, path in (('--json', _JSON.value), ('--png', _PNG.value)):
-    if path:  # Checked before the report is computed.
-      cli.check_output_dir(
-          os.path.dirname(os.path.abspath(path)), f'the directory of {flag}'
-      )
+  # The output directories are checked before the report is computed.
+  if _JSON.value:
+    cli.check_output_dir(
+        os.path.dirname(os.path.abspath(_JSON.value)), 'the directory of --json'
+    )
+  if _PNG.value:
+    cli.check_output_dir(
+        os.path.dirname(os.path.abspath(_PNG.value)), 'the directory of --png'
+    )
   rep = report.exposure(_CONFIG.value, _NUM_BATCHES.value, _NUM_DOCS.value)
   print(report.format_report(rep))
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
       json.dump(rep, f, indent=1)
   if _PNG.value:
-    from flax_posemb import plots
-
     plots.data_exposure(rep, _PNG.value)
 
 

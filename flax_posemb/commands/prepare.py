@@ -1,0 +1,105 @@
+"""Prepares your own text as a TFDS array_record dataset, without TensorFlow
+(README "Configs and data"): ``DIR/NAME/1.0.0/`` with splits train/validation
+and one feature, ``text`` (the library call:
+`flax_posemb.data.text_sources.prepare_dataset`).
+
+  python -m flax_posemb.commands.prepare --name my_books \
+      --input 'books/*.txt' --data_dir DIR
+  python -m flax_posemb.commands.prepare --name my_books \
+      --hf_dataset PATH --data_dir DIR
+
+Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message; --debug shows
+the traceback)."""
+
+import re
+
+from absl import flags
+
+from flax_posemb import cli
+from flax_posemb.data import text_sources
+
+PROG = 'python -m flax_posemb.commands.prepare'
+cli.name_main_module(PROG, __name__)
+
+_NAME = flags.DEFINE_string(
+    'name', None, 'Dataset name (then --config.data.name=NAME).'
+)
+_INPUT = flags.DEFINE_multi_string(
+    'input', None, 'Glob of .txt/.jsonl/.parquet files (repeatable).'
+)
+_HF_DATASET = flags.DEFINE_string(
+    'hf_dataset', None, 'A Hugging Face dataset saved with save_to_disk.'
+)
+_DATA_DIR = flags.DEFINE_string(
+    'data_dir', None, 'TFDS data directory (then --config.data.data_dir=DIR).'
+)
+_SPLIT_BY = flags.DEFINE_enum(
+    'split_by', 'file', ['file', 'line', 'paragraph'], '.txt document unit.'
+)
+_TEXT_FIELD = flags.DEFINE_string(
+    'text_field',
+    'text',
+    'Text field of .jsonl lines / column of .parquet '
+    'and Hugging Face datasets.',
+)
+_VAL_PERCENT = flags.DEFINE_integer(
+    'val_percent',
+    5,
+    'Percent of documents in validation.',
+    lower_bound=0,
+    upper_bound=100,
+)
+_ON_DECODE_ERROR = flags.DEFINE_enum(
+    'on_decode_error',
+    'replace',
+    ['replace', 'skip', 'error'],
+    'Invalid UTF-8 in text files.',
+)
+_OVERWRITE = flags.DEFINE_bool(
+    'overwrite', False, 'Replace an existing DATA_DIR/NAME.'
+)
+cli.define_debug_flag()
+
+
+def _valid_name(name: str | None) -> bool:
+  """A dataset name TFDS accepts (None: --name is missing, reported as such)."""
+  return name is None or re.fullmatch('[a-z][a-z0-9_]*', name) is not None
+
+
+flags.register_validator(
+    'name',
+    _valid_name,
+    '--name: use lower-case letters, digits and underscores, starting with a'
+    ' letter (it becomes data.name).',
+)
+flags.mark_flags_as_mutual_exclusive(['input', 'hf_dataset'], required=True)
+flags.mark_flags_as_required(['name', 'data_dir'])
+
+
+def main(argv):
+  del argv  # cli.run refuses positional arguments.
+  cli.check_output_dir(_DATA_DIR.value, '--data_dir')
+  out = text_sources.prepare_dataset(
+      _NAME.value,
+      _DATA_DIR.value,
+      inputs=tuple(_INPUT.value or ()),
+      hf_dataset=_HF_DATASET.value or '',
+      split_by=_SPLIT_BY.value,
+      text_field=_TEXT_FIELD.value,
+      val_percent=_VAL_PERCENT.value,
+      on_decode_error=_ON_DECODE_ERROR.value,
+      overwrite=_OVERWRITE.value,
+  )
+  splits = ', '.join(
+      f'{k} {v} documents' for k, v in sorted(out['splits'].items())
+  )
+  print(f"prepared {out['path']}: {splits}; text feature {out['feature']!r}.")
+  print(
+      'Train on it with --config.data.source=tfds'
+      f' --config.data.name={_NAME.value}'
+      f' --config.data.data_dir={_DATA_DIR.value}'
+  )
+
+
+if __name__ == '__main__':
+  cli.run(main, PROG)
