@@ -41,10 +41,10 @@ def _package_dir(module: str, pip_name: str, pattern: str) -> list[str]:
   """The sorted files of an installed package's directory that match
   `pattern`."""
   spec = importlib.util.find_spec(module)
-  roots = list(spec.submodule_search_locations or []) if spec else []
-  files = (
-      sorted(glob_lib.glob(os.path.join(roots[0], pattern))) if roots else []
-  )
+  files = []
+  if spec is not None and spec.submodule_search_locations:
+    root = list(spec.submodule_search_locations)[0]
+    files = sorted(glob_lib.glob(os.path.join(root, pattern)))
   if not files:
     raise FileNotFoundError(
         f"data.source='long_text' needs the PyPI package {pip_name!r} (module"
@@ -69,16 +69,14 @@ def bible_file() -> str:
 
 def python_doc_files() -> list[str]:
   """reST sources of the Python documentation if installed (else [])."""
-  # The newest Python's only.
-  root = os.environ.get('FLAX_POSEMB_PYTHON_DOC_SOURCES') or max(
-      glob_lib.glob('/usr/share/doc/python3*/html/_sources'), default=''
-  )
-  files = (
-      glob_lib.glob(os.path.join(root, '**', '*.rst.txt'), recursive=True)
-      if root
-      else []
-  )
-  return sorted(files)
+  root = os.environ.get('FLAX_POSEMB_PYTHON_DOC_SOURCES')
+  if not root:
+    installed = glob_lib.glob('/usr/share/doc/python3*/html/_sources')
+    root = max(installed, default='')  # The newest Python's only.
+  if not root:
+    return []
+  pattern = os.path.join(root, '**', '*.rst.txt')
+  return sorted(glob_lib.glob(pattern, recursive=True))
 
 
 code_files = text_corpus.stdlib_files  # Files of the short documents.
@@ -111,15 +109,22 @@ def strip_gutenberg(text: str) -> str:
 def bible_books(path: str) -> list[tuple[str, str]]:
   """(book, text) of every book in canonical order; verses as 'chapter:verse
   text' lines."""
-  books = {}
+  verses: dict[str, list[str]] = {}
   with open(path, encoding='utf-8') as f:
     for line in f:
-      if line.strip():
-        v = json.loads(line)
-        books.setdefault(v['book'], []).append(
-            f"{v['chapter']}:{v['verse']} {v['text']}"
-        )
-  return [(b, f'{b}\n\n' + '\n'.join(vs) + '\n') for b, vs in books.items()]
+      if not line.strip():
+        continue
+      verse = json.loads(line)
+      text = f"{verse['chapter']}:{verse['verse']} {verse['text']}"
+      verses.setdefault(verse['book'], []).append(text)
+  books = []
+  for book, lines in verses.items():
+    books.append((book, f'{book}\n\n' + '\n'.join(lines) + '\n'))
+  return books
+
+
+# A hex literal, or a \x.. / \u.... / \U........ / \N{...} escape.
+_LITERAL = re.compile(r'0[xX][0-9a-fA-F]+|\\[xuU][0-9a-fA-F]{2}|\\N\{')
 
 
 def is_generated_table(text: str) -> bool:
@@ -127,11 +132,7 @@ def is_generated_table(text: str) -> bool:
   20 non-blank lines, >= 40% with a hex or escape literal (the most
   literal-laden code kept: 29%)."""
   lines = [line for line in text.splitlines() if line.strip()]
-  hits = sum(
-      1
-      for line in lines
-      if re.search(r'0[xX][0-9a-fA-F]+|\\[xuU][0-9a-fA-F]{2}|\\N\{', line)
-  )
+  hits = sum(1 for line in lines if _LITERAL.search(line))
   return len(lines) >= 20 and hits >= 0.4 * len(lines)
 
 
@@ -140,34 +141,42 @@ def iter_documents(files: dict[str, list[str]]):
   tables."""
   seen = set()
   for key, kind, text in _candidates(files):
-    h = hashlib.sha1(text.encode('utf-8', errors='replace')).digest()
-    if h not in seen and text.strip() and not is_generated_table(text):
-      seen.add(h)
-      yield key, kind, text
+    digest = hashlib.sha1(text.encode('utf-8', errors='replace')).digest()
+    if digest in seen or not text.strip() or is_generated_table(text):
+      continue
+    seen.add(digest)
+    yield key, kind, text
 
 
 def _candidates(files: dict[str, list[str]]):
+  """(key, kind, text) of every document of `files`, duplicates included."""
   for path in files.get('shakespeare', []):
     key = f'shakespeare:{os.path.basename(path)}'
     yield key, 'shakespeare', strip_gutenberg(_read(path))
   for path in files.get('bible', []):
-    yield from (
-        (f'bible:{book}', 'bible', text) for book, text in bible_books(path)
-    )
-  for kind in ('python_doc', 'code'):
-    paths = files.get(kind, [])
-    root = (
-        os.path.commonpath(paths)
-        if len(paths) > 1
-        else os.path.dirname(''.join(paths))
-    )
-    for path in paths:
-      rel = os.path.relpath(path, root)
-      if kind == 'python_doc':
-        yield f'{kind}:{rel}', kind, _read(path)
-      elif not any(fnmatch.fnmatch(rel, g) for g in GENERATED_MODULES):
-        for i, text in enumerate(text_corpus.split_python_source(_read(path))):
-          yield f'{kind}:{rel}:{i}', kind, text
+    for book, text in bible_books(path):
+      yield f'bible:{book}', 'bible', text
+  docs = files.get('python_doc', [])
+  root = _common_dir(docs)
+  for path in docs:
+    rel = os.path.relpath(path, root)
+    yield f'python_doc:{rel}', 'python_doc', _read(path)
+  code = files.get('code', [])
+  root = _common_dir(code)
+  for path in code:
+    rel = os.path.relpath(path, root)
+    if any(fnmatch.fnmatch(rel, g) for g in GENERATED_MODULES):
+      continue
+    for i, text in enumerate(text_corpus.split_python_source(_read(path))):
+      yield f'code:{rel}:{i}', 'code', text
+
+
+def _common_dir(paths: list[str]) -> str:
+  """The directory keys of `paths` are relative to (machine-independent
+  keys)."""
+  if len(paths) > 1:
+    return os.path.commonpath(paths)
+  return os.path.dirname(''.join(paths))
 
 
 def _read(path: str) -> str:
@@ -190,35 +199,34 @@ def held_out_keys(docs, val_percent: float) -> set[str]:
   """Validation keys of (key, kind) `docs`: the ceil(`HELD_OUT_PERCENT` %) long
   works of each kind with the lowest key hash; other documents by key hash below
   `val_percent`."""
-  score = text_corpus.hash_percent
-  out = {
-      key
-      for key, kind in docs
-      if kind not in LONG_KINDS and score(key) < val_percent
-  }
+  held_out = set()
+  for key, kind in docs:
+    if kind not in LONG_KINDS and text_corpus.hash_percent(key) < val_percent:
+      held_out.add(key)
   for long_kind in LONG_KINDS:
-    keys = sorted(
-        (key for key, kind in docs if kind == long_kind),
-        key=lambda k: (score(k), k),
-    )
-    out.update(keys[: math.ceil(len(keys) * HELD_OUT_PERCENT / 100)])
-  return out
+    works = [key for key, kind in docs if kind == long_kind]
+    works.sort(key=_by_hash)
+    held_out.update(works[: math.ceil(len(works) * HELD_OUT_PERCENT / 100)])
+  return held_out
+
+
+def _by_hash(key: str) -> tuple[float, str]:
+  """Sort key: the key's hash score, ties by the key."""
+  return text_corpus.hash_percent(key), key
 
 
 def split_stats(lengths, seq_len: int) -> dict[str, int]:
   """Documents, tokens, documents of >= 4 and >= 8 contexts and default 'deep'
   windows."""
+  # The windows of make_eval_batches' defaults: seq_len + 1 tokens each, in
+  # documents of >= 4 contexts, from token seq_len on.
+  region = windows.deep_region(lengths, 4 * seq_len, seq_len)
   return {
       'docs': len(lengths),
       'tokens': int(sum(lengths)),
       'docs_ge_4t': sum(n >= 4 * seq_len for n in lengths),
       'docs_ge_8t': sum(n >= 8 * seq_len for n in lengths),
-      'deep_windows': int(
-          (
-              windows.deep_region(lengths, 4 * seq_len, seq_len)
-              // (seq_len + 1)
-          ).sum()
-      ),
+      'deep_windows': int((region // (seq_len + 1)).sum()),
   }
 
 
@@ -226,14 +234,13 @@ def check_held_out(lengths) -> None:
   """Refuses held-out long works (byte-token lengths) below the
   `GUARANTEE_*`."""
   t = GUARANTEE_CONTEXT
-  s = split_stats(lengths, t)
-  if (
-      s['docs_ge_8t'] < GUARANTEE_MIN_DOCS
-      or s['deep_windows'] < GUARANTEE_MIN_WINDOWS
-  ):
+  stats = split_stats(lengths, t)
+  long_docs = stats['docs_ge_8t']
+  deep_windows = stats['deep_windows']
+  if long_docs < GUARANTEE_MIN_DOCS or deep_windows < GUARANTEE_MIN_WINDOWS:
     raise ValueError(
-        f"long_text's held-out long works ({s['docs']}) have {s['docs_ge_8t']}"
-        f" documents of >= {8 * t} tokens and {s['deep_windows']} deep windows"
+        f"long_text's held-out long works ({stats['docs']}) have {long_docs}"
+        f' documents of >= {8 * t} tokens and {deep_windows} deep windows'
         f' at context {t}; an evaluation on long documents needs >='
         f' {GUARANTEE_MIN_DOCS} and >= {GUARANTEE_MIN_WINDOWS}. The installed'
         f' texts are incomplete: reinstall them with\n  {INSTALL}'
@@ -255,9 +262,8 @@ class LongText(text_corpus.TextCorpus):
       yield key, kind, text
 
   def _held_out(self, docs: list[tuple[str, str, int]]) -> set[str]:
-    val = held_out_keys(
-        [(key, kind) for key, kind, _ in docs], self.builder_config.val_percent
-    )
+    keys = [(key, kind) for key, kind, _ in docs]
+    val = held_out_keys(keys, self.builder_config.val_percent)
     check_held_out(
         [n for key, kind, n in docs if key in val and kind in LONG_KINDS]
     )
@@ -269,15 +275,18 @@ def builder(data_config, ddir: str):
   parts = corpus_files()
   val_percent = int(data_config.val_percent)
   paths = [p for k in sorted(parts) for p in parts[k]]
-  h = text_corpus.hash_files(
-      paths,
+  key = (
       f'{_BUILD_FORMAT}|{text_corpus.PY_VERSION}|{val_percent}|'
-      f'{HELD_OUT_PERCENT}|{text_corpus.BUILD_FORMAT}',
+      f'{HELD_OUT_PERCENT}|{text_corpus.BUILD_FORMAT}'
   )
+  digest = text_corpus.hash_files(paths, key)
+  # 'd': with the Python docs, 'n': without.
+  if parts['python_doc']:
+    with_docs = 'd'
+  else:
+    with_docs = 'n'
   config = text_corpus.TextBuilderConfig(
-      name=(
-          f"{text_corpus.PY_VERSION}{'d' if parts['python_doc'] else 'n'}_{h}"
-      ),
+      name=f'{text_corpus.PY_VERSION}{with_docs}_{digest}',
       files=tuple(paths),
       split_by='long_text',
       val_percent=val_percent,

@@ -4,6 +4,7 @@ build per dataset under a file lock, the file readers, and the standard
 library's files cut at top-level definitions. Used by `text_sources` (the
 local_text and stdlib corpora, prepared datasets) and `long_text`."""
 
+from collections.abc import Iterator
 import contextlib
 import dataclasses
 import fcntl
@@ -17,6 +18,7 @@ import os
 import re
 import sys
 import sysconfig
+from typing import Any, ClassVar
 
 from absl import logging
 from etils import epath
@@ -35,6 +37,7 @@ def hash_percent(key: str) -> float:
 
 
 def hash_files(paths: list[str], extra: str) -> str:
+  """12 hex digits of the SHA-1 of `extra`, then each path and its bytes."""
   h = hashlib.sha1(extra.encode())
   for p in paths:
     h.update(p.encode())
@@ -42,43 +45,47 @@ def hash_files(paths: list[str], extra: str) -> str:
   return h.hexdigest()[:12]
 
 
-def _file_docs(path: str, cfg) -> list[str]:
+def _file_docs(path: str, config: 'TextBuilderConfig') -> list[str]:
   """The documents of one .txt/.jsonl/.py/.parquet file (text: lossless
   surrogateescape)."""
   if path.endswith('.parquet'):
-    return parquet_texts(path, cfg.text_field)
+    return parquet_texts(path, config.text_field)
   content = epath.Path(path).read_bytes().decode('utf-8', 'surrogateescape')
   if path.endswith('.jsonl'):
-    recs = [json.loads(line) for line in content.split('\n') if line.strip()]
-    return [
-        str(r.get(cfg.text_field, '')) if isinstance(r, dict) else str(r)
-        for r in recs
-    ]
-  if cfg.split_by == 'python':
+    docs = []
+    for line in content.split('\n'):
+      if not line.strip():
+        continue
+      record = json.loads(line)
+      if isinstance(record, dict):
+        docs.append(str(record.get(config.text_field, '')))
+      else:
+        docs.append(str(record))
+    return docs
+  if config.split_by == 'python':
     return split_python_source(content)
-  if cfg.split_by == 'line':
+  if config.split_by == 'line':
     return content.split('\n')
-  return (
-      [content] if cfg.split_by == 'file' else re.split(r'\n[ \t]*\n', content)
-  )
+  if config.split_by == 'file':
+    return [content]
+  return re.split(r'\n[ \t]*\n', content)  # 'paragraph'
 
 
 def split_python_source(text: str) -> list[str]:
   """Non-blank documents of a module cut at top-level def/class (decorators
   attached)."""
-  docs, cur, prev_decorator = [], [], False
+  docs = []
+  current: list[str] = []
+  after_decorator = False
   for line in text.splitlines(keepends=True):
-    if (
-        re.match('def |class |async def |@', line)
-        and not prev_decorator
-        and cur
-    ):
-      docs.append(''.join(cur))
-      cur = []
-    cur.append(line)
+    starts_definition = re.match('def |class |async def |@', line)
+    if starts_definition and not after_decorator and current:
+      docs.append(''.join(current))
+      current = []
+    current.append(line)
     if line.strip():
-      prev_decorator = line.startswith('@')
-  docs.append(''.join(cur))
+      after_decorator = line.startswith('@')
+  docs.append(''.join(current))
   return [d for d in docs if d.strip()]
 
 
@@ -97,14 +104,14 @@ class TextBuilderConfig(tfds.core.BuilderConfig):
   parts: dict[str, list[str]] | None = None
 
 
-class TextCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class TextCorpus(tfds.core.GeneratorBasedBuilder):
   """The documents of a `TextBuilderConfig` (records: `FEATURES`), split by
   document key."""
 
   VERSION = tfds.core.Version('1.0.0')
-  # The documents of a builder without configs.
-  SOURCE: TextBuilderConfig | None = None
-  FEATURES = ('text',)
+  # The documents of a builder without configs (set by its subclass).
+  SOURCE: ClassVar[TextBuilderConfig]
+  FEATURES: tuple[str, ...] = ('text',)
 
   # TFDS' default probes `importlib_resources` (not installed here); the file is
   # enough.
@@ -114,72 +121,76 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     return epath.Path(inspect.getfile(TextCorpus))
 
   def _info(self) -> tfds.core.DatasetInfo:
+    features = {f: tfds.features.Text() for f in self.FEATURES}
     return tfds.core.DatasetInfo(
         builder=self,
         description=self._source().description,
-        features=tfds.features.FeaturesDict(
-            {f: tfds.features.Text() for f in self.FEATURES}
-        ),
+        features=tfds.features.FeaturesDict(features),
         metadata=tfds.core.MetadataDict(),
     )
 
   def _source(self) -> TextBuilderConfig:
-    return self.builder_config or self.SOURCE
+    """The builder config, else the class's `SOURCE`."""
+    if self.builder_config is not None:
+      return self.builder_config
+    return self.SOURCE
 
-  def _docs(self, bad: list[str]):
+  def _docs(self, bad: list[str]) -> Iterator[tuple[str, str, str]]:
     """(key, kind, text) of every document in file order; files of invalid UTF-8
     go to `bad`."""
-    cfg = self._source()
-    if cfg.hf_dataset:  # Then `files` is empty.
-      yield from hf_documents(cfg.hf_dataset, cfg.text_field)
-    for path in cfg.files:
-      for i, doc in enumerate(_file_docs(path, cfg)):
-        # Invalid UTF-8 ('error' refused it pre-build).
+    config = self._source()
+    if config.hf_dataset:  # Then `files` is empty.
+      yield from hf_documents(config.hf_dataset, config.text_field)
+    for path in config.files:
+      for i, doc in enumerate(_file_docs(path, config)):
+        # Invalid UTF-8 ('error' refused it before the build).
         if re.search('[\udc80-\udcff]', doc):
           bad.append(path)
-          if cfg.on_decode_error == 'skip':
+          if config.on_decode_error == 'skip':
             continue
-          doc = doc.encode('utf-8', 'surrogateescape').decode(
-              'utf-8', errors='replace'
-          )
+          raw = doc.encode('utf-8', 'surrogateescape')
+          doc = raw.decode('utf-8', errors='replace')
         yield f'{path}:{i}', '', doc
 
   def _held_out(self, docs: list[tuple[str, str, int]]) -> set[str]:
     """Keys of the validation documents among (key, kind, tokens) `docs`."""
-    pct = self._source().val_percent
+    percent = self._source().val_percent
     scores = {key: hash_percent(key) for key, _, _ in docs}
-    val = {k for k, v in scores.items() if v < pct}
+    val = {key for key, score in scores.items() if score < percent}
     # Tiny corpus: still one validation doc.
-    if pct > 0 and not val and len(scores) >= 2:
-      val = {min(scores, key=scores.get)}
+    if percent > 0 and not val and len(scores) >= 2:
+      val = {min(scores, key=scores.__getitem__)}
     return val
 
-  def _split_generators(self, dl_manager):
+  def _split_generators(self, dl_manager) -> dict[str, Iterator[Any]]:
     del dl_manager
     bad: list[str] = []
-    docs = [
-        (key, kind, len(text.encode('utf-8')) + 1)
-        for key, kind, text in self._docs(bad)
-    ]
+    docs = []
+    for key, kind, text in self._docs(bad):
+      docs.append((key, kind, len(text.encode('utf-8')) + 1))
     val = self._held_out(docs)
     self.info.metadata['decode_errors'] = {
         'mode': self._source().on_decode_error,
         'documents': len(bad),
         'files': sorted(set(bad))[:20],
     }
-    return {
-        split: self._generate_examples(val, split == 'validation')
-        for split, n in (
-            ('train', len(docs) - len(val)),
-            ('validation', len(val)),
-        )
-        if n
-    }
+    generators = {}
+    if len(docs) > len(val):
+      generators['train'] = self._generate_examples(val, validation=False)
+    if val:
+      generators['validation'] = self._generate_examples(val, validation=True)
+    return generators
 
-  def _generate_examples(self, val: set[str], validation: bool):
+  def _generate_examples(
+      self, val: set[str], validation: bool
+  ) -> Iterator[tuple[str, dict[str, str]]]:
     for key, kind, text in self._docs([]):
-      if (key in val) == validation:
-        yield key, dict(zip(self.FEATURES, (text, kind)))
+      if (key in val) != validation:
+        continue
+      record = {'text': text}
+      if 'kind' in self.FEATURES:
+        record['kind'] = kind
+      yield key, record
 
 
 def build(builder) -> None:
@@ -194,9 +205,8 @@ def build_once(builder_cls, config: TextBuilderConfig, ddir: str):
   racing)."""
   builder = builder_cls(config=config, data_dir=ddir)
   if not builder.is_prepared():
-    with open(
-        os.path.join(ddir, f'.{builder.name}_{config.name}.lock'), 'w'
-    ) as f:
+    lock_path = os.path.join(ddir, f'.{builder.name}_{config.name}.lock')
+    with open(lock_path, 'w') as f:
       fcntl.flock(f, fcntl.LOCK_EX)  # Released when the file closes.
       # Another process may have built it.
       builder = builder_cls(config=config, data_dir=ddir)
@@ -211,6 +221,10 @@ def build_once(builder_cls, config: TextBuilderConfig, ddir: str):
   # Set by every build (_split_generators).
   found = builder.info.metadata['decode_errors']
   if found['documents']:
+    if found['mode'] == 'replace':
+      done = 'replaced the invalid bytes by U+FFFD'
+    else:
+      done = 'dropped them'
     log_once(
         logging.WARNING,
         '%s: %d document(s) are not valid UTF-8 (files: %s);'
@@ -220,9 +234,7 @@ def build_once(builder_cls, config: TextBuilderConfig, ddir: str):
         found['documents'],
         ', '.join(found['files'][:5]),
         found['mode'],
-        'replaced the invalid bytes by U+FFFD'
-        if found['mode'] == 'replace'
-        else 'dropped them',
+        done,
     )
   return builder
 
@@ -233,12 +245,14 @@ def log_once(level: int, msg: str, *args) -> None:
 
 
 def _optional_import(module: str, path: str):
+  """`module`, else a ValueError naming `path` and the package to install."""
+  package = module.split('.')[0]
   try:
     return importlib.import_module(module)
   except ImportError:
     raise ValueError(
-        f'{path}: reading it needs the {module.split(".")[0]} library (pip '
-        f'install {module.split(".")[0]}).'
+        f'{path}: reading it needs the {package} library (pip install'
+        f' {package}).'
     ) from None
 
 
@@ -250,48 +264,55 @@ def _check_column(path: str, column: str, columns: list[str]) -> None:
     )
 
 
+def _as_text(value) -> str:
+  """A table cell as a document ('' for a missing one)."""
+  if value is None:
+    return ''
+  return str(value)
+
+
 def parquet_texts(path: str, column: str) -> list[str]:
   """The ``column`` of a Parquet file as a list of documents (needs pyarrow)."""
   pq = _optional_import('pyarrow.parquet', path)
   _check_column(path, column, pq.read_schema(path).names)
-  return [
-      '' if t is None else str(t)
-      for t in pq.read_table(path, columns=[column]).column(column).to_pylist()
-  ]
+  table = pq.read_table(path, columns=[column])
+  return [_as_text(value) for value in table.column(column).to_pylist()]
 
 
-def hf_documents(path: str, column: str):
+def hf_documents(path: str, column: str) -> Iterator[tuple[str, str, str]]:
   """(``SPLIT:ROW``, '', text) of every row of a dataset saved with
   ``save_to_disk``."""
   datasets = _optional_import('datasets', path)
-  ds = datasets.load_from_disk(path)
-  for split, part in (
-      ds.items() if isinstance(ds, datasets.DatasetDict) else [('all', ds)]
-  ):
+  loaded = datasets.load_from_disk(path)
+  if isinstance(loaded, datasets.DatasetDict):
+    parts = dict(loaded)
+  else:
+    parts = {'all': loaded}
+  for split, part in parts.items():
     _check_column(f'{path} ({split})', column, part.column_names)
-    for i, text in enumerate(part[column]):
-      yield f'{split}:{i}', '', '' if text is None else str(text)
+    for i, value in enumerate(part[column]):
+      yield f'{split}:{i}', '', _as_text(value)
+
+
+# Directories of the standard library that are not its modules.
+_NOT_STDLIB = (
+    'site-packages',
+    'dist-packages',
+    '__pycache__',
+    'test',
+    'tests',
+    'idle_test',
+)
 
 
 def stdlib_files() -> list[str]:
   """Sorted .py files of this Python's standard library (no site-packages, no
   tests)."""
-  out = []
+  files = []
   for dirpath, dirnames, filenames in os.walk(sysconfig.get_paths()['stdlib']):
-    dirnames[:] = sorted(
-        d
-        for d in dirnames
-        if d
-        not in (
-            'site-packages',
-            'dist-packages',
-            '__pycache__',
-            'test',
-            'tests',
-            'idle_test',
-        )
-    )
-    out += [
-        os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith('.py')
-    ]
-  return out
+    # In place: os.walk then descends only into these, in sorted order.
+    dirnames[:] = sorted(d for d in dirnames if d not in _NOT_STDLIB)
+    for name in sorted(filenames):
+      if name.endswith('.py'):
+        files.append(os.path.join(dirpath, name))
+  return files

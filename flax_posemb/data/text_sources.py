@@ -23,26 +23,26 @@ from flax_posemb.data import tokenizers
 
 def data_dir(data_config) -> str:
   """`data.data_dir`, else $FLAX_POSEMB_DATA_DIR, else ~/.cache/flax_posemb."""
-  d = (
+  ddir = (
       data_config.data_dir
       or os.environ.get('FLAX_POSEMB_DATA_DIR')
       or os.path.join(os.path.expanduser('~'), '.cache', 'flax_posemb')
   )
-  os.makedirs(d, exist_ok=True)
-  return d
+  os.makedirs(ddir, exist_ok=True)
+  return ddir
 
 
 def refuse_invalid_utf8(paths: list[str]) -> None:
   """data.on_decode_error=error: refuses the first file of invalid UTF-8 before
   a build."""
-  for p in paths:
-    raw = epath.Path(p).read_bytes()
+  for path in paths:
+    raw = epath.Path(path).read_bytes()
     try:
       raw.decode('utf-8')
     except UnicodeDecodeError as e:
       line = raw[: e.start].count(b'\n') + 1
       raise ValueError(
-          f'{p} is not valid UTF-8 ({e.reason}, byte 0x{raw[e.start]:02x} at'
+          f'{path} is not valid UTF-8 ({e.reason}, byte 0x{raw[e.start]:02x} at'
           f' offset {e.start}, line {line}); data.on_decode_error=error refuses'
           ' it. Fix or remove the file, or set data.on_decode_error=replace'
           ' (U+FFFD, counted) or skip (drop the document).'
@@ -59,23 +59,18 @@ class Stdlib(text_corpus.TextCorpus):
 
 def glob_files(globs, suffixes: tuple[str, ...], what: str) -> list[str]:
   """The sorted files that `globs` match, all ending in one of `suffixes`."""
-  files = sorted(
-      {
-          f
-          for g in globs
-          for f in glob_lib.glob(os.path.expanduser(g), recursive=True)
-          if os.path.isfile(f)
-      }
-  )
+  found = set()
+  for pattern in globs:
+    for path in glob_lib.glob(os.path.expanduser(pattern), recursive=True):
+      if os.path.isfile(path):
+        found.add(path)
+  files = sorted(found)
+  if not files:
+    raise ValueError(f'{what} matches no files.')
   bad = [f for f in files if not f.endswith(suffixes)]
-  if not files or bad:
+  if bad:
     raise ValueError(
-        f'{what} matches '
-        + (
-            f'files that are not {"/".join(suffixes)}: {bad[:3]}.'
-            if bad
-            else 'no files.'
-        )
+        f'{what} matches files that are not {"/".join(suffixes)}: {bad[:3]}.'
     )
   return files
 
@@ -142,10 +137,10 @@ def data_source(builder, split: str, name: str):
   refused."""
   splits = builder.info.splits
   if split not in splits:
+    total = sum(info.num_examples for info in splits.values())
     raise ValueError(
         f'{name}: split {split!r} has no documents (no split {split!r}; its'
-        f' splits are {sorted(splits)},'
-        f' {sum(s.num_examples for s in splits.values())} documents in all).'
+        f' splits are {sorted(splits)}, {total} documents in all).'
         ' Set data.train_split / data.eval_split, or data.val_percent for a'
         ' small corpus.'
     )
@@ -154,76 +149,81 @@ def data_source(builder, split: str, name: str):
 
 def _records(data_config, split: str):
   """(records, text feature, build decode errors or None) of `split`."""
-  c = data_config
-  ddir = data_dir(c)
-  if c.source == 'tfds':
-    return (*tfds_records(c.name, split, ddir, c.text_feature), None)
-  if c.source == 'long_text':
-    return (
-        data_source(long_text.builder(c, ddir), split, 'long_text'),
-        'text',
-        None,
+  ddir = data_dir(data_config)
+  source = data_config.source
+  if source == 'tfds':
+    records, feature = tfds_records(
+        data_config.name, split, ddir, data_config.text_feature
     )
-  val_percent, mode = int(c.val_percent), sources.decode_mode(c)
-  if c.source == 'stdlib':
-    files = text_corpus.stdlib_files()
-    h = text_corpus.hash_files(
-        files,
-        f'{text_corpus.PY_VERSION}|{val_percent}|{text_corpus.BUILD_FORMAT}|{mode}',
-    )
-    builder = text_corpus.build_once(
-        Stdlib,
-        text_corpus.TextBuilderConfig(
-            name=f'{text_corpus.PY_VERSION}_{h}',
-            files=tuple(files),
-            split_by='python',
-            val_percent=val_percent,
-            on_decode_error=mode,
-            description=(
-                f'Python {sys.version.split()[0]} stdlib, {len(files)} files'
-            ),
-        ),
-        ddir,
-    )
-  else:  # local_text
-    files = glob_files(
-        [c.local_glob], ('.txt', '.jsonl'), f'data.local_glob={c.local_glob!r}'
-    )
-    h = text_corpus.hash_files(
-        files,
-        f'{c.local_split_by}|{c.text_feature}|{val_percent}|'
-        f'{text_corpus.BUILD_FORMAT}|{mode}',
-    )
-    if mode == 'error':
-      refuse_invalid_utf8(files)
-    builder = text_corpus.build_once(
-        LocalText,
-        text_corpus.TextBuilderConfig(
-            name=f'h{h}',
-            files=tuple(files),
-            split_by=c.local_split_by,
-            text_field=c.text_feature,
-            val_percent=val_percent,
-            description=f'{len(files)} files from {c.local_glob}',
-            on_decode_error=mode,
-        ),
-        ddir,
-    )
-  return (
-      data_source(builder, split, c.source),
-      'text',
-      builder.info.metadata['decode_errors'],
+    return records, feature, None
+  if source == 'long_text':
+    builder = long_text.builder(data_config, ddir)
+    return data_source(builder, split, 'long_text'), 'text', None
+  if source == 'stdlib':
+    builder = _stdlib_builder(data_config, ddir)
+  else:
+    builder = _local_text_builder(data_config, ddir)
+  records = data_source(builder, split, source)
+  return records, 'text', builder.info.metadata['decode_errors']
+
+
+def _stdlib_builder(data_config, ddir: str) -> Stdlib:
+  """The prepared `Stdlib` corpus of this Python (built on first use)."""
+  val_percent = int(data_config.val_percent)
+  mode = sources.decode_mode(data_config)
+  files = text_corpus.stdlib_files()
+  key = (
+      f'{text_corpus.PY_VERSION}|{val_percent}|{text_corpus.BUILD_FORMAT}'
+      f'|{mode}'
   )
+  digest = text_corpus.hash_files(files, key)
+  config = text_corpus.TextBuilderConfig(
+      name=f'{text_corpus.PY_VERSION}_{digest}',
+      files=tuple(files),
+      split_by='python',
+      val_percent=val_percent,
+      on_decode_error=mode,
+      description=f'Python {sys.version.split()[0]} stdlib, {len(files)} files',
+  )
+  return text_corpus.build_once(Stdlib, config, ddir)
+
+
+def _local_text_builder(data_config, ddir: str) -> LocalText:
+  """The prepared `LocalText` corpus of `data.local_glob` (built on first
+  use)."""
+  val_percent = int(data_config.val_percent)
+  mode = sources.decode_mode(data_config)
+  pattern = data_config.local_glob
+  files = glob_files(
+      [pattern], ('.txt', '.jsonl'), f'data.local_glob={pattern!r}'
+  )
+  key = (
+      f'{data_config.local_split_by}|{data_config.text_feature}|{val_percent}|'
+      f'{text_corpus.BUILD_FORMAT}|{mode}'
+  )
+  if mode == 'error':
+    refuse_invalid_utf8(files)
+  digest = text_corpus.hash_files(files, key)
+  config = text_corpus.TextBuilderConfig(
+      name=f'h{digest}',
+      files=tuple(files),
+      split_by=data_config.local_split_by,
+      text_field=data_config.text_feature,
+      val_percent=val_percent,
+      description=f'{len(files)} files from {pattern}',
+      on_decode_error=mode,
+  )
+  return text_corpus.build_once(LocalText, config, ddir)
 
 
 def string_features(features) -> list[str]:
   """Names of the top-level text/string features of a TFDS `FeaturesDict`."""
-  return [
-      k
-      for k, f in features.items()
-      # TFDS gives string features the object dtype, dtype('O').
-      if str(getattr(f, 'np_dtype', None)) == 'object'
-  ]
+  names = []
+  for name, feature in features.items():
+    # TFDS gives string features the object dtype, dtype('O').
+    if str(getattr(feature, 'np_dtype', None)) == 'object':
+      names.append(name)
+  return names
 
 
 def pick_text_feature(features, wanted: str, name: str) -> str:
@@ -232,9 +232,11 @@ def pick_text_feature(features, wanted: str, name: str) -> str:
   if features is None or wanted in features:
     return wanted
   texts = string_features(features)
-  for cands in (texts, [k for k in texts if 'text' in k.lower()]):
-    if len(cands) == 1:
-      return cands[0]
+  if len(texts) == 1:
+    return texts[0]
+  named_text = [k for k in texts if 'text' in k.lower()]
+  if len(named_text) == 1:
+    return named_text[0]
   raise ValueError(
       f'TFDS dataset {name!r} has no feature {wanted!r} (data.text_feature);'
       f' its string features are {texts} (all features: {sorted(features)}).'
@@ -253,24 +255,46 @@ def find_builder_dir(name: str, ddir: str) -> str | None:
     infos = glob_lib.glob(
         os.path.join(root, '*', version or '*', 'dataset_info.json')
     )
-    if len({os.path.dirname(os.path.dirname(x)) for x in infos}) > 1:
+    configs = {os.path.dirname(os.path.dirname(x)) for x in infos}
+    if len(configs) > 1:
       return None  # Several configs: the name must say which.
-  dirs = [
-      d
-      for d in map(os.path.dirname, infos)
-      if re.fullmatch(r'\d+(\.\d+)*', os.path.basename(d))
-  ]
-  return max(
-      dirs,
-      key=lambda d: [int(x) for x in os.path.basename(d).split('.')],
-      default=None,
-  )
+  versions = []
+  for info in infos:
+    version_dir = os.path.dirname(info)
+    if re.fullmatch(r'\d+(\.\d+)*', os.path.basename(version_dir)):
+      versions.append(version_dir)
+  return max(versions, key=_version_key, default=None)
+
+
+def _version_key(version_dir: str) -> list[int]:
+  """``.../1.2.0`` -> [1, 2, 0]: versions compare by number."""
+  return [int(x) for x in os.path.basename(version_dir).split('.')]
+
+
+def _prepared_names(ddir: str) -> str:
+  """The datasets prepared in `ddir` (``NAME`` or ``NAME/CONFIG``), 20 at most,
+  for a message."""
+  infos = []
+  for pattern in ('*', '*/*'):
+    infos += glob_lib.glob(
+        os.path.join(ddir, pattern, '[0-9]*', 'dataset_info.json')
+    )
+  names = set()
+  for info in infos:
+    names.add(os.path.relpath(os.path.dirname(os.path.dirname(info)), ddir))
+  if not names:
+    return 'none'
+  listed = ', '.join(sorted(names)[:20])
+  if len(names) > 20:
+    listed += ' ...'
+  return listed
 
 
 def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
   """(records, text feature) of `find_builder_dir`'s dataset, else the TFDS
   registry's `name`."""
-  path, base = find_builder_dir(name, ddir), name.split(':')[0]
+  path = find_builder_dir(name, ddir)
+  base = name.split(':')[0]
   if path is None:
     try:
       records = tfds.data_source(
@@ -278,61 +302,38 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
       )
     except Exception:  # Unknown, or registered but not prepared.
       # Without TensorFlow TFDS cannot tell which: the message gives both fixes.
-      found = [
-          x
-          for d in ('*', '*/*')
-          for x in glob_lib.glob(
-              os.path.join(ddir, d, '[0-9]*', 'dataset_info.json')
-          )
-      ]
-      listed = sorted(
-          {
-              os.path.relpath(os.path.dirname(os.path.dirname(x)), ddir)
-              for x in found
-          }
-      )
-      listed = (
-          ', '.join(listed[:20]) + (' ...' if len(listed) > 20 else '')
-          if listed
-          else 'none'
-      )
       raise ValueError(
-          f'No prepared dataset {name!r} (data.name) under {ddir}. A TFDS'
-          ' catalog dataset: build '
-          'it once (only this needs TensorFlow: pip install'
-          ' "flax_posemb[prepare]"), tfds build '
-          f'{base} --file_format=array_record --data_dir={ddir}, or copy a'
-          f' build into {ddir}. '
-          f'Your own text: python -m flax_posemb.commands.prepare --name {base}'
-          " --input 'FILES' "
-          f'--data_dir {ddir}. Else check the spelling (catalog names are'
-          ' lowercase, e.g. pg19, '
-          'wiki40b/en; several prepared configs need NAME/CONFIG). Prepared'
-          ' datasets in '
-          f'{ddir}: {listed}.'
+          f'No prepared dataset {name!r} (data.name) under {ddir}.'
+          ' A TFDS catalog dataset: build it once (only this needs'
+          ' TensorFlow: pip install "flax_posemb[prepare]"),'
+          f' tfds build {base} --file_format=array_record --data_dir={ddir},'
+          f' or copy a build into {ddir}.'
+          f' Your own text: python -m flax_posemb.commands.prepare'
+          f" --name {base} --input 'FILES' --data_dir {ddir}."
+          ' Else check the spelling (catalog names are lowercase, e.g. pg19,'
+          ' wiki40b/en; several prepared configs need NAME/CONFIG).'
+          f' Prepared datasets in {ddir}: {_prepared_names(ddir)}.'
       ) from None
   else:
     builder = tfds.builder_from_directory(path)
-    fmt = builder.info.file_format
-    if fmt and fmt.value != 'array_record':
+    stored = builder.info.file_format
+    if stored and stored.value != 'array_record':
       raise ValueError(
-          f'TFDS dataset {name!r} in {path} is stored as {fmt.value}, which has'
-          ' no random access without TensorFlow; rebuild it with tfds build'
-          f' {base} --file_format=array_record --data_dir={ddir}.'
+          f'TFDS dataset {name!r} in {path} is stored as {stored.value}, which'
+          ' has no random access without TensorFlow; rebuild it with tfds'
+          f' build {base} --file_format=array_record --data_dir={ddir}.'
       )
     records = data_source(builder, split, f'TFDS dataset {name!r}')
   feature = pick_text_feature(records.dataset_info.features, text_feature, name)
+  if feature == text_feature:
+    picked = ''
+  else:
+    picked = (
+        f' (picked: the dataset has no {text_feature!r}; set'
+        ' data.text_feature to choose another)'
+    )
   text_corpus.log_once(
-      logging.INFO,
-      'TFDS dataset %s: text feature %r%s.',
-      name,
-      feature,
-      ''
-      if feature == text_feature
-      else (
-          f' (picked: the dataset has no {text_feature!r}; '
-          'set data.text_feature to choose another)'
-      ),
+      logging.INFO, 'TFDS dataset %s: text feature %r%s.', name, feature, picked
   )
   return records, feature
 
@@ -346,10 +347,11 @@ def make_tokenizer(data_config) -> tokenizers.Tokenizer:
   if c.spm_model:
     return tokenizers.SentencePieceTokenizer(model_file=c.spm_model)
   records, feature, _ = _records(c, c.train_split)
-  key = hashlib.sha1(
+  corpus = (
       f'{c.source}|{c.name}|{c.local_glob}|{c.local_split_by}|'
-      f'{len(records)}|{c.spm_vocab_size}'.encode()
-  ).hexdigest()[:12]
+      f'{len(records)}|{c.spm_vocab_size}'
+  )
+  key = hashlib.sha1(corpus.encode()).hexdigest()[:12]
   path = os.path.join(data_dir(c), 'spm', f'{c.source}_{key}.model')
   if os.path.exists(path):
     return tokenizers.SentencePieceTokenizer(model_file=path)
@@ -368,14 +370,18 @@ def make_tokenizer(data_config) -> tokenizers.Tokenizer:
 def make_text_source(data_config, split: str) -> sources.TextSource:
   """`TextSource` of `split` for source local_text | stdlib | long_text |
   tfds."""
-  c = data_config
-  records, feature, found = _records(c, split)
+  records, feature, decode_errors = _records(data_config, split)
+  # A TFDS dataset's documents are of its kind.
+  if data_config.source == 'tfds':
+    kind = data_config.name
+  else:
+    kind = data_config.source
   src = sources.TextSource(
       records,
-      make_tokenizer(c),
+      make_tokenizer(data_config),
       feature,
-      on_decode_error=sources.decode_mode(c),
-      kind=c.name if c.source == 'tfds' else c.source,
+      on_decode_error=sources.decode_mode(data_config),
+      kind=kind,
   )
-  src.build_decode_errors = found
+  src.build_decode_errors = decode_errors
   return src
