@@ -6,8 +6,11 @@ import bisect
 import functools
 
 import numpy as np
+import numpy.typing as npt
 
 SPLIT_IDS = {'train': 0, 'validation': 1, 'test': 2}
+# SplitMix64's increment (2**64 / the golden ratio).
+_GOLDEN = 0x9E3779B97F4A7C15
 
 
 class SyntheticCorpus:
@@ -22,17 +25,17 @@ class SyntheticCorpus:
       concentration: float,
       seed: int,
   ):
-    self.vocab_size, self.num_regimes = int(vocab_size), int(num_regimes)
-    self.segment_len, self.seed = int(segment_len), int(seed)
+    self.vocab_size = int(vocab_size)
+    self.num_regimes = int(num_regimes)
+    self.segment_len = int(segment_len)
+    self.seed = int(seed)
     rng = np.random.default_rng([self.seed, 0x5EED])
-    m = np.nan_to_num(
-        rng.dirichlet(
-            np.full(vocab_size, concentration), size=(num_regimes, vocab_size)
-        ),
-        nan=0.0,
+    draws = rng.dirichlet(
+        np.full(vocab_size, concentration), size=(num_regimes, vocab_size)
     )
+    draws = np.nan_to_num(draws, nan=0.0)
     # [K, V, V] float64, rows sum to 1.
-    self.matrices = m / m.sum(-1, keepdims=True)
+    self.matrices = draws / draws.sum(-1, keepdims=True)
     self.cdf = np.cumsum(self.matrices, axis=-1)  # [K, V, V]
     self.cdf[..., -1] = 1.0
     self._cdf_lists = [
@@ -44,7 +47,7 @@ class SyntheticCorpus:
     """K * S: positions after which the regime sequence repeats."""
     return self.num_regimes * self.segment_len
 
-  def regime(self, positions: np.ndarray) -> np.ndarray:
+  def regime(self, positions: npt.ArrayLike) -> np.ndarray:
     """Regime index of each position id (any shape, same shape out)."""
     return (np.asarray(positions) // self.segment_len) % self.num_regimes
 
@@ -53,16 +56,15 @@ class SyntheticCorpus:
   ) -> np.ndarray:
     """The first `count` uniforms of documents ``[n]`` -> ``[n, count]`` float64
     (SplitMix64 counter stream; 0 and 1 pick the length, 2.. the tokens)."""
-    base = (
-        (self.seed * 0x100000001B3 + SPLIT_IDS[split]) * 0x9E3779B97F4A7C15 + 1
-    ) % 2**64
+    stream = self.seed * 0x100000001B3 + SPLIT_IDS[split]
+    base = (stream * _GOLDEN + 1) % 2**64
     with np.errstate(over='ignore'):
-      keys = _mix64_np(np.asarray(indices, np.uint64).ravel() + np.uint64(base))
-      z = np.arange(1, count + 1, dtype=np.uint64) * np.uint64(
-          0x9E3779B97F4A7C15
-      )
-      z = _mix64_np(z[None, :] + keys[:, None])
-    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+      doc_ids = np.asarray(indices, np.uint64).ravel()
+      keys = _mix64_np(doc_ids + np.uint64(base))
+      counters = np.arange(1, count + 1, dtype=np.uint64) * np.uint64(_GOLDEN)
+      bits = _mix64_np(counters[None, :] + keys[:, None])
+    # The top 53 bits as a float64 in [0, 1).
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
   def generate_many(
       self, uniforms: np.ndarray, starts: np.ndarray, num_tokens: np.ndarray
@@ -75,24 +77,22 @@ class SyntheticCorpus:
     lens = num_tokens[order]
     length = max(int(lens.max(initial=0)), 1)
     u = uniforms[order, :length]
-    v, s, k = self.vocab_size, self.segment_len, self.num_regimes
+    v = self.vocab_size
     steps = np.arange(length)
+    positions = np.asarray(starts, np.int64)[order][:, None] + steps
     # Row index into the flattened [K*V, V] CDF is regime * V + previous token.
-    regime_base = (
-        ((np.asarray(starts, np.int64)[order][:, None] + steps) // s) % k
-    ) * v
+    regime_base = self.regime(positions) * v
     # [length] docs still generating.
     active = (lens[None, :] > steps[:, None]).sum(1)
-    cdf = self.cdf.reshape(k * v, v)
+    cdf = self.cdf.reshape(self.num_regimes * v, v)
     x = np.zeros((len(starts), length), np.int64)
     x[:, 0] = np.minimum((u[:, 0] * v).astype(np.int64), v - 1)
     for j in range(1, length):
       a = active[j]
+      rows = cdf[regime_base[:a, j] + x[:a, j - 1]]
       # cdf[..., -1] == 1 > u, so the count is <= V - 1 (same rule as
       # `generate`).
-      x[:a, j] = (cdf[regime_base[:a, j] + x[:a, j - 1]] <= u[:a, j, None]).sum(
-          -1
-      )
+      x[:a, j] = (rows <= u[:a, j, None]).sum(-1)
     # Input order.
     return [x[i, : lens[i]].astype(np.int32) for i in np.argsort(order)]
 
@@ -100,17 +100,14 @@ class SyntheticCorpus:
     """One document ``[n]`` int32 at position ids ``start, ...`` from uniforms
     ``[n]``."""
     u = uniforms.tolist()
-    v, s, k, cdfs = (
-        self.vocab_size,
-        self.segment_len,
-        self.num_regimes,
-        self._cdf_lists,
-    )
-    out = [min(int(u[0] * v), v - 1)] if u else []
-    for j in range(1, len(u)):  # <= V-1: cdf[-1] == 1 > u.
-      out.append(
-          bisect.bisect_right(cdfs[((start + j) // s) % k][out[-1]], u[j])
-      )
+    if not u:
+      return np.asarray([], np.int32)
+    v = self.vocab_size
+    out = [min(int(u[0] * v), v - 1)]
+    for j in range(1, len(u)):
+      regime = ((start + j) // self.segment_len) % self.num_regimes
+      row = self._cdf_lists[regime][out[-1]]
+      out.append(bisect.bisect_right(row, u[j]))  # <= V-1: row[-1] == 1 > u.
     return np.asarray(out, np.int32)
 
   def bayes_loss(self, length: int) -> np.ndarray:
@@ -142,14 +139,13 @@ class SyntheticCorpus:
       x[:, j] = np.minimum(
           (c <= rng.random(num_docs)[:, None]).sum(-1), self.vocab_size - 1
       )
-    k, s = self.num_regimes, self.segment_len
-    stay = 1.0 - 1.0 / s
+    k = self.num_regimes
+    stay = 1.0 - 1.0 / self.segment_len
     # [K, K]: stay, or move on to the next regime.
-    trans = (
-        np.ones((1, 1))
-        if k == 1
-        else (np.eye(k) * stay + np.roll(np.eye(k), 1, axis=1) * (1.0 - stay))
-    )
+    if k == 1:
+      trans = np.ones((1, 1))
+    else:
+      trans = np.eye(k) * stay + np.roll(np.eye(k), 1, axis=1) * (1.0 - stay)
     belief = np.full((num_docs, k), 1.0 / k)
     losses = np.empty((num_docs, length))
     for p in range(length):

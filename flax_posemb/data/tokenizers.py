@@ -6,6 +6,7 @@ from collections.abc import Iterable
 import io
 
 import numpy as np
+import sentencepiece as spm
 
 from flax_posemb import outputs
 
@@ -24,10 +25,11 @@ class Tokenizer(abc.ABC):
 
   def encode_doc(self, text: str, max_tokens: int | None = None) -> list[int]:
     """``[sep_id] + encode(text)``, truncated to `max_tokens` tokens."""
-    if max_tokens is not None:
-      text = text[: max(int(max_tokens), 0) * self.CHARS_PER_TOKEN]
+    if max_tokens is None:
+      return [self.sep_id] + self.encode(text)
+    text = text[: max(int(max_tokens), 0) * self.CHARS_PER_TOKEN]
     ids = [self.sep_id] + self.encode(text)
-    return ids if max_tokens is None else ids[:max_tokens]
+    return ids[:max_tokens]
 
 
 class ByteTokenizer(Tokenizer):
@@ -40,9 +42,9 @@ class ByteTokenizer(Tokenizer):
     return list(text.encode('utf-8'))
 
   def decode(self, ids) -> str:
-    return bytes(
-        int(i) for i in np.asarray(ids).ravel() if 0 <= int(i) < 256
-    ).decode('utf-8', errors='replace')
+    """The text of byte ids (the separator and padding left out)."""
+    raw = bytes(int(i) for i in np.asarray(ids).ravel() if 0 <= int(i) < 256)
+    return raw.decode('utf-8', errors='replace')
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -51,15 +53,14 @@ class SentencePieceTokenizer(Tokenizer):
   CHARS_PER_TOKEN = 32  # Pieces rarely exceed 32 chars.
 
   def __init__(self, model_file: str):
-    import sentencepiece as spm
-
     self._sp = spm.SentencePieceProcessor(model_file=model_file)
     self.vocab_size = int(self._sp.get_piece_size())
     # The BOS piece separates documents (EOS if it has none; models trained here
     # have both).
-    self.sep_id = int(
-        self._sp.bos_id() if self._sp.bos_id() >= 0 else self._sp.eos_id()
-    )
+    if self._sp.bos_id() >= 0:
+      self.sep_id = int(self._sp.bos_id())
+    else:
+      self.sep_id = int(self._sp.eos_id())
     if self.sep_id < 0:
       raise ValueError(
           f'SentencePiece model {model_file} has neither a BOS nor an EOS piece'
@@ -81,8 +82,6 @@ class SentencePieceTokenizer(Tokenizer):
   ) -> 'SentencePieceTokenizer':
     """Trains a unigram model with byte fallback on `texts` and saves it to
     `save_path`."""
-    import sentencepiece as spm
-
     buf = io.BytesIO()
     try:
       spm.SentencePieceTrainer.train(
