@@ -15,9 +15,25 @@ import zipfile
 
 import numpy as np
 
-# A run's step-numbered outputs, relative to its workdir (one "*" for the step).
-WINDOW_FILES = os.path.join('stats', 'window_*.npz')
-TABLE_FILES = os.path.join('tables', 'table_*.npy')
+# The names in a training workdir, spelled here only (docs/DESIGN.md,
+# "Training outputs (workdir)").
+LOCK_FILE = '.lock'
+CONFIG_FILE = 'config.json'
+METRICS_FILE = 'metrics.jsonl'
+STATS_DIR = 'stats'
+TABLES_DIR = 'tables'
+CHECKPOINTS_DIR = 'checkpoints'
+TENSORBOARD_DIR = 'tensorboard'
+EVAL_DIR = 'eval'
+# The table analysis inside an evaluation's directory (eval.py --analyze).
+ANALYSIS_DIR = 'analysis'
+# Step-numbered files: a statistics window (in STATS_DIR, or any directory of
+# them) and a table snapshot (in TABLES_DIR).
+WINDOW_FILE = 'window_{step}.npz'
+TABLE_FILE = 'table_{step}.npy'
+# Their glob patterns relative to a workdir (one "*" for the step).
+WINDOW_FILES = os.path.join(STATS_DIR, WINDOW_FILE.format(step='*'))
+TABLE_FILES = os.path.join(TABLES_DIR, TABLE_FILE.format(step='*'))
 
 
 @contextlib.contextmanager
@@ -48,16 +64,14 @@ def replace_files(directory: str, names: Sequence[str]) -> Iterator[str]:
   """Yields a staging directory for new ``names``, swapped in when the block
   succeeds (names[0], "complete", leaves first and arrives last); a swap killed
   midway is undone by the next call."""
-  stage, old = os.path.join(directory, '.staging'), os.path.join(
-      directory, '.replaced'
-  )
-  if os.path.isdir(old) and not os.path.exists(
-      os.path.join(directory, names[0])
-  ):
-    for n in names:  # Killed mid-swap: back to the previous complete set.
-      if not os.path.exists(os.path.join(old, n)) and os.path.exists(
-          os.path.join(directory, n)
-      ):
+  stage = os.path.join(directory, '.staging')
+  old = os.path.join(directory, '.replaced')
+  complete = os.path.exists(os.path.join(directory, names[0]))
+  if os.path.isdir(old) and not complete:
+    # Killed mid-swap: back to the previous complete set.
+    for n in names:
+      new_only = not os.path.exists(os.path.join(old, n))
+      if new_only and os.path.exists(os.path.join(directory, n)):
         os.remove(os.path.join(directory, n))
     _move(old, directory, names)
   for leftover in (stage, old):
@@ -99,10 +113,12 @@ def step_files(pattern: str) -> list[tuple[int, str]]:
   ``pattern`` (one "*")."""
   prefix, ext = os.path.basename(pattern).split('*')
   exact = re.compile(re.escape(prefix) + r'(\d+)' + re.escape(ext))
-  found = (
-      (exact.fullmatch(os.path.basename(p)), p) for p in glob.glob(pattern)
-  )
-  return sorted((int(m.group(1)), p) for m, p in found if m)
+  found = []
+  for path in glob.glob(pattern):
+    match = exact.fullmatch(os.path.basename(path))
+    if match:
+      found.append((int(match.group(1)), path))
+  return sorted(found)
 
 
 def window_files(workdir: str) -> list[tuple[int, str]]:
@@ -111,6 +127,15 @@ def window_files(workdir: str) -> list[tuple[int, str]]:
 
 def table_files(workdir: str) -> list[tuple[int, str]]:
   return step_files(os.path.join(workdir, TABLE_FILES))
+
+
+def window_files_in(directory: str) -> list[tuple[int, str]]:
+  """The window files of any directory of them (a run's ``stats/``)."""
+  return step_files(os.path.join(directory, WINDOW_FILE.format(step='*')))
+
+
+def table_path(workdir: str, step: int) -> str:
+  return os.path.join(workdir, TABLES_DIR, TABLE_FILE.format(step=step))
 
 
 def _load(path: str, fix: str) -> Any:

@@ -1,7 +1,6 @@
 """A training workdir apart from its checkpoints: the lock, the config, the
 outputs a resume truncates (docs/DESIGN.md, "Training outputs (workdir)")."""
 
-import contextlib
 import errno
 import fcntl
 import json
@@ -14,8 +13,6 @@ from flax import traverse_util
 from flax_posemb import defaults
 from flax_posemb import outputs
 
-LOCK_FILE, CONFIG_FILE, METRICS_FILE = '.lock', 'config.json', 'metrics.jsonl'
-
 
 class WorkdirError(ValueError):
   """The workdir cannot be used as asked (locked, config changed, outputs
@@ -27,49 +24,57 @@ class Lock:
   (docs/DESIGN.md)."""
 
   def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, LOCK_FILE)
-    self._fd = None
+    self.path = os.path.join(workdir, outputs.LOCK_FILE)
+    self._fd: int | None = None
 
   def __enter__(self) -> Self:
-    os.makedirs(os.path.dirname(self.path), exist_ok=True)
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
+    while True:
+      os.makedirs(os.path.dirname(self.path), exist_ok=True)
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except OSError as e:
+        os.close(fd)
+        if e.errno not in (errno.EAGAIN, errno.EACCES, errno.ENOLCK):
+          raise
+        raise self._refusal(e.errno) from None
+      if self._still_the_lock_file(fd):
+        break
+      # `remove_unused` deleted the file (and the workdir) between our open
+      # and flock: lock a new one.
       os.close(fd)
-      if e.errno not in (errno.EAGAIN, errno.EACCES, errno.ENOLCK):
-        raise
-      holder = 'holder unknown'
-      with (
-          contextlib.suppress(OSError, ValueError, KeyError),
-          open(self.path) as f,
-      ):
-        holder = 'host {host}, pid {pid}'.format(**json.load(f))
-      raise WorkdirError(
-          f'{self.path}: this filesystem does not support file locks; put the'
-          ' workdir on a local or lock-capable filesystem.'
-          if e.errno == errno.ENOLCK
-          else (
-              f'{os.path.dirname(self.path)} is in use by another training'
-              f' process ({holder}). Wait for it to finish or stop it; two'
-              ' processes must not write one workdir.'
-          )
-      ) from None
-    try:
-      here = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-    except FileNotFoundError:
-      here = False
-    if not here:  # `remove_unused` deleted it between our open and flock.
-      os.close(fd)
-      return self.__enter__()
     os.ftruncate(fd, 0)
-    os.write(
-        fd,
-        json.dumps({'host': socket.gethostname(), 'pid': os.getpid()}).encode(),
-    )
+    holder = {'host': socket.gethostname(), 'pid': os.getpid()}
+    os.write(fd, json.dumps(holder).encode())
     os.fsync(fd)
     self._fd = fd
     return self
+
+  def _still_the_lock_file(self, fd: int) -> bool:
+    try:
+      return os.fstat(fd).st_ino == os.stat(self.path).st_ino
+    except FileNotFoundError:
+      return False
+
+  def _refusal(self, error_number: int) -> 'WorkdirError':
+    if error_number == errno.ENOLCK:
+      return WorkdirError(
+          f'{self.path}: this filesystem does not support file locks; put the'
+          ' workdir on a local or lock-capable filesystem.'
+      )
+    return WorkdirError(
+        f'{os.path.dirname(self.path)} is in use by another training process'
+        f' ({self._holder()}). Wait for it to finish or stop it; two processes'
+        ' must not write one workdir.'
+    )
+
+  def _holder(self) -> str:
+    """'host H, pid P' as the holder recorded them, or 'holder unknown'."""
+    try:
+      with open(self.path) as f:
+        return 'host {host}, pid {pid}'.format(**json.load(f))
+    except (OSError, ValueError, KeyError):
+      return 'holder unknown'
 
   def __exit__(self, *exc) -> None:
     if self._fd is not None:
@@ -86,7 +91,7 @@ def remove_unused(workdir: str) -> bool:
     return False
   try:
     with Lock(workdir) as lock:
-      if set(os.listdir(workdir)) - {LOCK_FILE}:
+      if set(os.listdir(workdir)) - {outputs.LOCK_FILE}:
         return False
       # A waiter that opened it notices (`Lock.__enter__`).
       os.remove(lock.path)
@@ -98,17 +103,14 @@ def remove_unused(workdir: str) -> bool:
 
 def flat_config(config: Any) -> dict[str, Any]:
   """``{'a.b': value}`` of a ConfigDict or a config dict (JSON values)."""
-  config = (
-      config
-      if isinstance(config, dict)
-      else json.loads(config.to_json_best_effort())
-  )
+  if not isinstance(config, dict):
+    config = json.loads(config.to_json_best_effort())
   return traverse_util.flatten_dict(config, sep='.')
 
 
 def saved_config(workdir: str) -> dict[str, Any] | None:
   """The run's ``config.json``, or None if absent."""
-  path = os.path.join(workdir, CONFIG_FILE)
+  path = os.path.join(workdir, outputs.CONFIG_FILE)
   if not os.path.exists(path):
     return None
   try:
@@ -121,28 +123,34 @@ def saved_config(workdir: str) -> dict[str, Any] | None:
     ) from None
 
 
+def _may_change(key: str) -> bool:
+  """Whether a resume may change ``key`` (`defaults.RESUME_MAY_CHANGE`, or a
+  field inside one of its sections)."""
+  return any(
+      key == field or key.startswith(field + '.')
+      for field in defaults.RESUME_MAY_CHANGE
+  )
+
+
 def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
   """Fields whose value changes the run's meaning, ``{'a.b': [saved, new]}``: a
   field added since the run started ran with its default, a field removed since
   is no change."""
-  old, new, base = (
-      flat_config(saved),
-      flat_config(config),
-      flat_config(defaults.base()),
-  )
-
-  def changed(k):
-    if any(k == f or k.startswith(f + '.') for f in defaults.RESUME_MAY_CHANGE):
-      return False
-    if k not in old:
-      return new.get(k) != defaults.BEFORE_FIELD.get(k, base.get(k))
-    return k in new and old[k] != new[k]
-
-  return {
-      k: [old.get(k), new.get(k)]
-      for k in sorted(set(old) | set(new))
-      if changed(k)
-  }
+  old = flat_config(saved)
+  new = flat_config(config)
+  base = flat_config(defaults.base())
+  changes = {}
+  for key in sorted(set(old) | set(new)):
+    if _may_change(key):
+      continue
+    if key in old:
+      changed = key in new and old[key] != new[key]
+    else:
+      ran_with = defaults.BEFORE_FIELD.get(key, base.get(key))
+      changed = new.get(key) != ran_with
+    if changed:
+      changes[key] = [old.get(key), new.get(key)]
+  return changes
 
 
 def check_resume_config(
@@ -151,15 +159,14 @@ def check_resume_config(
   """The changes of ``config`` from ``stored`` (the checkpoint's) and
   config.json (DESIGN.md §Resume: the one drift check; ``WorkdirError`` unless
   ``allow_config_change``)."""
+  changes = {}
   saved = saved_config(workdir)
-  changes = {
-      **({} if saved is None else config_changes(saved, config)),
-      **config_changes(stored, config),
-  }
+  if saved is not None:
+    changes.update(config_changes(saved, config))
+  changes.update(config_changes(stored, config))
   if changes and not config.get('allow_config_change', False):
-    listed = '; '.join(
-        f'{k}: {a!r} -> {b!r}' for k, (a, b) in list(changes.items())[:8]
-    )
+    first_changes = list(changes.items())[:8]
+    listed = '; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in first_changes)
     raise WorkdirError(
         f'{workdir} holds a run with another config ({listed}). Nothing was'
         ' changed. Resume with the original values, use a fresh --workdir, or'
@@ -170,21 +177,23 @@ def check_resume_config(
 
 
 def write_config(workdir: str, config: Any) -> None:
-  with outputs.atomic_write(os.path.join(workdir, CONFIG_FILE), 'w') as f:
+  path = os.path.join(workdir, outputs.CONFIG_FILE)
+  with outputs.atomic_write(path, 'w') as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+
+def _step_files(workdir: str) -> list[tuple[int, str]]:
+  """``(step, path)`` of the run's window and table files, in step order."""
+  return sorted(outputs.window_files(workdir) + outputs.table_files(workdir))
 
 
 def check_fresh_start(workdir: str) -> None:
   """Refuses to start over on a workdir with trained outputs but no
   checkpoints."""
-  trained = [
-      p
-      for s, p in outputs.window_files(workdir) + outputs.table_files(workdir)
-      if s > 0
-  ]
+  trained = [path for step, path in _step_files(workdir) if step > 0]
   if trained or metric_rows(workdir):
     raise WorkdirError(
-        f'{workdir} has outputs of a trained run ({METRICS_FILE},'
+        f'{workdir} has outputs of a trained run ({outputs.METRICS_FILE},'
         f' {len(trained)} window/table files) but no checkpoint to resume from.'
         ' Nothing was changed. Restore its checkpoints/ directory, use a fresh'
         ' --workdir, or delete the old outputs.'
@@ -194,55 +203,54 @@ def check_fresh_start(workdir: str) -> None:
 def metric_rows(workdir: str) -> list[tuple[str, dict[str, Any]]]:
   """``(line, row)`` of ``metrics.jsonl``, the one reader (a half-written line
   is skipped)."""
-  path, rows = os.path.join(workdir, METRICS_FILE), []
-  with (
-      open(path)
-      if os.path.exists(path)
-      else contextlib.nullcontext([]) as lines
-  ):
-    for line in lines:
-      with contextlib.suppress(ValueError):
+  path = os.path.join(workdir, outputs.METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  rows = []
+  with open(path) as f:
+    for line in f:
+      try:
         row = json.loads(line)
-        rows += [(line, row)] if isinstance(row, dict) else []
+      except ValueError:
+        continue
+      if isinstance(row, dict):
+        rows.append((line, row))
   return rows
 
 
 def truncate_outputs(workdir: str, step: int) -> None:
   """Reads the outputs up to ``step``, drops those after it and leftovers
   (DESIGN.md §Resume)."""
-  # in step order
-  keep = dict.fromkeys(
-      p
-      for s, p in sorted(
-          outputs.window_files(workdir) + outputs.table_files(workdir)
-      )
-      if s <= step
-  )
+  keep = [path for s, path in _step_files(workdir) if s <= step]
+  # Read, so that a damaged one stops the resume: it cannot be written again.
   for path in keep:
-    (outputs.load_npz if path.endswith('.npz') else outputs.load_npy)(path)
-  if os.path.exists(os.path.join(workdir, METRICS_FILE)):
-    with outputs.atomic_write(os.path.join(workdir, METRICS_FILE), 'w') as f:
-      f.writelines(
-          line
-          for line, r in metric_rows(workdir)
-          if r.get('step', step + 1) <= step
-      )
+    if path.endswith('.npz'):
+      outputs.load_npz(path)
+    else:
+      outputs.load_npy(path)
+  metrics = os.path.join(workdir, outputs.METRICS_FILE)
+  if os.path.exists(metrics):
+    rows = metric_rows(workdir)
+    with outputs.atomic_write(metrics, 'w') as f:
+      # A row without a step counts as after it.
+      f.writelines(line for line, r in rows if r.get('step', step + 1) <= step)
   for pattern in (outputs.WINDOW_FILES, outputs.TABLE_FILES):
-    sub, name = os.path.split(os.path.join(workdir, pattern))
-    for n in os.listdir(sub) if os.path.isdir(sub) else []:
-      if (
-          n.lstrip('.').startswith(name.split('*')[0])
-          and os.path.join(sub, n) not in keep
-      ):
-        # A later step's output, or a killed write's leftover.
-        os.remove(os.path.join(sub, n))
+    directory, name_pattern = os.path.split(os.path.join(workdir, pattern))
+    if not os.path.isdir(directory):
+      continue
+    prefix = name_pattern.split('*')[0]
+    for name in os.listdir(directory):
+      path = os.path.join(directory, name)
+      # A later step's output, or a killed write's leftover (".NAME.tmp").
+      if name.lstrip('.').startswith(prefix) and path not in keep:
+        os.remove(path)
 
 
 def append_row(workdir: str, row: dict[str, Any]) -> None:
   """Appends one JSON row to ``metrics.jsonl``, whole or not at all (numpy
   scalars as floats)."""
   outputs.append_whole(
-      os.path.join(workdir, METRICS_FILE),
+      os.path.join(workdir, outputs.METRICS_FILE),
       (json.dumps(row, default=float) + '\n').encode(),
   )
 
