@@ -18,12 +18,20 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from flax_posemb import outputs
 from flax_posemb import trees
 
 logger = logging.getLogger(__name__)
 # Root causes of a failed read of damaged files; any other (out of memory)
 # propagates as it is.
 _READ_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError)
+# Items that are pytrees of arrays (Orbax's StandardCheckpointHandler).
+_ARRAY_ITEMS = ('params', 'opt_state', 'stats', 'counters')
+# The training loop's host state: numpy arrays, saved only when not empty and
+# read only with the optimizer state (a resume).
+_HOST_ITEMS = ('stats', 'counters')
+# Items digested whole, as JSON.
+_JSON_ITEMS = ('config', 'data_iter')
 
 
 class CheckpointMismatchError(trees.TreeMismatchError):
@@ -44,78 +52,139 @@ class RestoreInfo:
   requested: int | None
   fell_back_from: list[dict[str, Any]] = dataclasses.field(default_factory=list)
   vanished: list[int] = dataclasses.field(default_factory=list)
-  to_json = dataclasses.asdict
+
+  def to_json(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
 
 
 def checkpoint_dir(workdir: str | os.PathLike[str]) -> epath.Path:
   """``WORKDIR/checkpoints``, absolute (as Orbax needs)."""
-  return epath.Path(os.path.abspath(workdir)) / 'checkpoints'
+  return epath.Path(os.path.abspath(workdir)) / outputs.CHECKPOINTS_DIR
+
+
+# Integrity (docs/DESIGN.md, "Checkpoints"): a digest of every array and
+# finiteness, computed at save and checked at restore by `_digests` alone.
 
 
 @jax.jit
-def _device_digests(leaves: list[jax.Array]) -> list[tuple[jax.Array, ...]]:
-  """Per leaf: all finite, and two exact sums of its 32-bit words (independent
-  of sharding)."""
+def _device_digests(
+    leaves: list[jax.Array],
+) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
+  """Per leaf, on its devices: whether it is all finite, and two exact sums
+  mod 2**32 of its 32-bit words, one position-weighted, one murmur3-mixed (so
+  they do not depend on the sharding)."""
   out = []
   for x in leaves:
-    x = (
-        jax.random.key_data(x)
-        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-        else x
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x = jax.random.key_data(x)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+      finite = jnp.isfinite(x).all()
+    else:
+      finite = jnp.bool_(True)
+    if x.dtype == jnp.bool_:
+      x = x.astype(jnp.uint8)
+    # Words of at most 32 bits: an 8-byte element is two of them.
+    word_type = {1: jnp.uint8, 2: jnp.uint16}.get(x.dtype.itemsize, jnp.uint32)
+    words = (
+        jax.lax.bitcast_convert_type(x, word_type).astype(jnp.uint32).ravel()
     )
-    finite = (
-        jnp.isfinite(x).all() if jnp.issubdtype(x.dtype, jnp.inexact) else True
-    )
-    x = x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x
-    # 8 bytes: 2 words
-    word = {1: jnp.uint8, 2: jnp.uint16}.get(x.dtype.itemsize, jnp.uint32)
-    u = jax.lax.bitcast_convert_type(x, word).astype(jnp.uint32).ravel()
-    i = jnp.arange(u.size, dtype=jnp.uint32)
-    m = u + i * jnp.uint32(0x9E3779B9)
-    m = (m ^ (m >> 16)) * jnp.uint32(0x85EBCA6B)
-    m = (m ^ (m >> 13)) * jnp.uint32(0xC2B2AE35)
-    out.append(
-        (
-            finite,
-            (u * (2 * i + 1)).sum(dtype=jnp.uint32),
-            (m ^ (m >> 16)).sum(dtype=jnp.uint32),
-        )
-    )
+    index = jnp.arange(words.size, dtype=jnp.uint32)
+    weighted = (words * (2 * index + 1)).sum(dtype=jnp.uint32)
+    mixed = words + index * jnp.uint32(0x9E3779B9)
+    mixed = (mixed ^ (mixed >> 16)) * jnp.uint32(0x85EBCA6B)
+    mixed = (mixed ^ (mixed >> 13)) * jnp.uint32(0xC2B2AE35)
+    mixed = (mixed ^ (mixed >> 16)).sum(dtype=jnp.uint32)
+    out.append((finite, weighted, mixed))
   return out
 
 
 def _blake(value: Any) -> str:
-  data = (
-      value
-      if isinstance(value, bytes)
-      else json.dumps(value, sort_keys=True).encode()
-  )
+  """BLAKE2b of bytes, or of a JSON value's canonical text."""
+  if isinstance(value, bytes):
+    data = value
+  else:
+    data = json.dumps(value, sort_keys=True).encode()
   return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def _digests(item: str, tree: Any) -> tuple[dict[str, str], list[str]]:
-  """``({path: digest}, non-finite paths)``: jax arrays on their devices, host
-  arrays BLAKE2b."""
-  if item in ('config', 'data_iter'):
+  """``({path: digest}, non-finite paths)`` of one item: jax arrays hashed on
+  their devices, host arrays and JSON items with BLAKE2b."""
+  if item in _JSON_ITEMS:
     return {item: _blake(tree)}, []
-  flat = {
-      f'{item}/{jax.tree_util.keystr(p, simple=True, separator="/")}': x
-      for p, x in jax.tree_util.tree_leaves_with_path(tree)
-  }
-  dev = [p for p, x in flat.items() if isinstance(x, jax.Array)]
-  sums = jax.device_get(_device_digests([flat[p] for p in dev]))
-  out = {
-      p: (ok, f'{int(a):08x}{int(b):08x}') for p, (ok, a, b) in zip(dev, sums)
-  }
-  for p in flat.keys() - out.keys():  # Host arrays (stats: int64, exact).
-    x = np.ascontiguousarray(flat[p])
-    out[p] = (
-        not np.issubdtype(x.dtype, np.inexact) or np.isfinite(x).all(),
-        _blake(f'{x.dtype.str}{x.shape}'.encode() + x.tobytes()),
+  leaves = {}
+  for key_path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    name = jax.tree_util.keystr(key_path, simple=True, separator='/')
+    leaves[f'{item}/{name}'] = leaf
+  digests = {}
+  nonfinite = []
+  on_device = [path for path, x in leaves.items() if isinstance(x, jax.Array)]
+  sums = jax.device_get(_device_digests([leaves[path] for path in on_device]))
+  for path, (finite, weighted, mixed) in zip(on_device, sums):
+    digests[path] = f'{int(weighted):08x}{int(mixed):08x}'
+    if not finite:
+      nonfinite.append(path)
+  for path, leaf in leaves.items():
+    if path in digests:
+      continue
+    # A host array (stats, counters: int64, exact).
+    x = np.ascontiguousarray(leaf)
+    digests[path] = _blake(f'{x.dtype.str}{x.shape}'.encode() + x.tobytes())
+    if np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all():
+      nonfinite.append(path)
+  return digests, sorted(nonfinite)
+
+
+def _verify(item: str, tree: Any, saved: Any) -> None:
+  """Raises CheckpointDamagedError unless a restored item is finite and has its
+  digests of save time (``saved``: None for a step saved before digests, or by
+  several hosts)."""
+  digests, nonfinite = _digests(item, tree)
+  if nonfinite:
+    raise CheckpointDamagedError(
+        f'non-finite values in {", ".join(nonfinite[:5])}'
     )
-  return {p: d for p, (_, d) in out.items()}, sorted(
-      p for p, (ok, _) in out.items() if not ok
-  )
+  if saved is None:
+    return
+  if not isinstance(saved, dict):  # A JSON item's one digest.
+    saved = {item: saved}
+  paths = saved.keys() | digests.keys()
+  wrong = sorted(p for p in paths if saved.get(p) != digests.get(p))
+  if wrong:
+    raise CheckpointDamagedError(
+        f'{", ".join(wrong[:5])} fail their checksum of save time'
+    )
+
+
+def _host_tree(tree: Any) -> dict[str, Any]:
+  """A host copy (numpy arrays) of a dict of arrays; {} for None."""
+  return jax.tree.map(np.asarray, jax.device_get(dict(tree or {})))
+
+
+def _placed(stored: Any, sharding: jax.sharding.Sharding) -> Any:
+  """The stored tree's shapes and dtypes, to be restored onto ``sharding``."""
+
+  def leaf(x):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+  return jax.tree.map(leaf, stored)
+
+
+def _damage_reason(error: Exception) -> str | None:
+  """The first line of the root cause of a read of damaged files, or None for
+  any other failure (another model, out of memory)."""
+  if isinstance(error, CheckpointMismatchError):
+    return None
+  root: BaseException = error
+  while root.__cause__ is not None:  # Orbax wraps TensorStore's reason.
+    root = root.__cause__
+  if not isinstance(root, _READ_ERRORS):
+    return None
+  lines = str(root).strip().splitlines()
+  first_line = lines[0][:300] if lines else ''
+  if isinstance(root, CheckpointDamagedError):
+    return first_line
+  return f'{type(root).__name__}: {first_line}'
 
 
 class Checkpointer:
@@ -130,10 +199,8 @@ class Checkpointer:
       async_save: bool = True,
       read_only: bool = False,
   ):
-    self.directory, self._read_only = (
-        epath.Path(os.path.abspath(directory)),
-        read_only,
-    )
+    self.directory = epath.Path(os.path.abspath(directory))
+    self._read_only = read_only
     keep = ocp.checkpoint_managers
     options = ocp.CheckpointManagerOptions(
         preservation_policy=keep.AnyPreservationPolicy(
@@ -144,14 +211,9 @@ class Checkpointer:
         cleanup_tmp_directories=not read_only,
         enable_async_checkpointing=async_save and not read_only,
     )
-    handlers = {
-        k: ocp.StandardCheckpointHandler()
-        for k in ('params', 'opt_state', 'stats')
-    }
-    handlers.update(
-        config=ocp.JsonCheckpointHandler(),
-        data_iter=grain.checkpoint.CheckpointHandler(),
-    )
+    handlers = {item: ocp.StandardCheckpointHandler() for item in _ARRAY_ITEMS}
+    handlers['config'] = ocp.JsonCheckpointHandler()
+    handlers['data_iter'] = grain.checkpoint.CheckpointHandler()
     self._manager = ocp.CheckpointManager(
         self.directory, options=options, item_handlers=handlers
     )
@@ -179,54 +241,51 @@ class Checkpointer:
       data_iter: Any,
       stats: Any,
       config: Any,
+      counters: dict[str, Any] | None = None,
       metrics: dict[str, float] | None = None,
   ) -> bool:
     """Saves the state after ``step`` updates (asynchronously); False if the
-    step exists."""
-    config = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
-    items = dict(
-        params=params,
-        opt_state=opt_state,
-        stats=jax.tree.map(np.asarray, jax.device_get(dict(stats or {}))),
-    )
-    # On the device, before Orbax's copy: the caller donates these buffers next.
-    digests = {k: _digests(k, v) for k, v in items.items()}
-    # README: exit 3
-    if bad := [p for _, nonfinite in digests.values() for p in nonfinite]:
-      raise FloatingPointError(
-          f'Non-finite {", ".join(bad[:3])} after step {step}: not saved; '
-          f'the last good checkpoint is step {self.latest_step()}.'
-      )
-    integrity = dict(
-        {k: d for k, (d, _) in digests.items()}, config=_blake(config)
-    )
-    # ENOSPC here, not from each Orbax writer thread.
-    self._manager.wait_until_finished()
-    # an upper bound
-    need = sum(getattr(x, 'nbytes', 0) for x in jax.tree.leaves(items))
-    if need > (free := shutil.disk_usage(self.directory).free):
-      raise OSError(
-          errno.ENOSPC,
-          f'No space left on device for the checkpoint of step {step}: it needs'
-          f' up to {need / 1e6:.1f} MB and {self.directory} has'
-          f' {free / 1e6:.1f} MB free; free some space and re-run: it resumes'
-          ' from the last checkpoint.',
-      )
-    args = {
-        k: ocp.args.StandardSave(v)
-        for k, v in items.items()
-        if k != 'stats' or v
+    step exists. A non-finite ``params`` or ``opt_state`` raises
+    FloatingPointError and writes nothing (README: exit 3)."""
+    if hasattr(config, 'to_dict'):
+      config = config.to_dict()
+    else:
+      config = dict(config)
+    items = {
+        'params': params,
+        'opt_state': opt_state,
+        'stats': _host_tree(stats),
+        'counters': _host_tree(counters),
     }
+    # On the devices, before Orbax's copy: the caller donates these buffers
+    # next.
+    integrity: dict[str, Any] = {}
+    nonfinite = []
+    for item, tree in items.items():
+      integrity[item], item_nonfinite = _digests(item, tree)
+      nonfinite += item_nonfinite
+    if nonfinite:
+      raise FloatingPointError(
+          f'Non-finite {", ".join(nonfinite[:3])} after step {step}: not'
+          f' saved; the last good checkpoint is step {self.latest_step()}.'
+      )
+    integrity['config'] = _blake(config)
+    self._refuse_without_space(step, items)
+    args = {}
+    for item, tree in items.items():
+      if item in _HOST_ITEMS and not tree:
+        continue
+      args[item] = ocp.args.StandardSave(tree)
     args['config'] = ocp.args.JsonSave(config)
     if data_iter is not None:
       args['data_iter'] = grain.checkpoint.CheckpointSave(data_iter)
       # Hosts' states differ; the step's metadata is host 0's.
       if jax.process_count() == 1:
         integrity['data_iter'] = _blake(data_iter.get_state())
-    custom = dict(
-        integrity=integrity,
-        metrics={k: float(v) for k, v in (metrics or {}).items()},
-    )
+    custom = {
+        'integrity': integrity,
+        'metrics': {k: float(v) for k, v in (metrics or {}).items()},
+    }
     saved = self._manager.save(
         step, args=ocp.args.Composite(**args), custom_metadata=custom
     )
@@ -238,6 +297,33 @@ class Checkpointer:
       )
     return saved
 
+  def _refuse_without_space(self, step: int, items: dict[str, Any]) -> None:
+    """ENOSPC here, before Orbax writes anything, rather than a traceback from
+    each of its writer threads."""
+    self._manager.wait_until_finished()
+    need = sum(getattr(x, 'nbytes', 0) for x in jax.tree.leaves(items))
+    free = shutil.disk_usage(self.directory).free
+    # `need` is an upper bound: the arrays uncompressed.
+    if need > free:
+      raise OSError(
+          errno.ENOSPC,
+          f'No space left on device for the checkpoint of step {step}: it needs'
+          f' up to {need / 1e6:.1f} MB and {self.directory} has'
+          f' {free / 1e6:.1f} MB free; free some space and re-run: it resumes'
+          ' from the last checkpoint.',
+      )
+
+  def _stored_tree(self, meta: Any, item: str, where: epath.Path) -> Any:
+    """The tree of shapes and dtypes that a step's metadata records for
+    ``item``."""
+    item_metadata = (meta.item_metadata or {}).get(item)
+    stored = getattr(item_metadata, 'tree', None)
+    if stored is None:
+      raise CheckpointDamagedError(
+          f'the {item} metadata of {where} is missing or unreadable'
+      )
+    return stored
+
   def _read(
       self,
       step: int,
@@ -245,78 +331,59 @@ class Checkpointer:
       data_iter: Any = None,
       expected: dict[str, Any] | None = None,
   ) -> dict[str, Any]:
-    """A step's items, verified (``abstract``: trees with shardings, or a
-    Sharding: as stored)."""
-    meta, where = self._manager.metadata(step), self.directory / str(step)
-    saved, integrity = meta.item_handlers or {}, (
-        meta.custom_metadata or {}
-    ).get('integrity', {})
-    # No metadata file read.
+    """A step's items, verified.
+
+    Args:
+      step: the step to read.
+      abstract: item -> the tree to restore (arrays or ShapeDtypeStructs with
+        shardings), or a Sharding: the stored tree, placed there.
+      data_iter: the iterator to restore (a resume), or None.
+      expected: item -> the tree the stored one must match (default: the
+        one restored).
+    """
+    meta = self._manager.metadata(step)
+    where = self.directory / str(step)
+    saved_items = meta.item_handlers or {}
+    integrity = (meta.custom_metadata or {}).get('integrity', {})
+    # No metadata file was read.
     if not integrity and meta.commit_timestamp_nsecs is None:
       raise CheckpointDamagedError(
           f'{where}/_CHECKPOINT_METADATA is missing or garbled: the '
           'checksums written at save time are unknown'
       )
-    if data_iter is not None and 'data_iter' not in saved:
+    if data_iter is not None and 'data_iter' not in saved_items:
       raise CheckpointMismatchError(
           f'{where} was saved without a data iterator: a run cannot '
           'resume its data order from it; use a fresh --workdir.'
       )
-    for item, want in abstract.items():
-      if (
-          stored := getattr((meta.item_metadata or {}).get(item), 'tree', None)
-      ) is None:
-        raise CheckpointDamagedError(
-            f'the {item} metadata of {where} is missing or unreadable'
-        )
-      if isinstance(want, jax.sharding.Sharding):  # As stored, placed there.
-        abstract = {
-            **abstract,
-            item: jax.tree.map(
-                lambda x, s=want: jax.ShapeDtypeStruct(
-                    x.shape, x.dtype, sharding=s
-                ),
-                stored,
-            ),
-        }
+    args = {'config': ocp.args.JsonRestore()}
+    for item, target in abstract.items():
+      stored = self._stored_tree(meta, item, where)
+      if isinstance(target, jax.sharding.Sharding):
+        target = _placed(stored, target)
       trees.check_same_tree(
           item,
           stored,
-          (expected or abstract)[item],
+          target if expected is None else expected[item],
           f'{where} was written by another model',
           'Use a fresh --workdir or the config that wrote '
           'it (eval: another --step).',
           error=CheckpointMismatchError,
       )
-    args = {k: ocp.args.StandardRestore(v) for k, v in abstract.items()}
-    if 'opt_state' in args and 'stats' in saved:
-      args['stats'] = ocp.args.StandardRestore()
+      args[item] = ocp.args.StandardRestore(target)
+    if 'opt_state' in args:
+      for item in _HOST_ITEMS:
+        if item in saved_items:
+          args[item] = ocp.args.StandardRestore()
     if data_iter is not None:
       args['data_iter'] = grain.checkpoint.CheckpointRestore(data_iter)
-    out = dict(
-        self._manager.restore(
-            step, args=ocp.args.Composite(config=ocp.args.JsonRestore(), **args)
-        ),
-        step=step,
-    )
-    out['stats'] = jax.tree.map(np.asarray, dict(out.get('stats') or {}))
-    out['data_iter'] = data_iter and data_iter.get_state()
-    # The one integrity check: finite, and as saved.
-    for item in {*args, 'config'}:
-      digests, bad = _digests(item, out[item])
-      if bad:
-        raise CheckpointDamagedError(
-            f'non-finite values in {", ".join(bad[:5])}'
-        )
-      # None stored: saved before digests, or several hosts.
-      want = integrity.get(item, digests)
-      want = want if isinstance(want, dict) else {item: want}
-      if wrong := sorted(
-          p for p in {*want, *digests} if want.get(p) != digests.get(p)
-      ):
-        raise CheckpointDamagedError(
-            f'{", ".join(wrong[:5])} fail their checksum of save time'
-        )
+    restored = self._manager.restore(step, args=ocp.args.Composite(**args))
+    out = dict(restored, step=step)
+    for item in _HOST_ITEMS:
+      out[item] = _host_tree(out.get(item))
+    out['data_iter'] = None if data_iter is None else data_iter.get_state()
+    for item in args:
+      _verify(item, out[item], integrity.get(item))
     return out
 
   def restore(
@@ -333,7 +400,7 @@ class Checkpointer:
         step,
         fallback,
         data_iter=data_iter,
-        abstract=dict(params=abstract_params, opt_state=abstract_opt_state),
+        abstract={'params': abstract_params, 'opt_state': abstract_opt_state},
     )
 
   def latest_config(self) -> dict[str, Any]:
@@ -344,78 +411,91 @@ class Checkpointer:
   def first_readable(
       self, step: int | None, fallback: bool, **read: Any
   ) -> dict[str, Any]:
-    """`_read` of ``step`` or the newest readable one, ``restore_info``
-    (DESIGN.md, Recovery)."""
-    info, tried = RestoreInfo(step=-1, requested=step), set()
-    while left := [
-        s for s in self.all_steps() if s not in tried and step in (None, s)
-    ]:
-      tried.add(s := left[-1])
+    """`_read` of ``step`` (None: the newest readable one) with
+    ``restore_info`` (docs/DESIGN.md, Recovery: with ``fallback`` a damaged
+    newest step gives way to the one before it)."""
+    info = RestoreInfo(step=-1, requested=step)
+    tried: set[int] = set()
+    while True:
+      untried = [s for s in self.all_steps() if s not in tried]
+      if step is not None:
+        untried = [s for s in untried if s == step]
+      if not untried:
+        break
+      current = untried[-1]
+      tried.add(current)
       try:
-        return dict(
-            self._read(s, **read),
-            restore_info=dataclasses.replace(info, step=s),
-        )
-      except Exception as e:
-        error, root = e, e
-        while root.__cause__ is not None:  # Orbax wraps TensorStore's reason
-          root = root.__cause__
-        if isinstance(e, CheckpointMismatchError) or not isinstance(
-            root, _READ_ERRORS
-        ):
+        restored = self._read(current, **read)
+      except Exception as error:
+        reason = _damage_reason(error)
+        if reason is None:
           raise
-        kind = (
-            ''
-            if isinstance(root, CheckpointDamagedError)
-            else f'{type(root).__name__}: '
+        self._skip_unreadable(
+            current, step, fallback, tried, info, reason, error
         )
-        reason = kind + (str(root).strip().splitlines() or [''])[0][:300]
-      steps, where = self.all_steps(), self.directory / str(s)
-      older = [x for x in steps if x < s]
-      if (
-          not where.exists()
-          or step is None
-          and any(x > s and x not in tried for x in steps)
-      ):
-        logger.warning(
-            'Checkpoint %s deleted or superseded while read; reading the'
-            ' newest.',
-            where,
-        )
-        info.vanished.append(s)
-      elif step is not None or not fallback or not older:
-        raise CheckpointDamagedError(
-            f'The {"latest " * (step is None)}checkpoint {where} is damaged:'
-            f' {reason}. Nothing was changed. Move it aside (mv {where} /tmp/)'
-            ' and re-run to resume from the previous checkpoint (step'
-            f' {(older or [None])[-1]}), or use a fresh --workdir.'
-        ) from error
-      else:
-        logger.warning(
-            'Checkpoint %s is damaged (%s); reading the previous one.',
-            where,
-            reason,
-        )
-        info.fell_back_from.append(
-            dict(step=s, directory=str(where), reason=reason)
-        )
+        continue
+      restored['restore_info'] = dataclasses.replace(info, step=current)
+      return restored
+    which = '' if step is None else f'of step {step} '
     raise FileNotFoundError(
-        f'no checkpoint {"" if step is None else f"of step {step} "}under '
-        f'{self.directory} (available steps: {self.all_steps()}); run '
-        'train.py first.'
+        f'no checkpoint {which}under {self.directory} (available steps:'
+        f' {self.all_steps()}); run train.py first.'
+    )
+
+  def _skip_unreadable(
+      self,
+      current: int,
+      step: int | None,
+      fallback: bool,
+      tried: set[int],
+      info: RestoreInfo,
+      reason: str,
+      error: Exception,
+  ) -> None:
+    """After step ``current`` failed to read for ``reason``: records it in
+    ``info`` as vanished (deleted or superseded while read) or as damaged and
+    skipped, or raises CheckpointDamagedError when it may not be skipped."""
+    steps = self.all_steps()
+    where = self.directory / str(current)
+    older = [s for s in steps if s < current]
+    superseded = step is None and any(
+        s > current and s not in tried for s in steps
+    )
+    if not where.exists() or superseded:
+      logger.warning(
+          'Checkpoint %s deleted or superseded while read; reading the newest.',
+          where,
+      )
+      info.vanished.append(current)
+      return
+    if step is not None or not fallback or not older:
+      latest = 'latest ' if step is None else ''
+      previous = older[-1] if older else None
+      raise CheckpointDamagedError(
+          f'The {latest}checkpoint {where} is damaged: {reason}. Nothing was'
+          f' changed. Move it aside (mv {where} /tmp/) and re-run to resume'
+          f' from the previous checkpoint (step {previous}), or use a fresh'
+          ' --workdir.'
+      ) from error
+    logger.warning(
+        'Checkpoint %s is damaged (%s); reading the previous one.',
+        where,
+        reason,
+    )
+    info.fell_back_from.append(
+        {'step': current, 'directory': str(where), 'reason': reason}
     )
 
   def __enter__(self) -> Self:
     return self
 
   def __exit__(self, exc_type, exc, tb) -> None:
+    if exc is None:
+      self.close()
+      return
     # After an error, that one (often the same full disk) stays the one
     # reported.
-    with (
-        contextlib.suppress(Exception)
-        if exc is not None
-        else contextlib.nullcontext()
-    ):
+    with contextlib.suppress(Exception):
       self.close()
 
 
@@ -426,18 +506,17 @@ def restore_params(
     expected: Any = None,
 ) -> tuple[Any, dict[str, Any], RestoreInfo]:
   """``(params, config, RestoreInfo)`` of a workdir or its ``checkpoints/``,
-  read-only."""
+  read-only; ``expected``: the params tree the stored one must match."""
   path = checkpoint_dir(workdir_or_ckpt_dir)
-  sharding = sharding or jax.sharding.SingleDeviceSharding(
-      jax.local_devices()[0]
-  )
-  with Checkpointer(
-      path if path.is_dir() else path.parent, max_to_keep=1, read_only=True
-  ) as c:
-    r = c.first_readable(
+  if not path.is_dir():  # Given the checkpoints directory itself.
+    path = path.parent
+  if sharding is None:
+    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  with Checkpointer(path, max_to_keep=1, read_only=True) as ckpt:
+    restored = ckpt.first_readable(
         step,
         True,
-        abstract=dict(params=sharding),
-        expected=None if expected is None else dict(params=expected),
+        abstract={'params': sharding},
+        expected=None if expected is None else {'params': expected},
     )
-  return r['params'], r['config'], r['restore_info']
+  return restored['params'], restored['config'], restored['restore_info']
