@@ -1,5 +1,6 @@
 """What the CLIs share: exit codes, one-message errors, quiet logs, huge pages,
-the one SIGTERM handler (README, "What happens when things go wrong")."""
+the SIGTERM exit of a program that is starting (README, "What happens when
+things go wrong"; the handler itself: `flax_posemb.preemption`)."""
 
 from collections.abc import Callable, Iterator, Sequence
 import contextlib
@@ -7,17 +8,35 @@ import errno
 import logging
 import os
 import platform
-import re
 import signal
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
-EXIT_OK, EXIT_UNEXPECTED, EXIT_USER_ERROR, EXIT_NONFINITE = 0, 1, 2, 3
+from absl import app
+from absl import flags
+from absl import logging as absl_logging
+
+from flax_posemb import preemption
+from flax_posemb import workdir as workdir_lib
+
+EXIT_OK = 0
+EXIT_UNEXPECTED = 1
+EXIT_USER_ERROR = 2
+EXIT_NONFINITE = 3
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: re-run the same command to resume.
 HELP_FLAGS = ('-h', '-?', '--help', '--helpshort', '--helpfull', '--helpxml')
 # The machine, not the input: a full disk or quota, an I/O error, a read-only
 # filesystem.
 ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+# Bad input when nothing else explains the error (`_is_user_error`).
+USER_ERROR_TYPES = (
+    ValueError,
+    FileNotFoundError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+    FileExistsError,
+)
 
 
 class UserError(ValueError):
@@ -28,49 +47,37 @@ class UserError(ValueError):
 def debug_enabled(argv: Sequence[str] = ()) -> bool:
   """Whether user errors show their traceback (``--debug`` or
   ``FLAX_POSEMB_DEBUG=1``)."""
-  from absl import flags
-
-  parsed = (
+  if os.environ.get('FLAX_POSEMB_DEBUG', '') not in ('', '0'):
+    return True
+  if '--debug' in argv:
+    return True
+  return (
       flags.FLAGS.is_parsed() and 'debug' in flags.FLAGS and flags.FLAGS.debug
   )
-  return (
-      os.environ.get('FLAX_POSEMB_DEBUG', '') not in ('', '0')
-      or '--debug' in argv
-      or parsed
-  )
 
 
-def _is_user_error(e: BaseException) -> bool:
-  """Bad input, unless an OSError of the machine (errno or TensorStore's text)
-  is a cause."""
-  cause = e
+def _is_environment_failure(error: BaseException) -> bool:
+  """An OSError of the machine, raised as such or reported in TensorStore's
+  text."""
+  if isinstance(error, OSError) and error.errno in ENVIRONMENT_ERRNOS:
+    return True
+  text = str(error)
+  return any(f"os_error_code='{n}'" in text for n in ENVIRONMENT_ERRNOS)
+
+
+def _is_user_error(error: BaseException) -> bool:
+  """Bad input, unless an environment failure is among its causes."""
+  cause: BaseException | None = error
   while cause is not None:
-    if (
-        isinstance(cause, OSError)
-        and cause.errno in ENVIRONMENT_ERRNOS
-        or any(f"os_error_code='{n}'" in str(cause) for n in ENVIRONMENT_ERRNOS)
-    ):
+    if _is_environment_failure(cause):
       return False
     cause = cause.__cause__ or cause.__context__
-  return (
-      isinstance(
-          e,
-          (
-              ValueError,
-              FileNotFoundError,
-              NotADirectoryError,
-              IsADirectoryError,
-              PermissionError,
-              FileExistsError,
-          ),
-      )
-      or type(e).__name__ == 'UsageError'
-  )
+  if isinstance(error, USER_ERROR_TYPES):
+    return True
+  return type(error).__name__ == 'UsageError'
 
 
 def define_debug_flag() -> None:
-  from absl import flags
-
   flags.DEFINE_bool(
       'debug',
       False,
@@ -78,39 +85,52 @@ def define_debug_flag() -> None:
   )
 
 
-def fail(prog: str, message: str, code: int = EXIT_USER_ERROR) -> None:
+def fail(prog: str, message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
   print(f'{prog}: {message}', file=sys.stderr, flush=True)
   sys.exit(code)
 
 
-def _message(e: BaseException, argv: Sequence[str] = ()) -> str:
-  """One message for bad input, also a bad flag (an unknown config field:
-  Attribute/KeyError)."""
-  from absl import flags
+def _unknown_field_message(error: BaseException, argv: Sequence[str]) -> str:
+  """The message for an override of a config field that does not exist.
 
-  msg = str(e).strip() or type(e).__name__
-  if isinstance(e, (AttributeError, KeyError)):
-    found = re.search(r"'([A-Za-z_][\w]*)\\*'", msg)
-    key = found.group(1) if found else msg.strip('\'"')
-    args = [
-        a
-        for a in argv
-        if a.startswith('--')
-        and re.search(rf'\.{re.escape(key)}(\.|=|$)', a.split('=')[0])
-    ]
-    hint = re.search(r'Did you mean "([\w.]+)"', msg)
-    return (
-        f'unknown config field {key!r}{f" in {args[0]}" if args else ""};'
-        f' {f"did you mean {hint.group(1)!r}? " if hint else ""}the fields and'
-        ' their defaults are listed in flax_posemb/defaults.py.'
-    )
-  if isinstance(e, flags.Error) or type(e).__name__ == 'UsageError':
-    return f'{msg} (see --helpshort).'
-  # raised by main, or parse's own message
-  plain = not argv or isinstance(e, UserError)
+  ml_collections raises ``KeyError("'KEY'")``, or with a close field
+  ``KeyError('\'KEY\'\nDid you mean "NAME" instead of "KEY"?')``, itself
+  wrapped in an AttributeError for a field of a section.
+  """
+  if isinstance(error, AttributeError) and error.args:
+    if isinstance(error.args[0], KeyError):
+      error = error.args[0]
+  text = str(error.args[0]) if error.args else str(error)
+  first_line, _, second_line = text.strip().partition('\n')
+  key = first_line.strip('\'"')
+  message = f'unknown config field {key!r}'
+  for arg in argv:
+    name = arg.split('=')[0]
+    if arg.startswith('--') and key in name.split('.')[1:]:
+      message += f' in {arg}'
+      break
+  message += ';'
+  if second_line.startswith('Did you mean "'):
+    suggestion = second_line.split('"')[1]
+    message += f' did you mean {suggestion!r}?'
   return (
-      msg if plain else f'bad flags or config file: {type(e).__name__}: {msg}'
+      message + ' the fields and their defaults are listed in'
+      ' flax_posemb/defaults.py.'
   )
+
+
+def _message(error: BaseException, argv: Sequence[str] = ()) -> str:
+  """The one line that reports bad input: a bad flag, a config field that does
+  not exist (Attribute/KeyError), or an error raised by ``main`` (no
+  ``argv``)."""
+  if isinstance(error, (AttributeError, KeyError)):
+    return _unknown_field_message(error, argv)
+  text = str(error).strip() or type(error).__name__
+  if isinstance(error, flags.Error) or type(error).__name__ == 'UsageError':
+    return f'{text} (see --helpshort).'
+  if not argv or isinstance(error, UserError):
+    return text
+  return f'bad flags or config file: {type(error).__name__}: {text}'
 
 
 def name_main_module(prog: str, module_name: str) -> None:
@@ -160,6 +180,18 @@ def start_on_huge_pages() -> None:
     )
 
 
+def _config_load_error(value: Any) -> str | None:
+  """The last line of a config file's load error, which config_flags keeps in
+  the flag's value for later (any access raises it), or None."""
+  if type(value).__name__ != '_ErrorConfig':
+    return None
+  error = vars(value).get('_error')
+  if error is None:
+    return None
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  return lines[-1]
+
+
 def run(
     main: Callable[[list[str]], int | None], prog: str, positional: bool = False
 ) -> None:
@@ -167,26 +199,13 @@ def run(
   logs: bad input is one message and exit 2, a non-finite loss exit 3; anything
   else keeps its traceback (exit 1). Positional arguments are refused unless
   ``positional``."""
-  from absl import app
-  from absl import flags
-  from absl import logging as absl_logging
 
   def parse(argv: list[str]) -> list[str]:
     try:
       rest = flags.FLAGS(argv)
       for name in flags.FLAGS:
-        # config_flags keeps a config file's load error for later (any access
-        # raises it).
-        value = flags.FLAGS[name].value
-        error = (
-            vars(value).get('_error')
-            if type(value).__name__ == '_ErrorConfig'
-            else None
-        )
-        if error is not None:
-          detail = [
-              line.strip() for line in str(error).splitlines() if line.strip()
-          ][-1]
+        detail = _config_load_error(flags.FLAGS[name].value)
+        if detail is not None:
           raise UserError(
               f'--{name}: cannot load the config file ({detail}); pass an '
               'existing config file such as configs/tiny.py.'
@@ -196,9 +215,10 @@ def run(
             f'unexpected arguments {rest[1:]}; every option is a --flag.'
         )
       return rest
-    # absl exits 1 after printing --help; asking for help is no error.
     except SystemExit as e:
-      if e.code == 1 and any(a.split('=')[0] in HELP_FLAGS for a in argv[1:]):
+      # absl exits 1 after printing --help; asking for help is no error.
+      asked_for_help = any(a.split('=')[0] in HELP_FLAGS for a in argv[1:])
+      if e.code == 1 and asked_for_help:
         sys.exit(EXIT_OK)
       raise
     except Exception as e:
@@ -210,16 +230,21 @@ def run(
     try:
       return main(argv)
     except Exception as e:
-      # training.NonFiniteLossError
+      # training.NonFiniteLossError, or a non-finite state refused at save.
       nonfinite = isinstance(e, FloatingPointError)
       if debug_enabled() or not (nonfinite or _is_user_error(e)):
         raise
-      fail(prog, _message(e), EXIT_NONFINITE if nonfinite else EXIT_USER_ERROR)
+      if nonfinite:
+        fail(prog, _message(e), EXIT_NONFINITE)
+      fail(prog, _message(e), EXIT_USER_ERROR)
 
   sys.unraisablehook = _report_unraisable
-  for h in [absl_logging.get_absl_handler(), *logging.getLogger().handlers]:
+  for handler in [
+      absl_logging.get_absl_handler(),
+      *logging.getLogger().handlers,
+  ]:
     # Once: addFilter skips a filter the handler has.
-    h.addFilter(_third_party_filter)
+    handler.addFilter(_third_party_filter)
   app.run(guarded, flags_parser=parse)
 
 
@@ -257,28 +282,26 @@ EXPECTED_WARNINGS = (
 def _third_party_filter(record: logging.LogRecord) -> bool:
   """Drops third-party INFO and the expected warnings unless --verbosity >=
   1."""
-  from absl import logging as absl_logging
-
+  if absl_logging.get_verbosity() >= 1:
+    return True
   text = record.getMessage()
   third_party = record.name == 'asyncio' or any(
       p in record.pathname for p in NOISY_LIBRARIES
   )
-  quiet = record.levelno < logging.WARNING and (
-      third_party or text.startswith(EXPECTED_INFO)
-  )
-  return absl_logging.get_verbosity() >= 1 or not (
-      quiet or third_party and any(w in text for w in EXPECTED_WARNINGS)
-  )
+  if record.levelno < logging.WARNING:
+    return not (third_party or text.startswith(EXPECTED_INFO))
+  return not (third_party and any(w in text for w in EXPECTED_WARNINGS))
 
 
 def _report_unraisable(unraisable: Any) -> None:
   """Python's report, less the late ends of the reads that a failed Orbax
   restore abandoned."""
-  code = getattr(unraisable.object, 'cr_code', None)
-  late = unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == (
-      'Event loop is closed'
+  late = unraisable.exc_type is RuntimeError and (
+      str(unraisable.exc_value) == 'Event loop is closed'
   )
-  if not (late or code is not None and '/orbax/' in code.co_filename):
+  code = getattr(unraisable.object, 'cr_code', None)
+  from_orbax = code is not None and '/orbax/' in code.co_filename
+  if not (late or from_orbax):
     sys.__unraisablehook__(unraisable)
 
 
@@ -308,74 +331,26 @@ def check_output_dir(path: str, what: str = '--workdir') -> None:
   raise UserError(' '.join(filter(None, (what, path, problem))) + '.')
 
 
-class Preempted(BaseException):
-  """SIGTERM before training began: stop at once (no ``except Exception``
-  swallows it)."""
-
-
-_SIGTERM = {'requested': False, 'deferred': False}
-
-
-def _on_sigterm(signum, frame) -> None:
-  """The process's one SIGTERM handler (docs/DESIGN.md, "SIGTERM")."""
-  del signum, frame
-  _SIGTERM['requested'] = True
-  if not _SIGTERM['deferred']:
-    raise Preempted()
-
-
-def sigterm_requested() -> bool:
-  return _SIGTERM['requested']
-
-
-@contextlib.contextmanager
-def defer_sigterm(install: bool = True) -> Iterator[None]:
-  """In the block SIGTERM only sets `sigterm_requested` (the loop saves and
-  stops); installs the handler unless the process has it or ``install`` is False
-  (several hosts: JAX's notifier)."""
-  before = dict(_SIGTERM)
-  _SIGTERM.update(requested=False, deferred=True)
-  old = None
-  if install and signal.getsignal(signal.SIGTERM) is not _on_sigterm:
-    with contextlib.suppress(ValueError):  # Not the main thread: no handler.
-      old = signal.signal(signal.SIGTERM, _on_sigterm) or signal.SIG_DFL
-  try:
-    yield
-  finally:
-    _SIGTERM['deferred'] = before['deferred']
-    if old is not None:
-      signal.signal(signal.SIGTERM, old)
-
-
 @contextlib.contextmanager
 def exit_early_on_sigterm(
     prog: str, workdir: str, remove: bool = True
 ) -> Iterator[None]:
-  """The one SIGTERM handler for a training CLI (docs/DESIGN.md "SIGTERM"):
-  until `defer_sigterm` it exits ``EXIT_PREEMPTED`` at once, removing an unused
+  """A training CLI's setup: until `preemption.defer_sigterm` a SIGTERM exits
+  ``EXIT_PREEMPTED`` at once (docs/DESIGN.md "SIGTERM"), removing an unused
   ``workdir`` it created if ``remove``."""
   created = not os.path.exists(workdir)
-  _SIGTERM.update(requested=False, deferred=False)
-  old = signal.signal(signal.SIGTERM, _on_sigterm)
+  replaced = preemption.install_handler()
   try:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     yield
-  except Preempted:
+  except preemption.Preempted:
     # A second SIGTERM: let cleanup finish.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from flax_posemb import workdir as workdir_lib
-
     removed = remove and created and workdir_lib.remove_unused(workdir)
-    fail(
-        prog,
-        'SIGTERM while starting, before the first training step: stopped'
-        + (
-            f'; removed {workdir}, which this run had created'
-            if removed
-            else ''
-        )
-        + '. Re-run the same command to start (or resume) the run.',
-        EXIT_PREEMPTED,
-    )
+    message = 'SIGTERM while starting, before the first training step: stopped'
+    if removed:
+      message += f'; removed {workdir}, which this run had created'
+    message += '. Re-run the same command to start (or resume) the run.'
+    fail(prog, message, EXIT_PREEMPTED)
   finally:
-    signal.signal(signal.SIGTERM, old)
+    signal.signal(signal.SIGTERM, replaced)

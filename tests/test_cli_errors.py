@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT
 from conftest import SUBPROCESS_ENV
 from flax_posemb import cli
+from flax_posemb import preemption
 
 TRAIN = [
     str(ROOT / 'train.py'),
@@ -679,11 +680,11 @@ def test_the_training_sigterm_handler_only_sets_a_flag_and_is_removed():
   block, where a SIGTERM is a flag the training loop polls, and puts the
   previous handler back."""
   before = signal.getsignal(signal.SIGTERM)
-  with cli.defer_sigterm():
-    assert not cli.sigterm_requested()
+  with preemption.defer_sigterm():
+    assert not preemption.sigterm_requested()
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.01)
-    assert cli.sigterm_requested()
+    assert preemption.sigterm_requested()
   assert signal.getsignal(signal.SIGTERM) is before
 
 
@@ -694,10 +695,10 @@ def test_a_second_run_in_one_process_stops_on_a_sigterm_during_setup(
   75 at once."""
   before = signal.getsignal(signal.SIGTERM)
   with cli.exit_early_on_sigterm('train.py', str(tmp_path / 'a')):
-    with cli.defer_sigterm():
+    with preemption.defer_sigterm():
       os.kill(os.getpid(), signal.SIGTERM)
       time.sleep(0.01)
-      assert cli.sigterm_requested()
+      assert preemption.sigterm_requested()
   with pytest.raises(SystemExit) as e:
     with cli.exit_early_on_sigterm('train.py', str(tmp_path / 'b')):
       os.kill(os.getpid(), signal.SIGTERM)
