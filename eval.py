@@ -1,23 +1,27 @@
 """Loss by position bucket of trained runs (and offset probe, table analysis,
 comparison).
 
-  python eval.py --workdir runs/tiny python eval.py --workdir runs/a --workdir
-  runs/b --window_start deep  # paired A-B python eval.py --analyze --table
-  gpt2.safetensors:wpe.weight --output out/wpe  # any table, no run python
-  eval.py --analyze --stats runs/mine/stats --output out/mine  # any window
-  files, no run
+  python eval.py --workdir runs/tiny
+  python eval.py --workdir runs/a --workdir runs/b --window_start deep
+  python eval.py --analyze --table gpt2.safetensors:wpe.weight --output out/wpe
+  python eval.py --analyze --stats runs/mine/stats --output out/mine
+
+(a paired A-B comparison; any table, no run; any window files, no run.)
 
 Restores only params + config of each run's latest (or --step) checkpoint onto
 the available devices; writes WORKDIR/eval/step_N/ (or --output) and prints the
 bucket table, the windows' provenance, loss by window group and the plot path
 (flax_posemb.eval_workdir, analysis_report). Exit codes (flax_posemb.cli): 0
-done, 2 bad input (one message, no traceback; --debug shows it)."""
+done, 2 bad input (one message, no traceback; --debug shows it).
+"""
 
 import os
 
 from absl import flags
 
+from flax_posemb import analysis_report
 from flax_posemb import cli
+from flax_posemb import eval_workdir
 
 flags.DEFINE_multi_string(
     'workdir', None, 'Training workdir(s); several give a comparison.'
@@ -107,26 +111,14 @@ def main(argv):
         'give either --buckets log2 or --bucket_edges, not both.'
     )
   if FLAGS.table is not None or FLAGS.stats is not None or not FLAGS.workdir:
-    # Before importing jax: a table needs only numpy.
     return analyze_table_file()
-  try:
-    offsets = (
-        [int(k) for k in FLAGS.offsets.split(',')] if FLAGS.offsets else None
-    )
-  except ValueError:
-    offsets = [-1]
-  if offsets and min(offsets) < 0:
-    raise cli.UserError(
-        '--offsets must be >= 0 and comma-separated integers, e.g. 0,16,64; '
-        f'got {FLAGS.offsets!r}.'
-    )
-  for w in (w for w in FLAGS.workdir if not os.path.isdir(w)):
-    raise cli.UserError(
-        f'--workdir {w} is not a directory; give a training workdir.'
-    )
-  from flax_posemb import eval_workdir
-  # cli.run reports bad input in one line
-  runs, comp = eval_workdir.evaluate_and_compare(
+  offsets = parse_offsets(FLAGS.offsets)
+  for workdir in FLAGS.workdir:
+    if not os.path.isdir(workdir):
+      raise cli.UserError(
+          f'--workdir {workdir} is not a directory; give a training workdir.'
+      )
+  runs, comparison = eval_workdir.evaluate_and_compare(
       FLAGS.workdir,
       output=FLAGS.output,
       step=FLAGS.step,
@@ -148,23 +140,36 @@ def main(argv):
         f" {run['files']['json']}"
     )
     print(f"plot: {run['files']['plot']}")
-  if comp:
+  if comparison:
     print(
-        f"== comparison\n{comp['table']}\ncomparison: {comp['files']['json']}"
+        f"== comparison\n{comparison['table']}\ncomparison:"
+        f" {comparison['files']['json']}"
     )
-    print(f"plot: {comp['files']['plot']}")
+    print(f"plot: {comparison['files']['plot']}")
+
+
+def parse_offsets(text: str | None) -> list[int] | None:
+  """The --offsets shifts, or None without the flag."""
+  if not text:
+    return None
+  problem = (
+      '--offsets must be >= 0 and comma-separated integers, e.g. 0,16,64; '
+      f'got {text!r}.'
+  )
+  try:
+    offsets = [int(k) for k in text.split(',')]
+  except ValueError:
+    raise cli.UserError(problem) from None
+  if min(offsets) < 0:
+    raise cli.UserError(problem)
+  return offsets
 
 
 def analyze_table_file():
   """--table or --stats: analyse a table file or a directory of window files (no
   run)."""
-  from flax_posemb import analysis_report
-
-  if (
-      (FLAGS.table is None) == (FLAGS.stats is None)
-      or FLAGS.workdir
-      or not (FLAGS.analyze and FLAGS.output)
-  ):
+  one_source = (FLAGS.table is None) != (FLAGS.stats is None)
+  if not one_source or FLAGS.workdir or not (FLAGS.analyze and FLAGS.output):
     raise cli.UserError(
         '--table PATH or --stats DIR needs --analyze and --output DIR, and no '
         '--workdir; without them, give --workdir RUN.'

@@ -3,7 +3,6 @@ statistics window files (core: no files written; `analysis_report` writes them,
 docs/DESIGN.md §Statistics)."""
 
 import math
-import os
 from typing import Any
 
 from absl import logging
@@ -111,11 +110,10 @@ def window_files(
 ) -> list[tuple[int, str]]:
   """``(step, path)`` of ``stats_dir/window_STEP.npz`` up to ``upto_step``, in
   step order."""
-  return [
-      (s, p)
-      for s, p in outputs.step_files(os.path.join(stats_dir, 'window_*.npz'))
-      if upto_step is None or s <= upto_step
-  ]
+  files = outputs.window_files_in(stats_dir)
+  if upto_step is None:
+    return files
+  return [(step, path) for step, path in files if step <= upto_step]
 
 
 def cumulative_exposure(

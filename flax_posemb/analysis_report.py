@@ -52,7 +52,8 @@ def analyze_workdir(
   )
   summary['step'] = step
   files = _table_plots(table, summary, arrays, output)
-  exposure = analysis.cumulative_exposure(os.path.join(workdir, 'stats'), step)
+  stats_dir = os.path.join(workdir, outputs.STATS_DIR)
+  exposure = analysis.cumulative_exposure(stats_dir, step)
   if exposure is not None:
     num = min(len(exposure), table.shape[0])
     arrays['exposure'] = exposure

@@ -187,6 +187,22 @@ def _damage_reason(error: Exception) -> str | None:
   return f'{type(root).__name__}: {first_line}'
 
 
+def check_model(
+    where: str | os.PathLike[str], item: str, stored: Any, expected: Any
+) -> None:
+  """CheckpointMismatchError unless the tree of ``item`` stored in step
+  directory ``where`` fits the model's ``expected`` tree."""
+  trees.check_same_tree(
+      item,
+      stored,
+      expected,
+      f'{where} was written by another model',
+      'Use a fresh --workdir or the config that wrote '
+      'it (eval: another --step).',
+      error=CheckpointMismatchError,
+  )
+
+
 class Checkpointer:
   """The checkpoints of one run (all hosts make the same calls); ``read_only``:
   a reader."""
@@ -329,17 +345,15 @@ class Checkpointer:
       step: int,
       abstract: dict[str, Any],
       data_iter: Any = None,
-      expected: dict[str, Any] | None = None,
   ) -> dict[str, Any]:
     """A step's items, verified.
 
     Args:
       step: the step to read.
       abstract: item -> the tree to restore (arrays or ShapeDtypeStructs with
-        shardings), or a Sharding: the stored tree, placed there.
+        shardings; the stored tree must fit it, `check_model`), or a
+        Sharding: the stored tree, placed there.
       data_iter: the iterator to restore (a resume), or None.
-      expected: item -> the tree the stored one must match (default: the
-        one restored).
     """
     meta = self._manager.metadata(step)
     where = self.directory / str(step)
@@ -360,16 +374,10 @@ class Checkpointer:
     for item, target in abstract.items():
       stored = self._stored_tree(meta, item, where)
       if isinstance(target, jax.sharding.Sharding):
+        # The stored tree as it is: the caller checks it (eval_workdir).
         target = _placed(stored, target)
-      trees.check_same_tree(
-          item,
-          stored,
-          target if expected is None else expected[item],
-          f'{where} was written by another model',
-          'Use a fresh --workdir or the config that wrote '
-          'it (eval: another --step).',
-          error=CheckpointMismatchError,
-      )
+      else:
+        check_model(where, item, stored, target)
       args[item] = ocp.args.StandardRestore(target)
     if 'opt_state' in args:
       for item in _HOST_ITEMS:
@@ -503,20 +511,14 @@ def restore_params(
     workdir_or_ckpt_dir: str | os.PathLike[str],
     step: int | None = None,
     sharding: jax.sharding.Sharding | None = None,
-    expected: Any = None,
 ) -> tuple[Any, dict[str, Any], RestoreInfo]:
   """``(params, config, RestoreInfo)`` of a workdir or its ``checkpoints/``,
-  read-only; ``expected``: the params tree the stored one must match."""
+  read-only, as stored (the caller checks them against its model)."""
   path = checkpoint_dir(workdir_or_ckpt_dir)
   if not path.is_dir():  # Given the checkpoints directory itself.
     path = path.parent
   if sharding is None:
     sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   with Checkpointer(path, max_to_keep=1, read_only=True) as ckpt:
-    restored = ckpt.first_readable(
-        step,
-        True,
-        abstract={'params': sharding},
-        expected=None if expected is None else {'params': expected},
-    )
+    restored = ckpt.first_readable(step, True, abstract={'params': sharding})
   return restored['params'], restored['config'], restored['restore_info']

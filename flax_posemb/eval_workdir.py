@@ -9,12 +9,15 @@ from absl import logging
 import ml_collections
 import numpy as np
 
+from flax_posemb import analysis_report
 from flax_posemb import checkpointing
 from flax_posemb import eval_report
 from flax_posemb import evaluation
 from flax_posemb import model as model_lib
+from flax_posemb import outputs
 from flax_posemb import sharding
 from flax_posemb import train_step
+from flax_posemb import trees
 from flax_posemb import workdir as workdir_lib
 
 # Evaluation options that change the results, in the order they appear in a
@@ -42,25 +45,90 @@ def variant_name(
 ) -> str:
   """``step_N`` plus every option given
   (``step_400_window_start-deep_offsets-0-64``)."""
-  parts = ([] if step is None else [f'step_{step}']) + [
-      f"{k}-{str(overrides[k]).replace(',', '-').replace(os.sep, '-')}"
-      for k in VARIANT_KEYS
-      if overrides.get(k) not in (None, '')
-  ]
+  parts = []
+  if step is not None:
+    parts.append(f'step_{step}')
+  for key in VARIANT_KEYS:
+    value = overrides.get(key)
+    if value not in (None, ''):
+      text = str(value).replace(',', '-').replace(os.sep, '-')
+      parts.append(f'{key}-{text}')
   if offsets:
     parts.append('offsets-' + '-'.join(str(k) for k in sorted(set(offsets))))
-  return '_'.join(parts + (['analyze'] if analyze else []))
+  if analyze:
+    parts.append('analyze')
+  return '_'.join(parts)
 
 
-def _make_model(config: dict[str, Any]):
+def _make_model(config: dict[str, Any]) -> Any:
   """The model of a stored config; its table comes from the checkpoint, not a
   ``file:``."""
-  config = ml_collections.ConfigDict(config)
-  if str(config.model.get('position_init', '')).startswith('file:'):
-    config.model.position_init = 'zeros'
-  if config.model.get('attention_impl') == 'cudnn':
-    config.model.attention_impl = 'auto'
-  return train_step.make_model(config)
+  model_config = ml_collections.ConfigDict(config)
+  if str(model_config.model.get('position_init', '')).startswith('file:'):
+    model_config.model.position_init = 'zeros'
+  if model_config.model.get('attention_impl') == 'cudnn':
+    model_config.model.attention_impl = 'auto'
+  return train_step.make_model(model_config)
+
+
+def _check_params(
+    params: Any,
+    run_config: dict[str, Any] | None,
+    stored_config: dict[str, Any],
+    step_dir: str,
+) -> None:
+  """The tree check of an eval.py run, once: the params must fit the run's
+  model (its config.json, as on a resume) or, without config.json, the model of
+  the checkpoint's own config."""
+  if run_config is not None:
+    model = _make_model(run_config)
+    checkpointing.check_model(
+        step_dir, 'params', params, evaluation.expected_params(model)
+    )
+    return
+  model = _make_model(stored_config)
+  cfg = model.config
+  trees.check_same_tree(
+      'params',
+      params,
+      evaluation.expected_params(model),
+      'checkpoint parameters do not match the model config'
+      f' (max_len={cfg.max_len}, emb_dim={cfg.emb_dim},'
+      f' num_layers={cfg.num_layers}, vocab_size={cfg.vocab_size})',
+      'Fix: evaluate with the config saved in the checkpoint.',
+  )
+
+
+def _initial_table(workdir: str, step: int) -> np.ndarray | None:
+  """The table the drift analysis starts from when the run has no
+  ``tables/table_0.npy``: the step-0 checkpoint's (None if unreadable)."""
+  if step == 0 or os.path.exists(outputs.table_path(workdir, 0)):
+    return None
+  try:
+    params = checkpointing.restore_params(workdir, 0)[0]
+  except (FileNotFoundError, checkpointing.CheckpointDamagedError) as e:
+    logging.warning('No initial table for the drift analysis: %s', e)
+    return None
+  return np.asarray(model_lib.position_table(params))
+
+
+def _checkpoint_note(step: int, info: checkpointing.RestoreInfo) -> str:
+  """Why the checkpoint evaluated is not simply the one asked for ('' if it
+  is)."""
+  notes = []
+  if info.fell_back_from:
+    skipped = '; '.join(
+        f"step {d['step']} ({d['reason']})" for d in info.fell_back_from
+    )
+    notes.append(f'skipped damaged {skipped}')
+  if info.vanished:
+    vanished = ', '.join(str(k) for k in info.vanished)
+    notes.append(
+        f'step(s) {vanished} deleted by a running training while being read'
+    )
+  if not notes:
+    return ''
+  return f'evaluated checkpoint step {step}: ' + '; '.join(notes) + '.\n'
 
 
 def evaluate_workdir(
@@ -77,24 +145,22 @@ def evaluate_workdir(
   analysis if ``analyze``; ``offsets``, ``overrides``:
   `evaluation.run_evaluation`."""
   mesh = sharding.make_mesh()
-  # the run whose checkpoint this must be
-  run = workdir_lib.saved_config(workdir)
-  params, cfg, info = checkpointing.restore_params(
-      workdir,
-      step,
-      sharding=sharding.replicated(mesh),
-      expected=None
-      if run is None
-      else evaluation.expected_params(_make_model(run)),
+  params, stored_config, info = checkpointing.restore_params(
+      workdir, step, sharding=sharding.replicated(mesh)
   )
-  step, config = info.step, ml_collections.ConfigDict(cfg)
+  step = info.step
+  step_dir = os.path.join(checkpointing.checkpoint_dir(workdir), str(step))
+  # The run whose checkpoint this must be.
+  run_config = workdir_lib.saved_config(workdir)
+  _check_params(params, run_config, stored_config, step_dir)
+  config = ml_collections.ConfigDict(stored_config)
   if analyze and model_lib.POSITION_TABLE_PATH[0] not in params:
     raise ValueError(
         '--analyze needs a learned position table; this run uses '
         f'position_embedding={config.model.position_embedding!r}.'
     )
   out = evaluation.run_evaluation(
-      _make_model(cfg),
+      _make_model(stored_config),
       params,
       config,
       step=step,
@@ -105,15 +171,14 @@ def evaluate_workdir(
   out.results.update(
       workdir=os.path.abspath(workdir), step=step, checkpoint=info.to_json()
   )
-  out_dir = output or os.path.join(
-      workdir,
-      'eval',
-      variant_name(step, offsets=offsets, analyze=analyze, **overrides),
-  )
+  out_dir = output
+  if not out_dir:
+    variant = variant_name(step, offsets=offsets, analyze=analyze, **overrides)
+    out_dir = os.path.join(workdir, outputs.EVAL_DIR, variant)
+  run_name = os.path.basename(os.path.normpath(workdir))
   title = (
-      f'{os.path.basename(os.path.normpath(workdir))}:'
-      f' {config.data.position_policy}, {config.model.position_init} init, step'
-      f' {step}'
+      f'{run_name}: {config.data.position_policy},'
+      f' {config.model.position_init} init, step {step}'
   )
   files = eval_report.write_outputs(
       out.results,
@@ -122,57 +187,24 @@ def evaluate_workdir(
       title=title,
       per_window=out.per_window,
   )
-  note = []  # why the checkpoint evaluated is not simply the one asked for
-  if info.fell_back_from:
-    note.append(
-        'skipped damaged '
-        + '; '.join(
-            f"step {d['step']} ({d['reason']})" for d in info.fell_back_from
-        )
-    )
-  if info.vanished:
-    note.append(
-        'step(s) '
-        + ', '.join(str(k) for k in info.vanished)
-        + ' deleted by a running training while being read'
-    )
-  head = (
-      f'evaluated checkpoint step {step}: ' + '; '.join(note) + '.\n'
-      if note
-      else ''
-  )
-  text = head + eval_report.format_results(out.results)
-  # The drift needs an initial table: the step-0 checkpoint's if no table_0.npy.
+  text = _checkpoint_note(step, info) + eval_report.format_results(out.results)
   if analyze:
-    from flax_posemb import analysis_report  # heavy
-
-    initial, s = None, evaluation.eval_settings(config, overrides)
-    if (
-        not os.path.exists(os.path.join(workdir, 'tables', 'table_0.npy'))
-        and step != 0
-    ):
-      try:
-        initial = np.asarray(
-            model_lib.position_table(
-                checkpointing.restore_params(workdir, 0)[0]
-            )
-        )
-      except (FileNotFoundError, checkpointing.CheckpointDamagedError) as e:
-        logging.warning('No initial table for the drift analysis: %s', e)
+    settings = evaluation.eval_settings(config, overrides)
     summary = analysis_report.analyze_workdir(
         workdir,
         np.asarray(model_lib.position_table(params)),
-        os.path.join(out_dir, 'analysis'),
+        os.path.join(out_dir, outputs.ANALYSIS_DIR),
         step=step,
-        initial=initial,
+        initial=_initial_table(workdir, step),
         per_position=out.per_position,
-        bucket_size=s['bucket_size'],
-        bucket_edges=s['bucket_edges'],
+        bucket_size=settings['bucket_size'],
+        bucket_edges=settings['bucket_edges'],
     )
-    files.update({f'analysis_{k}': v for k, v in summary['files'].items()})
+    for key, path in summary['files'].items():
+      files[f'analysis_{key}'] = path
     text += (
-        f"\n\nposition probe R^2 {summary['probe']['r2']:.3f}; table analysis: "
-        f"{summary['files']['json']}"
+        f"\n\nposition probe R^2 {summary['probe']['r2']:.3f}; table"
+        f" analysis: {summary['files']['json']}"
     )
   return {
       'results': out.results,
@@ -193,34 +225,28 @@ def evaluate_and_compare(
   labels = [os.path.basename(os.path.normpath(w)) for w in workdirs]
   if len(set(labels)) < len(labels):
     labels = [os.path.normpath(w).replace(os.sep, '_') for w in workdirs]
-  runs = [
-      (
-          label,
-          evaluate_workdir(
-              w,
-              output=os.path.join(output, label)
-              if output and len(workdirs) > 1
-              else output,
-              **kwargs,
-          ),
-      )
-      for w, label in zip(workdirs, labels)
-  ]
+  runs = []
+  for workdir, label in zip(workdirs, labels):
+    run_output = output
+    if output and len(workdirs) > 1:
+      run_output = os.path.join(output, label)
+    runs.append((label, evaluate_workdir(workdir, output=run_output, **kwargs)))
   if len(runs) < 2:
     return runs, None
-  steps = sorted({r['step'] for _, r in runs})
-  variant = variant_name(
-      steps[0] if len(steps) == 1 else None,
-      **{k: v for k, v in kwargs.items() if k != 'step'},
-  )
-  name = 'compare_' + '_vs_'.join(labels) + (f'_{variant}' if variant else '')
+  steps = sorted({run['step'] for _, run in runs})
+  common_step = steps[0] if len(steps) == 1 else None
+  options = {k: v for k, v in kwargs.items() if k != 'step'}
+  variant = variant_name(common_step, **options)
+  name = 'compare_' + '_vs_'.join(labels)
+  if variant:
+    name += f'_{variant}'
   out_dir = output or os.path.join(
       os.path.dirname(os.path.normpath(workdirs[0])), name
   )
-  comp = eval_report.compare(
+  comparison = eval_report.compare(
       labels,
-      [r['results'] for _, r in runs],
+      [run['results'] for _, run in runs],
       out_dir,
-      per_window=[r['per_window'] for _, r in runs],
+      per_window=[run['per_window'] for _, run in runs],
   )
-  return runs, dict(comp, out_dir=out_dir)
+  return runs, dict(comparison, out_dir=out_dir)

@@ -318,9 +318,8 @@ class PositionStatistics:
     host = window.to_numpy()
     self.cumulative_count = self.cumulative_count + host['count']
     if self.directory is not None:
-      with outputs.atomic_write(
-          os.path.join(self.directory, f'window_{step}.npz')
-      ) as f:
+      path = os.path.join(self.directory, outputs.WINDOW_FILE.format(step=step))
+      with outputs.atomic_write(path) as f:
         np.savez(
             f,
             step=np.int64(step),
