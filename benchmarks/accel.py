@@ -21,6 +21,7 @@ with those packages made unimportable)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import traceback
 from typing import Any
 
@@ -55,7 +56,8 @@ def run_accel(opts: Options, force: bool = False) -> dict[str, Any]:
   sub = dataclasses.replace(
       opts, steps=max(opts.steps, 20 if backend != 'cpu' else 3)
   )
-  rows, failed = [], {}
+  rows = []
+  failed = {}
   builders = {}
   for impl in ('xla', 'cudnn'):
     for stats in (True, False):
@@ -65,11 +67,11 @@ def run_accel(opts: Options, force: bool = False) -> dict[str, Any]:
             f'skipped: cudnn attention needs a GPU (backend {backend})'
         )
         continue
-      builders[name] = lambda s=stats, i=impl: steps.library_train(
-          shape, s, **{'model.attention_impl': i}
+      builders[name] = functools.partial(
+          steps.library_train, shape, stats, **{'model.attention_impl': impl}
       )
-  builders['reference'] = lambda: steps.reference_train(
-      shape, kernel_layout='out_in'
+  builders['reference'] = functools.partial(
+      steps.reference_train, shape, kernel_layout='out_in'
   )
   for name, build in builders.items():
     try:

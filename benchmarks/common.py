@@ -166,7 +166,8 @@ def synthetic_batch(
         loss_mask float32.
   """
   rng = np.random.default_rng(seed)
-  b, t = shape.batch_size, shape.seq_len
+  b = shape.batch_size
+  t = shape.seq_len
   toks = rng.integers(0, shape.vocab_size, (b, t + 1), dtype=np.int32)
   seg = (np.arange(t) * packed_docs // t + 1).astype(np.int32)
   return {

@@ -31,7 +31,8 @@ def _config(shape: common.Shape, policy: str, source: str, data_dir: str):
     cfg.data.synthetic.vocab_size = min(shape.vocab_size, 64)
     period = cfg.data.synthetic.num_regimes * cfg.data.synthetic.segment_len
     if shape.seq_len % period:
-      cfg.data.synthetic.num_regimes, cfg.data.synthetic.segment_len = 1, 1
+      cfg.data.synthetic.num_regimes = 1
+      cfg.data.synthetic.segment_len = 1
   return cfg
 
 
@@ -56,7 +57,8 @@ def measure(
   for _ in range(warmup):
     next(it)
   t1 = time.perf_counter()
-  slots = real = 0
+  slots = 0
+  real = 0
   for _ in range(batches):
     b = next(it)
     slots += b['segment_ids'].size
@@ -79,7 +81,8 @@ def run_suite(opts) -> dict[str, Any]:
   """Input pipeline tokens/s per policy on the tiny and GPT-2-small shapes (MINI
   if mini)."""
   shapes = [common.MINI] if opts.mini else [common.TINY, common.GPT2_SMALL]
-  batches, warmup = max(opts.steps, 3 if opts.mini else 20), max(opts.warmup, 1)
+  batches = max(opts.steps, 3 if opts.mini else 20)
+  warmup = max(opts.warmup, 1)
   out: dict[str, Any] = {'shapes': {}}
   with tempfile.TemporaryDirectory() as tmp:
     for shape in shapes:

@@ -95,7 +95,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any], dict[str, str]]:
     raise ValueError(
         f'unknown implementation {name!r}; valid: {", ".join(IMPLS)}'
     )
-  overrides, env = {}, {}
+  overrides = {}
+  env = {}
   for item in filter(None, rest.split(';')):
     k, eq, v = item.partition('=')
     if not eq:
@@ -126,7 +127,8 @@ def _torch_peak(threads: int) -> dict[str, Any]:
   torch.set_num_threads(threads)
   by = {}
   for n in (1024, 2048):
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a = torch.randn(n, n)
+    b = torch.randn(n, n)
     a @ b
     ts = []
     for _ in range(5):
@@ -151,9 +153,11 @@ def _time_wall_and_cpu(
 
   for _ in range(warmup):
     common.block(fn())
-  wall, cpu = [], []
+  wall = []
+  cpu = []
   for _ in range(steps_n):
-    c0, t0 = time.process_time(), time.perf_counter()
+    c0 = time.process_time()
+    t0 = time.perf_counter()
     common.block(fn())
     wall.append(time.perf_counter() - t0)
     cpu.append(time.process_time() - c0)
@@ -349,7 +353,8 @@ def aggregate(
       row['mfu'] = statistics.median(tps) * ok[0]['flops_per_token'] / pk
     ratios = []
     for r in rounds:
-      mine, ref = r.get(spec, {}), r.get(ratio_to, {})
+      mine = r.get(spec, {})
+      ref = r.get(ratio_to, {})
       if 'median_s' in mine and 'median_s' in ref:
         ratios.append(ref['median_s'] / mine['median_s'])
     if ratios:
@@ -373,7 +378,8 @@ def _fmt(x: float) -> str:
 def markdown(result: dict[str, Any]) -> str:
   """The README table: tokens/s median (min-max over rounds), MFU, paired
   ratio."""
-  ag, o = result['aggregate'], result['options']
+  ag = result['aggregate']
+  o = result['options']
   rt = o['ratio_to']
   m = result['machine']
   lines = [
@@ -500,13 +506,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for spec in order:
       res = _run_child(spec, a, cpus)
       got[spec] = res
-      msg = (
-          f"{res['tokens'] / res['median_s']:.0f} tokens/s"
-          if 'median_s' in res
-          else f"peak {res['peak']['flops_per_s'] / 1e9:.0f} GFLOP/s"
-          if 'peak' in res
-          else res.get('error', '?')
-      )
+      if 'median_s' in res:
+        msg = f"{res['tokens'] / res['median_s']:.0f} tokens/s"
+      elif 'peak' in res:
+        msg = f"peak {res['peak']['flops_per_s'] / 1e9:.0f} GFLOP/s"
+      else:
+        msg = res.get('error', '?')
       print(
           f'[per_process] round {i + 1}/{a.rounds} {spec}: {msg}',
           file=sys.stderr,

@@ -91,7 +91,8 @@ def _instruction_index(hlo_text: str) -> dict[str, dict[str, Any]]:
         m = re.match(r'^\s*(?:ROOT )?%([\w.\-]+) = .*? ([\w\-]+)\(', line)
       if not m:
         continue
-      name, opcode = m.group(1), m.group(2)
+      name = m.group(1)
+      opcode = m.group(2)
       op = re.search(r'op_name="([^"]*)"', line)
       calls = re.search(r'calls=%([\w.\-]+)', line)
       has_dot = opcode in ('dot', 'convolution') or bool(
@@ -163,7 +164,9 @@ def profile_jax(
         elif ev.name.startswith('ThunkExecutor::Execute (wait'):
           wall += ev.duration_ns
   total = sum(per_instr.values())
-  cats, by_name, name_cat = collections.Counter(), collections.Counter(), {}
+  cats = collections.Counter()
+  by_name = collections.Counter()
+  name_cat = {}
   for k, v in per_instr.items():
     cat = categorize(idx[k]['op_name'], idx[k]['dot'])
     cats[cat] += v

@@ -84,7 +84,9 @@ def init(cfg: RefConfig, key: jax.Array) -> Params:
     Nested dict of float32 arrays: `wte` `[V, D]`, `wpe` `[max_len, D]`,
     `blocks` (list of per-layer dicts), `ln_f`.
   """
-  d, f, lay = cfg.emb_dim, cfg.mlp_dim, cfg.kernel_layout
+  d = cfg.emb_dim
+  f = cfg.mlp_dim
+  lay = cfg.kernel_layout
   keys = jax.random.split(key, 2 + 4 * cfg.num_layers)
   resid = 0.02 / math.sqrt(2 * cfg.num_layers)
 
@@ -155,7 +157,9 @@ def forward(
     float32 logits `[B, T, V]`.
   """
   b, t = inputs.shape
-  n, h, lay = cfg.num_heads, cfg.emb_dim // cfg.num_heads, cfg.kernel_layout
+  n = cfg.num_heads
+  h = cfg.emb_dim // cfg.num_heads
+  lay = cfg.kernel_layout
   x = (params['wte'][inputs] + params['wpe'][positions]).astype(cfg.dtype)
   allowed = jnp.tril(jnp.ones((t, t), bool))[None, None]
   if cfg.segment_mask and segment_ids is not None:
@@ -168,7 +172,9 @@ def forward(
   for blk in params['blocks']:
     y = _layer_norm(x, blk['ln_1'])
     qkv = _dense(y, blk['qkv_w'], blk['qkv_b'], lay).reshape(b, t, 3, n, h)
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    q = qkv[:, :, 0]
+    k = qkv[:, :, 1]
+    v = qkv[:, :, 2]
     if cfg.attention == 'bias':
       s = jnp.einsum('bqnh,bknh->bnqk', q * scale, k).astype(jnp.float32) + bias
     else:

@@ -40,7 +40,8 @@ def _train_rate(s: dict[str, Any]) -> tuple[float | None, str]:
 def summary(result: dict[str, Any]) -> dict[str, Any]:
   """Headline ratios against the issue's targets (only those whose suites
   ran)."""
-  s, out = result['suites'], {}
+  s = result['suites']
+  out = {}
   train, src = _train_rate(s)
   if train:
     out['train_tokens_per_s'] = train
@@ -93,7 +94,8 @@ def _fmt_rate(x: float) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
   """README-ready markdown: machine line, then one table per suite that ran."""
-  m, s = result['machine'], result['suites']
+  m = result['machine']
+  s = result['suites']
   lines = [
       (
           f"Machine: {m.get('cpu')} ({m.get('cpu_count')} cores), backend"
@@ -126,11 +128,12 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for r in sbs['rows']:
       ratio = r.get('ratio_to_fastest_peer')
+      ratio_text = f'{ratio:.2f}x' if ratio else '-'
       lines.append(
           f"| {r['name']} | {_fmt_rate(r['tokens_per_s'])}"
           f" ({_fmt_rate(r['tokens_per_s_min'])}"
           f"-{_fmt_rate(r['tokens_per_s_max'])})"
-          f" | {100 * r['mfu']:.1f}% | {f'{ratio:.2f}x' if ratio else '-'} |"
+          f" | {100 * r['mfu']:.1f}% | {ratio_text} |"
       )
     for k, v in sbs.get('skipped', {}).items():
       lines.append(f'| {k} | skipped: {v} | | |')
@@ -197,10 +200,8 @@ def markdown(result: dict[str, Any]) -> str:
     for kind in ('context', 'width', 'batch'):
       for r in sc[kind]:
         st = r.get('step')
-        on, off = (
-            r.get('memory_stats_on') or {},
-            r.get('memory_stats_off') or {},
-        )
+        on = r.get('memory_stats_on') or {}
+        off = r.get('memory_stats_off') or {}
         lines.append(
             f"| {kind} | {r['seq_len']} | {r['emb_dim']} | {r['batch_size']} | "
             f"{1e3 * st['median_s']:.1f} | {_fmt_rate(st['tokens_per_s'])} | "

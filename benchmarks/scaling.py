@@ -31,7 +31,8 @@ def _memory(shape: common.Shape, collect: bool) -> dict[str, int] | None:
 def _point(
     shape: common.Shape, opts: Options, peak: float, timed: bool
 ) -> dict[str, Any]:
-  on, off = _memory(shape, True), _memory(shape, False)
+  on = _memory(shape, True)
+  off = _memory(shape, False)
   row: dict[str, Any] = {
       'seq_len': shape.seq_len,
       'emb_dim': shape.emb_dim,
@@ -56,13 +57,13 @@ def run_scaling(opts: Options) -> dict[str, Any]:
   peak = get_peak(opts)['flops_per_s']
   base = common.MINI if opts.mini else common.SMALL
   if opts.mini:
-    contexts, widths, batches = (16, 32), (32, 64), (2, 4)
+    contexts = (16, 32)
+    widths = (32, 64)
+    batches = (2, 4)
   else:
-    contexts, widths, batches = (
-        (256, 512, 1024, 2048),
-        (128, 256, 512, 768),
-        (4, 8, 16, 32),
-    )
+    contexts = (256, 512, 1024, 2048)
+    widths = (128, 256, 512, 768)
+    batches = (4, 8, 16, 32)
   tokens = base.tokens
   ctx = [
       _point(

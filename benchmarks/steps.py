@@ -110,7 +110,8 @@ def library_eval(shape: common.Shape, seed: int = 0, **overrides) -> Runner:
       evaluation.model_apply_fn(model), edges, mesh
   )
   batch = sharding.global_batch(common.synthetic_batch(shape, seed), mesh)
-  params, off = state.params, jnp.int32(0)
+  params = state.params
+  off = jnp.int32(0)
   n = sum(int(x.size) for x in jax.tree.leaves(params))
   return Runner(
       'flax_posemb eval',

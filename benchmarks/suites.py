@@ -139,10 +139,13 @@ def run_overhead(opts: Options) -> dict[str, Any]:
   the reported figure is the median over pairs with a 95% percentile-bootstrap
   interval."""
   shape = opts.main_shape
-  on, off = steps.library_train(shape, True), steps.library_train(shape, False)
+  on = steps.library_train(shape, True)
+  off = steps.library_train(shape, False)
   for r in (on, off):
     common.time_calls(r.call, 0, opts.warmup)
-  ratios, med_on, med_off = [], [], []
+  ratios = []
+  med_on = []
+  med_off = []
   for i in range(opts.blocks):
     order = (on, off) if i % 2 == 0 else (off, on)
     meds = {}
