@@ -1,7 +1,7 @@
 """GPT-2-style decoder-only LM, swappable position embedding (linen;
 docs/DESIGN.md, Model)."""
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 import dataclasses
 import functools
 from typing import Any
@@ -62,16 +62,9 @@ class ModelConfig:
   remat: bool = False
 
   def __post_init__(self):
-    for problem in self._problems():
-      raise ValueError(problem)
-    self.token_initializer()  # Building the initializers checks their stds.
-    if self.position_embedding == 'learned':
-      self.position_initializer()
-
-  def _problems(self) -> Iterator[str]:
-    """Problems naming the field and the fix, lazily (a check may assume earlier
-    ones passed)."""
-    for f in (
+    """Raises ValueError naming the field and the fix; each check may assume
+    that the ones before it passed."""
+    for name in (
         'vocab_size',
         'num_layers',
         'num_heads',
@@ -79,104 +72,116 @@ class ModelConfig:
         'mlp_dim',
         'max_len',
     ):
-      v = getattr(self, f)
-      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        yield f'ModelConfig.{f} must be a positive int, got {v!r}.'
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f'ModelConfig.{name} must be a positive int, got {value!r}.'
+        )
     if self.emb_dim % self.num_heads:
-      yield (
+      raise ValueError(
           f'emb_dim ({self.emb_dim}) must be divisible by num_heads'
           f' ({self.num_heads}).'
       )
     if not 0.0 <= self.dropout_rate < 1.0:
-      yield f'dropout_rate must be in [0, 1), got {self.dropout_rate}.'
-    for f, valid in (
+      raise ValueError(
+          f'dropout_rate must be in [0, 1), got {self.dropout_rate}.'
+      )
+    for name, valid in (
         ('position_embedding', POSITION_EMBEDDINGS),
         ('dtype', _DTYPES),
         ('param_dtype', _DTYPES),
         ('attention_impl', ATTENTION_IMPLS),
     ):
-      if getattr(self, f) not in valid:
-        yield f'Unknown {f} {getattr(self, f)!r}; valid: {", ".join(valid)}.'
+      value = getattr(self, name)
+      if value not in valid:
+        raise ValueError(
+            f'Unknown {name} {value!r}; valid: {", ".join(valid)}.'
+        )
     if self.position_embedding == 'rope' and self.head_dim % 2:
-      yield f'rope needs an even head dim; emb_dim/num_heads = {self.head_dim}.'
+      raise ValueError(
+          f'rope needs an even head dim; emb_dim/num_heads = {self.head_dim}.'
+      )
     if self.attention_impl == 'cudnn' and self.dtype == 'float32':
-      yield (
+      raise ValueError(
           "attention_impl='cudnn' (cuDNN flash attention) needs dtype"
           " 'bfloat16' or 'float16'; set model.dtype='bfloat16' or use 'xla'."
       )
-    for kind, name, std in (
-        ('token', self.token_init, self.token_init_std),
-        ('position', self.position_init, self.position_init_std),
-    ):
-      if name not in initializers.NAMES and not tables.is_file_spec(name):
-        yield (
-            f'Unknown {kind}_init {name!r}; valid names:'
-            f' {", ".join(initializers.NAMES)} (position_init also'
-            " 'file:PATH.npy|.npz[:KEY]|.safetensors[:KEY]')."
-        )
-      elif std >= 0 and name not in initializers.STD_NAMES:
-        yield (
-            f'{kind}_init {name!r} takes no std (got {std}); std applies to '
-            f'{", ".join(initializers.STD_NAMES)}. Set {kind}_init_std=-1.'
-        )
+    _check_init_name('token', self.token_init, self.token_init_std)
+    _check_init_name('position', self.position_init, self.position_init_std)
     if self.token_init == 'same_as_token':
-      yield "token_init cannot be 'same_as_token'; pick e.g. 'gpt2'."
+      raise ValueError(
+          "token_init cannot be 'same_as_token'; pick e.g. 'gpt2'."
+      )
     initializers.check_resize(self.position_init_resize)
-    pe = self.position_embedding
-    if pe == 'learned' and tables.is_file_spec(self.position_init):
-      # TableError names a bad file.
+    learned = self.position_embedding == 'learned'
+    if learned and tables.is_file_spec(self.position_init):
+      # A bad file raises tables.TableError, naming it.
       shape = tables.load_table(self.position_init).shape
       problem = initializers.fit_problem(
           shape, (self.max_len, self.emb_dim), self.position_init_resize
       )
       if problem:
-        yield problem
-    sinusoid = pe == 'sinusoidal' or (
-        pe == 'learned' and self.position_init == 'sinusoidal'
+        raise ValueError(problem)
+    sinusoid = self.position_embedding == 'sinusoidal' or (
+        learned and self.position_init == 'sinusoidal'
     )
     if sinusoid and self.position_init_std < 0 and sinusoid_scale(self) == 0:
-      yield (
+      raise ValueError(
           "The sinusoid scales to the token init's std, and"
           f' {self.token_init!r} has std 0; set model.position_init_std.'
       )
+    # Building the initializers checks their stds.
+    self.token_initializer()
+    if learned:
+      self.position_initializer()
 
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any] | Any) -> 'ModelConfig':
     """Builds from `config.model` (a ConfigDict or mapping); unknown keys are an
     error."""
-    d = cfg.to_dict() if hasattr(cfg, 'to_dict') else dict(cfg)
+    if hasattr(cfg, 'to_dict'):
+      values = cfg.to_dict()
+    else:
+      values = dict(cfg)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - names - set(REMOVED_FIELDS))
+    unknown = sorted(set(values) - names - set(REMOVED_FIELDS))
     if unknown:
       raise ValueError(
           f'Unknown model config keys {unknown}; valid keys: {sorted(names)}.'
       )
-    return cls(**{k: v for k, v in d.items() if k in names})
+    return cls(**{k: v for k, v in values.items() if k in names})
 
-  compute_dtype = property(
-      lambda self: _DTYPES[self.dtype], doc='jnp dtype of activations.'
-  )
-  storage_dtype = property(
-      lambda self: _DTYPES[self.param_dtype], doc='jnp dtype of parameters.'
-  )
-  head_dim = property(
-      lambda self: self.emb_dim // self.num_heads, doc='Features per head.'
-  )
+  @property
+  def compute_dtype(self) -> Any:
+    """jnp dtype of activations."""
+    return _DTYPES[self.dtype]
+
+  @property
+  def storage_dtype(self) -> Any:
+    """jnp dtype of parameters."""
+    return _DTYPES[self.param_dtype]
+
+  @property
+  def head_dim(self) -> int:
+    """Features per head."""
+    return self.emb_dim // self.num_heads
 
   def token_initializer(self) -> initializers.Initializer:
     """The token table's initializer (`token_init` with `token_init_std`)."""
-    std = self.token_init_std
-    return initializers.get(
-        self.token_init, **({} if std < 0 else {'std': std})
-    )
+    if self.token_init_std < 0:
+      return initializers.get(self.token_init)
+    return initializers.get(self.token_init, std=self.token_init_std)
 
   def position_initializer(self) -> initializers.Initializer:
     """The learned table's initializer (`initializers.resolve`)."""
+    std = None
+    if self.position_init_std >= 0:
+      std = self.position_init_std
     return initializers.resolve(
         self.position_init,
         token_init=self.token_initializer(),
         resize=self.position_init_resize,
-        std=None if self.position_init_std < 0 else self.position_init_std,
+        std=std,
     )
 
 
@@ -188,14 +193,28 @@ def position_table(params: Mapping[str, Any]) -> Array:
   return params[POSITION_TABLE_PATH[0]][POSITION_TABLE_PATH[1]]
 
 
+def _check_init_name(kind: str, name: str, std: float) -> None:
+  """ValueError unless ``name`` is an initializer (position: or a table file)
+  that takes ``std`` if one is given (>= 0)."""
+  if name not in initializers.NAMES and not tables.is_file_spec(name):
+    raise ValueError(
+        f'Unknown {kind}_init {name!r}; valid names:'
+        f' {", ".join(initializers.NAMES)} (position_init also'
+        " 'file:PATH.npy|.npz[:KEY]|.safetensors[:KEY]')."
+    )
+  if std >= 0 and name not in initializers.STD_NAMES:
+    raise ValueError(
+        f'{kind}_init {name!r} takes no std (got {std}); std applies to '
+        f'{", ".join(initializers.STD_NAMES)}. Set {kind}_init_std=-1.'
+    )
+
+
 def sinusoid_scale(cfg: ModelConfig) -> float:
   """RMS of the fixed sinusoid: `position_init_std`, or the token init's
   realized std."""
-  return (
-      cfg.position_init_std
-      if cfg.position_init_std >= 0
-      else cfg.token_initializer().expected_std(cfg.emb_dim)
-  )
+  if cfg.position_init_std >= 0:
+    return cfg.position_init_std
+  return cfg.token_initializer().expected_std(cfg.emb_dim)
 
 
 class _Dense(nn.Module):
@@ -232,7 +251,8 @@ class Block(nn.Module):
   ) -> Array:
     """`x` `[B, T, D]` -> `[B, T, D]`; `mask` bool `[B, 1, T, T]` or None,
     `positions` `[B, T]`."""
-    cfg, d = self.config, x.shape[-1]
+    cfg = self.config
+    d = x.shape[-1]
     dense = functools.partial(
         _Dense, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype
     )
@@ -245,9 +265,8 @@ class Block(nn.Module):
     resid_std = layers.resid_std(cfg.num_layers)
     # In this order, so that their names (and dropout masks) stay: Dropout_0
     # attention, 1 MLP.
-    drop_attn, drop_mlp = nn.Dropout(cfg.dropout_rate), nn.Dropout(
-        cfg.dropout_rate
-    )
+    drop_attn = nn.Dropout(cfg.dropout_rate)
+    drop_mlp = nn.Dropout(cfg.dropout_rate)
     return layers.block(
         x,
         mask,
@@ -283,7 +302,8 @@ class TransformerLM(nn.Module):
     padding) or None (one document a row); `embed_delta` float32 `[B, T,
     emb_dim]` or None; dropout needs `rngs={'dropout': k}`."""
     cfg = self.config
-    dt, pdt = cfg.compute_dtype, cfg.storage_dtype
+    dt = cfg.compute_dtype
+    pdt = cfg.storage_dtype
     tok = embeddings.TokenEmbedding(
         cfg.vocab_size,
         cfg.emb_dim,

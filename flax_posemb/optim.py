@@ -23,7 +23,7 @@ TOKEN_TABLE_PATH = ('token_embed', 'embedding')
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming the field and the fix for a bad `optimizer`
   section."""
-  o = config.optimizer
+  optimizer = config.optimizer
   keys = [
       'learning_rate',
       'warmup_steps',
@@ -33,58 +33,60 @@ def validate(config: ml_collections.ConfigDict) -> None:
       'eps',
       'weight_decay',
       'grad_clip_norm',
-  ] + (['row_lr_power', 'row_lr_max'] if o.row_lr_scale else [])
-  problems = [
-      f'optimizer.{k} must be finite (a number), got {o[k]!r}; set '
-      f'--config.optimizer.{k}=VALUE.'
-      for k in keys
-      if not isinstance(o[k], (int, float)) or not math.isfinite(o[k])
   ]
-  if not problems:  # The range rules assume numbers.
-    rules = [
-        ('learning_rate', o.learning_rate > 0, '> 0'),
-        (
-            'warmup_steps',
-            o.warmup_steps >= 0 and o.warmup_steps % 1 == 0,
-            'an int >= 0',
-        ),
-        (
-            'end_lr_ratio',
-            o.end_lr_ratio >= 0,
-            '>= 0 (a fraction of the peak learning rate)',
-        ),
-        ('b1', 0 <= o.b1 < 1, 'in [0, 1)'),
-        ('b2', 0 <= o.b2 < 1, 'in [0, 1)'),
-        ('eps', o.eps >= 0, '>= 0'),
-        ('weight_decay', o.weight_decay >= 0, '>= 0'),
-        ('row_lr_max', not o.row_lr_scale or o.row_lr_max > 0, '> 0'),
-    ]
-    problems = [
-        f'optimizer.{k} must be {want}, got {o[k]}.'
-        for k, ok, want in rules
-        if not ok
-    ]
-  if o.row_lr_scale and config.model.position_embedding != 'learned':
-    problems.append(
+  if optimizer.row_lr_scale:
+    keys += ['row_lr_power', 'row_lr_max']
+  for key in keys:
+    value = optimizer[key]
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+      raise ValueError(
+          f'optimizer.{key} must be finite (a number), got {value!r}; set '
+          f'--config.optimizer.{key}=VALUE.'
+      )
+  # Numbers from here on.
+  if not optimizer.learning_rate > 0:
+    raise _out_of_range(optimizer, 'learning_rate', '> 0')
+  warmup = optimizer.warmup_steps
+  if not (warmup >= 0 and warmup % 1 == 0):
+    raise _out_of_range(optimizer, 'warmup_steps', 'an int >= 0')
+  if not optimizer.end_lr_ratio >= 0:
+    raise _out_of_range(
+        optimizer, 'end_lr_ratio', '>= 0 (a fraction of the peak learning rate)'
+    )
+  if not 0 <= optimizer.b1 < 1:
+    raise _out_of_range(optimizer, 'b1', 'in [0, 1)')
+  if not 0 <= optimizer.b2 < 1:
+    raise _out_of_range(optimizer, 'b2', 'in [0, 1)')
+  if not optimizer.eps >= 0:
+    raise _out_of_range(optimizer, 'eps', '>= 0')
+  if not optimizer.weight_decay >= 0:
+    raise _out_of_range(optimizer, 'weight_decay', '>= 0')
+  if optimizer.row_lr_scale and not optimizer.row_lr_max > 0:
+    raise _out_of_range(optimizer, 'row_lr_max', '> 0')
+  if optimizer.row_lr_scale and config.model.position_embedding != 'learned':
+    raise ValueError(
         'optimizer.row_lr_scale=True needs a learned position table; set '
         'optimizer.row_lr_scale=False or model.position_embedding=learned.'
     )
-  if problems:
-    raise ValueError(problems[0])
+
+
+def _out_of_range(optimizer: Any, key: str, want: str) -> ValueError:
+  return ValueError(f'optimizer.{key} must be {want}, got {optimizer[key]}.')
 
 
 def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   """Linear warmup from 0 to `optimizer.learning_rate`, cosine decay to
   `end_lr_ratio` of it at `num_train_steps`: step count (scalar int) -> scalar
   learning rate."""
-  o = config.optimizer
-  decay_steps = max(int(config.num_train_steps), int(o.warmup_steps) + 1)
+  optimizer = config.optimizer
+  warmup_steps = int(optimizer.warmup_steps)
+  decay_steps = max(int(config.num_train_steps), warmup_steps + 1)
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0,
-      peak_value=o.learning_rate,
-      warmup_steps=int(o.warmup_steps),
+      peak_value=optimizer.learning_rate,
+      warmup_steps=warmup_steps,
       decay_steps=decay_steps,
-      end_value=o.learning_rate * o.end_lr_ratio,
+      end_value=optimizer.learning_rate * optimizer.end_lr_ratio,
   )
 
 
@@ -97,16 +99,16 @@ def decay_mask(params: Any, config: ml_collections.ConfigDict) -> Any:
   """Pytree of bools like `params` (arrays or ShapeDtypeStructs): which get
   weight decay (ndim >= 2, the tables unless `optimizer.decay_position_table` /
   `decay_token_table` is off)."""
-  o = config.optimizer
+  optimizer = config.optimizer
 
   def leaf(path, x):
     if len(x.shape) < 2:
       return False
     if _is_path(path, POSITION_TABLE_PATH):
-      return bool(o.decay_position_table)
-    return (
-        bool(o.decay_token_table) if _is_path(path, TOKEN_TABLE_PATH) else True
-    )
+      return bool(optimizer.decay_position_table)
+    if _is_path(path, TOKEN_TABLE_PATH):
+      return bool(optimizer.decay_token_table)
+    return True
 
   return jax.tree_util.tree_map_with_path(leaf, params)
 
@@ -140,15 +142,12 @@ def scale_position_rows(
     scale = jnp.minimum(ratio**power, max_scale)
 
     def leaf(path, u):
-      return (
-          u * scale[:, None].astype(u.dtype)
-          if _is_path(path, POSITION_TABLE_PATH)
-          else u
-      )
+      if _is_path(path, POSITION_TABLE_PATH):
+        return u * scale[:, None].astype(u.dtype)
+      return u
 
-    return jax.tree_util.tree_map_with_path(leaf, updates), RowScaleState(
-        exposure
-    )
+    scaled = jax.tree_util.tree_map_with_path(leaf, updates)
+    return scaled, RowScaleState(exposure)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -159,18 +158,19 @@ def make_optimizer(
   """Clip, Adam, `scale_position_rows` (after Adam, whose normalization would
   cancel it), decay (`decay_mask` of `params`), schedule; `update` takes
   `position_counts` `[max_len]`."""
-  o = config.optimizer
-  parts = (
-      [optax.clip_by_global_norm(o.grad_clip_norm)]
-      if o.grad_clip_norm > 0
-      else []
+  optimizer = config.optimizer
+  parts = []
+  if optimizer.grad_clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(optimizer.grad_clip_norm))
+  parts.append(
+      optax.scale_by_adam(b1=optimizer.b1, b2=optimizer.b2, eps=optimizer.eps)
   )
-  parts.append(optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps))
-  if o.row_lr_scale:
-    parts.append(scale_position_rows(o.row_lr_power, o.row_lr_max))
-  if o.weight_decay > 0:
+  if optimizer.row_lr_scale:
     parts.append(
-        optax.add_decayed_weights(o.weight_decay, decay_mask(params, config))
+        scale_position_rows(optimizer.row_lr_power, optimizer.row_lr_max)
     )
+  if optimizer.weight_decay > 0:
+    decay = decay_mask(params, config)
+    parts.append(optax.add_decayed_weights(optimizer.weight_decay, decay))
   parts.append(optax.scale_by_learning_rate(make_schedule(config)))
   return optax.chain(*parts)
