@@ -2,6 +2,7 @@
 statistics window files (core: no files written; `analysis_report` writes them,
 docs/DESIGN.md §Statistics)."""
 
+from collections.abc import Sequence
 import math
 from typing import Any
 
@@ -83,8 +84,10 @@ def position_probe(
   fits = []
   for f in range(folds):
     test = (np.arange(num) % folds) == f
-    xt, yt = x[~test], y[~test]
-    mx, my = xt.mean(0), yt.mean()
+    xt = x[~test]
+    yt = y[~test]
+    mx = xt.mean(0)
+    my = yt.mean()
     xc = xt - mx
     fits.append((test, mx, my, xc.T @ xc, xc.T @ (yt - my)))
   tried = []  # (sse, ridge, prediction); the first of the lowest sse wins
@@ -128,16 +131,25 @@ def cumulative_exposure(
   last = outputs.load_npz(files[-1][1])
   if 'cumulative_count' in last:
     return np.asarray(last['cumulative_count'], np.float64)
-  return sum(
+  counts = [
       np.asarray(outputs.load_npz(p)['count'], np.float64) for _, p in files
-  )
+  ]
+  return sum_arrays(counts)
+
+
+def sum_arrays(arrays: Sequence[np.ndarray]) -> np.ndarray:
+  """The element-wise sum of equal-shape arrays, added in order."""
+  total = arrays[0]
+  for array in arrays[1:]:
+    total = total + array
+  return total
 
 
 def analyze_table(
     table: np.ndarray,
     *,
     initial: np.ndarray | None = None,
-    snapshots: list[tuple[int, np.ndarray]] = (),
+    snapshots: Sequence[tuple[int, np.ndarray]] = (),
     bucket_size: int = 16,
     bucket_edges: str = '',
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -10,6 +10,7 @@ import numpy as np
 from flax_posemb import analysis
 from flax_posemb import outputs
 from flax_posemb import plots
+from flax_posemb import stats
 from flax_posemb import tables
 from flax_posemb.eval_report import json_safe
 
@@ -30,11 +31,16 @@ def analyze_workdir(
   `output`.
 
   Args:
+    workdir: the training workdir.
+    table: the table analysed.
+    output: directory of the files written.
+    step: the step of ``table`` (None: every snapshot and window).
     initial: initial table [L, D]; default tables/table_0.npy if present.
     per_position: evaluation vectors ('loss' [L'], optional 'bayes_loss',
-    'filter_loss'),
-      related to cumulative exposure when the run has window files.
-    bucket_size, bucket_edges: buckets of the summaries (`buckets.make_edges`).
+      'filter_loss'), related to cumulative exposure when the run has window
+      files.
+    bucket_size: width of the summaries' buckets (`buckets.make_edges`).
+    bucket_edges: their explicit edges, if given.
   """
   snapshots = [
       (s, outputs.load_npy(p))
@@ -59,29 +65,36 @@ def analyze_workdir(
     arrays['exposure'] = exposure
     series: dict[str, np.ndarray] = {}
     if per_position is not None:
-      pp = {
-          k: np.pad(
-              np.asarray(per_position[k][:num], np.float64),
-              (0, num - len(per_position[k][:num])),
-              constant_values=np.nan,
-          )
-          for k in ('loss', 'bayes_loss', 'filter_loss')
-          if k in per_position
-      }
-      series['loss'] = pp['loss']
-      if 'bayes_loss' in pp:
-        gap = pp['filter_loss'] - pp['bayes_loss']
-        with np.errstate(invalid='ignore', divide='ignore'):
-          series['recovered'] = np.where(
-              np.abs(gap) > 1e-9, (pp['filter_loss'] - pp['loss']) / gap, np.nan
-          )
-    series.update(
-        {k: arrays[k][:num] for k in ('drift', 'norm') if k in arrays}
-    )
+      series.update(_evaluation_series(per_position, num))
+    for key in ('drift', 'norm'):
+      if key in arrays:
+        series[key] = arrays[key][:num]
     summary['exposure'] = _exposure_relation(
         exposure[:num], series, output, files
     )
   return _write(summary, arrays, files, output, 'analysis')
+
+
+def _evaluation_series(
+    per_position: dict[str, np.ndarray], num: int
+) -> dict[str, np.ndarray]:
+  """The evaluation's per-position loss (and on the synthetic corpus the share
+  of the position value recovered) over the first ``num`` rows, NaN past the
+  evaluated length."""
+  padded = {}
+  for key in ('loss', 'bayes_loss', 'filter_loss'):
+    if key in per_position:
+      values = np.asarray(per_position[key][:num], np.float64)
+      padded[key] = np.pad(
+          values, (0, num - len(values)), constant_values=np.nan
+      )
+  series = {'loss': padded['loss']}
+  if 'bayes_loss' in padded:
+    gap = padded['filter_loss'] - padded['bayes_loss']
+    with np.errstate(invalid='ignore', divide='ignore'):
+      recovered = (padded['filter_loss'] - padded['loss']) / gap
+    series['recovered'] = np.where(np.abs(gap) > 1e-9, recovered, np.nan)
+  return series
 
 
 def _table_plots(
@@ -122,9 +135,9 @@ def _write(
   """Writes NAME.npz (`arrays`, unless None) and NAME.json (`summary` with
   `files`)."""
   if arrays is not None:
-    files['arrays'] = os.path.join(output, f'{name}.npz')
-    with outputs.atomic_write(files['arrays']) as f:
-      np.savez(f, **arrays)
+    files['arrays'] = outputs.save_npz(
+        os.path.join(output, f'{name}.npz'), arrays
+    )
   files['json'] = os.path.join(output, f'{name}.json')
   summary['files'] = files
   with outputs.atomic_write(files['json'], 'w') as f:
@@ -173,34 +186,33 @@ def analyze_stats(stats_dir: str, output: str) -> dict[str, Any]:
   """Analyses any directory of window files (`PositionStatistics`'s, or a run's
   `stats/`) into `output`: stats_analysis.json/.npz and exposure_relation.png
   (README §Statistics)."""
-  from flax_posemb import stats  # jax: not for --table
-
   files = analysis.window_files(stats_dir)
   if not files:
     raise ValueError(
         f'{stats_dir} holds no statistics window files (window_STEP.npz).'
     )
   windows = [outputs.load_npz(p) for _, p in files]
-  arrays = {
-      k: sum(np.asarray(w[k], np.float64) for w in windows)
-      for k in stats.FIELDS
-      if k in windows[0]
-  }
-  arrays.update(
-      stats.derived(arrays), exposure=analysis.cumulative_exposure(stats_dir)
-  )
-  series = {
-      k: arrays[k]
-      for k in ('mean_loss', 'signal_per_occurrence', 'coherence', 'update_sq')
-      if k in arrays
-  }
+  arrays = {}
+  for key in stats.FIELDS:
+    if key in windows[0]:
+      arrays[key] = analysis.sum_arrays(
+          [np.asarray(w[key], np.float64) for w in windows]
+      )
+  arrays.update(stats.derived(arrays))
+  exposure = analysis.cumulative_exposure(stats_dir)
+  assert exposure is not None  # There are window files.
+  arrays['exposure'] = exposure
+  series: dict[str, np.ndarray] = {}
+  for key in ('mean_loss', 'signal_per_occurrence', 'coherence', 'update_sq'):
+    if key in arrays:
+      series[key] = arrays[key]
   out: dict[str, str] = {}
   summary = {
       'source': stats_dir,
       'windows': len(files),
       'last_step': files[-1][0],
       'first_step': int(windows[0].get('first_step', files[0][0])),
-      'exposure': _exposure_relation(arrays['exposure'], series, output, out),
+      'exposure': _exposure_relation(exposure, series, output, out),
   }
   return _write(summary, arrays, out, output, 'stats_analysis')
 
@@ -213,18 +225,17 @@ def _exposure_relation(
 ) -> dict[str, Any]:
   """Exposure totals and each series' Spearman correlation with it; the plot
   into `files`."""
-  out = {
+  out: dict[str, Any] = {
       'total_tokens': float(exposure.sum()),
       'min_position_exposure': float(exposure.min()),
       'max_position_exposure': float(exposure.max()),
   }
-  rho = {}
+  rho: dict[str, float | None] = {}
   for name, y in series.items():
     ok = np.isfinite(y) & (exposure > 0)
     if ok.sum() > 2:
-      rho[name] = out[f'spearman_{name}'] = analysis.spearman(
-          exposure[ok], y[ok]
-      )
+      rho[name] = analysis.spearman(exposure[ok], y[ok])
+      out[f'spearman_{name}'] = rho[name]
   files['exposure_plot'] = plots.exposure_relation(
       exposure, series, os.path.join(output, 'exposure_relation.png'), rho=rho
   )

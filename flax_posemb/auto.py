@@ -85,7 +85,9 @@ def resolve_config(
   platform = platform or jax.default_backend()
   num_devices = num_devices or jax.device_count()
   old = traverse_util.flatten_dict(dict(saved or {}), sep='.')
-  m, seq_len, done = config.model, int(config.data.seq_len), {}
+  m = config.model
+  seq_len = int(config.data.seq_len)
+  done: dict[str, tuple[Any, Any]] = {}
   if m.attention_impl == AUTO_ATTENTION:
     m.attention_impl = old.get('model.attention_impl') or attention_impl(
         AUTO_ATTENTION,
@@ -96,20 +98,20 @@ def resolve_config(
     )
     done['model.attention_impl'] = (AUTO_ATTENTION, m.attention_impl)
   if int(config.grad_accum_steps) == AUTO_ACCUM:
-    same_batch = (old.get('batch_size'), old.get('data.seq_len')) == (
-        int(config.batch_size),
-        seq_len,
+    # A resume keeps the recorded microbatches while the batch is the same.
+    same_batch = old.get('batch_size') == int(config.batch_size) and (
+        old.get('data.seq_len') == seq_len
     )
-    config.grad_accum_steps = int(
-        same_batch
-        and old.get('grad_accum_steps')
-        or grad_accum_steps(
-            AUTO_ACCUM,
-            platform=platform,
-            batch_size=int(config.batch_size),
-            seq_len=seq_len,
-            num_devices=num_devices,
-        )
-    )
+    recorded = old.get('grad_accum_steps') if same_batch else None
+    if recorded:
+      config.grad_accum_steps = int(recorded)
+    else:
+      config.grad_accum_steps = grad_accum_steps(
+          AUTO_ACCUM,
+          platform=platform,
+          batch_size=int(config.batch_size),
+          seq_len=seq_len,
+          num_devices=num_devices,
+      )
     done['grad_accum_steps'] = (AUTO_ACCUM, config.grad_accum_steps)
   return done

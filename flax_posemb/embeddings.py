@@ -21,7 +21,9 @@ def check_position_range(positions: np.ndarray, num_positions: int) -> None:
   num_bad = int(np.sum((p < 0) | (p >= num_positions)))
   if not num_bad:
     return
-  lo, hi, n = int(p.min()), int(p.max()), num_positions
+  lo = int(p.min())
+  hi = int(p.max())
+  n = num_positions
   where, fix = (
       (
           f'Position id {lo} is negative',
@@ -101,8 +103,10 @@ def apply_rope(
   )
   # [B, T, 1, H/2]
   angle = positions.astype(jnp.float32)[..., None, None] * inv_freq
-  sin, cos = jnp.sin(angle), jnp.cos(angle)
-  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+  sin = jnp.sin(angle)
+  cos = jnp.cos(angle)
+  x1 = x[..., :half].astype(jnp.float32)
+  x2 = x[..., half:].astype(jnp.float32)
   return jnp.concatenate(
       [x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1
   ).astype(x.dtype)

@@ -51,40 +51,43 @@ def _fmt(x: float | None, nd: int = 4) -> str:
 
 def format_table(results: dict[str, Any]) -> str:
   """Plain-text bucket table of a results dict."""
-  bs, cols = results['buckets'], [
+  buckets = results['buckets']
+  # (heading, results key, width, decimals)
+  columns = [
       ('loss', 'loss', 8, 4),
       ('stderr', 'stderr', 8, 4),
   ]
-  if bs and 'bayes_loss' in bs[0]:  # synthetic references
-    cols += [
+  if buckets and 'bayes_loss' in buckets[0]:  # Synthetic references.
+    columns += [
         ('bayes', 'bayes_loss', 8, 4),
         ('filter', 'filter_loss', 8, 4),
         ('excess', 'excess_loss', 8, 4),
         ('recov', 'recovered', 7, 3),
     ]
-  o, d = results['overall'], results['degradation']
-  docs = f", {o['documents']} documents" if 'documents' in o else ''
-  heads = ['tokens'] + [c[0] for c in cols]
-  columns = [[b['tokens'] for b in bs]] + [
-      [_fmt(b[k], nd) for b in bs] for _, k, _, nd in cols
-  ]
-  return '\n'.join(
-      [
-          _grid('bucket', bs, heads, columns, [8] + [c[2] for c in cols]),
-          (
-              f"overall loss {_fmt(o['loss'])} +- {_fmt(o['stderr'])}"
-              f" nats/token ({o['tokens']} tokens, {o['windows']}"
-              f' windows{docs}); losses in'
-              ' nats per token, +- one clustered standard error'
-          ),
-          (
-              f"last - best bucket {_fmt(d['last_minus_best'])} +-"
-              f" {_fmt(d['last_minus_best_stderr'])}; second-half slope"
-              f" {_fmt(d['slope'], 6)} +- {_fmt(d['slope_stderr'], 6)}"
-              ' per position'
-          ),
-      ]
+  heads = ['tokens'] + [heading for heading, _, _, _ in columns]
+  cells = [[b['tokens'] for b in buckets]]
+  for _, key, _, decimals in columns:
+    cells.append([_fmt(b[key], decimals) for b in buckets])
+  widths = [8] + [width for _, _, width, _ in columns]
+  overall = results['overall']
+  degradation = results['degradation']
+  documents = ''
+  if 'documents' in overall:
+    documents = f", {overall['documents']} documents"
+  overall_line = (
+      f"overall loss {_fmt(overall['loss'])} +- {_fmt(overall['stderr'])}"
+      f" nats/token ({overall['tokens']} tokens, {overall['windows']}"
+      f' windows{documents}); losses in'
+      ' nats per token, +- one clustered standard error'
   )
+  degradation_line = (
+      f"last - best bucket {_fmt(degradation['last_minus_best'])} +-"
+      f" {_fmt(degradation['last_minus_best_stderr'])}; second-half slope"
+      f" {_fmt(degradation['slope'], 6)} +-"
+      f" {_fmt(degradation['slope_stderr'], 6)} per position"
+  )
+  table = _grid('bucket', buckets, heads, cells, widths)
+  return '\n'.join([table, overall_line, degradation_line])
 
 
 def format_results(results: dict[str, Any]) -> str:
@@ -95,38 +98,28 @@ def format_results(results: dict[str, Any]) -> str:
   text = [format_table(results)]
   if results.get('windows'):
     text.append(format_windows(results['windows']))
-    groups = [t for t in GROUP_TABLES if len(results.get(t) or []) > 1]
-    for t in groups:
+    tables = [t for t in GROUP_TABLES if len(results.get(t) or []) > 1]
+    for table in tables:
+      groups = results[table]
       heads = [
-          f"{g['group']} ({g['windows']}w/{g['documents']}d)"
-          for g in results[t]
+          f"{g['group']} ({g['windows']}w/{g['documents']}d)" for g in groups
       ]
-      text.append(
-          _grid(
-              t,
-              results['buckets'],
-              heads,
-              [_cells(g['buckets']) for g in results[t]],
-              max([17] + [len(h) + 1 for h in heads]),
-          )
-      )
-    text += (
-        [PM_NOTE + '; columns: group (windows w / documents d)']
-        if groups
-        else []
+      width = max([17] + [len(h) + 1 for h in heads])
+      cells = [_cells(g['buckets']) for g in groups]
+      text.append(_grid(table, results['buckets'], heads, cells, width))
+    if tables:
+      text.append(PM_NOTE + '; columns: group (windows w / documents d)')
+  probe = results.get('offset_probe')
+  if probe:
+    by_offset = probe['by_offset']
+    grid = _grid(
+        'context',
+        by_offset[0]['buckets'],
+        [f"K={r['offset']}" for r in by_offset],
+        [_cells(r['buckets']) for r in by_offset],
+        16,
     )
-  if probe := results.get('offset_probe'):
-    by = probe['by_offset']
-    text.append(
-        _grid(
-            'context',
-            by[0]['buckets'],
-            [f"K={r['offset']}" for r in by],
-            [_cells(r['buckets']) for r in by],
-            16,
-        )
-        + f"\n{PM_NOTE}. {probe['note']}"
-    )
+    text.append(grid + f"\n{PM_NOTE}. {probe['note']}")
   return '\n\n'.join(text)
 
 
@@ -141,27 +134,28 @@ def json_safe(x: Any) -> Any:
   return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
-def _write_csv(path: str, rows: list[Sequence[Any]]) -> str:
+def _write_csv(path: str, rows: Sequence[Sequence[Any]]) -> str:
   """Writes ``rows`` comma-separated, one a line, None as an empty cell; returns
   ``path``."""
   with outputs.atomic_write(path, 'w') as f:
-    f.writelines(
-        ','.join('' if v is None else str(v) for v in row) + '\n'
-        for row in rows
-    )
+    for row in rows:
+      f.write(','.join('' if v is None else str(v) for v in row) + '\n')
   return path
 
 
 def _bucket_csv(
-    path: str, head: tuple[str, ...], tables: list[tuple[tuple, list]]
+    path: str,
+    head: tuple[str, ...],
+    tables: Sequence[tuple[tuple[Any, ...], Sequence[dict[str, Any]]]],
 ) -> str:
   """Writes ``head`` + `CSV_COLUMNS` and, per (prefix values, bucket rows), one
   line a row."""
-  rows = [head + CSV_COLUMNS]
+  rows: list[Sequence[Any]] = [head + CSV_COLUMNS]
   for prefix, buckets in tables:
-    for b in buckets:
-      b = dict(b, ci95_lo=b['ci95'][0], ci95_hi=b['ci95'][1])
-      rows.append([*prefix, *(b.get(k) for k in CSV_COLUMNS)])
+    for bucket in buckets:
+      low, high = bucket['ci95']
+      bucket = dict(bucket, ci95_lo=low, ci95_hi=high)
+      rows.append([*prefix, *(bucket.get(k) for k in CSV_COLUMNS)])
   return _write_csv(path, rows)
 
 
@@ -170,45 +164,48 @@ def write_outputs(
     per_position: dict[str, np.ndarray],
     out_dir: str,
     title: str,
-    per_window: dict[str, np.ndarray],
+    per_window: dict[str, np.ndarray] | None,
 ) -> dict[str, str]:
   """Writes an evaluation's files into ``out_dir`` at once; returns their paths
-  by kind."""
-  files, probe = {}, results.get('offset_probe')
+  by kind (``per_window``: windows.npz, unless None)."""
+  files = {}
   with outputs.replace_files(out_dir, OUTPUT_FILES) as stage:
-    path = lambda name: os.path.join(stage, name)  # noqa: E731
-    for key, name, arrays in (
-        ('npz', 'per_position.npz', per_position),
-        ('windows', 'windows.npz', per_window),
-    ):
-      with outputs.atomic_write(path(name)) as f:
-        np.savez(f, **arrays)
-      files[key] = path(name)
+    files['npz'] = outputs.save_npz(
+        os.path.join(stage, 'per_position.npz'), per_position
+    )
+    if per_window is not None:
+      files['windows'] = outputs.save_npz(
+          os.path.join(stage, 'windows.npz'), per_window
+      )
     files['csv'] = _bucket_csv(
-        path('buckets.csv'), (), [((), results['buckets'])]
+        os.path.join(stage, 'buckets.csv'), (), [((), results['buckets'])]
     )
     if results.get('by_depth') is not None:
+      groups = [
+          ((table, g['group']), g['buckets'])
+          for table in GROUP_TABLES
+          for g in results[table]
+      ]
       files['groups_csv'] = _bucket_csv(
-          path('groups.csv'),
-          ('table', 'group'),
-          [
-              ((t, g['group']), g['buckets'])
-              for t in GROUP_TABLES
-              for g in results[t]
-          ],
+          os.path.join(stage, 'groups.csv'), ('table', 'group'), groups
       )
     files['plot'] = plots.loss_by_position(
-        per_position, results, path('loss_by_position.png'), title
+        per_position,
+        results,
+        os.path.join(stage, 'loss_by_position.png'),
+        title,
     )
+    probe = results.get('offset_probe')
     if probe:
+      by_offset = [((r['offset'],), r['buckets']) for r in probe['by_offset']]
       files['offsets_csv'] = _bucket_csv(
-          path('offsets.csv'),
-          ('offset',),
-          [((r['offset'],), r['buckets']) for r in probe['by_offset']],
+          os.path.join(stage, 'offsets.csv'), ('offset',), by_offset
       )
-      files['offsets_plot'] = plots.offset_probe(probe, path('offsets.png'))
-    # last: its presence means the directory is complete
-    files['json'] = path('results.json')
+      files['offsets_plot'] = plots.offset_probe(
+          probe, os.path.join(stage, 'offsets.png')
+      )
+    # Last: its presence means the directory is complete.
+    files['json'] = os.path.join(stage, 'results.json')
     with outputs.atomic_write(files['json'], 'w') as f:
       json.dump(json_safe(results), f, indent=1)
   return {
@@ -218,13 +215,14 @@ def write_outputs(
 
 def format_windows(summary: dict[str, Any]) -> str:
   """Markdown table of where the windows come from (results.json 'windows')."""
-  t, share = summary['window_len'], summary['long_doc_share']
+  t = summary['window_len']
+  share = summary['long_doc_share']
+  share_text = '-' if share is None else f'{share:.0%}'
   lines = [
       (
           f"{summary['windows']} windows of {t + 1} tokens from"
-          f" {summary['documents']} documents;"
-          f" {'-' if share is None else f'{share:.0%}'} in documents of >="
-          f" {4 * t} tokens (4T); {summary['first_window_overlaps']} start"
+          f" {summary['documents']} documents; {share_text} in documents of"
+          f" >= {4 * t} tokens (4T); {summary['first_window_overlaps']} start"
           f' before token {t} (T).'
       ),
       '',
@@ -246,16 +244,13 @@ def format_windows(summary: dict[str, Any]) -> str:
       ('to_end', 'after window to doc end'),
   ):
     if summary[key]:
-      lines.append(
-          f'| {what} | '
-          + ' | '.join(f'{summary[key][n]:.0f}' for n in names)
-          + ' |'
-      )
+      values = ' | '.join(f'{summary[key][n]:.0f}' for n in names)
+      lines.append(f'| {what} | {values} |')
   return '\n'.join(lines)
 
 
 def _cells(
-    rows: list[dict[str, Any]], key: str = 'loss', sign: str = ''
+    rows: Sequence[dict[str, Any]], key: str = 'loss', sign: str = ''
 ) -> list[str]:
   return [
       '-' if r[key] is None else f"{r[key]:{sign}.4f}+-{_fmt(r['stderr'])}"
@@ -265,18 +260,20 @@ def _cells(
 
 def _grid(
     corner: str,
-    spans: list[dict],
-    heads: list[str],
-    columns: list[list[Any]],
+    spans: Sequence[dict[str, Any]],
+    heads: Sequence[str],
+    columns: Sequence[Sequence[Any]],
     width: int | list[int],
 ) -> str:
   """Text table: bucket spans down, ``heads`` across, ``width`` wide (one, or
   one a column)."""
-  widths = [13] + ([width] * len(heads) if isinstance(width, int) else width)
-  rows = [[corner, *heads]] + [
-      [f"[{b['start']}, {b['end']})"] + [c[i] for c in columns]
-      for i, b in enumerate(spans)
-  ]
+  if isinstance(width, int):
+    widths = [13] + [width] * len(heads)
+  else:
+    widths = [13] + width
+  rows = [[corner, *heads]]
+  for i, b in enumerate(spans):
+    rows.append([f"[{b['start']}, {b['end']})"] + [c[i] for c in columns])
   return '\n'.join(
       ' '.join(f'{v:>{w}}' for v, w in zip(row, widths)) for row in rows
   )
@@ -299,30 +296,23 @@ def compare(
           f' {s[-1][1]}); compare runs of equal context length, or pass the'
           ' same --bucket_edges covering the shorter window.'
       )
-  paired = [
-      {
-          'label': label,
-          'minus': labels[0],
-          'buckets': buckets_lib.paired_difference(
-              w, per_window[0], (label, labels[0])
-          ),
-      }
-      for label, w in zip(labels[1:], (per_window or [])[1:])
-  ]
-  rows = [
-      dict(
-          start=a,
-          end=b,
-          **{
-              label: {
-                  k: r['buckets'][i].get(k)
-                  for k in ('loss', 'stderr', 'excess_loss', 'recovered')
-              }
-              for label, r in zip(labels, results)
-          },
+  paired: list[dict[str, Any]] = []
+  if per_window:
+    for label, windows in zip(labels[1:], per_window[1:]):
+      buckets = buckets_lib.paired_difference(
+          windows, per_window[0], (label, labels[0])
       )
-      for i, (a, b) in enumerate(spans[0])
-  ]
+      paired.append({'label': label, 'minus': labels[0], 'buckets': buckets})
+  rows = []
+  for i, (start, end) in enumerate(spans[0]):
+    row: dict[str, Any] = {'start': start, 'end': end}
+    for label, r in zip(labels, results):
+      bucket = r['buckets'][i]
+      row[label] = {
+          k: bucket.get(k)
+          for k in ('loss', 'stderr', 'excess_loss', 'recovered')
+      }
+    rows.append(row)
   summary = {
       'runs': [
           {
@@ -348,37 +338,29 @@ def compare(
       for p in paired
       for k in ('diff', 'stderr')
   ]
-  _write_csv(
-      files['csv'],
-      [head]
-      + [
-          [row['start'], row['end']]
-          + [row[label][k] for label in labels for k in ('loss', 'stderr')]
-          + [p['buckets'][i][k] for p in paired for k in ('diff', 'stderr')]
-          for i, row in enumerate(rows)
-      ],
-  )
+  csv_rows: list[list[Any]] = [head]
+  for i, row in enumerate(rows):
+    cells = [row['start'], row['end']]
+    cells += [row[label][k] for label in labels for k in ('loss', 'stderr')]
+    cells += [p['buckets'][i][k] for p in paired for k in ('diff', 'stderr')]
+    csv_rows.append(cells)
+  _write_csv(files['csv'], csv_rows)
   files['plot'] = plots.comparison(
       labels, results, os.path.join(out_dir, 'comparison.png'), paired=paired
   )
-  diffs = [_cells(p['buckets'], 'diff', '+') for p in paired]
-  text = [
-      _grid(
-          'bucket',
-          rows,
-          list(labels) + [f'{p["label"]}-{p["minus"]}' for p in paired],
-          [_cells([row[label] for row in rows]) for label in labels] + diffs,
-          max(16, max(len(label) for label in labels) + 1),
-      )
-  ]
-  text.append(
-      '; '.join(
-          f"{label}: last-best {_fmt(r['degradation']['last_minus_best'])} +- "
-          f"{_fmt(r['degradation']['last_minus_best_stderr'])}"
-          for label, r in zip(labels, results)
-      )
-      + ' (losses in nats per token +- stderr)'
+  heads = list(labels) + [f'{p["label"]}-{p["minus"]}' for p in paired]
+  columns = [_cells([row[label] for row in rows]) for label in labels]
+  columns += [_cells(p['buckets'], 'diff', '+') for p in paired]
+  width = max(16, max(len(label) for label in labels) + 1)
+  degradations = '; '.join(
+      f"{label}: last-best {_fmt(r['degradation']['last_minus_best'])} +- "
+      f"{_fmt(r['degradation']['last_minus_best_stderr'])}"
+      for label, r in zip(labels, results)
   )
+  text = [
+      _grid('bucket', rows, heads, columns, width),
+      degradations + ' (losses in nats per token +- stderr)',
+  ]
   if paired:
     text.append(
         'differences: paired over the shared windows (+- stderr; 95% t'

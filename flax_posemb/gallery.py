@@ -9,7 +9,11 @@ from absl import flags
 from ml_collections import config_flags
 
 from flax_posemb import cli
+from flax_posemb import eval_workdir
 from flax_posemb import outputs
+from flax_posemb import plots
+from flax_posemb import training
+from flax_posemb.data import report
 
 PROG = 'python -m flax_posemb.gallery'
 cli.name_main_module(PROG, __name__)
@@ -102,22 +106,16 @@ FIGURES = (
 
 def main(argv):
   del argv
-  from flax_posemb import eval_workdir
-  from flax_posemb import plots
-  from flax_posemb import training
-  from flax_posemb.data import report
-
   runs = {}
   for policy in ('natural', 'packed_reset'):
-    c = FLAGS.config.copy_and_resolve_references()
-    c.data.position_policy, c.num_train_steps, c.progress_bar = (
-        policy,
-        FLAGS.steps,
-        False,
-    )
-    c.eval_every_steps, c.allow_config_change = 0, True
+    config = FLAGS.config.copy_and_resolve_references()
+    config.data.position_policy = policy
+    config.num_train_steps = FLAGS.steps
+    config.progress_bar = False
+    config.eval_every_steps = 0
+    config.allow_config_change = True
     runs[policy] = os.path.join(FLAGS.workdir, policy)
-    training.train_and_evaluate(c, runs[policy])
+    training.train_and_evaluate(config, runs[policy])
   evals = {
       'comparison': eval_workdir.evaluate_and_compare(list(runs.values()))[1],
       'probe': eval_workdir.evaluate_workdir(
@@ -127,10 +125,11 @@ def main(argv):
           runs['natural'], bucket_edges='log2'
       ),
   }
-  c = FLAGS.config.copy_and_resolve_references()
-  c.data.position_policy = 'natural'
+  config = FLAGS.config.copy_and_resolve_references()
+  config.data.position_policy = 'natural'
   plots.data_exposure(
-      report.exposure(c, 50), os.path.join(FLAGS.out, 'data_exposure.png')
+      report.exposure(config, 50),
+      os.path.join(FLAGS.out, 'data_exposure.png'),
   )
   lines = [
       '# Figure gallery',

@@ -74,11 +74,10 @@ def _normal(name: str, std: float | None = None) -> Initializer:
   std = _check_std(name, default if std is None else std)
 
   def init(key, shape, dtype=jnp.float32):
-    z = (
-        jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)
-        if truncated
-        else jax.random.normal(key, shape, jnp.float32)
-    )
+    if truncated:
+      z = jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)
+    else:
+      z = jax.random.normal(key, shape, jnp.float32)
     return (std * z).astype(dtype)
 
   realized = std * _TRUNC2_STD_RATIO if truncated else std
@@ -180,12 +179,12 @@ def get(name: str, **overrides: Any) -> Initializer:
   """The initializer registered as `name` (one of `NAMES`), built with keyword
   `overrides`."""
   builder = _BUILDERS.get(name)
-  accepted = inspect.signature(builder).parameters if builder else {}
   if builder is None:
     raise ValueError(
         f"Unknown initializer {name!r}; valid names: {', '.join(NAMES)} (or a"
         " table file, 'file:PATH.npy|.npz[:KEY]|.safetensors[:KEY]')."
     )
+  accepted = inspect.signature(builder).parameters
   if not set(overrides) <= set(accepted):
     raise ValueError(
         f'Initializer {name!r} does not accept overrides {sorted(overrides)};'
@@ -205,9 +204,9 @@ def resolve(
 
   Args:
     name: One of `NAMES`, or a table file `'file:PATH[:KEY]'`
-    (`tables.load_table`). token_init: The token table's initializer:
-    `same_as_token` is it, and `sinusoidal`
-      without `std` is scaled to its realized std.
+      (`tables.load_table`).
+    token_init: The token table's initializer: `same_as_token` is it, and
+      `sinusoidal` without `std` is scaled to its realized std.
     std: Optional std override (None = the entry's default).
     resize: Row rule of a file table (`from_array`).
   """
@@ -243,7 +242,8 @@ def fit_problem(
 ) -> str | None:
   """Why a `have` table cannot fill `want` under `resize` (naming the fix), or
   None."""
-  (rows, width), (want_rows, want_width) = have, want
+  rows, width = have
+  want_rows, want_width = want
   head = f'Table shape {have} does not fit the requested shape {want}: '
   if width != want_width:
     return head + (
@@ -251,27 +251,24 @@ def fit_problem(
         f' no resize rule changes it: set model.emb_dim={width} or use'
         f' {want_width} columns.'
     )
-  if (
-      rows == want_rows
-      or resize == 'interpolate'
-      or (resize == 'truncate' and rows > want_rows)
-  ):
+  if rows == want_rows or resize == 'interpolate':
     return None
   if resize == 'truncate':
+    if rows > want_rows:
+      return None
     return head + (
         f"resize 'truncate' only drops rows, and the table has {rows} <"
         f' {want_rows} rows: set model.max_len<={rows} or use resize'
         " 'interpolate'."
     )
+  rules = ''
+  if rows > want_rows:
+    rules = f"'truncate' keeps the first {want_rows} rows, "
+  rules += f"'interpolate' resamples the {rows} rows linearly to {want_rows}."
   return head + (
       f'the table has {rows} rows, the model {want_rows} (model.max_len): set '
       f'model.max_len={rows} or a row rule (model.position_init_resize): '
-      + (
-          f"'truncate' keeps the first {want_rows} rows, "
-          if rows > want_rows
-          else ''
-      )
-      + f"'interpolate' resamples the {rows} rows linearly to {want_rows}."
+      + rules
   )
 
 

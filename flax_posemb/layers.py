@@ -3,7 +3,7 @@
 
 from collections.abc import Callable
 import math
-from typing import Any
+from typing import Any, Literal, cast
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +56,9 @@ def attention(
   `[B, T, D]` at int `positions` `[B, T]` (for `rope`), `mask` bool `[B, 1, T,
   T]` or None; `implementation`: 'xla' | 'cudnn' | 'blocked'
   (`blocked_causal_attention`) | 'auto' (`auto.attention_impl`)."""
-  b, t, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+  b = qkv.shape[0]
+  t = qkv.shape[1]
+  d = qkv.shape[2] // 3
   implementation = auto.attention_impl(
       implementation,
       platform=jax.default_backend(),
@@ -72,16 +74,19 @@ def attention(
     return jnp.swapaxes(
         _blocked_heads_major(q, k, v, mask, ATTENTION_BLOCK), 1, 2
     ).reshape(b, t, d)
-  q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+  q = qkv[:, :, 0]
+  k = qkv[:, :, 1]
+  v = qkv[:, :, 2]
   if rope:
-    q, k = embeddings.apply_rope(q, positions), embeddings.apply_rope(
-        k, positions
-    )
+    q = embeddings.apply_rope(q, positions)
+    k = embeddings.apply_rope(k, positions)
   if implementation == 'blocked':
     a = blocked_causal_attention(q, k, v, mask)
   else:
+    # 'xla' or 'cudnn' here (ModelConfig checks the name).
+    jax_implementation = cast(Literal['xla', 'cudnn'], implementation)
     a = jax.nn.dot_product_attention(
-        q, k, v, mask=mask, is_causal=True, implementation=implementation
+        q, k, v, mask=mask, is_causal=True, implementation=jax_implementation
     )
   return a.reshape(b, t, d)
 
@@ -112,7 +117,8 @@ def _blocked_heads_major(
   """`blocked_causal_attention` on heads-major `[B, N, T, H]`. Disallowed scores
   get float32 min added, not selected: exp underflows to 0 either way, and the
   backward needs no select pass."""
-  t, h = q.shape[2], q.shape[-1]
+  t = q.shape[2]
+  h = q.shape[-1]
   q = q * jnp.asarray(1.0 / math.sqrt(h), q.dtype)
   neg = jnp.finfo(jnp.float32).min
   outs = []

@@ -72,11 +72,9 @@ class SinusoidalPositionEmbedding(nnx.Module):
       max_wavelength: float = 10_000.0,
       dtype: Dtype = jnp.float32,
   ):
-    self.features, self.scale, self.max_wavelength = (
-        features,
-        scale,
-        max_wavelength,
-    )
+    self.features = features
+    self.scale = scale
+    self.max_wavelength = max_wavelength
     self.dtype = dtype
 
   def __call__(self, positions: Array) -> Array:
@@ -143,10 +141,14 @@ class Block(nnx.Module):
   ``block_i`` params."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-    cfg = self.config = config
-    d, dense = cfg.emb_dim, dict(
-        dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype, rngs=rngs
-    )
+    self.config = config
+    cfg = config
+    d = cfg.emb_dim
+    dense = {
+        'dtype': cfg.compute_dtype,
+        'param_dtype': cfg.storage_dtype,
+        'rngs': rngs,
+    }
     resid_std = layers.resid_std(cfg.num_layers)
     self.ln_1 = _layer_norm(cfg, rngs)
     self.qkv = Dense(d, 3 * d, kernel_std=layers.DENSE_STD, **dense)
@@ -196,8 +198,10 @@ class TransformerLM(nnx.Module):
   """The NNX twin of `model.TransformerLM`."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-    cfg = self.config = config
-    dt, pdt = cfg.compute_dtype, cfg.storage_dtype
+    self.config = config
+    cfg = config
+    dt = cfg.compute_dtype
+    pdt = cfg.storage_dtype
     self.token_embed = TokenEmbedding(
         cfg.vocab_size,
         cfg.emb_dim,
@@ -206,8 +210,9 @@ class TransformerLM(nnx.Module):
         embedding_init=cfg.token_initializer(),
         rngs=rngs,
     )
+    pos_embed: LearnedPositionEmbedding | SinusoidalPositionEmbedding | None
     if cfg.position_embedding == 'learned':
-      self.pos_embed = LearnedPositionEmbedding(
+      pos_embed = LearnedPositionEmbedding(
           cfg.max_len,
           cfg.emb_dim,
           embedding_init=cfg.position_initializer(),
@@ -216,11 +221,12 @@ class TransformerLM(nnx.Module):
           rngs=rngs,
       )
     elif cfg.position_embedding == 'sinusoidal':
-      self.pos_embed = SinusoidalPositionEmbedding(
+      pos_embed = SinusoidalPositionEmbedding(
           cfg.emb_dim, scale=sinusoid_scale(cfg)
       )
     else:
-      self.pos_embed = None  # rope / none
+      pos_embed = None  # rope / none
+    self.pos_embed = pos_embed
     self.drop_embed = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
     for i in range(cfg.num_layers):
       setattr(self, f'block_{i}', Block(cfg, rngs=rngs))
@@ -279,20 +285,21 @@ def load_linen_params(
       'Build both models from the same ModelConfig.',
       where='the linen params',
   )
-  nnx.replace_by_pure_dict(
-      state, params, lambda var, v: var.replace(jnp.asarray(v, var.dtype))
-  )
+
+  def cast(variable, value):
+    return variable.replace(jnp.asarray(value, variable.dtype))
+
+  nnx.replace_by_pure_dict(state, dict(params), cast)
   nnx.update(model, state)
   return model
 
 
 def position_table(model: TransformerLM) -> Array:
   """The learned position table ``[max_len, emb_dim]`` (KeyError if none)."""
-  if not isinstance(
-      getattr(model, 'pos_embed', None), LearnedPositionEmbedding
-  ):
+  pos_embed = getattr(model, 'pos_embed', None)
+  if not isinstance(pos_embed, LearnedPositionEmbedding):
     raise KeyError(
         "No learned position table at model.pos_embed.embedding; the model's "
         "position_embedding is not 'learned'."
     )
-  return model.pos_embed.embedding[...]
+  return pos_embed.embedding[...]

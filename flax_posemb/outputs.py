@@ -93,6 +93,15 @@ def _move(src: str, dst: str, names: Sequence[str]) -> None:
       os.replace(os.path.join(src, n), os.path.join(dst, n))
 
 
+def save_npz(path: str, arrays: dict[str, Any]) -> str:
+  """Writes ``arrays`` as one ``.npz`` file, whole or not at all; returns
+  ``path``."""
+  with atomic_write(path) as f:
+    # numpy's stub lets **kwds fill savez's allow_pickle: bool.
+    np.savez(f, **arrays)  # type: ignore[arg-type]
+  return path
+
+
 def append_whole(path: str, data: bytes) -> None:
   """Appends ``data`` whole or not at all (a failed or short write is cut off
   and raises)."""

@@ -186,8 +186,9 @@ def _series(
     first_color: int = 0,
 ) -> None:
   """Bucket rows' ``value`` (95% CI), one series per (label, rows)."""
-  for j, (label, rows) in enumerate(series):
-    if rows := [r for r in rows if r[value] is not None]:
+  for j, (label, all_rows) in enumerate(series):
+    rows = [r for r in all_rows if r[value] is not None]
+    if rows:
       b = _bucket_arrays(rows, value)
       ax.errorbar(
           _bucket_x(b, log),
@@ -296,7 +297,7 @@ def table_analysis(
     probe_error: np.ndarray,
     path: str,
     snapshot_drift: np.ndarray | None = None,
-    snapshot_steps: Sequence[int] = (),
+    snapshot_steps: Sequence[int] | np.ndarray = (),
     probe_r2: float | None = None,
 ) -> str:
   """Row norms [L], drift from init ([L] or [S, L] at ``snapshot_steps``), PCA
@@ -412,11 +413,12 @@ def exposure_relation(
         ylabel=name,
         title=f'{name} vs exposure',
     )
-    if (r := (rho or {}).get(name)) is not None:
+    correlation = (rho or {}).get(name)
+    if correlation is not None:
       ax.text(
           0.03,
           0.95,
-          f'Spearman rho = {r:+.2f}',
+          f'Spearman rho = {correlation:+.2f}',
           transform=ax.transAxes,
           va='top',
           fontsize=8,
@@ -485,13 +487,11 @@ def _errorbars(
 
 
 def _seed_note(n: int) -> str:
-  return (
-      'n=1 seed: no interval'
-      if n == 1
-      else f'95% CI over n={n} seeds'
-      if n > 1
-      else 'no finished run'
-  )
+  if n == 1:
+    return 'n=1 seed: no interval'
+  if n > 1:
+    return f'95% CI over n={n} seeds'
+  return 'no finished run'
 
 
 def experiment_profile(
@@ -518,7 +518,7 @@ def experiment_profile(
   x = np.arange(len(bucket_labels), dtype=np.float64)
   jitter = {n: 0.08 * (i - (len(names) - 1) / 2) for i, n in enumerate(names)}
   panels = [(series, ylabel, 'mean per arm')]
-  if two:
+  if differences:
     panels.append(
         (
             differences,
@@ -526,7 +526,7 @@ def experiment_profile(
             f'paired difference vs {baseline}',
         )
     )
-  handles = {}
+  handles: dict[str, Any] = {}
   for i, (intervals, panel_ylabel, what) in enumerate(panels):
     ax = fig.add_subplot(gs[0, i])
     for n, ivs in intervals.items():

@@ -4,6 +4,7 @@ boundary."""
 from typing import Any
 
 import jax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -63,17 +64,16 @@ def tree_shardings(tree: PyTree, mesh: Mesh, fsdp: bool) -> PyTree:
 def check_batch_layout(config: Any, mesh: Mesh) -> None:
   """ValueError unless ``batch_size`` splits over microbatches, devices and
   processes."""
-  b, a, n, p = (
-      int(config.batch_size),
-      int(config.grad_accum_steps),
-      mesh.size,
-      jax.process_count(),
-  )
-  if a < 1 or b < 1 or b % (a * n) or b % p:
+  rows = int(config.batch_size)
+  accum = int(config.grad_accum_steps)
+  devices = mesh.size
+  processes = jax.process_count()
+  if accum < 1 or rows < 1 or rows % (accum * devices) or rows % processes:
     raise ValueError(
-        f'batch_size={b} must be a positive multiple of grad_accum_steps *'
-        f' device count = {a} * {n} (grad_accum_steps >= 1) and of the process'
-        f' count {p}: set --config.batch_size to a multiple of {max(a, 1) * n}.'
+        f'batch_size={rows} must be a positive multiple of grad_accum_steps *'
+        f' device count = {accum} * {devices} (grad_accum_steps >= 1) and of'
+        f' the process count {processes}: set --config.batch_size to a'
+        f' multiple of {max(accum, 1) * devices}.'
     )
 
 
@@ -92,12 +92,13 @@ def global_batch(
   }
 
 
-def to_host(x: jax.Array) -> np.ndarray:
-  """A numpy copy of ``x``; replicated arrays are read from one local shard."""
-  if getattr(x, 'is_fully_replicated', False):
+def to_host(x: jax.Array | np.ndarray) -> np.ndarray:
+  """A numpy copy of ``x``; replicated arrays are read from one local shard,
+  arrays spread over several hosts gathered."""
+  if not isinstance(x, jax.Array):
+    return np.asarray(x)
+  if x.is_fully_replicated:
     return np.asarray(x.addressable_data(0))
-  if getattr(x, 'is_fully_addressable', True):
+  if x.is_fully_addressable:
     return np.asarray(jax.device_get(x))
-  from jax.experimental import multihost_utils
-
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -3,6 +3,7 @@
 
 import collections.abc
 from collections.abc import Callable, Iterator, Mapping
+import dataclasses
 import functools
 import os
 from typing import Any, Self
@@ -31,6 +32,8 @@ INT_FIELDS = ('count', 'loss_count')
 LOSS_FIELDS = ('count', 'loss_sum', 'loss_count')
 
 Array = jax.Array
+# A [P] vector: a jax array inside the step, a numpy array on the host.
+Vector = jax.Array | np.ndarray
 
 
 @flax.struct.dataclass
@@ -39,15 +42,15 @@ class PositionStats(collections.abc.Mapping):
   the present fields (others None); ``row_grad`` ``[P, D]`` only between
   microbatches, until ``finish``."""
 
-  count: Array
-  loss_sum: Array
-  loss_count: Array
-  occ_norm: Array | None = None
-  occ_sq: Array | None = None
-  row_sq: Array | None = None
-  downstream: Array | None = None
-  update_sq: Array | None = None
-  row_grad: Array | None = None
+  count: Vector
+  loss_sum: Vector
+  loss_count: Vector
+  occ_norm: Vector | None = None
+  occ_sq: Vector | None = None
+  row_sq: Vector | None = None
+  downstream: Vector | None = None
+  update_sq: Vector | None = None
+  row_grad: Vector | None = None
 
   @classmethod
   def zeros(cls, num_positions: int, *, collect: bool = True) -> Self:
@@ -62,8 +65,11 @@ class PositionStats(collections.abc.Mapping):
         }
     )
 
-  def __getitem__(self, key: str) -> Array:
-    return {k: getattr(self, k) for k in self}[key]
+  def __getitem__(self, key: str) -> Vector:
+    value = getattr(self, key) if key in FIELDS else None
+    if value is None:
+      raise KeyError(key)
+    return value
 
   def __iter__(self) -> Iterator[str]:
     return (k for k in FIELDS if getattr(self, k) is not None)
@@ -81,20 +87,16 @@ class PositionStats(collections.abc.Mapping):
     microbatch)."""
     if self.row_grad is None:
       return self
-    return self.replace(
-        row_sq=jnp.sum(jnp.square(self.row_grad), axis=-1), row_grad=None
-    )
+    row_sq = jnp.sum(jnp.square(self.row_grad), axis=-1)
+    return dataclasses.replace(self, row_sq=row_sq, row_grad=None)
 
   def to_numpy(self) -> dict[str, np.ndarray]:
     """Host copies of the present fields; counts as exact int64."""
-    return {
-        k: (
-            sharding.to_host(v).astype(
-                np.int64 if k in INT_FIELDS else np.float32
-            )
-        )
-        for k, v in self.items()
-    }
+    host = {}
+    for key, value in self.items():
+      dtype = np.int64 if key in INT_FIELDS else np.float32
+      host[key] = sharding.to_host(value).astype(dtype)
+    return host
 
 
 def update_sq(old_table: Array, new_table: Array) -> Array:
@@ -167,7 +169,8 @@ def occurrence_stats(
   scatter = functools.partial(
       jax.ops.segment_sum, segment_ids=pos, num_segments=num_positions
   )
-  return loss_stats(token_loss, batch, num_positions).replace(
+  return dataclasses.replace(
+      loss_stats(token_loss, batch, num_positions),
       occ_norm=scatter(jnp.sqrt(sq)),
       occ_sq=scatter(sq),
       downstream=scatter(down * real.astype(jnp.float32)),
@@ -192,10 +195,12 @@ def value_and_grad_with_position_stats(
       it adds ``embed_delta`` (zeros, float32 ``[B, T, D]``) to the
       token+position embedding sum.
     num_positions: rows ``P`` of the position table (ids of real tokens must be
-    below it). embed_dim: width ``D`` of the embedding sum. collect: False keeps
-    only ``LOSS_FIELDS`` (loss, gradients and update are unchanged). finish:
-    False leaves ``row_grad`` unsquared, for summing microbatches (then
-    ``finish()``).
+      below it).
+    embed_dim: width ``D`` of the embedding sum.
+    collect: False keeps only ``LOSS_FIELDS`` (loss, gradients and update are
+      unchanged).
+    finish: False leaves ``row_grad`` unsquared, for summing microbatches
+      (then ``finish()``).
 
   Returns:
     ``f(params, batch, *args, denominator=None) -> (loss, grads, stats)``: the
@@ -234,14 +239,18 @@ class PositionStatistics:
   your own model).
 
   Args:
-    num_positions: rows ``P`` of the position table. embed_dim: width ``D`` of
-    the embedding sum. log_every: steps per window: one ends at every multiple
-    of it (``window_ends``). last_step: a window also ends here (a run's last
-    step; None: only ``log_every``). directory: where ``window_STEP.npz`` files
-    are written (None: no files). writer: None, or anything with tensorboardX's
-    ``add_histogram_raw`` and ``add_image``. collect: False keeps only
-    ``LOSS_FIELDS``. initial_table: ``[P, D]`` table at step 0, for the drift
-    curve (None: no drift).
+    num_positions: rows ``P`` of the position table.
+    embed_dim: width ``D`` of the embedding sum.
+    log_every: steps per window: one ends at every multiple of it
+      (``window_ends``).
+    last_step: a window also ends here (a run's last step; None: only
+      ``log_every``).
+    directory: where ``window_STEP.npz`` files are written (None: no files).
+    writer: None, or anything with tensorboardX's ``add_histogram_raw`` and
+      ``add_image``.
+    collect: False keeps only ``LOSS_FIELDS``.
+    initial_table: ``[P, D]`` table at step 0, for the drift curve (None: no
+      drift).
   """
 
   def __init__(
@@ -256,9 +265,13 @@ class PositionStatistics:
       collect: bool = True,
       initial_table: Any = None,
   ):
-    self.num_positions, self.embed_dim = num_positions, embed_dim
-    self.log_every, self.last_step = log_every, last_step
-    self.directory, self.writer, self.collect = directory, writer, collect
+    self.num_positions = num_positions
+    self.embed_dim = embed_dim
+    self.log_every = log_every
+    self.last_step = last_step
+    self.directory = directory
+    self.writer = writer
+    self.collect = collect
     self.initial_table = (
         None if initial_table is None else np.asarray(initial_table, np.float64)
     )
@@ -288,19 +301,19 @@ class PositionStatistics:
       self,
       window: PositionStats,
       stats: PositionStats,
-      old_table: Array = None,
-      new_table: Array = None,
+      old_table: Array | None = None,
+      new_table: Array | None = None,
   ) -> PositionStats:
     """In the jitted step: ``window`` plus the step's ``stats``, whose
     ``update_sq`` comes from the ``[P, D]`` tables before and after the update
     (zeros without a table)."""
     stats = stats.finish()
     if stats.occ_norm is not None:
-      stats = stats.replace(
-          update_sq=jnp.zeros((self.num_positions,), jnp.float32)
-          if old_table is None
-          else update_sq(old_table, new_table)
-      )
+      if old_table is None or new_table is None:
+        change = jnp.zeros((self.num_positions,), jnp.float32)
+      else:
+        change = update_sq(old_table, new_table)
+      stats = dataclasses.replace(stats, update_sq=change)
     return window + stats
 
   def window_ends(self, step: int) -> bool:
@@ -319,22 +332,21 @@ class PositionStatistics:
     self.cumulative_count = self.cumulative_count + host['count']
     if self.directory is not None:
       path = os.path.join(self.directory, outputs.WINDOW_FILE.format(step=step))
-      with outputs.atomic_write(path) as f:
-        np.savez(
-            f,
-            step=np.int64(step),
-            first_step=np.int64(self.first_step),
-            num_steps=np.int64(step - self.first_step + 1),
-            cumulative_count=self.cumulative_count,
-            **host,
-        )
+      window_file = {
+          'step': np.int64(step),
+          'first_step': np.int64(self.first_step),
+          'num_steps': np.int64(step - self.first_step + 1),
+          'cumulative_count': self.cumulative_count,
+          **host,
+      }
+      outputs.save_npz(path, window_file)
     if self.writer is not None:
       curves = {'count': host['count']}
       if 'occ_norm' in host:
-        d = derived(host)
+        ratios = derived(host)
         curves.update(
-            signal_per_occurrence=d['signal_per_occurrence'],
-            coherence=d['coherence'],
+            signal_per_occurrence=ratios['signal_per_occurrence'],
+            coherence=ratios['coherence'],
             update_sq=host['update_sq'],
         )
       if table is not None and self.initial_table is not None:
@@ -388,12 +400,10 @@ class PositionStatistics:
     ``saved`` lacks start at 0."""
     self.cumulative_count = np.asarray(saved['cumulative_count'], np.int64)
     self.first_step = int(saved['window_first_step'])
-    return PositionStats(
-        **{
-            k: np.asarray(saved['window'].get(k, v), v.dtype)
-            for k, v in self.init().items()
-        }
-    )
+    window = {}
+    for key, zeros in self.init().items():
+      window[key] = np.asarray(saved['window'].get(key, zeros), zeros.dtype)
+    return PositionStats(**window)
 
 
 def derived(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -402,14 +412,12 @@ def derived(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:
   mapping with (some of) ``FIELDS`` (a ``PositionStats``, a window file), NaN
   where undefined or not collected."""
   size = len(np.asarray(stats['count']))
-  s = {
-      k: (
-          np.asarray(stats[k], np.float64)
-          if k in stats
-          else np.full(size, np.nan)
-      )
-      for k in FIELDS
-  }
+  s = {}
+  for key in FIELDS:
+    if key in stats:
+      s[key] = np.asarray(stats[key], np.float64)
+    else:
+      s[key] = np.full(size, np.nan)
 
   def div(a, b):
     with np.errstate(divide='ignore', invalid='ignore'):

@@ -33,7 +33,8 @@ def load_table(spec: str) -> np.ndarray:
         'PATH.npz[:KEY] or PATH.safetensors[:KEY] '
         '(e.g. file:gpt2.safetensors:wpe.weight).'
     )
-  path, key = m.group(1), m.group(2) or None
+  path = m.group(1)
+  key = m.group(2) or None
   if not os.path.isfile(path):
     raise TableError(
         f'Table file not found: {path!r} (from {spec!r}; relative paths are '
@@ -49,52 +50,58 @@ def _load(
 ) -> np.ndarray:
   del mtime_ns, size  # Cache key only: a rewritten file is read again.
   try:
-    if path.endswith('.npy'):
-      table = np.load(path, allow_pickle=False)
-    elif path.endswith('.npz'):
-      with np.load(path, allow_pickle=False) as z:
-        table = z[_pick_key(spec, key, z.files)]
-    else:
-      from safetensors import safe_open
-
-      with safe_open(path, framework='numpy') as f:
-        table = f.get_tensor(_pick_key(spec, key, list(f.keys())))
-  except Exception as e:  # a foreign file: its reader's words
-    raise (
-        e
-        if isinstance(e, TableError)
-        else TableError(f'Cannot read table {spec!r}: {type(e).__name__}: {e}')
+    table = np.asarray(_read_array(path, key, spec))
+  except TableError:
+    raise
+  except Exception as e:  # A foreign file: its reader's words.
+    raise TableError(
+        f'Cannot read table {spec!r}: {type(e).__name__}: {e}'
     ) from None
-  table = np.asarray(table)
-  if problem := _content_problem(table):
-    raise TableError(f'Table {spec!r} {problem}.')
+  _check_content(table, spec)
   table.flags.writeable = False
   return table
 
 
-def _content_problem(table: np.ndarray) -> str | None:
+def _read_array(path: str, key: str | None, spec: str) -> np.ndarray:
+  if path.endswith('.npy'):
+    return np.load(path, allow_pickle=False)
+  if path.endswith('.npz'):
+    with np.load(path, allow_pickle=False) as z:
+      return z[_pick_key(spec, key, z.files)]
+  # Here, not at the top: safetensors is needed only for its files.
+  from safetensors import safe_open
+
+  with safe_open(path, framework='numpy') as f:
+    return f.get_tensor(_pick_key(spec, key, list(f.keys())))
+
+
+def _check_content(table: np.ndarray, spec: str) -> None:
   if table.ndim != 2:
-    return f'must be 2-D [rows, features], got shape {table.shape}'
-  if (
-      not np.issubdtype(table.dtype, np.floating)
-      and table.dtype.name != 'bfloat16'
-  ):
-    return f'must hold floating-point values, got {table.dtype}'
-  bad = np.size(table) - np.count_nonzero(np.isfinite(table.astype(np.float32)))
-  return f'has {bad} non-finite (NaN/inf) values' if bad else None
+    raise TableError(
+        f'Table {spec!r} must be 2-D [rows, features], got shape'
+        f' {table.shape}.'
+    )
+  floating = np.issubdtype(table.dtype, np.floating)
+  if not floating and table.dtype.name != 'bfloat16':
+    raise TableError(
+        f'Table {spec!r} must hold floating-point values, got {table.dtype}.'
+    )
+  finite = np.count_nonzero(np.isfinite(table.astype(np.float32)))
+  bad = np.size(table) - finite
+  if bad:
+    raise TableError(f'Table {spec!r} has {bad} non-finite (NaN/inf) values.')
 
 
 def _pick_key(spec: str, key: str | None, keys: list[str]) -> str:
   if key is None and len(keys) == 1:
     return keys[0]
-  if key not in keys:
-    raise TableError(
-        f'Table file {spec!r} '
-        + (
-            f'has no key {key!r}'
-            if key
-            else f'holds {len(keys)} arrays; name one as PATH:KEY'
-        )
-        + f'. Available keys: {", ".join(sorted(keys)) or "(none)"}.'
-    )
-  return key
+  if key is not None and key in keys:
+    return key
+  if key:
+    problem = f'has no key {key!r}'
+  else:
+    problem = f'holds {len(keys)} arrays; name one as PATH:KEY'
+  available = ', '.join(sorted(keys)) or '(none)'
+  raise TableError(
+      f'Table file {spec!r} {problem}. Available keys: {available}.'
+  )

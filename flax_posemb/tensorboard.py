@@ -11,6 +11,7 @@ from typing import Any
 from tensorboardX import summary
 from tensorboardX.proto import event_pb2
 from tensorboardX.record_writer import masked_crc32c
+from tensorboardX.utils import figure_to_image
 
 from flax_posemb import outputs
 
@@ -69,8 +70,6 @@ class TensorBoard:
 
   def add_figure(self, tag: str, figure: Any, global_step: int) -> None:
     """A matplotlib figure as an image (the figure is closed)."""
-    from tensorboardX.utils import figure_to_image
-
     self.add_image(tag, figure_to_image(figure), global_step)
 
   def add_hparams(

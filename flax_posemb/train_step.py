@@ -4,6 +4,7 @@ statistics on or off."""
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import flax.struct
@@ -31,9 +32,10 @@ PyTree = Any
 class TrainState:
   """Everything the step updates: ``step`` (int32 scalar, optimizer steps done),
   ``params``, ``opt_state`` and ``stats``, the statistics window
-  (``PositionStatistics.init``)."""
+  (``PositionStatistics.init``). ``init_state`` also gives one of their
+  shardings (for jit and restoring)."""
 
-  step: jax.Array
+  step: jax.Array | jax.sharding.Sharding
   params: PyTree
   opt_state: PyTree
   stats: stats_lib.PositionStats
@@ -230,12 +232,10 @@ def make_train_step(
             jnp.float32
         ),
     )
-    return (
-        state.replace(
-            step=state.step + 1, params=params, opt_state=opt, stats=window
-        ),
-        metrics,
+    new_state = dataclasses.replace(
+        state, step=state.step + 1, params=params, opt_state=opt, stats=window
     )
+    return new_state, metrics
 
   repl = sharding.replicated(mesh)
   return jax.jit(
