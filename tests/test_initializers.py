@@ -104,21 +104,23 @@ def test_unknown_name_lists_valid_names():
     assert n in str(e.value)
 
 
-def test_registry_contains_required_names():
-  required = {
-      'gpt2',
-      'gpt2_openai',
-      'bert',
-      'same_as_token',
-      'word2vec',
-      'small_uniform',
-      'sinusoidal',
-      'zeros',
-      'normal',
-      'truncated_normal',
-      'flax_default',
-  }
-  assert required <= set(initializers.NAMES)
+@pytest.mark.parametrize('name', initializers.NAMES)
+def test_every_registered_initializer_draws_the_std_it_reports(name):
+  """Whatever the registry holds: a table of the asked shape and dtype, finite,
+  whose realized RMS is its `expected_std` (the sinusoid's scale and
+  same_as_token's source use it)."""
+  std = 0.05 if name in initializers.STD_NAMES else None
+  init = initializers.resolve(
+      name, token_init=initializers.get('gpt2'), std=std
+  )
+  x = np.asarray(init(jax.random.key(0), SHAPE, jnp.float32), np.float64)
+  assert x.shape == SHAPE and np.isfinite(x).all()
+  rms = np.sqrt(np.mean(x**2))
+  want = init.expected_std(SHAPE[1])
+  if want == 0:
+    assert rms == 0
+  else:
+    assert abs(rms - want) / want < 0.03, (name, rms, want)
 
 
 def test_bad_overrides_and_missing_std_raise():
