@@ -63,6 +63,7 @@ def _save(ckpt, step, params, opt_state, it, **kw):
       data_iter=it,
       stats=kw.get('stats', _stats()),
       config=kw.get('config', {'seed': 0, 'step': step}),
+      counters=kw.get('counters'),
   )
 
 
@@ -99,6 +100,7 @@ def test_round_trip_is_exact_for_every_item(tmp_path):
         opt_state,
         it,
         config={'model': {'max_len': 8}, 'lr': 3e-3},
+        counters={'loss_sum': 1.25, 'loss_steps': 3, 'tokens': 2**53 + 3},
     )
     # The async save must not read the device buffers after save() returns
     # (the train step donates them).
@@ -126,11 +128,14 @@ def test_round_trip_is_exact_for_every_item(tmp_path):
   np.testing.assert_array_equal(r['stats']['count'], _stats()['count'])
   np.testing.assert_array_equal(r['stats']['loss_sum'], _stats()['loss_sum'])
   assert int(r['stats']['steps']) == 12
+  assert r['counters']['loss_sum'].item() == 1.25
+  assert r['counters']['tokens'].item() == 2**53 + 3  # int64, exact
   assert r['config'] == {'model': {'max_len': 8}, 'lr': 3e-3}
   for want in expected_batches:  # the iterator continues exactly
     np.testing.assert_array_equal(next(fresh), want)
   layout = {p.name for p in (tmp_path / 'checkpoints' / '3').iterdir()}
-  assert {'params', 'opt_state', 'data_iter', 'stats', 'config'} <= layout
+  items = {'params', 'opt_state', 'data_iter', 'stats', 'counters', 'config'}
+  assert items <= layout
 
 
 def test_max_to_keep_always_keeps_step_zero(tmp_path):

@@ -290,6 +290,41 @@ def test_sigterm_mid_run_leaves_restorable_checkpoint(tmp_path):
   )
 
 
+def test_a_checkpoint_with_the_counters_in_stats_resumes_exactly(
+    tiny_run, tmp_path, monkeypatch
+):
+  """Checkpoints written before the loop's counters had their own item hold
+  them in `stats`: a resume from one continues the training rows exactly."""
+  ref_dir, _, _ = tiny_run
+  workdir = str(tmp_path / 'old_layout')
+
+  def save_old_layout(self, state, step):
+    return self.ckpt.save(
+        step,
+        params=state.params,
+        opt_state=state.opt_state,
+        data_iter=self.data_iter,
+        config=self.config.to_dict(),
+        stats=dict(self.statistics.state(state.stats), **self.counters),
+    )
+
+  def hook(step, metrics):
+    if step == 7:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  with monkeypatch.context() as m:
+    m.setattr(training._Loop, 'save', save_old_layout)
+    first = training.train_and_evaluate(tiny_config(), workdir, hooks=[hook])
+  assert first['preempted']
+  step_dir = os.path.join(workdir, 'checkpoints', str(first['step']))
+  assert not os.path.exists(os.path.join(step_dir, 'counters'))
+  result = training.train_and_evaluate(tiny_config(), workdir)
+  assert result['resumed_from'] == first['step'] and result['step'] == 20
+  a, b = read_metrics(ref_dir), read_metrics(workdir)
+  for k in ('step', 'loss', 'tokens'):
+    assert [r.get(k) for r in a] == [r.get(k) for r in b], k
+
+
 def cpu_recipe_config():
   """tiny_config with the README's CPU recipe: blocked attention and 4
   microbatches."""
