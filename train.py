@@ -57,6 +57,7 @@ def main(argv):
   cli.check_output_dir(FLAGS.workdir)
   multi = FLAGS.distributed or FLAGS.coordinator_address
   with cli.exit_early_on_sigterm(PROG, FLAGS.workdir, remove=not multi):
+    # Imported here, under the handler: a SIGTERM while they load exits 75.
     import jax
 
     if FLAGS.cpu_collectives:
@@ -77,11 +78,9 @@ def main(argv):
         flush=True,
     )
     return cli.EXIT_PREEMPTED
-  loss = (
-      ''
-      if result['loss'] is None
-      else f"; last window loss {result['loss']:.4f}"
-  )
+  loss = ''
+  if result['loss'] is not None:
+    loss = f"; last window loss {result['loss']:.4f}"
   print(f"Training finished at step {result['step']}{loss}.")
   return cli.EXIT_OK
 

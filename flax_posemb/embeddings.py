@@ -24,17 +24,12 @@ def check_position_range(positions: np.ndarray, num_positions: int) -> None:
   lo = int(p.min())
   hi = int(p.max())
   n = num_positions
-  where, fix = (
-      (
-          f'Position id {lo} is negative',
-          'check how the data (or an offset) makes them',
-      )
-      if lo < 0
-      else (
-          f'Position id {hi} is outside the position table [0, {n})',
-          f'set model.max_len >= {hi + 1} or shorten data.seq_len / offsets',
-      )
-  )
+  if lo < 0:
+    where = f'Position id {lo} is negative'
+    fix = 'check how the data (or an offset) makes them'
+  else:
+    where = f'Position id {hi} is outside the position table [0, {n})'
+    fix = f'set model.max_len >= {hi + 1} or shorten data.seq_len / offsets'
   raise ValueError(
       f'{where} ({num_bad} ids outside [0, {n}); min {lo}, max {hi}): {fix}.'
   )
