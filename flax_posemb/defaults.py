@@ -47,8 +47,19 @@ def data() -> ml_collections.ConfigDict:
   # Tokens per training row (context length); must be <= model.max_len.
   config.seq_len = 128
   # natural | natural_chunked | packed | packed_reset | random_offset |
-  # length_schedule | resampled (docs/DESIGN.md, Data policies).
+  # length_schedule | resampled | crops (docs/DESIGN.md, Data policies).
   config.position_policy = 'natural'
+  # crops: where crops come from. token = consecutive stretches of the document
+  # stream (the tokens of packed/packed_reset, content-matched) | document = one
+  # crop per document, documents drawn uniformly (natural's weighting), at a
+  # uniform offset inside the document.
+  config.crop_weighting = 'token'
+  # crops with crop_weighting=token: crop lengths in pairs. natural (the rows of
+  # natural: each document's length, at most seq_len) | skew:R (geometric; the
+  # last row is seen R times as often as the first) | schedule (BERT: pieces of
+  # schedule_seq_len for schedule_fraction of the steps, then full rows) | a
+  # length distribution as resample_dist.
+  config.crop_lengths = 'natural'
   # length_schedule: row length during the short phase.
   config.schedule_seq_len = 32
   # length_schedule: fraction of num_train_steps at the short length.

@@ -245,15 +245,22 @@ def test_packed_and_packed_reset_share_layout_and_differ_only_in_positions():
   np.testing.assert_array_equal(a['inputs'][starts], r['inputs'][starts])
 
 
+def _chunks(num_docs, chunk=2):
+  """The document stream in chunks, as the pipeline feeds the packers."""
+  chunks = []
+  for i in range(0, num_docs, chunk):
+    index = np.arange(i, min(i + chunk, num_docs))
+    chunks.append({'doc': index, 'stream_position': index})
+  return grain.MapDataset.source(chunks).to_iter_dataset()
+
+
 def _pack(docs, seq_len, reset, chunk=2):
-  chunks = [
-      np.arange(i, min(i + chunk, len(docs)))
-      for i in range(0, len(docs), chunk)
-  ]
-  ds = grain.MapDataset.source(chunks).to_iter_dataset()
   return iter(
       policies.PackIterDataset(
-          ds, lambda ch, col: [docs[i] for i in ch], seq_len, reset
+          _chunks(len(docs), chunk),
+          lambda ch, col: [docs[i] for i in ch['doc']],
+          seq_len,
+          reset,
       )
   )
 

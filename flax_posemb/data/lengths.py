@@ -74,3 +74,79 @@ def parse(spec: str, seq_len: int) -> LengthDist:
       tuple(float(p) for p in probs),
       tuple(float(s) for s in shares_arr),
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class PieceLengths:
+  """A distribution of crop lengths in pairs over ``[1, T]`` (the `crops`
+  policy: docs/DESIGN.md "Data policies and tokens").
+
+  Attributes:
+    probs: ``[T]`` float64, ``probs[l - 1]`` = P(a crop has ``l`` pairs).
+  """
+
+  probs: np.ndarray
+
+  @property
+  def seq_len(self) -> int:
+    return len(self.probs)
+
+  def survival(self) -> np.ndarray:
+    """``[T]``: P(a crop reaches position ``p``), ``p = 0 .. T - 1``.
+
+    Every crop is used whole, so position ``p`` is seen this often per crop:
+    the expected exposure profile of the policy.
+    """
+    tail = np.cumsum(self.probs[::-1])[::-1]
+    return np.minimum(tail, 1.0)
+
+  def mean(self) -> float:
+    """Expected pairs per crop."""
+    return float(self.survival().sum())
+
+  def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
+    """``[count]`` int64 crop lengths drawn with ``rng``."""
+    cdf = np.cumsum(self.probs)
+    cdf /= cdf[-1]
+    draws = np.searchsorted(cdf, rng.random(count), side='right')
+    return np.minimum(draws, self.seq_len - 1).astype(np.int64) + 1
+
+
+def skewed_pieces(ratio: float, seq_len: int) -> PieceLengths:
+  """Geometric crop lengths whose exposure falls smoothly from row 0 to row
+  ``T - 1``, where it is ``ratio`` times row 0's: ``S(p) = ratio ** (p / (T -
+  1))``; ``ratio = 1`` is one full row per crop (the `packed` rows)."""
+  t = int(seq_len)
+  if not 0 < ratio <= 1:
+    raise ValueError(f'skew ratio must be in (0, 1], got {ratio}.')
+  if t == 1:
+    return PieceLengths(np.ones(1))
+  survival = float(ratio) ** (np.arange(t + 1) / (t - 1))
+  survival[t] = 0.0
+  return PieceLengths(survival[:-1] - survival[1:])
+
+
+def empirical_pieces(pairs: np.ndarray, seq_len: int) -> PieceLengths:
+  """Crop lengths distributed as ``min(pairs, T)`` of documents ``[n]``
+  (document-uniform: the rows of `natural`)."""
+  t = int(seq_len)
+  lengths = np.minimum(np.asarray(pairs, np.int64), t)
+  lengths = lengths[lengths >= 1]
+  if not len(lengths):
+    raise ValueError('no document has an (input, target) pair.')
+  counts = np.bincount(lengths - 1, minlength=t).astype(np.float64)
+  return PieceLengths(counts / counts.sum())
+
+
+def dist_pieces(dist: LengthDist, min_pairs: int = 1) -> PieceLengths:
+  """The crop lengths of a `LengthDist` (uniform within each bucket), raised
+  to at least ``min_pairs``."""
+  t = dist.edges[-1]
+  probs = np.zeros(t)
+  for b, p in enumerate(dist.doc_probs):
+    lo, hi = dist.edges[b], dist.edges[b + 1]
+    probs[lo:hi] += p / (hi - lo)
+  floor = min(max(int(min_pairs), 1), t)
+  probs[floor - 1] += probs[: floor - 1].sum()
+  probs[: floor - 1] = 0.0
+  return PieceLengths(probs / probs.sum())

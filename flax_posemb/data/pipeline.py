@@ -3,6 +3,7 @@ tokens")."""
 
 from collections.abc import Iterator
 import functools
+import json
 import os
 import threading
 import time
@@ -10,6 +11,7 @@ from typing import Any
 
 from absl import flags
 import grain
+import ml_collections
 import numpy as np
 
 from flax_posemb.data import lengths as lengths_lib
@@ -22,6 +24,8 @@ from flax_posemb.data import windows
 SOURCES = ('synthetic', 'stdlib', 'local_text', 'tfds', 'long_text')
 TOKENIZERS = ('byte', 'sentencepiece')
 WINDOW_STARTS = ('first', 'deep')
+# data.crop_weighting of the `crops` policy.
+CROP_WEIGHTINGS = ('token', 'document')
 # [B] beside an eval batch's [B, T].
 PROVENANCE_KEYS = ('doc', 'start', 'doc_len', 'kind')
 # "Infinite" number of rows (Grain datasets are indexed lazily).
@@ -36,6 +40,102 @@ def validate_config(data_config, max_len: int) -> None:
   ValueError."""
   for problem in _problems(data_config, int(max_len)):
     raise ValueError(problem)
+  if data_config.position_policy == 'crops':
+    _check_crops(data_config)
+
+
+def _check_crops(c) -> None:
+  """The `crops` policy's fields (ValueError naming the field and the fix)."""
+  t = int(c.seq_len)
+  spec = str(c.crop_lengths)
+  if c.crop_weighting not in CROP_WEIGHTINGS:
+    raise ValueError(
+        f'Unknown data.crop_weighting {c.crop_weighting!r}; use one of'
+        f' {CROP_WEIGHTINGS}.'
+    )
+  if c.crop_weighting == 'document' and spec != 'natural':
+    raise ValueError(
+        "data.crop_weighting='document' crops each document to its own"
+        " length (at most data.seq_len); set data.crop_lengths='natural',"
+        f' not {spec!r}.'
+    )
+  if c.source == 'synthetic' and (
+      c.crop_weighting == 'document' or spec == 'schedule'
+  ):
+    raise ValueError(
+        'Synthetic documents are generated for their position ids, so their'
+        " content is matched already: use data.crop_weighting='token' with"
+        " crop_lengths other than 'schedule' (BERT's schedule there:"
+        " position_policy='length_schedule')."
+    )
+  if spec == 'schedule':
+    short = int(c.schedule_seq_len)
+    fraction = float(c.schedule_fraction)
+    if not 1 <= short <= t or not 0 <= fraction <= 1:
+      raise ValueError(
+          f'data.schedule_seq_len={short} must be in [1, data.seq_len={t}]'
+          f' and data.schedule_fraction={fraction} in [0, 1].'
+      )
+  elif spec.startswith('skew:'):
+    skew_ratio(spec)
+  elif spec != 'natural':
+    lengths_lib.parse(spec, t)
+
+
+def skew_ratio(spec: str) -> float:
+  """R of ``data.crop_lengths='skew:R'`` (ValueError unless 0 < R <= 1)."""
+  try:
+    ratio = float(spec.removeprefix('skew:'))
+  except ValueError:
+    ratio = -1.0
+  if not 0 < ratio <= 1:
+    raise ValueError(
+        f'data.crop_lengths={spec!r}: R in skew:R is the exposure of the last'
+        ' row relative to the first and must be a number in (0, 1], e.g.'
+        " 'skew:0.01'."
+    )
+  return ratio
+
+
+def piece_lengths(data_config) -> lengths_lib.PieceLengths:
+  """The crop lengths of token-weighted `crops`, on the train split
+  (docs/DESIGN.md "Data policies and tokens")."""
+  c = data_config
+  t = int(c.seq_len)
+  spec = str(c.crop_lengths)
+  if spec == 'schedule':
+    return lengths_lib.skewed_pieces(1.0, t)
+  if spec.startswith('skew:'):
+    return lengths_lib.skewed_pieces(skew_ratio(spec), t)
+  if spec != 'natural':
+    return lengths_lib.dist_pieces(lengths_lib.parse(spec, t))
+  if c.source == 'synthetic':
+    dist = lengths_lib.parse(c.length_dist, t)
+    return lengths_lib.dist_pieces(dist, int(c.min_doc_len) - 1)
+  return lengths_lib.empirical_pieces(natural_pairs(c, c.train_split), t)
+
+
+def natural_pairs(data_config, split: str) -> np.ndarray:
+  """``[n]`` pairs of the rows `natural` makes of the documents of ``split``:
+  ``min(tokens - 1, seq_len)`` of those with >= data.min_doc_len tokens.
+
+  Tokenizes the split once per process and data config (cached).
+  """
+  key = json.dumps(data_config.to_dict(), sort_keys=True, default=str)
+  return np.asarray(_natural_pairs(key, split), np.int64)
+
+
+@functools.lru_cache(maxsize=4)
+def _natural_pairs(data_json: str, split: str) -> tuple[int, ...]:
+  c = ml_collections.ConfigDict(json.loads(data_json))
+  src = make_source(c, split)
+  t = int(c.seq_len)
+  pairs = []
+  for i in range(len(src)):
+    tokens = len(src.doc(i, max_pairs=t))
+    if tokens >= int(c.min_doc_len):
+      pairs.append(tokens - 1)
+  return tuple(pairs)
 
 
 def _problems(c, max_len: int) -> Iterator[str]:
@@ -238,11 +338,13 @@ def make_train_iterator(
         c, src, order, seed, batch_size, process_index, process_count
     )
   ds = ds.batch(b, drop_remainder=True)
+  num_short = int(float(c.schedule_fraction) * int(num_train_steps))
   if policy == 'length_schedule':
-    num_short = int(float(c.schedule_fraction) * int(num_train_steps))
     ds = policies.ScheduleCropIterDataset(
         ds, int(c.schedule_seq_len), num_short
     )
+  if policy == 'crops' and c.crop_lengths == 'schedule':
+    ds = policies.ScheduleCutIterDataset(ds, int(c.schedule_seq_len), num_short)
   if not with_doc_ids:
     ds = ds.map(lambda batch: {k: batch[k] for k in policies.KEYS})
   if int(c.num_workers) > 0:
@@ -267,47 +369,113 @@ def _stream_dataset(
 ) -> grain.IterDataset:
   """Rows of the `STREAM_POLICIES`: this process's every ``process_count``-th
   document."""
-  t, policy = int(c.seq_len), c.position_policy
-  reset, chunked = policy == 'packed_reset', policy == 'natural_chunked'
+  t = int(c.seq_len)
+  policy = c.position_policy
+  reset = policy == 'packed_reset'
+  chunked = policy == 'natural_chunked'
 
-  def materialize(chunk, column: int):
+  def chunk(i: int) -> dict[str, np.ndarray]:
+    # This process's documents.
+    stream_positions = (
+        np.arange(i * _PACK_CHUNK, (i + 1) * _PACK_CHUNK) * process_count
+        + process_index
+    )
+    return {
+        'doc': order.take(stream_positions),
+        'stream_position': stream_positions,
+    }
+
+  def tokenize(chunk, column: int):
+    del column
     # Lazy: a document is tokenized when the packer reaches it.
-    if not src.positional:
-      return grain.MapDataset.source(chunk).map(
-          lambda d: src.doc(int(d), max_pairs=None)
-      )
+    return grain.MapDataset.source(chunk['doc']).map(
+        lambda d: src.doc(int(d), max_pairs=None)
+    )
+
+  def generate(chunk, column: int):
     # Synthetic documents are generated for their position ids: from 0 or their
     # row column.
-    pairs = src.pairs_many(chunk, t)
-    starts = (
-        np.zeros_like(pairs)
-        if reset or chunked
-        else (column + np.cumsum(pairs) - pairs) % t
-    )
-    return src.docs_many(chunk, starts, t)
+    pairs = src.pairs_many(chunk['doc'], t)
+    if reset or chunked:
+      starts = np.zeros_like(pairs)
+    else:
+      starts = (column + np.cumsum(pairs) - pairs) % t
+    return src.docs_many(chunk['doc'], starts, t)
 
-  # This process's documents.
-  ds = grain.MapDataset.range(_BIG).map(
-      lambda i: order.take(
-          np.arange(i * _PACK_CHUNK, (i + 1) * _PACK_CHUNK) * process_count
-          + process_index
-      )
-  )
+  ds = grain.MapDataset.range(_BIG).map(chunk)
   ds = ds.to_iter_dataset(_read_options(c))
-  ds = policies.PackIterDataset(
-      ds,
-      materialize,
-      t,
-      reset=reset,
-      min_tokens=int(c.min_doc_len),
-      max_len=table if reset else None,
-      chunked=chunked,
-  )
+  if policy == 'crops':
+    ds = _crops(c, src, ds, tokenize, seed)
+  else:
+    ds = policies.PackIterDataset(
+        ds,
+        generate if src.positional else tokenize,
+        t,
+        reset=reset,
+        min_tokens=int(c.min_doc_len),
+        max_len=table if reset else None,
+        chunked=chunked,
+    )
   if c.shuffle and int(c.shuffle_rows) > 1:
     ds = grain.experimental.WindowShuffleIterDataset(
         ds, window_size=int(c.shuffle_rows), seed=seed
     )
   return ds
+
+
+def _crops(c, src, chunks, tokenize, seed: int) -> grain.IterDataset:
+  """Rows of the `crops` policy (docs/DESIGN.md "Data policies and tokens")."""
+  t = int(c.seq_len)
+  if c.crop_weighting == 'document':
+
+    def crop(tokens: np.ndarray, stream_position: int) -> np.ndarray:
+      # The document's own length (natural's rows) at a uniform offset.
+      pairs = len(tokens) - 1
+      m = min(pairs, t)
+      rng = np.random.default_rng([seed, stream_position, 0xC4])
+      start = int(rng.integers(0, pairs - m + 1))
+      return tokens[start : start + m + 1]
+
+    return policies.CropIterDataset(
+        chunks,
+        tokenize,
+        t,
+        min_tokens=int(c.min_doc_len),
+        seed=seed,
+        crop=crop,
+    )
+  lengths = piece_lengths(c)
+  if not src.positional:
+    return policies.CropIterDataset(
+        chunks,
+        tokenize,
+        t,
+        min_tokens=int(c.min_doc_len),
+        seed=seed,
+        lengths=lengths,
+    )
+
+  def generate(chunk, column: int):
+    # One synthetic document per crop, generated for positions 0 .. m - 1 with
+    # the crop's length, drawn from its place in the document order.
+    del column
+    pairs = np.array(
+        [
+            lengths.sample(np.random.default_rng([seed, int(g), 0xC21]), 1)[0]
+            for g in chunk['stream_position']
+        ],
+        np.int64,
+    )
+    return src.docs_many(chunk['doc'], np.zeros_like(pairs), t, pairs)
+
+  return policies.CropIterDataset(
+      chunks, generate, t, min_tokens=2, seed=seed, crop=_whole_document
+  )
+
+
+def _whole_document(tokens: np.ndarray, stream_position: int) -> np.ndarray:
+  del stream_position
+  return tokens
 
 
 def _row_dataset(

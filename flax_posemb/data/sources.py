@@ -92,17 +92,15 @@ class SyntheticSource(DocSource):
       indices: np.ndarray,
       starts: np.ndarray,
       max_pairs: int,
-      num_pairs: int | None = None,
+      num_pairs: int | np.ndarray | None = None,
   ) -> list[np.ndarray]:
     """Vectorized `doc` of documents ``[n]`` at position ids ``[n]`` (identical
-    tokens)."""
-    pairs = (
-        self.pairs_many(indices, max_pairs)
-        if num_pairs is None
-        else np.full(
-            len(indices), min(int(num_pairs), int(max_pairs)), np.int64
-        )
-    )
+    tokens); `num_pairs`: one count for all or ``[n]`` (None: their own)."""
+    if num_pairs is None:
+      pairs = self.pairs_many(indices, max_pairs)
+    else:
+      requested = np.broadcast_to(np.asarray(num_pairs, np.int64), len(indices))
+      pairs = np.minimum(requested, int(max_pairs))
     u = self.corpus.doc_uniforms_many(
         self.split, indices, int(pairs.max(initial=0)) + 3
     )
