@@ -236,26 +236,61 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
   return out
 
 
+def _bins(bins: tuple[int, ...], t: int) -> list[tuple[str, int, int | None]]:
+  """(label, lo, hi) of each group of ``bins`` in window lengths ``t``."""
+  lo = [b * t for b in bins]
+  groups = [(f'[{a}, {b})', a, b) for a, b in zip(lo, lo[1:])]
+  return groups + [(f'>= {lo[-1]}', lo[-1], None)]
+
+
+def _binned_labels(values: np.ndarray, bins: tuple[int, ...], t: int):
+  groups = _bins(bins, t)
+  lo = [g[1] for g in groups]
+  return np.array([g[0] for g in groups])[
+      np.searchsorted(lo, values, side='right') - 1
+  ]
+
+
+def window_groups(
+    per_window: dict[str, np.ndarray], window_len: int
+) -> dict[str, tuple[np.ndarray, list[tuple[str, int | None, int | None]]]]:
+  """Each window's group ``[W]`` and the groups (label, lo, hi) of the tables
+  `by_kind`, `by_depth` and `by_end` (docs/DESIGN.md)."""
+  t = int(window_len)
+  start = np.asarray(per_window['start'], np.int64)
+  doc_len = np.asarray(per_window['doc_len'], np.int64)
+  kind = np.asarray(per_window['kind']).astype(str)
+  to_end = np.maximum(doc_len - start - (t + 1), 0)
+  kinds = sorted(set(kind.tolist()))
+  return {
+      'by_kind': (kind, [(k, None, None) for k in kinds]),
+      'by_depth': (_binned_labels(start, DEPTH_BINS, t), _bins(DEPTH_BINS, t)),
+      'by_end': (_binned_labels(to_end, END_BINS, t), _bins(END_BINS, t)),
+  }
+
+
 def provenance_tables(
     per_window: dict[str, np.ndarray], window_len: int
 ) -> dict[str, Any]:
   """Where the windows come from and bucket loss by window group
   (docs/DESIGN.md)."""
   t = int(window_len)
-  doc, start, doc_len = (
-      np.asarray(per_window[k], np.int64) for k in ('doc', 'start', 'doc_len')
-  )
+  doc = np.asarray(per_window['doc'], np.int64)
+  start = np.asarray(per_window['start'], np.int64)
+  doc_len = np.asarray(per_window['doc_len'], np.int64)
   kind = np.asarray(per_window['kind']).astype(str)
   to_end = np.maximum(doc_len - start - (t + 1), 0)
 
   def dist(x):
-    return (
-        {k: float(np.quantile(x, q)) for k, q in QUANTILES.items()}
-        if len(x)
-        else None
-    )
+    if not len(x):
+      return None
+    return {k: float(np.quantile(x, q)) for k, q in QUANTILES.items()}
 
   kinds = sorted(set(kind.tolist()))
+  tables = {
+      name: _groups(per_window, labels, groups)
+      for name, (labels, groups) in window_groups(per_window, t).items()
+  }
   return {
       'windows': {
           'windows': len(doc),
@@ -275,23 +310,8 @@ def provenance_tables(
           ),
           'first_window_overlaps': int((start < t).sum()),
       },
-      'by_kind': _groups(per_window, kind, [(k, None, None) for k in kinds]),
-      'by_depth': _binned(per_window, start, DEPTH_BINS, t),
-      'by_end': _binned(per_window, to_end, END_BINS, t),
+      **tables,
   }
-
-
-def _binned(
-    per_window, values: np.ndarray, bins: tuple[int, ...], t: int
-) -> list[dict]:
-  lo = [b * t for b in bins]
-  groups = [(f'[{a}, {b})', a, b) for a, b in zip(lo, lo[1:])] + [
-      (f'>= {lo[-1]}', lo[-1], None)
-  ]
-  labels = np.array([g[0] for g in groups])[
-      np.searchsorted(lo, values, side='right') - 1
-  ]
-  return _groups(per_window, labels, groups)
 
 
 def _groups(
@@ -523,3 +543,101 @@ def paired_difference(
         )
     )
   return rows
+
+
+def seed_document_contrast(
+    sums: np.ndarray,
+    counts: np.ndarray,
+    weights: np.ndarray,
+    level: float = 0.95,
+) -> dict[str, Any]:
+  """A contrast of ratio estimates averaged over seeds, with an interval that
+  combines seeds and documents (docs/DESIGN.md "Experiments outputs").
+
+  Component ``k`` of seed ``s`` is the ratio ``L_sk = sum_g sums[s, g, k] /
+  sum_g counts[s, g, k]`` (a bucket's loss, say); the contrast is ``theta_s =
+  sum_k weights[k] L_sk`` and the estimate its mean over seeds. Its variance
+  adds the spread of ``theta_s`` over seeds (training randomness, documents
+  held fixed) and the document-clustered variance of the seed-averaged
+  per-document terms of ``theta`` (delta method, as `paired_difference`):
+  documents are clusters, the same in every seed. Counting the seed x document
+  interaction in both makes it conservative; the interval is Student-t with
+  Satterthwaite's degrees of freedom.
+
+  Args:
+    sums: ``[S, G, K]`` loss sums per seed, document and component.
+    counts: ``[S, G, K]`` scored targets, likewise.
+    weights: ``[K]`` the contrast.
+    level: the interval's coverage.
+
+  Returns:
+    ``{'mean', 'per_seed' (``theta_s``), 'stderr', 'df', 'low', 'high',
+    'seeds', 'documents', 'seed_stderr', 'document_stderr', 'level'}``; NaN
+    bounds below two seeds or two documents (a group from one document has no
+    interval).
+  """
+  sums = np.asarray(sums, np.float64)
+  counts = np.asarray(counts, np.float64)
+  weights = np.asarray(weights, np.float64)
+  used = weights != 0
+  sums = sums[:, :, used]
+  counts = counts[:, :, used]
+  weights = weights[used]
+  num_seeds = sums.shape[0]
+  totals = counts.sum(1)
+  with np.errstate(invalid='ignore', divide='ignore'):
+    ratios = sums.sum(1) / totals
+    per_seed = ratios @ weights
+    terms = (sums - ratios[:, None, :] * counts) / totals[:, None, :]
+  per_document = np.nan_to_num(terms) @ weights
+  present = (counts > 0).any(axis=(0, 2))
+  num_docs = int(present.sum())
+  out = {
+      'mean': float(np.mean(per_seed)) if num_seeds else math.nan,
+      'per_seed': [float(x) for x in per_seed],
+      'seeds': num_seeds,
+      'documents': num_docs,
+      'level': level,
+  }
+  nan = dict.fromkeys(
+      ('stderr', 'df', 'low', 'high', 'seed_stderr', 'document_stderr'),
+      math.nan,
+  )
+  if num_seeds < 2 or num_docs < 2 or not np.all(np.isfinite(per_seed)):
+    return dict(out, **nan)
+  seed_var = float(np.var(per_seed, ddof=1)) / num_seeds
+  doc_terms = per_document.mean(0)[present]
+  doc_var = num_docs / (num_docs - 1) * float(np.sum(doc_terms**2))
+  variance = seed_var + doc_var
+  denominator = seed_var**2 / (num_seeds - 1) + doc_var**2 / (num_docs - 1)
+  if denominator > 0:
+    df = variance**2 / denominator
+  else:
+    df = float(min(num_seeds, num_docs) - 1)
+  stderr = math.sqrt(variance)
+  q = float(scipy.stats.t.ppf(0.5 + level / 2, df))
+  return dict(
+      out,
+      stderr=stderr,
+      df=df,
+      low=out['mean'] - q * stderr,
+      high=out['mean'] + q * stderr,
+      seed_stderr=math.sqrt(seed_var),
+      document_stderr=math.sqrt(doc_var),
+  )
+
+
+def document_sums(
+    per_window: dict[str, np.ndarray], documents: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+  """Bucket sums and counts of ``windows.npz`` contents per document of
+  ``documents`` ``[G]``: ``[G, nb]`` each (zeros for a document without
+  windows)."""
+  docs = np.asarray(per_window['doc'], np.int64)
+  index = np.searchsorted(documents, docs)
+  shape = (len(documents), np.shape(per_window['win_sum'])[1])
+  sums = np.zeros(shape)
+  counts = np.zeros(shape)
+  np.add.at(sums, index, np.asarray(per_window['win_sum'], np.float64))
+  np.add.at(counts, index, np.asarray(per_window['win_count'], np.float64))
+  return sums, counts

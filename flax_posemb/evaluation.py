@@ -45,11 +45,13 @@ MIN_BUCKET_WINDOWS = 30
 @dataclasses.dataclass
 class EvalOutput:
   """results.json dict, per_position.npz and windows.npz of one evaluation
-  (docs/DESIGN.md)."""
+  (docs/DESIGN.md); with the offset probe, ``probe_windows[K]``: the
+  windows.npz contents of the probe's pass at shift K."""
 
   results: dict[str, Any]
   per_position: dict[str, np.ndarray]
   per_window: dict[str, np.ndarray] | None = None
+  probe_windows: dict[int, dict[str, np.ndarray]] | None = None
 
 
 @functools.lru_cache(maxsize=16)
@@ -396,6 +398,7 @@ def run_evaluation(
             for k, p in zip(offsets[1:], probes[1:])
         ],
     }
+    out.probe_windows = {k: p.per_window for k, p in zip(offsets, probes)}
     out.per_position.update(
         offsets=np.asarray(offsets),
         offset_loss=np.stack([p.per_position['loss'] for p in probes]),

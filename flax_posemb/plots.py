@@ -486,9 +486,11 @@ def _errorbars(
   )
 
 
-def _seed_note(n: int) -> str:
+def _seed_note(n: int, documents: bool = False) -> str:
   if n == 1:
     return 'n=1 seed: no interval'
+  if n > 1 and documents:
+    return f'95% CI over n={n} seeds and the documents'
   if n > 1:
     return f'95% CI over n={n} seeds'
   return 'no finished run'
@@ -505,9 +507,10 @@ def experiment_profile(
     ylabel: str = '',
     n_seeds: int = 0,
     log_y: bool = False,
+    documents: bool = False,
 ) -> str:
-  """Per-bucket intervals over seeds per arm and, right, paired differences to
-  ``baseline``."""
+  """Per-bucket intervals per arm (over seeds, and ``documents``) and, right,
+  paired differences to ``baseline``."""
   two = bool(differences)
   names = list(dict.fromkeys([*series, *(differences or {})]))
   style = _arm_styles(names)
@@ -539,7 +542,7 @@ def experiment_profile(
         ylabel=panel_ylabel,
         xlabel='position bucket (rows of the table)',
     )
-    ax.set_title(f'{what} ({_seed_note(n_seeds)})', fontsize=9)
+    ax.set_title(f'{what} ({_seed_note(n_seeds, documents)})', fontsize=9)
   legend_ax = fig.add_subplot(gs[0, -1])
   legend_ax.axis('off')
   legend_ax.legend(
@@ -627,4 +630,57 @@ def experiment_curve(
   ax.legend(fontsize=7, loc='lower right')
   ax.set(xlabel=xlabel, ylabel=ylabel)
   ax.set_title(title, fontsize=9)
+  return _save(fig, path)
+
+
+def dose_response(
+    path: str,
+    panels: dict[str, dict[str, Any]],
+    *,
+    ylabels: dict[str, str],
+    title: str = '',
+    xlabel: str = 'training occurrences per row of the last bucket',
+) -> str:
+  """Paired differences against the exposure of the late rows, log x.
+
+  Args:
+    path: the PNG.
+    panels: one row of panels each, ``{'x': [n] occurrences per late row,
+      'arms': [n] names, 'baseline': name, 'measures': {measure: [n]
+      intervals}}``.
+    ylabels: measure -> its axis label.
+    title: the figure's title.
+    xlabel: the x axis' label.
+
+  Returns:
+    ``path``.
+  """
+  measures = list(ylabels)
+  rows = max(len(panels), 1)
+  fig, axes = plt.subplots(
+      rows,
+      len(measures),
+      figsize=(4.6 * len(measures), 3.6 * rows),
+      squeeze=False,
+  )
+  for row, (name, panel) in enumerate(panels.items()):
+    x = np.asarray(panel['x'], np.float64)
+    for col, measure in enumerate(measures):
+      ax = axes[row, col]
+      intervals = panel['measures'][measure]
+      _errorbars(
+          ax, x, intervals, {'color': 'C0', 'marker': 'o', 'ls': '-'}, ''
+      )
+      for xi, arm, iv in zip(x, panel['arms'], intervals):
+        ax.annotate(
+            arm,
+            (xi, iv.get('mean') or 0.0),
+            textcoords='offset points',
+            xytext=(4, 4),
+            fontsize=7,
+        )
+      ax.axhline(0.0, color='k', lw=0.8)
+      ax.set(xscale='log', xlabel=xlabel, ylabel=ylabels[measure])
+      ax.set_title(f'{name}: arm - {panel["baseline"]}', fontsize=9)
+  fig.suptitle(title, fontsize=10)
   return _save(fig, path)

@@ -22,6 +22,13 @@ POLICIES = (
     'random_offset',
     'length_schedule',
 )
+# Content-matched crops (synthetic documents are generated for their position
+# ids, so every policy here draws the same content): natural's exposure packed
+# into full rows, and late rows seen 1/100 as often as the first.
+CROPS = {'crops/natural': 'natural', 'crops/skew:0.01': 'skew:0.01'}
+# Bucket 16-24 (of 8-position buckets): past the first buckets, whose loss
+# still falls as the regime is inferred from context.
+MID_BUCKET = 2
 
 
 def get_config(scale: str = 'cpu'):
@@ -43,8 +50,16 @@ def get_config(scale: str = 'cpu'):
   arms = []
   for p in POLICIES:
     arms.append(spec.arm(f'syn/{p}', {'data.position_policy': p}))
+  for name, lengths in CROPS.items():
+    overrides = {
+        'data.position_policy': 'crops',
+        'data.crop_lengths': lengths,
+    }
+    arms.append(spec.arm(f'syn/{name}', overrides))
   c.arms = tuple(arms)
   c.offsets = (0, 16) if scale == 'cpu' else (0, 128)
+  c.quick_offsets = (0, 8)
+  c.mid_bucket = MID_BUCKET
   k = c.offsets[-1]
   cl = []
   for corpus in ('syn',):
@@ -76,8 +91,9 @@ def get_config(scale: str = 'cpu'):
         ),
         spec.claim(
             f'{corpus}:fills_context',
-            f'{corpus}: worse on text that fills the context',
-            'loss_late_minus_early',
+            f'{corpus}: worse on text that fills the context (excess loss,'
+            ' last minus mid bucket)',
+            'excess_late_minus_mid',
             n,
             pk,
             'greater',
@@ -163,8 +179,38 @@ def get_config(scale: str = 'cpu'):
           'greater',
       ),
   ]
+  cl += [
+      spec.claim(
+          'syn:rare_late',
+          'syn: late rows seen 1/100 as often as the first are less reliable'
+          ' (excess loss, last minus mid bucket; packed crops)',
+          'excess_late_minus_mid',
+          'syn/crops/skew:0.01',
+          'syn/packed',
+          'greater',
+      ),
+      spec.claim(
+          'syn:packing_irrelevant',
+          "syn: natural's exposure packed into full rows (crops/natural)"
+          ' matches natural on late excess loss',
+          'excess_late',
+          'syn/crops/natural',
+          'syn/natural',
+          'equivalent',
+          0.05,
+      ),
+  ]
   c.claims = tuple(cl)
-  syn = tuple(f'syn/{p}' for p in POLICIES)
+  c.doses = (
+      spec.dose(
+          'synthetic',
+          ('syn/packed', 'syn/crops/natural', 'syn/crops/skew:0.01'),
+          'syn/packed_reset',
+      ),
+  )
+  syn = tuple(f'syn/{p}' for p in POLICIES) + tuple(
+      f'syn/{name}' for name in CROPS
+  )
   c.profiles = (
       spec.profile(
           'bucket_exposure', syn, '', 'syn: training exposure per row'

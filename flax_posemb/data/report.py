@@ -93,7 +93,23 @@ def policy_shares(
           'last_over_first': ratio(natural),
       },
       'resampled': {'token_share': resampled, 'last_over_first': None},
+      'crops': _crops_share(c, used, ratio(natural)),
   }
+
+
+def _crops_share(data_config, used, natural_ratio) -> dict[str, Any]:
+  """`policy_shares` of the configured `crops` (analytic: its crop lengths)."""
+  c = data_config
+  t = int(c.seq_len)
+  if c.crop_weighting == 'document':
+    return {'token_share': used(t), 'last_over_first': natural_ratio}
+  if c.crop_lengths == 'schedule':
+    f = float(c.schedule_fraction)
+    short = int(c.schedule_seq_len)
+    counts = f * (t / short) * (np.arange(t) < short) + (1 - f)
+  else:
+    counts = pipeline.piece_lengths(c).survival()
+  return {'token_share': used(np.inf), 'last_over_first': _deciles(counts)[1]}
 
 
 def length_stats(doc_pairs: np.ndarray, seq_len: int) -> dict[str, Any]:
@@ -144,9 +160,11 @@ def exposure(
       max_len if c.position_policy == 'packed_reset' else t, np.int64
   )
   slots, seg_lens, main_docs = 0, [], []
+  batch_docs = []
   for _ in range(num_batches):
     b = next(it)
     real = b['segment_ids'] > 0
+    batch_docs.append(b['doc_ids'][real])
     np.add.at(counts, b['positions'][real], 1)
     slots += real.size
     for seg, doc in zip(b['segment_ids'], b['doc_ids']):
@@ -155,8 +173,9 @@ def exposure(
       ids, n = np.unique(doc[doc >= 0], return_counts=True)
       main_docs.append(ids[np.argmax(n)] if len(ids) else -1)
   main_docs = np.array(main_docs, np.int64).reshape(num_batches, -1)
-  deciles, last_over_first = _deciles(counts)
   src = pipeline.make_source(c, c.train_split)
+  kind_mix = _kind_mix(batch_docs, src)
+  deciles, last_over_first = _deciles(counts)
   k = len(src) if num_source_docs <= 0 else min(num_source_docs, len(src))
   sample = (
       pipeline.DocOrder(len(src), int(config.seed), True)
@@ -198,7 +217,19 @@ def exposure(
       'batch_diversity': batch_diversity(main_docs, doc_lens, c, len(src)),
       'decode_errors': bad,
       'composition': composition(c) if c.source == 'long_text' else None,
+      'kind_mix': kind_mix,
   }
+
+
+def _kind_mix(batch_docs: list[np.ndarray], src) -> dict[str, float]:
+  """Share of the batches' real tokens per document kind (`DocSource.kind`)."""
+  docs, counts = np.unique(np.concatenate(batch_docs), return_counts=True)
+  per_kind: dict[str, int] = {}
+  for doc, count in zip(docs.tolist(), counts.tolist()):
+    kind = src.kind(doc)
+    per_kind[kind] = per_kind.get(kind, 0) + count
+  total = max(sum(per_kind.values()), 1)
+  return {k: per_kind[k] / total for k in sorted(per_kind)}
 
 
 def batch_diversity(
@@ -286,6 +317,12 @@ def format_report(rep: dict[str, Any]) -> str:
       f' {"#" * int(round(40 * d / top))}'
       for a, b, d in zip(edges[:-1], edges[1:], rep['deciles'])
   ]
+  mix = rep.get('kind_mix')
+  if mix:
+    lines.append(
+        'training tokens by document kind: '
+        + ', '.join(f'{k} {100 * v:.1f}%' for k, v in mix.items())
+    )
   div = rep.get('batch_diversity')
   if div and div['same_doc_pairs'] is not None:
     lines.append(

@@ -1,6 +1,7 @@
 """Per-run measures from a finished run's files (docs/DESIGN.md "Experiments
 outputs")."""
 
+import collections
 from collections.abc import Mapping
 import itertools
 import json
@@ -13,6 +14,7 @@ from flax_posemb import analysis
 from flax_posemb import outputs
 from flax_posemb import stats
 from flax_posemb import workdir
+from flax_posemb.data import pipeline
 
 # Bucket vector -> the per-position vector it averages (``position_vectors``).
 _SOURCES = {
@@ -124,6 +126,37 @@ def position_vectors(
   return out
 
 
+def training_mix(config) -> dict[str, float]:
+  """Share of a run's training tokens (real inputs) per document kind.
+
+  Replays the run's ``num_train_steps`` batches (the pipeline is
+  deterministic), so it counts exactly what the run trained on.
+  """
+  data_config = config.data
+  if data_config.source == 'synthetic':
+    return {'synthetic': 1.0}
+  src = pipeline.make_source(data_config, data_config.train_split)
+  it = pipeline.make_train_iterator(
+      data_config,
+      batch_size=int(config.batch_size),
+      seed=int(config.seed),
+      num_train_steps=int(config.num_train_steps),
+      max_len=int(config.model.max_len),
+      with_doc_ids=True,
+  )
+  tokens_per_doc: collections.Counter[int] = collections.Counter()
+  for _ in range(int(config.num_train_steps)):
+    batch = next(it)
+    docs = batch['doc_ids'][batch['segment_ids'] > 0]
+    ids, counts = np.unique(docs, return_counts=True)
+    tokens_per_doc.update(dict(zip(ids.tolist(), counts.tolist())))
+  per_kind: collections.Counter[str] = collections.Counter()
+  for doc, count in tokens_per_doc.items():
+    per_kind[src.kind(doc)] += count
+  total = sum(per_kind.values())
+  return {kind: per_kind[kind] / total for kind in sorted(per_kind)}
+
+
 def step_seconds(run_dir: str) -> float:
   """Steady-state seconds per step from ``metrics.jsonl`` (after the first row;
   NaN if none)."""
@@ -154,9 +187,10 @@ def run_measures(
     train_seconds: float = float('nan'),
     per_position: Mapping[str, np.ndarray] | None = None,
     rare_exposure: float = 100.0,
+    mid_bucket: int = -1,
 ) -> dict[str, Any]:
   """``{'scalars', 'vectors', 'buckets'}`` of a finished run (``per_position``:
-  arrays [L])."""
+  arrays [L]; ``mid_bucket``: the experiment's mid bucket, -1: none)."""
   buckets = eval_results['buckets']
   edges = [(int(b['start']), int(b['end'])) for b in buckets]
 
@@ -179,6 +213,11 @@ def run_measures(
         ]
     )
   s = _scalars(eval_results, vec, pos, num_steps, train_seconds)
+  if 0 <= mid_bucket < len(edges):
+    s['loss_mid'] = float(vec['bucket_loss'][mid_bucket])
+    s['loss_late_minus_mid'] = s['loss_late'] - s['loss_mid']
+    excess_mid = float(vec['bucket_excess'][mid_bucket])
+    s['excess_late_minus_mid'] = s['excess_late'] - excess_mid
   s['step_seconds'] = step_seconds(run_dir)
   s.update(_rare_rows(pos, per_position, rare_exposure))
   return {

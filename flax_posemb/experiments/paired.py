@@ -4,6 +4,7 @@ correction."""
 from collections.abc import Mapping, Sequence
 import dataclasses
 import math
+from typing import Any
 import warnings
 
 import numpy as np
@@ -15,6 +16,10 @@ INCONCLUSIVE = 'inconclusive at this scale'
 # No seed has a finite value of the metric for both arms.
 NOT_MEASURED = 'not measured'
 DIRECTIONS = ('greater', 'less', 'equivalent')
+# How an interval was made: Student-t over seeds, or over seeds and documents
+# (measures of the evaluation windows: buckets.seed_document_contrast).
+SEEDS = 'seeds'
+SEEDS_AND_DOCUMENTS = 'seeds x documents'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,3 +161,84 @@ def with_holm(judgements: Sequence[dict], alpha: float = 0.05) -> list[dict]:
         verdict_holm=j['verdict'] if p < alpha else INCONCLUSIVE,
     )
   return out
+
+
+def estimate_interval(estimate: Mapping[str, Any]) -> dict[str, Any]:
+  """The interval dict of a `buckets.seed_document_contrast` estimate, with the
+  keys of `Interval` (``n``: seeds) and how it was made."""
+  return {
+      'mean': estimate['mean'],
+      'low': estimate['low'],
+      'high': estimate['high'],
+      'n': estimate['seeds'],
+      'stderr': estimate['stderr'],
+      'level': estimate['level'],
+      'df': estimate['df'],
+      'documents': estimate['documents'],
+      'seed_stderr': estimate['seed_stderr'],
+      'document_stderr': estimate['document_stderr'],
+      'method': SEEDS_AND_DOCUMENTS,
+  }
+
+
+def estimate_p_value(
+    mean: float,
+    stderr: float,
+    df: float,
+    direction: str,
+    margin: float = 0.0,
+) -> float:
+  """`decision_p_value` of a t estimate (``mean``, ``stderr``, ``df``)."""
+  if not (math.isfinite(stderr) and math.isfinite(df) and df > 0):
+    return 1.0
+
+  def statistic(c):
+    if stderr == 0:
+      return math.copysign(math.inf, mean - c) if mean != c else math.nan
+    return (mean - c) / stderr
+
+  # alpha at which low > c
+  def above(c):
+    return 2.0 * float(stats.t.sf(statistic(c), df))
+
+  # alpha at which high < c
+  def below(c):
+    return 2.0 * float(stats.t.cdf(statistic(c), df))
+
+  if direction == 'equivalent':
+    p = min(
+        max(above(-margin), below(margin)), min(above(margin), below(-margin))
+    )
+  else:
+    p = min(above(0.0), below(0.0))
+  return min(1.0, p) if math.isfinite(p) else 1.0
+
+
+def judge_estimate(
+    estimate: Mapping[str, Any], direction: str, margin: float = 0.0
+) -> dict:
+  """`judge`'s output for a seeds x documents estimate of ``arm - baseline``."""
+  interval = estimate_interval(estimate)
+  bounds = Interval(
+      interval['mean'],
+      interval['low'],
+      interval['high'],
+      interval['n'],
+      interval['stderr'],
+  )
+  measured = interval['n'] > 0 and math.isfinite(interval['mean'])
+  return {
+      'seeds': estimate['seed_ids'],
+      'differences': estimate['per_seed'],
+      'interval': interval,
+      'verdict': (
+          verdict(bounds, direction, margin) if measured else NOT_MEASURED
+      ),
+      'p_value': estimate_p_value(
+          interval['mean'],
+          interval['stderr'],
+          interval['df'],
+          direction,
+          margin,
+      ),
+  }

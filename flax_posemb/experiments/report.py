@@ -9,15 +9,20 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from flax_posemb import buckets
 from flax_posemb import eval_report
 from flax_posemb import outputs
+from flax_posemb import plots
+from flax_posemb.experiments import inference
 from flax_posemb.experiments import measures
 from flax_posemb.experiments import paired
+from flax_posemb.experiments import spec
 from flax_posemb.experiments import sweep
 
 # Per-arm scalars of the report's arm table (all of them are in summary.json).
 TABLE_SCALARS = (
     'final_loss',
+    'loss_late_minus_mid',
     'loss_late_minus_early',
     'excess_late',
     'recovered_late',
@@ -110,23 +115,40 @@ def _md_table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
   ]
 
 
+# seed -> run dir of one arm's finished runs.
+RunDirs = Mapping[int, str]
+
+
 def aggregate(
     exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]
 ) -> dict[str, Any]:
   """The JSON-ready summary of a sweep (``sweep.run_sweep`` output)."""
   rows = [r for r in sweep_out['runs'] if r['done']]
   # arm (grid order, unfinished arms included) -> {seed: measures}, seeds
-  # ascending.
+  # ascending; and -> {seed: run dir} of the runs whose windows are on disk.
   by_arm: dict[str, dict[int, Any]] = {r['arm']: {} for r in sweep_out['runs']}
+  dirs: dict[str, dict[int, str]] = {a: {} for a in by_arm}
   for r in sorted(rows, key=lambda r: int(r['seed'])):
     by_arm[r['arm']][int(r['seed'])] = r['measures']
-  claims = paired.with_holm(_claims(exp, by_arm))
+    if inference.has_windows(r['run_dir']):
+      dirs[r['arm']][int(r['seed'])] = r['run_dir']
+  judge = _Judge(exp, by_arm, dirs, bool(sweep_out.get('quick')))
+  claims = paired.with_holm(
+      [judge.claim(c) for c in exp.claims if judge.has(c)]
+  )
   tested = [c for c in claims if c['verdict'] != paired.NOT_MEASURED]
-  analyses = {}
+  analyses: dict[str, Any] = {}
   if 'cosine_convergence' in exp.analyses:
     analyses['cosine_convergence'] = _convergence(exp, rows)
-  if windows := _window_groups(rows, by_arm):
+  windows = _window_groups(rows, judge)
+  if windows:
     analyses['windows'] = windows
+  mix = _mix(rows)
+  if mix:
+    analyses['mix'] = mix
+  doses = [judge.dose(d) for d in exp.doses]
+  if any(d['arms'] for d in doses):
+    analyses['doses'] = doses
   overrides = {a.name: dict(a.overrides) for a in exp.arms}
   return {
       'experiment': exp.name,
@@ -135,9 +157,10 @@ def aggregate(
       'complete': sweep_out['complete'],
       'quick': bool(sweep_out.get('quick')),
       'buckets': rows[0]['measures']['buckets'] if rows else [],
+      'mid_bucket': int(exp.mid_bucket),
       'settings': stated_settings(rows[0]['config']) if rows else {},
       'budget': sweep_out['budget'],
-      'arms': _arms(by_arm, rows),
+      'arms': _arms(by_arm, rows, judge),
       'claims': claims,
       'multiplicity': {
           'method': 'holm',
@@ -147,7 +170,7 @@ def aggregate(
               c['verdict_holm'] != c['verdict'] for c in tested
           ),
       },
-      'profiles': _profiles(exp, by_arm),
+      'profiles': _profiles(exp, by_arm, judge),
       'analyses': analyses,
       'runs': [
           {
@@ -162,11 +185,163 @@ def aggregate(
   }
 
 
+class _Judge:
+  """Intervals of one experiment's measures: over seeds and documents for
+  measures of the evaluation windows (when the runs kept them), over seeds for
+  the rest (`inference`)."""
+
+  def __init__(
+      self,
+      exp: ml_collections.ConfigDict,
+      by_arm: Mapping[str, Mapping[int, Any]],
+      dirs: Mapping[str, RunDirs],
+      quick: bool,
+  ):
+    self.exp = exp
+    self.by_arm = by_arm
+    self.dirs = dirs
+    self.offsets = spec.offsets(exp, quick)
+
+  def has(self, c: ml_collections.ConfigDict) -> bool:
+    """Whether claim ``c``'s arms are in the sweep."""
+    return c.arm in self.by_arm and (
+        not c.baseline or c.baseline in self.by_arm
+    )
+
+  def _on_windows(self, metric: str, *arms: str) -> bool:
+    """Whether ``metric`` of ``arms`` is judged over seeds and documents."""
+    if not inference.is_window_metric(metric):
+      return False
+    for arm in arms:
+      runs = self.by_arm.get(arm, {}) if arm else {}
+      if set(self.dirs.get(arm, {})) != set(runs):
+        return False
+      # A probe shift that a run shared with another experiment never ran.
+      if metric.startswith(inference.OFFSET_PENALTY) and any(
+          metric not in m['scalars'] for m in runs.values()
+      ):
+        return False
+    return True
+
+  def estimate(
+      self, metric: str, arm: str, baseline: str = '', **kwargs: Any
+  ) -> dict[str, Any]:
+    """``inference.estimate`` of ``arm - baseline``."""
+    return inference.estimate(
+        metric,
+        self.dirs[arm],
+        self.dirs[baseline] if baseline else None,
+        mid=int(self.exp.mid_bucket),
+        **kwargs,
+    )
+
+  def claim(self, c: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The claim's record: interval of ``metric(arm) - metric(baseline)`` and
+    verdict."""
+    if self._on_windows(c.metric, c.arm, c.baseline):
+      judged = paired.judge_estimate(
+          self.estimate(c.metric, c.arm, c.baseline), c.direction, c.margin
+      )
+    else:
+      arm_values = _values(self.by_arm[c.arm], c.metric)
+      if c.baseline:
+        base_values = _values(self.by_arm[c.baseline], c.metric)
+      else:
+        base_values = dict.fromkeys(arm_values, 0.0)
+      judged = paired.judge(arm_values, base_values, c.direction, c.margin)
+      judged['interval']['method'] = paired.SEEDS
+    return {
+        'id': c.id,
+        'text': c.text,
+        'metric': c.metric,
+        'arm': c.arm,
+        'baseline': c.baseline,
+        'direction': c.direction,
+        'margin': c.margin,
+        **judged,
+    }
+
+  def scalar(self, arm: str, metric: str) -> dict[str, Any]:
+    """The arm's interval of ``metric``."""
+    if self._on_windows(metric, arm):
+      return paired.estimate_interval(self.estimate(metric, arm))
+    values = list(_values(self.by_arm[arm], metric).values())
+    return dict(paired.t_interval(values).as_dict(), method=paired.SEEDS)
+
+  def vector(
+      self, arm: str, metric: str, baseline: str = ''
+  ) -> list[dict[str, Any]]:
+    """Per bucket, the interval of ``metric(arm) - metric(baseline)``."""
+    if self._on_windows(metric, arm, baseline):
+      num_buckets = len(next(iter(self.by_arm[arm].values()))['buckets'])
+      return [
+          paired.estimate_interval(
+              self.estimate(metric, arm, baseline, bucket=i)
+          )
+          for i in range(num_buckets)
+      ]
+    runs = self.by_arm[arm]
+    if not baseline:
+      return _intervals(_vectors(runs, metric, list(runs)))
+    base = self.by_arm[baseline]
+    shared = sorted(set(runs) & set(base))
+    return _intervals(
+        _vectors(runs, metric, shared) - _vectors(base, metric, shared)
+    )
+
+  def dose(self, d: ml_collections.ConfigDict) -> dict[str, Any]:
+    """A dose-response series: per arm its late rows' exposure and its paired
+    differences to the series' baseline."""
+    arms = [a for a in d.arms if self.by_arm.get(a)]
+    if not self.by_arm.get(d.baseline):
+      arms = []
+    shift = self.offsets[-1] if self.offsets else 0
+    metrics = ['loss_late', 'loss_late_minus_mid']
+    if shift:
+      metrics.append(f'offset_penalty_{shift}')
+    exposure = [
+        float(
+            np.nanmean(
+                [
+                    m['vectors']['bucket_exposure'][-1]
+                    for m in self.by_arm[a].values()
+                ]
+            )
+        )
+        for a in arms
+    ]
+    return {
+        'name': d.name,
+        'baseline': d.baseline,
+        'arms': arms,
+        'late_exposure': exposure,
+        'measures': {
+            m: [self._difference(m, a, d.baseline) for a in arms]
+            for m in metrics
+        },
+    }
+
+  def _difference(self, metric: str, arm: str, baseline: str) -> dict:
+    judged = self.claim(
+        ml_collections.ConfigDict(
+            {
+                'id': '',
+                'text': '',
+                'metric': metric,
+                'arm': arm,
+                'baseline': baseline,
+                'direction': 'greater',
+                'margin': 0.0,
+            }
+        )
+    )
+    return judged['interval']
+
+
 def _arms(
-    by_arm: Mapping[str, Any], rows: list[Mapping[str, Any]]
+    by_arm: Mapping[str, Any], rows: list[Mapping[str, Any]], judge: _Judge
 ) -> dict[str, Any]:
-  """arm -> {seeds[, scalars, vectors, corpus, tokenizer]} (intervals over
-  seeds)."""
+  """arm -> {seeds[, scalars, vectors, corpus, tokenizer]} with intervals."""
   settings = {r['arm']: stated_settings(r['config']) for r in rows}
 
   def names(kind):
@@ -176,48 +351,18 @@ def _arms(
   for a, runs in by_arm.items():
     out[a] = {'seeds': list(runs), 'scalars': {}, 'vectors': {}}
     if runs:
-      out[a]['scalars'] = {
-          k: paired.t_interval(list(_values(runs, k).values())).as_dict()
-          for k in names('scalars')
-      }
-      out[a]['vectors'] = {
-          k: _intervals(_vectors(runs, k, list(runs))) for k in names('vectors')
-      }
+      out[a]['scalars'] = {k: judge.scalar(a, k) for k in names('scalars')}
+      out[a]['vectors'] = {k: judge.vector(a, k) for k in names('vectors')}
       out[a].update(
           corpus=settings[a]['corpus'], tokenizer=settings[a]['tokenizer']
       )
   return out
 
 
-def _claims(
-    exp: ml_collections.ConfigDict, by_arm: Mapping[str, Any]
-) -> list[dict[str, Any]]:
-  claims = []
-  for c in exp.claims:
-    if c.arm in by_arm and (not c.baseline or c.baseline in by_arm):
-      av = _values(by_arm[c.arm], c.metric)
-      bv = (
-          _values(by_arm[c.baseline], c.metric)
-          if c.baseline
-          else dict.fromkeys(av, 0.0)
-      )
-      claims.append(
-          {
-              'id': c.id,
-              'text': c.text,
-              'metric': c.metric,
-              'arm': c.arm,
-              'baseline': c.baseline,
-              'direction': c.direction,
-              'margin': c.margin,
-              **paired.judge(av, bv, c.direction, c.margin),
-          }
-      )
-  return claims
-
-
 def _profiles(
-    exp: ml_collections.ConfigDict, by_arm: Mapping[str, Any]
+    exp: ml_collections.ConfigDict,
+    by_arm: Mapping[str, Any],
+    judge: _Judge,
 ) -> list[dict[str, Any]]:
   """Each profile's finished arms and their per-bucket paired differences."""
   profiles = []
@@ -232,51 +377,91 @@ def _profiles(
         'baseline': p.baseline,
         'differences': {},
     }
-    for a in present if by_arm.get(p.baseline) else ():
-      shared = sorted(set(by_arm[a]) & set(by_arm[p.baseline]))
-      if a != p.baseline and shared:
-        prof['differences'][a] = _intervals(
-            _vectors(by_arm[a], p.metric, shared)
-            - _vectors(by_arm[p.baseline], p.metric, shared)
-        )
+    if by_arm.get(p.baseline):
+      for a in present:
+        if a != p.baseline:
+          prof['differences'][a] = judge.vector(a, p.metric, p.baseline)
     profiles.append(prof)
   return profiles
 
 
 def _window_groups(
-    rows: list[Mapping[str, Any]], arms: Iterable[str]
+    rows: list[Mapping[str, Any]], judge: _Judge
 ) -> dict[str, Any]:
-  """The windows' provenance and the last bucket's rise per window group and
-  arm."""
-  paths = [
-      (r['arm'], os.path.join(r['run_dir'], sweep.EVAL_DIR, 'results.json'))
-      for r in rows
-  ]
-  results = [(a, measures.load_json(p)) for a, p in paths if os.path.exists(p)]
-  if not results or 'windows' not in results[0][1]:
+  """The windows' provenance and, per window group and arm, the last bucket
+  minus the one before it (descriptive: the groups were not pre-registered)."""
+  ready = [r for r in rows if judge.dirs[r['arm']].get(int(r['seed']))]
+  if not ready:
     return {}
+  first = inference.load(ready[0]['run_dir'])
+  if 'windows' not in first.results:
+    return {}
+  window_len = first.results['windows']['window_len']
+  before_last = len(first.results['buckets']) - 2
   rise = {}
-  for name in eval_report.GROUP_TABLES[1:]:
-    first = results[0][1].get(name) or []
-    labels = [g['group'] for g in first]
-    per_arm = {a: {k: [] for k in labels} for a in arms}
-    for arm, res in results:
-      for g in res.get(name) or []:
-        losses = [b['loss'] for b in g['buckets'][-2:]]
-        if g['group'] in labels and len(losses) == 2 and None not in losses:
-          per_arm[arm][g['group']].append(losses[1] - losses[0])
+  for name in eval_report.GROUP_TABLES:
+    present = list(first.results.get(name) or [])
+    arms = {}
+    for arm in dict.fromkeys(r['arm'] for r in ready):
+      arms[arm] = [
+          paired.estimate_interval(
+              inference.estimate(
+                  'loss_late_minus_mid',
+                  judge.dirs[arm],
+                  mid=before_last,
+                  select=_group_mask(name, g['group'], window_len),
+              )
+          )
+          for g in present
+      ]
     rise[name] = {
         'groups': [
             f"{g['group']} ({g['windows']} windows, {g['documents']} docs)"
-            for g in first
+            for g in present
         ],
-        'arms': {
-            a: [paired.t_interval(v[k]).as_dict() for k in labels]
-            for a, v in per_arm.items()
-            if any(v.values())
-        },
+        'arms': arms,
     }
-  return {'summary': results[0][1]['windows'], 'rise': rise}
+  return {'summary': first.results['windows'], 'rise': rise}
+
+
+def _group_mask(name: str, label: str, window_len: int):
+  """``(windows.npz contents) -> [W] bool``: the windows of group ``label``."""
+
+  def select(windows):
+    labels, _ = buckets.window_groups(windows, window_len)[name]
+    return labels == label
+
+  return select
+
+
+def _mix(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
+  """Share of training tokens per document kind per arm (mean over seeds)
+  beside the evaluation windows' scored tokens per kind."""
+  per_arm: dict[str, list[dict[str, float]]] = {}
+  for r in rows:
+    path = os.path.join(r['run_dir'], sweep.MIX)
+    if os.path.exists(path):
+      per_arm.setdefault(r['arm'], []).append(measures.load_json(path))
+  if not per_arm:
+    return {}
+  kinds = sorted({k for mixes in per_arm.values() for m in mixes for k in m})
+  training = {
+      arm: {k: float(np.mean([m.get(k, 0.0) for m in mixes])) for k in kinds}
+      for arm, mixes in per_arm.items()
+  }
+  evaluation = {}
+  for r in rows:
+    if inference.has_windows(r['run_dir']):
+      windows = inference.load(r['run_dir']).passes['eval']
+      kind = np.asarray(windows['kind']).astype(str)
+      scored = np.asarray(windows['win_count'], np.float64).sum(1)
+      total = max(scored.sum(), 1.0)
+      evaluation = {
+          k: float(scored[kind == k].sum() / total)
+          for k in sorted(set(kind.tolist()) | set(kinds))
+      }
+      break
+  return {'kinds': kinds, 'training': training, 'evaluation': evaluation}
 
 
 def _convergence(
@@ -311,8 +496,6 @@ def _convergence(
 
 def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   """Writes the report's figures; returns (title, file name) of each."""
-  from flax_posemb import plots
-
   s = summary['settings']
   n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
   identity = (
@@ -356,8 +539,12 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
         ylabel=measures.label(
             p['metric'], tokenizers.pop() if len(tokenizers) == 1 else ''
         ),
+        documents=inference.is_window_metric(p['metric']),
     )
     made.append((p['title'], name))
+  doses = summary['analyses'].get('doses')
+  if doses:
+    made.append(_dose_plot(doses, out_dir, identity))
   # corpus panel -> {arm: final_loss interval}, its axis label
   panels, ylabels = {}, {}
   for a, v in summary['arms'].items():
@@ -400,6 +587,41 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
         )
     )
   return made
+
+
+def _dose_plot(
+    doses: list[dict[str, Any]], out_dir: str, identity: str
+) -> tuple[str, str]:
+  """The dose-response figure: (title, file name)."""
+  name = 'dose_response.png'
+  metrics = list(doses[0]['measures'])
+  labels = {
+      'loss_late': 'last-bucket loss: arm - baseline',
+      'loss_late_minus_mid': '(last - mid bucket): arm - baseline',
+  }
+  ylabels = {
+      m: labels.get(m, f'offset penalty (+{m.rsplit("_", 1)[-1]}): arm - base')
+      for m in metrics
+  }
+  plots.dose_response(
+      os.path.join(out_dir, name),
+      {
+          d['name']: {
+              'x': d['late_exposure'],
+              'arms': d['arms'],
+              'baseline': d['baseline'],
+              'measures': d['measures'],
+          }
+          for d in doses
+          if d['arms']
+      },
+      ylabels=ylabels,
+      title=(
+          'Late-row penalty against late-row exposure (95% over seeds and'
+          f' documents)\n{identity}'
+      ),
+  )
+  return 'Dose-response: late-row penalty against late-row exposure', name
 
 
 def write(
@@ -447,34 +669,10 @@ def markdown(
   lines += (
       _setup_lines(summary) + _claims_lines(summary) + _arms_lines(exp, summary)
   )
-  if windows := summary['analyses'].get('windows'):
-    lines += [
-        '## Evaluation windows',
-        '',
-        (
-            'Every run is scored on the same held-out windows (bucket intervals'
-            ' inside a run are clustered by document; see docs/DESIGN.md).'
-        ),
-        '',
-        eval_report.format_windows(windows['summary']),
-        '',
-        (
-            'Last bucket minus the bucket before it, by window group (mean over'
-            ' seeds [95% CI]): a rise at every depth and far from the document'
-            ' end is a position effect; a rise only near the end comes from'
-            " documents' endings."
-        ),
-        '',
-    ]
-    titles = {
-        'by_depth': 'window start (tokens into the document)',
-        'by_end': "tokens from the window's end to the document's end",
-    }
-    for name, t in windows['rise'].items():
-      lines += [f'### By {titles.get(name, name)}', '']
-      lines += _md_table(
-          ['arm', *t['groups']], ([a, *v] for a, v in t['arms'].items())
-      ) + ['']
+  lines += _mix_lines(summary) + _dose_lines(summary)
+  windows = summary['analyses'].get('windows')
+  if windows:
+    lines += _window_lines(windows)
   lines += [
       '## Figures',
       '',
@@ -501,6 +699,99 @@ def markdown(
       '',
   ]
   return '\n'.join(lines)
+
+
+def _mix_lines(summary: Mapping[str, Any]) -> list[str]:
+  mix = summary['analyses'].get('mix')
+  if not mix:
+    return []
+  kinds = mix['kinds']
+  rows = [
+      [arm, *(f'{100 * shares.get(k, 0.0):.1f}%' for k in kinds)]
+      for arm, shares in mix['training'].items()
+  ]
+  if mix['evaluation']:
+    rows.append(
+        [
+            '*evaluation windows*',
+            *(f'{100 * mix["evaluation"].get(k, 0.0):.1f}%' for k in kinds),
+        ]
+    )
+  return [
+      '## What each arm trained on',
+      '',
+      (
+          "Share of each arm's training tokens per document kind (every"
+          ' batch of the run, replayed; mean over seeds), beside the share of'
+          ' the scored tokens of the evaluation windows. Arms that differ here'
+          ' differ in content, not only in position exposure.'
+      ),
+      '',
+      *_md_table(['arm', *kinds], rows),
+      '',
+  ]
+
+
+def _dose_lines(summary: Mapping[str, Any]) -> list[str]:
+  doses = summary['analyses'].get('doses')
+  if not doses:
+    return []
+  lines = [
+      '## Dose-response',
+      '',
+      (
+          'Content-matched arms against how often their last bucket of rows'
+          ' was seen in training (cumulative occurrences per row, mean over'
+          ' seeds): paired differences to the baseline, 95% intervals over'
+          ' seeds and documents.'
+      ),
+      '',
+  ]
+  for d in doses:
+    metrics = list(d['measures'])
+    rows = [
+        [arm, fmt(x, 1), *(d['measures'][m][i] for m in metrics)]
+        for i, (arm, x) in enumerate(zip(d['arms'], d['late_exposure']))
+    ]
+    lines += [f'### {d["name"]}: arm - {d["baseline"]}', '']
+    lines += _md_table(
+        ['arm', 'late-row occurrences', *(f'`{m}`' for m in metrics)], rows
+    )
+    lines.append('')
+  return lines
+
+
+def _window_lines(windows: Mapping[str, Any]) -> list[str]:
+  lines = [
+      '## Evaluation windows',
+      '',
+      (
+          'Every run is scored on the same held-out windows (bucket intervals'
+          ' inside a run are clustered by document; see docs/DESIGN.md).'
+      ),
+      '',
+      eval_report.format_windows(windows['summary']),
+      '',
+      (
+          'Last bucket minus the bucket before it, by window group: mean over'
+          ' seeds [95% interval over seeds and the documents of the group].'
+          ' **Descriptive**: these groups were chosen after the runs, so no'
+          ' claim rests on them; a group from one document has no interval'
+          ' (n/a).'
+      ),
+      '',
+  ]
+  titles = {
+      'by_kind': 'document kind',
+      'by_depth': 'window start (tokens into the document)',
+      'by_end': "tokens from the window's end to the document's end",
+  }
+  for name, t in windows['rise'].items():
+    lines += [f'### By {titles.get(name, name)}', '']
+    lines += _md_table(
+        ['arm', *t['groups']], ([a, *v] for a, v in t['arms'].items())
+    ) + ['']
+  return lines
 
 
 def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
@@ -546,19 +837,41 @@ def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
         ' token-equalized); tokens actually scored per step are in the arm'
         ' table.'
     )
+  mid = summary.get('mid_bucket', -1)
+  if 0 <= mid < len(summary['buckets']):
+    a, b = summary['buckets'][mid]
+    lines.append(
+        f'- Late vs mid (pre-registered): the last bucket minus bucket {a}-{b},'
+        ' not minus the first bucket, whose loss is dominated by short context'
+        " (and, for natural exposure, by documents' openings)."
+    )
   lines += [
       (
-          '- Intervals: 95% Student-t over seeds (mean [low, high]). Verdict'
-          ' rule, fixed before running: a directional claim is *supported* when'
-          ' the interval of the paired difference (arm - baseline) excludes 0'
-          ' in the predicted direction, *contradicted* when it excludes 0 the'
-          ' other way, else *inconclusive at this scale*; an "equivalent" claim'
-          ' is supported when the interval lies inside ±margin, contradicted'
-          ' when it lies wholly outside.'
+          '- Intervals (mean [low, high], 95%): measures of the held-out'
+          ' windows (bucket losses, late minus mid, the offset penalty, and'
+          ' their paired differences) combine seeds and documents: the spread'
+          ' of the per-seed estimates plus the document-clustered variance of'
+          ' the seed-averaged per-document terms, Student-t with'
+          " Satterthwaite's degrees of freedom (docs/DESIGN.md, Experiments"
+          ' outputs); measures of training alone (exposure, gradients,'
+          ' updates, wall-clock) are Student-t over seeds. Verdict rule, fixed'
+          ' before running: a directional claim is *supported* when the'
+          ' interval of the paired difference (arm - baseline) excludes 0 in'
+          ' the predicted direction, *contradicted* when it excludes 0 the'
+          ' other way, else *inconclusive at this scale*; an "equivalent"'
+          ' claim is supported when the interval lies inside ±margin,'
+          ' contradicted when it lies wholly outside.'
       ),
       '',
   ]
   return lines
+
+
+def _interval_over(interval: Mapping[str, Any]) -> str:
+  """What an interval combines: 'n seeds' or 'n seeds x g docs'."""
+  if interval.get('method') == paired.SEEDS_AND_DOCUMENTS:
+    return f"{interval['n']} seeds x {interval['documents']} docs"
+  return f"{interval['n']} seeds"
 
 
 def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
@@ -589,7 +902,7 @@ def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
             f'{c["arm"]} - {c["baseline"] or "0"}',
             pred,
             fmt_interval(c['interval']),
-            c['interval']['n'],
+            _interval_over(c['interval']),
             f'**{c["verdict"]}**',
             fmt(c['p_value'], 3),
             fmt(c['p_holm'], 3),
@@ -603,7 +916,7 @@ def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
           'arm - baseline',
           'predicted',
           'difference [95% CI]',
-          'n',
+          'over',
           'verdict',
           'p',
           'p (Holm)',

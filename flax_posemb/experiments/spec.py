@@ -135,7 +135,15 @@ def new(
   c.offsets = ()  # Offset-probe shifts of the final evaluation, e.g. (0, 16).
   c.quick_arms = ()  # The two arms --quick runs (one seed, the 'quick' scale).
   c.quick_overrides = ()  # Applied after the arm's overrides under --quick.
+  # --quick's offset-probe shifts (() = offsets): quick rows are shorter.
+  c.quick_offsets = ()
   c.rare_exposure = 100.0  # Rows seen fewer times than this are "rare".
+  # The pre-registered "mid" bucket of claims on late minus mid (an index past
+  # the first bucket, whose loss is dominated by short context; -1: none).
+  c.mid_bucket = -1
+  # dose(...) each: content-matched arms against the exposure of their late
+  # rows (the dose-response figure).
+  c.doses = ()
   c.report_scalars = ()  # Extra per-arm scalars tabulated in REPORT.md.
   # What changed since the previous committed report (listed first).
   c.notes = ()
@@ -184,6 +192,16 @@ def claim(
           'direction': direction,
           'margin': float(margin),
       }
+  )
+
+
+def dose(
+    name: str, arms: Iterable[str], baseline: str
+) -> ml_collections.ConfigDict:
+  """A dose-response series: ``arms`` (ordered by the exposure of their late
+  rows) against ``baseline``, one panel named ``name``."""
+  return ml_collections.ConfigDict(
+      {'name': name, 'arms': tuple(arms), 'baseline': baseline}
   )
 
 
@@ -312,6 +330,19 @@ def validate(exp: ml_collections.ConfigDict) -> None:
       for p in exp.profiles
       for a in (*p.arms, p.baseline)
   ]
+  named += [
+      (f'dose {d.name!r}', a) for d in exp.doses for a in (*d.arms, d.baseline)
+  ]
+  checks += [
+      (
+          c.metric.endswith('_minus_mid') and exp.mid_bucket < 1,
+          (
+              f'claim {c.id!r} on {c.metric} needs mid_bucket, a bucket past'
+              ' the first, fixed before the run'
+          ),
+      )
+      for c in exp.claims
+  ]
   checks += [
       (
           a and a not in names,
@@ -381,6 +412,13 @@ def expand(exp: ml_collections.ConfigDict, quick: bool = False) -> list[Run]:
       for seed in exp.seeds[: 1 if quick else None]
       for name in arm_names
   ]
+
+
+def offsets(exp: ml_collections.ConfigDict, quick: bool) -> tuple[int, ...]:
+  """The offset probe's shifts of a sweep (``quick``: of --quick)."""
+  if quick and exp.quick_offsets:
+    return tuple(int(k) for k in exp.quick_offsets)
+  return tuple(int(k) for k in exp.offsets)
 
 
 def run_key(config: ml_collections.ConfigDict) -> str:

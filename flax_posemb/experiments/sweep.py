@@ -22,13 +22,17 @@ logger = logging.getLogger(__name__)
 DONE = 'DONE.json'
 EVAL_DIR = 'experiment_eval'
 
+# Files of EVAL_DIR: the windows' bucket sums (and the offset probe's, shift K).
+WINDOWS = 'windows.npz'
+PROBE_WINDOWS = 'windows_offset_{}.npz'
+# The run's training tokens by document kind.
+MIX = 'mix.json'
+
 # (training config, run dir) -> anything JSON-serializable (training's return
 # value).
 TrainFn = Callable[[ml_collections.ConfigDict, str], Any]
-EvalFn = Callable[
-    [ml_collections.ConfigDict, str, tuple[int, ...]],
-    tuple[dict[str, Any], dict[str, np.ndarray]],
-]
+# (training config, run dir, offsets) -> evaluation.EvalOutput.
+EvalFn = Callable[[ml_collections.ConfigDict, str, tuple[int, ...]], Any]
 # (training config, num_batches) -> mean scored targets per row.
 Estimator = Callable[[ml_collections.ConfigDict, int], float]
 
@@ -151,21 +155,21 @@ def default_train(config: ml_collections.ConfigDict, run_dir: str) -> Any:
 
 def default_evaluate(
     config: ml_collections.ConfigDict, run_dir: str, offsets: tuple[int, ...]
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """``evaluation.run_evaluation`` of the latest checkpoint's params."""
+) -> Any:
+  """``evaluation.run_evaluation`` of the latest checkpoint's params: an
+  ``EvalOutput``."""
   from flax_posemb import checkpointing
   from flax_posemb import evaluation
   from flax_posemb import train_step
 
   params, _, info = checkpointing.restore_params(run_dir)
-  out = evaluation.run_evaluation(
+  return evaluation.run_evaluation(
       train_step.make_model(config),
       params,
       config,
       step=info.step,
       offsets=list(offsets) if any(offsets) else None,
   )
-  return eval_report.json_safe(out.results), out.per_position
 
 
 def write_json(path: str, obj: Any) -> None:
@@ -178,6 +182,11 @@ def write_json(path: str, obj: Any) -> None:
 
   with outputs.atomic_write(path, 'w') as f:
     json.dump(obj, f, indent=1, default=default)
+
+
+def _save_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
+  with outputs.atomic_write(path, 'wb') as f:
+    np.savez(f, **arrays)
 
 
 def is_done(run_dir: str) -> bool:
@@ -200,13 +209,18 @@ def execute_run(
   t0 = time.perf_counter()
   train_out = train_fn(run.config, run_dir)
   t1 = time.perf_counter()
-  results, per_position = eval_fn(run.config, run_dir, tuple(offsets))
+  out = eval_fn(run.config, run_dir, tuple(offsets))
   t2 = time.perf_counter()
   eval_dir = os.path.join(run_dir, EVAL_DIR)
   write_json(
-      os.path.join(eval_dir, 'results.json'), eval_report.json_safe(results)
+      os.path.join(eval_dir, 'results.json'), eval_report.json_safe(out.results)
   )
-  np.savez(os.path.join(eval_dir, 'per_position.npz'), **per_position)
+  _save_npz(os.path.join(eval_dir, 'per_position.npz'), out.per_position)
+  if out.per_window is not None:
+    _save_npz(os.path.join(eval_dir, WINDOWS), out.per_window)
+  for k, windows in (out.probe_windows or {}).items():
+    _save_npz(os.path.join(eval_dir, PROBE_WINDOWS.format(k)), windows)
+  write_json(os.path.join(run_dir, MIX), measures.training_mix(run.config))
   record = {
       'key': run.key,
       'seed': run.seed,
@@ -283,9 +297,7 @@ def run_sweep(
           r.config.num_train_steps,
           r.config.batch_size,
       )
-      rec = execute_run(
-          r, run_dir, tuple(int(k) for k in exp.offsets), train_fn, eval_fn
-      )
+      rec = execute_run(r, run_dir, spec.offsets(exp, quick), train_fn, eval_fn)
       trained += 1
       logger.info(
           '%s: done in %.1f s (train) + %.1f s (eval)',
@@ -308,6 +320,7 @@ def run_sweep(
           seconds,
           per_position,
           float(exp.rare_exposure),
+          int(exp.mid_bucket),
       )
       measured[r.key] = {
           'key': r.key,
