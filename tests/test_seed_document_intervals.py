@@ -1,4 +1,4 @@
-"""Intervals that combine seeds and documents (buckets.seed_document_contrast)."""
+"""Intervals that combine seeds and documents (seed_document_contrast)."""
 
 import numpy as np
 import pytest
