@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from configs import tiny
 from flax_posemb.data import report
@@ -104,20 +105,22 @@ def _long_text_arm(policy: str, shuffle_rows: int | None = None):
           'long_text.py',
       )
   )
-  run = next(
-      r for r in spec.expand(exp) if r.config.data.position_policy == policy
-  )
-  overrides = [('batch_size', 4)]
+  run = next(r for r in spec.expand(exp) if r.arm == 'packed_reset')
+  overrides = [('batch_size', 4), ('data.position_policy', policy)]
   if shuffle_rows is not None:
     overrides.append(('data.shuffle_rows', shuffle_rows))
   return spec.apply_overrides(run.config, overrides)
 
 
 def test_long_text_streaming_batches_mix_documents_like_a_random_draw():
-  for policy in ('packed', 'packed_reset', 'natural_chunked'):
-    div = report.exposure(
+  for policy in ('packed', 'packed_reset', 'natural_chunked', 'crops'):
+    rep = report.exposure(
         _long_text_arm(policy), num_batches=200, num_source_docs=0
-    )['batch_diversity']
+    )
+    div = rep['batch_diversity']
+    # What the batches train on, beside what the deep windows score.
+    assert sum(rep['kind_mix'].values()) == pytest.approx(1.0)
+    assert rep['eval_kind_mix']['code'] < 0.2 < rep['kind_mix']['code']
     assert div['all_one_doc'] <= div['random_all_one_doc'] + 0.01, (policy, div)
     assert div['same_doc_pairs'] < 3 * div['random_same_doc_pairs'], (
         policy,

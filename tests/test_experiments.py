@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from conftest import ROOT
 from flax_posemb.experiments import measures
@@ -65,16 +66,23 @@ def test_scipy_t_interval_equals_the_former_hand_written_one(
 
 
 def test_committed_reports_recompute_to_the_same_intervals_and_verdicts():
-  """Every claim of docs/experiments/*/summary.json, recomputed from its stored
-  per-seed differences: same interval (to 1e-12) and same verdict."""
+  """Every claim of docs/experiments/*/summary.json, recomputed: intervals over
+  seeds from its stored per-seed differences, intervals over seeds and
+  documents from its stored stderr and degrees of freedom (to 1e-12), and the
+  same verdict."""
   paths = sorted((ROOT / 'docs' / 'experiments').glob('*/summary.json'))
   claims = [c for p in paths for c in json.loads(p.read_text())['claims']]
   if not claims:
     pytest.skip('no committed experiment reports')
   for c in claims:
-    d = [np.nan if x is None else x for x in c['differences']]
-    iv = paired.t_interval(d)
     stored = {k: np.nan if v is None else v for k, v in c['interval'].items()}
+    if stored.get('method') == paired.SEEDS_AND_DOCUMENTS:
+      q = scipy.stats.t.ppf(0.975, stored['df'])
+      mean, se = stored['mean'], stored['stderr']
+      iv = paired.Interval(mean, mean - q * se, mean + q * se, stored['n'], se)
+    else:
+      d = [np.nan if x is None else x for x in c['differences']]
+      iv = paired.t_interval(d)
     np.testing.assert_allclose(
         [iv.mean, iv.low, iv.high],
         [stored['mean'], stored['low'], stored['high']],
@@ -723,13 +731,51 @@ def test_long_text_quick_report_states_where_its_windows_come_from(tmp_path):
       summary['first_window_overlaps'] == 0 and summary['long_doc_share'] == 1.0
   )
   assert {'shakespeare', 'bible'} & set(summary['kinds'])
-  assert set(windows['rise']) == {'by_depth', 'by_end'}
-  assert set(windows['rise']['by_end']['arms']) == {'packed', 'natural'}
+  assert set(windows['rise']) == {'by_kind', 'by_depth', 'by_end'}
+  assert set(windows['rise']['by_end']['arms']) == {
+      'packed_reset',
+      'crops/skew:0.01',
+  }
   for needle in (
       '## Evaluation windows',
       'start in document',
       'By window start',
+      '**Descriptive**',
+      '## What each arm trained on',
+      '*evaluation windows*',
+      '## Dose-response',
+      'dose_response.png',
+      'Late vs mid (pre-registered)',
   ):
     assert needle in report
+  claims = json.load(open(os.path.join(out, 'summary.json')))['claims']
+  on_windows = next(c for c in claims if c['metric'] == 'loss_late_minus_mid')
+  assert on_windows['interval']['method'] == paired.SEEDS_AND_DOCUMENTS
+  assert on_windows['interval']['documents'] == summary['documents']
+  on_training = next(c for c in claims if c['metric'].startswith('exposure'))
+  assert on_training['interval']['method'] == paired.SEEDS
   # Notes cite the full runs.
   assert 'What changed since the previous report' not in report
+
+
+def test_window_metrics_are_bucket_contrasts_with_the_corpus_constants():
+  from flax_posemb.experiments import inference
+
+  results = {
+      'buckets': [
+          {'bayes_loss': 1.0, 'filter_loss': 2.0},
+          {'bayes_loss': 1.5, 'filter_loss': 2.5},
+          {'bayes_loss': 1.2, 'filter_loss': 3.2},
+      ]
+  }
+  terms, constant = inference.terms('excess_late_minus_mid', results, mid=1)
+  assert [(t.bucket, t.weight) for t in terms] == [(2, 1.0), (1, -1.0)]
+  assert constant == pytest.approx(-(1.2 - 1.5))
+  terms, constant = inference.terms('recovered_late', results, mid=1)
+  # (filter - loss) / (filter - bayes) at loss = 2.2: 0.5
+  assert constant + terms[0].weight * 2.2 == pytest.approx(0.5)
+  terms, _ = inference.terms('offset_penalty_16', dict(results), mid=1)
+  assert [(t.scored, t.bucket, t.weight) for t in terms] == [
+      ('offset_16', None, 1.0),
+      ('offset_0', None, -1.0),
+  ]

@@ -218,7 +218,39 @@ def exposure(
       'decode_errors': bad,
       'composition': composition(c) if c.source == 'long_text' else None,
       'kind_mix': kind_mix,
+      'eval_kind_mix': eval_kind_mix(config),
   }
+
+
+def eval_kind_mix(config) -> dict[str, float]:
+  """Share of the evaluation windows' scored tokens per document kind, for
+  the windows `config.eval` selects (docs/DESIGN.md "Evaluation outputs")."""
+  ev = config.eval
+  min_doc_len, min_start = pipeline.deep_limits(
+      int(ev.window_len or config.model.max_len),
+      int(ev.min_doc_len),
+      int(ev.min_start),
+  )
+  batches = pipeline.make_eval_batches(
+      config.data,
+      split=config.data.eval_split,
+      window_len=int(ev.window_len or config.model.max_len),
+      num_windows=int(ev.num_windows),
+      batch_size=int(ev.batch_size),
+      policy=ev.position_policy,
+      seed=int(ev.seed),
+      window_start=ev.window_start,
+      min_doc_len=min_doc_len,
+      min_start=min_start,
+  )
+  per_kind: dict[str, float] = {}
+  for batch in batches:
+    scored = batch['loss_mask'].sum(1)
+    for kind, count in zip(batch['kind'].tolist(), scored.tolist()):
+      if count:
+        per_kind[kind] = per_kind.get(kind, 0.0) + count
+  total = max(sum(per_kind.values()), 1.0)
+  return {k: per_kind[k] / total for k in sorted(per_kind)}
 
 
 def _kind_mix(batch_docs: list[np.ndarray], src) -> dict[str, float]:
@@ -251,11 +283,16 @@ def batch_diversity(
   same = (main_docs[:, i] == main_docs[:, j]) & (main_docs[:, i] >= 0)
   one = (main_docs == main_docs[:, :1]).all(1) & (main_docs[:, 0] >= 0)
   pairs = np.asarray(doc_pairs, np.float64)
-  w = {
+  # Streams of tokens: documents weighted by their pairs; one row per
+  # document otherwise.
+  weights = {
       'natural_chunked': np.ceil(pairs / int(data_config.seq_len)),
       'packed': pairs,
       'packed_reset': pairs,
-  }.get(data_config.position_policy, (pairs > 0).astype(np.float64))
+  }
+  if data_config.get('crop_weighting', 'token') == 'token':
+    weights['crops'] = pairs
+  w = weights.get(data_config.position_policy, (pairs > 0).astype(np.float64))
   w = np.where(pairs + 1 >= int(data_config.min_doc_len), w, 0.0)
   p = w / max(w.sum(), 1.0)
   f = len(pairs) / max(int(split_docs), 1)
@@ -317,12 +354,16 @@ def format_report(rep: dict[str, Any]) -> str:
       f' {"#" * int(round(40 * d / top))}'
       for a, b, d in zip(edges[:-1], edges[1:], rep['deciles'])
   ]
-  mix = rep.get('kind_mix')
-  if mix:
-    lines.append(
-        'training tokens by document kind: '
-        + ', '.join(f'{k} {100 * v:.1f}%' for k, v in mix.items())
-    )
+  for key, what in (
+      ('kind_mix', 'training tokens'),
+      ('eval_kind_mix', 'evaluation windows (scored tokens)'),
+  ):
+    mix = rep.get(key)
+    if mix:
+      lines.append(
+          f'{what} by document kind: '
+          + ', '.join(f'{k} {100 * v:.1f}%' for k, v in mix.items())
+      )
   div = rep.get('batch_diversity')
   if div and div['same_doc_pairs'] is not None:
     lines.append(
