@@ -684,3 +684,28 @@ def dose_response(
       ax.set_title(f'{name}: arm - {panel["baseline"]}', fontsize=9)
   fig.suptitle(title, fontsize=10)
   return _save(fig, path)
+
+
+def claims_forest(
+    path: str, claims: Sequence[dict[str, Any]], title: str = ''
+) -> str:
+  """Each claim's interval of ``arm - baseline``, one row each, coloured by its
+  verdict (``claims``: the report's claim records)."""
+  colors = {'supported': 'C2', 'contradicted': 'C3'}
+  fig, ax = plt.subplots(figsize=(9, 0.42 * len(claims) + 1.2))
+  y = np.arange(len(claims))[::-1]
+  for yi, c in zip(y, claims):
+    iv = c['interval']
+    mean = np.nan if iv.get('mean') is None else iv['mean']
+    low = np.nan if iv.get('low') is None else iv['low']
+    high = np.nan if iv.get('high') is None else iv['high']
+    color = colors.get(c['verdict'], 'C7')
+    ax.plot([low, high], [yi, yi], color=color, lw=2)
+    ax.plot([mean], [yi], 'o', color=color, ms=5)
+  ax.axvline(0.0, color='k', lw=0.8)
+  ax.set_yticks(y, [f"{c['id']} ({c['metric']})" for c in claims], fontsize=8)
+  ax.set_xlabel(
+      'arm - baseline (95% interval; green supported, red contradicted)'
+  )
+  ax.set_title(title, fontsize=9)
+  return _save(fig, path)

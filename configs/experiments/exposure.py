@@ -25,7 +25,13 @@ POLICIES = (
 # Content-matched crops (synthetic documents are generated for their position
 # ids, so every policy here draws the same content): natural's exposure packed
 # into full rows, and late rows seen 1/100 as often as the first.
-CROPS = {'crops/natural': 'natural', 'crops/skew:0.01': 'skew:0.01'}
+CROPS = {
+    'crops/natural': 'natural',
+    'crops/skew:0.3': 'skew:0.3',
+    'crops/skew:0.1': 'skew:0.1',
+    'crops/skew:0.03': 'skew:0.03',
+    'crops/skew:0.01': 'skew:0.01',
+}
 # Bucket 16-24 (of 8-position buckets): past the first buckets, whose loss
 # still falls as the regime is inferred from context.
 MID_BUCKET = 2
@@ -204,12 +210,21 @@ def get_config(scale: str = 'cpu'):
   c.doses = (
       spec.dose(
           'synthetic',
-          ('syn/packed', 'syn/crops/natural', 'syn/crops/skew:0.01'),
+          (
+              'syn/packed',
+              'syn/crops/natural',
+              'syn/crops/skew:0.3',
+              'syn/crops/skew:0.1',
+              'syn/crops/skew:0.03',
+              'syn/crops/skew:0.01',
+          ),
           'syn/packed_reset',
       ),
   )
-  syn = tuple(f'syn/{p}' for p in POLICIES) + tuple(
-      f'syn/{name}' for name in CROPS
+  # The doses are in the dose-response table and figure.
+  syn = tuple(f'syn/{p}' for p in POLICIES) + (
+      'syn/crops/natural',
+      'syn/crops/skew:0.01',
   )
   c.profiles = (
       spec.profile(

@@ -2,6 +2,7 @@
 "Experiments outputs")."""
 
 import collections
+import glob
 import logging
 import os
 import shlex
@@ -9,6 +10,7 @@ import sys
 from typing import Any
 
 from flax_posemb import outputs
+from flax_posemb.experiments import measures
 from flax_posemb.experiments import report
 from flax_posemb.experiments import spec
 from flax_posemb.experiments import sweep
@@ -107,21 +109,47 @@ def _verdict_counts(claims: list[dict[str, Any]], key: str) -> str:
   return ', '.join(f'{n} {v}' for v, n in counts.items()) or 'no claims'
 
 
+def _all_summaries(
+    summaries: dict[str, dict[str, Any]], out_dir: str
+) -> dict[str, dict[str, Any]]:
+  """Every report's summary in ``out_dir`` (other suites' too), ``summaries``
+  replacing theirs; by experiment name."""
+  found = {}
+  for path in sorted(glob.glob(os.path.join(out_dir, '*', 'summary.json'))):
+    name = os.path.basename(os.path.dirname(path))
+    found[name] = measures.load_json(path)
+  found.update(summaries)
+  return dict(sorted(found.items()))
+
+
 def write_index(
     summaries: dict[str, dict[str, Any]], out_dir: str, command: str
 ) -> str:
-  """Writes ``out_dir/README.md``: per experiment its verdict counts and links;
-  returns it."""
+  """Writes ``out_dir/README.md``: every report in ``out_dir`` (this suite's
+  and earlier ones'), its verdict counts and links, and the dose-response
+  series of all of them in one figure; returns its path."""
+  del command  # Each report states its own.
+  everything = _all_summaries(summaries, out_dir)
   lines = [
       '# Experiments',
       '',
       (
-          f'Produced by `{command}` (one process, one shared run store: arms'
-          ' whose resolved configs coincide across experiments are one run).'
+          'Each report states the command that produced it; experiments of one'
+          ' command share one run store (arms whose resolved configs coincide'
+          ' are one run).'
       ),
       '',
   ]
-  for name, s in summaries.items():
+  doses = [
+      dict(d, name=f'{name}: {d["name"]}')
+      for name, s in everything.items()
+      for d in s['analyses'].get('doses', [])
+      if d['arms']
+  ]
+  if doses:
+    title, figure = report.dose_plot(doses, out_dir, 'every experiment')
+    lines += [f'![{title}]({figure})', '']
+  for name, s in everything.items():
     partial = '' if s['complete'] else ' **(partial sweep)**'
     lines += [
         f'## [{s["title"]}]({name}/REPORT.md){partial}',
@@ -133,7 +161,8 @@ def write_index(
             f' ({s["multiplicity"]["claims_tested"]} claims tested; after'
             ' Holm-Bonferroni:'
             f' {_verdict_counts(s["claims"], "verdict_holm")}). Data:'
-            f' [`summary.json`]({name}/summary.json).'
+            f' [`summary.json`]({name}/summary.json). Command:'
+            f' `{s.get("command", "")}`.'
         ),
         '',
         f'![{name}]({name}/{s["figures"][0]})',

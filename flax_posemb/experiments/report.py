@@ -544,7 +544,14 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
     made.append((p['title'], name))
   doses = summary['analyses'].get('doses')
   if doses:
-    made.append(_dose_plot(doses, out_dir, identity))
+    made.append(dose_plot(doses, out_dir, identity))
+  if summary['claims']:
+    plots.claims_forest(
+        os.path.join(out_dir, 'claims.png'),
+        summary['claims'],
+        title=f'Claims, arm - baseline\n{identity}',
+    )
+    made.append(('Every claim, arm - baseline', 'claims.png'))
   # corpus panel -> {arm: final_loss interval}, its axis label
   panels, ylabels = {}, {}
   for a, v in summary['arms'].items():
@@ -589,7 +596,7 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   return made
 
 
-def _dose_plot(
+def dose_plot(
     doses: list[dict[str, Any]], out_dir: str, identity: str
 ) -> tuple[str, str]:
   """The dose-response figure: (title, file name)."""
