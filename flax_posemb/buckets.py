@@ -236,16 +236,20 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
   return out
 
 
-def _bins(bins: tuple[int, ...], t: int) -> list[tuple[str, int, int | None]]:
+def _bins(
+    bins: tuple[int, ...], t: int
+) -> list[tuple[str, int | None, int | None]]:
   """(label, lo, hi) of each group of ``bins`` in window lengths ``t``."""
   lo = [b * t for b in bins]
-  groups = [(f'[{a}, {b})', a, b) for a, b in zip(lo, lo[1:])]
+  groups: list[tuple[str, int | None, int | None]] = [
+      (f'[{a}, {b})', a, b) for a, b in zip(lo, lo[1:])
+  ]
   return groups + [(f'>= {lo[-1]}', lo[-1], None)]
 
 
 def _binned_labels(values: np.ndarray, bins: tuple[int, ...], t: int):
   groups = _bins(bins, t)
-  lo = [g[1] for g in groups]
+  lo = [b * t for b in bins]
   return np.array([g[0] for g in groups])[
       np.searchsorted(lo, values, side='right') - 1
   ]

@@ -8,7 +8,7 @@ The long_text experiment's corpus, model, budget and windows
 (configs/experiments/long_text.py); every arm takes the control's tokens
 (`crops`, token weighting) and differs in position exposure only: geometric crop
 lengths whose last row is seen R times as often as the first, R = 0.3, 0.1,
-0.03, 0.01; `packed` is R = 1. Arms that coincide with long_text's are the same
+0.03, 0.01 and 0.003; `packed` is R = 1. Arms that coincide with long_text's are the same
 runs (shared run store). The synthetic corpus' doses are in the exposure
 experiment.
 """
@@ -22,7 +22,8 @@ _LONG_TEXT = runpy.run_path(
     os.path.join(os.path.dirname(__file__), 'long_text.py')
 )
 CONTROL = _LONG_TEXT['CONTROL']
-DOSES = ('skew:0.3', 'skew:0.1', 'skew:0.03', 'skew:0.01')
+# 0.003: late rows seen a few dozen times in 400 steps (0.01: about a hundred).
+DOSES = ('skew:0.3', 'skew:0.1', 'skew:0.03', 'skew:0.01', 'skew:0.003')
 
 
 def get_config(scale: str = 'cpu'):

@@ -74,8 +74,10 @@ class _DocStream:
     self._parent = parent
     self._materialize = materialize
     self._min_tokens = min_tokens
-    self._chunk: dict[str, np.ndarray] | None = None
-    self._docs: Sequence[np.ndarray] | None = None
+    # False until the first chunk is read (column 0).
+    self._loaded = False
+    self._chunk: dict[str, np.ndarray] = {}
+    self._docs: Sequence[np.ndarray] = ()
     self._tokens: np.ndarray | None = None
     self._chunk_state: Any = None
     self._chunk_column = 0
@@ -87,6 +89,7 @@ class _DocStream:
     self._chunk_column = column
     self._chunk = next(self._parent)
     self._docs = self._materialize(self._chunk, column)
+    self._loaded = True
     self._doc = 0
     self._pos = 0
     self._load_doc()
@@ -107,8 +110,7 @@ class _DocStream:
   def _current(self, column: int) -> np.ndarray:
     """Tokens of the document with pairs left to read, loading as needed."""
     while True:
-      # None: nothing read yet (column 0).
-      if self._docs is None or self._doc >= len(self._docs):
+      if not self._loaded or self._doc >= len(self._docs):
         self._load_chunk(column)
       elif self._tokens is None or self._pos >= len(self._tokens) - 1:
         self._next_doc()
@@ -140,7 +142,7 @@ class _DocStream:
     return tokens, doc, stream_position
 
   def get_state(self) -> dict[str, Any]:
-    if self._docs is None:
+    if not self._loaded:
       return {
           'parent': self._parent.get_state(),
           'column': 0,
@@ -156,7 +158,7 @@ class _DocStream:
 
   def set_state(self, state: dict[str, Any]) -> None:
     self._parent.set_state(state['parent'])
-    self._docs = None
+    self._loaded = False
     if int(state['doc']) >= 0:
       self._load_chunk(int(state['column']))
       self._doc = int(state['doc'])

@@ -217,7 +217,9 @@ def estimate(
       (s, i): load(side[s]) for s in seeds for i, (side, _) in enumerate(sides)
   }
   if not seeds:
-    return {'mean': float('nan'), 'seeds': 0, 'seed_ids': []}
+    empty = np.zeros((0, 0, 1))
+    out = buckets.seed_document_contrast(empty, empty, np.ones(1))
+    return dict(out, seed_ids=[])
   documents = _same_windows(list(runs.values()))
   weights, constant = [], 0.0
   for i, (_, sign) in enumerate(sides):

@@ -235,21 +235,30 @@ class _Judge:
         **kwargs,
     )
 
+  def judged(
+      self,
+      metric: str,
+      arm: str,
+      baseline: str,
+      direction: str,
+      margin: float = 0.0,
+  ) -> dict[str, Any]:
+    """`paired.judge`'s record of ``metric(arm) - metric(baseline)``."""
+    if self._on_windows(metric, arm, baseline):
+      estimate = self.estimate(metric, arm, baseline)
+      return paired.judge_estimate(estimate, direction, margin)
+    arm_values = _values(self.by_arm[arm], metric)
+    if baseline:
+      base_values = _values(self.by_arm[baseline], metric)
+    else:
+      base_values = dict.fromkeys(arm_values, 0.0)
+    out = paired.judge(arm_values, base_values, direction, margin)
+    out['interval']['method'] = paired.SEEDS
+    return out
+
   def claim(self, c: ml_collections.ConfigDict) -> dict[str, Any]:
     """The claim's record: interval of ``metric(arm) - metric(baseline)`` and
     verdict."""
-    if self._on_windows(c.metric, c.arm, c.baseline):
-      judged = paired.judge_estimate(
-          self.estimate(c.metric, c.arm, c.baseline), c.direction, c.margin
-      )
-    else:
-      arm_values = _values(self.by_arm[c.arm], c.metric)
-      if c.baseline:
-        base_values = _values(self.by_arm[c.baseline], c.metric)
-      else:
-        base_values = dict.fromkeys(arm_values, 0.0)
-      judged = paired.judge(arm_values, base_values, c.direction, c.margin)
-      judged['interval']['method'] = paired.SEEDS
     return {
         'id': c.id,
         'text': c.text,
@@ -258,7 +267,7 @@ class _Judge:
         'baseline': c.baseline,
         'direction': c.direction,
         'margin': c.margin,
-        **judged,
+        **self.judged(c.metric, c.arm, c.baseline, c.direction, c.margin),
     }
 
   def scalar(self, arm: str, metric: str) -> dict[str, Any]:
@@ -289,6 +298,14 @@ class _Judge:
         _vectors(runs, metric, shared) - _vectors(base, metric, shared)
     )
 
+  def _exposure(self, arm: str, bucket: int) -> float:
+    """Mean over seeds of the cumulative training occurrences per row of
+    ``bucket``."""
+    runs = self.by_arm[arm].values()
+    return float(
+        np.nanmean([m['vectors']['bucket_exposure'][bucket] for m in runs])
+    )
+
   def dose(self, d: ml_collections.ConfigDict) -> dict[str, Any]:
     """A dose-response series: per arm its late rows' exposure and its paired
     differences to the series' baseline."""
@@ -299,43 +316,21 @@ class _Judge:
     metrics = ['loss_late', 'loss_late_minus_mid']
     if shift:
       metrics.append(f'offset_penalty_{shift}')
-    exposure = [
-        float(
-            np.nanmean(
-                [
-                    m['vectors']['bucket_exposure'][-1]
-                    for m in self.by_arm[a].values()
-                ]
-            )
-        )
-        for a in arms
-    ]
     return {
         'name': d.name,
         'baseline': d.baseline,
         'arms': arms,
-        'late_exposure': exposure,
+        'late_exposure': [self._exposure(a, -1) for a in arms],
+        'early_exposure': [self._exposure(a, 0) for a in arms],
+        'rare_exposure': float(self.exp.rare_exposure),
         'measures': {
-            m: [self._difference(m, a, d.baseline) for a in arms]
+            m: [
+                self.judged(m, a, d.baseline, 'greater')['interval']
+                for a in arms
+            ]
             for m in metrics
         },
     }
-
-  def _difference(self, metric: str, arm: str, baseline: str) -> dict:
-    judged = self.claim(
-        ml_collections.ConfigDict(
-            {
-                'id': '',
-                'text': '',
-                'metric': metric,
-                'arm': arm,
-                'baseline': baseline,
-                'direction': 'greater',
-                'margin': 0.0,
-            }
-        )
-    )
-    return judged['interval']
 
 
 def _arms(
@@ -756,16 +751,47 @@ def _dose_lines(summary: Mapping[str, Any]) -> list[str]:
   ]
   for d in doses:
     metrics = list(d['measures'])
-    rows = [
-        [arm, fmt(x, 1), *(d['measures'][m][i] for m in metrics)]
-        for i, (arm, x) in enumerate(zip(d['arms'], d['late_exposure']))
-    ]
+    rows = []
+    for i, arm in enumerate(d['arms']):
+      late = d['late_exposure'][i]
+      early = d['early_exposure'][i]
+      rows.append(
+          [
+              arm,
+              fmt(late, 1),
+              fmt(early, 1),
+              'yes' if _rare(late, early, d['rare_exposure']) else 'no',
+              *(d['measures'][m][i] for m in metrics),
+          ]
+      )
     lines += [f'### {d["name"]}: arm - {d["baseline"]}', '']
     lines += _md_table(
-        ['arm', 'late-row occurrences', *(f'`{m}`' for m in metrics)], rows
+        [
+            'arm',
+            'late-row occurrences',
+            'first-bucket occurrences',
+            'rare regime',
+            *(f'`{m}`' for m in metrics),
+        ],
+        rows,
     )
-    lines.append('')
+    lines += [
+        '',
+        (
+            f"*Rare regime*: the last bucket's rows were seen fewer than"
+            f' {fmt(d["rare_exposure"], 0)} times each and less than a tenth'
+            " as often as the first bucket's. Where no arm reaches it, this"
+            ' experiment says nothing about rare rows.'
+        ),
+        '',
+    ]
   return lines
+
+
+def _rare(late: float, early: float, threshold: float) -> bool:
+  """Whether a late bucket seen ``late`` times per row, against ``early``, is
+  in the regime of the claim (tens of occurrences against thousands)."""
+  return late < threshold and late < 0.1 * early
 
 
 def _window_lines(windows: Mapping[str, Any]) -> list[str]:
