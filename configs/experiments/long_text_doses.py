@@ -8,9 +8,9 @@ The long_text experiment's corpus, model, budget and windows
 (configs/experiments/long_text.py); every arm takes the control's tokens
 (`crops`, token weighting) and differs in position exposure only: geometric crop
 lengths whose last row is seen R times as often as the first, R = 0.3, 0.1,
-0.03, 0.01 and 0.003; `packed` is R = 1. Arms that coincide with long_text's are the same
-runs (shared run store). The synthetic corpus' doses are in the exposure
-experiment.
+0.03, 0.01 and 0.003; `packed` is R = 1. Arms that coincide with long_text's
+are the same runs (shared run store). The synthetic corpus' doses are in the
+exposure experiment.
 """
 
 import os
@@ -27,7 +27,6 @@ DOSES = ('skew:0.3', 'skew:0.1', 'skew:0.03', 'skew:0.01', 'skew:0.003')
 
 
 def get_config(scale: str = 'cpu'):
-  long_text = _LONG_TEXT['get_config'](scale)
   c = spec.new(
       'long_text_doses',
       'The late-row penalty on real text against late-row exposure',
@@ -36,16 +35,8 @@ def get_config(scale: str = 'cpu'):
       " rows' exposure falls from the first rows' (R = 1) to 1/100 of it?",
       scale,
   )
-  for key in (
-      'base_overrides',
-      'budget',
-      'offsets',
-      'quick_offsets',
-      'mid_bucket',
-      'quick_overrides',
-      'seeds',
-  ):
-    c[key] = long_text[key]
+  _LONG_TEXT['settings'](c, scale)
+  c.seeds = (0, 1, 2, 3, 4)
   crops = _LONG_TEXT['crops']
   arms = [
       spec.arm(CONTROL, {'data.position_policy': 'packed_reset'}),

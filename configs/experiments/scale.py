@@ -41,7 +41,6 @@ def cell(width: int, steps: int) -> dict:
 
 
 def get_config(scale: str = 'cpu'):
-  long_text = _LONG_TEXT['get_config'](scale)
   c = spec.new(
       'scale',
       'The late-row penalty against model width and token budget',
@@ -50,15 +49,7 @@ def get_config(scale: str = 'cpu'):
       ' model width and the number of training tokens?',
       scale,
   )
-  for key in (
-      'base_overrides',
-      'budget',
-      'offsets',
-      'quick_offsets',
-      'mid_bucket',
-      'quick_overrides',
-  ):
-    c[key] = long_text[key]
+  _LONG_TEXT['settings'](c, scale)
   c.seeds = (0, 1, 2)
   crops = _LONG_TEXT['crops']
   arms, claims = [], []

@@ -339,12 +339,15 @@ def make_train_iterator(
     )
   ds = ds.batch(b, drop_remainder=True)
   num_short = int(float(c.schedule_fraction) * int(num_train_steps))
+  short = None
   if policy == 'length_schedule':
-    ds = policies.ScheduleCropIterDataset(
-        ds, int(c.schedule_seq_len), num_short
-    )
+    short = policies.crop_columns
   if policy == 'crops' and c.crop_lengths == 'schedule':
-    ds = policies.ScheduleCutIterDataset(ds, int(c.schedule_seq_len), num_short)
+    short = policies.cut_rows
+  if short is not None:
+    ds = policies.ScheduleIterDataset(
+        ds, short, int(c.schedule_seq_len), num_short
+    )
   if not with_doc_ids:
     ds = ds.map(lambda batch: {k: batch[k] for k in policies.KEYS})
   if int(c.num_workers) > 0:

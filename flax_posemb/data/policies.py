@@ -387,50 +387,16 @@ class _CropIterator(grain.DatasetIterator):
     self._pending = None
 
 
-class ScheduleCropIterDataset(grain.IterDataset):
-  """Crops the first `num_short` batches ``[b, T] -> [b, short_len]``
-  (`length_schedule`)."""
-
-  def __init__(self, parent: grain.IterDataset, short_len: int, num_short: int):
-    super().__init__(parent)
-    self._short_len, self._num_short = short_len, num_short
-
-  def __iter__(self) -> '_ScheduleCropIterator':
-    return _ScheduleCropIterator(
-        self._parent.__iter__(), self._short_len, self._num_short
-    )
-
-  def __str__(self) -> str:
-    return f'ScheduleCropIterDataset({self._short_len}, {self._num_short})'
-
-
-class _ScheduleCropIterator(grain.DatasetIterator):
-
-  def __init__(self, parent, short_len, num_short):
-    super().__init__(parent)
-    self._short_len, self._num_short, self._step = short_len, num_short, 0
-
-  def __next__(self):
-    batch = next(self._parent)
-    if self._step < self._num_short:
-      batch = {
-          k: np.ascontiguousarray(v[:, : self._short_len])
-          for k, v in batch.items()
-      }
-    self._step += 1
-    return batch
-
-  def get_state(self):
-    return {'parent': self._parent.get_state(), 'step': self._step}
-
-  def set_state(self, state):
-    self._parent.set_state(state['parent'])
-    self._step = int(state['step'])
+def crop_columns(batch: dict[str, np.ndarray], length: int) -> dict[str, Any]:
+  """``[b, T]`` rows cut to their first ``length`` columns (`length_schedule`'s
+  short phase)."""
+  return {k: np.ascontiguousarray(v[:, :length]) for k, v in batch.items()}
 
 
 def cut_rows(batch: dict[str, np.ndarray], piece_len: int) -> dict[str, Any]:
   """``[b, T]`` rows with every segment cut into pieces of ``piece_len`` pairs,
-  each its own segment from position 0 (the tokens are unchanged)."""
+  each its own segment from position 0 (the tokens are unchanged: `crops` with
+  ``data.crop_lengths='schedule'``)."""
   positions = batch['positions'] % piece_len
   segment_ids = batch['segment_ids']
   starts = positions == 0
@@ -443,29 +409,40 @@ def cut_rows(batch: dict[str, np.ndarray], piece_len: int) -> dict[str, Any]:
   return out
 
 
-class ScheduleCutIterDataset(grain.IterDataset):
-  """Cuts the rows of the first `num_short` batches into pieces of `short_len`
-  pairs (`crops` with ``data.crop_lengths='schedule'``: BERT's schedule on the
-  same tokens)."""
+class ScheduleIterDataset(grain.IterDataset):
+  """``short(batch, short_len)`` on the first `num_short` batches: BERT's short
+  phase (`crop_columns` or `cut_rows`)."""
 
-  def __init__(self, parent: grain.IterDataset, short_len: int, num_short: int):
+  def __init__(
+      self,
+      parent: grain.IterDataset,
+      short: Callable[[dict[str, np.ndarray], int], dict[str, Any]],
+      short_len: int,
+      num_short: int,
+  ):
     super().__init__(parent)
+    self._short = short
     self._short_len = short_len
     self._num_short = num_short
 
-  def __iter__(self) -> '_ScheduleCutIterator':
-    return _ScheduleCutIterator(
-        self._parent.__iter__(), self._short_len, self._num_short
+  def __iter__(self) -> '_ScheduleIterator':
+    return _ScheduleIterator(
+        self._parent.__iter__(), self._short, self._short_len, self._num_short
     )
 
   def __str__(self) -> str:
-    return f'ScheduleCutIterDataset({self._short_len}, {self._num_short})'
+    return (
+        f'ScheduleIterDataset({self._short.__name__}, {self._short_len},'
+        f' {self._num_short})'
+    )
 
 
-class _ScheduleCutIterator(grain.DatasetIterator):
+class _ScheduleIterator(grain.DatasetIterator):
+  """State: the parent's and the number of batches taken."""
 
-  def __init__(self, parent, short_len, num_short):
+  def __init__(self, parent, short, short_len, num_short):
     super().__init__(parent)
+    self._short = short
     self._short_len = short_len
     self._num_short = num_short
     self._step = 0
@@ -473,7 +450,7 @@ class _ScheduleCutIterator(grain.DatasetIterator):
   def __next__(self):
     batch = next(self._parent)
     if self._step < self._num_short:
-      batch = cut_rows(batch, self._short_len)
+      batch = self._short(batch, self._short_len)
     self._step += 1
     return batch
 

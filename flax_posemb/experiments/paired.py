@@ -77,25 +77,14 @@ def decision_p_value(
 ) -> float:
   """Smallest alpha at which the (1 - alpha) interval of ``values`` ``[n]`` is
   decisive under ``verdict`` (equivalent: TOST, or the interval beyond one side
-  of the band)."""
+  of the band); 1 below two values."""
   x = _finite(values)
-
-  # alpha at which low > c
-  def above(c):
-    return 2.0 * float(_ttest(x, c, 'greater').pvalue)
-
-  # alpha at which high < c
-  def below(c):
-    return 2.0 * float(_ttest(x, c, 'less').pvalue)
-
-  if direction == 'equivalent':
-    p = min(
-        max(above(-margin), below(margin)), min(above(margin), below(-margin))
-    )
-  else:
-    p = min(above(0.0), below(0.0))
-  # NaN below two values: never decisive.
-  return min(1.0, p) if math.isfinite(p) else 1.0
+  if x.size < 2:
+    return 1.0
+  stderr = float(np.std(x, ddof=1)) / math.sqrt(x.size)
+  return estimate_p_value(
+      float(x.mean()), stderr, float(x.size - 1), direction, margin
+  )
 
 
 def holm(p_values: Sequence[float]) -> np.ndarray:
