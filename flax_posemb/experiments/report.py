@@ -11,6 +11,7 @@ import numpy as np
 
 from flax_posemb import eval_report
 from flax_posemb import outputs
+from flax_posemb import plots
 from flax_posemb.experiments import measures
 from flax_posemb.experiments import paired
 from flax_posemb.experiments import sweep
@@ -30,23 +31,27 @@ TABLE_SCALARS = (
 )
 
 
-def stated_settings(config: ml_collections.ConfigDict) -> dict[str, object]:
+def stated_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """The settings every report states (token init, beta2, weight decay, corpus,
   shapes)."""
-  d, m, o = config.data, config.model, config.optimizer
+  data = config.data
+  model = config.model
+  optimizer = config.optimizer
   return {
-      'token_init': m.token_init,
-      'token_init_std': float(m.token_init_std),
-      'beta2': float(o.b2),
-      'weight_decay': float(o.weight_decay),
-      'decay_position_table': bool(o.decay_position_table),
-      'corpus': d.source if d.source != 'tfds' else f'tfds:{d.name}',
-      'tokenizer': d.tokenizer if d.source != 'synthetic' else 'synthetic',
-      'seq_len': int(d.seq_len),
+      'token_init': model.token_init,
+      'token_init_std': float(model.token_init_std),
+      'beta2': float(optimizer.b2),
+      'weight_decay': float(optimizer.weight_decay),
+      'decay_position_table': bool(optimizer.decay_position_table),
+      'corpus': data.source if data.source != 'tfds' else f'tfds:{data.name}',
+      'tokenizer': (
+          data.tokenizer if data.source != 'synthetic' else 'synthetic'
+      ),
+      'seq_len': int(data.seq_len),
       'num_train_steps': int(config.num_train_steps),
       'model': (
-          f'{m.num_layers} layers, {m.num_heads} heads, width {m.emb_dim},'
-          f' table {m.max_len} rows'
+          f'{model.num_layers} layers, {model.num_heads} heads, width'
+          f' {model.emb_dim}, table {model.max_len} rows'
       ),
   }
 
@@ -75,7 +80,10 @@ def _values(
     runs: Mapping[int, Mapping[str, Any]], metric: str
 ) -> dict[int, float]:
   """seed -> scalar ``metric`` (NaN where not measured)."""
-  return {s: float(m['scalars'].get(metric, np.nan)) for s, m in runs.items()}
+  return {
+      seed: float(run['scalars'].get(metric, np.nan))
+      for seed, run in runs.items()
+  }
 
 
 def _vectors(
@@ -83,13 +91,11 @@ def _vectors(
 ) -> np.ndarray:
   """``[len(seeds), B]`` vector ``metric`` of those seeds (NaN where not
   measured)."""
-  return np.array(
-      [
-          runs[s]['vectors'].get(metric, [np.nan] * len(runs[s]['buckets']))
-          for s in seeds
-      ],
-      np.float64,
-  ).reshape(len(seeds), -1)
+  rows = []
+  for seed in seeds:
+    unmeasured = [np.nan] * len(runs[seed]['buckets'])
+    rows.append(runs[seed]['vectors'].get(metric, unmeasured))
+  return np.array(rows, np.float64).reshape(len(seeds), -1)
 
 
 def _intervals(x: np.ndarray) -> list[dict[str, Any]]:
@@ -100,34 +106,39 @@ def _intervals(x: np.ndarray) -> list[dict[str, Any]]:
 def _md_table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
   """Markdown table lines; a dict cell is an interval (``fmt_interval(cell,
   3)``)."""
-  return [
-      '| '
-      + ' | '.join(
-          fmt_interval(c, 3) if isinstance(c, dict) else str(c) for c in r
-      )
-      + ' |'
-      for r in [header, ['---'] * len(header), *rows]
-  ]
+  lines = []
+  for row in [header, ['---'] * len(header), *rows]:
+    cells = [
+        fmt_interval(cell, 3) if isinstance(cell, dict) else str(cell)
+        for cell in row
+    ]
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return lines
 
 
 def aggregate(
     exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]
 ) -> dict[str, Any]:
   """The JSON-ready summary of a sweep (``sweep.run_sweep`` output)."""
-  rows = [r for r in sweep_out['runs'] if r['done']]
+  rows = [row for row in sweep_out['runs'] if row['done']]
   # arm (grid order, unfinished arms included) -> {seed: measures}, seeds
   # ascending.
-  by_arm: dict[str, dict[int, Any]] = {r['arm']: {} for r in sweep_out['runs']}
-  for r in sorted(rows, key=lambda r: int(r['seed'])):
-    by_arm[r['arm']][int(r['seed'])] = r['measures']
+  by_arm: dict[str, dict[int, Any]] = {
+      row['arm']: {} for row in sweep_out['runs']
+  }
+  for row in sorted(rows, key=_seed):
+    by_arm[row['arm']][int(row['seed'])] = row['measures']
   claims = paired.with_holm(_claims(exp, by_arm))
-  tested = [c for c in claims if c['verdict'] != paired.NOT_MEASURED]
+  tested = [
+      claim for claim in claims if claim['verdict'] != paired.NOT_MEASURED
+  ]
   analyses = {}
   if 'cosine_convergence' in exp.analyses:
     analyses['cosine_convergence'] = _convergence(exp, rows)
-  if windows := _window_groups(rows, by_arm):
+  windows = _window_groups(rows, by_arm)
+  if windows:
     analyses['windows'] = windows
-  overrides = {a.name: dict(a.overrides) for a in exp.arms}
+  overrides = {arm.name: dict(arm.overrides) for arm in exp.arms}
   return {
       'experiment': exp.name,
       'title': exp.title,
@@ -144,22 +155,26 @@ def aggregate(
           'claims_tested': len(tested),
           'alpha': 0.05,
           'verdicts_changed': sum(
-              c['verdict_holm'] != c['verdict'] for c in tested
+              claim['verdict_holm'] != claim['verdict'] for claim in tested
           ),
       },
       'profiles': _profiles(exp, by_arm),
       'analyses': analyses,
       'runs': [
           {
-              'arm': r['arm'],
-              'seed': r['seed'],
-              'key': r['key'],
-              'done': r['done'],
-              'overrides': overrides[r['arm']],
+              'arm': row['arm'],
+              'seed': row['seed'],
+              'key': row['key'],
+              'done': row['done'],
+              'overrides': overrides[row['arm']],
           }
-          for r in sweep_out['runs']
+          for row in sweep_out['runs']
       ],
   }
+
+
+def _seed(row: Mapping[str, Any]) -> int:
+  return int(row['seed'])
 
 
 def _arms(
@@ -167,25 +182,27 @@ def _arms(
 ) -> dict[str, Any]:
   """arm -> {seeds[, scalars, vectors, corpus, tokenizer]} (intervals over
   seeds)."""
-  settings = {r['arm']: stated_settings(r['config']) for r in rows}
+  settings = {row['arm']: stated_settings(row['config']) for row in rows}
 
   def names(kind):
-    return sorted({k for r in rows for k in r['measures'][kind]})
+    return sorted({name for row in rows for name in row['measures'][kind]})
 
-  out = {}
-  for a, runs in by_arm.items():
-    out[a] = {'seeds': list(runs), 'scalars': {}, 'vectors': {}}
-    if runs:
-      out[a]['scalars'] = {
-          k: paired.t_interval(list(_values(runs, k).values())).as_dict()
-          for k in names('scalars')
-      }
-      out[a]['vectors'] = {
-          k: _intervals(_vectors(runs, k, list(runs))) for k in names('vectors')
-      }
-      out[a].update(
-          corpus=settings[a]['corpus'], tokenizer=settings[a]['tokenizer']
-      )
+  out: dict[str, dict[str, Any]] = {}
+  for arm, runs in by_arm.items():
+    entry: dict[str, Any] = {'seeds': list(runs), 'scalars': {}, 'vectors': {}}
+    out[arm] = entry
+    if not runs:
+      continue
+    entry['scalars'] = {
+        name: paired.t_interval(list(_values(runs, name).values())).as_dict()
+        for name in names('scalars')
+    }
+    entry['vectors'] = {
+        name: _intervals(_vectors(runs, name, list(runs)))
+        for name in names('vectors')
+    }
+    entry['corpus'] = settings[arm]['corpus']
+    entry['tokenizer'] = settings[arm]['tokenizer']
   return out
 
 
@@ -193,26 +210,31 @@ def _claims(
     exp: ml_collections.ConfigDict, by_arm: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
   claims = []
-  for c in exp.claims:
-    if c.arm in by_arm and (not c.baseline or c.baseline in by_arm):
-      av = _values(by_arm[c.arm], c.metric)
-      bv = (
-          _values(by_arm[c.baseline], c.metric)
-          if c.baseline
-          else dict.fromkeys(av, 0.0)
-      )
-      claims.append(
-          {
-              'id': c.id,
-              'text': c.text,
-              'metric': c.metric,
-              'arm': c.arm,
-              'baseline': c.baseline,
-              'direction': c.direction,
-              'margin': c.margin,
-              **paired.judge(av, bv, c.direction, c.margin),
-          }
-      )
+  for claim in exp.claims:
+    if claim.arm not in by_arm:
+      continue
+    if claim.baseline and claim.baseline not in by_arm:
+      continue
+    arm_values = _values(by_arm[claim.arm], claim.metric)
+    if claim.baseline:
+      baseline_values = _values(by_arm[claim.baseline], claim.metric)
+    else:
+      baseline_values = dict.fromkeys(arm_values, 0.0)
+    judged = paired.judge(
+        arm_values, baseline_values, claim.direction, claim.margin
+    )
+    claims.append(
+        {
+            'id': claim.id,
+            'text': claim.text,
+            'metric': claim.metric,
+            'arm': claim.arm,
+            'baseline': claim.baseline,
+            'direction': claim.direction,
+            'margin': claim.margin,
+            **judged,
+        }
+    )
   return claims
 
 
@@ -221,25 +243,29 @@ def _profiles(
 ) -> list[dict[str, Any]]:
   """Each profile's finished arms and their per-bucket paired differences."""
   profiles = []
-  for p in exp.profiles:
-    present = [a for a in p.arms if by_arm.get(a)]
+  for profile in exp.profiles:
+    present = [arm for arm in profile.arms if by_arm.get(arm)]
     if not present:
       continue
-    prof = {
-        'metric': p.metric,
-        'title': p.title,
-        'arms': present,
-        'baseline': p.baseline,
-        'differences': {},
-    }
-    for a in present if by_arm.get(p.baseline) else ():
-      shared = sorted(set(by_arm[a]) & set(by_arm[p.baseline]))
-      if a != p.baseline and shared:
-        prof['differences'][a] = _intervals(
-            _vectors(by_arm[a], p.metric, shared)
-            - _vectors(by_arm[p.baseline], p.metric, shared)
-        )
-    profiles.append(prof)
+    differences = {}
+    baseline = profile.baseline
+    if by_arm.get(baseline):
+      for arm in present:
+        shared = sorted(set(by_arm[arm]) & set(by_arm[baseline]))
+        if arm != baseline and shared:
+          differences[arm] = _intervals(
+              _vectors(by_arm[arm], profile.metric, shared)
+              - _vectors(by_arm[baseline], profile.metric, shared)
+          )
+    profiles.append(
+        {
+            'metric': profile.metric,
+            'title': profile.title,
+            'arms': present,
+            'baseline': baseline,
+            'differences': differences,
+        }
+    )
   return profiles
 
 
@@ -248,127 +274,143 @@ def _window_groups(
 ) -> dict[str, Any]:
   """The windows' provenance and the last bucket's rise per window group and
   arm."""
-  paths = [
-      (r['arm'], os.path.join(r['run_dir'], sweep.EVAL_DIR, 'results.json'))
-      for r in rows
-  ]
-  results = [(a, measures.load_json(p)) for a, p in paths if os.path.exists(p)]
+  # (arm, results.json) of every finished run that has one.
+  results = []
+  for row in rows:
+    path = os.path.join(row['run_dir'], sweep.EVAL_DIR, 'results.json')
+    if os.path.exists(path):
+      results.append((row['arm'], measures.load_json(path)))
   if not results or 'windows' not in results[0][1]:
     return {}
+  first_results = results[0][1]
   rise = {}
   for name in eval_report.GROUP_TABLES[1:]:
-    first = results[0][1].get(name) or []
-    labels = [g['group'] for g in first]
-    per_arm = {a: {k: [] for k in labels} for a in arms}
-    for arm, res in results:
-      for g in res.get(name) or []:
-        losses = [b['loss'] for b in g['buckets'][-2:]]
-        if g['group'] in labels and len(losses) == 2 and None not in losses:
-          per_arm[arm][g['group']].append(losses[1] - losses[0])
+    first = first_results.get(name) or []
+    labels = [group['group'] for group in first]
+    # arm -> group label -> the rise of each run.
+    per_arm: dict[str, dict[str, list[float]]] = {
+        arm: {label: [] for label in labels} for arm in arms
+    }
+    for arm, run_results in results:
+      for group in run_results.get(name) or []:
+        if group['group'] not in labels:
+          continue
+        losses = [row['loss'] for row in group['buckets'][-2:]]
+        if len(losses) == 2 and None not in losses:
+          per_arm[arm][group['group']].append(losses[1] - losses[0])
     rise[name] = {
         'groups': [
-            f"{g['group']} ({g['windows']} windows, {g['documents']} docs)"
-            for g in first
+            f"{group['group']} ({group['windows']} windows,"
+            f" {group['documents']} docs)"
+            for group in first
         ],
         'arms': {
-            a: [paired.t_interval(v[k]).as_dict() for k in labels]
-            for a, v in per_arm.items()
-            if any(v.values())
+            arm: [
+                paired.t_interval(by_label[label]).as_dict() for label in labels
+            ]
+            for arm, by_label in per_arm.items()
+            if any(by_label.values())
         },
     }
-  return {'summary': results[0][1]['windows'], 'rise': rise}
+  return {'summary': first_results['windows'], 'rise': rise}
 
 
 def _convergence(
     exp: ml_collections.ConfigDict, rows: list[Mapping[str, Any]]
 ) -> dict[str, Any]:
   # seed -> {arm: run_dir} of the finished runs
-  groups: dict[int, dict[str, str]] = {}
-  for r in rows:
-    groups.setdefault(r['seed'], {})[r['arm']] = r['run_dir']
+  run_dirs: dict[int, dict[str, str]] = {}
+  for row in rows:
+    run_dirs.setdefault(row['seed'], {})[row['arm']] = row['run_dir']
+  threshold = float(exp.convergence_threshold)
   per_seed = {
-      s: measures.convergence_step(g, float(exp.convergence_threshold))
-      for s, g in groups.items()
-      if len(g) >= 2
+      seed: measures.convergence_step(by_arm, threshold)
+      for seed, by_arm in run_dirs.items()
+      if len(by_arm) >= 2
   }
   if not per_seed:
     return {}
-  steps = min((v['steps'] for v in per_seed.values()), key=len)
+  steps = min((result['steps'] for result in per_seed.values()), key=len)
   curves = np.array(
-      [v['agreement'][: len(steps)] for v in per_seed.values()], np.float64
+      [result['agreement'][: len(steps)] for result in per_seed.values()],
+      np.float64,
   )
-  converged = {s: v['converged_step'] for s, v in per_seed.items()}
+  converged = {
+      seed: result['converged_step'] for seed, result in per_seed.items()
+  }
   return {
-      'threshold': float(exp.convergence_threshold),
+      'threshold': threshold,
       'steps': steps,
       'agreement': _intervals(curves),
       'converged_step': paired.t_interval(list(converged.values())).as_dict(),
       'never_converged_seeds': [
-          s for s, c in converged.items() if not math.isfinite(c)
+          seed for seed, step in converged.items() if not math.isfinite(step)
       ],
   }
 
 
 def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   """Writes the report's figures; returns (title, file name) of each."""
-  from flax_posemb import plots
-
-  s = summary['settings']
-  n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
+  settings = summary['settings']
+  n_seeds = _most_seeds(summary)
   identity = (
-      f'{summary["experiment"]}: {s.get("model", "?")}, context'
-      f' {s.get("seq_len", "?")}, {s.get("num_train_steps", "?")} steps,'
+      f'{summary["experiment"]}: {settings.get("model", "?")}, context'
+      f' {settings.get("seq_len", "?")},'
+      f' {settings.get("num_train_steps", "?")} steps,'
       f' {n_seeds} seed(s) per arm'
   )
   made = []
-  for i, p in enumerate(summary['profiles']):
-    name = f'profile_{i}_{p["metric"]}.png'
-    series = {a: summary['arms'][a]['vectors'][p['metric']] for a in p['arms']}
-    tokenizers = {summary['arms'][a]['tokenizer'] for a in p['arms']}
+  for i, profile in enumerate(summary['profiles']):
+    name = f'profile_{i}_{profile["metric"]}.png'
+    arms = {arm: summary['arms'][arm] for arm in profile['arms']}
+    series = {
+        arm: entry['vectors'][profile['metric']] for arm, entry in arms.items()
+    }
+    tokenizers = {entry['tokenizer'] for entry in arms.values()}
+    tokenizer = tokenizers.pop() if len(tokenizers) == 1 else ''
     means = np.array(
         [
-            iv['mean']
-            for ivs in series.values()
-            for iv in ivs
-            if iv.get('mean') is not None
+            interval['mean']
+            for intervals in series.values()
+            for interval in intervals
+            if interval.get('mean') is not None
         ],
         np.float64,
     )
-    title = (
-        p['title']
-        if 'bucket' in p['title']
-        else f'{p["title"]} by position bucket'
+    # Exposure spans orders of magnitude: a log axis.
+    log_y = bool(
+        profile['metric'] == 'bucket_exposure'
+        and means.size
+        and means.min() > 0
+        and means.max() > 100 * means.min()
     )
+    title = profile['title']
+    if 'bucket' not in title:
+      title = f'{title} by position bucket'
     plots.experiment_profile(
         os.path.join(out_dir, name),
-        [f'{a}-{b}' for a, b in summary['buckets']],
+        [f'{start}-{end}' for start, end in summary['buckets']],
         series,
-        differences=p['differences'],
-        baseline=p['baseline'],
+        differences=profile['differences'],
+        baseline=profile['baseline'],
         n_seeds=n_seeds,
-        log_y=bool(
-            p['metric'] == 'bucket_exposure'
-            and means.size
-            and means.min() > 0
-            and means.max() > 100 * means.min()
-        ),
+        log_y=log_y,
         title=f'{title}\n{identity}',
-        ylabel=measures.label(
-            p['metric'], tokenizers.pop() if len(tokenizers) == 1 else ''
-        ),
+        ylabel=measures.label(profile['metric'], tokenizer),
     )
-    made.append((p['title'], name))
-  # corpus panel -> {arm: final_loss interval}, its axis label
-  panels, ylabels = {}, {}
-  for a, v in summary['arms'].items():
-    if v['seeds']:
-      panel = (
-          v['corpus']
-          if v['tokenizer'] in ('synthetic', '')
-          else f'{v["corpus"]} ({v["tokenizer"]} tokens)'
-      )
-      panels.setdefault(panel, {})[a] = v['scalars'].get('final_loss', {})
-      ylabels[panel] = measures.label('final_loss', v['tokenizer'])
+    made.append((profile['title'], name))
+  # corpus panel -> {arm: final_loss interval}, and its axis label.
+  panels: dict[str, dict[str, Any]] = {}
+  ylabels: dict[str, str] = {}
+  for arm, entry in summary['arms'].items():
+    if not entry['seeds']:
+      continue
+    if entry['tokenizer'] in ('synthetic', ''):
+      panel = entry['corpus']
+    else:
+      panel = f'{entry["corpus"]} ({entry["tokenizer"]} tokens)'
+    panels.setdefault(panel, {})[arm] = entry['scalars'].get('final_loss', {})
+    ylabels[panel] = measures.label('final_loss', entry['tokenizer'])
   plots.experiment_metric_bars(
       os.path.join(out_dir, 'final_loss.png'),
       panels,
@@ -379,12 +421,13 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   made.append(
       ('Final held-out loss per arm (one panel per corpus)', 'final_loss.png')
   )
-  if conv := summary['analyses'].get('cosine_convergence'):
+  convergence = summary['analyses'].get('cosine_convergence')
+  if convergence:
     plots.experiment_curve(
         os.path.join(out_dir, 'cosine_convergence.png'),
-        conv['steps'],
-        conv['agreement'],
-        threshold=conv['threshold'],
+        convergence['steps'],
+        convergence['agreement'],
+        threshold=convergence['threshold'],
         xlabel='training step',
         n_seeds=n_seeds,
         ylabel=(
@@ -402,6 +445,12 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   return made
 
 
+def _most_seeds(summary: Mapping[str, Any]) -> int:
+  """The most seeds any arm finished."""
+  arms = summary['arms'].values()
+  return max((len(entry['seeds']) for entry in arms), default=0)
+
+
 def write(
     exp: ml_collections.ConfigDict,
     sweep_out: Mapping[str, Any],
@@ -412,7 +461,7 @@ def write(
   summary."""
   summary = dict(aggregate(exp, sweep_out), command=command)
   figures = _plots(summary, out_dir)
-  summary['figures'] = [f for _, f in figures]
+  summary['figures'] = [name for _, name in figures]
   sweep.write_json(
       os.path.join(out_dir, 'summary.json'), eval_report.json_safe(summary)
   )
@@ -441,13 +490,14 @@ def markdown(
     lines += [
         '## What changed since the previous report',
         '',
-        *(f'- {n}' for n in exp.notes),
+        *(f'- {note}' for note in exp.notes),
         '',
     ]
   lines += (
       _setup_lines(summary) + _claims_lines(summary) + _arms_lines(exp, summary)
   )
-  if windows := summary['analyses'].get('windows'):
+  windows = summary['analyses'].get('windows')
+  if windows:
     lines += [
         '## Evaluation windows',
         '',
@@ -470,28 +520,24 @@ def markdown(
         'by_depth': 'window start (tokens into the document)',
         'by_end': "tokens from the window's end to the document's end",
     }
-    for name, t in windows['rise'].items():
+    for name, table in windows['rise'].items():
       lines += [f'### By {titles.get(name, name)}', '']
-      lines += _md_table(
-          ['arm', *t['groups']], ([a, *v] for a, v in t['arms'].items())
-      ) + ['']
-  lines += [
-      '## Figures',
-      '',
-      *(x for t, n in figures for x in (f'![{t}]({n})', '')),
-  ]
+      rows = ([arm, *rises] for arm, rises in table['arms'].items())
+      lines += _md_table(['arm', *table['groups']], rows)
+      lines += ['']
+  lines += ['## Figures', '']
+  for title, file_name in figures:
+    lines += [f'![{title}]({file_name})', '']
   lines += [
       '## Configs',
       '',
       'Arms (dotted overrides of the shared base config):',
       '',
   ]
-  lines += [
-      f'- `{a.name}`: '
-      + (', '.join(f'`{k}={v!r}`' for k, v in a.overrides) or 'base config')
-      for a in exp.arms
-      if a.name in summary['arms']
-  ]
+  for arm in exp.arms:
+    if arm.name in summary['arms']:
+      overrides = ', '.join(f'`{k}={v!r}`' for k, v in arm.overrides)
+      lines.append(f'- `{arm.name}`: ' + (overrides or 'base config'))
   lines += [
       '',
       (
@@ -504,8 +550,9 @@ def markdown(
 
 
 def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
-  s, b = summary['settings'], summary['budget']
-  n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
+  s = summary['settings']
+  budget = summary['budget']
+  n_seeds = _most_seeds(summary)
   lines = [
       '## Setup',
       '',
@@ -527,17 +574,18 @@ def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
           ' optimizer steps for every arm.'
       ),
   ]
-  if b['mode'] == 'real_tokens':
+  if budget['mode'] == 'real_tokens':
+    rows_per_step = ', '.join(
+        f'{arm} {rows} ({fmt(budget["per_row"][arm], 1)}/row)'
+        for arm, rows in budget['batch_size'].items()
+    )
     lines.append(
-        f'- Budget: same steps and same scored (unmasked) tokens per step. Each'
-        f" arm's rows "
-        f'per step = round({fmt(b["target_tokens_per_step"], 1)} / its measured'
-        ' scored tokens '
-        f'per row); reference arm `{b["reference"]}`. Rows per step: '
-        + ', '.join(
-            f'{a} {n} ({fmt(b["per_row"][a], 1)}/row)'
-            for a, n in b['batch_size'].items()
-        )
+        '- Budget: same steps and same scored (unmasked) tokens per step. Each'
+        " arm's rows per step ="
+        f' round({fmt(budget["target_tokens_per_step"], 1)} / its measured'
+        ' scored tokens per row); reference arm'
+        f' `{budget["reference"]}`. Rows per step: '
+        + rows_per_step
         + '. Tokens actually scored per step are in the arm table.'
     )
   else:
@@ -562,38 +610,46 @@ def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
 
 
 def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
-  m = summary['multiplicity']
+  multiplicity = summary['multiplicity']
   lines = [
       '## Claims',
       '',
       (
-          f'{m["claims_tested"]} claims tested. The verdict is the fixed rule'
-          " above, on each claim's own 95% interval. Multiplicity:"
+          f'{multiplicity["claims_tested"]} claims tested. The verdict is'
+          " the fixed rule above, on each claim's own 95% interval."
+          ' Multiplicity:'
           ' Holm-Bonferroni over all tested claims of this experiment'
           ' (family-wise error 5%); `p` is the smallest alpha at which the'
           " claim's interval is decisive, `p (Holm)` its adjusted value, and"
           ' the last column gives the verdict after the correction where it'
-          f' differs ({m["verdicts_changed"]} do).'
+          f' differs ({multiplicity["verdicts_changed"]} do).'
       ),
       '',
   ]
   rows = []
-  for c in summary['claims']:
-    pred = {'equivalent': f'|d| < {c["margin"]}', 'greater': '> 0'}.get(
-        c['direction'], '< 0'
-    )
+  for claim in summary['claims']:
+    if claim['direction'] == 'equivalent':
+      predicted = f'|d| < {claim["margin"]}'
+    elif claim['direction'] == 'greater':
+      predicted = '> 0'
+    else:
+      predicted = '< 0'
+    if claim['verdict_holm'] == claim['verdict']:
+      after_holm = ''
+    else:
+      after_holm = claim['verdict_holm']
     rows.append(
         [
-            c['text'],
-            f'`{c["metric"]}`',
-            f'{c["arm"]} - {c["baseline"] or "0"}',
-            pred,
-            fmt_interval(c['interval']),
-            c['interval']['n'],
-            f'**{c["verdict"]}**',
-            fmt(c['p_value'], 3),
-            fmt(c['p_holm'], 3),
-            '' if c['verdict_holm'] == c['verdict'] else c['verdict_holm'],
+            claim['text'],
+            f'`{claim["metric"]}`',
+            f'{claim["arm"]} - {claim["baseline"] or "0"}',
+            predicted,
+            fmt_interval(claim['interval']),
+            claim['interval']['n'],
+            f'**{claim["verdict"]}**',
+            fmt(claim['p_value'], 3),
+            fmt(claim['p_holm'], 3),
+            after_holm,
         ]
     )
   return lines + _md_table(
@@ -631,33 +687,34 @@ def _arms_lines(
   ]
   arms = summary['arms']
   for names in (TABLE_SCALARS, tuple(exp.report_scalars)):
-    if names:
-      lines += _md_table(
-          ['arm', *names],
-          (
-              [a, *(v['scalars'].get(k, {}) for k in names)]
-              for a, v in arms.items()
-          ),
-      ) + ['']
-  for p in summary['profiles']:
-    rows = [[a, *arms[a]['vectors'][p['metric']]] for a in p['arms']]
-    rows += [
-        [f'{a} - {p["baseline"]}', *d] for a, d in p['differences'].items()
+    if not names:
+      continue
+    rows = [
+        [arm, *(entry['scalars'].get(name, {}) for name in names)]
+        for arm, entry in arms.items()
     ]
-    lines += [f'### {p["title"]} (per position bucket)', '']
-    lines += _md_table(
-        ['arm', *(f'{x}-{y}' for x, y in summary['buckets'])], rows
-    ) + ['']
-  if conv := summary['analyses'].get('cosine_convergence'):
+    lines += _md_table(['arm', *names], rows)
+    lines += ['']
+  buckets = [f'{start}-{end}' for start, end in summary['buckets']]
+  for profile in summary['profiles']:
+    metric = profile['metric']
+    rows = [[arm, *arms[arm]['vectors'][metric]] for arm in profile['arms']]
+    for arm, differences in profile['differences'].items():
+      rows.append([f'{arm} - {profile["baseline"]}', *differences])
+    lines += [f'### {profile["title"]} (per position bucket)', '']
+    lines += _md_table(['arm', *buckets], rows)
+    lines += ['']
+  convergence = summary['analyses'].get('cosine_convergence')
+  if convergence:
     lines += [
         '### Convergence of the similarity structure across inits',
         '',
         f'First logged step from which the mean pairwise correlation of the'
         f" inits' "
-        f'row cosine-similarity matrices stays >= {conv["threshold"]}: '
-        f'{fmt_interval(conv["converged_step"], 0)} '
+        f'row cosine-similarity matrices stays >= {convergence["threshold"]}: '
+        f'{fmt_interval(convergence["converged_step"], 0)} '
         '(seeds that never converged:'
-        f' {conv["never_converged_seeds"] or "none"}).',
+        f' {convergence["never_converged_seeds"] or "none"}).',
         '',
     ]
   return lines
