@@ -7,6 +7,7 @@ import os
 import re
 
 import numpy as np
+import safetensors
 
 FILE_PREFIX = 'file:'
 # Non-greedy, so that in 'a.npz:b.npy' the file is 'a.npz' and the key 'b.npy'.
@@ -68,10 +69,7 @@ def _read_array(path: str, key: str | None, spec: str) -> np.ndarray:
   if path.endswith('.npz'):
     with np.load(path, allow_pickle=False) as z:
       return z[_pick_key(spec, key, z.files)]
-  # Here, not at the top: safetensors is needed only for its files.
-  from safetensors import safe_open
-
-  with safe_open(path, framework='numpy') as f:
+  with safetensors.safe_open(path, framework='numpy') as f:
     return f.get_tensor(_pick_key(spec, key, list(f.keys())))
 
 
