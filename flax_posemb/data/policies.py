@@ -41,12 +41,12 @@ def natural_row(
   - 1, seq_len)`` pairs at positions from `start` (``start + pairs <=
   seq_len``), padded."""
   row = empty_row(seq_len)
-  m = max(min(len(tokens) - 1, seq_len), 0)
-  row['inputs'][:m] = tokens[:m]
-  row['targets'][:m] = tokens[1 : m + 1]
-  row['positions'][:m] = np.arange(start, start + m, dtype=np.int32)
-  row['segment_ids'][:m] = 1
-  row['loss_mask'][:m] = 1.0
+  pairs = max(min(len(tokens) - 1, seq_len), 0)
+  row['inputs'][:pairs] = tokens[:pairs]
+  row['targets'][:pairs] = tokens[1 : pairs + 1]
+  row['positions'][:pairs] = np.arange(start, start + pairs, dtype=np.int32)
+  row['segment_ids'][:pairs] = 1
+  row['loss_mask'][:pairs] = 1.0
   return row
 
 
@@ -67,13 +67,29 @@ class PackIterDataset(grain.IterDataset):
       chunked: bool = False,
   ):
     super().__init__(parent)
-    self._args = (materialize, seq_len, reset, min_tokens, max_len, chunked)
+    self._materialize = materialize
+    self._seq_len = seq_len
+    self._reset = reset
+    self._min_tokens = min_tokens
+    self._max_len = max_len
+    self._chunked = chunked
 
   def __iter__(self) -> '_PackIterator':
-    return _PackIterator(self._parent.__iter__(), *self._args)
+    return _PackIterator(
+        self._parent.__iter__(),
+        self._materialize,
+        self._seq_len,
+        self._reset,
+        self._min_tokens,
+        self._max_len,
+        self._chunked,
+    )
 
   def __str__(self) -> str:
-    return f'PackIterDataset{self._args[1:]}'
+    return (
+        f'PackIterDataset({self._seq_len}, {self._reset}, {self._min_tokens},'
+        f' {self._max_len}, {self._chunked})'
+    )
 
 
 class _PackIterator(grain.DatasetIterator):
@@ -81,31 +97,51 @@ class _PackIterator(grain.DatasetIterator):
   and pair."""
 
   def __init__(
-      self, parent, materialize, seq_len, reset, min_tokens, max_len, chunked
+      self,
+      parent: grain.DatasetIterator,
+      materialize: Callable[[Any, int], Sequence[np.ndarray]],
+      seq_len: int,
+      reset: bool,
+      min_tokens: int,
+      max_len: int | None,
+      chunked: bool,
   ):
     super().__init__(parent)
-    self._materialize, self._seq_len, self._reset = materialize, seq_len, reset
-    self._min_tokens, self._max_len, self._chunked = (
-        min_tokens,
-        max_len,
-        chunked,
-    )
-    self._chunk = self._docs = self._chunk_state = self._tok = None
-    self._chunk_col = self._doc = self._pos = 0
+    self._materialize = materialize
+    self._seq_len = seq_len
+    self._reset = reset
+    self._min_tokens = min_tokens
+    self._max_len = max_len
+    self._chunked = chunked
+    # The current chunk: its document indices, their tokens, the parent's state
+    # before it and the row column its first document was placed at.
+    self._chunk: Any = None
+    self._docs: Sequence[np.ndarray] | None = None
+    self._chunk_state: Any = None
+    self._chunk_col = 0
+    # The current document (index in the chunk), its tokens (None: skipped)
+    # and the next pair to take.
+    self._doc = 0
+    self._tok: np.ndarray | None = None
+    self._pos = 0
 
   def _load_chunk(self, column: int) -> None:
-    self._chunk_state, self._chunk_col = self._parent.get_state(), column
+    self._chunk_state = self._parent.get_state()
+    self._chunk_col = column
     self._chunk = next(self._parent)
     self._docs = self._materialize(self._chunk, column)
-    self._doc, self._pos = 0, 0
+    self._doc = 0
+    self._pos = 0
     self._load_doc()
 
   def _load_doc(self) -> None:
     """Tokens of document `_doc` (None if too short or past the chunk's end)."""
-    tok = (
-        np.asarray(self._docs[self._doc]) if self._doc < len(self._docs) else ()
-    )
-    self._tok = tok if len(tok) >= self._min_tokens else None
+    assert self._docs is not None  # _load_chunk ran first
+    self._tok = None
+    if self._doc < len(self._docs):
+      tokens = np.asarray(self._docs[self._doc])
+      if len(tokens) >= self._min_tokens:
+        self._tok = tokens
 
   def _next_piece(self, need: int, column: int):
     """(inputs, targets, in-document positions, doc ids) of <= `need` pairs."""
@@ -114,39 +150,43 @@ class _PackIterator(grain.DatasetIterator):
       if self._docs is None or self._doc >= len(self._docs):
         self._load_chunk(column)
       elif self._tok is None or self._pos >= len(self._tok) - 1:
-        self._doc, self._pos = self._doc + 1, 0
+        self._doc += 1
+        self._pos = 0
         self._load_doc()
       else:
-        tok, k = self._tok, self._pos
-        take = min(need, len(tok) - 1 - k)
+        tokens = self._tok
+        first = self._pos
+        take = min(need, len(tokens) - 1 - first)
         self._pos += take
         return (
-            tok[k : k + take],
-            tok[k + 1 : k + 1 + take],
-            np.arange(k, k + take, dtype=np.int32),
+            tokens[first : first + take],
+            tokens[first + 1 : first + 1 + take],
+            np.arange(first, first + take, dtype=np.int32),
             np.full(take, self._chunk[self._doc], np.int32),
         )
 
   def __next__(self) -> dict[str, np.ndarray]:
     t = self._seq_len
     if self._chunked:
-      inp, tgt, _, docs = self._next_piece(t, 0)
-      row = natural_row(np.append(inp, tgt[-1:]), t)
-      row[DOC_IDS] = np.where(row['segment_ids'] > 0, docs[0], -1).astype(
-          np.int32
-      )
+      inputs, targets, _, docs = self._next_piece(t, 0)
+      row = natural_row(np.append(inputs, targets[-1:]), t)
+      in_doc = row['segment_ids'] > 0
+      row[DOC_IDS] = np.where(in_doc, docs[0], -1).astype(np.int32)
       return row
-    parts, need = [], t
+    pieces = []
+    need = t
     while need:
-      parts.append(self._next_piece(need, t - need))
-      need -= len(parts[-1][0])
-    inputs, targets, doc_pos, docs = (
-        np.concatenate([p[j] for p in parts]).astype(np.int32) for j in range(4)
-    )
+      pieces.append(self._next_piece(need, t - need))
+      need -= len(pieces[-1][0])
+
+    def joined(field: int) -> np.ndarray:
+      return np.concatenate([piece[field] for piece in pieces]).astype(np.int32)
+
+    doc_pos = joined(2)
     row = {
-        'inputs': inputs,
-        'targets': targets,
-        DOC_IDS: docs,
+        'inputs': joined(0),
+        'targets': joined(1),
+        DOC_IDS: joined(3),
         'positions': np.arange(t, dtype=np.int32),
         'segment_ids': np.ones((t,), np.int32),
         'loss_mask': np.ones((t,), np.float32),
@@ -157,9 +197,8 @@ class _PackIterator(grain.DatasetIterator):
         doc_pos = doc_pos % self._max_len
       starts = doc_pos == 0
       starts[0] = True
-      row['positions'], row['segment_ids'] = doc_pos, np.cumsum(
-          starts, dtype=np.int32
-      )
+      row['positions'] = doc_pos
+      row['segment_ids'] = np.cumsum(starts, dtype=np.int32)
     return row
 
   def get_state(self) -> dict[str, Any]:
@@ -193,7 +232,8 @@ class ScheduleCropIterDataset(grain.IterDataset):
 
   def __init__(self, parent: grain.IterDataset, short_len: int, num_short: int):
     super().__init__(parent)
-    self._short_len, self._num_short = short_len, num_short
+    self._short_len = short_len
+    self._num_short = num_short
 
   def __iter__(self) -> '_ScheduleCropIterator':
     return _ScheduleCropIterator(
@@ -208,7 +248,9 @@ class _ScheduleCropIterator(grain.DatasetIterator):
 
   def __init__(self, parent, short_len, num_short):
     super().__init__(parent)
-    self._short_len, self._num_short, self._step = short_len, num_short, 0
+    self._short_len = short_len
+    self._num_short = num_short
+    self._step = 0
 
   def __next__(self):
     batch = next(self._parent)
