@@ -7,7 +7,6 @@ import os
 import re
 
 import numpy as np
-import safetensors
 
 FILE_PREFIX = 'file:'
 # Non-greedy, so that in 'a.npz:b.npy' the file is 'a.npz' and the key 'b.npy'.
@@ -69,6 +68,11 @@ def _read_array(path: str, key: str | None, spec: str) -> np.ndarray:
   if path.endswith('.npz'):
     with np.load(path, allow_pickle=False) as z:
       return z[_pick_key(spec, key, z.files)]
+  # Here, not at the top: the model (initializers -> tables) must import on
+  # the accelerator image, which has no safetensors (benchmarks/accel.sh,
+  # tests/test_benchmarks.py); only a .safetensors table needs it.
+  import safetensors
+
   with safetensors.safe_open(path, framework='numpy') as f:
     return f.get_tensor(_pick_key(spec, key, list(f.keys())))
 
