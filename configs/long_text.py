@@ -7,10 +7,10 @@ optionally `sudo apt-get install python3-doc` for ~500 more long documents); the
 corpus is built on first use into `data.data_dir`. See the exposure each policy
 gets:
 
-  python -m flax_posemb.data --config configs/long_text.py --num_batches 50
-  python -m flax_posemb.data --config configs/long_text.py
-  --config.data.seq_len=512 \
-      --config.model.max_len=512
+  python -m flax_posemb.commands.data_report --config configs/long_text.py \
+      --num_batches 50
+  python -m flax_posemb.commands.data_report --config configs/long_text.py \
+      --config.data.seq_len=512 --config.model.max_len=512
 
   python train.py --config configs/long_text.py --workdir runs/long_text
 """

@@ -62,14 +62,10 @@ def grad_accum_steps(
   if platform != 'cpu' or rows < 1 or batch_size % max(num_devices, 1):
     # An uneven batch is reported by sharding.check_batch_layout with K = 1.
     return 1
-  return next(
-      (
-          k
-          for k in range(1, rows + 1)
-          if rows % k == 0 and rows // k * seq_len <= CPU_MICROBATCH_TOKENS
-      ),
-      rows,
-  )
+  for k in range(1, rows + 1):
+    if rows % k == 0 and rows // k * seq_len <= CPU_MICROBATCH_TOKENS:
+      return k
+  return rows
 
 
 def resolve_config(

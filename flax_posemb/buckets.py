@@ -38,56 +38,36 @@ def make_edges(
         np.int64,
     )
   try:
-    out = [
-        int(x)
-        for x in (edges.split(',') if isinstance(edges, str) else edges)
-        if str(x).strip()
-    ]
+    if isinstance(edges, str):
+      given = [int(x) for x in edges.split(',') if x.strip()]
+    else:
+      given = [int(x) for x in edges]
   except ValueError:
-    out = None
-  problem = next(
-      (
-          msg
-          for bad, msg in (
-              (
-                  out is None,
-                  (
-                      'bucket edges must be comma-separated integers or'
-                      f' "log2", got {edges!r}.'
-                  ),
-              ),
-              (
-                  out == [] and bucket_size < 1,
-                  (
-                      'bucket_size must be >= 1 (or give bucket edges), got'
-                      f' {bucket_size}.'
-                  ),
-              ),
-              (
-                  bool(out) and out[0] != 0,
-                  f'bucket edges must start at 0, got {out}. Fix: prepend 0.',
-              ),
-              (
-                  bool(out) and any(b <= a for a, b in zip(out, out[1:])),
-                  f'bucket edges must increase strictly, got {out}.',
-              ),
-              (
-                  bool(out) and out[-1] > length,
-                  (
-                      f'bucket edge {out and out[-1]} exceeds the evaluation '
-                      f'window length {length}. Fix: use edges <= {length}.'
-                  ),
-              ),
-          )
-          if bad
-      ),
-      None,
-  )
-  if problem:
-    raise ValueError(problem)
-  if not out:
+    raise ValueError(
+        'bucket edges must be comma-separated integers or'
+        f' "log2", got {edges!r}.'
+    ) from None
+  if not given:
+    if bucket_size < 1:
+      raise ValueError(
+          'bucket_size must be >= 1 (or give bucket edges), got'
+          f' {bucket_size}.'
+      )
     return np.asarray(list(range(0, length, bucket_size)) + [length], np.int64)
-  return np.asarray(out + ([length] if out[-1] < length else []), np.int64)
+  if given[0] != 0:
+    raise ValueError(
+        f'bucket edges must start at 0, got {given}. Fix: prepend 0.'
+    )
+  if any(b <= a for a, b in zip(given, given[1:])):
+    raise ValueError(f'bucket edges must increase strictly, got {given}.')
+  if given[-1] > length:
+    raise ValueError(
+        f'bucket edge {given[-1]} exceeds the evaluation '
+        f'window length {length}. Fix: use edges <= {length}.'
+    )
+  if given[-1] < length:
+    given.append(length)
+  return np.asarray(given, np.int64)
 
 
 def bucket_of_position(edges: np.ndarray) -> np.ndarray:
@@ -101,9 +81,13 @@ def bucket_of_position(edges: np.ndarray) -> np.ndarray:
 def clusters(per_window: dict[str, np.ndarray]) -> np.ndarray:
   """[W] cluster index 0..G-1 of every window: its document ('doc'), else the
   window."""
-  n, doc = len(per_window['win_sum']), per_window.get('doc')
-  keys = np.arange(n) if doc is None else np.asarray(doc, np.int64)
-  return np.unique(keys, return_inverse=True)[1].reshape(n)
+  num_windows = len(per_window['win_sum'])
+  doc = per_window.get('doc')
+  if doc is None:
+    keys = np.arange(num_windows)
+  else:
+    keys = np.asarray(doc, np.int64)
+  return np.unique(keys, return_inverse=True)[1].reshape(num_windows)
 
 
 def _cluster_sums(x: np.ndarray, cl: np.ndarray) -> np.ndarray:
@@ -119,19 +103,21 @@ def bucket_stats(
   """Bucket means [nb], their covariance [nb, nb] and the clusters in both
   buckets [nb, nb]."""
   cl = clusters(per_window)
-  s = _cluster_sums(np.asarray(per_window['win_sum'], np.float64), cl)
-  c = _cluster_sums(np.asarray(per_window['win_count'], np.float64), cl)
-  present = (c > 0).astype(np.float64)
+  # [G, nb] per cluster.
+  sums = _cluster_sums(np.asarray(per_window['win_sum'], np.float64), cl)
+  counts = _cluster_sums(np.asarray(per_window['win_count'], np.float64), cl)
+  tokens = counts.sum(0)
+  present = (counts > 0).astype(np.float64)
   nn = present.T @ present
   with np.errstate(invalid='ignore', divide='ignore'):
-    loss = s.sum(0) / c.sum(0)
-    r = s - np.where(c.sum(0) > 0, loss, 0.0) * c
+    loss = sums.sum(0) / tokens
+    residuals = sums - np.where(tokens > 0, loss, 0.0) * counts
     # Buckets that share no cluster have covariance 0 (every product r_i r_j is
     # 0).
     factor = np.where(
         nn > 1, nn / np.maximum(nn - 1, 1), np.where(nn == 0, 1.0, np.nan)
     )
-    cov = factor * (r.T @ r) / np.outer(c.sum(0), c.sum(0))
+    cov = factor * (residuals.T @ residuals) / np.outer(tokens, tokens)
   return loss, cov, nn
 
 
@@ -143,22 +129,19 @@ def _num(x: float) -> float | None:  # JSON: None instead of nan/inf
 def bucket_rows(per_window: dict[str, np.ndarray]) -> list[dict[str, Any]]:
   """results.json bucket rows (docs/DESIGN.md) of ``per_window``."""
   loss, cov, nn = bucket_stats(per_window)
-  edges, c, var = (
-      per_window['edges'],
-      np.asarray(per_window['win_count']),
-      np.diag(cov),
-  )
+  edges = per_window['edges']
+  counts = np.asarray(per_window['win_count'])
+  var = np.diag(cov)
+  se = np.sqrt(np.where(var >= 0, var, np.nan))
   # Two-sided 95% t quantiles with clusters - 1 degrees of freedom (nan below 2
   # clusters).
-  se, q = np.sqrt(np.where(var >= 0, var, np.nan)), scipy.stats.t.ppf(
-      0.975, np.diag(nn) - 1
-  )
+  q = scipy.stats.t.ppf(0.975, np.diag(nn) - 1)
   return [
       {
           'start': int(edges[i]),
           'end': int(edges[i + 1]),
-          'tokens': int(round(c[:, i].sum())),
-          'windows': int((c[:, i] > 0).sum()),
+          'tokens': int(round(counts[:, i].sum())),
+          'windows': int((counts[:, i] > 0).sum()),
           'documents': int(nn[i, i]),
           'loss': _num(loss[i]),
           'stderr': _num(se[i]),
@@ -174,23 +157,12 @@ def overall(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
   whole = dict(
       per_window,
       edges=np.array([0, 1]),
-      **{
-          k: np.asarray(per_window[k]).sum(1, keepdims=True)
-          for k in ('win_sum', 'win_count')
-      },
+      win_sum=np.asarray(per_window['win_sum']).sum(1, keepdims=True),
+      win_count=np.asarray(per_window['win_count']).sum(1, keepdims=True),
   )
   (row,) = bucket_rows(whole)
-  return {
-      k: row[k]
-      for k in (
-          'tokens',
-          'windows',
-          'documents',
-          'loss',
-          'stderr',
-          'bits_per_token',
-      )
-  }
+  keys = ('tokens', 'windows', 'documents', 'loss', 'stderr', 'bits_per_token')
+  return {k: row[k] for k in keys}
 
 
 def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -199,7 +171,9 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
   loss, cov, _ = bucket_stats(per_window)
 
   def se(var):
-    return _num(math.sqrt(max(var, 0.0)) if np.isfinite(var) else math.nan)
+    if not np.isfinite(var):
+      return None
+    return _num(math.sqrt(max(var, 0.0)))
 
   edges = np.asarray(per_window['edges'])
   valid = np.where(np.asarray(per_window['win_count']).sum(0) > 0)[0]
@@ -213,7 +187,8 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
   out: dict[str, Any] = dict(dict.fromkeys(keys), slope_buckets=[])
   if len(valid) == 0:
     return out
-  last, best = int(valid[-1]), int(valid[np.argmin(loss[valid])])
+  last = int(valid[-1])
+  best = int(valid[np.argmin(loss[valid])])
   out.update(
       best_bucket=best,
       last_minus_best=float(loss[last] - loss[best]),
@@ -222,17 +197,23 @@ def degradation(per_window: dict[str, np.ndarray]) -> dict[str, Any]:
       ),
   )
   mid = (edges[:-1] + edges[1:] - 1) / 2.0
+  # The scored buckets of the second half.
   sel = np.array([i for i in valid if mid[i] >= edges[-1] / 2.0], np.int64)
   out['slope_buckets'] = [int(i) for i in sel]
   if len(sel) < 2:
     return out
-  x, y, d = mid[sel], loss[sel], np.diag(cov)[sel]
-  w = 1.0 / d if np.all(np.isfinite(d)) and np.all(d > 0) else np.ones_like(x)
-  xw = np.sum(w * x) / np.sum(w)
-  a = w * (x - xw) / np.sum(w * (x - xw) ** 2)
-  out.update(
-      slope=float(a @ y), slope_stderr=se(float(a @ cov[np.ix_(sel, sel)] @ a))
-  )
+  x = mid[sel]
+  y = loss[sel]
+  var = np.diag(cov)[sel]
+  if np.all(np.isfinite(var)) and np.all(var > 0):
+    w = 1.0 / var
+  else:
+    w = np.ones_like(x)
+  x_mean = np.sum(w * x) / np.sum(w)
+  # The slope is a @ y: weighted least squares as a linear map of the losses.
+  a = w * (x - x_mean) / np.sum(w * (x - x_mean) ** 2)
+  out['slope'] = float(a @ y)
+  out['slope_stderr'] = se(float(a @ cov[np.ix_(sel, sel)] @ a))
   return out
 
 
@@ -348,7 +329,9 @@ class BucketAccumulator:
 
   def __init__(self, edges: np.ndarray):
     self.edges = np.asarray(edges, np.int64)
-    self.loss_sum, self.count = np.zeros((2, int(self.edges[-1])), np.float64)
+    length = int(self.edges[-1])
+    self.loss_sum = np.zeros(length, np.float64)
+    self.count = np.zeros(length, np.float64)
     self.windows = 0  # windows with any scored token
     # per batch: its windows' arrays
     self._parts: list[dict[str, np.ndarray]] = []
@@ -364,19 +347,20 @@ class BucketAccumulator:
   ) -> None:
     """Adds [L] and [B, nb] sums and counts, [B] ``window_ids`` (None: arrival
     order) and [B] provenance arrays."""
-    s, c = np.asarray(win_sum, np.float64), np.asarray(win_count, np.float64)
-    real = c.sum(1) > 0
+    sums = np.asarray(win_sum, np.float64)
+    counts = np.asarray(win_count, np.float64)
+    real = counts.sum(1) > 0
     if window_ids is None:
       window_ids = np.arange(
-          self.windows, self.windows + len(c), dtype=np.uint64
+          self.windows, self.windows + len(counts), dtype=np.uint64
       )
     part = {k: np.asarray(v)[real] for k, v in (provenance or {}).items()}
     self._parts.append(
         dict(
             part,
             window_id=np.asarray(window_ids, np.uint64)[real],
-            win_sum=s[real],
-            win_count=c[real],
+            win_sum=sums[real],
+            win_count=counts[real],
         )
     )
     self.loss_sum += np.asarray(pos_loss_sum, np.float64)
@@ -405,22 +389,31 @@ class BucketAccumulator:
     """`bucket_rows`, with the synthetic ``reference`` losses ([>= L]) if
     given."""
     rows = bucket_rows(self.per_window())
-    for row in rows if reference is not None else ():
-      w = self.count[row['start'] : row['end']]
-      bayes, filt = (
-          float(np.dot(w, reference[k][row['start'] : row['end']]) / w.sum())
-          if w.sum() > 0
-          else math.nan
-          for k in ('bayes_loss', 'filter_loss')
-      )
-      loss, gap = (
-          math.nan if row['loss'] is None else row['loss']
-      ), filt - bayes
+    if reference is None:
+      return rows
+    for row in rows:
+      start = row['start']
+      end = row['end']
+      # The references weighted by the bucket's scored tokens.
+      weights = self.count[start:end]
+      total = weights.sum()
+      if total > 0:
+        bayes_sum = np.dot(weights, reference['bayes_loss'][start:end])
+        filter_sum = np.dot(weights, reference['filter_loss'][start:end])
+        ref_bayes = float(bayes_sum / total)
+        ref_filter = float(filter_sum / total)
+      else:
+        ref_bayes = math.nan
+        ref_filter = math.nan
+      loss = math.nan if row['loss'] is None else row['loss']
+      gap = ref_filter - ref_bayes
       row.update(
-          bayes_loss=_num(bayes),
-          filter_loss=_num(filt),
-          excess_loss=_num(loss - bayes),
-          recovered=_num((filt - loss) / gap) if abs(gap) > 1e-9 else None,
+          bayes_loss=_num(ref_bayes),
+          filter_loss=_num(ref_filter),
+          excess_loss=_num(loss - ref_bayes),
+          recovered=_num((ref_filter - loss) / gap)
+          if abs(gap) > 1e-9
+          else None,
       )
     return rows
 
@@ -474,49 +467,61 @@ def paired_difference(
   """Per bucket, loss A - B over the same windows (``windows.npz`` contents
   ``a``, ``b``) with the paired document-clustered standard error
   (docs/DESIGN.md)."""
-  ia, ib = np.asarray(a['window_id']), np.asarray(b['window_id'])
-  ids_a, ids_b = set(ia.tolist()), set(ib.tolist())
+  ids_a = np.asarray(a['window_id'])
+  ids_b = np.asarray(b['window_id'])
+  set_a = set(ids_a.tolist())
+  set_b = set(ids_b.tolist())
   if (
       not np.array_equal(a['edges'], b['edges'])
-      or len(ids_a) != len(ia)
-      or len(ids_b) != len(ib)
-      or ids_a != ids_b
+      or len(set_a) != len(ids_a)
+      or len(set_b) != len(ids_b)
+      or set_a != set_b
   ):
     raise ValueError(
         f'{names[0]} and {names[1]} were evaluated on different windows or'
-        f' buckets ({len(ids_a - ids_b)} windows only in {names[0]},'
-        f' {len(ids_b - ids_a)} only in {names[1]}, of {len(ia)} and {len(ib)};'
-        f' edges {list(a["edges"])} and {list(b["edges"])}); evaluate both with'
-        ' the same data, split, window and eval flags.'
+        f' buckets ({len(set_a - set_b)} windows only in {names[0]},'
+        f' {len(set_b - set_a)} only in {names[1]}, of {len(ids_a)} and'
+        f' {len(ids_b)}; edges {list(a["edges"])} and {list(b["edges"])});'
+        ' evaluate both with the same data, split, window and eval flags.'
     )
-  order = np.argsort(ib)[np.searchsorted(np.sort(ib), ia)]
+  # b's rows in a's window order.
+  order = np.argsort(ids_b)[np.searchsorted(np.sort(ids_b), ids_a)]
   # The documents from whichever run recorded them: by window alone understates
   # the error.
-  cl = clusters(
-      a
-      if 'doc' in a or 'doc' not in b
-      else dict(a, doc=np.asarray(b['doc'])[order])
-  )
-  sa, ca = (np.asarray(a[k], np.float64) for k in ('win_sum', 'win_count'))
-  sb, cb = (
-      np.asarray(b[k], np.float64)[order] for k in ('win_sum', 'win_count')
-  )
-  ta, tb = ca.sum(0), cb.sum(0)
+  if 'doc' in a or 'doc' not in b:
+    cl = clusters(a)
+  else:
+    cl = clusters(dict(a, doc=np.asarray(b['doc'])[order]))
+  sums_a = np.asarray(a['win_sum'], np.float64)
+  counts_a = np.asarray(a['win_count'], np.float64)
+  sums_b = np.asarray(b['win_sum'], np.float64)[order]
+  counts_b = np.asarray(b['win_count'], np.float64)[order]
+  tokens_a = counts_a.sum(0)
+  tokens_b = counts_b.sum(0)
   with np.errstate(invalid='ignore', divide='ignore'):
-    la, lb = sa.sum(0) / ta, sb.sum(0) / tb
-    ra = _cluster_sums((sa - np.nan_to_num(la) * ca) / ta, cl)
-    rb = _cluster_sums((sb - np.nan_to_num(lb) * cb) / tb, cl)
-  n = _cluster_sums(((ca > 0) | (cb > 0)).astype(np.float64), cl) > 0
-  rows = []
+    loss_a = sums_a.sum(0) / tokens_a
+    loss_b = sums_b.sum(0) / tokens_b
+    # [G, nb] each cluster's share of the bucket loss, minus its mean.
+    residuals_a = _cluster_sums(
+        (sums_a - np.nan_to_num(loss_a) * counts_a) / tokens_a, cl
+    )
+    residuals_b = _cluster_sums(
+        (sums_b - np.nan_to_num(loss_b) * counts_b) / tokens_b, cl
+    )
+  scored_a = counts_a > 0
+  scored_b = counts_b > 0
+  # [G, nb] whether the cluster has a scored token in the bucket in A or B.
+  present = _cluster_sums((scored_a | scored_b).astype(np.float64), cl) > 0
+  rows: list[dict[str, Any]] = []
   for i in range(len(a['edges']) - 1):
-    g = int(n[:, i].sum())
+    g = int(present[:, i].sum())
     row = {
         'start': int(a['edges'][i]),
         'end': int(a['edges'][i + 1]),
-        'windows': int(((ca[:, i] > 0) | (cb[:, i] > 0)).sum()),
+        'windows': int((scored_a[:, i] | scored_b[:, i]).sum()),
         'documents': g,
     }
-    if g < 2 or ta[i] <= 0 or tb[i] <= 0:
+    if g < 2 or tokens_a[i] <= 0 or tokens_b[i] <= 0:
       rows.append(
           dict(
               row,
@@ -529,20 +534,21 @@ def paired_difference(
           )
       )
       continue
-    factor, d = g / (g - 1), float(la[i] - lb[i])
-    se = math.sqrt(factor * np.sum((ra[:, i] - rb[:, i]) ** 2))
-    unpaired = math.sqrt(
-        factor * (np.sum(ra[:, i] ** 2) + np.sum(rb[:, i] ** 2))
-    )
+    factor = g / (g - 1)
+    diff = float(loss_a[i] - loss_b[i])
+    r_a = residuals_a[:, i]
+    r_b = residuals_b[:, i]
+    se = math.sqrt(factor * np.sum((r_a - r_b) ** 2))
+    unpaired = math.sqrt(factor * (np.sum(r_a**2) + np.sum(r_b**2)))
     q = float(scipy.stats.t.ppf(0.975, g - 1))
     rows.append(
         dict(
             row,
-            loss_a=float(la[i]),
-            loss_b=float(lb[i]),
-            diff=d,
+            loss_a=float(loss_a[i]),
+            loss_b=float(loss_b[i]),
+            diff=diff,
             stderr=se,
-            ci95=[d - q * se, d + q * se],
+            ci95=[diff - q * se, diff + q * se],
             unpaired_stderr=unpaired,
         )
     )

@@ -346,7 +346,9 @@ def exit_early_on_sigterm(
   except preemption.Preempted:
     # A second SIGTERM: let cleanup finish.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    removed = remove and created and workdir_lib.remove_unused(workdir)
+    removed = False
+    if remove and created:
+      removed = workdir_lib.remove_unused(workdir)
     message = 'SIGTERM while starting, before the first training step: stopped'
     if removed:
       message += f'; removed {workdir}, which this run had created'

@@ -130,8 +130,11 @@ def json_safe(x: Any) -> Any:
     return {k: json_safe(v) for k, v in x.items()}
   if isinstance(x, (list, tuple)):
     return [json_safe(v) for v in x]
-  x = x.item() if isinstance(x, np.generic) else x
-  return None if isinstance(x, float) and not math.isfinite(x) else x
+  if isinstance(x, np.generic):
+    x = x.item()
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  return x
 
 
 def _write_csv(path: str, rows: Sequence[Sequence[Any]]) -> str:

@@ -50,7 +50,7 @@ class EvalOutput:
 
   results: dict[str, Any]
   per_position: dict[str, np.ndarray]
-  per_window: dict[str, np.ndarray] | None = None
+  per_window: dict[str, np.ndarray]
   probe_windows: dict[int, dict[str, np.ndarray]] | None = None
 
 
@@ -75,21 +75,19 @@ def model_apply_fn(model) -> Callable:
 def _make_eval_step(
     apply_fn: Callable, edges: tuple[int, ...], mesh: jax.sharding.Mesh
 ):
-  length, nb = edges[-1], len(edges) - 1
+  length = edges[-1]
+  num_buckets = len(edges) - 1
   bucket_of = jnp.asarray(buckets_lib.bucket_of_position(np.asarray(edges)))
 
   def step(params, batch, offset):
-    pos, mask = batch['positions'], batch['loss_mask'].astype(jnp.float32)
+    pos = batch['positions']
+    mask = batch['loss_mask'].astype(jnp.float32)
     logits = apply_fn(
         params, batch['inputs'], pos + offset, batch['segment_ids']
     )
-    loss = (
-        jnp.where(
-            mask > 0, train_step.token_losses(logits, batch['targets']), 0.0
-        )
-        * mask
-    )
-    onehot = jax.nn.one_hot(bucket_of[pos], nb, dtype=jnp.float32)
+    token_losses = train_step.token_losses(logits, batch['targets'])
+    loss = jnp.where(mask > 0, token_losses, 0.0) * mask
+    onehot = jax.nn.one_hot(bucket_of[pos], num_buckets, dtype=jnp.float32)
     return {
         'loss_sum': jnp.zeros(length, jnp.float32).at[pos].add(loss),
         'count': jnp.zeros(length, jnp.float32).at[pos].add(mask),
@@ -124,38 +122,41 @@ def accumulate(
   mesh = mesh or sharding.make_mesh()
   step = make_eval_step(apply_fn, edges, mesh)
   params = jax.device_put(params, sharding.replicated(mesh))
-  length, seen = int(edges[-1]), {}
+  length = int(edges[-1])
+  # Occurrences of each window id so far (`unique_window_ids`).
+  seen: dict[int, int] = {}
   accs = [buckets_lib.BucketAccumulator(edges) for _ in offsets]
   for batch in batches:
-    b = len(batch['inputs'])
-    # padded with masked rows
-    rows = -(-b // jax.device_count()) * jax.device_count()
-    batch = {
-        k: np.concatenate([v, np.zeros((rows - b,) + v.shape[1:], v.dtype)])
+    real_rows = len(batch['inputs'])
+    # Padded with masked rows to a multiple of the devices.
+    rows = -(-real_rows // jax.device_count()) * jax.device_count()
+    padded = {
+        k: np.concatenate(
+            [v, np.zeros((rows - real_rows,) + v.shape[1:], v.dtype)]
+        )
         for k, v in batch.items()
     }
-    # each process feeds its own block of rows
-    per = rows // jax.process_count()
-    mine = slice(jax.process_index() * per, (jax.process_index() + 1) * per)
-    dev = sharding.global_batch(
-        {k: v[mine] for k, v in batch.items()}, mesh, length
+    # Each process feeds its own block of rows.
+    per_process = rows // jax.process_count()
+    first = jax.process_index() * per_process
+    mine = slice(first, first + per_process)
+    on_devices = sharding.global_batch(
+        {k: v[mine] for k, v in padded.items()}, mesh, length
     )
-    ids = buckets_lib.unique_window_ids(
-        buckets_lib.window_ids(
-            batch['inputs'], batch['positions'], batch['loss_mask']
-        ),
-        seen,
+    hashes = buckets_lib.window_ids(
+        padded['inputs'], padded['positions'], padded['loss_mask']
     )
-    prov = {k: batch[k] for k in PROVENANCE_KEYS if k in batch} or None
-    for acc, k in zip(accs, offsets):
-      out = jax.device_get(step(params, dev, jnp.int32(k)))
+    ids = buckets_lib.unique_window_ids(hashes, seen)
+    provenance = {k: padded[k] for k in PROVENANCE_KEYS if k in padded}
+    for acc, offset in zip(accs, offsets):
+      out = jax.device_get(step(params, on_devices, jnp.int32(offset)))
       acc.add(
           out['loss_sum'],
           out['count'],
           out['win_sum'],
           out['win_count'],
           ids,
-          prov,
+          provenance or None,
       )
   return accs
 
@@ -169,7 +170,8 @@ def summarize(
   """results.json dict and per-position vectors of one accumulator;
   ``reference``: the synthetic source's `data.reference_losses` of its length L
   (``bayes_loss``, ``filter_loss`` [L])."""
-  per_position, per_window = acc.per_position(), acc.per_window()
+  per_position = acc.per_position()
+  per_window = acc.per_window()
   per_position.update(reference or {})
   return EvalOutput(
       {
@@ -186,36 +188,30 @@ def summarize(
 def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
   """Warnings for buckets with no scored token and with fewer than
   `MIN_BUCKET_WINDOWS`."""
-  empty = [f"[{b['start']}, {b['end']})" for b in rows if not b['tokens']]
+  empty = [
+      f"[{row['start']}, {row['end']})" for row in rows if not row['tokens']
+  ]
   thin = [
-      b['windows']
-      for b in rows
-      if b['tokens'] and b['windows'] < MIN_BUCKET_WINDOWS
+      row['windows']
+      for row in rows
+      if row['tokens'] and row['windows'] < MIN_BUCKET_WINDOWS
   ]
-  return [
-      m
-      for ok, m in (
-          (
-              empty,
-              (
-                  f'{len(empty)} bucket(s) have no scored token'
-                  f" ({', '.join(empty)}): no window reaches them; use longer"
-                  ' documents or other bucket edges.'
-              ),
-          ),
-          (
-              thin,
-              (
-                  f'{len(thin)} of {len(rows)} bucket(s) have fewer than'
-                  f' {MIN_BUCKET_WINDOWS} windows (min {min(thin, default=0)}):'
-                  ' their intervals are unreliable; evaluate more windows'
-                  ' (eval.num_windows: eval.py --num_windows N, train.py'
-                  ' --config.eval.num_windows=N).'
-              ),
-          ),
-      )
-      if ok
-  ]
+  warnings = []
+  if empty:
+    warnings.append(
+        f'{len(empty)} bucket(s) have no scored token'
+        f" ({', '.join(empty)}): no window reaches them; use longer"
+        ' documents or other bucket edges.'
+    )
+  if thin:
+    warnings.append(
+        f'{len(thin)} of {len(rows)} bucket(s) have fewer than'
+        f' {MIN_BUCKET_WINDOWS} windows (min {min(thin)}):'
+        ' their intervals are unreliable; evaluate more windows'
+        ' (eval.num_windows: eval.py --num_windows N, train.py'
+        ' --config.eval.num_windows=N).'
+    )
+  return warnings
 
 
 def eval_settings(
@@ -244,51 +240,33 @@ def eval_settings(
       },
   }
   s.update({k: v for k, v in overrides.items() if v is not None})
-  s['offsets'] = (
-      sorted({int(k) for k in s['offsets']}) if s.get('offsets') else None
-  )
-  max_len, t, ks = (
-      int(config.model.max_len),
-      int(s['window_len']),
-      s['offsets'] or [0],
-  )
-  problem = next(
-      (
-          msg
-          for bad, msg in (
-              *(
-                  (
-                      int(s[k]) < 0,
-                      f'eval.{k} must be >= 0 (0 = its default), got {s[k]}.',
-                  )
-                  for k in ('min_doc_len', 'min_start')
-              ),
-              (
-                  not 1 <= t <= max_len,
-                  (
-                      f'evaluation window of {t} tokens exceeds the model'
-                      f' context / position table (max_len={max_len}). Fix:'
-                      f' evaluate with 1 <= window_len <= {max_len} (0 ='
-                      ' max_len).'
-                  ),
-              ),
-              (
-                  not 0 <= ks[0] <= ks[-1] < t,
-                  (
-                      f'offsets {ks} must lie in [0, {t}): the probe scores '
-                      'the first window_len - K tokens; the largest valid '
-                      f'offset is {t - 1}.'
-                  ),
-              ),
-          )
-          if bad
-      ),
-      None,
-  )
-  if problem:
-    raise ValueError(problem)
+  if s.get('offsets'):
+    s['offsets'] = sorted({int(k) for k in s['offsets']})
+  else:
+    s['offsets'] = None
+  max_len = int(config.model.max_len)
+  window_len = int(s['window_len'])
+  for key in ('min_doc_len', 'min_start'):
+    if int(s[key]) < 0:
+      raise ValueError(
+          f'eval.{key} must be >= 0 (0 = its default), got {s[key]}.'
+      )
+  if not 1 <= window_len <= max_len:
+    raise ValueError(
+        f'evaluation window of {window_len} tokens exceeds the model'
+        f' context / position table (max_len={max_len}). Fix:'
+        f' evaluate with 1 <= window_len <= {max_len} (0 ='
+        ' max_len).'
+    )
+  offsets = s['offsets'] or [0]
+  if not 0 <= offsets[0] <= offsets[-1] < window_len:
+    raise ValueError(
+        f'offsets {offsets} must lie in [0, {window_len}): the probe scores '
+        'the first window_len - K tokens; the largest valid '
+        f'offset is {window_len - 1}.'
+    )
   s['min_doc_len'], s['min_start'] = data_lib.pipeline.deep_limits(
-      t, s['min_doc_len'], s['min_start']
+      window_len, s['min_doc_len'], s['min_start']
   )
   return s
 
@@ -300,22 +278,23 @@ def make_batches(
   (read-only)."""
   return _batches(
       json.dumps(config.data.to_dict(), sort_keys=True, default=str),
-      **{k: s[k] for k in SETTINGS_KEYS + ('batch_size',)},
+      split=s['split'],
+      policy=s['policy'],
+      num_windows=int(s['num_windows']),
+      window_len=int(s['window_len']),
+      window_start=s['window_start'],
+      min_doc_len=s['min_doc_len'],
+      min_start=s['min_start'],
+      seed=int(s['seed']),
+      batch_size=int(s['batch_size']),
   )
 
 
-# keyed by the data config's JSON and the settings
+# Keyed by the data config's JSON and the settings.
 @functools.lru_cache(maxsize=4)
-def _batches(data_json: str, **s) -> tuple[dict[str, np.ndarray], ...]:
-  ints = {
-      k: int(s.pop(k))
-      for k in ('window_len', 'num_windows', 'batch_size', 'seed')
-  }
-  return tuple(
-      data_lib.make_eval_batches(
-          ml_collections.ConfigDict(json.loads(data_json)), **ints, **s
-      )
-  )
+def _batches(data_json: str, **settings) -> tuple[dict[str, np.ndarray], ...]:
+  data_config = ml_collections.ConfigDict(json.loads(data_json))
+  return tuple(data_lib.make_eval_batches(data_config, **settings))
 
 
 def expected_params(model) -> Any:
@@ -338,8 +317,9 @@ def run_evaluation(
   """Loss by position bucket of ``model`` on held-out windows, recording
   ``step``, with the offset probe's shifts K ``offsets``; ``overrides``:
   `eval_settings` keys (None = config)."""
-  s, cfg = eval_settings(config, dict(overrides, offsets=offsets)), model.config
-  # a TreeMismatchError (ValueError) naming the first differing path
+  s = eval_settings(config, dict(overrides, offsets=offsets))
+  cfg = model.config
+  # A TreeMismatchError (ValueError) naming the first differing path.
   trees.check_same_tree(
       'params',
       params,
@@ -349,22 +329,26 @@ def run_evaluation(
       f' num_layers={cfg.num_layers}, vocab_size={cfg.vocab_size})',
       'Fix: evaluate with the config saved in the checkpoint.',
   )
-  fn, offsets = model_apply_fn(model), s['offsets']
+  apply_fn = model_apply_fn(model)
+  offsets = s['offsets']
   full_edges = buckets_lib.make_edges(
       s['window_len'], s['bucket_size'], s['bucket_edges']
   )
-  windows = make_batches(config, s)  # The same windows for both passes.
+  # The same windows for both passes.
+  windows = make_batches(config, s)
 
-  def passes(length, ks):
-    # probe: clipped
+  def passes(length: int, shifts: Sequence[int]) -> list[EvalOutput]:
+    # The probe's windows and edges are clipped to `length`.
     edges = np.asarray([e for e in full_edges if e < length] + [length])
     batches = (
-        {k: v[:, :length] if v.ndim == 2 else v for k, v in b.items()}
-        for b in windows
+        {k: v[:, :length] if v.ndim == 2 else v for k, v in batch.items()}
+        for batch in windows
     )
-    accs = accumulate(fn, params, batches, edges, offsets=ks, mesh=mesh)
+    accs = accumulate(
+        apply_fn, params, batches, edges, offsets=shifts, mesh=mesh
+    )
     reference = data_lib.reference_losses(config.data, length)
-    return [summarize(a, step=step, reference=reference) for a in accs]
+    return [summarize(acc, step=step, reference=reference) for acc in accs]
 
   (out,) = passes(s['window_len'], (0,))
   out.results['settings'] = {k: s[k] for k in SETTINGS_KEYS}
@@ -373,9 +357,10 @@ def run_evaluation(
         buckets_lib.provenance_tables(out.per_window, s['window_len'])
     )
   out.results['warnings'] = thin_buckets(out.results['buckets'])
-  for w in out.results['warnings']:
-    logging.warning('%s', w)
-  if offsets:  # K - K0 per bucket, paired over the same windows
+  for warning in out.results['warnings']:
+    logging.warning('%s', warning)
+  # K - K0 per bucket, paired over the same windows.
+  if offsets:
     window = s['window_len'] - offsets[-1]
     probes = passes(window, offsets)
     out.results['offset_probe'] = {
@@ -383,25 +368,28 @@ def run_evaluation(
         'window_len': window,
         'offsets': offsets,
         'by_offset': [
-            dict(offset=k, **p.results) for k, p in zip(offsets, probes)
+            dict(offset=offset, **probe.results)
+            for offset, probe in zip(offsets, probes)
         ],
         'paired_vs_first': [
             {
-                'offset': k,
+                'offset': offset,
                 'minus_offset': offsets[0],
                 'buckets': buckets_lib.paired_difference(
-                    p.per_window,
+                    probe.per_window,
                     probes[0].per_window,
-                    (f'K={k}', f'K={offsets[0]}'),
+                    (f'K={offset}', f'K={offsets[0]}'),
                 ),
             }
-            for k, p in zip(offsets[1:], probes[1:])
+            for offset, probe in zip(offsets[1:], probes[1:])
         ],
     }
     out.probe_windows = {k: p.per_window for k, p in zip(offsets, probes)}
     out.per_position.update(
         offsets=np.asarray(offsets),
-        offset_loss=np.stack([p.per_position['loss'] for p in probes]),
-        offset_count=np.stack([p.per_position['count'] for p in probes]),
+        offset_loss=np.stack([probe.per_position['loss'] for probe in probes]),
+        offset_count=np.stack(
+            [probe.per_position['count'] for probe in probes]
+        ),
     )
   return out

@@ -471,7 +471,9 @@ def _errorbars(
     style: dict[str, Any],
     label: str,
 ) -> Any:
-  mean, low, high = (_col(intervals, k) for k in ('mean', 'low', 'high'))
+  mean = _col(intervals, 'mean')
+  low = _col(intervals, 'low')
+  high = _col(intervals, 'high')
   err = np.stack([mean - low, high - mean])
   return ax.errorbar(
       x,

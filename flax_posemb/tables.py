@@ -68,10 +68,12 @@ def _read_array(path: str, key: str | None, spec: str) -> np.ndarray:
   if path.endswith('.npz'):
     with np.load(path, allow_pickle=False) as z:
       return z[_pick_key(spec, key, z.files)]
-  # Here, not at the top: safetensors is needed only for its files.
-  from safetensors import safe_open
+  # Here, not at the top: the model (initializers -> tables) must import on
+  # the accelerator image, which has no safetensors (benchmarks/accel.sh,
+  # tests/test_benchmarks.py); only a .safetensors table needs it.
+  import safetensors
 
-  with safe_open(path, framework='numpy') as f:
+  with safetensors.safe_open(path, framework='numpy') as f:
     return f.get_tensor(_pick_key(spec, key, list(f.keys())))
 
 

@@ -22,10 +22,12 @@ from flax_posemb import auto as auto_lib
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import checkpointing
 from flax_posemb import data as data_lib
+from flax_posemb import eval_report
 from flax_posemb import evaluation
 from flax_posemb import model as model_lib
 from flax_posemb import optim as optim_lib
 from flax_posemb import outputs
+from flax_posemb import plots
 from flax_posemb import preemption
 from flax_posemb import sharding
 from flax_posemb import train_step as step_lib
@@ -379,11 +381,6 @@ class _Loop:
   def evaluate(self, state: step_lib.TrainState, step: int) -> dict[str, Any]:
     """Runs the periodic evaluation: its metrics row, console line, TensorBoard
     scalars."""
-    # Here, not at the top: both import matplotlib, which only runs that
-    # evaluate need.
-    from flax_posemb import eval_report
-    from flax_posemb import plots
-
     out = evaluation.run_evaluation(
         self.model, state.params, self.config, step=step
     )

@@ -25,14 +25,8 @@ def check_same_tree(
   """Raises ``error``: ``problem``, the first path whose shape differs between
   ``stored`` (found in ``where``) and ``expected`` (or that only one has), then
   ``fix``."""
-  # String paths: stored metadata turns tuples into lists and dicts.
-  got, want = (
-      {
-          jax.tree_util.keystr(p, simple=True, separator='/'): tuple(x.shape)
-          for p, x in jax.tree_util.tree_leaves_with_path(t)
-      }
-      for t in (stored, expected)
-  )
+  got = _shapes(stored)
+  want = _shapes(expected)
   for path in sorted(set(got) | set(want)):
     if got.get(path) != want.get(path):
       raise error(
@@ -40,3 +34,12 @@ def check_same_tree(
           f' {where} but {want.get(path, "absent")} in the model of the config.'
           f' {fix}'
       )
+
+
+def _shapes(tree: PyTree) -> dict[str, tuple[int, ...]]:
+  """'a/b/c' path -> shape of every leaf of ``tree``."""
+  # String paths: stored metadata turns tuples into lists and dicts.
+  return {
+      jax.tree_util.keystr(path, simple=True, separator='/'): tuple(leaf.shape)
+      for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+  }

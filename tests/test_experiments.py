@@ -12,6 +12,7 @@ import pytest
 import scipy.stats
 
 from conftest import ROOT
+from flax_posemb import preemption
 from flax_posemb.experiments import measures
 from flax_posemb.experiments import paired
 from flax_posemb.experiments import spec
@@ -700,7 +701,7 @@ def test_a_preempted_run_is_not_marked_done(tmp_path, monkeypatch):
       lambda config, run_dir: {'preempted': True, 'step': 3},
   )
   run = spec.expand(_load('init_comparison'), quick=True)[0]
-  with pytest.raises(sweep.Preempted, match='re-run the same command'):
+  with pytest.raises(preemption.Preempted, match='re-run the same command'):
     sweep.execute_run(
         run,
         str(tmp_path / 'r'),

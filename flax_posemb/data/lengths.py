@@ -4,6 +4,7 @@ arXiv 2405.13226), ``'uniform'``, ``'full'`` or token shares ``'a,b,c,...'`` of
 buckets with upper edges ``seq_len / 2**(n-1), ..., seq_len``; lengths are
 uniform within a bucket."""
 
+from collections.abc import Sequence
 import dataclasses
 
 import numpy as np
@@ -27,9 +28,11 @@ class LengthDist:
   def sample_many(self, u_bucket: np.ndarray, u_len: np.ndarray) -> np.ndarray:
     """Uniforms ``[n]``, ``[n]`` -> lengths ``[n]`` int64."""
     cum = np.cumsum(np.asarray(self.doc_probs, np.float64))
-    b = np.minimum(np.searchsorted(cum, u_bucket, side='right'), len(cum) - 1)
-    e = np.asarray(self.edges, np.int64)
-    lo, width = e[b], e[b + 1] - e[b]
+    bucket = np.searchsorted(cum, u_bucket, side='right')
+    bucket = np.minimum(bucket, len(cum) - 1)
+    edges = np.asarray(self.edges, np.int64)
+    lo = edges[bucket]
+    width = edges[bucket + 1] - lo
     return lo + 1 + np.minimum((u_len * width).astype(np.int64), width - 1)
 
 
@@ -39,17 +42,17 @@ def parse(spec: str, seq_len: int) -> LengthDist:
   spec = str(spec).strip()
   if spec == 'full':
     return LengthDist((seq_len - 1, seq_len), (1.0,), (1.0,))
-  try:  # 'uniform' is one bucket, (0, seq_len].
-    shares = (
-        WIKIPEDIA_SHARES
-        if spec == 'wikipedia'
-        else [1.0]
-        if spec == 'uniform'
-        else [float(x) for x in spec.split(',')]
-    )
-  except ValueError:
-    shares = [-1.0]
-  if any(s < 0 for s in shares) or sum(shares) <= 0:
+  if spec == 'wikipedia':
+    shares: Sequence[float] = WIKIPEDIA_SHARES
+  elif spec == 'uniform':
+    # One bucket, (0, seq_len].
+    shares = [1.0]
+  else:
+    try:
+      shares = [float(x) for x in spec.split(',')]
+    except ValueError:
+      shares = [-1.0]
+  if any(share < 0 for share in shares) or sum(shares) <= 0:
     raise ValueError(
         f'Unknown length distribution {spec!r}: use wikipedia | uniform | full'
         ' | comma-separated token shares per bucket (>= 0, not all zero), e.g.'

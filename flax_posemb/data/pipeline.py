@@ -1,7 +1,7 @@
 """Grain pipelines and the data config check (docs/DESIGN.md "Data policies and
 tokens")."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 import functools
 import json
 import os
@@ -13,6 +13,7 @@ from absl import flags
 import grain
 import ml_collections
 import numpy as np
+import numpy.typing as npt
 
 from flax_posemb.data import lengths as lengths_lib
 from flax_posemb.data import policies
@@ -37,16 +38,54 @@ Window = tuple[dict[str, np.ndarray], tuple[int, int, int]]
 
 def validate_config(data_config, max_len: int) -> None:
   """The one check of `config.data` (a position table of `max_len` rows):
-  ValueError."""
-  for problem in _problems(data_config, int(max_len)):
-    raise ValueError(problem)
-  if data_config.position_policy == 'crops':
-    _check_crops(data_config)
+  raises ValueError naming the first problem (later checks assume the earlier
+  ones passed)."""
+  c = data_config
+  seq_len = int(c.seq_len)
+  max_len = int(max_len)
+  for key, choices in (
+      ('source', SOURCES),
+      ('position_policy', policies.POLICIES),
+      ('on_decode_error', sources.DECODE_ERROR_MODES),
+  ):
+    if c.get(key, 'replace') not in choices:
+      raise ValueError(f'Unknown data.{key} {c[key]!r}; use one of {choices}.')
+  for key in ('num_workers', 'prefetch', 'shuffle_rows'):
+    if int(c.get(key, 0)) < 0:
+      raise ValueError(f'data.{key} must be >= 0, got {c[key]}.')
+  if not 1 <= seq_len <= max_len:
+    raise ValueError(
+        f'data.seq_len={seq_len} must be in [1, {max_len}]: a row longer than'
+        f' the position table (model.max_len={max_len}) indexes missing rows;'
+        ' lower seq_len or raise max_len.'
+    )
+  if int(c.min_doc_len) < 2:
+    raise ValueError(
+        'data.min_doc_len must be >= 2 (one input/target pair), got'
+        f' {c.min_doc_len}.'
+    )
+  if c.position_policy == 'length_schedule':
+    short_len = int(c.schedule_seq_len)
+    fraction = float(c.schedule_fraction)
+    if not (1 <= short_len <= seq_len and 0 <= fraction <= 1):
+      raise ValueError(
+          f'data.schedule_seq_len={c.schedule_seq_len} must be in [1,'
+          f' data.seq_len={seq_len}] and'
+          f' data.schedule_fraction={c.schedule_fraction} in [0, 1].'
+      )
+  if c.position_policy == 'resampled':
+    lengths_lib.parse(c.resample_dist, seq_len)
+  if c.position_policy == 'crops':
+    _check_crops(c)
+  if c.source == 'synthetic':
+    _validate_synthetic(c)
+  else:
+    _validate_text(c)
 
 
 def _check_crops(c) -> None:
   """The `crops` policy's fields (ValueError naming the field and the fix)."""
-  t = int(c.seq_len)
+  seq_len = int(c.seq_len)
   spec = str(c.crop_lengths)
   if c.crop_weighting not in CROP_WEIGHTINGS:
     raise ValueError(
@@ -71,15 +110,16 @@ def _check_crops(c) -> None:
   if spec == 'schedule':
     short = int(c.schedule_seq_len)
     fraction = float(c.schedule_fraction)
-    if not 1 <= short <= t or not 0 <= fraction <= 1:
+    if not 1 <= short <= seq_len or not 0 <= fraction <= 1:
       raise ValueError(
-          f'data.schedule_seq_len={short} must be in [1, data.seq_len={t}]'
-          f' and data.schedule_fraction={fraction} in [0, 1].'
+          f'data.schedule_seq_len={short} must be in [1,'
+          f' data.seq_len={seq_len}] and data.schedule_fraction={fraction} in'
+          ' [0, 1].'
       )
   elif spec.startswith('skew:'):
     skew_ratio(spec)
   elif spec != 'natural':
-    lengths_lib.parse(spec, t)
+    lengths_lib.parse(spec, seq_len)
 
 
 def skew_ratio(spec: str) -> float:
@@ -101,18 +141,18 @@ def piece_lengths(data_config) -> lengths_lib.PieceLengths:
   """The crop lengths of token-weighted `crops`, on the train split
   (docs/DESIGN.md "Data policies and tokens")."""
   c = data_config
-  t = int(c.seq_len)
+  seq_len = int(c.seq_len)
   spec = str(c.crop_lengths)
   if spec == 'schedule':
-    return lengths_lib.skewed_pieces(1.0, t)
+    return lengths_lib.skewed_pieces(1.0, seq_len)
   if spec.startswith('skew:'):
-    return lengths_lib.skewed_pieces(skew_ratio(spec), t)
+    return lengths_lib.skewed_pieces(skew_ratio(spec), seq_len)
   if spec != 'natural':
-    return lengths_lib.dist_pieces(lengths_lib.parse(spec, t))
+    return lengths_lib.dist_pieces(lengths_lib.parse(spec, seq_len))
   if c.source == 'synthetic':
-    dist = lengths_lib.parse(c.length_dist, t)
+    dist = lengths_lib.parse(c.length_dist, seq_len)
     return lengths_lib.dist_pieces(dist, int(c.min_doc_len) - 1)
-  return lengths_lib.empirical_pieces(natural_pairs(c, c.train_split), t)
+  return lengths_lib.empirical_pieces(natural_pairs(c, c.train_split), seq_len)
 
 
 def natural_pairs(data_config, split: str) -> np.ndarray:
@@ -129,124 +169,97 @@ def natural_pairs(data_config, split: str) -> np.ndarray:
 def _natural_pairs(data_json: str, split: str) -> tuple[int, ...]:
   c = ml_collections.ConfigDict(json.loads(data_json))
   src = make_source(c, split)
-  t = int(c.seq_len)
+  seq_len = int(c.seq_len)
   pairs = []
   for i in range(len(src)):
-    tokens = len(src.doc(i, max_pairs=t))
+    tokens = len(src.doc(i, max_pairs=seq_len))
     if tokens >= int(c.min_doc_len):
       pairs.append(tokens - 1)
   return tuple(pairs)
 
 
-def _problems(c, max_len: int) -> Iterator[str]:
-  """The config's problems, in order (later checks assume the earlier ones
-  passed)."""
-  t, policy = int(c.seq_len), c.position_policy
-  for key, choices in (
-      ('source', SOURCES),
-      ('position_policy', policies.POLICIES),
-      ('on_decode_error', sources.DECODE_ERROR_MODES),
+def _validate_synthetic(c) -> None:
+  """`validate_config`'s checks of the synthetic source."""
+  seq_len = int(c.seq_len)
+  synthetic = c.synthetic
+  if (
+      int(synthetic.vocab_size) < 2
+      or int(synthetic.num_regimes) < 1
+      or int(synthetic.segment_len) < 1
+      or float(synthetic.concentration) <= 0
+      or int(synthetic.num_docs) < 1
   ):
-    if c.get(key, 'replace') not in choices:
-      yield f'Unknown data.{key} {c[key]!r}; use one of {choices}.'
-  for key in ('num_workers', 'prefetch', 'shuffle_rows'):
-    if int(c.get(key, 0)) < 0:
-      yield f'data.{key} must be >= 0, got {c[key]}.'
-  if not 1 <= t <= max_len:
-    yield (
-        f'data.seq_len={t} must be in [1, {max_len}]: a row longer than the'
-        f' position table (model.max_len={max_len}) indexes missing rows; lower'
-        ' seq_len or raise max_len.'
+    raise ValueError(
+        'data.synthetic needs vocab_size >= 2, num_regimes >= 1, segment_len'
+        ' >= 1, concentration > 0 and num_docs >= 1; got'
+        f' {synthetic.to_dict()}.'
     )
-  if int(c.min_doc_len) < 2:
-    yield (
-        'data.min_doc_len must be >= 2 (one input/target pair), got'
-        f' {c.min_doc_len}.'
+  lengths_lib.parse(c.length_dist, seq_len)
+  period = int(synthetic.num_regimes) * int(synthetic.segment_len)
+  if c.position_policy in policies.PACKED_POLICIES and seq_len % period:
+    raise ValueError(
+        f'Policy {c.position_policy!r} cannot be honoured on the synthetic'
+        ' source: a document wrapping into the next row keeps its dynamics'
+        f' only if num_regimes*segment_len={period} divides'
+        f' seq_len={seq_len}; change data.seq_len or'
+        ' segment_len/num_regimes.'
     )
-  if policy == 'length_schedule' and not (
-      1 <= int(c.schedule_seq_len) <= t and 0 <= float(c.schedule_fraction) <= 1
-  ):
-    yield (
-        f'data.schedule_seq_len={c.schedule_seq_len} must be in [1,'
-        f' data.seq_len={t}] and data.schedule_fraction={c.schedule_fraction}'
-        ' in [0, 1].'
-    )
-  if policy == 'resampled':
-    lengths_lib.parse(c.resample_dist, t)
-  splits = (c.train_split, c.eval_split)
-  if c.source == 'synthetic':
-    s = c.synthetic
-    if (
-        int(s.vocab_size) < 2
-        or int(s.num_regimes) < 1
-        or int(s.segment_len) < 1
-        or float(s.concentration) <= 0
-        or int(s.num_docs) < 1
-    ):
-      yield (
-          'data.synthetic needs vocab_size >= 2, num_regimes >= 1, segment_len'
-          f' >= 1, concentration > 0 and num_docs >= 1; got {s.to_dict()}.'
+  for split in (c.train_split, c.eval_split):
+    if split not in synthetic_lib.SPLIT_IDS:
+      raise ValueError(
+          f'Synthetic split {split!r} unknown; use one of'
+          f' {sorted(synthetic_lib.SPLIT_IDS)}.'
       )
-    lengths_lib.parse(c.length_dist, t)
-    period = int(s.num_regimes) * int(s.segment_len)
-    if policy in policies.PACKED_POLICIES and t % period:
-      yield (
-          f'Policy {policy!r} cannot be honoured on the synthetic source: a'
-          ' document wrapping into the next row keeps its dynamics only if'
-          f' num_regimes*segment_len={period} divides seq_len={t}; change'
-          ' data.seq_len or segment_len/num_regimes.'
-      )
-    for split in splits:
-      if split not in synthetic_lib.SPLIT_IDS:
-        yield (
-            f'Synthetic split {split!r} unknown; use one of'
-            f' {sorted(synthetic_lib.SPLIT_IDS)}.'
-        )
-    return
+
+
+def _validate_text(c) -> None:
+  """`validate_config`'s checks of the text sources."""
   if c.tokenizer not in TOKENIZERS:
-    yield f'Unknown data.tokenizer {c.tokenizer!r}; use one of {TOKENIZERS}.'
+    raise ValueError(
+        f'Unknown data.tokenizer {c.tokenizer!r}; use one of {TOKENIZERS}.'
+    )
   if (
       c.tokenizer == 'sentencepiece'
       and c.spm_model
       and not os.path.isfile(c.spm_model)
   ):
-    yield (
+    raise ValueError(
         f'data.spm_model={c.spm_model!r} is not a file; set it to an existing'
         " .model file or to '' to train one on the corpus."
     )
   if c.source == 'tfds' and not c.name:
-    yield "data.source='tfds' needs data.name (e.g. 'wiki40b/en', 'pg19')."
-  if c.source == 'local_text' and not c.local_glob:
-    yield (
-        "data.source='local_text' needs data.local_glob (e.g."
-        " '/path/docs/*.txt')."
+    raise ValueError(
+        "data.source='tfds' needs data.name (e.g. 'wiki40b/en', 'pg19')."
     )
-  if c.source == 'local_text' and c.local_split_by not in (
-      'file',
-      'line',
-      'paragraph',
-  ):
-    yield (
-        f'data.local_split_by={c.local_split_by!r}: use file | line |'
-        ' paragraph.'
-    )
+  if c.source == 'local_text':
+    if not c.local_glob:
+      raise ValueError(
+          "data.source='local_text' needs data.local_glob (e.g."
+          " '/path/docs/*.txt')."
+      )
+    if c.local_split_by not in ('file', 'line', 'paragraph'):
+      raise ValueError(
+          f'data.local_split_by={c.local_split_by!r}: use file | line |'
+          ' paragraph.'
+      )
+  splits = (c.train_split, c.eval_split)
   if c.source != 'tfds' and not set(splits) <= {'train', 'validation'}:
-    yield f"Splits {splits} of {c.source}: use 'train' or 'validation'."
+    raise ValueError(
+        f"Splits {splits} of {c.source}: use 'train' or 'validation'."
+    )
 
 
 def make_source(data_config, split: str) -> sources.DocSource:
   """The `DocSource` of `split` for this (valid) config."""
-  c = data_config
-  if c.source == 'synthetic':
-    dist = lengths_lib.parse(c.length_dist, int(c.seq_len))
+  if data_config.source == 'synthetic':
     return sources.SyntheticSource(
-        synthetic_lib.from_config(c),
+        synthetic_lib.from_config(data_config),
         split,
-        int(c.synthetic.num_docs),
-        dist,
-        min_pairs=int(c.min_doc_len) - 1,
+        int(data_config.synthetic.num_docs),
+        lengths_lib.parse(data_config.length_dist, int(data_config.seq_len)),
+        min_pairs=int(data_config.min_doc_len) - 1,
     )
-  return text_sources.make_text_source(c, split)
+  return text_sources.make_text_source(data_config, split)
 
 
 def vocab_size(data_config) -> int:
@@ -259,13 +272,10 @@ def vocab_size(data_config) -> int:
 def reference_losses(data_config, length: int) -> dict[str, np.ndarray] | None:
   """Synthetic source: {'bayes_loss', 'filter_loss'} ``[length]``; None for real
   text."""
-  return (
-      synthetic_lib.reference_losses(
-          synthetic_lib.from_config(data_config), int(length)
-      )
-      if data_config.source == 'synthetic'
-      else None
-  )
+  if data_config.source != 'synthetic':
+    return None
+  corpus = synthetic_lib.from_config(data_config)
+  return synthetic_lib.reference_losses(corpus, int(length))
 
 
 class DocOrder:
@@ -274,19 +284,21 @@ class DocOrder:
   docs/DESIGN.md "Row order"."""
 
   def __init__(self, n: int, seed: int, shuffle: bool = True):
-    self.n, self.seed, self.shuffle = int(n), int(seed), shuffle
+    self.n = int(n)
+    self.seed = int(seed)
+    self.shuffle = shuffle
 
-  def take(self, gs: np.ndarray) -> np.ndarray:
+  def take(self, stream_positions: npt.ArrayLike) -> np.ndarray:
     """``[m]`` stream positions -> ``[m]`` document indices."""
-    gs = np.asarray(gs, np.int64)
+    positions = np.asarray(stream_positions, np.int64)
     if not self.shuffle:
-      return gs % self.n
-    out = np.empty_like(gs)
-    epochs = gs // self.n
-    for e in np.unique(epochs):
-      out[epochs == e] = _permutation(self.n, self.seed, int(e))[
-          gs[epochs == e] % self.n
-      ]
+      return positions % self.n
+    out = np.empty_like(positions)
+    epochs = positions // self.n
+    for epoch in np.unique(epochs):
+      in_epoch = epochs == epoch
+      permutation = _permutation(self.n, self.seed, int(epoch))
+      out[in_epoch] = permutation[positions[in_epoch] % self.n]
     return out
 
 
@@ -313,23 +325,9 @@ def make_train_iterator(
   c = data_config
   table = int(c.seq_len) if max_len is None else int(max_len)
   src = make_source(c, c.train_split)
-  policy, b = c.position_policy, batch_size // process_count
-  # With no document long enough, the filter and packer never end.
-  n = min(len(src), 1000)
-  if not (
-      src.positional
-      or any(
-          len(src.doc(i, max_pairs=int(c.seq_len))) >= int(c.min_doc_len)
-          for i in range(n)
-      )
-  ):
-    raise ValueError(
-        f'None of the first {n} documents has >='
-        f' data.min_doc_len={c.min_doc_len} tokens; the corpus is (nearly)'
-        ' empty.'
-    )
+  _check_long_enough(src, int(c.seq_len), int(c.min_doc_len))
   order = DocOrder(len(src), seed, bool(c.shuffle))
-  if policy in policies.STREAM_POLICIES:
+  if c.position_policy in policies.STREAM_POLICIES:
     ds = _stream_dataset(
         c, src, order, seed, table, process_index, process_count
     )
@@ -337,28 +335,52 @@ def make_train_iterator(
     ds = _row_dataset(
         c, src, order, seed, batch_size, process_index, process_count
     )
-  ds = ds.batch(b, drop_remainder=True)
+  ds = ds.batch(batch_size // process_count, drop_remainder=True)
   num_short = int(float(c.schedule_fraction) * int(num_train_steps))
-  short = None
-  if policy == 'length_schedule':
+  short: policies.BatchTransform | None = None
+  if c.position_policy == 'length_schedule':
     short = policies.crop_columns
-  if policy == 'crops' and c.crop_lengths == 'schedule':
+  if c.position_policy == 'crops' and c.crop_lengths == 'schedule':
     short = policies.cut_rows
   if short is not None:
     ds = policies.ScheduleIterDataset(
         ds, short, int(c.schedule_seq_len), num_short
     )
   if not with_doc_ids:
-    ds = ds.map(lambda batch: {k: batch[k] for k in policies.KEYS})
+    ds = ds.map(_without_doc_ids)
   if int(c.num_workers) > 0:
-    # Grain workers read absl flags (a library caller
+    # Grain workers read absl flags: a library caller outside app.run has not
+    # parsed any.
     if not flags.FLAGS.is_parsed():
-      flags.FLAGS.mark_as_parsed()  # outside app.run has not parsed any).
+      flags.FLAGS.mark_as_parsed()
     ds = ds.mp_prefetch(
         grain.MultiprocessingOptions(num_workers=int(c.num_workers)),
         worker_init_fn=exit_with_parent,
     )
   return iter(ds)
+
+
+def _check_long_enough(
+    src: sources.DocSource, seq_len: int, min_doc_len: int
+) -> None:
+  """Refuses a text corpus whose first documents are all shorter than
+  `min_doc_len` tokens: the row filter and the packer would never end."""
+  # Synthetic documents have at least min_doc_len - 1 pairs by construction.
+  if isinstance(src, sources.SyntheticSource):
+    return
+  checked = min(len(src), 1000)
+  if not any(
+      len(src.doc(i, max_pairs=seq_len)) >= min_doc_len for i in range(checked)
+  ):
+    raise ValueError(
+        f'None of the first {checked} documents has >='
+        f' data.min_doc_len={min_doc_len} tokens; the corpus is (nearly)'
+        ' empty.'
+    )
+
+
+def _without_doc_ids(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  return {k: batch[k] for k in policies.KEYS}
 
 
 def _stream_dataset(
@@ -372,7 +394,7 @@ def _stream_dataset(
 ) -> grain.IterDataset:
   """Rows of the `STREAM_POLICIES`: this process's every ``process_count``-th
   document."""
-  t = int(c.seq_len)
+  seq_len = int(c.seq_len)
   policy = c.position_policy
   reset = policy == 'packed_reset'
   chunked = policy == 'natural_chunked'
@@ -395,25 +417,18 @@ def _stream_dataset(
         lambda d: src.doc(int(d), max_pairs=None)
     )
 
-  def generate(chunk, column: int):
-    # Synthetic documents are generated for their position ids: from 0 or their
-    # row column.
-    pairs = src.pairs_many(chunk['doc'], t)
-    if reset or chunked:
-      starts = np.zeros_like(pairs)
-    else:
-      starts = (column + np.cumsum(pairs) - pairs) % t
-    return src.docs_many(chunk['doc'], starts, t)
-
   ds = grain.MapDataset.range(_BIG).map(chunk)
   ds = ds.to_iter_dataset(_read_options(c))
   if policy == 'crops':
     ds = _crops(c, src, ds, tokenize, seed)
   else:
+    materialize: Callable[[Any, int], Sequence[np.ndarray]] = tokenize
+    if isinstance(src, sources.SyntheticSource):
+      materialize = _generator(src, seq_len, from_zero=reset or chunked)
     ds = policies.PackIterDataset(
         ds,
-        generate if src.positional else tokenize,
-        t,
+        materialize,
+        seq_len,
         reset=reset,
         min_tokens=int(c.min_doc_len),
         max_len=table if reset else None,
@@ -426,15 +441,38 @@ def _stream_dataset(
   return ds
 
 
-def _crops(c, src, chunks, tokenize, seed: int) -> grain.IterDataset:
+def _generator(
+    src: sources.SyntheticSource, seq_len: int, from_zero: bool
+) -> Callable[[dict[str, np.ndarray], int], list[np.ndarray]]:
+  """The packers' ``materialize`` of synthetic documents, generated for their
+  position ids: from 0 (``from_zero``) or from their row column."""
+
+  def generate(chunk: dict[str, np.ndarray], column: int) -> list[np.ndarray]:
+    pairs = src.pairs_many(chunk['doc'], seq_len)
+    if from_zero:
+      starts = np.zeros_like(pairs)
+    else:
+      starts = (column + np.cumsum(pairs) - pairs) % seq_len
+    return src.docs_many(chunk['doc'], starts, seq_len)
+
+  return generate
+
+
+def _crops(
+    c,
+    src: sources.DocSource,
+    chunks: grain.IterDataset,
+    tokenize: Callable[[Any, int], Any],
+    seed: int,
+) -> grain.IterDataset:
   """Rows of the `crops` policy (docs/DESIGN.md "Data policies and tokens")."""
-  t = int(c.seq_len)
+  seq_len = int(c.seq_len)
   if c.crop_weighting == 'document':
 
     def crop(tokens: np.ndarray, stream_position: int) -> np.ndarray:
       # The document's own length (natural's rows) at a uniform offset.
       pairs = len(tokens) - 1
-      m = min(pairs, t)
+      m = min(pairs, seq_len)
       rng = np.random.default_rng([seed, stream_position, 0xC4])
       start = int(rng.integers(0, pairs - m + 1))
       return tokens[start : start + m + 1]
@@ -442,17 +480,17 @@ def _crops(c, src, chunks, tokenize, seed: int) -> grain.IterDataset:
     return policies.CropIterDataset(
         chunks,
         tokenize,
-        t,
+        seq_len,
         min_tokens=int(c.min_doc_len),
         seed=seed,
         crop=crop,
     )
   lengths = piece_lengths(c)
-  if not src.positional:
+  if not isinstance(src, sources.SyntheticSource):
     return policies.CropIterDataset(
         chunks,
         tokenize,
-        t,
+        seq_len,
         min_tokens=int(c.min_doc_len),
         seed=seed,
         lengths=lengths,
@@ -469,10 +507,10 @@ def _crops(c, src, chunks, tokenize, seed: int) -> grain.IterDataset:
         ],
         np.int64,
     )
-    return src.docs_many(chunk['doc'], np.zeros_like(pairs), t, pairs)
+    return src.docs_many(chunk['doc'], np.zeros_like(pairs), seq_len, pairs)
 
   return policies.CropIterDataset(
-      chunks, generate, t, min_tokens=2, seed=seed, crop=_whole_document
+      chunks, generate, seq_len, min_tokens=2, seed=seed, crop=_whole_document
   )
 
 
@@ -492,32 +530,40 @@ def _row_dataset(
 ) -> grain.IterDataset:
   """Rows of the other policies, one document each; this process's block of each
   batch."""
-  t, policy, b = int(c.seq_len), c.position_policy, batch_size // process_count
-  target = (
-      lengths_lib.parse(c.resample_dist, t) if policy == 'resampled' else None
-  )
+  seq_len = int(c.seq_len)
+  per_process = batch_size // process_count
+  random_offset = c.position_policy == 'random_offset'
+  target = None
+  if c.position_policy == 'resampled':
+    target = lengths_lib.parse(c.resample_dist, seq_len)
 
   def make_row(i: int) -> dict[str, np.ndarray]:
-    g = (i // b) * batch_size + process_index * b + i % b  # Global row index.
-    d, start = int(order.take([g])[0]), 0
-    m = (
-        None
-        if target is None
-        else target.sample(*np.random.default_rng([seed, g, 2]).random(2))
-    )
-    # A uniform start that keeps the document's pairs in the row.
-    if policy == 'random_offset':
-      rng = np.random.default_rng([seed, g, 1])
+    # The row's index in the stream of global batches.
+    row_index = (i // per_process) * batch_size
+    row_index += process_index * per_process + i % per_process
+    doc = int(order.take([row_index])[0])
+    num_pairs = None
+    if target is not None:
+      uniforms = np.random.default_rng([seed, row_index, 2]).random(2)
+      num_pairs = target.sample(uniforms[0], uniforms[1])
+    # random_offset: a uniform start that keeps the document's pairs in the row.
+    if not random_offset:
+      start = 0
+      tokens = src.doc(doc, max_pairs=seq_len, num_pairs=num_pairs)
+    elif isinstance(src, sources.SyntheticSource):
       # Synthetic tokens depend on their positions: draw the start first.
-      if src.positional:
-        start = int(rng.integers(0, t - min(src.num_pairs(d), t) + 1))
-    toks = src.doc(d, start=start, max_pairs=t, num_pairs=m)
-    if policy == 'random_offset' and not src.positional:
-      start = int(rng.integers(0, t - max(len(toks) - 1, 0) + 1))
-    row = policies.natural_row(toks, t, start=start)
-    row[policies.DOC_IDS] = np.where(row['segment_ids'] > 0, d, -1).astype(
-        np.int32
-    )
+      rng = np.random.default_rng([seed, row_index, 1])
+      room = seq_len - min(src.num_pairs(doc), seq_len)
+      start = int(rng.integers(0, room + 1))
+      tokens = src.doc(doc, start=start, max_pairs=seq_len, num_pairs=num_pairs)
+    else:
+      rng = np.random.default_rng([seed, row_index, 1])
+      tokens = src.doc(doc, max_pairs=seq_len, num_pairs=num_pairs)
+      room = seq_len - max(len(tokens) - 1, 0)
+      start = int(rng.integers(0, room + 1))
+    row = policies.natural_row(tokens, seq_len, start=start)
+    in_doc = row['segment_ids'] > 0
+    row[policies.DOC_IDS] = np.where(in_doc, doc, -1).astype(np.int32)
     return row
 
   ds = (
@@ -525,7 +571,7 @@ def _row_dataset(
       .map(make_row)
       .to_iter_dataset(_read_options(c))
   )
-  if not src.positional:
+  if not isinstance(src, sources.SyntheticSource):
     min_tokens = int(c.min_doc_len)
     ds = ds.filter(lambda r: r['segment_ids'].sum() >= min_tokens - 1)
   return ds
@@ -573,52 +619,84 @@ def make_eval_batches(
   rows: doc -1); policies and window starts: docs/DESIGN.md "Evaluation
   outputs"."""
   src = make_source(data_config, split)
-  full = policy == 'windows'  # Full-length documents only.
-  deep = full and window_start == 'deep'
-  if window_start not in WINDOW_STARTS or (deep and src.positional):
+  if window_start not in WINDOW_STARTS:
     raise ValueError(
         f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS}'
         " ('random' was replaced by 'deep')."
-        if window_start not in WINDOW_STARTS
-        else (
-            "window_start='deep' needs a text source (an inner window of a"
-            ' synthetic document would not match its reference losses); use'
-            " 'first'."
-        )
     )
-  w = int(window_len)
+  # 'windows': full-length documents only.
+  full = policy == 'windows'
+  deep = full and window_start == 'deep'
+  if deep and isinstance(src, sources.SyntheticSource):
+    raise ValueError(
+        "window_start='deep' needs a text source (an inner window of a"
+        ' synthetic document would not match its reference losses); use'
+        " 'first'."
+    )
+  window_len = int(window_len)
   if deep:
-    min_doc_len, min_start = deep_limits(w, min_doc_len, min_start)
-    windows = _deep_windows(
-        src, split, w, num_windows, min_doc_len, min_start, seed
+    min_doc_len, min_start = deep_limits(window_len, min_doc_len, min_start)
+    picked = _deep_windows(
+        src, split, window_len, num_windows, min_doc_len, min_start, seed
     )
-  # The first w + 1 tokens of the first documents (seeded order) with >= `need`
-  # tokens.
   else:
-    order = np.random.default_rng([int(seed), 0xE7A1]).permutation(len(src))
-    need = w + 1 if full else int(data_config.min_doc_len)
-    windows = []
-    for d in order[: num_windows if full and src.positional else None].tolist():
-      toks = (
-          src.doc(d, max_pairs=w, num_pairs=w if full else None)
-          if src.positional
-          else src.doc(d, max_pairs=None)
-      )
-      doc_len = (
-          src.num_pairs(d) + 1 if src.positional and not full else len(toks)
-      )
-      if len(toks) >= need:
-        windows.append((policies.natural_row(toks, w), (d, 0, doc_len)))
-        if len(windows) == num_windows:
-          break
-    _check_enough(
-        len(windows),
+    picked = _first_windows(
+        src,
+        split,
+        window_len,
         num_windows,
-        f'Split {split!r} has only {len(windows)} '
-        f'documents with >= {need} tokens (of {len(src)})',
-        'the window length',
+        full,
+        int(data_config.min_doc_len),
+        seed,
     )
-  return _batches(src, windows, batch_size, w)
+  return _batches(src, picked, batch_size, window_len)
+
+
+def _first_windows(
+    src: sources.DocSource,
+    split: str,
+    window_len: int,
+    num_windows: int,
+    full: bool,
+    min_doc_len: int,
+    seed: int,
+) -> list[Window]:
+  """The first ``window_len + 1`` tokens of the first `num_windows` documents
+  (in a seeded order) that fill a window (`full`) or have `min_doc_len`
+  tokens."""
+  if full:
+    need = window_len + 1
+  else:
+    need = min_doc_len
+  order = np.random.default_rng([int(seed), 0xE7A1]).permutation(len(src))
+  synthetic = isinstance(src, sources.SyntheticSource)
+  if full and synthetic:
+    # Every synthetic document is generated at the full length.
+    order = order[:num_windows]
+  out: list[Window] = []
+  for doc in order.tolist():
+    if not isinstance(src, sources.SyntheticSource):
+      tokens = src.doc(doc, max_pairs=None)
+      doc_len = len(tokens)
+    elif full:
+      tokens = src.doc(doc, max_pairs=window_len, num_pairs=window_len)
+      doc_len = len(tokens)
+    else:
+      tokens = src.doc(doc, max_pairs=window_len)
+      doc_len = src.num_pairs(doc) + 1
+    if len(tokens) >= need:
+      row = policies.natural_row(tokens, window_len)
+      out.append((row, (doc, 0, doc_len)))
+      if len(out) == num_windows:
+        break
+  _check_enough(
+      len(out),
+      num_windows,
+      f'Split {split!r} has only {len(out)} '
+      f'documents with >= {need} tokens (of {len(src)})',
+      'the window length',
+  )
+  return out
 
 
 def _check_enough(found: int, num_windows: int, what: str, lower: str) -> None:
@@ -663,13 +741,16 @@ def _deep_windows(
   ends = np.cumsum(slots)
   docs = np.searchsorted(ends, pick, side='right')
   starts = origin[docs] + (pick - (ends - slots)[docs]) * span
-  out, toks, last = [], None, -1
-  for d, a in zip(docs.tolist(), starts.tolist()):
-    if d != last:  # Windows are sorted by document: tokenize each once.
-      toks, last = src.doc(d, max_pairs=None), d
-    out.append(
-        (policies.natural_row(toks[a : a + span], w), (d, a, int(lengths[d])))
-    )
+  out: list[Window] = []
+  tokens = np.zeros(0, np.int32)
+  tokenized = -1
+  for doc, start in zip(docs.tolist(), starts.tolist()):
+    # Windows are sorted by document: tokenize each once.
+    if doc != tokenized:
+      tokens = src.doc(doc, max_pairs=None)
+      tokenized = doc
+    row = policies.natural_row(tokens[start : start + span], w)
+    out.append((row, (doc, start, int(lengths[doc]))))
   return out
 
 
@@ -678,9 +759,9 @@ def deep_limits(
 ) -> tuple[int, int]:
   """'deep' windows' shortest document and first start (0: 4 windows' length,
   one's)."""
-  return int(min_doc_len) or 4 * int(window_len), int(min_start) or int(
-      window_len
-  )
+  shortest = int(min_doc_len) or 4 * int(window_len)
+  first_start = int(min_start) or int(window_len)
+  return shortest, first_start
 
 
 deep_region = windows.deep_region

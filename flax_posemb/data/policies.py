@@ -44,12 +44,12 @@ def natural_row(
   - 1, seq_len)`` pairs at positions from `start` (``start + pairs <=
   seq_len``), padded."""
   row = empty_row(seq_len)
-  m = max(min(len(tokens) - 1, seq_len), 0)
-  row['inputs'][:m] = tokens[:m]
-  row['targets'][:m] = tokens[1 : m + 1]
-  row['positions'][:m] = np.arange(start, start + m, dtype=np.int32)
-  row['segment_ids'][:m] = 1
-  row['loss_mask'][:m] = 1.0
+  pairs = max(min(len(tokens) - 1, seq_len), 0)
+  row['inputs'][:pairs] = tokens[:pairs]
+  row['targets'][:pairs] = tokens[1 : pairs + 1]
+  row['positions'][:pairs] = np.arange(start, start + pairs, dtype=np.int32)
+  row['segment_ids'][:pairs] = 1
+  row['loss_mask'][:pairs] = 1.0
   return row
 
 
@@ -223,22 +223,23 @@ class _PackIterator(grain.DatasetIterator):
     if self._chunked:
       inputs, targets, _, docs = self._stream.pairs(t, 0)
       row = natural_row(np.append(inputs, targets[-1:]), t)
-      row[DOC_IDS] = np.where(row['segment_ids'] > 0, docs[0], -1).astype(
-          np.int32
-      )
+      in_doc = row['segment_ids'] > 0
+      row[DOC_IDS] = np.where(in_doc, docs[0], -1).astype(np.int32)
       return row
-    parts = []
+    pieces = []
     need = t
     while need:
-      parts.append(self._stream.pairs(need, t - need))
-      need -= len(parts[-1][0])
-    inputs, targets, doc_pos, docs = (
-        np.concatenate([p[j] for p in parts]).astype(np.int32) for j in range(4)
-    )
+      pieces.append(self._stream.pairs(need, t - need))
+      need -= len(pieces[-1][0])
+
+    def joined(field: int) -> np.ndarray:
+      return np.concatenate([piece[field] for piece in pieces]).astype(np.int32)
+
+    doc_pos = joined(2)
     row = {
-        'inputs': inputs,
-        'targets': targets,
-        DOC_IDS: docs,
+        'inputs': joined(0),
+        'targets': joined(1),
+        DOC_IDS: joined(3),
         'positions': np.arange(t, dtype=np.int32),
         'segment_ids': np.ones((t,), np.int32),
         'loss_mask': np.ones((t,), np.float32),
@@ -387,6 +388,10 @@ class _CropIterator(grain.DatasetIterator):
     self._pending = None
 
 
+# (batch ``[b, T]``, length) -> the batch of a schedule's short phase.
+BatchTransform = Callable[[dict[str, np.ndarray], int], dict[str, Any]]
+
+
 def crop_columns(batch: dict[str, np.ndarray], length: int) -> dict[str, Any]:
   """``[b, T]`` rows cut to their first ``length`` columns (`length_schedule`'s
   short phase)."""
@@ -416,7 +421,7 @@ class ScheduleIterDataset(grain.IterDataset):
   def __init__(
       self,
       parent: grain.IterDataset,
-      short: Callable[[dict[str, np.ndarray], int], dict[str, Any]],
+      short: BatchTransform,
       short_len: int,
       num_short: int,
   ):

@@ -5,7 +5,10 @@ from typing import Any
 
 import numpy as np
 
+from flax_posemb.data import lengths as lengths_lib
+from flax_posemb.data import long_text
 from flax_posemb.data import pipeline
+from flax_posemb.data import sources
 
 
 def _hist(
@@ -13,29 +16,39 @@ def _hist(
 ) -> list[dict[str, Any]]:
   """Documents and token share per bucket (0, T/32], ..., (T/2, T] (+ past T) of
   lengths ``[n]``."""
-  t, total = seq_len, max(int(lengths.sum()), 1)
+  t = seq_len
+  total = max(int(lengths.sum()), 1)
   edges = [0] + [max(1, int(round(t / 2 ** (5 - i)))) for i in range(6)]
-  buckets = [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
+  buckets: list[tuple[int, float]] = [
+      (lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo
+  ]
   if beyond:
     buckets += [(t, 2 * t), (2 * t, 4 * t), (4 * t, 16 * t), (16 * t, np.inf)]
-  sels = [(lo, hi, (lengths > lo) & (lengths <= hi)) for lo, hi in buckets]
-  return [
-      {
-          'bucket': f"({lo},{'inf)' if hi == np.inf else f'{hi}]'}",
-          'docs': int(sel.sum()),
-          'token_share': float(lengths[sel].sum() / total),
-      }
-      for lo, hi, sel in sels
-  ]
+  rows = []
+  for lo, hi in buckets:
+    if hi == np.inf:
+      label = f'({lo},inf)'
+    else:
+      label = f'({lo},{hi}]'
+    selected = (lengths > lo) & (lengths <= hi)
+    rows.append(
+        {
+            'bucket': label,
+            'docs': int(selected.sum()),
+            'token_share': float(lengths[selected].sum() / total),
+        }
+    )
+  return rows
 
 
 def _deciles(counts: np.ndarray) -> tuple[np.ndarray, float | None]:
   """Mean counts per tenth of positions ``[10]`` and the last over the first
   (None: 0)."""
-  d = np.array(
-      [x.mean() for x in np.array_split(counts.astype(np.float64), 10)]
-  )
-  return d, float(d[-1] / d[0]) if d[0] else None
+  tenths = np.array_split(counts.astype(np.float64), 10)
+  means = np.array([tenth.mean() for tenth in tenths])
+  if not means[0]:
+    return means, None
+  return means, float(means[-1] / means[0])
 
 
 def policy_shares(
@@ -44,38 +57,39 @@ def policy_shares(
   """{policy: {'token_share', 'last_over_first'}} of documents of untruncated
   lengths ``[n]`` (pairs), analytically for one epoch (``max_len = seq_len``;
   docs/DESIGN.md)."""
-  from flax_posemb.data import lengths as lengths_lib
-
-  c, t = data_config, int(data_config.seq_len)
-  n = np.asarray(doc_pairs, np.int64)
+  c = data_config
+  t = int(c.seq_len)
+  pairs = np.asarray(doc_pairs, np.int64)
   # Shorter documents are skipped by every policy.
-  n = n[n + 1 >= int(c.min_doc_len)]
+  pairs = pairs[pairs + 1 >= int(c.min_doc_len)]
   total = max(int(np.asarray(doc_pairs).sum()), 1)
 
   def used(cap):
-    return float(np.minimum(n, cap).sum() / total)
+    return float(np.minimum(pairs, cap).sum() / total)
 
   def ratio(counts):
     return _deciles(counts)[1]
 
-  p = np.arange(t)
-  srt = np.sort(n)
+  positions = np.arange(t)
+  sorted_pairs = np.sort(pairs)
 
-  # #{n > q}.
   def alive(q):
-    return len(srt) - np.searchsorted(srt, q, side='right')
+    """How many documents have more than ``q`` pairs."""
+    return len(sorted_pairs) - np.searchsorted(sorted_pairs, q, side='right')
 
-  natural = alive(p)
-  wrapped = (
-      sum(alive(p + k * t) for k in range(int(srt[-1] // t) + 1))
-      if len(srt)
-      else p * 0
-  )
-  f = float(c.schedule_fraction)
+  natural = alive(positions)
+  if len(sorted_pairs):
+    rows_per_longest = int(sorted_pairs[-1] // t) + 1
+    wrapped = sum(alive(positions + k * t) for k in range(rows_per_longest))
+  else:
+    wrapped = positions * 0
+  short_share = float(c.schedule_fraction)
   # 16 draws per document.
-  u = np.random.default_rng([seed, 0x5A]).random((2, 16 * len(n)))
-  m = lengths_lib.parse(c.resample_dist, t).sample_many(u[0], u[1])
-  resampled = float(np.minimum(np.repeat(n, 16), m).sum() / 16 / total)
+  uniforms = np.random.default_rng([seed, 0x5A]).random((2, 16 * len(pairs)))
+  target = lengths_lib.parse(c.resample_dist, t)
+  drawn = target.sample_many(uniforms[0], uniforms[1])
+  resampled = np.minimum(np.repeat(pairs, 16), drawn)
+  resampled_share = float(resampled.sum() / 16 / total)
   return {
       'packed': {'token_share': used(np.inf), 'last_over_first': 1.0},
       'packed_reset': {
@@ -89,10 +103,13 @@ def policy_shares(
       'natural': {'token_share': used(t), 'last_over_first': ratio(natural)},
       'random_offset': {'token_share': used(t), 'last_over_first': None},
       'length_schedule': {
-          'token_share': f * used(int(c.schedule_seq_len)) + (1 - f) * used(t),
+          'token_share': (
+              short_share * used(int(c.schedule_seq_len))
+              + (1 - short_share) * used(t)
+          ),
           'last_over_first': ratio(natural),
       },
-      'resampled': {'token_share': resampled, 'last_over_first': None},
+      'resampled': {'token_share': resampled_share, 'last_over_first': None},
       'crops': _crops_share(c, used, ratio(natural)),
   }
 
@@ -119,16 +136,16 @@ def length_stats(doc_pairs: np.ndarray, seq_len: int) -> dict[str, Any]:
   if not len(n):
     return {'docs': 0}
 
-  def q(x):
-    return float(np.quantile(n, x))
+  def quantile(q):
+    return float(np.quantile(n, q))
 
   return {
       'docs': int(len(n)),
       'pairs': int(n.sum()),
       'mean': float(n.mean()),
-      'median': q(0.5),
-      'p90': q(0.9),
-      'p99': q(0.99),
+      'median': quantile(0.5),
+      'p90': quantile(0.9),
+      'p99': quantile(0.99),
       'max': int(n.max()),
       'docs_longer_than_context': float((n > seq_len).mean()),
       'pairs_past_context': float(
@@ -144,7 +161,8 @@ def exposure(
   ('counts' ``[seq_len]``, 'deciles' ``[10]``, ...) and `num_source_docs` source
   documents (0 = all)."""
   c = config.data
-  t, max_len = int(c.seq_len), int(config.model.max_len)
+  t = int(c.seq_len)
+  max_len = int(config.model.max_len)
   pipeline.validate_config(c, max_len=max_len)
   it = pipeline.make_train_iterator(
       c,
@@ -156,32 +174,39 @@ def exposure(
   )
   # packed_reset keeps in-document positions up to the table; every other policy
   # stays < T.
-  counts = np.zeros(
-      max_len if c.position_policy == 'packed_reset' else t, np.int64
-  )
-  slots, seg_lens, main_docs = 0, [], []
-  batch_docs = []
+  if c.position_policy == 'packed_reset':
+    counts = np.zeros(max_len, np.int64)
+  else:
+    counts = np.zeros(t, np.int64)
+  slots = 0
+  seg_lens: list[int] = []
+  # Per row, its main document: the one with the most tokens (-1: none).
+  main_doc_list: list[int] = []
+  # Per batch, the document of every real token.
+  batch_docs: list[np.ndarray] = []
   for _ in range(num_batches):
-    b = next(it)
-    real = b['segment_ids'] > 0
-    batch_docs.append(b['doc_ids'][real])
-    np.add.at(counts, b['positions'][real], 1)
+    batch = next(it)
+    real = batch['segment_ids'] > 0
+    batch_docs.append(batch['doc_ids'][real])
+    np.add.at(counts, batch['positions'][real], 1)
     slots += real.size
-    for seg, doc in zip(b['segment_ids'], b['doc_ids']):
+    for seg, doc in zip(batch['segment_ids'], batch['doc_ids']):
       seg_lens += np.unique(seg[seg > 0], return_counts=True)[1].tolist()
-      # Main document: most tokens.
-      ids, n = np.unique(doc[doc >= 0], return_counts=True)
-      main_docs.append(ids[np.argmax(n)] if len(ids) else -1)
-  main_docs = np.array(main_docs, np.int64).reshape(num_batches, -1)
+      ids, tokens = np.unique(doc[doc >= 0], return_counts=True)
+      if len(ids):
+        main_doc_list.append(int(ids[np.argmax(tokens)]))
+      else:
+        main_doc_list.append(-1)
+  main_docs = np.array(main_doc_list, np.int64).reshape(num_batches, -1)
+  deciles, last_over_first = _deciles(counts)
   src = pipeline.make_source(c, c.train_split)
   kind_mix = _kind_mix(batch_docs, src)
-  deciles, last_over_first = _deciles(counts)
-  k = len(src) if num_source_docs <= 0 else min(num_source_docs, len(src))
-  sample = (
-      pipeline.DocOrder(len(src), int(config.seed), True)
-      .take(np.arange(k))
-      .tolist()
-  )
+  if num_source_docs <= 0:
+    sampled = len(src)
+  else:
+    sampled = min(num_source_docs, len(src))
+  order = pipeline.DocOrder(len(src), int(config.seed), True)
+  sample = order.take(np.arange(sampled)).tolist()
   doc_lens = np.array(
       [max(len(src.doc(d, max_pairs=None)) - 1, 0) for d in sample], np.int64
   )
@@ -189,11 +214,11 @@ def exposure(
   # Synthetic text; real text: invalid UTF-8 found by the build and while
   # reading.
   bad = None
-  if hasattr(src, 'decode_errors'):
-    bad = dict(
-        src.build_decode_errors
-        or dict(mode=src.on_decode_error, documents=0, files=[])
-    )
+  if isinstance(src, sources.TextSource):
+    if src.build_decode_errors:
+      bad = dict(src.build_decode_errors)
+    else:
+      bad = {'mode': src.on_decode_error, 'documents': 0, 'files': []}
     bad['documents'] += int(src.decode_errors)
   return {
       'source': c.source,
@@ -271,7 +296,7 @@ def batch_diversity(
   ``[num_batches, b]`` and (``random_*``) for rows drawn at random from the
   policy's epoch, estimated from `doc_pairs` ``[k]`` sampled of `split_docs`
   (docs/DESIGN.md "Row order")."""
-  b = main_docs.shape[1]
+  b = main_docs.shape[1]  # rows per batch
   if b < 2:
     return {
         'same_doc_pairs': None,
@@ -283,36 +308,35 @@ def batch_diversity(
   same = (main_docs[:, i] == main_docs[:, j]) & (main_docs[:, i] >= 0)
   one = (main_docs == main_docs[:, :1]).all(1) & (main_docs[:, 0] >= 0)
   pairs = np.asarray(doc_pairs, np.float64)
-  # Streams of tokens: documents weighted by their pairs; one row per
-  # document otherwise.
-  weights = {
-      'natural_chunked': np.ceil(pairs / int(data_config.seq_len)),
-      'packed': pairs,
-      'packed_reset': pairs,
-  }
-  if data_config.get('crop_weighting', 'token') == 'token':
-    weights['crops'] = pairs
-  w = weights.get(data_config.position_policy, (pairs > 0).astype(np.float64))
-  w = np.where(pairs + 1 >= int(data_config.min_doc_len), w, 0.0)
-  p = w / max(w.sum(), 1.0)
-  f = len(pairs) / max(int(split_docs), 1)
+  # How many rows of an epoch each document fills.
+  policy = data_config.position_policy
+  token_crops = data_config.get('crop_weighting', 'token') == 'token'
+  if policy == 'natural_chunked':
+    rows = np.ceil(pairs / int(data_config.seq_len))
+  elif policy in ('packed', 'packed_reset') or (
+      policy == 'crops' and token_crops
+  ):
+    rows = pairs
+  else:
+    rows = (pairs > 0).astype(np.float64)
+  rows = np.where(pairs + 1 >= int(data_config.min_doc_len), rows, 0.0)
+  p = rows / max(rows.sum(), 1.0)
+  sampled_share = len(pairs) / max(int(split_docs), 1)
   return {
       'same_doc_pairs': float(same.mean()),
-      'random_same_doc_pairs': float(f * np.sum(p**2)),
+      'random_same_doc_pairs': float(sampled_share * np.sum(p**2)),
       'all_one_doc': float(one.mean()),
-      'random_all_one_doc': float(f ** (b - 1) * np.sum(p**b)),
+      'random_all_one_doc': float(sampled_share ** (b - 1) * np.sum(p**b)),
   }
 
 
 def composition(data_config) -> list[dict[str, Any]]:
   """`long_text.split_stats` per split and kind of a `long_text` corpus at
   data.seq_len."""
-  from flax_posemb.data import long_text
-
   rows = []
   for split in ('train', 'validation'):
     src = pipeline.make_source(data_config, split)
-    lengths = {}
+    lengths: dict[str, list[int]] = {}
     for i in range(len(src)):
       lengths.setdefault(src.kind(i), []).append(
           len(src.doc(i, max_pairs=None))
@@ -348,7 +372,8 @@ def format_report(rep: dict[str, Any]) -> str:
       'real tokens per position, mean per decile of positions:',
   ]
   edges = np.linspace(0, t, 11).astype(int)
-  first, top = rep['deciles'][0] or 1.0, max(max(rep['deciles']), 1e-9)
+  first = rep['deciles'][0] or 1.0
+  top = max(max(rep['deciles']), 1e-9)
   lines += [
       f'  [{a:5d},{b:5d})  {d:10.1f}  {d / first:5.2f}x '
       f' {"#" * int(round(40 * d / top))}'

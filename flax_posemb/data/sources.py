@@ -23,8 +23,6 @@ def decode_mode(data_config) -> str:
 class DocSource(abc.ABC):
   """Random access to the documents of one split."""
 
-  # A document's tokens depend on the position id it starts at.
-  positional: bool = False
   default_kind: str = ''  # `kind` of a document whose record names none.
 
   def kind(self, index: int) -> str:
@@ -53,9 +51,9 @@ class DocSource(abc.ABC):
 
 class SyntheticSource(DocSource):
   """Synthetic documents of one split, lengths from `length_dist` (>=
-  `min_pairs`)."""
+  `min_pairs`). A document's tokens depend on the position id it starts at,
+  and its length is known without generating it (`num_pairs`)."""
 
-  positional = True
   default_kind = 'synthetic'
 
   def __init__(
@@ -66,8 +64,11 @@ class SyntheticSource(DocSource):
       length_dist: lengths_lib.LengthDist,
       min_pairs: int = 1,
   ):
-    self.corpus, self.split, self.num_docs = corpus, split, int(num_docs)
-    self.length_dist, self.min_pairs = length_dist, int(min_pairs)
+    self.corpus = corpus
+    self.split = split
+    self.num_docs = int(num_docs)
+    self.length_dist = length_dist
+    self.min_pairs = int(min_pairs)
 
   def __len__(self) -> int:
     return self.num_docs
@@ -75,13 +76,14 @@ class SyntheticSource(DocSource):
   def doc(self, index, *, start=0, max_pairs, num_pairs=None):
     if num_pairs is None:
       num_pairs = self.num_pairs(index)
-    m = (
-        int(num_pairs)
-        if max_pairs is None
-        else min(int(num_pairs), int(max_pairs))
-    )
-    u = self.corpus.doc_uniforms_many(self.split, np.asarray([index]), m + 3)[0]
-    return self.corpus.generate(u[2:], int(start))
+    pairs = int(num_pairs)
+    if max_pairs is not None:
+      pairs = min(pairs, int(max_pairs))
+    # Two uniforms draw the length (`pairs_many`), the rest the tokens.
+    uniforms = self.corpus.doc_uniforms_many(
+        self.split, np.asarray([index]), pairs + 3
+    )[0]
+    return self.corpus.generate(uniforms[2:], int(start))
 
   def num_pairs(self, index: int) -> int:
     """Length (pairs) of document `index` before truncation (no generation)."""
@@ -101,21 +103,22 @@ class SyntheticSource(DocSource):
     else:
       requested = np.broadcast_to(np.asarray(num_pairs, np.int64), len(indices))
       pairs = np.minimum(requested, int(max_pairs))
-    u = self.corpus.doc_uniforms_many(
+    uniforms = self.corpus.doc_uniforms_many(
         self.split, indices, int(pairs.max(initial=0)) + 3
     )
-    return self.corpus.generate_many(u[:, 2:], starts, pairs + 1)
+    return self.corpus.generate_many(uniforms[:, 2:], starts, pairs + 1)
 
   def pairs_many(
       self, indices: np.ndarray, max_pairs: int | None
   ) -> np.ndarray:
     """Pairs ``[n]`` int64 of documents ``[n]`` after truncation to `max_pairs`
     (None: none)."""
-    u = self.corpus.doc_uniforms_many(self.split, indices, 2)
-    m = np.maximum(
-        self.length_dist.sample_many(u[:, 0], u[:, 1]), self.min_pairs
-    )
-    return m if max_pairs is None else np.minimum(m, int(max_pairs))
+    uniforms = self.corpus.doc_uniforms_many(self.split, indices, 2)
+    pairs = self.length_dist.sample_many(uniforms[:, 0], uniforms[:, 1])
+    pairs = np.maximum(pairs, self.min_pairs)
+    if max_pairs is None:
+      return pairs
+    return np.minimum(pairs, int(max_pairs))
 
 
 class TextSource(DocSource):
@@ -131,8 +134,11 @@ class TextSource(DocSource):
       on_decode_error: str = 'replace',
       kind: str = 'text',
   ):
-    self.records, self.tokenizer, self.feature = records, tokenizer, feature
-    self.on_decode_error, self.default_kind = on_decode_error, kind
+    self.records = records
+    self.tokenizer = tokenizer
+    self.feature = feature
+    self.on_decode_error = on_decode_error
+    self.default_kind = kind
     # Documents of invalid UTF-8 met by `text` in this process.
     self.decode_errors = 0
     # What the corpus build found.
@@ -161,11 +167,9 @@ class TextSource(DocSource):
             ' document).'
         ) from None
       self.decode_errors += 1
-      return (
-          ''
-          if self.on_decode_error == 'skip'
-          else bytes(rec).decode('utf-8', 'replace')
-      )
+      if self.on_decode_error == 'skip':
+        return ''
+      return bytes(rec).decode('utf-8', 'replace')
 
   def kind(self, index: int) -> str:
     """The record's 'kind' field (e.g. long_text's 'shakespeare'), else the

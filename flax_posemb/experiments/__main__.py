@@ -14,9 +14,12 @@ from flax_posemb import cli
 PROG = 'python -m flax_posemb.experiments'
 cli.name_main_module(PROG, __name__)
 
+# After name_main_module: the flags these modules define are titled PROG.
+import jax  # noqa: E402
+
 from flax_posemb import experiments  # noqa: E402
+from flax_posemb import preemption  # noqa: E402
 from flax_posemb.experiments import spec  # noqa: E402
-from flax_posemb.experiments import sweep  # noqa: E402
 
 flags.DEFINE_string(
     'workdir', None, 'Experiment workdir (resumed if it exists).'
@@ -40,7 +43,7 @@ cli.define_debug_flag()
 FLAGS = flags.FLAGS
 
 
-def main(argv: list[str]) -> int | None:
+def main(argv: list[str]) -> None:
   if len(argv) < 2 or not FLAGS.workdir:
     raise cli.UserError(
         'an experiment config (e.g. configs/experiments/init_comparison.py, '
@@ -49,8 +52,9 @@ def main(argv: list[str]) -> int | None:
   # Before anything is written: the process may restart.
   cli.start_on_huge_pages()
   for flag in ('workdir', 'run_store', 'report_dir'):
-    if FLAGS[flag].value:
-      cli.check_output_dir(FLAGS[flag].value, f'--{flag}')
+    directory = FLAGS[flag].value
+    if directory:
+      cli.check_output_dir(directory, f'--{flag}')
   paths = spec.expand_paths(argv[1:])
   for path in paths:  # Every experiment config is checked before anything runs.
     spec.load(path)
@@ -60,8 +64,6 @@ def main(argv: list[str]) -> int | None:
     logging.getLogger('flax_posemb').setLevel(logging.INFO)
   # JAX's persistent cache: runs of equal shapes compile once.
   if FLAGS.compilation_cache:
-    import jax
-
     jax.config.update('jax_compilation_cache_dir', FLAGS.compilation_cache)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
   kwargs = dict(
@@ -77,12 +79,12 @@ def main(argv: list[str]) -> int | None:
       }
     else:
       summaries = experiments.run_suite(paths, FLAGS.workdir, **kwargs)
-  except sweep.Preempted as e:
+  except preemption.Preempted as e:
     cli.fail(PROG, str(e), cli.EXIT_PREEMPTED)
   out = FLAGS.report_dir or FLAGS.workdir
   for name, summary in summaries.items():
-    for c in summary['claims']:
-      print(f"{c['verdict']:>28}  {c['id']}: {c['text']}")
+    for claim in summary['claims']:
+      print(f"{claim['verdict']:>28}  {claim['id']}: {claim['text']}")
     print(os.path.join(out, name, 'REPORT.md'))
   if len(summaries) > 1:
     print(os.path.join(out, 'README.md'))

@@ -92,7 +92,10 @@ def load_windows(run_dir: str) -> list[dict[str, np.ndarray]]:
 
 def load_tables(run_dir: str) -> dict[int, np.ndarray]:
   """step -> position-table snapshot ``[max_len, emb_dim]``."""
-  return {s: outputs.load_npy(p) for s, p in outputs.table_files(run_dir)}
+  return {
+      step: outputs.load_npy(path)
+      for step, path in outputs.table_files(run_dir)
+  }
 
 
 def position_vectors(
@@ -103,19 +106,23 @@ def position_vectors(
   """``[max_len]`` per-position vectors of a run (docs/DESIGN.md)."""
   out: dict[str, np.ndarray] = {}
   if windows:
-    late = [w for w in windows if int(w['step']) > num_steps // 2] or windows[
-        -1:
-    ]
+    # The second half's windows, else the last one.
+    late = [w for w in windows if int(w['step']) > num_steps // 2]
+    if not late:
+      late = windows[-1:]
     # A run with collect_stats=False has only stats.LOSS_FIELDS: its gradient
     # vectors are NaN.
     nan = np.full(np.shape(windows[0]['count']), np.nan)
 
-    def total(ws, k):
-      return sum(np.asarray(w.get(k, nan), np.float64) for w in ws)
+    def total(some_windows, field):
+      return sum(
+          np.asarray(window.get(field, nan), np.float64)
+          for window in some_windows
+      )
 
-    late_sums = {k: total(late, k) for k in stats.FIELDS}
+    late_sums = {field: total(late, field) for field in stats.FIELDS}
     out.update(stats.derived(late_sums))
-    late_steps = sum(int(w.get('num_steps', 1)) for w in late)
+    late_steps = sum(int(window.get('num_steps', 1)) for window in late)
     out['exposure'] = np.asarray(windows[-1]['cumulative_count'], np.float64)
     out['row_grad'] = np.sqrt(late_sums['row_sq'] / max(late_steps, 1))
     out['update_rss'] = np.sqrt(total(windows, 'update_sq'))
@@ -162,9 +169,9 @@ def step_seconds(run_dir: str) -> float:
   NaN if none)."""
   metrics = workdir.metric_rows(run_dir)
   rows = [
-      (int(r['step']), float(r['elapsed']))
-      for _, r in metrics
-      if 'elapsed' in r and 'eval' not in r
+      (int(row['step']), float(row['elapsed']))
+      for _, row in metrics
+      if 'elapsed' in row and 'eval' not in row
   ]
   if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
     return float('nan')
@@ -192,10 +199,10 @@ def run_measures(
   """``{'scalars', 'vectors', 'buckets'}`` of a finished run (``per_position``:
   arrays [L]; ``mid_bucket``: the experiment's mid bucket, -1: none)."""
   buckets = eval_results['buckets']
-  edges = [(int(b['start']), int(b['end'])) for b in buckets]
+  edges = [(int(row['start']), int(row['end'])) for row in buckets]
 
   def get(key):
-    return np.array([float(b.get(key, float('nan'))) for b in buckets])
+    return np.array([float(row.get(key, float('nan'))) for row in buckets])
 
   pos = position_vectors(load_windows(run_dir), num_steps, load_tables(run_dir))
   vec = {
@@ -203,28 +210,32 @@ def run_measures(
       'bucket_excess': get('excess_loss'),
       'bucket_recovered': get('recovered'),
   }
-  # Each bucket's mean of its finite entries (NaN if none).
   for name, key in _SOURCES.items():
-    parts = [np.asarray(pos.get(key, [])[a:b], np.float64) for a, b in edges]
     vec[name] = np.array(
-        [
-            v[np.isfinite(v)].mean() if np.isfinite(v).any() else np.nan
-            for v in parts
-        ]
+        [_finite_mean(pos.get(key, [])[start:end]) for start, end in edges]
     )
-  s = _scalars(eval_results, vec, pos, num_steps, train_seconds)
+  scalars = _scalars(eval_results, vec, pos, num_steps, train_seconds)
   if 0 <= mid_bucket < len(edges):
-    s['loss_mid'] = float(vec['bucket_loss'][mid_bucket])
-    s['loss_late_minus_mid'] = s['loss_late'] - s['loss_mid']
+    scalars['loss_mid'] = float(vec['bucket_loss'][mid_bucket])
+    scalars['loss_late_minus_mid'] = scalars['loss_late'] - scalars['loss_mid']
     excess_mid = float(vec['bucket_excess'][mid_bucket])
-    s['excess_late_minus_mid'] = s['excess_late'] - excess_mid
-  s['step_seconds'] = step_seconds(run_dir)
-  s.update(_rare_rows(pos, per_position, rare_exposure))
+    scalars['excess_late_minus_mid'] = scalars['excess_late'] - excess_mid
+  scalars['step_seconds'] = step_seconds(run_dir)
+  scalars.update(_rare_rows(pos, per_position, rare_exposure))
   return {
-      'scalars': s,
+      'scalars': scalars,
       'vectors': {k: [float(x) for x in v] for k, v in vec.items()},
       'buckets': [list(e) for e in edges],
   }
+
+
+def _finite_mean(values) -> float:
+  """The mean of the finite entries (NaN if none)."""
+  values = np.asarray(values, np.float64)
+  finite = np.isfinite(values)
+  if not finite.any():
+    return np.nan
+  return values[finite].mean()
 
 
 def _scalars(
@@ -235,29 +246,32 @@ def _scalars(
     train_seconds: float,
 ) -> dict[str, float]:
   nan = float('nan')
-  overall, deg = (
-      eval_results['overall']['loss'],
-      eval_results['degradation']['last_minus_best'],
-  )
-  s = {
-      'final_loss': float(
-          np.nanmean(vec['bucket_loss']) if overall is None else overall
-      ),
-      'degradation': nan if deg is None else float(deg),
-      'update_rss_late': float(vec['bucket_update_rss'][-1]),
-      'drift_late': float(vec['bucket_drift'][-1]),
-      'drift_mean': float(np.nanmean(pos['drift'])) if 'drift' in pos else nan,
-      'train_seconds': float(train_seconds),
-  }
-  for k in ('loss', 'excess', 'recovered'):
-    s[f'{k}_early'], s[f'{k}_late'] = float(vec[f'bucket_{k}'][0]), float(
-        vec[f'bucket_{k}'][-1]
-    )
+  overall = eval_results['overall']['loss']
+  degradation = eval_results['degradation']['last_minus_best']
+  s: dict[str, float] = {}
+  if overall is None:
+    s['final_loss'] = float(np.nanmean(vec['bucket_loss']))
+  else:
+    s['final_loss'] = float(overall)
+  s['degradation'] = nan if degradation is None else float(degradation)
+  s['update_rss_late'] = float(vec['bucket_update_rss'][-1])
+  s['drift_late'] = float(vec['bucket_drift'][-1])
+  if 'drift' in pos:
+    s['drift_mean'] = float(np.nanmean(pos['drift']))
+  else:
+    s['drift_mean'] = nan
+  s['train_seconds'] = float(train_seconds)
+  for name in ('loss', 'excess', 'recovered'):
+    s[f'{name}_early'] = float(vec[f'bucket_{name}'][0])
+    s[f'{name}_late'] = float(vec[f'bucket_{name}'][-1])
   s['loss_late_minus_early'] = s['loss_late'] - s['loss_early']
   s['excess_late_minus_early'] = s['excess_late'] - s['excess_early']
-  for name, v in _LATE_OVER_EARLY.items():
-    ok = vec[v][0] and np.isfinite(vec[v][0])
-    s[f'{name}_late_over_early'] = float(vec[v][-1] / vec[v][0]) if ok else nan
+  for name, vector in _LATE_OVER_EARLY.items():
+    first = vec[vector][0]
+    if first and np.isfinite(first):
+      s[f'{name}_late_over_early'] = float(vec[vector][-1] / first)
+    else:
+      s[f'{name}_late_over_early'] = nan
   s['signal_loss_corr'] = _pearson(
       pos.get('signal_per_occurrence', np.array([])),
       pos.get('mean_loss', np.array([])),
@@ -267,13 +281,14 @@ def _scalars(
   s['train_tokens_per_second'] = (
       scored / train_seconds if train_seconds else nan
   )
+  probe = eval_results.get('offset_probe') or {}
   by_offset = {
-      int(p['offset']): p['overall']['loss']
-      for p in (eval_results.get('offset_probe') or {}).get('by_offset', [])
+      int(row['offset']): row['overall']['loss']
+      for row in probe.get('by_offset', [])
   }
-  for k, loss in by_offset.items():
-    if k and by_offset.get(0) is not None and loss is not None:
-      s[f'offset_penalty_{k}'] = float(loss) - float(by_offset[0])
+  for offset, loss in by_offset.items():
+    if offset and by_offset.get(0) is not None and loss is not None:
+      s[f'offset_penalty_{offset}'] = float(loss) - float(by_offset[0])
   return s
 
 
@@ -296,19 +311,17 @@ def _rare_rows(
   late = np.arange(n) >= n // 2
   rare = late & (np.asarray(pos['exposure'], np.float64)[:n] < rare_exposure)
 
-  def mean(v, m):
-    return float(np.nanmean(v[m])) if m.any() else float('nan')
+  def mean(values, rows):
+    return float(np.nanmean(values[rows])) if rows.any() else float('nan')
 
   out['rare_row_fraction'] = float(rare.sum() / max(late.sum(), 1))
-  values = {'loss': loss}
+  by_name = {'loss': loss}
   if 'bayes_loss' in per_position:
-    values['excess'] = (
-        loss - np.asarray(per_position['bayes_loss'], np.float64)[:n]
-    )
-  for k, v in values.items():
-    out[f'{k}_rare_rows'], out[f'{k}_common_late_rows'] = mean(v, rare), mean(
-        v, late & ~rare
-    )
+    bayes = np.asarray(per_position['bayes_loss'], np.float64)[:n]
+    by_name['excess'] = loss - bayes
+  for name, values in by_name.items():
+    out[f'{name}_rare_rows'] = mean(values, rare)
+    out[f'{name}_common_late_rows'] = mean(values, late & ~rare)
   return out
 
 
@@ -318,22 +331,24 @@ def convergence_step(
   """When the tables of two or more arms (arm -> run dir) agree >= ``threshold``
   from then on: agreement is the mean pairwise Pearson r of their
   cosine-similarity structures (constant: 0)."""
-  snaps = {a: load_tables(d) for a, d in run_dirs.items()}
-  common = sorted(set.intersection(*(set(s) for s in snaps.values())))
+  snapshots = [load_tables(run_dir) for run_dir in run_dirs.values()]
+  common = sorted(set.intersection(*(set(tables) for tables in snapshots)))
   agreement = []
   for step in common:
-    structs = [
-        analysis.cosine_similarity(s[step])[np.triu_indices(len(s[step]), k=1)]
-        for s in snaps.values()
+    structures = []
+    for tables in snapshots:
+      table = tables[step]
+      upper = np.triu_indices(len(table), k=1)
+      structures.append(analysis.cosine_similarity(table)[upper])
+    pearson = [
+        _pearson(first, second)
+        for first, second in itertools.combinations(structures, 2)
     ]
-    r = [_pearson(a, b) for a, b in itertools.combinations(structs, 2)]
-    agreement.append(float(np.mean(np.nan_to_num(r))))
-  converged = next(
-      (
-          float(step)
-          for i, step in enumerate(common)
-          if all(a >= threshold for a in agreement[i:])
-      ),
-      float('nan'),
-  )
+    agreement.append(float(np.mean(np.nan_to_num(pearson))))
+  # The first step from which every agreement reaches the threshold.
+  converged = float('nan')
+  for i, step in enumerate(common):
+    if all(value >= threshold for value in agreement[i:]):
+      converged = float(step)
+      break
   return {'steps': common, 'agreement': agreement, 'converged_step': converged}

@@ -104,14 +104,25 @@ def verdict(interval: Interval, direction: str, margin: float = 0.0) -> str:
   """The fixed rule on the interval of the mean paired difference ``arm -
   baseline``."""
   # NaN bounds (n < 2) fail every test: inconclusive.
-  lo, hi = interval.low, interval.high
+  low = interval.low
+  high = interval.high
   if direction == 'greater':
-    return SUPPORTED if lo > 0 else CONTRADICTED if hi < 0 else INCONCLUSIVE
+    if low > 0:
+      return SUPPORTED
+    if high < 0:
+      return CONTRADICTED
+    return INCONCLUSIVE
   if direction == 'less':
-    return SUPPORTED if hi < 0 else CONTRADICTED if lo > 0 else INCONCLUSIVE
-  if -margin < lo and hi < margin:
+    if high < 0:
+      return SUPPORTED
+    if low > 0:
+      return CONTRADICTED
+    return INCONCLUSIVE
+  if -margin < low and high < margin:
     return SUPPORTED
-  return CONTRADICTED if lo > margin or hi < -margin else INCONCLUSIVE
+  if low > margin or high < -margin:
+    return CONTRADICTED
+  return INCONCLUSIVE
 
 
 def judge(
@@ -123,16 +134,20 @@ def judge(
 ) -> dict:
   """Interval, verdict and p value of a paired claim (seed -> metric maps)."""
   seeds = sorted(set(arm) & set(baseline))
-  d = np.array([float(arm[s]) - float(baseline[s]) for s in seeds], np.float64)
-  interval = t_interval(d, level)
+  differences = np.array(
+      [float(arm[seed]) - float(baseline[seed]) for seed in seeds], np.float64
+  )
+  interval = t_interval(differences, level)
+  if interval.n:
+    judged = verdict(interval, direction, margin)
+  else:
+    judged = NOT_MEASURED
   return {
       'seeds': seeds,
-      'differences': [float(x) for x in d],
+      'differences': [float(x) for x in differences],
       'interval': interval.as_dict(),
-      'verdict': (
-          verdict(interval, direction, margin) if interval.n else NOT_MEASURED
-      ),
-      'p_value': decision_p_value(d, direction, margin),
+      'verdict': judged,
+      'p_value': decision_p_value(differences, direction, margin),
   }
 
 
@@ -140,15 +155,19 @@ def with_holm(judgements: Sequence[dict], alpha: float = 0.05) -> list[dict]:
   """``judge`` outputs plus ``p_holm`` and ``verdict_holm`` over the measured
   ones."""
   out = [
-      dict(j, p_holm=float('nan'), verdict_holm=NOT_MEASURED)
-      for j in judgements
+      dict(judgement, p_holm=float('nan'), verdict_holm=NOT_MEASURED)
+      for judgement in judgements
   ]
-  tested = [j for j in out if j['verdict'] != NOT_MEASURED]
-  for j, p in zip(tested, holm([j['p_value'] for j in tested])):
-    j.update(
-        p_holm=float(p),
-        verdict_holm=j['verdict'] if p < alpha else INCONCLUSIVE,
-    )
+  tested = [
+      judgement for judgement in out if judgement['verdict'] != NOT_MEASURED
+  ]
+  adjusted = holm([judgement['p_value'] for judgement in tested])
+  for judgement, p in zip(tested, adjusted):
+    judgement['p_holm'] = float(p)
+    if p < alpha:
+      judgement['verdict_holm'] = judgement['verdict']
+    else:
+      judgement['verdict_holm'] = INCONCLUSIVE
   return out
 
 

@@ -35,23 +35,27 @@ TABLE_SCALARS = (
 )
 
 
-def stated_settings(config: ml_collections.ConfigDict) -> dict[str, object]:
+def stated_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """The settings every report states (token init, beta2, weight decay, corpus,
   shapes)."""
-  d, m, o = config.data, config.model, config.optimizer
+  data = config.data
+  model = config.model
+  optimizer = config.optimizer
   return {
-      'token_init': m.token_init,
-      'token_init_std': float(m.token_init_std),
-      'beta2': float(o.b2),
-      'weight_decay': float(o.weight_decay),
-      'decay_position_table': bool(o.decay_position_table),
-      'corpus': d.source if d.source != 'tfds' else f'tfds:{d.name}',
-      'tokenizer': d.tokenizer if d.source != 'synthetic' else 'synthetic',
-      'seq_len': int(d.seq_len),
+      'token_init': model.token_init,
+      'token_init_std': float(model.token_init_std),
+      'beta2': float(optimizer.b2),
+      'weight_decay': float(optimizer.weight_decay),
+      'decay_position_table': bool(optimizer.decay_position_table),
+      'corpus': data.source if data.source != 'tfds' else f'tfds:{data.name}',
+      'tokenizer': (
+          data.tokenizer if data.source != 'synthetic' else 'synthetic'
+      ),
+      'seq_len': int(data.seq_len),
       'num_train_steps': int(config.num_train_steps),
       'model': (
-          f'{m.num_layers} layers, {m.num_heads} heads, width {m.emb_dim},'
-          f' table {m.max_len} rows'
+          f'{model.num_layers} layers, {model.num_heads} heads, width'
+          f' {model.emb_dim}, table {model.max_len} rows'
       ),
   }
 
@@ -80,7 +84,10 @@ def _values(
     runs: Mapping[int, Mapping[str, Any]], metric: str
 ) -> dict[int, float]:
   """seed -> scalar ``metric`` (NaN where not measured)."""
-  return {s: float(m['scalars'].get(metric, np.nan)) for s, m in runs.items()}
+  return {
+      seed: float(run['scalars'].get(metric, np.nan))
+      for seed, run in runs.items()
+  }
 
 
 def _vectors(
@@ -88,13 +95,11 @@ def _vectors(
 ) -> np.ndarray:
   """``[len(seeds), B]`` vector ``metric`` of those seeds (NaN where not
   measured)."""
-  return np.array(
-      [
-          runs[s]['vectors'].get(metric, [np.nan] * len(runs[s]['buckets']))
-          for s in seeds
-      ],
-      np.float64,
-  ).reshape(len(seeds), -1)
+  rows = []
+  for seed in seeds:
+    unmeasured = [np.nan] * len(runs[seed]['buckets'])
+    rows.append(runs[seed]['vectors'].get(metric, unmeasured))
+  return np.array(rows, np.float64).reshape(len(seeds), -1)
 
 
 def _intervals(x: np.ndarray) -> list[dict[str, Any]]:
@@ -105,14 +110,14 @@ def _intervals(x: np.ndarray) -> list[dict[str, Any]]:
 def _md_table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
   """Markdown table lines; a dict cell is an interval (``fmt_interval(cell,
   3)``)."""
-  return [
-      '| '
-      + ' | '.join(
-          fmt_interval(c, 3) if isinstance(c, dict) else str(c) for c in r
-      )
-      + ' |'
-      for r in [header, ['---'] * len(header), *rows]
-  ]
+  lines = []
+  for row in [header, ['---'] * len(header), *rows]:
+    cells = [
+        fmt_interval(cell, 3) if isinstance(cell, dict) else str(cell)
+        for cell in row
+    ]
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return lines
 
 
 # seed -> run dir of one arm's finished runs.
@@ -123,20 +128,24 @@ def aggregate(
     exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]
 ) -> dict[str, Any]:
   """The JSON-ready summary of a sweep (``sweep.run_sweep`` output)."""
-  rows = [r for r in sweep_out['runs'] if r['done']]
+  rows = [row for row in sweep_out['runs'] if row['done']]
   # arm (grid order, unfinished arms included) -> {seed: measures}, seeds
   # ascending; and -> {seed: run dir} of the runs whose windows are on disk.
-  by_arm: dict[str, dict[int, Any]] = {r['arm']: {} for r in sweep_out['runs']}
-  dirs: dict[str, dict[int, str]] = {a: {} for a in by_arm}
-  for r in sorted(rows, key=lambda r: int(r['seed'])):
-    by_arm[r['arm']][int(r['seed'])] = r['measures']
-    if inference.has_windows(r['run_dir']):
-      dirs[r['arm']][int(r['seed'])] = r['run_dir']
+  by_arm: dict[str, dict[int, Any]] = {
+      row['arm']: {} for row in sweep_out['runs']
+  }
+  dirs: dict[str, dict[int, str]] = {arm: {} for arm in by_arm}
+  for row in sorted(rows, key=_seed):
+    by_arm[row['arm']][_seed(row)] = row['measures']
+    if inference.has_windows(row['run_dir']):
+      dirs[row['arm']][_seed(row)] = row['run_dir']
   judge = _Judge(exp, by_arm, dirs, bool(sweep_out.get('quick')))
   claims = paired.with_holm(
-      [judge.claim(c) for c in exp.claims if judge.has(c)]
+      [judge.claim(claim) for claim in exp.claims if judge.has(claim)]
   )
-  tested = [c for c in claims if c['verdict'] != paired.NOT_MEASURED]
+  tested = [
+      claim for claim in claims if claim['verdict'] != paired.NOT_MEASURED
+  ]
   analyses: dict[str, Any] = {}
   if 'cosine_convergence' in exp.analyses:
     analyses['cosine_convergence'] = _convergence(exp, rows)
@@ -146,10 +155,10 @@ def aggregate(
   mix = _mix(rows)
   if mix:
     analyses['mix'] = mix
-  doses = [judge.dose(d) for d in exp.doses]
-  if any(d['arms'] for d in doses):
+  doses = [judge.dose(dose) for dose in exp.doses]
+  if any(dose['arms'] for dose in doses):
     analyses['doses'] = doses
-  overrides = {a.name: dict(a.overrides) for a in exp.arms}
+  overrides = {arm.name: dict(arm.overrides) for arm in exp.arms}
   return {
       'experiment': exp.name,
       'title': exp.title,
@@ -167,22 +176,32 @@ def aggregate(
           'claims_tested': len(tested),
           'alpha': 0.05,
           'verdicts_changed': sum(
-              c['verdict_holm'] != c['verdict'] for c in tested
+              claim['verdict_holm'] != claim['verdict'] for claim in tested
           ),
       },
       'profiles': _profiles(exp, by_arm, judge),
       'analyses': analyses,
       'runs': [
           {
-              'arm': r['arm'],
-              'seed': r['seed'],
-              'key': r['key'],
-              'done': r['done'],
-              'overrides': overrides[r['arm']],
+              'arm': row['arm'],
+              'seed': row['seed'],
+              'key': row['key'],
+              'done': row['done'],
+              'overrides': overrides[row['arm']],
           }
-          for r in sweep_out['runs']
+          for row in sweep_out['runs']
       ],
   }
+
+
+def _seed(row: Mapping[str, Any]) -> int:
+  return int(row['seed'])
+
+
+def _most_seeds(summary: Mapping[str, Any]) -> int:
+  """The most seeds any arm finished."""
+  arms = summary['arms'].values()
+  return max((len(entry['seeds']) for entry in arms), default=0)
 
 
 class _Judge:
@@ -202,11 +221,11 @@ class _Judge:
     self.dirs = dirs
     self.offsets = spec.offsets(exp, quick)
 
-  def has(self, c: ml_collections.ConfigDict) -> bool:
-    """Whether claim ``c``'s arms are in the sweep."""
-    return c.arm in self.by_arm and (
-        not c.baseline or c.baseline in self.by_arm
-    )
+  def has(self, claim: ml_collections.ConfigDict) -> bool:
+    """Whether the claim's arms are in the sweep."""
+    if claim.arm not in self.by_arm:
+      return False
+    return not claim.baseline or claim.baseline in self.by_arm
 
   def _on_windows(self, metric: str, *arms: str) -> bool:
     """Whether ``metric`` of ``arms`` is judged over seeds and documents."""
@@ -218,7 +237,7 @@ class _Judge:
         return False
       # A probe shift that a run shared with another experiment never ran.
       if metric.startswith(inference.OFFSET_PENALTY) and any(
-          metric not in m['scalars'] for m in runs.values()
+          metric not in run['scalars'] for run in runs.values()
       ):
         return False
     return True
@@ -256,18 +275,21 @@ class _Judge:
     out['interval']['method'] = paired.SEEDS
     return out
 
-  def claim(self, c: ml_collections.ConfigDict) -> dict[str, Any]:
+  def claim(self, claim: ml_collections.ConfigDict) -> dict[str, Any]:
     """The claim's record: interval of ``metric(arm) - metric(baseline)`` and
     verdict."""
+    judged = self.judged(
+        claim.metric, claim.arm, claim.baseline, claim.direction, claim.margin
+    )
     return {
-        'id': c.id,
-        'text': c.text,
-        'metric': c.metric,
-        'arm': c.arm,
-        'baseline': c.baseline,
-        'direction': c.direction,
-        'margin': c.margin,
-        **self.judged(c.metric, c.arm, c.baseline, c.direction, c.margin),
+        'id': claim.id,
+        'text': claim.text,
+        'metric': claim.metric,
+        'arm': claim.arm,
+        'baseline': claim.baseline,
+        'direction': claim.direction,
+        'margin': claim.margin,
+        **judged,
     }
 
   def scalar(self, arm: str, metric: str) -> dict[str, Any]:
@@ -302,34 +324,32 @@ class _Judge:
     """Mean over seeds of the cumulative training occurrences per row of
     ``bucket``."""
     runs = self.by_arm[arm].values()
-    return float(
-        np.nanmean([m['vectors']['bucket_exposure'][bucket] for m in runs])
-    )
+    per_seed = [run['vectors']['bucket_exposure'][bucket] for run in runs]
+    return float(np.nanmean(per_seed))
 
-  def dose(self, d: ml_collections.ConfigDict) -> dict[str, Any]:
+  def dose(self, dose: ml_collections.ConfigDict) -> dict[str, Any]:
     """A dose-response series: per arm its late rows' exposure and its paired
     differences to the series' baseline."""
-    arms = [a for a in d.arms if self.by_arm.get(a)]
-    if not self.by_arm.get(d.baseline):
-      arms = []
-    shift = self.offsets[-1] if self.offsets else 0
+    arms = []
+    if self.by_arm.get(dose.baseline):
+      arms = [arm for arm in dose.arms if self.by_arm.get(arm)]
     metrics = ['loss_late', 'loss_late_minus_mid']
-    if shift:
-      metrics.append(f'offset_penalty_{shift}')
+    if self.offsets:
+      metrics.append(f'offset_penalty_{self.offsets[-1]}')
+    differences = {}
+    for metric in metrics:
+      differences[metric] = [
+          self.judged(metric, arm, dose.baseline, 'greater')['interval']
+          for arm in arms
+      ]
     return {
-        'name': d.name,
-        'baseline': d.baseline,
+        'name': dose.name,
+        'baseline': dose.baseline,
         'arms': arms,
-        'late_exposure': [self._exposure(a, -1) for a in arms],
-        'early_exposure': [self._exposure(a, 0) for a in arms],
+        'late_exposure': [self._exposure(arm, -1) for arm in arms],
+        'early_exposure': [self._exposure(arm, 0) for arm in arms],
         'rare_exposure': float(self.exp.rare_exposure),
-        'measures': {
-            m: [
-                self.judged(m, a, d.baseline, 'greater')['interval']
-                for a in arms
-            ]
-            for m in metrics
-        },
+        'measures': differences,
     }
 
 
@@ -337,20 +357,25 @@ def _arms(
     by_arm: Mapping[str, Any], rows: list[Mapping[str, Any]], judge: _Judge
 ) -> dict[str, Any]:
   """arm -> {seeds[, scalars, vectors, corpus, tokenizer]} with intervals."""
-  settings = {r['arm']: stated_settings(r['config']) for r in rows}
+  settings = {row['arm']: stated_settings(row['config']) for row in rows}
 
   def names(kind):
-    return sorted({k for r in rows for k in r['measures'][kind]})
+    return sorted({name for row in rows for name in row['measures'][kind]})
 
-  out = {}
-  for a, runs in by_arm.items():
-    out[a] = {'seeds': list(runs), 'scalars': {}, 'vectors': {}}
-    if runs:
-      out[a]['scalars'] = {k: judge.scalar(a, k) for k in names('scalars')}
-      out[a]['vectors'] = {k: judge.vector(a, k) for k in names('vectors')}
-      out[a].update(
-          corpus=settings[a]['corpus'], tokenizer=settings[a]['tokenizer']
-      )
+  out: dict[str, dict[str, Any]] = {}
+  for arm, runs in by_arm.items():
+    entry: dict[str, Any] = {'seeds': list(runs), 'scalars': {}, 'vectors': {}}
+    out[arm] = entry
+    if not runs:
+      continue
+    entry['scalars'] = {
+        name: judge.scalar(arm, name) for name in names('scalars')
+    }
+    entry['vectors'] = {
+        name: judge.vector(arm, name) for name in names('vectors')
+    }
+    entry['corpus'] = settings[arm]['corpus']
+    entry['tokenizer'] = settings[arm]['tokenizer']
   return out
 
 
@@ -361,22 +386,25 @@ def _profiles(
 ) -> list[dict[str, Any]]:
   """Each profile's finished arms and their per-bucket paired differences."""
   profiles = []
-  for p in exp.profiles:
-    present = [a for a in p.arms if by_arm.get(a)]
+  for profile in exp.profiles:
+    present = [arm for arm in profile.arms if by_arm.get(arm)]
     if not present:
       continue
-    prof = {
-        'metric': p.metric,
-        'title': p.title,
-        'arms': present,
-        'baseline': p.baseline,
-        'differences': {},
-    }
-    if by_arm.get(p.baseline):
-      for a in present:
-        if a != p.baseline:
-          prof['differences'][a] = judge.vector(a, p.metric, p.baseline)
-    profiles.append(prof)
+    differences = {}
+    baseline = profile.baseline
+    if by_arm.get(baseline):
+      for arm in present:
+        if arm != baseline:
+          differences[arm] = judge.vector(arm, profile.metric, baseline)
+    profiles.append(
+        {
+            'metric': profile.metric,
+            'title': profile.title,
+            'arms': present,
+            'baseline': baseline,
+            'differences': differences,
+        }
+    )
   return profiles
 
 
@@ -385,7 +413,7 @@ def _window_groups(
 ) -> dict[str, Any]:
   """The windows' provenance and, per window group and arm, the last bucket
   minus the one before it (descriptive: the groups were not pre-registered)."""
-  ready = [r for r in rows if judge.dirs[r['arm']].get(int(r['seed']))]
+  ready = [row for row in rows if _seed(row) in judge.dirs[row['arm']]]
   if not ready:
     return {}
   first = inference.load(ready[0]['run_dir'])
@@ -396,23 +424,22 @@ def _window_groups(
   rise = {}
   for name in eval_report.GROUP_TABLES:
     present = list(first.results.get(name) or [])
-    arms = {}
-    for arm in dict.fromkeys(r['arm'] for r in ready):
-      arms[arm] = [
-          paired.estimate_interval(
-              inference.estimate(
-                  'loss_late_minus_mid',
-                  judge.dirs[arm],
-                  mid=before_last,
-                  select=_group_mask(name, g['group'], window_len),
-              )
-          )
-          for g in present
-      ]
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for arm in dict.fromkeys(row['arm'] for row in ready):
+      arms[arm] = []
+      for group in present:
+        rise_of_group = inference.estimate(
+            'loss_late_minus_mid',
+            judge.dirs[arm],
+            mid=before_last,
+            select=_group_mask(name, group['group'], window_len),
+        )
+        arms[arm].append(paired.estimate_interval(rise_of_group))
     rise[name] = {
         'groups': [
-            f"{g['group']} ({g['windows']} windows, {g['documents']} docs)"
-            for g in present
+            f"{group['group']} ({group['windows']} windows,"
+            f" {group['documents']} docs)"
+            for group in present
         ],
         'arms': arms,
     }
@@ -433,29 +460,30 @@ def _mix(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
   """Share of training tokens per document kind per arm (mean over seeds)
   beside the evaluation windows' scored tokens per kind."""
   per_arm: dict[str, list[dict[str, float]]] = {}
-  for r in rows:
-    path = os.path.join(r['run_dir'], sweep.MIX)
+  for row in rows:
+    path = os.path.join(row['run_dir'], sweep.MIX)
     if os.path.exists(path):
-      per_arm.setdefault(r['arm'], []).append(measures.load_json(path))
+      per_arm.setdefault(row['arm'], []).append(measures.load_json(path))
   if not per_arm:
     return {}
-  kinds = sorted({k for mixes in per_arm.values() for m in mixes for k in m})
-  training = {
-      arm: {k: float(np.mean([m.get(k, 0.0) for m in mixes])) for k in kinds}
-      for arm, mixes in per_arm.items()
-  }
+  kinds = sorted(
+      {kind for mixes in per_arm.values() for mix in mixes for kind in mix}
+  )
+  training = {}
+  for arm, mixes in per_arm.items():
+    training[arm] = {
+        kind: float(np.mean([mix.get(kind, 0.0) for mix in mixes]))
+        for kind in kinds
+    }
   evaluation = {}
-  for r in rows:
-    if inference.has_windows(r['run_dir']):
-      windows = inference.load(r['run_dir']).passes['eval']
-      kind = np.asarray(windows['kind']).astype(str)
-      scored = np.asarray(windows['win_count'], np.float64).sum(1)
-      total = max(scored.sum(), 1.0)
-      evaluation = {
-          k: float(scored[kind == k].sum() / total)
-          for k in sorted(set(kind.tolist()) | set(kinds))
-      }
-      break
+  with_windows = [row for row in rows if inference.has_windows(row['run_dir'])]
+  if with_windows:
+    windows = inference.load(with_windows[0]['run_dir']).passes['eval']
+    window_kind = np.asarray(windows['kind']).astype(str)
+    scored = np.asarray(windows['win_count'], np.float64).sum(1)
+    total = max(scored.sum(), 1.0)
+    for kind in sorted(set(window_kind.tolist()) | set(kinds)):
+      evaluation[kind] = float(scored[window_kind == kind].sum() / total)
   return {'kinds': kinds, 'training': training, 'evaluation': evaluation}
 
 
@@ -463,80 +491,87 @@ def _convergence(
     exp: ml_collections.ConfigDict, rows: list[Mapping[str, Any]]
 ) -> dict[str, Any]:
   # seed -> {arm: run_dir} of the finished runs
-  groups: dict[int, dict[str, str]] = {}
-  for r in rows:
-    groups.setdefault(r['seed'], {})[r['arm']] = r['run_dir']
+  run_dirs: dict[int, dict[str, str]] = {}
+  for row in rows:
+    run_dirs.setdefault(row['seed'], {})[row['arm']] = row['run_dir']
+  threshold = float(exp.convergence_threshold)
   per_seed = {
-      s: measures.convergence_step(g, float(exp.convergence_threshold))
-      for s, g in groups.items()
-      if len(g) >= 2
+      seed: measures.convergence_step(by_arm, threshold)
+      for seed, by_arm in run_dirs.items()
+      if len(by_arm) >= 2
   }
   if not per_seed:
     return {}
-  steps = min((v['steps'] for v in per_seed.values()), key=len)
+  steps = min((result['steps'] for result in per_seed.values()), key=len)
   curves = np.array(
-      [v['agreement'][: len(steps)] for v in per_seed.values()], np.float64
+      [result['agreement'][: len(steps)] for result in per_seed.values()],
+      np.float64,
   )
-  converged = {s: v['converged_step'] for s, v in per_seed.items()}
+  converged = {
+      seed: result['converged_step'] for seed, result in per_seed.items()
+  }
   return {
-      'threshold': float(exp.convergence_threshold),
+      'threshold': threshold,
       'steps': steps,
       'agreement': _intervals(curves),
       'converged_step': paired.t_interval(list(converged.values())).as_dict(),
       'never_converged_seeds': [
-          s for s, c in converged.items() if not math.isfinite(c)
+          seed for seed, step in converged.items() if not math.isfinite(step)
       ],
   }
 
 
 def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   """Writes the report's figures; returns (title, file name) of each."""
-  s = summary['settings']
-  n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
+  settings = summary['settings']
+  n_seeds = _most_seeds(summary)
   identity = (
-      f'{summary["experiment"]}: {s.get("model", "?")}, context'
-      f' {s.get("seq_len", "?")}, {s.get("num_train_steps", "?")} steps,'
+      f'{summary["experiment"]}: {settings.get("model", "?")}, context'
+      f' {settings.get("seq_len", "?")},'
+      f' {settings.get("num_train_steps", "?")} steps,'
       f' {n_seeds} seed(s) per arm'
   )
   made = []
-  for i, p in enumerate(summary['profiles']):
-    name = f'profile_{i}_{p["metric"]}.png'
-    series = {a: summary['arms'][a]['vectors'][p['metric']] for a in p['arms']}
-    tokenizers = {summary['arms'][a]['tokenizer'] for a in p['arms']}
+  for i, profile in enumerate(summary['profiles']):
+    name = f'profile_{i}_{profile["metric"]}.png'
+    arms = {arm: summary['arms'][arm] for arm in profile['arms']}
+    series = {
+        arm: entry['vectors'][profile['metric']] for arm, entry in arms.items()
+    }
+    tokenizers = {entry['tokenizer'] for entry in arms.values()}
+    tokenizer = tokenizers.pop() if len(tokenizers) == 1 else ''
     means = np.array(
         [
-            iv['mean']
-            for ivs in series.values()
-            for iv in ivs
-            if iv.get('mean') is not None
+            interval['mean']
+            for intervals in series.values()
+            for interval in intervals
+            if interval.get('mean') is not None
         ],
         np.float64,
     )
-    title = (
-        p['title']
-        if 'bucket' in p['title']
-        else f'{p["title"]} by position bucket'
+    # Exposure spans orders of magnitude: a log axis.
+    log_y = bool(
+        profile['metric'] == 'bucket_exposure'
+        and means.size
+        and means.min() > 0
+        and means.max() > 100 * means.min()
     )
+    title = profile['title']
+    if 'bucket' not in title:
+      title = f'{title} by position bucket'
     plots.experiment_profile(
         os.path.join(out_dir, name),
-        [f'{a}-{b}' for a, b in summary['buckets']],
+        [f'{start}-{end}' for start, end in summary['buckets']],
         series,
-        differences=p['differences'],
-        baseline=p['baseline'],
+        differences=profile['differences'],
+        baseline=profile['baseline'],
         n_seeds=n_seeds,
-        log_y=bool(
-            p['metric'] == 'bucket_exposure'
-            and means.size
-            and means.min() > 0
-            and means.max() > 100 * means.min()
-        ),
+        log_y=log_y,
         title=f'{title}\n{identity}',
-        ylabel=measures.label(
-            p['metric'], tokenizers.pop() if len(tokenizers) == 1 else ''
-        ),
-        documents=inference.is_window_metric(p['metric']),
+        ylabel=measures.label(profile['metric'], tokenizer),
+        documents=inference.is_window_metric(profile['metric']),
     )
-    made.append((p['title'], name))
+    made.append((profile['title'], name))
   doses = summary['analyses'].get('doses')
   if doses:
     made.append(dose_plot(doses, out_dir, identity))
@@ -547,17 +582,18 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
         title=f'Claims, arm - baseline\n{identity}',
     )
     made.append(('Every claim, arm - baseline', 'claims.png'))
-  # corpus panel -> {arm: final_loss interval}, its axis label
-  panels, ylabels = {}, {}
-  for a, v in summary['arms'].items():
-    if v['seeds']:
-      panel = (
-          v['corpus']
-          if v['tokenizer'] in ('synthetic', '')
-          else f'{v["corpus"]} ({v["tokenizer"]} tokens)'
-      )
-      panels.setdefault(panel, {})[a] = v['scalars'].get('final_loss', {})
-      ylabels[panel] = measures.label('final_loss', v['tokenizer'])
+  # corpus panel -> {arm: final_loss interval}, and its axis label.
+  panels: dict[str, dict[str, Any]] = {}
+  ylabels: dict[str, str] = {}
+  for arm, entry in summary['arms'].items():
+    if not entry['seeds']:
+      continue
+    if entry['tokenizer'] in ('synthetic', ''):
+      panel = entry['corpus']
+    else:
+      panel = f'{entry["corpus"]} ({entry["tokenizer"]} tokens)'
+    panels.setdefault(panel, {})[arm] = entry['scalars'].get('final_loss', {})
+    ylabels[panel] = measures.label('final_loss', entry['tokenizer'])
   plots.experiment_metric_bars(
       os.path.join(out_dir, 'final_loss.png'),
       panels,
@@ -568,12 +604,13 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   made.append(
       ('Final held-out loss per arm (one panel per corpus)', 'final_loss.png')
   )
-  if conv := summary['analyses'].get('cosine_convergence'):
+  convergence = summary['analyses'].get('cosine_convergence')
+  if convergence:
     plots.experiment_curve(
         os.path.join(out_dir, 'cosine_convergence.png'),
-        conv['steps'],
-        conv['agreement'],
-        threshold=conv['threshold'],
+        convergence['steps'],
+        convergence['agreement'],
+        threshold=convergence['threshold'],
         xlabel='training step',
         n_seeds=n_seeds,
         ylabel=(
@@ -601,21 +638,22 @@ def dose_plot(
       'loss_late': 'last-bucket loss: arm - baseline',
       'loss_late_minus_mid': '(last - mid bucket): arm - baseline',
   }
-  ylabels = {
-      m: labels.get(m, f'offset penalty (+{m.rsplit("_", 1)[-1]}): arm - base')
-      for m in metrics
-  }
+  ylabels = {}
+  for metric in metrics:
+    shift = metric.removeprefix(inference.OFFSET_PENALTY)
+    default = f'offset penalty (+{shift}): arm - baseline'
+    ylabels[metric] = labels.get(metric, default)
   plots.dose_response(
       os.path.join(out_dir, name),
       {
-          d['name']: {
-              'x': d['late_exposure'],
-              'arms': d['arms'],
-              'baseline': d['baseline'],
-              'measures': d['measures'],
+          dose['name']: {
+              'x': dose['late_exposure'],
+              'arms': dose['arms'],
+              'baseline': dose['baseline'],
+              'measures': dose['measures'],
           }
-          for d in doses
-          if d['arms']
+          for dose in doses
+          if dose['arms']
       },
       ylabels=ylabels,
       title=(
@@ -636,7 +674,7 @@ def write(
   summary."""
   summary = dict(aggregate(exp, sweep_out), command=command)
   figures = _plots(summary, out_dir)
-  summary['figures'] = [f for _, f in figures]
+  summary['figures'] = [name for _, name in figures]
   sweep.write_json(
       os.path.join(out_dir, 'summary.json'), eval_report.json_safe(summary)
   )
@@ -665,7 +703,7 @@ def markdown(
     lines += [
         '## What changed since the previous report',
         '',
-        *(f'- {n}' for n in exp.notes),
+        *(f'- {note}' for note in exp.notes),
         '',
     ]
   lines += (
@@ -686,12 +724,10 @@ def markdown(
       'Arms (dotted overrides of the shared base config):',
       '',
   ]
-  lines += [
-      f'- `{a.name}`: '
-      + (', '.join(f'`{k}={v!r}`' for k, v in a.overrides) or 'base config')
-      for a in exp.arms
-      if a.name in summary['arms']
-  ]
+  for arm in exp.arms:
+    if arm.name in summary['arms']:
+      overrides = ', '.join(f'`{k}={v!r}`' for k, v in arm.overrides)
+      lines.append(f'- `{arm.name}`: ' + (overrides or 'base config'))
   lines += [
       '',
       (
@@ -708,17 +744,13 @@ def _mix_lines(summary: Mapping[str, Any]) -> list[str]:
   if not mix:
     return []
   kinds = mix['kinds']
-  rows = [
-      [arm, *(f'{100 * shares.get(k, 0.0):.1f}%' for k in kinds)]
-      for arm, shares in mix['training'].items()
-  ]
+
+  def percent(shares: Mapping[str, float]) -> list[str]:
+    return [f'{100 * shares.get(kind, 0.0):.1f}%' for kind in kinds]
+
+  rows = [[arm, *percent(shares)] for arm, shares in mix['training'].items()]
   if mix['evaluation']:
-    rows.append(
-        [
-            '*evaluation windows*',
-            *(f'{100 * mix["evaluation"].get(k, 0.0):.1f}%' for k in kinds),
-        ]
-    )
+    rows.append(['*evaluation windows*', *percent(mix['evaluation'])])
   return [
       '## What each arm trained on',
       '',
@@ -749,29 +781,30 @@ def _dose_lines(summary: Mapping[str, Any]) -> list[str]:
       ),
       '',
   ]
-  for d in doses:
-    metrics = list(d['measures'])
+  for dose in doses:
+    metrics = list(dose['measures'])
     rows = []
-    for i, arm in enumerate(d['arms']):
-      late = d['late_exposure'][i]
-      early = d['early_exposure'][i]
+    for i, arm in enumerate(dose['arms']):
+      late = dose['late_exposure'][i]
+      early = dose['early_exposure'][i]
+      rare = _rare(late, early, dose['rare_exposure'])
       rows.append(
           [
               arm,
               fmt(late, 1),
               fmt(early, 1),
-              'yes' if _rare(late, early, d['rare_exposure']) else 'no',
-              *(d['measures'][m][i] for m in metrics),
+              'yes' if rare else 'no',
+              *(dose['measures'][metric][i] for metric in metrics),
           ]
       )
-    lines += [f'### {d["name"]}: arm - {d["baseline"]}', '']
+    lines += [f'### {dose["name"]}: arm - {dose["baseline"]}', '']
     lines += _md_table(
         [
             'arm',
             'late-row occurrences',
             'first-bucket occurrences',
             'rare regime',
-            *(f'`{m}`' for m in metrics),
+            *(f'`{metric}`' for metric in metrics),
         ],
         rows,
     )
@@ -779,7 +812,7 @@ def _dose_lines(summary: Mapping[str, Any]) -> list[str]:
         '',
         (
             f"*Rare regime*: the last bucket's rows were seen fewer than"
-            f' {fmt(d["rare_exposure"], 0)} times each and less than a tenth'
+            f' {fmt(dose["rare_exposure"], 0)} times each and less than a tenth'
             " as often as the first bucket's. Where no arm reaches it, this"
             ' experiment says nothing about rare rows.'
         ),
@@ -828,8 +861,9 @@ def _window_lines(windows: Mapping[str, Any]) -> list[str]:
 
 
 def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
-  s, b = summary['settings'], summary['budget']
-  n_seeds = max((len(v['seeds']) for v in summary['arms'].values()), default=0)
+  s = summary['settings']
+  budget = summary['budget']
+  n_seeds = _most_seeds(summary)
   lines = [
       '## Setup',
       '',
@@ -851,17 +885,18 @@ def _setup_lines(summary: Mapping[str, Any]) -> list[str]:
           ' optimizer steps for every arm.'
       ),
   ]
-  if b['mode'] == 'real_tokens':
+  if budget['mode'] == 'real_tokens':
+    rows_per_step = ', '.join(
+        f'{arm} {rows} ({fmt(budget["per_row"][arm], 1)}/row)'
+        for arm, rows in budget['batch_size'].items()
+    )
     lines.append(
-        f'- Budget: same steps and same scored (unmasked) tokens per step. Each'
-        f" arm's rows "
-        f'per step = round({fmt(b["target_tokens_per_step"], 1)} / its measured'
-        ' scored tokens '
-        f'per row); reference arm `{b["reference"]}`. Rows per step: '
-        + ', '.join(
-            f'{a} {n} ({fmt(b["per_row"][a], 1)}/row)'
-            for a, n in b['batch_size'].items()
-        )
+        '- Budget: same steps and same scored (unmasked) tokens per step. Each'
+        " arm's rows per step ="
+        f' round({fmt(budget["target_tokens_per_step"], 1)} / its measured'
+        ' scored tokens per row); reference arm'
+        f' `{budget["reference"]}`. Rows per step: '
+        + rows_per_step
         + '. Tokens actually scored per step are in the arm table.'
     )
   else:
@@ -908,38 +943,46 @@ def _interval_over(interval: Mapping[str, Any]) -> str:
 
 
 def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
-  m = summary['multiplicity']
+  multiplicity = summary['multiplicity']
   lines = [
       '## Claims',
       '',
       (
-          f'{m["claims_tested"]} claims tested. The verdict is the fixed rule'
-          " above, on each claim's own 95% interval. Multiplicity:"
+          f'{multiplicity["claims_tested"]} claims tested. The verdict is'
+          " the fixed rule above, on each claim's own 95% interval."
+          ' Multiplicity:'
           ' Holm-Bonferroni over all tested claims of this experiment'
           ' (family-wise error 5%); `p` is the smallest alpha at which the'
           " claim's interval is decisive, `p (Holm)` its adjusted value, and"
           ' the last column gives the verdict after the correction where it'
-          f' differs ({m["verdicts_changed"]} do).'
+          f' differs ({multiplicity["verdicts_changed"]} do).'
       ),
       '',
   ]
   rows = []
-  for c in summary['claims']:
-    pred = {'equivalent': f'|d| < {c["margin"]}', 'greater': '> 0'}.get(
-        c['direction'], '< 0'
-    )
+  for claim in summary['claims']:
+    if claim['direction'] == 'equivalent':
+      predicted = f'|d| < {claim["margin"]}'
+    elif claim['direction'] == 'greater':
+      predicted = '> 0'
+    else:
+      predicted = '< 0'
+    if claim['verdict_holm'] == claim['verdict']:
+      after_holm = ''
+    else:
+      after_holm = claim['verdict_holm']
     rows.append(
         [
-            c['text'],
-            f'`{c["metric"]}`',
-            f'{c["arm"]} - {c["baseline"] or "0"}',
-            pred,
-            fmt_interval(c['interval']),
-            _interval_over(c['interval']),
-            f'**{c["verdict"]}**',
-            fmt(c['p_value'], 3),
-            fmt(c['p_holm'], 3),
-            '' if c['verdict_holm'] == c['verdict'] else c['verdict_holm'],
+            claim['text'],
+            f'`{claim["metric"]}`',
+            f'{claim["arm"]} - {claim["baseline"] or "0"}',
+            predicted,
+            fmt_interval(claim['interval']),
+            _interval_over(claim['interval']),
+            f'**{claim["verdict"]}**',
+            fmt(claim['p_value'], 3),
+            fmt(claim['p_holm'], 3),
+            after_holm,
         ]
     )
   return lines + _md_table(
@@ -977,33 +1020,34 @@ def _arms_lines(
   ]
   arms = summary['arms']
   for names in (TABLE_SCALARS, tuple(exp.report_scalars)):
-    if names:
-      lines += _md_table(
-          ['arm', *names],
-          (
-              [a, *(v['scalars'].get(k, {}) for k in names)]
-              for a, v in arms.items()
-          ),
-      ) + ['']
-  for p in summary['profiles']:
-    rows = [[a, *arms[a]['vectors'][p['metric']]] for a in p['arms']]
-    rows += [
-        [f'{a} - {p["baseline"]}', *d] for a, d in p['differences'].items()
+    if not names:
+      continue
+    rows = [
+        [arm, *(entry['scalars'].get(name, {}) for name in names)]
+        for arm, entry in arms.items()
     ]
-    lines += [f'### {p["title"]} (per position bucket)', '']
-    lines += _md_table(
-        ['arm', *(f'{x}-{y}' for x, y in summary['buckets'])], rows
-    ) + ['']
-  if conv := summary['analyses'].get('cosine_convergence'):
+    lines += _md_table(['arm', *names], rows)
+    lines += ['']
+  buckets = [f'{start}-{end}' for start, end in summary['buckets']]
+  for profile in summary['profiles']:
+    metric = profile['metric']
+    rows = [[arm, *arms[arm]['vectors'][metric]] for arm in profile['arms']]
+    for arm, differences in profile['differences'].items():
+      rows.append([f'{arm} - {profile["baseline"]}', *differences])
+    lines += [f'### {profile["title"]} (per position bucket)', '']
+    lines += _md_table(['arm', *buckets], rows)
+    lines += ['']
+  convergence = summary['analyses'].get('cosine_convergence')
+  if convergence:
     lines += [
         '### Convergence of the similarity structure across inits',
         '',
         f'First logged step from which the mean pairwise correlation of the'
         f" inits' "
-        f'row cosine-similarity matrices stays >= {conv["threshold"]}: '
-        f'{fmt_interval(conv["converged_step"], 0)} '
+        f'row cosine-similarity matrices stays >= {convergence["threshold"]}: '
+        f'{fmt_interval(convergence["converged_step"], 0)} '
         '(seeds that never converged:'
-        f' {conv["never_converged_seeds"] or "none"}).',
+        f' {convergence["never_converged_seeds"] or "none"}).',
         '',
     ]
   return lines

@@ -21,7 +21,7 @@ BUDGET_MODES = ('real_tokens', 'none')
 # 'quick', 5 at 'cpu', 16 at 'accelerator'.
 TARGET_TOKENS_PER_STEP = {'quick': 64, 'cpu': 320, 'accelerator': 16 * 1024}
 
-_SHARED = {
+_SHARED: dict[str, Any] = {
     'progress_bar': False,
     'eval_every_steps': 0,
     'data.source': 'synthetic',
@@ -35,13 +35,13 @@ _SHARED = {
     # differs from every position init's 0.02.
     'model.token_init': 'normal',
 }
-_SMALL = {
+_SMALL: dict[str, Any] = {
     'data.synthetic.num_regimes': 2,
     'data.synthetic.segment_len': 4,
     'model.num_heads': 2,
     'eval.bucket_size': 8,
 }
-_PER_SCALE = {
+_PER_SCALE: dict[str, dict[str, Any]] = {
     'quick': {  # The whole pipeline in seconds; its numbers mean nothing.
         **_SMALL,
         'num_train_steps': 4,
@@ -119,7 +119,8 @@ def new(
   """An experiment config with every field at its default (fill arms, claims,
   ...)."""
   c = ml_collections.ConfigDict()
-  c.name, c.title = name, title
+  c.name = name
+  c.title = title
   c.question = question  # One paragraph.
   c.scale = scale  # 'cpu' | 'accelerator': base_config.
   # Dotted-key overrides of the base config for every arm.
@@ -249,14 +250,13 @@ def expand_paths(paths: Iterable[str]) -> list[str]:
   for entry in paths:
     path, _, arg = entry.partition(':')
     members = _globals(path).get('EXPERIMENTS')
-    out += (
-        [entry]
-        if members is None
-        else [
-            os.path.join(os.path.dirname(path), m) + (f':{arg}' if arg else '')
-            for m in members
-        ]
-    )
+    if members is None:
+      out.append(entry)
+      continue
+    # A suite: its experiments, at the suite's scale argument.
+    suffix = f':{arg}' if arg else ''
+    for member in members:
+      out.append(os.path.join(os.path.dirname(path), member) + suffix)
   return list(dict.fromkeys(out))
 
 
@@ -265,7 +265,11 @@ def load(path_and_arg: str) -> ml_collections.ConfigDict:
   ``configs/experiments/NAME.py[:arg]``."""
   path, _, arg = path_and_arg.partition(':')
   get_config = _globals(path).get('get_config')
-  exp = None if get_config is None else get_config(arg) if arg else get_config()
+  exp = None
+  if get_config is not None and arg:
+    exp = get_config(arg)
+  elif get_config is not None:
+    exp = get_config()
   if not isinstance(exp, ml_collections.ConfigDict) or 'arms' not in exp:
     raise ValueError(
         f'{path} is not an experiment config: its get_config() must return '
@@ -278,79 +282,56 @@ def load(path_and_arg: str) -> ml_collections.ConfigDict:
 
 def validate(exp: ml_collections.ConfigDict) -> None:
   """Raises one ``ValueError`` listing every problem of an experiment config."""
-  names = [a.name for a in exp.arms]
-  checks = [
-      (
-          exp.scale not in ('cpu', 'accelerator'),
-          f"scale {exp.scale!r} is not 'cpu' or 'accelerator'",
-      ),
-      (len(set(names)) != len(names), f'duplicate arm names in {names}'),
-      (
-          not exp.seeds or len(set(exp.seeds)) != len(exp.seeds),
-          f'seeds must be distinct and non-empty, got {tuple(exp.seeds)}',
-      ),
-      (
-          exp.budget.equalize not in BUDGET_MODES,
-          (
-              f'budget.equalize {exp.budget.equalize!r} is not one of'
-              f' {BUDGET_MODES}'
-          ),
-      ),
-      (
-          len(exp.quick_arms) != 2
-          or any(a not in names for a in exp.quick_arms),
-          f'quick_arms must name two arms of {names}',
-      ),
-  ]
-  for c in exp.claims:
-    checks += [
-        (
-            c.direction not in paired.DIRECTIONS,
-            (
-                f'claim {c.id!r}: direction {c.direction!r} is not one of'
-                f' {paired.DIRECTIONS}'
-            ),
-        ),
-        (
-            c.direction == 'equivalent' and not c.margin > 0,
-            (
-                f'claim {c.id!r}: an "equivalent" claim needs margin > 0 (the'
-                f' largest difference still "similar"), got {c.margin}'
-            ),
-        ),
-    ]
-  named = [
-      (f'claim {c.id!r}', a)
-      for c in exp.claims
-      for a in (c.arm, c.baseline)
-      if a
-  ]
-  named += [
-      (f'profile {p.metric!r}', a)
-      for p in exp.profiles
-      for a in (*p.arms, p.baseline)
-  ]
-  named += [
-      (f'dose {d.name!r}', a) for d in exp.doses for a in (*d.arms, d.baseline)
-  ]
-  checks += [
-      (
-          c.metric.endswith('_minus_mid') and exp.mid_bucket < 1,
-          (
-              f'claim {c.id!r} on {c.metric} needs mid_bucket, a bucket past'
-              ' the first, fixed before the run'
-          ),
+  names = [arm.name for arm in exp.arms]
+  problems = []
+  if exp.scale not in ('cpu', 'accelerator'):
+    problems.append(f"scale {exp.scale!r} is not 'cpu' or 'accelerator'")
+  if len(set(names)) != len(names):
+    problems.append(f'duplicate arm names in {names}')
+  if not exp.seeds or len(set(exp.seeds)) != len(exp.seeds):
+    problems.append(
+        f'seeds must be distinct and non-empty, got {tuple(exp.seeds)}'
+    )
+  if exp.budget.equalize not in BUDGET_MODES:
+    problems.append(
+        f'budget.equalize {exp.budget.equalize!r} is not one of'
+        f' {BUDGET_MODES}'
+    )
+  if len(exp.quick_arms) != 2 or any(
+      arm not in names for arm in exp.quick_arms
+  ):
+    problems.append(f'quick_arms must name two arms of {names}')
+  for claim in exp.claims:
+    if claim.direction not in paired.DIRECTIONS:
+      problems.append(
+          f'claim {claim.id!r}: direction {claim.direction!r} is not one of'
+          f' {paired.DIRECTIONS}'
       )
-      for c in exp.claims
-  ]
-  checks += [
-      (
-          a and a not in names,
-          f'{owner} names arm {a!r}, which is not one of {names}',
+    if claim.direction == 'equivalent' and not claim.margin > 0:
+      problems.append(
+          f'claim {claim.id!r}: an "equivalent" claim needs margin > 0 (the'
+          f' largest difference still "similar"), got {claim.margin}'
       )
-      for owner, a in named
-  ]
-  problems = [message for bad, message in checks if bad]
+    if claim.metric.endswith('_minus_mid') and exp.mid_bucket < 1:
+      problems.append(
+          f'claim {claim.id!r} on {claim.metric} needs mid_bucket, a bucket'
+          ' past the first, fixed before the run'
+      )
+  # (who names it, arm name) of every arm a claim, profile or dose names.
+  named = []
+  for claim in exp.claims:
+    for arm in (claim.arm, claim.baseline):
+      if arm:
+        named.append((f'claim {claim.id!r}', arm))
+  for profile in exp.profiles:
+    for arm in (*profile.arms, profile.baseline):
+      named.append((f'profile {profile.metric!r}', arm))
+  for dose in exp.doses:
+    for arm in (*dose.arms, dose.baseline):
+      named.append((f'dose {dose.name!r}', arm))
+  for owner, arm in named:
+    if arm and arm not in names:
+      problems.append(f'{owner} names arm {arm!r}, which is not one of {names}')
   if problems:
     raise ValueError(f'experiment {exp.name!r}: ' + '; '.join(problems) + '.')
   # Every override key exists (apply_overrides says which).

@@ -13,8 +13,14 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from flax_posemb import checkpointing
 from flax_posemb import eval_report
+from flax_posemb import evaluation
 from flax_posemb import outputs
+from flax_posemb import preemption
+from flax_posemb import train_step
+from flax_posemb import training
+from flax_posemb.data import pipeline
 from flax_posemb.experiments import measures
 from flax_posemb.experiments import spec
 
@@ -32,7 +38,9 @@ MIX = 'mix.json'
 # value).
 TrainFn = Callable[[ml_collections.ConfigDict, str], Any]
 # (training config, run dir, offsets) -> evaluation.EvalOutput.
-EvalFn = Callable[[ml_collections.ConfigDict, str, tuple[int, ...]], Any]
+EvalFn = Callable[
+    [ml_collections.ConfigDict, str, tuple[int, ...]], evaluation.EvalOutput
+]
 # (training config, num_batches) -> mean scored targets per row.
 Estimator = Callable[[ml_collections.ConfigDict, int], float]
 
@@ -42,20 +50,16 @@ def estimate_scored_per_row(
 ) -> float:
   """Mean ``loss_mask`` sum per row of ``config``'s training pipeline
   (docs/DESIGN.md, Budget)."""
-  f = float(config.data.schedule_fraction)
-  if config.data.position_policy == 'length_schedule' and 0 < f < 1:
+  short_share = float(config.data.schedule_fraction)
+  if config.data.position_policy == 'length_schedule' and 0 < short_share < 1:
 
-    def phase(x):
-      return estimate_scored_per_row(
-          spec.apply_overrides(
-              config, (('data.schedule_fraction', x),), 'budget'
-          ),
-          num_batches,
-      )
+    def phase(fraction):
+      """The estimate with every step short (1.0) or every step long (0.0)."""
+      overrides = (('data.schedule_fraction', fraction),)
+      phase_config = spec.apply_overrides(config, overrides, 'budget')
+      return estimate_scored_per_row(phase_config, num_batches)
 
-    return f * phase(1.0) + (1.0 - f) * phase(0.0)
-  from flax_posemb.data import pipeline
-
+    return short_share * phase(1.0) + (1.0 - short_share) * phase(0.0)
   it = pipeline.make_train_iterator(
       config.data,
       batch_size=int(config.batch_size),
@@ -63,11 +67,10 @@ def estimate_scored_per_row(
       num_train_steps=int(config.num_train_steps),
       max_len=int(config.model.max_len),
   )
-  return float(
-      np.mean(
-          [np.asarray(next(it)['loss_mask']).sum(1) for _ in range(num_batches)]
-      )
-  )
+  scored = [
+      np.asarray(next(it)['loss_mask']).sum(1) for _ in range(num_batches)
+  ]
+  return float(np.mean(scored))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,62 +94,51 @@ def equalize(
   """``(runs, Budget)``: each arm's batch size gives the same scored tokens per
   step."""
   # The seeds' configs differ only in 'seed'.
-  arms = {r.arm: r.config for r in runs}
+  arms = {run.arm: run.config for run in runs}
   # Unset, or not among --quick's two arms: the first.
   reference = budget_config.reference_arm
-  reference = reference if reference in arms else next(iter(arms))
-  base_rows = {a: int(c.batch_size) for a, c in arms.items()}
+  if reference not in arms:
+    reference = next(iter(arms))
+  base_rows = {arm: int(config.batch_size) for arm, config in arms.items()}
   if budget_config.equalize == 'none':
     return runs, Budget('none', reference, float('nan'), {}, base_rows)
   # Scored targets per row at seed 0, cached by run key: a resumed sweep keeps
   # its batches.
-  cache = (
-      measures.load_json(cache_path)
-      if cache_path and os.path.exists(cache_path)
-      else {}
-  )
+  cache = {}
+  if cache_path and os.path.exists(cache_path):
+    cache = measures.load_json(cache_path)
   per_row = {}
-  for a, c in arms.items():
-    probe = spec.apply_overrides(c, (('seed', 0),), f'arm {a!r}')
+  for arm, config in arms.items():
+    probe = spec.apply_overrides(config, (('seed', 0),), f'arm {arm!r}')
     key = spec.run_key(probe)
     if key not in cache:
       cache[key] = float(estimator(probe, int(budget_config.estimate_batches)))
-    per_row[a] = cache[key]
-    if not per_row[a] > 0:
+    per_row[arm] = cache[key]
+    if not per_row[arm] > 0:
       raise ValueError(
-          f'arm {a!r}: its pipeline gave no scored targets per row; check its '
-          'data settings.'
+          f'arm {arm!r}: its pipeline gave no scored targets per row; check'
+          ' its data settings.'
       )
   if cache_path:
     write_json(cache_path, dict(sorted(cache.items())))
   target = float(budget_config.target_tokens_per_step)
-  target = target if target > 0 else base_rows[reference] * per_row[reference]
-  batch = {a: max(1, int(round(target / per_row[a]))) for a in arms}
-  out = [
-      dataclasses.replace(
-          r,
-          config=spec.apply_overrides(
-              r.config, (('batch_size', batch[r.arm]),), f'arm {r.arm!r}'
-          ),
-      )
-      for r in runs
-  ]
+  if target <= 0:
+    target = base_rows[reference] * per_row[reference]
+  batch = {arm: max(1, int(round(target / per_row[arm]))) for arm in arms}
+  out = []
+  for run in runs:
+    overrides = (('batch_size', batch[run.arm]),)
+    config = spec.apply_overrides(run.config, overrides, f'arm {run.arm!r}')
+    out.append(dataclasses.replace(run, config=config))
   return out, Budget('real_tokens', reference, target, per_row, batch)
-
-
-class Preempted(Exception):
-  """SIGTERM stopped a run's training (checkpoint saved); re-running resumes the
-  sweep."""
 
 
 def default_train(config: ml_collections.ConfigDict, run_dir: str) -> Any:
   """``training.train_and_evaluate`` (resumes from checkpoints); raises
-  ``Preempted``."""
-  from flax_posemb import training
-
+  `preemption.Preempted` when SIGTERM stopped the run (checkpoint saved)."""
   result = training.train_and_evaluate(config, run_dir)
   if result.get('preempted'):
-    raise Preempted(
+    raise preemption.Preempted(
         f'{run_dir} was preempted at step {result["step"]} (checkpoint saved); '
         're-run the same command to resume the sweep.'
     )
@@ -155,38 +147,32 @@ def default_train(config: ml_collections.ConfigDict, run_dir: str) -> Any:
 
 def default_evaluate(
     config: ml_collections.ConfigDict, run_dir: str, offsets: tuple[int, ...]
-) -> Any:
-  """``evaluation.run_evaluation`` of the latest checkpoint's params: an
-  ``EvalOutput``."""
-  from flax_posemb import checkpointing
-  from flax_posemb import evaluation
-  from flax_posemb import train_step
-
+) -> evaluation.EvalOutput:
+  """``evaluation.run_evaluation`` of the latest checkpoint's params."""
   params, _, info = checkpointing.restore_params(run_dir)
+  probe_offsets = list(offsets) if any(offsets) else None
   return evaluation.run_evaluation(
       train_step.make_model(config),
       params,
       config,
       step=info.step,
-      offsets=list(offsets) if any(offsets) else None,
+      offsets=probe_offsets,
   )
 
 
 def write_json(path: str, obj: Any) -> None:
   """``obj`` as indented JSON, written atomically."""
 
-  def default(x):  # ConfigDicts inside tuples (the arms), numpy values.
-    if isinstance(x, ml_collections.ConfigDict):
-      return x.to_dict()
-    return x.tolist() if isinstance(x, (np.generic, np.ndarray)) else str(x)
+  # ConfigDicts inside tuples (the arms), numpy values.
+  def default(value):
+    if isinstance(value, ml_collections.ConfigDict):
+      return value.to_dict()
+    if isinstance(value, (np.generic, np.ndarray)):
+      return value.tolist()
+    return str(value)
 
   with outputs.atomic_write(path, 'w') as f:
     json.dump(obj, f, indent=1, default=default)
-
-
-def _save_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
-  with outputs.atomic_write(path, 'wb') as f:
-    np.savez(f, **arrays)
 
 
 def is_done(run_dir: str) -> bool:
@@ -215,21 +201,24 @@ def execute_run(
   write_json(
       os.path.join(eval_dir, 'results.json'), eval_report.json_safe(out.results)
   )
-  _save_npz(os.path.join(eval_dir, 'per_position.npz'), out.per_position)
-  if out.per_window is not None:
-    _save_npz(os.path.join(eval_dir, WINDOWS), out.per_window)
-  for k, windows in (out.probe_windows or {}).items():
-    _save_npz(os.path.join(eval_dir, PROBE_WINDOWS.format(k)), windows)
+  outputs.save_npz(os.path.join(eval_dir, 'per_position.npz'), out.per_position)
+  outputs.save_npz(os.path.join(eval_dir, WINDOWS), out.per_window)
+  for shift, windows in (out.probe_windows or {}).items():
+    outputs.save_npz(
+        os.path.join(eval_dir, PROBE_WINDOWS.format(shift)), windows
+    )
   write_json(os.path.join(run_dir, MIX), measures.training_mix(run.config))
+  # The record is JSON: anything else training returned is kept as its repr.
+  train_result = train_out
+  if not isinstance(train_out, (dict, list)):
+    train_result = repr(train_out)
   record = {
       'key': run.key,
       'seed': run.seed,
       'train_seconds': t1 - t0,
       'eval_seconds': t2 - t1,
       'finished': datetime.datetime.now(datetime.UTC).isoformat(),
-      'train_result': eval_report.json_safe(
-          train_out if isinstance(train_out, (dict, list)) else repr(train_out)
-      ),
+      'train_result': eval_report.json_safe(train_result),
   }
   write_json(os.path.join(run_dir, DONE), record)
   return record
@@ -262,29 +251,34 @@ def run_sweep(
       os.path.join(workdir, 'manifest.json'),
       [
           {
-              'arm': r.arm,
-              'seed': r.seed,
-              'key': r.key,
-              'run_dir': os.path.relpath(os.path.join(store, r.key), workdir),
+              'arm': run.arm,
+              'seed': run.seed,
+              'key': run.key,
+              'run_dir': os.path.relpath(os.path.join(store, run.key), workdir),
           }
-          for r in runs
+          for run in runs
       ],
   )
-  trained, rows, measured = 0, [], {}
-  for i, r in enumerate(runs):
-    run_dir = os.path.join(store, r.key)
+  offsets = spec.offsets(exp, quick)
+  trained = 0
+  rows: list[dict[str, Any]] = []
+  # run key -> its row (measured once per run, also when arms coincide).
+  measured: dict[str, dict[str, Any]] = {}
+  for i, run in enumerate(runs):
+    run_dir = os.path.join(store, run.key)
     label = (
-        f'[{i + 1}/{len(runs)}] {exp.name} arm={r.arm} seed={r.seed} ({r.key})'
+        f'[{i + 1}/{len(runs)}] {exp.name} arm={run.arm} seed={run.seed}'
+        f' ({run.key})'
     )
-    if r.key in measured or is_done(run_dir):
+    if run.key in measured or is_done(run_dir):
       logger.info('%s: already done, skipped', label)
     elif 0 <= max_runs <= trained:
       logger.info('%s: not run (max_runs reached)', label)
       rows.append(
           {
-              'arm': r.arm,
-              'seed': r.seed,
-              'key': r.key,
+              'arm': run.arm,
+              'seed': run.seed,
+              'key': run.key,
               'run_dir': run_dir,
               'done': False,
           }
@@ -294,44 +288,50 @@ def run_sweep(
       logger.info(
           '%s: training %d steps, batch %d',
           label,
-          r.config.num_train_steps,
-          r.config.batch_size,
+          run.config.num_train_steps,
+          run.config.batch_size,
       )
-      rec = execute_run(r, run_dir, spec.offsets(exp, quick), train_fn, eval_fn)
+      record = execute_run(run, run_dir, offsets, train_fn, eval_fn)
       trained += 1
       logger.info(
           '%s: done in %.1f s (train) + %.1f s (eval)',
           label,
-          rec['train_seconds'],
-          rec['eval_seconds'],
+          record['train_seconds'],
+          record['eval_seconds'],
       )
-    if r.key not in measured:  # Measured once per run, also when arms coincide.
-      seconds = measures.load_json(os.path.join(run_dir, DONE))['train_seconds']
-      results = measures.load_json(
-          os.path.join(run_dir, EVAL_DIR, 'results.json')
-      )
-      per_position = outputs.load_npz(
-          os.path.join(run_dir, EVAL_DIR, 'per_position.npz')
-      )
-      m = measures.run_measures(
-          run_dir,
-          results,
-          int(r.config.num_train_steps),
-          seconds,
-          per_position,
-          float(exp.rare_exposure),
-          int(exp.mid_bucket),
-      )
-      measured[r.key] = {
-          'key': r.key,
+    if run.key not in measured:
+      measured[run.key] = {
+          'key': run.key,
           'run_dir': run_dir,
           'done': True,
-          'measures': m,
+          'measures': _measure(run, run_dir, exp),
       }
-    rows.append(dict(measured[r.key], arm=r.arm, seed=r.seed, config=r.config))
+    rows.append(
+        dict(measured[run.key], arm=run.arm, seed=run.seed, config=run.config)
+    )
   return {
       'runs': rows,
       'budget': dataclasses.asdict(budget),
-      'complete': all(x['done'] for x in rows),
+      'complete': all(row['done'] for row in rows),
       'quick': quick,
   }
+
+
+def _measure(
+    run: spec.Run, run_dir: str, exp: ml_collections.ConfigDict
+) -> dict[str, Any]:
+  """`measures.run_measures` of a finished run, from its files."""
+  seconds = measures.load_json(os.path.join(run_dir, DONE))['train_seconds']
+  results = measures.load_json(os.path.join(run_dir, EVAL_DIR, 'results.json'))
+  per_position = outputs.load_npz(
+      os.path.join(run_dir, EVAL_DIR, 'per_position.npz')
+  )
+  return measures.run_measures(
+      run_dir,
+      results,
+      int(run.config.num_train_steps),
+      seconds,
+      per_position,
+      float(exp.rare_exposure),
+      int(exp.mid_bucket),
+  )
