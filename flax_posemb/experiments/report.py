@@ -575,7 +575,7 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
   doses = summary['analyses'].get('doses')
   if doses:
     made.append(dose_plot(doses, out_dir, identity))
-  if summary['claims']:
+  if summary.get('claims'):
     plots.claims_forest(
         os.path.join(out_dir, 'claims.png'),
         summary['claims'],
