@@ -37,10 +37,14 @@ def data() -> ml_collections.ConfigDict:
   # document; counted) | error (refuse, naming the file).
   config.on_decode_error = 'replace'
 
-  # Tokens. byte | sentencepiece (ignored by the synthetic source).
+  # Tokens. byte | sentencepiece | hf (ignored by the synthetic source).
   config.tokenizer = 'byte'
   # SentencePiece model file; '' = train one on the corpus.
   config.spm_model = ''
+  # hf: a Hugging Face tokenizer directory (tokenizer.json, or vocab.json +
+  # merges.txt), e.g. the one an imported workdir holds (README, Pretrained
+  # models).
+  config.hf_tokenizer = ''
   # Vocabulary size when training a SentencePiece model.
   config.spm_vocab_size = 4096
 

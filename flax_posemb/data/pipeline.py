@@ -20,7 +20,7 @@ from flax_posemb.data import text_sources
 from flax_posemb.data import windows
 
 SOURCES = ('synthetic', 'stdlib', 'local_text', 'tfds', 'long_text')
-TOKENIZERS = ('byte', 'sentencepiece')
+TOKENIZERS = ('byte', 'sentencepiece', 'hf')
 WINDOW_STARTS = ('first', 'deep')
 # [B] beside an eval batch's [B, T].
 PROVENANCE_KEYS = ('doc', 'start', 'doc_len', 'kind')
@@ -113,6 +113,12 @@ def _problems(c, max_len: int) -> Iterator[str]:
     yield (
         f'data.spm_model={c.spm_model!r} is not a file; set it to an existing'
         " .model file or to '' to train one on the corpus."
+    )
+  if c.tokenizer == 'hf' and not os.path.isdir(c.hf_tokenizer):
+    yield (
+        "data.tokenizer='hf' needs data.hf_tokenizer, a Hugging Face tokenizer"
+        ' directory (tokenizer.json, or vocab.json + merges.txt); got'
+        f' {c.hf_tokenizer!r}.'
     )
   if c.source == 'tfds' and not c.name:
     yield "data.source='tfds' needs data.name (e.g. 'wiki40b/en', 'pg19')."
