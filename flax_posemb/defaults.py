@@ -221,6 +221,13 @@ def base() -> ml_collections.ConfigDict:
   # Stop (exit 3, nothing saved) when a step's loss exceeds this; < 0 = 3 *
   # ln(model.vocab_size).
   config.divergence_loss = -1.0
+  # Start from this workdir's parameters (newest step; e.g. an imported
+  # Hugging Face checkpoint) instead of a fresh init; '' = fresh. The model's
+  # shape must be its (configs/gpt2_pretrained.py:WORKDIR copies it).
+  config.init_from = ''
+  # Position-table rows beyond init_from's (model.max_len larger):
+  # copy_last | interpolate | init (model.position_init's draw).
+  config.init_from_new_rows = 'copy_last'
 
   config.data = data()
   config.model = model()
