@@ -472,6 +472,25 @@ def test_imported_models_evaluate_by_position_compare_and_fine_tune(
   window = np.load(os.path.join(run, 'stats', 'window_4.npz'))
   assert window['count'].shape == (32,) and window['count'][16:].sum() > 0
   assert np.isfinite(window['occ_norm'][window['count'] > 0]).all()
+  # The table analysis and the statistics show the old and new rows apart.
+  proc = run_command(str(ROOT / 'eval.py'), f'--workdir={run}', '--analyze')
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert '(interpolate new rows): rows 0..15 (old):' in proc.stdout
+  analysis = json.load(
+      open(
+          os.path.join(
+              run, 'eval', 'step_4_analyze', 'analysis', 'analysis.json'
+          )
+      )
+  )
+  split = analysis['init_from_rows']
+  assert (split['old']['rows'], split['new']['rows']) == ([0, 16], [16, 32])
+  assert (
+      split['from'] == workdirs[1] and split['new_rows_rule'] == 'interpolate'
+  )
+  for group in ('old', 'new'):
+    assert split[group]['exposure'] > 0 and split[group]['drift'] > 0
+    assert split[group]['signal_per_occurrence'] > 0
   # The imported workdir holds parameters only: no run resumes from it.
   proc = run_command(
       str(ROOT / 'train.py'),
