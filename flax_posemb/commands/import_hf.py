@@ -57,8 +57,8 @@ def main(argv):
       f" {record['tokenizer']['separator_id']}."
   )
   print(
-      f'Evaluate it: python eval.py --workdir {_WORKDIR.value}'
-      ' [--window_start deep --offsets 0,64 --analyze]'
+      f'Evaluate it: python eval.py --workdir {_WORKDIR.value} [--offsets 0,64'
+      ' --analyze]'
   )
 
 
