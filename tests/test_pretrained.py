@@ -524,3 +524,61 @@ def test_import_config_takes_the_shape_and_the_tokenizer(tmp_path, bpe):
   config.data.seq_len = 32
   with pytest.raises(ValueError, match='data.seq_len=32 must be in'):
     pretrained.import_checkpoint(hf, str(tmp_path / 'w2'), config)
+
+
+def test_older_hub_files_without_prefix_and_with_mask_buffers_import(tmp_path):
+  """The original GPT-2 upload: GPT2Model names (no 'transformer.'), the causal
+  mask buffers h.i.attn.bias / masked_bias, a tied lm_head.weight."""
+  reference = flax_gpt2(seed=4)
+  hf = write_hf_dir(tmp_path, reference, 'safetensors')
+  tensors = {
+      name.removeprefix('transformer.'): value
+      for name, value in hub_names(reference.params).items()
+  }
+  mask = np.tril(np.ones((16, 16), np.float32))[None, None]
+  for i in range(2):
+    tensors[f'h.{i}.attn.bias'] = mask
+    tensors[f'h.{i}.attn.masked_bias'] = np.float32([-1e4])
+  tensors['lm_head.weight'] = tensors['wte.weight']
+  save_file(tensors, os.path.join(hf, 'model.safetensors'))
+  ids, positions = batch(seed=2)
+  want = np.asarray(reference(ids).logits)
+  for got in our_logits(pretrained.read_checkpoint(hf), ids, positions):
+    assert np.abs(got - want).max() <= 1e-5
+
+
+@pytest.mark.parametrize('rule', ['copy_last', 'init'])
+def test_a_run_starts_from_a_workdir_with_its_table_extended(
+    tmp_path, bpe, rule
+):
+  hf = write_hf_dir(tmp_path / 'hf', flax_gpt2(), 'flax', bpe)
+  config = defaults.base()
+  config.data.source = 'stdlib'
+  config.data.seq_len = 16
+  source = str(tmp_path / 'w')
+  pretrained.import_checkpoint(hf, source, config)
+  config.init_from = source
+  config.init_from_new_rows = rule
+  config.model.max_len = 32
+  pretrained.apply_source(config, source)
+  assert config.model.max_len == 16 and config.model.num_layers == 2
+  config.model.max_len = 32
+  pretrained.check_init_from(config)
+  model = model_lib.TransformerLM(
+      model_lib.ModelConfig.from_config(config.model)
+  )
+  params, record = pretrained.start_params(config, model, jax.random.key(0))
+  table = np.asarray(model_lib.position_table(params))
+  old = np.asarray(
+      pretrained.read_checkpoint(hf).params['pos_embed']['embedding']
+  )
+  np.testing.assert_array_equal(table[:16], old)
+  if rule == 'copy_last':
+    np.testing.assert_array_equal(table[16:], old)
+  else:
+    # model.position_init's draw (gpt2: normal, std 0.02).
+    assert 0.01 < table[16:].std() < 0.03 and not np.isin(table[16:], old).any()
+  assert record['rows'] == 16 and record['new_rows'] == rule
+  config.model.num_layers = 3
+  with pytest.raises(ValueError, match='num_layers=2 .config: 3.'):
+    pretrained.check_init_from(config)
