@@ -418,8 +418,9 @@ def import_checkpoint(
   its parameters, tokenizer/ (a copy of its tokenizer files) and imported.json.
   Returns imported.json's record."""
   if os.path.isdir(workdir) and set(os.listdir(workdir)) - {outputs.LOCK_FILE}:
-    raise HFCheckpointError(
-        f'--workdir {workdir} is not empty; import into a new directory.'
+    raise workdir_lib.WorkdirError(
+        f'--workdir {workdir} is not empty; nothing was changed. Import into'
+        ' a new directory.'
     )
   checkpoint = read_checkpoint(hf_dir)
   tokenizer = read_tokenizer(hf_dir)

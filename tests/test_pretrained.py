@@ -519,7 +519,7 @@ def test_import_config_takes_the_shape_and_the_tokenizer(tmp_path, bpe):
   assert stored['data']['hf_tokenizer'] == os.path.join(workdir, 'tokenizer')
   want = pretrained.read_checkpoint(hf).params
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), want)
-  with pytest.raises(pretrained.HFCheckpointError, match='not empty'):
+  with pytest.raises(ValueError, match='not empty; nothing was changed'):
     pretrained.import_checkpoint(hf, workdir, config)
   config.data.seq_len = 32
   with pytest.raises(ValueError, match='data.seq_len=32 must be in'):
