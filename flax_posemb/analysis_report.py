@@ -12,6 +12,7 @@ from flax_posemb import outputs
 from flax_posemb import plots
 from flax_posemb import stats
 from flax_posemb import tables
+from flax_posemb import workdir as workdir_lib
 from flax_posemb.eval_report import json_safe
 
 
@@ -57,7 +58,12 @@ def analyze_workdir(
       bucket_edges=bucket_edges,
   )
   summary['step'] = step
-  files = _table_plots(table, summary, arrays, output)
+  # A run started from a smaller table (init_from): its rows and the new ones.
+  record = workdir_lib.init_record(workdir)
+  boundary = None
+  if record is not None and 0 < record.get('rows', 0) < table.shape[0]:
+    boundary = int(record['rows'])
+  files = _table_plots(table, summary, arrays, output, boundary)
   stats_dir = os.path.join(workdir, outputs.STATS_DIR)
   exposure = analysis.cumulative_exposure(stats_dir, step)
   if exposure is not None:
@@ -72,7 +78,60 @@ def analyze_workdir(
     summary['exposure'] = _exposure_relation(
         exposure[:num], series, output, files
     )
+  if boundary is not None and record is not None:
+    summary['init_from_rows'] = _old_and_new_rows(
+        arrays, boundary, record, per_position, stats_dir, step
+    )
   return _write(summary, arrays, files, output, 'analysis')
+
+
+def _old_and_new_rows(
+    arrays: dict[str, np.ndarray],
+    boundary: int,
+    record: dict[str, Any],
+    per_position: dict[str, np.ndarray] | None,
+    stats_dir: str,
+    step: int | None,
+) -> dict[str, Any]:
+  """Means over the rows a run took from init_from (`0..boundary - 1`) and
+  over the rows it added, of the table's norm and drift, the exposure, the
+  evaluation's loss and the statistics' signal per occurrence and update."""
+  rows = len(arrays['norm'])
+  series: dict[str, np.ndarray] = {}
+  for key in ('norm', 'drift', 'exposure'):
+    if key in arrays:
+      series[key] = arrays[key]
+  if per_position is not None:
+    series['loss'] = _evaluation_series(per_position, rows)['loss']
+  windows = [
+      outputs.load_npz(path)
+      for _, path in analysis.window_files(stats_dir, step)
+  ]
+  if windows:
+    sums = {}
+    for key in stats.FIELDS:
+      if key in windows[0]:
+        sums[key] = analysis.sum_arrays(
+            [np.asarray(w[key], np.float64) for w in windows]
+        )
+    derived = stats.derived(sums)
+    series['signal_per_occurrence'] = derived['signal_per_occurrence']
+    if 'update_sq' in sums:
+      series['update_sq'] = sums['update_sq']
+  groups: dict[str, dict[str, Any]] = {}
+  for name, lo, hi in (('old', 0, boundary), ('new', boundary, rows)):
+    means = {}
+    for key, values in series.items():
+      part = np.asarray(values[lo:hi], np.float64)
+      part = part[np.isfinite(part)]
+      means[key] = float(part.mean()) if part.size else None
+    groups[name] = {'rows': [lo, hi], **means}
+  return {
+      'from': record.get('workdir'),
+      'step': record.get('step'),
+      'new_rows_rule': record.get('new_rows'),
+      **groups,
+  }
 
 
 def _evaluation_series(
@@ -102,9 +161,10 @@ def _table_plots(
     summary: dict[str, Any],
     arrays: dict[str, np.ndarray],
     output: str,
+    boundary: int | None = None,
 ) -> dict[str, str]:
   """Writes table_analysis.png and cosine_similarity.png of `analyze_table`'s
-  results."""
+  results (`boundary`: the first row a run added to init_from's table)."""
   probe = summary['probe']
   return {
       'table_plot': plots.table_analysis(
@@ -117,6 +177,7 @@ def _table_plots(
           arrays.get('snapshot_drift'),
           arrays.get('snapshot_steps', ()),
           probe_r2=probe['r2'],
+          boundary=boundary,
       ),
       'cosine_plot': plots.cosine_heatmap(
           analysis.cosine_similarity(table),

@@ -262,17 +262,17 @@ class Checkpointer:
   ) -> bool:
     """Saves the state after ``step`` updates (asynchronously); False if the
     step exists. A non-finite ``params`` or ``opt_state`` raises
-    FloatingPointError and writes nothing (README: exit 3)."""
+    FloatingPointError and writes nothing (README: exit 3). ``opt_state`` None:
+    parameters only (an imported model, `pretrained`), which no run resumes."""
     if hasattr(config, 'to_dict'):
       config = config.to_dict()
     else:
       config = dict(config)
-    items = {
-        'params': params,
-        'opt_state': opt_state,
-        'stats': _host_tree(stats),
-        'counters': _host_tree(counters),
-    }
+    items = {'params': params}
+    if opt_state is not None:
+      items['opt_state'] = opt_state
+    items['stats'] = _host_tree(stats)
+    items['counters'] = _host_tree(counters)
     # On the devices, before Orbax's copy: the caller donates these buffers
     # next.
     integrity: dict[str, Any] = {}
@@ -364,6 +364,12 @@ class Checkpointer:
       raise CheckpointDamagedError(
           f'{where}/_CHECKPOINT_METADATA is missing or garbled: the '
           'checksums written at save time are unknown'
+      )
+    if 'opt_state' in abstract and 'opt_state' not in saved_items:
+      raise CheckpointMismatchError(
+          f'{where} holds parameters only (an imported model): no run resumes'
+          ' from it. Start one from it in a fresh --workdir with'
+          f' --config.init_from={self.directory.parent}.'
       )
     if data_iter is not None and 'data_iter' not in saved_items:
       raise CheckpointMismatchError(

@@ -37,10 +37,14 @@ def data() -> ml_collections.ConfigDict:
   # document; counted) | error (refuse, naming the file).
   config.on_decode_error = 'replace'
 
-  # Tokens. byte | sentencepiece (ignored by the synthetic source).
+  # Tokens. byte | sentencepiece | hf (ignored by the synthetic source).
   config.tokenizer = 'byte'
   # SentencePiece model file; '' = train one on the corpus.
   config.spm_model = ''
+  # hf: a Hugging Face tokenizer directory (tokenizer.json, or vocab.json +
+  # merges.txt), e.g. the one an imported workdir holds (README, Pretrained
+  # models).
+  config.hf_tokenizer = ''
   # Vocabulary size when training a SentencePiece model.
   config.spm_vocab_size = 4096
 
@@ -228,6 +232,13 @@ def base() -> ml_collections.ConfigDict:
   # Stop (exit 3, nothing saved) when a step's loss exceeds this; < 0 = 3 *
   # ln(model.vocab_size).
   config.divergence_loss = -1.0
+  # Start from this workdir's parameters (newest step; e.g. an imported
+  # Hugging Face checkpoint) instead of a fresh init; '' = fresh. The model's
+  # shape must be its (configs/gpt2_pretrained.py:WORKDIR copies it).
+  config.init_from = ''
+  # Position-table rows beyond init_from's (model.max_len larger):
+  # copy_last | interpolate | init (model.position_init's draw).
+  config.init_from_new_rows = 'copy_last'
 
   config.data = data()
   config.model = model()

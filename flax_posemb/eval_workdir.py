@@ -206,6 +206,9 @@ def evaluate_workdir(
         f"\n\nposition probe R^2 {summary['probe']['r2']:.3f}; table"
         f" analysis: {summary['files']['json']}"
     )
+    split = summary.get('init_from_rows')
+    if split is not None:
+      text += '\n' + _old_and_new_line(split)
   return {
       'results': out.results,
       'per_window': out.per_window,
@@ -214,6 +217,25 @@ def evaluate_workdir(
       'step': step,
       'table': text,
   }
+
+
+def _old_and_new_line(split: dict[str, Any]) -> str:
+  """One line comparing the rows a run took from init_from with its new
+  ones."""
+  parts = []
+  for name in ('old', 'new'):
+    group = split[name]
+    lo, hi = group['rows']
+    values = ', '.join(
+        f'{key} {value:.4g}'
+        for key, value in group.items()
+        if key != 'rows' and value is not None
+    )
+    parts.append(f'rows {lo}..{hi - 1} ({name}): {values}')
+  return (
+      f"init_from {split['from']} ({split['new_rows_rule']} new rows): "
+      + '; '.join(parts)
+  )
 
 
 def evaluate_and_compare(

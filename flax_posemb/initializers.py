@@ -312,3 +312,49 @@ def from_array(
     return jnp.asarray(fit_rows(table, shape[0], resize), dtype)
 
   return Initializer(name, init, lambda f: std)
+
+
+# Rules for the rows a checkpoint's table gains when model.max_len exceeds its
+# rows (`extend_rows`; config init_from_new_rows).
+EXTEND_RULES: tuple[str, ...] = ('copy_last', 'interpolate', 'init')
+
+
+def extend_rows(
+    table: np.ndarray,
+    rows: int,
+    rule: str,
+    fresh: np.ndarray | None = None,
+) -> np.ndarray:
+  """`table` `[n, D]` as `[rows, D]`: its rows `0..min(n, rows) - 1` as they
+  are (bit-identical), new rows `n..rows - 1` by `rule`.
+
+  Args:
+    table: the checkpoint's table `[n, D]`.
+    rows: rows wanted (fewer than `n`: the first `rows`).
+    rule: 'copy_last': the last `k = min(rows - n, n)` rows, repeated in order
+      (new row `i` is row `n - k + (i - n) % k`; Longformer's copy init when
+      `rows >= 2 n`). 'interpolate': what position interpolation gives them, the
+      table resampled linearly to `rows` rows (`fit_rows`; new row `i` is old
+      position `i (n - 1) / (rows - 1)`). 'init': the rows of `fresh`.
+    fresh: `[rows, D]` drawn by a registry initializer (for 'init').
+  """
+  n = table.shape[0]
+  if rows <= n:
+    return table[:rows]
+  if rule not in EXTEND_RULES:
+    raise ValueError(
+        f'Unknown rule {rule!r} for new table rows; valid:'
+        f' {", ".join(EXTEND_RULES)} (init_from_new_rows).'
+    )
+  if rule == 'copy_last':
+    k = min(rows - n, n)
+    new = table[n - k + np.arange(rows - n) % k]
+  elif rule == 'interpolate':
+    new = fit_rows(table, rows, 'interpolate')[n:]
+  else:
+    if fresh is None or fresh.shape != (rows, table.shape[1]):
+      raise ValueError(
+          f"Rule 'init' needs fresh rows of shape {(rows, table.shape[1])}."
+      )
+    new = fresh[n:]
+  return np.concatenate([table, np.asarray(new, table.dtype)])

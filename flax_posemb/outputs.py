@@ -27,6 +27,13 @@ TENSORBOARD_DIR = 'tensorboard'
 EVAL_DIR = 'eval'
 # The table analysis inside an evaluation's directory (eval.py --analyze).
 ANALYSIS_DIR = 'analysis'
+# An imported Hugging Face checkpoint (`pretrained`): where it came from, and a
+# copy of its tokenizer files (data.hf_tokenizer names it).
+IMPORT_FILE = 'imported.json'
+TOKENIZER_DIR = 'tokenizer'
+# A run started from another workdir's parameters (config init_from): which,
+# and the rows its position table had.
+INIT_FROM_FILE = 'init_from.json'
 # Step-numbered files: a statistics window (in STATS_DIR, or any directory of
 # them) and a table snapshot (in TABLES_DIR).
 WINDOW_FILE = 'window_{step}.npz'

@@ -299,14 +299,28 @@ def table_analysis(
     snapshot_drift: np.ndarray | None = None,
     snapshot_steps: Sequence[int] | np.ndarray = (),
     probe_r2: float | None = None,
+    boundary: int | None = None,
 ) -> str:
   """Row norms [L], drift from init ([L] or [S, L] at ``snapshot_steps``), PCA
   ratios [k] and the linear position probe's error [nb] per bucket of
-  ``probe_edges`` [nb + 1]."""
+  ``probe_edges`` [nb + 1]; ``boundary``: the first row a run added to the
+  table it started from (init_from), marked."""
   fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
   pos = np.arange(len(norms))
   axes[0, 0].plot(pos, norms)
   axes[0, 0].set(title='row norm', xlabel='position', ylabel='||row||')
+  if boundary is not None:
+    for ax in (axes[0, 0], axes[0, 1]):
+      ax.axvline(boundary - 0.5, color='C3', ls='--', lw=1)
+    axes[0, 0].text(
+        boundary,
+        0.98,
+        ' new rows',
+        color='C3',
+        va='top',
+        fontsize=8,
+        transform=axes[0, 0].get_xaxis_transform(),
+    )
   ax = axes[0, 1]
   if snapshot_drift is not None and len(snapshot_drift):
     # One colour per snapshot on a step colour bar: every line is identified,

@@ -74,9 +74,11 @@ def init_state(
     config: ml_collections.ConfigDict,
     mesh: Mesh,
     rng: jax.Array,
+    params: PyTree | None = None,
 ) -> tuple[TrainState, optax.GradientTransformation, TrainState]:
   """``(state, tx, state_shardings)``: the initial state on ``mesh`` (axis
-  ``'data'``) from PRNG key ``rng``, the optimizer, and the state's shardings
+  ``'data'``) from PRNG key ``rng`` (or of ``params``, host arrays of the
+  model's tree: config init_from), the optimizer, and the state's shardings
   (for jit and restoring)."""
   seq = int(config.data.seq_len)
   dummy = jnp.zeros((1, seq), jnp.int32)
@@ -103,7 +105,10 @@ def init_state(
       opt_state=o_sh,
       stats=jax.tree.map(lambda _: repl, stats),
   )
-  params = jax.jit(init_params, out_shardings=p_sh)(rng)
+  if params is None:
+    params = jax.jit(init_params, out_shardings=p_sh)(rng)
+  else:
+    params = jax.device_put(params, p_sh)
   state = TrainState(
       step=jnp.zeros((), jnp.int32),
       params=params,

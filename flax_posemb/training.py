@@ -24,11 +24,13 @@ from flax_posemb import checkpointing
 from flax_posemb import data as data_lib
 from flax_posemb import eval_report
 from flax_posemb import evaluation
+from flax_posemb import initializers
 from flax_posemb import model as model_lib
 from flax_posemb import optim as optim_lib
 from flax_posemb import outputs
 from flax_posemb import plots
 from flax_posemb import preemption
+from flax_posemb import pretrained
 from flax_posemb import sharding
 from flax_posemb import train_step as step_lib
 from flax_posemb import workdir as workdir_lib
@@ -66,6 +68,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f'divergence_loss must be finite, got {config.divergence_loss}.'
     )
   optim_lib.validate(config)
+  if config.init_from_new_rows not in initializers.EXTEND_RULES:
+    raise ValueError(
+        f'Unknown init_from_new_rows {config.init_from_new_rows!r}; valid:'
+        f' {", ".join(initializers.EXTEND_RULES)}.'
+    )
   if int(config.eval_every_steps) > 0:
     _validate_periodic_eval(config)
 
@@ -177,6 +184,7 @@ class _Loop:
     if self.resumed_from is None:
       workdir_lib.check_fresh_start(workdir)
     else:
+      workdir_lib.check_not_imported(workdir)
       changes = workdir_lib.check_resume_config(
           workdir, config, ckpt.latest_config()
       )
@@ -184,8 +192,16 @@ class _Loop:
     init_rng, self.dropout_rng = jax.random.split(
         jax.random.key(int(config.seed))
     )
+    # A fresh start from another workdir's parameters (a resume has its own).
+    start_params = None
+    self.init_from = None
+    if self.resumed_from is None and config.init_from:
+      pretrained.check_init_from(config)
+      start_params, self.init_from = pretrained.start_params(
+          config, self.model, jax.random.fold_in(init_rng, 1)
+      )
     self.state, tx, self.shardings = step_lib.init_state(
-        self.model, config, mesh, init_rng
+        self.model, config, mesh, init_rng, params=start_params
     )
     num_steps = int(config.num_train_steps)
     self.data_iter = data_lib.make_train_iterator(
@@ -235,6 +251,8 @@ class _Loop:
     if self.lead:
       workdir_lib.truncate_outputs(workdir, self.resumed_from or 0)
       workdir_lib.write_config(workdir, config)
+      if self.init_from is not None:
+        workdir_lib.write_init_record(workdir, self.init_from)
       if changes:
         self.write({'step': self.resumed_from, 'config_change': changes})
     self.train_step = step_lib.make_train_step(

@@ -187,6 +187,17 @@ def _step_files(workdir: str) -> list[tuple[int, str]]:
   return sorted(outputs.window_files(workdir) + outputs.table_files(workdir))
 
 
+def check_not_imported(workdir: str) -> None:
+  """Refuses to resume training in an imported model's workdir (its checkpoint
+  holds parameters only)."""
+  if os.path.exists(os.path.join(workdir, outputs.IMPORT_FILE)):
+    raise WorkdirError(
+        f'{workdir} holds an imported model ({outputs.IMPORT_FILE}), which no'
+        ' run resumes. Nothing was changed. Start a run from it in a fresh'
+        f' --workdir with --config.init_from={workdir}.'
+    )
+
+
 def check_fresh_start(workdir: str) -> None:
   """Refuses to start over on a workdir with trained outputs but no
   checkpoints."""
@@ -261,3 +272,23 @@ def has_row(workdir: str, step: int, key: str) -> bool:
   return any(
       r.get('step') == step and key in r for _, r in metric_rows(workdir)
   )
+
+
+def write_init_record(workdir: str, record: dict[str, Any]) -> None:
+  """Writes init_from.json: the workdir and step a run started from, and the
+  rows its position table had (`pretrained.start_params`)."""
+  path = os.path.join(workdir, outputs.INIT_FROM_FILE)
+  with outputs.atomic_write(path, 'w') as f:
+    json.dump(record, f, indent=1)
+
+
+def init_record(workdir: str) -> dict[str, Any] | None:
+  """The run's init_from.json, or None if it started from a fresh init."""
+  path = os.path.join(workdir, outputs.INIT_FROM_FILE)
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except ValueError as e:
+    raise WorkdirError(f'{path} is not valid JSON ({e}).') from None

@@ -23,7 +23,7 @@ from flax_posemb.data import text_sources
 from flax_posemb.data import windows
 
 SOURCES = ('synthetic', 'stdlib', 'local_text', 'tfds', 'long_text')
-TOKENIZERS = ('byte', 'sentencepiece')
+TOKENIZERS = ('byte', 'sentencepiece', 'hf')
 WINDOW_STARTS = ('first', 'deep')
 # data.crop_weighting of the `crops` policy.
 CROP_WEIGHTINGS = ('token', 'document')
@@ -226,6 +226,12 @@ def _validate_text(c) -> None:
     raise ValueError(
         f'data.spm_model={c.spm_model!r} is not a file; set it to an existing'
         " .model file or to '' to train one on the corpus."
+    )
+  if c.tokenizer == 'hf' and not os.path.isdir(c.hf_tokenizer):
+    yield (
+        "data.tokenizer='hf' needs data.hf_tokenizer, a Hugging Face tokenizer"
+        ' directory (tokenizer.json, or vocab.json + merges.txt); got'
+        f' {c.hf_tokenizer!r}.'
     )
   if c.source == 'tfds' and not c.name:
     raise ValueError(

@@ -340,10 +340,12 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
 
 def make_tokenizer(data_config) -> tokenizers.Tokenizer:
   """The configured tokenizer (SentencePiece: trained on the train split once,
-  cached)."""
+  cached; hf: `tokenizers.HFTokenizer`)."""
   c = data_config
   if c.tokenizer == 'byte':
     return tokenizers.ByteTokenizer()
+  if c.tokenizer == 'hf':
+    return tokenizers.HFTokenizer(c.hf_tokenizer)
   if c.spm_model:
     return tokenizers.SentencePieceTokenizer(model_file=c.spm_model)
   records, feature, _ = _records(c, c.train_split)
