@@ -39,6 +39,7 @@ RUNNER = (
     'cli',
     'gallery',
     'preemption',
+    'pretrained',
 )
 RUNNER_PACKAGES = ('commands', 'experiments')
 # Third-party packages that only one module may import.

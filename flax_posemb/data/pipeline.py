@@ -228,7 +228,7 @@ def _validate_text(c) -> None:
         " .model file or to '' to train one on the corpus."
     )
   if c.tokenizer == 'hf' and not os.path.isdir(c.hf_tokenizer):
-    yield (
+    raise ValueError(
         "data.tokenizer='hf' needs data.hf_tokenizer, a Hugging Face tokenizer"
         ' directory (tokenizer.json, or vocab.json + merges.txt); got'
         f' {c.hf_tokenizer!r}.'
