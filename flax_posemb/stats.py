@@ -10,10 +10,12 @@ from typing import Any, Self
 
 import flax.struct
 import jax
+from jax.extend import core as jax_core
 import jax.numpy as jnp
 import numpy as np
 
 from flax_posemb import analysis
+from flax_posemb import embeddings
 from flax_posemb import outputs
 from flax_posemb import sharding
 
@@ -178,6 +180,74 @@ def occurrence_stats(
   )
 
 
+def check_real_positions(
+    batch: Mapping[str, Array], num_positions: int
+) -> None:
+  """Refuses a real token (``segment_ids > 0``) whose position id is outside
+  ``[0, num_positions)``: the statistics would drop it while the loss counts
+  it.
+
+  Eagerly a ValueError (`embeddings.check_position_range`'s message); under
+  ``jax.jit`` the same ValueError raised on the host when the step runs,
+  surfacing as a ``jax.errors.JaxRuntimeError`` that contains its message. A
+  valid batch costs one reduction on the device, no host round trip.
+  """
+  real = jnp.asarray(batch['segment_ids']) > 0
+  positions = jnp.where(real, jnp.asarray(batch['positions']), 0)
+  if not isinstance(positions, jax.core.Tracer):
+    embeddings.check_position_range(np.asarray(positions), num_positions)
+    return
+  outside = (positions < 0) | (positions >= num_positions)
+  lowest = jnp.min(positions, initial=0)
+  highest = jnp.max(positions, initial=0)
+
+  def refuse(lo, hi, num_bad):
+    raise embeddings.position_range_error(
+        int(lo), int(hi), int(num_bad), num_positions
+    )
+
+  jax.lax.cond(
+      jnp.any(outside),
+      lambda: jax.debug.callback(refuse, lowest, highest, jnp.sum(outside)),
+      lambda: None,
+  )
+
+
+def _depends_on_input(closed: Any) -> bool:
+  """Whether an output of a traced one-input function is computed from its
+  input (forward reachability over the jaxpr's equations; an equation that
+  reads the input counts as depending on it)."""
+  jaxpr = closed.jaxpr
+  reached = set(jaxpr.invars)
+  for eqn in jaxpr.eqns:
+    read = [v for v in eqn.invars if not isinstance(v, jax_core.Literal)]
+    if any(v in reached for v in read):
+      reached.update(eqn.outvars)
+  outputs_read = [
+      v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal)
+  ]
+  return any(v in reached for v in outputs_read)
+
+
+def check_uses_embed_delta(
+    token_loss_fn: Callable[..., Array], params: Any, delta: Array, batch, args
+) -> None:
+  """Refuses a ``token_loss_fn`` whose token losses do not depend on
+  ``embed_delta``: every ``occ_*``, ``row_sq`` and ``downstream``-based ratio
+  would be silently 0. Traces the function once more (no compilation)."""
+  closed = jax.make_jaxpr(lambda d: token_loss_fn(params, d, batch, *args))(
+      delta
+  )
+  if _depends_on_input(closed):
+    return
+  raise ValueError(
+      'token_loss_fn never uses embed_delta, so the statistics would all be 0:'
+      ' add it to the token+position embedding sum, e.g. `x ='
+      ' token_rows + position_rows + embed_delta` (float32 [B, T, D] zeros),'
+      ' or pass collect=False for the loss fields only.'
+  )
+
+
 def value_and_grad_with_position_stats(
     token_loss_fn: Callable[..., Array],
     num_positions: int,
@@ -185,6 +255,7 @@ def value_and_grad_with_position_stats(
     *,
     collect: bool = True,
     finish: bool = True,
+    check_positions: bool = True,
 ) -> Callable[..., tuple]:
   """Loss, parameter gradients and per-position statistics of any model, in one
   backward pass.
@@ -193,7 +264,8 @@ def value_and_grad_with_position_stats(
     token_loss_fn: ``(params, embed_delta, batch, *args) -> [B, T]`` float32
       token losses of any ``params`` pytree and batch (``flax_posemb.batch``);
       it adds ``embed_delta`` (zeros, float32 ``[B, T, D]``) to the
-      token+position embedding sum.
+      token+position embedding sum. One that never uses ``embed_delta`` is
+      refused (ValueError) when ``f`` is first traced.
     num_positions: rows ``P`` of the position table (ids of real tokens must be
       below it).
     embed_dim: width ``D`` of the embedding sum.
@@ -201,6 +273,10 @@ def value_and_grad_with_position_stats(
       unchanged).
     finish: False leaves ``row_grad`` unsquared, for summing microbatches
       (then ``finish()``).
+    check_positions: refuse a real token whose position id is outside ``[0,
+      P)`` (`check_real_positions`: eagerly a ValueError, under ``jax.jit`` a
+      ``JaxRuntimeError`` with its message). False: the caller has checked
+      the batch already (the training loop, at ``sharding.global_batch``).
 
   Returns:
     ``f(params, batch, *args, denominator=None) -> (loss, grads, stats)``: the
@@ -208,12 +284,22 @@ def value_and_grad_with_position_stats(
     gradient, and ``PositionStats`` without ``update_sq`` (added by
     ``PositionStatistics.inside_step``).
   """
+  # Whether token_loss_fn was seen to use embed_delta: the dependence is
+  # structural, one trace shows it.
+  checked_delta = False
 
   def f(params, batch, *args, denominator=None):
+    nonlocal checked_delta
+    if check_positions:
+      check_real_positions(batch, num_positions)
     mask = batch['loss_mask'].astype(jnp.float32)
     denom = (
         jnp.maximum(jnp.sum(mask), 1.0) if denominator is None else denominator
     )
+    delta = jnp.zeros(batch['positions'].shape + (embed_dim,), jnp.float32)
+    if collect and not checked_delta:
+      check_uses_embed_delta(token_loss_fn, params, delta, batch, args)
+      checked_delta = True
 
     def mean_loss(p, delta):
       tl = token_loss_fn(p, delta, batch, *args)
@@ -224,7 +310,7 @@ def value_and_grad_with_position_stats(
     # collected.
     (loss, tl), (grads, g_delta) = jax.value_and_grad(
         mean_loss, argnums=(0, 1), has_aux=True
-    )(params, jnp.zeros(batch['positions'].shape + (embed_dim,), jnp.float32))
+    )(params, delta)
     if not collect:
       return loss, grads, loss_stats(tl, batch, num_positions)
     stats = occurrence_stats(g_delta * denom, tl, batch, num_positions)
@@ -280,7 +366,11 @@ class PositionStatistics:
     self.first_step = 1  # of the current window
 
   def value_and_grad(
-      self, token_loss_fn: Callable[..., Array], *, finish: bool = True
+      self,
+      token_loss_fn: Callable[..., Array],
+      *,
+      finish: bool = True,
+      check_positions: bool = True,
   ) -> Callable[..., tuple]:
     """``value_and_grad_with_position_stats`` for this table (same
     arguments)."""
@@ -290,6 +380,7 @@ class PositionStatistics:
         self.embed_dim,
         collect=self.collect,
         finish=finish,
+        check_positions=check_positions,
     )
 
   def init(self) -> PositionStats:

@@ -46,8 +46,36 @@ def test_position_range_check_names_the_id_and_the_table(bad, named):
 
 def test_float_positions_are_an_error():
   mod, params = _learned()
-  with pytest.raises(ValueError, match='integer'):
+  with pytest.raises(TypeError, match='integer'):
     mod.apply(params, jnp.array([[0.0, 1.0]]))
+
+
+@pytest.mark.parametrize('bad', [8, -1, 1000])
+@pytest.mark.parametrize('jit', [False, True])
+def test_out_of_range_position_gives_nan_row_never_a_real_one(bad, jit):
+  mod, params = _learned()
+  table = np.asarray(params['params']['embedding'])
+  apply = jax.jit(mod.apply) if jit else mod.apply
+  out = np.asarray(apply(params, jnp.array([[0, bad, 7]], jnp.int32)))
+  np.testing.assert_array_equal(out[0, 0], table[0])
+  np.testing.assert_array_equal(out[0, 2], table[7])
+  assert np.isnan(out[0, 1]).all()
+
+
+def test_out_of_range_token_id_gives_nan_row():
+  rows = embeddings.lookup_tokens(jnp.ones((5, 3)), jnp.array([-1, 5, 4]))
+  assert np.isnan(rows[:2]).all() and not np.isnan(rows[2]).any()
+
+
+def test_out_of_range_position_gives_no_table_gradient():
+  mod, params = _learned()
+
+  def total(p):
+    rows = mod.apply(p, jnp.array([[1, 8, -1]], jnp.int32))
+    return jnp.nansum(rows)
+
+  grad = np.asarray(jax.grad(total)(params)['params']['embedding'])
+  assert grad[1].sum() == grad.sum() == 4.0
 
 
 def test_learned_dtypes():

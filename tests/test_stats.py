@@ -257,6 +257,79 @@ def test_absent_positions_get_exactly_zero_gradient(setup):
   assert np.all(np.abs(grad[present]).sum(-1) > 0)
 
 
+def _standin_token_loss_fn(model):
+  def token_loss_fn(p, embed_delta, b):
+    logits = model.apply(
+        {'params': p},
+        b['inputs'],
+        b['positions'],
+        b['segment_ids'],
+        embed_delta=embed_delta,
+    )
+    return token_losses(logits, b['targets'])
+
+  return token_loss_fn
+
+
+@pytest.mark.parametrize('bad', [L, -1])
+def test_out_of_range_id_of_a_real_token_is_refused_eagerly(setup, bad):
+  model, params, batch = setup
+  batch = dict(batch, positions=batch['positions'].copy())
+  batch['positions'][2, 7] = bad  # a real token (segment 1 of row 2)
+  f = stats.value_and_grad_with_position_stats(
+      _standin_token_loss_fn(model), L, D
+  )
+  with pytest.raises(ValueError, match=f'Position id {bad} is'):
+    f(params, batch)
+
+
+def test_out_of_range_id_of_a_real_token_is_refused_under_jit(setup):
+  model, params, batch = setup
+  batch = dict(batch, positions=batch['positions'].copy())
+  batch['positions'][1, 4] = L
+  f = jax.jit(
+      stats.value_and_grad_with_position_stats(
+          _standin_token_loss_fn(model), L, D
+      )
+  )
+  with pytest.raises(jax.errors.JaxRuntimeError, match=f'Position id {L} is'):
+    jax.block_until_ready(f(params, batch))
+
+
+def test_position_check_off_leaves_the_id_out_of_every_statistic(setup):
+  """check_positions=False is for batches checked already: an unchecked bad
+  id is then missing from the statistics while the loss counts it."""
+  model, params, batch = setup
+  batch = dict(batch, positions=batch['positions'].copy())
+  batch['positions'][2, 7] = L
+  f = stats.value_and_grad_with_position_stats(
+      _standin_token_loss_fn(model), L, D, check_positions=False
+  )
+  got = f(params, batch)[2]
+  real = int((batch['segment_ids'] > 0).sum())
+  assert int(got['count'].sum()) == real - 1
+
+
+def test_loss_fn_that_ignores_embed_delta_is_refused(setup):
+  model, params, batch = setup
+
+  def token_loss_fn(p, embed_delta, b):
+    del embed_delta
+    logits = model.apply(
+        {'params': p}, b['inputs'], b['positions'], b['segment_ids']
+    )
+    return token_losses(logits, b['targets'])
+
+  f = stats.value_and_grad_with_position_stats(token_loss_fn, L, D)
+  with pytest.raises(ValueError, match='add it to the token\\+position'):
+    jax.jit(f)(params, batch)
+  # Loss fields alone need no embed_delta.
+  off = stats.value_and_grad_with_position_stats(
+      token_loss_fn, L, D, collect=False
+  )
+  assert np.isfinite(float(jax.jit(off)(params, batch)[0]))
+
+
 def test_microbatch_sums_square_after_summing():
   g = jnp.ones((2, 1, 3))
   b = dict(
