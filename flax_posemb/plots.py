@@ -8,7 +8,10 @@ from typing import Any
 import matplotlib
 
 matplotlib.use('Agg')
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+import matplotlib.figure  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 _MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '*', '<', '>')
@@ -287,6 +290,42 @@ def offset_probe(probe: dict[str, Any], path: str) -> str:
       + ' (position ids shifted by K)',
   )
   return _save(fig, path)
+
+
+# Per-position curves of a statistics window: y-axis label of each.
+CURVE_LABELS = {
+    'count': 'real tokens',
+    'loss': 'training loss (nats / token)',
+    'signal_per_occurrence': 'mean ||g|| per occurrence',
+    'coherence': 'row_sq / (count * occ_sq)',
+    'update_sq': '||row change||^2',
+    'row_sq': '||table-gradient row||^2',
+    'occ_norm': 'sum of ||g||',
+    'drift': '||row - initial row||',
+}
+
+
+def position_curve_image(
+    name: str, values: np.ndarray, window: str = ''
+) -> np.ndarray:
+  """``[H, W, 3]`` uint8 line plot of one per-position curve ``values`` [P]
+  (NaN: a gap) of a statistics window (``window``, e.g. 'steps 1-25'), for
+  TensorBoard's Images tab (which shows the tag and step above it)."""
+  # No pyplot, no title, few ticks, fixed margins: a training run draws eight
+  # of these per window, and text layout is most of the cost.
+  fig = matplotlib.figure.Figure(figsize=(5.0, 2.5), dpi=80)
+  canvas = FigureCanvasAgg(fig)
+  ax = fig.add_subplot()
+  ax.plot(np.arange(len(values)), values, lw=1.0)
+  xlabel = f'position ({window})' if window else 'position'
+  ax.set_xlabel(xlabel, fontsize=8)
+  ax.set_ylabel(CURVE_LABELS.get(name, name), fontsize=8)
+  ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(5))
+  ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(4))
+  ax.tick_params(labelsize=7)
+  fig.subplots_adjust(left=0.16, right=0.97, bottom=0.18, top=0.95)
+  canvas.draw()
+  return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
 def table_analysis(

@@ -22,10 +22,12 @@ from flax_posemb import auto as auto_lib
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import checkpointing
 from flax_posemb import data as data_lib
+from flax_posemb import eval_report
 from flax_posemb import evaluation
 from flax_posemb import model as model_lib
 from flax_posemb import optim as optim_lib
 from flax_posemb import outputs
+from flax_posemb import plots
 from flax_posemb import preemption
 from flax_posemb import sharding
 from flax_posemb import train_step as step_lib
@@ -64,8 +66,24 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f'divergence_loss must be finite, got {config.divergence_loss}.'
     )
   optim_lib.validate(config)
+  position_buckets(config)
   if int(config.eval_every_steps) > 0:
     _validate_periodic_eval(config)
+
+
+def position_buckets(config: ml_collections.ConfigDict) -> np.ndarray:
+  """``[nb + 1]`` edges over the position table's rows of the evaluation's
+  buckets (``eval.bucket_size`` / ``eval.bucket_edges``, the last bucket
+  extended to ``model.max_len``): the buckets of the statistics' TensorBoard
+  scalars."""
+  try:
+    return buckets_lib.make_edges(
+        int(config.model.max_len),
+        int(config.eval.bucket_size),
+        config.eval.bucket_edges,
+    )
+  except ValueError as e:
+    raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
 
 
 def _validate_periodic_eval(config: ml_collections.ConfigDict) -> None:
@@ -211,6 +229,8 @@ class _Loop:
         writer=self.tb,
         directory=stats_dir,
         initial_table=self.table(self.state.params),
+        bucket_edges=position_buckets(config),
+        curve_image=plots.position_curve_image,
     )
     self.counters: dict[str, Any] = {
         'loss_sum': 0.0,
@@ -379,11 +399,6 @@ class _Loop:
   def evaluate(self, state: step_lib.TrainState, step: int) -> dict[str, Any]:
     """Runs the periodic evaluation: its metrics row, console line, TensorBoard
     scalars."""
-    # Here, not at the top: both import matplotlib, which only runs that
-    # evaluate need.
-    from flax_posemb import eval_report
-    from flax_posemb import plots
-
     out = evaluation.run_evaluation(
         self.model, state.params, self.config, step=step
     )

@@ -463,36 +463,59 @@ class _Writer:
   """Records what a TensorBoard-like writer is given."""
 
   def __init__(self):
-    self.histograms, self.images = {}, {}
+    self.scalars, self.images = {}, {}
 
-  def add_histogram_raw(self, tag, global_step, **h):
-    self.histograms[tag, global_step] = h
+  def add_scalar(self, tag, value, global_step):
+    self.scalars[tag, global_step] = value
 
   def add_image(self, tag, img_tensor, global_step, dataformats):
     self.images[tag, global_step] = (img_tensor, dataformats)
 
 
-def test_writer_gets_per_position_curves_and_the_cosine_image():
+def test_writer_gets_a_scalar_per_bucket_and_an_image_per_curve():
   w = _Writer()
-  st = stats.PositionStatistics(4, 2, writer=w, initial_table=np.zeros((4, 2)))
+  drawn = {}
+
+  def curve_image(name, values, title):
+    drawn[name] = (values, title)
+    return np.zeros((2, 3, 3), np.uint8)
+
+  st = stats.PositionStatistics(
+      4,
+      2,
+      writer=w,
+      initial_table=np.zeros((4, 2)),
+      bucket_edges=[0, 1, 4],
+      curve_image=curve_image,
+  )
   window = st.inside_step(
       st.init(), _fake_step(1), jnp.zeros((4, 2)), jnp.ones((4, 2))
   )
   st.on_step(1, window, table=np.array([[3.0, 4.0]] * 4))
-  names = {t for t, _ in w.histograms}
-  assert names == {
-      f'positions/{k}'
-      for k in (
-          'count',
-          'signal_per_occurrence',
-          'coherence',
-          'update_sq',
-          'drift',
-      )
+  # Every field of the fake step is [1, 2, 3, 4]; update_sq ||(1, 1)||^2 = 2.
+  want = {
+      'count': [1.0, 3.0],
+      'loss': [1.0, 1.0],
+      'signal_per_occurrence': [1.0, 1.0],
+      'coherence': [1.0, 9 / 29],
+      'update_sq': [2.0, 2.0],
+      'row_sq': [1.0, 3.0],
+      'occ_norm': [1.0, 3.0],
+      'drift': [5.0, 5.0],
   }
-  h = w.histograms['positions/drift', 1]
-  assert h['bucket_limits'] == [1, 2, 3, 4] and h['bucket_counts'] == [5.0] * 4
-  assert w.histograms['positions/count', 1]['bucket_counts'] == [1, 2, 3, 4]
+  assert set(w.scalars) == {
+      (f'positions_{name}/{span}', 1)
+      for name in want
+      for span in ('00000-00001', '00001-00004')
+  }
+  for name, (first, rest) in want.items():
+    assert w.scalars[f'positions_{name}/00000-00001', 1] == pytest.approx(first)
+    assert w.scalars[f'positions_{name}/00001-00004', 1] == pytest.approx(rest)
+  assert set(drawn) == set(want)
+  np.testing.assert_array_equal(drawn['count'][0], [1, 2, 3, 4])
+  assert drawn['loss'][1] == 'steps 1-1'
+  assert {t for t, _ in w.images} == {f'positions/{n}' for n in want}
+  assert w.images['positions/coherence', 1][1] == 'HWC'
   st.report_table(
       1, np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, 0.0]])
   )
