@@ -138,11 +138,12 @@ def evaluate_workdir(
     output: str | None = None,
     offsets: Sequence[int] | None = None,
     analyze: bool = False,
+    progress: str = '',
     **overrides,
 ) -> dict[str, Any]:
   """Evaluates a run's checkpoint (``step``, default the newest readable one)
   into ``output`` (default ``WORKDIR/eval/<variant_name>``), with the table
-  analysis if ``analyze``; ``offsets``, ``overrides``:
+  analysis if ``analyze``; ``offsets``, ``overrides``, ``progress``:
   `evaluation.run_evaluation`."""
   mesh = sharding.make_mesh()
   params, stored_config, info = checkpointing.restore_params(
@@ -166,6 +167,7 @@ def evaluate_workdir(
       step=step,
       offsets=offsets,
       mesh=mesh,
+      progress=progress,
       **overrides,
   )
   out.results.update(
@@ -199,13 +201,12 @@ def evaluate_workdir(
         per_position=out.per_position,
         bucket_size=settings['bucket_size'],
         bucket_edges=settings['bucket_edges'],
+        progress=bool(progress),
     )
     for key, path in summary['files'].items():
       files[f'analysis_{key}'] = path
-    text += (
-        f"\n\nposition probe R^2 {summary['probe']['r2']:.3f}; table"
-        f" analysis: {summary['files']['json']}"
-    )
+    found = '\n'.join(analysis_report.summary_lines(summary))
+    text += f"\n\n{found}\ntable analysis: {summary['files']['json']}"
   return {
       'results': out.results,
       'per_window': out.per_window,
@@ -217,20 +218,34 @@ def evaluate_workdir(
 
 
 def evaluate_and_compare(
-    workdirs: Sequence[str], *, output: str | None = None, **kwargs
+    workdirs: Sequence[str],
+    *,
+    output: str | None = None,
+    progress: bool = False,
+    **kwargs,
 ) -> tuple[list[tuple[str, dict[str, Any]]], dict | None]:
   """``([(label, evaluate_workdir(run)), ...], comparison)``: for several runs
   `eval_report.compare` plus out_dir (default
-  ``compare_<A>_vs_<B>[_<variant>]``), else None."""
+  ``compare_<A>_vs_<B>[_<variant>]``), else None; ``progress``: bars on stderr
+  named after each run."""
   labels = [os.path.basename(os.path.normpath(w)) for w in workdirs]
   if len(set(labels)) < len(labels):
     labels = [os.path.normpath(w).replace(os.sep, '_') for w in workdirs]
   runs = []
-  for workdir, label in zip(workdirs, labels):
+  for i, (workdir, label) in enumerate(zip(workdirs, labels)):
     run_output = output
-    if output and len(workdirs) > 1:
-      run_output = os.path.join(output, label)
-    runs.append((label, evaluate_workdir(workdir, output=run_output, **kwargs)))
+    name = label
+    if len(workdirs) > 1:
+      name = f'{label} (run {i + 1}/{len(workdirs)})'
+      if output:
+        run_output = os.path.join(output, label)
+    run = evaluate_workdir(
+        workdir,
+        output=run_output,
+        progress=name if progress else '',
+        **kwargs,
+    )
+    runs.append((label, run))
   if len(runs) < 2:
     return runs, None
   steps = sorted({run['step'] for _, run in runs})

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import tqdm
 
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import data as data_lib
@@ -115,16 +116,25 @@ def accumulate(
     *,
     offsets: Sequence[int] = (0,),
     mesh: jax.sharding.Mesh | None = None,
+    progress: str = '',
 ) -> list[buckets_lib.BucketAccumulator]:
   """One `BucketAccumulator` over ``edges`` per shift K in ``offsets`` of
   ``batches`` (the same global [B, T] batches on every process, optionally with
-  [B] `PROVENANCE_KEYS`)."""
+  [B] `PROVENANCE_KEYS`); ``progress``: a tqdm bar of that name over the
+  batches on stderr ('' = none)."""
   mesh = mesh or sharding.make_mesh()
   step = make_eval_step(apply_fn, edges, mesh)
   params = jax.device_put(params, sharding.replicated(mesh))
   length, seen = int(edges[-1]), {}
   accs = [buckets_lib.BucketAccumulator(edges) for _ in offsets]
-  for batch in batches:
+  bar = tqdm.tqdm(
+      batches,
+      desc=progress,
+      unit='batch',
+      dynamic_ncols=True,
+      disable=not progress or jax.process_index() > 0,
+  )
+  for batch in bar:
     b = len(batch['inputs'])
     # padded with masked rows
     rows = -(-b // jax.device_count()) * jax.device_count()
@@ -331,11 +341,13 @@ def run_evaluation(
     step: int | None = None,
     offsets: Sequence[int] | None = None,
     mesh=None,
+    progress: str = '',
     **overrides,
 ) -> EvalOutput:
   """Loss by position bucket of ``model`` on held-out windows, recording
   ``step``, with the offset probe's shifts K ``offsets``; ``overrides``:
-  `eval_settings` keys (None = config)."""
+  `eval_settings` keys (None = config); ``progress``: a name, for a bar over the
+  batches of each pass on stderr ('' = none)."""
   s, cfg = eval_settings(config, dict(overrides, offsets=offsets)), model.config
   # a TreeMismatchError (ValueError) naming the first differing path
   trees.check_same_tree(
@@ -353,18 +365,27 @@ def run_evaluation(
   )
   windows = make_batches(config, s)  # The same windows for both passes.
 
-  def passes(length, ks):
+  def passes(length, ks, name):
     # probe: clipped
     edges = np.asarray([e for e in full_edges if e < length] + [length])
-    batches = (
+    batches = [
         {k: v[:, :length] if v.ndim == 2 else v for k, v in b.items()}
         for b in windows
+    ]
+    accs = accumulate(
+        fn,
+        params,
+        batches,
+        edges,
+        offsets=ks,
+        mesh=mesh,
+        progress=f'{progress}: {name}' if progress else '',
     )
-    accs = accumulate(fn, params, batches, edges, offsets=ks, mesh=mesh)
     reference = data_lib.reference_losses(config.data, length)
     return [summarize(a, step=step, reference=reference) for a in accs]
 
-  (out,) = passes(s['window_len'], (0,))
+  num_windows = s['num_windows']
+  (out,) = passes(s['window_len'], (0,), f'eval ({num_windows} windows)')
   out.results['settings'] = {k: s[k] for k in SETTINGS_KEYS}
   if 'doc' in out.per_window:
     out.results.update(
@@ -375,7 +396,9 @@ def run_evaluation(
     logging.warning('%s', w)
   if offsets:  # K - K0 per bucket, paired over the same windows
     window = s['window_len'] - offsets[-1]
-    probes = passes(window, offsets)
+    probes = passes(
+        window, offsets, f'offset probe (K = {", ".join(map(str, offsets))})'
+    )
     out.results['offset_probe'] = {
         'note': OFFSET_NOTE,
         'window_len': window,

@@ -409,10 +409,9 @@ def test_a_killed_eval_rerun_leaves_the_previous_complete_results(
   assert os.listdir(tmp_path) == ['out']
 
 
-def test_eval_cli_deep_windows_record_their_provenance(tmp_path):
-  """eval.py --window_start deep on a text run: windows deep inside the long
-  documents only, their provenance in windows.npz, the summary and the window
-  groups in results.json."""
+def _text_run(tmp_path):
+  """A workdir of a tiny local_text run: 5 documents of 40, 40, 20, 1 and 1
+  windows of 32 tokens."""
   corpus = tmp_path / 'corpus'
   corpus.mkdir()
   rng = np.random.default_rng(0)
@@ -430,7 +429,14 @@ def test_eval_cli_deep_windows_record_their_provenance(tmp_path):
       data_dir=str(tmp_path / 'data'),
   )
   config.model.vocab_size = 257
-  workdir = _make_run(str(tmp_path / 'run'), config, config)
+  return _make_run(str(tmp_path / 'run'), config, config)
+
+
+def test_eval_cli_deep_windows_record_their_provenance(tmp_path):
+  """eval.py --window_start deep on a text run: windows deep inside the long
+  documents only, their provenance in windows.npz, the summary and the window
+  groups in results.json; a bar over the batches while it runs."""
+  workdir = _text_run(tmp_path)
   cmd = [
       sys.executable,
       str(ROOT / 'eval.py'),
@@ -454,6 +460,9 @@ def test_eval_cli_deep_windows_record_their_provenance(tmp_path):
       env=SUBPROCESS_ENV,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
+  # 40 windows in batches of 8: the bar reaches 5 of 5, named after the run.
+  assert 'run: eval (40 windows)' in proc.stderr
+  assert '5/5 [' in proc.stderr
   out = os.path.join(
       workdir,
       'eval',
@@ -496,3 +505,31 @@ def test_eval_cli_deep_windows_record_their_provenance(tmp_path):
   assert groups[0].startswith('table,group,start,end') and len(
       groups
   ) == 1 + 4 * (len(depth) + len(res['by_end']) + 1)
+
+
+def test_eval_cli_names_its_own_flag_when_a_split_has_too_few_windows(
+    tmp_path,
+):
+  workdir = _text_run(tmp_path)
+  proc = subprocess.run(
+      [
+          sys.executable,
+          str(ROOT / 'eval.py'),
+          '--workdir',
+          workdir,
+          '--num_windows',
+          '500',
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=300,
+      env=SUBPROCESS_ENV,
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  line = proc.stderr.strip().splitlines()[-1]
+  assert line.startswith('eval.py: ') and 'Traceback' not in proc.stderr
+  assert 'has only 5 documents with >= 33 tokens' in line
+  assert '500 windows were requested (--num_windows)' in line
+  assert 'pass --num_windows 5 or fewer' in line
+  assert 'eval.num_windows' not in line

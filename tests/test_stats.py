@@ -739,3 +739,7 @@ def test_a_user_loop_writes_the_trainers_windows_and_eval_analyzes_them(
         z['cumulative_count'].sum()
     )
   assert os.path.getsize(summary['files']['exposure_plot']) > 0
+  assert f"plot: {summary['files']['exposure_plot']}" in proc.stdout
+  rho = summary['exposure']['spearman_mean_loss']
+  assert f'mean_loss {rho:+.2f}' in proc.stdout
+  assert '2 statistics windows, steps' in proc.stdout

@@ -446,17 +446,36 @@ def make_eval_batches(
         f'Split {split!r} has only {len(windows)} '
         f'documents with >= {need} tokens (of {len(src)})',
         'the window length',
+        deep=False,
     )
   return _batches(src, windows, batch_size, w)
 
 
-def _check_enough(found: int, num_windows: int, what: str, lower: str) -> None:
-  if found < num_windows:
-    raise ValueError(
-        f'{what}, but num_windows={num_windows} were requested; lower '
+class TooFewWindowsError(ValueError):
+  """A split holds fewer evaluation windows than requested. ``what``: the
+  split's count in words; ``found``, ``requested``: windows; ``deep``: deep
+  windows (then ``min_doc_len`` / ``min_start`` limit them). The message names
+  the config fields; a command names its own flags from these."""
+
+  def __init__(
+      self, what: str, found: int, requested: int, lower: str, deep: bool
+  ):
+    super().__init__(
+        f'{what}, but num_windows={requested} were requested; lower '
         f'eval.num_windows or {lower}, or use a corpus with longer documents '
         '(wiki40b, pg19; synthetic: more data.synthetic.num_docs).'
     )
+    self.what = what
+    self.found = found
+    self.requested = requested
+    self.deep = deep
+
+
+def _check_enough(
+    found: int, num_windows: int, what: str, lower: str, deep: bool
+) -> None:
+  if found < num_windows:
+    raise TooFewWindowsError(what, found, num_windows, lower, deep)
 
 
 def _deep_windows(
@@ -487,6 +506,7 @@ def _deep_windows(
       f' >= {min_doc_len} tokens that fit one; {len(lengths)} documents in'
       ' all)',
       'eval.min_doc_len, eval.min_start or the window length',
+      deep=True,
   )
   pick = np.sort(rng.choice(total, num_windows, replace=False))
   ends = np.cumsum(slots)

@@ -166,7 +166,12 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
     del dl_manager
     bad: list[str] = []
     docs = []
-    for key, kind, text in self._docs(bad):
+    # TFDS's own bar (on only when `build` is asked for progress): this first
+    # pass over every document runs before TFDS's "Generating splits".
+    reading = tfds.core.utils.tqdm(
+        self._docs(bad), desc='Reading documents', unit=' documents'
+    )
+    for key, kind, text in reading:
       docs.append((key, kind, len(text.encode('utf-8')) + 1))
     val = self._held_out(docs)
     self.info.metadata['decode_errors'] = {
@@ -193,9 +198,10 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
       yield key, record
 
 
-def build(builder) -> None:
-  """Writes `builder`'s dataset as array_record (TFDS prints silenced)."""
-  tfds.disable_progress_bar()
+def build(builder, progress: bool = False) -> None:
+  """Writes `builder`'s dataset as array_record (TFDS prints silenced; its
+  progress bars on stderr if ``progress``)."""
+  tfds.display_progress_bar(progress)
   with contextlib.redirect_stdout(io.StringIO()):
     builder.download_and_prepare(file_format='array_record')
 

@@ -86,10 +86,12 @@ def prepare_dataset(
     val_percent: int = 5,
     on_decode_error: str = 'replace',
     overwrite: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
   """Builds ``ddir/name/1.0.0`` from `inputs` (globs) or `hf_dataset` (the
   flags of ``python -m flax_posemb.commands.prepare``, checked by them):
-  ``{'path', 'feature', 'splits': {split: documents}}``."""
+  ``{'path', 'feature', 'splits': {split: documents}}``; ``progress``: TFDS's
+  progress bars on stderr."""
   if hf_dataset:
     files: tuple[str, ...] = ()
     what = hf_dataset
@@ -125,7 +127,7 @@ def prepare_dataset(
       skip_registration=True,
   )
   builder = builder_cls(data_dir=ddir)
-  text_corpus.build(builder)
+  text_corpus.build(builder, progress)
   # TFDS's download directory, empty.
   shutil.rmtree(os.path.join(ddir, 'downloads'), ignore_errors=True)
   splits = {k: int(v.num_examples) for k, v in builder.info.splits.items()}

@@ -83,6 +83,8 @@ def main(argv: list[str]) -> int | None:
   for name, summary in summaries.items():
     for c in summary['claims']:
       print(f"{c['verdict']:>28}  {c['id']}: {c['text']}")
+    for figure in summary['figures']:
+      print(f'plot: {os.path.join(out, name, figure)}')
     print(os.path.join(out, name, 'REPORT.md'))
   if len(summaries) > 1:
     print(os.path.join(out, 'README.md'))
