@@ -116,9 +116,11 @@ def main(argv):
   offsets = parse_offsets(FLAGS.offsets)
   for workdir in FLAGS.workdir:
     if not os.path.isdir(workdir):
-      raise cli.UserError(
-          f'--workdir {workdir} is not a directory; give a training workdir.'
-      )
+      fix = 'give a training workdir.'
+      similar = cli.similar_directory(workdir)
+      if similar:
+        fix = f'did you mean {similar}?'
+      raise cli.UserError(f'--workdir {workdir} is not a directory; {fix}')
   try:
     runs, comparison = eval_workdir.evaluate_and_compare(
         FLAGS.workdir,

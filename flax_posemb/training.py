@@ -140,8 +140,10 @@ def train_and_evaluate(
   ``workdir``; outputs, return value and errors: docs/DESIGN.md §Training
   outputs. ``hooks``: callables ``hook(step, metrics)`` run on the host once
   each step's metrics are read back."""
-  config = resolve_auto(config, workdir)
+  # Before JAX picks a platform for the auto fields: bad input costs no
+  # backend start-up (and prints no auto lines).
   validate(config)
+  config = resolve_auto(config, workdir)
   mesh = sharding.make_mesh()
   sharding.check_batch_layout(config, mesh)
   os.makedirs(workdir, exist_ok=True)

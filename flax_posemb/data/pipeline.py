@@ -2,6 +2,7 @@
 tokens")."""
 
 from collections.abc import Iterator
+import difflib
 import functools
 import os
 import threading
@@ -48,7 +49,7 @@ def _problems(c, max_len: int) -> Iterator[str]:
       ('on_decode_error', sources.DECODE_ERROR_MODES),
   ):
     if c.get(key, 'replace') not in choices:
-      yield f'Unknown data.{key} {c[key]!r}; use one of {choices}.'
+      yield _unknown_value(f'data.{key}', c[key], choices)
   for key in ('num_workers', 'prefetch', 'shuffle_rows'):
     if int(c.get(key, 0)) < 0:
       yield f'data.{key} must be >= 0, got {c[key]}.'
@@ -104,7 +105,7 @@ def _problems(c, max_len: int) -> Iterator[str]:
         )
     return
   if c.tokenizer not in TOKENIZERS:
-    yield f'Unknown data.tokenizer {c.tokenizer!r}; use one of {TOKENIZERS}.'
+    yield _unknown_value('data.tokenizer', c.tokenizer, TOKENIZERS)
   if (
       c.tokenizer == 'sentencepiece'
       and c.spm_model
@@ -132,6 +133,15 @@ def _problems(c, max_len: int) -> Iterator[str]:
     )
   if c.source != 'tfds' and not set(splits) <= {'train', 'validation'}:
     yield f"Splits {splits} of {c.source}: use 'train' or 'validation'."
+
+
+def _unknown_value(field: str, value: Any, choices: tuple[str, ...]) -> str:
+  """The message of a value not among ``choices``, with the closest one."""
+  close = difflib.get_close_matches(str(value), choices, n=1)
+  suggestion = ''
+  if close:
+    suggestion = f' did you mean {close[0]!r}?'
+  return f'Unknown {field} {value!r};{suggestion} use one of {choices}.'
 
 
 def make_source(data_config, split: str) -> sources.DocSource:

@@ -106,6 +106,11 @@ def equalize(
     probe = spec.apply_overrides(c, (('seed', 0),), f'arm {a!r}')
     key = spec.run_key(probe)
     if key not in cache:
+      logger.info(
+          'budget: arm %s: scored tokens per row over %d batches ...',
+          a,
+          int(budget_config.estimate_batches),
+      )
       cache[key] = float(estimator(probe, int(budget_config.estimate_batches)))
     per_row[a] = cache[key]
     if not per_row[a] > 0:
