@@ -72,7 +72,8 @@ BAD_INPUTS = [
             '--config.data.data_dir=DIR',
             '--config.model.vocab_size=257',
         ],
-        "No prepared dataset 'pg91' (data.name) under DIR. Did you mean 'pg19'?",
+        "No prepared dataset 'pg91' (data.name) under DIR. Did you mean"
+        " 'pg19'?",
     ),
     (
         TRAIN[:1] + ['--config', 'configs/nope.py', '--workdir', 'WD'],
