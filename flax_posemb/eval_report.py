@@ -5,6 +5,7 @@ from collections.abc import Sequence
 import json
 import math
 import os
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -45,30 +46,40 @@ GROUP_TABLES = ('by_kind', 'by_depth', 'by_end')
 PM_NOTE = 'loss in nats per token +- one clustered standard error'
 
 
+# Console columns a printed table fits in; a wider one is split into blocks of
+# columns.
+TABLE_WIDTH = 100
+# What the synthetic corpus's columns mean (printed under the bucket table).
+REFERENCE_NOTE = (
+    'bayes: the Bayes-optimal loss (position known); filter: the optimal'
+    ' position-blind loss; excess = loss - bayes; recovered = (filter - loss) /'
+    " (filter - bayes), the share of the position's value the model recovers"
+    ' (1 = all of it, 0 = none).'
+)
+NA_NOTE = 'n/a: one document, no clustered standard error.'
+
+
 def _fmt(x: float | None, nd: int = 4) -> str:
-  return '-' if x is None else f'{x:.{nd}f}'
+  return 'n/a' if x is None else f'{x:.{nd}f}'
 
 
 def format_table(results: dict[str, Any]) -> str:
   """Plain-text bucket table of a results dict."""
   buckets = results['buckets']
-  # (heading, results key, width, decimals)
-  columns = [
-      ('loss', 'loss', 8, 4),
-      ('stderr', 'stderr', 8, 4),
-  ]
-  if buckets and 'bayes_loss' in buckets[0]:  # Synthetic references.
+  # (heading, results key, decimals)
+  columns = [('loss', 'loss', 4), ('stderr', 'stderr', 4)]
+  synthetic = bool(buckets) and 'bayes_loss' in buckets[0]
+  if synthetic:
     columns += [
-        ('bayes', 'bayes_loss', 8, 4),
-        ('filter', 'filter_loss', 8, 4),
-        ('excess', 'excess_loss', 8, 4),
-        ('recov', 'recovered', 7, 3),
+        ('bayes', 'bayes_loss', 4),
+        ('filter', 'filter_loss', 4),
+        ('excess', 'excess_loss', 4),
+        ('recovered', 'recovered', 3),
     ]
-  heads = ['tokens'] + [heading for heading, _, _, _ in columns]
-  cells = [[b['tokens'] for b in buckets]]
-  for _, key, _, decimals in columns:
+  heads = ['tokens'] + [heading for heading, _, _ in columns]
+  cells = [[str(b['tokens']) for b in buckets]]
+  for _, key, decimals in columns:
     cells.append([_fmt(b[key], decimals) for b in buckets])
-  widths = [8] + [width for _, _, width, _ in columns]
   overall = results['overall']
   degradation = results['degradation']
   documents = ''
@@ -77,8 +88,7 @@ def format_table(results: dict[str, Any]) -> str:
   overall_line = (
       f"overall loss {_fmt(overall['loss'])} +- {_fmt(overall['stderr'])}"
       f" nats/token ({overall['tokens']} tokens, {overall['windows']}"
-      f' windows{documents}); losses in'
-      ' nats per token, +- one clustered standard error'
+      f' windows{documents})'
   )
   degradation_line = (
       f"last - best bucket {_fmt(degradation['last_minus_best'])} +-"
@@ -86,8 +96,20 @@ def format_table(results: dict[str, Any]) -> str:
       f" {_fmt(degradation['slope'], 6)} +-"
       f" {_fmt(degradation['slope_stderr'], 6)} per position"
   )
-  table = _grid('bucket', buckets, heads, cells, widths)
-  return '\n'.join([table, overall_line, degradation_line])
+  lines = [
+      _grid('bucket', buckets, heads, cells),
+      overall_line,
+      degradation_line,
+      'losses in nats per token, +- one clustered standard error',
+  ]
+  if synthetic:
+    lines.append(_wrap(REFERENCE_NOTE))
+  return '\n'.join(lines)
+
+
+def _wrap(text: str) -> str:
+  """Prose under a table, in lines of at most `TABLE_WIDTH` characters."""
+  return textwrap.fill(text, TABLE_WIDTH, break_on_hyphens=False)
 
 
 def format_results(results: dict[str, Any]) -> str:
@@ -101,14 +123,17 @@ def format_results(results: dict[str, Any]) -> str:
     tables = [t for t in GROUP_TABLES if len(results.get(t) or []) > 1]
     for table in tables:
       groups = results[table]
-      heads = [
-          f"{g['group']} ({g['windows']}w/{g['documents']}d)" for g in groups
-      ]
-      width = max([17] + [len(h) + 1 for h in heads])
+      heads = [str(g['group']) for g in groups]
+      sizes = [f"{g['windows']}w/{g['documents']}d" for g in groups]
       cells = [_cells(g['buckets']) for g in groups]
-      text.append(_grid(table, results['buckets'], heads, cells, width))
+      text.append(_grid(table, results['buckets'], heads, cells, sizes))
     if tables:
-      text.append(PM_NOTE + '; columns: group (windows w / documents d)')
+      text.append(
+          _wrap(
+              f'{PM_NOTE}; columns: group, then its windows w / documents d. '
+              + NA_NOTE
+          )
+      )
   probe = results.get('offset_probe')
   if probe:
     by_offset = probe['by_offset']
@@ -117,9 +142,8 @@ def format_results(results: dict[str, Any]) -> str:
         by_offset[0]['buckets'],
         [f"K={r['offset']}" for r in by_offset],
         [_cells(r['buckets']) for r in by_offset],
-        16,
     )
-    text.append(grid + f"\n{PM_NOTE}. {probe['note']}")
+    text.append(grid + '\n' + _wrap(f"{PM_NOTE}. {probe['note']}"))
   return '\n\n'.join(text)
 
 
@@ -219,7 +243,7 @@ def format_windows(summary: dict[str, Any]) -> str:
   share = summary['long_doc_share']
   share_text = '-' if share is None else f'{share:.0%}'
   lines = [
-      (
+      _wrap(
           f"{summary['windows']} windows of {t + 1} tokens from"
           f" {summary['documents']} documents; {share_text} in documents of"
           f" >= {4 * t} tokens (4T); {summary['first_window_overlaps']} start"
@@ -252,6 +276,8 @@ def format_windows(summary: dict[str, Any]) -> str:
 def _cells(
     rows: Sequence[dict[str, Any]], key: str = 'loss', sign: str = ''
 ) -> list[str]:
+  """'LOSS+-STDERR' per row ('n/a' for the stderr of one document, '-' for no
+  value)."""
   return [
       '-' if r[key] is None else f"{r[key]:{sign}.4f}+-{_fmt(r['stderr'])}"
       for r in rows
@@ -262,21 +288,40 @@ def _grid(
     corner: str,
     spans: Sequence[dict[str, Any]],
     heads: Sequence[str],
-    columns: Sequence[Sequence[Any]],
-    width: int | list[int],
+    columns: Sequence[Sequence[str]],
+    subheads: Sequence[str] | None = None,
 ) -> str:
-  """Text table: bucket spans down, ``heads`` across, ``width`` wide (one, or
-  one a column)."""
-  if isinstance(width, int):
-    widths = [13] + [width] * len(heads)
-  else:
-    widths = [13] + width
-  rows = [[corner, *heads]]
-  for i, b in enumerate(spans):
-    rows.append([f"[{b['start']}, {b['end']})"] + [c[i] for c in columns])
-  return '\n'.join(
-      ' '.join(f'{v:>{w}}' for v, w in zip(row, widths)) for row in rows
-  )
+  """Text table: bucket spans down, ``heads`` (and ``subheads``, a second
+  heading line) across, each column as wide as its widest entry; split into
+  blocks of columns where it would be wider than `TABLE_WIDTH`."""
+  names = [corner] + [f"[{b['start']}, {b['end']})" for b in spans]
+  first = max(len(n) for n in names)
+  blocks: list[list[int]] = [[]]
+  used = first
+  widths = []
+  for i, cells in enumerate(columns):
+    entries = [heads[i], *(subheads[i : i + 1] if subheads else []), *cells]
+    width = max(len(e) for e in entries)
+    widths.append(width)
+    if blocks[-1] and used + 2 + width > TABLE_WIDTH:
+      blocks.append([])
+      used = first
+    blocks[-1].append(i)
+    used += 2 + width
+  text = []
+  for block in blocks:
+    rows = [[corner] + [heads[i] for i in block]]
+    if subheads:
+      rows.append([''] + [subheads[i] for i in block])
+    for j, name in enumerate(names[1:]):
+      rows.append([name] + [columns[i][j] for i in block])
+    sizes = [first] + [widths[i] for i in block]
+    text.append(
+        '\n'.join(
+            '  '.join(f'{v:>{w}}' for v, w in zip(row, sizes)) for row in rows
+        )
+    )
+  return '\n\n'.join(text)
 
 
 def compare(
@@ -351,14 +396,13 @@ def compare(
   heads = list(labels) + [f'{p["label"]}-{p["minus"]}' for p in paired]
   columns = [_cells([row[label] for row in rows]) for label in labels]
   columns += [_cells(p['buckets'], 'diff', '+') for p in paired]
-  width = max(16, max(len(label) for label in labels) + 1)
   degradations = '; '.join(
       f"{label}: last-best {_fmt(r['degradation']['last_minus_best'])} +- "
       f"{_fmt(r['degradation']['last_minus_best_stderr'])}"
       for label, r in zip(labels, results)
   )
   text = [
-      _grid('bucket', rows, heads, columns, width),
+      _grid('bucket', rows, heads, columns),
       degradations + ' (losses in nats per token +- stderr)',
   ]
   if paired:

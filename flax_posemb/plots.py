@@ -342,52 +342,31 @@ def table_analysis(
   """Row norms [L], drift from init ([L] or [S, L] at ``snapshot_steps``), PCA
   ratios [k] and the linear position probe's error [nb] per bucket of
   ``probe_edges`` [nb + 1]."""
-  fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-  pos = np.arange(len(norms))
-  axes[0, 0].plot(pos, norms)
-  axes[0, 0].set(title='row norm', xlabel='position', ylabel='||row||')
-  ax = axes[0, 1]
-  if snapshot_drift is not None and len(snapshot_drift):
-    # One colour per snapshot on a step colour bar: every line is identified,
-    # none twice.
-    steps = np.asarray(snapshot_steps, np.float64)
-    norm = matplotlib.colors.Normalize(
-        steps.min(), max(steps.max(), steps.min() + 1)
-    )
-    cmap = plt.get_cmap('viridis')
-    for s, d in zip(steps, snapshot_drift):
-      ax.plot(pos, d, lw=0.8, color=cmap(norm(s)))
-    fig.colorbar(
-        matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label='step'
-    )
-  elif drift is not None:
-    ax.plot(pos, drift, 'k', lw=1.2, label='evaluated table')
-    ax.legend(fontsize=8)
-  # A table from elsewhere has no initial table: say so rather than show blank
-  # axes.
+  has_drift = drift is not None or (
+      snapshot_drift is not None and len(snapshot_drift) > 0
+  )
+  # A table from elsewhere has no initial table: no drift panel.
+  if has_drift:
+    fig, grid = plt.subplots(2, 2, figsize=(11, 7.5))
+    axes = {'norm': grid[0, 0], 'drift': grid[0, 1], 'pca': grid[1, 0]}
+    axes['probe'] = grid[1, 1]
   else:
-    ax.text(
-        0.5,
-        0.5,
-        'no initial table\n(drift needs a training run)',
-        ha='center',
-        va='center',
-        transform=ax.transAxes,
-        color='gray',
-    )
-  ax.set(
-      title='drift from the initial table',
-      xlabel='position',
-      ylabel='||row - row_0||',
-  )
+    fig, row = plt.subplots(1, 3, figsize=(15, 4.2))
+    axes = {'norm': row[0], 'pca': row[1], 'probe': row[2]}
+  pos = np.arange(len(norms))
+  ax = axes['norm']
+  ax.plot(pos, norms)
+  ax.set(title='row norm', xlabel='position', ylabel='||row||')
+  _from_zero(ax, norms)
+  if has_drift:
+    _drift_panel(fig, axes['drift'], pos, drift, snapshot_drift, snapshot_steps)
   k = np.arange(1, len(pca_ratio) + 1)
-  axes[1, 0].bar(k, pca_ratio)
-  axes[1, 0].plot(k, np.cumsum(pca_ratio), 'k.-', label='cumulative')
-  axes[1, 0].set(
-      title='PCA explained variance', xlabel='component', ylabel='ratio'
-  )
-  axes[1, 0].legend(fontsize=8)
-  ax = axes[1, 1]
+  ax = axes['pca']
+  ax.bar(k, pca_ratio)
+  ax.plot(k, np.cumsum(pca_ratio), 'k.-', label='cumulative')
+  ax.set(title='PCA explained variance', xlabel='component', ylabel='ratio')
+  ax.legend(fontsize=8)
+  ax = axes['probe']
   ax.plot((probe_edges[:-1] + probe_edges[1:] - 1) / 2, probe_error, 'o-')
   r2 = '' if probe_r2 is None else f' R^2 = {probe_r2:.2f}'
   ax.set(
@@ -395,6 +374,7 @@ def table_analysis(
       xlabel='position',
       ylabel='mean |predicted - true| position',
   )
+  _from_zero(ax, probe_error)
   if probe_r2 is not None and probe_r2 < 0.5:
     ax.text(
         0.5,
@@ -408,6 +388,44 @@ def table_analysis(
         color='C3',
     )
   return _save(fig, path)
+
+
+def _from_zero(ax, values: np.ndarray) -> None:
+  """A y axis from 0 to a little above the largest of non-negative ``values``,
+  without an offset: rows of equal norm draw a flat line, not float noise
+  magnified around an offset."""
+  finite = np.asarray(values, np.float64)
+  finite = finite[np.isfinite(finite)]
+  top = float(finite.max()) if finite.size else 0.0
+  ax.set_ylim(0.0, 1.05 * top if top > 0 else 1.0)
+  ax.ticklabel_format(axis='y', useOffset=False)
+
+
+def _drift_panel(fig, ax, pos, drift, snapshot_drift, snapshot_steps) -> None:
+  """Drift from the initial table: the evaluated table's, or one line per
+  snapshot on a step colour bar (every line identified, none twice)."""
+  if snapshot_drift is not None and len(snapshot_drift):
+    drawn = np.asarray(snapshot_drift)
+    steps = np.asarray(snapshot_steps, np.float64)
+    norm = matplotlib.colors.Normalize(
+        steps.min(), max(steps.max(), steps.min() + 1)
+    )
+    cmap = plt.get_cmap('viridis')
+    for s, d in zip(steps, snapshot_drift):
+      ax.plot(pos, d, lw=0.8, color=cmap(norm(s)))
+    fig.colorbar(
+        matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label='step'
+    )
+  else:
+    drawn = np.asarray(drift)
+    ax.plot(pos, drift, 'k', lw=1.2, label='evaluated table')
+    ax.legend(fontsize=8)
+  ax.set(
+      title='drift from the initial table',
+      xlabel='position',
+      ylabel='||row - row_0||',
+  )
+  _from_zero(ax, drawn)
 
 
 def cosine_heatmap(sim: np.ndarray, path: str, title: str = '') -> str:
