@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 
 from flax_posemb import buckets as buckets_lib
+from flax_posemb import defaults
 from flax_posemb import outputs
 from flax_posemb import plots
+from flax_posemb import workdir as workdir_lib
 
 # Every file an evaluation directory can hold, the completion marker first.
 OUTPUT_FILES = (
@@ -324,14 +326,61 @@ def _grid(
   return '\n\n'.join(text)
 
 
+def config_differences(
+    labels: Sequence[str], configs: Sequence[Any]
+) -> list[dict[str, Any]]:
+  """``[{'field', 'values': {label: value}}]`` of the config fields whose values
+  differ between the runs (not `defaults.NON_SEMANTIC`; absent: None)."""
+  flat = [workdir_lib.flat_config(c) for c in configs]
+  fields = sorted(set().union(*flat))
+  differences = []
+  for field in fields:
+    if field in defaults.NON_SEMANTIC:
+      continue
+    values = [f.get(field) for f in flat]
+    if any(v != values[0] for v in values[1:]):
+      differences.append({'field': field, 'values': dict(zip(labels, values))})
+  return differences
+
+
+def _differences_line(differences: Sequence[dict[str, Any]]) -> str:
+  """How the runs' configs differ, a few fields (all in comparison.json)."""
+  if not differences:
+    return 'configs: the same (every field that changes what a run computes)'
+  shown = [
+      d['field'] + ' ' + ' vs '.join(repr(v) for v in d['values'].values())
+      for d in differences[:6]
+  ]
+  more = ''
+  if len(differences) > 6:
+    more = f'; {len(differences) - 6} more in comparison.json'
+  return _wrap('configs differ: ' + '; '.join(shown) + more)
+
+
+def _overall_line(paired: dict[str, Any]) -> str:
+  """The overall paired difference of one run minus the first."""
+  overall = paired['overall']
+  name = f"{paired['label']} - {paired['minus']}"
+  if overall['diff'] is None:
+    return f'overall {name}: n/a (fewer than two documents)'
+  low, high = overall['ci95']
+  return (
+      f"overall {name}: {overall['diff']:+.4f} +- {_fmt(overall['stderr'])}"
+      f' nats/token (95% CI [{low:+.4f}, {high:+.4f}]; paired over'
+      f" {overall['windows']} windows, {overall['documents']} documents)"
+  )
+
+
 def compare(
     labels: Sequence[str],
     results: Sequence[dict[str, Any]],
     out_dir: str,
     per_window: Sequence[dict[str, np.ndarray]] | None = None,
+    configs: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
   """Each run's bucket losses and, with ``per_window`` (windows.npz), each run
-  minus the first paired over their windows: {'files', 'table', 'paired'}."""
+  minus the first paired over their windows, per bucket and overall; with
+  ``configs`` how they differ: {'files', 'table', 'paired'}."""
   spans = [[(b['start'], b['end']) for b in r['buckets']] for r in results]
   for label, s in zip(labels[1:], spans[1:]):
     if s != spans[0]:
@@ -344,10 +393,19 @@ def compare(
   paired: list[dict[str, Any]] = []
   if per_window:
     for label, windows in zip(labels[1:], per_window[1:]):
-      buckets = buckets_lib.paired_difference(
-          windows, per_window[0], (label, labels[0])
+      names = (label, labels[0])
+      buckets = buckets_lib.paired_difference(windows, per_window[0], names)
+      overall = buckets_lib.overall_paired_difference(
+          windows, per_window[0], names
       )
-      paired.append({'label': label, 'minus': labels[0], 'buckets': buckets})
+      paired.append(
+          {
+              'label': label,
+              'minus': labels[0],
+              'overall': overall,
+              'buckets': buckets,
+          }
+      )
   rows = []
   for i, (start, end) in enumerate(spans[0]):
     row: dict[str, Any] = {'start': start, 'end': end}
@@ -372,6 +430,10 @@ def compare(
       'buckets': rows,
       'paired': paired,
   }
+  differences = None
+  if configs is not None:
+    differences = config_differences(labels, configs)
+    summary['config_differences'] = differences
   files = {k: os.path.join(out_dir, f'comparison.{k}') for k in ('json', 'csv')}
   with outputs.atomic_write(files['json'], 'w') as f:
     json.dump(json_safe(summary), f, indent=1)
@@ -410,4 +472,7 @@ def compare(
         'differences: paired over the shared windows (+- stderr; 95% t'
         ' intervals in comparison.json)'
     )
+    text += [_overall_line(p) for p in paired]
+  if differences is not None:
+    text.append(_differences_line(differences))
   return {'files': files, 'table': '\n'.join(text), 'paired': paired}

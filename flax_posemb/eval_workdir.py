@@ -60,6 +60,22 @@ def variant_name(
   return '_'.join(parts)
 
 
+def changed_options(
+    config: ml_collections.ConfigDict, overrides: dict[str, Any]
+) -> dict[str, Any]:
+  """The ``overrides`` whose resolved value differs from the config's own
+  (`evaluation.eval_settings`): only these name a variant, so that
+  ``--window_start deep`` on a config that is deep already writes the same
+  directory as no flag."""
+  own = evaluation.eval_settings(config, {})
+  given = evaluation.eval_settings(config, overrides)
+  changed = {}
+  for key, value in overrides.items():
+    if value is not None and given.get(key) != own.get(key):
+      changed[key] = value
+  return changed
+
+
 def _make_model(config: dict[str, Any]) -> Any:
   """The model of a stored config; its table comes from the checkpoint, not a
   ``file:``."""
@@ -175,7 +191,12 @@ def evaluate_workdir(
   )
   out_dir = output
   if not out_dir:
-    variant = variant_name(step, offsets=offsets, analyze=analyze, **overrides)
+    variant = variant_name(
+        step,
+        offsets=offsets,
+        analyze=analyze,
+        **changed_options(config, overrides),
+    )
     out_dir = os.path.join(workdir, outputs.EVAL_DIR, variant)
   run_name = os.path.basename(os.path.normpath(workdir))
   title = (
@@ -214,6 +235,8 @@ def evaluate_workdir(
       'out_dir': out_dir,
       'step': step,
       'table': text,
+      'config': config,
+      'options': changed_options(config, overrides),
   }
 
 
@@ -250,7 +273,11 @@ def evaluate_and_compare(
     return runs, None
   steps = sorted({run['step'] for _, run in runs})
   common_step = steps[0] if len(steps) == 1 else None
-  options = {k: v for k, v in kwargs.items() if k != 'step'}
+  # The first run's config decides which options are changes.
+  options = dict(runs[0][1]['options'])
+  for key in ('offsets', 'analyze'):
+    if key in kwargs:
+      options[key] = kwargs[key]
   variant = variant_name(common_step, **options)
   name = 'compare_' + '_vs_'.join(labels)
   if variant:
@@ -263,5 +290,6 @@ def evaluate_and_compare(
       [run['results'] for _, run in runs],
       out_dir,
       per_window=[run['per_window'] for _, run in runs],
+      configs=[run['config'] for _, run in runs],
   )
   return runs, dict(comparison, out_dir=out_dir)

@@ -131,6 +131,19 @@ def test_eval_cli_prints_table_and_plot_and_compares_two_runs(runs, tmp_path):
       and comp['paired'][0]['minus'] == names[0]
   )
   assert f'{names[1]}-{names[0]}' in text  # the difference column
+  overall = comp['paired'][0]['overall']
+  assert f"overall {names[1]} - {names[0]}: {overall['diff']:+.4f}" in text
+  assert overall['diff'] == pytest.approx(
+      comp['runs'][1]['overall']['loss'] - comp['runs'][0]['overall']['loss']
+  )
+  # How the two runs' configs differ (the second: flax_default init, 10 steps).
+  differences = {d['field']: d['values'] for d in comp['config_differences']}
+  assert differences['model.position_init'] == {
+      names[0]: 'gpt2',
+      names[1]: 'flax_default',
+  }
+  assert differences['num_train_steps'] == {names[0]: 20, names[1]: 10}
+  assert 'configs differ: ' in text and "'gpt2' vs 'flax_default'" in text
   analysis = json.load(
       open(os.path.join(out, names[0], 'analysis', 'analysis.json'))
   )
@@ -409,9 +422,9 @@ def test_a_killed_eval_rerun_leaves_the_previous_complete_results(
   assert os.listdir(tmp_path) == ['out']
 
 
-def _text_run(tmp_path):
-  """A workdir of a tiny local_text run: 5 documents of 40, 40, 20, 1 and 1
-  windows of 32 tokens."""
+def _text_run(tmp_path, **eval_config):
+  """A workdir of a tiny local_text run (``eval_config``: its eval section's
+  changes): 5 documents of 40, 40, 20, 1 and 1 windows of 32 tokens."""
   corpus = tmp_path / 'corpus'
   corpus.mkdir()
   rng = np.random.default_rng(0)
@@ -429,6 +442,7 @@ def _text_run(tmp_path):
       data_dir=str(tmp_path / 'data'),
   )
   config.model.vocab_size = 257
+  config.eval.update(eval_config)
   return _make_run(str(tmp_path / 'run'), config, config)
 
 
@@ -533,3 +547,22 @@ def test_eval_cli_names_its_own_flag_when_a_split_has_too_few_windows(
   assert '500 windows were requested (--num_windows)' in line
   assert 'pass --num_windows 5 or fewer' in line
   assert 'eval.num_windows' not in line
+
+
+def test_an_option_equal_to_the_configs_own_value_names_no_variant(tmp_path):
+  workdir = _text_run(
+      tmp_path, window_start='deep', min_doc_len=400, num_windows=40
+  )
+  plain = eval_workdir.evaluate_workdir(workdir)
+  assert os.path.basename(plain['out_dir']) == 'step_3'
+  # The config's values again (min_start 0 resolves to T, its own default).
+  same = eval_workdir.evaluate_workdir(
+      workdir, window_start='deep', num_windows=40, min_start=32
+  )
+  assert same['out_dir'] == plain['out_dir']
+  other = eval_workdir.evaluate_workdir(
+      workdir, window_start='first', num_windows=3
+  )
+  assert os.path.basename(other['out_dir']) == (
+      'step_3_window_start-first_num_windows-3'
+  )

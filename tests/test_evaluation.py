@@ -440,6 +440,19 @@ def test_a_minus_a_is_zero_with_zero_stderr_and_pairing_narrows_the_interval():
   )
 
 
+def test_overall_paired_difference_is_the_difference_of_the_overall_losses():
+  a, b = _accumulate_windows(), _accumulate_windows(shift=0.1, seed=1)
+  wa, wb = a.per_window(), b.per_window()
+  row = buckets_lib.overall_paired_difference(wb, wa, ('b', 'a'))
+  want = buckets_lib.overall(wb)['loss'] - buckets_lib.overall(wa)['loss']
+  assert row['diff'] == pytest.approx(want, rel=1e-12)
+  assert row['windows'] == 40 and row['documents'] == 40
+  # The shared difficulty cancels: paired far tighter than unpaired.
+  assert row['stderr'] < row['unpaired_stderr'] / 5
+  same = buckets_lib.overall_paired_difference(wa, wa)
+  assert same['diff'] == 0.0 and same['stderr'] == 0.0
+
+
 def test_paired_difference_refuses_runs_on_different_windows():
   a = _accumulate_windows()
   w = a.per_window()
