@@ -285,7 +285,6 @@ EXPECTED_WARNINGS = (
     'setting save_interval_steps=0',
     # TFDS, a local corpus.
     'has no dataset_info.json',
-    'Using custom data configuration',
     # A failed asynchronous save, logged from Orbax's threads: the same error is
     # raised in the main thread (the next save, or closing the checkpointer) and
     # reported there, once.

@@ -206,9 +206,26 @@ def build(builder, progress: bool = False) -> None:
     builder.download_and_prepare(file_format='array_record')
 
 
+def _with_config(builder_cls, config: TextBuilderConfig):
+  """``builder_cls`` with ``config`` as its one own config (same name and
+  paths): TFDS logs a config that is not the class's own as a warning holding
+  all of it, every file path included (~30,000 characters for long_text)."""
+  return type(
+      builder_cls.__name__,
+      (builder_cls,),
+      {
+          'name': builder_cls.name,
+          'BUILDER_CONFIGS': [config],
+          '__module__': builder_cls.__module__,
+      },
+      skip_registration=True,
+  )
+
+
 def build_once(builder_cls, config: TextBuilderConfig, ddir: str):
   """The dataset, built once (a file lock keeps concurrent processes from
   racing)."""
+  builder_cls = _with_config(builder_cls, config)
   builder = builder_cls(config=config, data_dir=ddir)
   if not builder.is_prepared():
     lock_path = os.path.join(ddir, f'.{builder.name}_{config.name}.lock')
