@@ -50,6 +50,7 @@ def test_float_positions_are_an_error():
     mod.apply(params, jnp.array([[0.0, 1.0]]))
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize('bad', [8, -1, 1000])
 @pytest.mark.parametrize('jit', [False, True])
 def test_out_of_range_position_gives_nan_row_never_a_real_one(bad, jit):

@@ -65,6 +65,7 @@ def _batches():
   return out
 
 
+@pytest.mark.smoke
 def test_bucket_losses_equal_naive_recomputation_from_logits():
   model, params = _model()
   edges = np.array([0, 3, 8, 16])
@@ -421,6 +422,7 @@ def test_per_window_sums_give_exactly_the_bucket_means():
   )
 
 
+@pytest.mark.smoke
 def test_a_minus_a_is_zero_with_zero_stderr_and_pairing_narrows_the_interval():
   a, b = _accumulate_windows(), _accumulate_windows(shift=0.1, seed=1)
   same = buckets_lib.paired_difference(a.per_window(), a.per_window())
@@ -519,6 +521,7 @@ def test_clustered_stderr_is_the_window_stderr_for_one_window_per_doc():
   )
 
 
+@pytest.mark.smoke
 def test_clustered_stderr_is_larger_when_windows_of_one_document_agree():
   # 20 windows in 4 documents, identical within each
   doc = np.repeat(np.arange(4), 5)

@@ -274,6 +274,7 @@ def test_embedding_modules_match_linen_and_the_pure_functions():
   assert not np.allclose(rotated, q)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize('jit', [False, True])
 def test_nnx_out_of_range_position_gives_nan_row(jit):
   learned = posemb_nnx.LearnedPositionEmbedding(

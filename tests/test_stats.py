@@ -131,6 +131,7 @@ def assert_stats_match(got, want):
     )
 
 
+@pytest.mark.smoke
 def test_any_model_stats_match_per_example_gradients_linen(setup):
   model, params, batch = setup
 
@@ -283,6 +284,7 @@ def test_out_of_range_id_of_a_real_token_is_refused_eagerly(setup, bad):
     f(params, batch)
 
 
+@pytest.mark.smoke
 def test_out_of_range_id_of_a_real_token_is_refused_under_jit(setup):
   model, params, batch = setup
   batch = dict(batch, positions=batch['positions'].copy())
@@ -310,6 +312,7 @@ def test_position_check_off_leaves_the_id_out_of_every_statistic(setup):
   assert int(got['count'].sum()) == real - 1
 
 
+@pytest.mark.smoke
 def test_loss_fn_that_ignores_embed_delta_is_refused(setup):
   model, params, batch = setup
 
@@ -472,6 +475,7 @@ class _Writer:
     self.images[tag, global_step] = (img_tensor, dataformats)
 
 
+@pytest.mark.smoke
 def test_writer_gets_a_scalar_per_bucket_and_an_image_per_curve():
   w = _Writer()
   drawn = {}

@@ -655,6 +655,7 @@ POSITION_CURVES = (
 )
 
 
+@pytest.mark.smoke
 def test_tensorboard_gets_position_scalars_per_eval_bucket(tiny_run):
   values = _summaries(os.path.join(tiny_run[0], 'tensorboard'))
   spans = ['00000-00008', '00008-00016', '00016-00024', '00024-00032']
