@@ -305,27 +305,45 @@ CURVE_LABELS = {
 }
 
 
-def position_curve_image(
-    name: str, values: np.ndarray, window: str = ''
-) -> np.ndarray:
-  """``[H, W, 3]`` uint8 line plot of one per-position curve ``values`` [P]
-  (NaN: a gap) of a statistics window (``window``, e.g. 'steps 1-25'), for
-  TensorBoard's Images tab (which shows the tag and step above it)."""
-  # No pyplot, no title, few ticks, fixed margins: a training run draws eight
-  # of these per window, and text layout is most of the cost.
-  fig = matplotlib.figure.Figure(figsize=(5.0, 2.5), dpi=80)
-  canvas = FigureCanvasAgg(fig)
-  ax = fig.add_subplot()
-  ax.plot(np.arange(len(values)), values, lw=1.0)
-  xlabel = f'position ({window})' if window else 'position'
-  ax.set_xlabel(xlabel, fontsize=8)
-  ax.set_ylabel(CURVE_LABELS.get(name, name), fontsize=8)
-  ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(5))
-  ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(4))
-  ax.tick_params(labelsize=7)
-  fig.subplots_adjust(left=0.16, right=0.97, bottom=0.18, top=0.95)
-  canvas.draw()
-  return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+class PositionCurveImages:
+  """``(name, values [P], window) -> [H, W, 3]`` uint8: a line plot of one
+  per-position curve of a statistics window (``window``, e.g. 'steps 1-25';
+  NaN: a gap), for TensorBoard's Images tab (which shows the tag and step
+  above it). One figure per curve name, redrawn for each window: a new figure
+  per image costs twice as much (laying out its text), and a training run
+  draws eight per window."""
+
+  def __init__(self):
+    self._figures: dict[str, tuple[Any, Any, Any]] = {}
+
+  def _figure(self, name: str, size: int) -> tuple[Any, Any, Any]:
+    """(canvas, axes, line) of ``name``'s figure, made at its first use."""
+    if name not in self._figures:
+      fig = matplotlib.figure.Figure(figsize=(5.0, 2.5), dpi=80)
+      canvas = FigureCanvasAgg(fig)
+      ax = fig.add_subplot()
+      (line,) = ax.plot(np.arange(size), np.zeros(size), lw=1.0)
+      ax.set_xlim(0, max(size - 1, 1))
+      ax.set_ylabel(CURVE_LABELS.get(name, name), fontsize=8)
+      ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(5))
+      ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(4))
+      ax.tick_params(labelsize=7)
+      fig.subplots_adjust(left=0.16, right=0.97, bottom=0.18, top=0.95)
+      self._figures[name] = (canvas, ax, line)
+    return self._figures[name]
+
+  def __call__(
+      self, name: str, values: np.ndarray, window: str = ''
+  ) -> np.ndarray:
+    values = np.asarray(values, np.float64)
+    canvas, ax, line = self._figure(name, len(values))
+    line.set_data(np.arange(len(values)), values)
+    ax.relim()
+    ax.autoscale_view(scalex=False)
+    xlabel = f'position ({window})' if window else 'position'
+    ax.set_xlabel(xlabel, fontsize=8)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
 def table_analysis(

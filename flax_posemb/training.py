@@ -232,7 +232,7 @@ class _Loop:
         directory=stats_dir,
         initial_table=self.table(self.state.params),
         bucket_edges=position_buckets(config),
-        curve_image=plots.position_curve_image,
+        curve_image=plots.PositionCurveImages(),
     )
     self.counters: dict[str, Any] = {
         'loss_sum': 0.0,

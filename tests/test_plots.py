@@ -141,3 +141,16 @@ def test_equal_row_norms_draw_a_flat_line_from_zero_not_float_noise(
   # The top a little above the line, whatever the noise.
   assert low == 0.0 and 2.9 < high < 3.0
   assert ax.yaxis.get_offset_text().get_text() == ''
+
+
+def test_position_curve_images_redraw_each_window_over_every_position():
+  draw = plots.PositionCurveImages()
+  first = draw('count', np.arange(16.0), 'steps 1-5')
+  second = draw('count', np.r_[np.full(8, np.nan), np.ones(8)], 'steps 6-10')
+  assert first.shape == second.shape and first.dtype == np.uint8
+  assert first.shape[2] == 3 and not np.array_equal(first, second)
+  _, ax, _ = draw._figures['count']
+  # NaN positions are a gap, not a shorter axis; the label names the window.
+  assert ax.get_xlim() == (0.0, 15.0)
+  assert ax.get_xlabel() == 'position (steps 6-10)'
+  assert ax.get_ylim()[0] < 1.0 < ax.get_ylim()[1]
