@@ -50,8 +50,10 @@ def _rows_or_nan(table: Array, ids: Array) -> Array:
   """Rows `[..., features]` of `table` `[rows, features]` at integer `ids`
   `[...]`; an id outside `[0, rows)`, -1 included, gives a NaN row (not the
   last row, as NumPy-style indexing would)."""
-  return table.at[ids].get(
-      mode='fill', fill_value=jnp.nan, wrap_negative_indices=False
+  return (
+      jnp.asarray(table)
+      .at[ids]
+      .get(mode='fill', fill_value=jnp.nan, wrap_negative_indices=False)
   )
 
 

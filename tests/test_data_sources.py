@@ -209,7 +209,12 @@ def test_stdlib_corpus_builds_on_first_use_and_records_python_version(tmp_path):
   cfg = _cfg(tmp_path, source='stdlib')
   src = data.make_source(cfg.data, 'validation')
   assert len(src) > 50
-  built = list((tmp_path / 'data' / 'stdlib').iterdir())
+  # TFDS keeps a builder's own config in a hidden `.config/` beside its data.
+  built = [
+      d
+      for d in (tmp_path / 'data' / 'stdlib').iterdir()
+      if not d.name.startswith('.')
+  ]
   assert [
       d.name.startswith(f'py{sys.version_info.major}{sys.version_info.minor}_')
       for d in built

@@ -154,3 +154,13 @@ def test_rope_preserves_norm_and_depends_only_on_relative_position():
       score(10, 3), score(110, 103), rtol=1e-4, atol=1e-5
   )
   assert not np.allclose(score(10, 3), score(10, 4), atol=1e-3)
+
+
+def test_lookup_takes_a_host_numpy_table_under_vmap():
+  # Parameters read back with jax.device_get are numpy arrays.
+  table = np.arange(8.0, dtype=np.float32).reshape(4, 2)
+  rows = jax.vmap(lambda p: embeddings.lookup_positions(table, p))(
+      jnp.array([[0, 3], [4, 1]])
+  )
+  np.testing.assert_array_equal(rows[0], table[[0, 3]])
+  assert np.isnan(rows[1, 0]).all() and not np.isnan(rows[1, 1]).any()
