@@ -313,7 +313,7 @@ class PositionCurveImages:
   per image costs twice as much (laying out its text), and a training run
   draws eight per window."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     self._figures: dict[str, tuple[Any, Any, Any]] = {}
 
   def _figure(self, name: str, size: int) -> tuple[Any, Any, Any]:
