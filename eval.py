@@ -22,6 +22,7 @@ from absl import flags
 from flax_posemb import analysis_report
 from flax_posemb import cli
 from flax_posemb import eval_workdir
+from flax_posemb.data import pipeline
 
 flags.DEFINE_multi_string(
     'workdir', None, 'Training workdir(s); several give a comparison.'
@@ -115,37 +116,63 @@ def main(argv):
   offsets = parse_offsets(FLAGS.offsets)
   for workdir in FLAGS.workdir:
     if not os.path.isdir(workdir):
-      raise cli.UserError(
-          f'--workdir {workdir} is not a directory; give a training workdir.'
-      )
-  runs, comparison = eval_workdir.evaluate_and_compare(
-      FLAGS.workdir,
-      output=FLAGS.output,
-      step=FLAGS.step,
-      offsets=offsets,
-      analyze=FLAGS.analyze,
-      split=FLAGS.split,
-      policy=FLAGS.position_policy,
-      window_start=FLAGS.window_start,
-      min_doc_len=FLAGS.min_doc_len,
-      min_start=FLAGS.min_start,
-      num_windows=FLAGS.num_windows,
-      batch_size=FLAGS.batch_size,
-      bucket_size=FLAGS.bucket_size,
-      bucket_edges=FLAGS.buckets or FLAGS.bucket_edges,
-  )
+      fix = 'give a training workdir.'
+      similar = cli.similar_directory(workdir)
+      if similar:
+        fix = f'did you mean {similar}?'
+      raise cli.UserError(f'--workdir {workdir} is not a directory; {fix}')
+  try:
+    runs, comparison = eval_workdir.evaluate_and_compare(
+        FLAGS.workdir,
+        output=FLAGS.output,
+        progress=True,
+        step=FLAGS.step,
+        offsets=offsets,
+        analyze=FLAGS.analyze,
+        split=FLAGS.split,
+        policy=FLAGS.position_policy,
+        window_start=FLAGS.window_start,
+        min_doc_len=FLAGS.min_doc_len,
+        min_start=FLAGS.min_start,
+        num_windows=FLAGS.num_windows,
+        batch_size=FLAGS.batch_size,
+        bucket_size=FLAGS.bucket_size,
+        bucket_edges=FLAGS.buckets or FLAGS.bucket_edges,
+    )
+  except pipeline.TooFewWindowsError as e:
+    raise cli.UserError(too_few_windows(e)) from None
   for label, run in runs:
     print(
         f"== {label} (step {run['step']})\n{run['table']}\nresults:"
         f" {run['files']['json']}"
     )
-    print(f"plot: {run['files']['plot']}")
+    print_figures(run['files'])
   if comparison:
     print(
         f"== comparison\n{comparison['table']}\ncomparison:"
         f" {comparison['files']['json']}"
     )
-    print(f"plot: {comparison['files']['plot']}")
+    print_figures(comparison['files'])
+
+
+def print_figures(files: dict[str, str]) -> None:
+  """One line per figure written."""
+  for path in analysis_report.figures(files):
+    print(f'plot: {path}')
+
+
+def too_few_windows(error: pipeline.TooFewWindowsError) -> str:
+  """The refusal in eval.py's flags."""
+  source = "the config's eval.num_windows"
+  if FLAGS.num_windows:
+    source = '--num_windows'
+  fix = f'pass --num_windows {error.found} or fewer'
+  if error.deep:
+    fix += ', lower --min_doc_len / --min_start'
+  return (
+      f'{error.what}, but {error.requested} windows were requested ({source});'
+      f' {fix}, or evaluate a split or corpus with more (longer) documents.'
+  )
 
 
 def parse_offsets(text: str | None) -> list[int] | None:
@@ -175,23 +202,20 @@ def analyze_table_file():
         '--workdir; without them, give --workdir RUN.'
     )
   if FLAGS.stats is not None:
-    summary = analysis_report.analyze_stats(FLAGS.stats, FLAGS.output)
-    print(
-        f"{summary['windows']} windows\nresults: {summary['files']['json']}\n"
-        f"plot: {summary['files']['exposure_plot']}"
+    summary = analysis_report.analyze_stats(
+        FLAGS.stats, FLAGS.output, progress=True
     )
-    return
-  summary = analysis_report.write_table_analysis(
-      FLAGS.table,
-      FLAGS.output,
-      bucket_size=FLAGS.bucket_size or 16,
-      bucket_edges=FLAGS.buckets or FLAGS.bucket_edges or '',
-  )
-  print(
-      f"position probe R^2 {summary['probe']['r2']:.3f}\nresults:"
-      f" {summary['files']['json']}\nplots: {summary['files']['table_plot']}"
-      f" {summary['files']['cosine_plot']}"
-  )
+  else:
+    summary = analysis_report.write_table_analysis(
+        FLAGS.table,
+        FLAGS.output,
+        bucket_size=FLAGS.bucket_size or 16,
+        bucket_edges=FLAGS.buckets or FLAGS.bucket_edges or '',
+        progress=True,
+    )
+  print('\n'.join(analysis_report.summary_lines(summary)))
+  print(f"results: {summary['files']['json']}")
+  print_figures(summary['files'])
 
 
 if __name__ == '__main__':

@@ -51,10 +51,13 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv  # cli.run refuses positional arguments.
+  # Writes nothing: a bad --workdir is refused before the restart below, which
+  # would import everything a second time.
+  cli.check_output_dir(FLAGS.workdir)
   # Before anything is written: the process may restart.
   cli.start_on_huge_pages()
-  # The config is checked first in train_and_evaluate.
-  cli.check_output_dir(FLAGS.workdir)
+  # The config is checked first in train_and_evaluate, before JAX starts a
+  # backend.
   multi = FLAGS.distributed or FLAGS.coordinator_address
   with cli.exit_early_on_sigterm(PROG, FLAGS.workdir, remove=not multi):
     # Imported here, under the handler: a SIGTERM while they load exits 75.

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 import math
 from typing import Any
 
-from absl import logging
 import numpy as np
 import scipy.stats
 
@@ -162,16 +161,6 @@ def analyze_table(
   def by_bucket(values):
     return [float(values[a:b].mean()) for a, b in zip(edges[:-1], edges[1:])]
 
-  # Seconds for small tables; a minute or more for a GPT-2-sized one on a busy
-  # CPU.
-  logging.info(
-      'Analysing a [%d, %d] position table: held-out position probe (%d ridge '
-      'strengths x %d folds), PCA, cosine similarity, plots ...',
-      num,
-      table.shape[1],
-      len(RIDGE_GRID),
-      min(5, num),
-  )
   probe = position_probe(table, folds=min(5, num))
   pca = pca_explained_variance(table)
   arrays = {

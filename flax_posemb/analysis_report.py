@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 import numpy as np
+import tqdm
 
 from flax_posemb import analysis
 from flax_posemb import outputs
@@ -26,6 +27,7 @@ def analyze_workdir(
     per_position: dict[str, np.ndarray] | None = None,
     bucket_size: int = 16,
     bucket_edges: str = '',
+    progress: bool = False,
 ) -> dict[str, Any]:
   """Analyses `table` [L, D] of the run in `workdir` at `step` (its snapshots
   and windows up to `step`); writes analysis.json, analysis.npz and plots into
@@ -42,7 +44,12 @@ def analyze_workdir(
       files.
     bucket_size: width of the summaries' buckets (`buckets.make_edges`).
     bucket_edges: their explicit edges, if given.
+    progress: a bar over the stages on stderr.
   """
+  stats_dir = os.path.join(workdir, outputs.STATS_DIR)
+  exposure = analysis.cumulative_exposure(stats_dir, step)
+  bar = _stage_bar(4 if exposure is None else 5, progress)
+  bar.set_postfix_str('table snapshots')
   snapshots = [
       (s, outputs.load_npy(p))
       for s, p in outputs.table_files(workdir)
@@ -50,6 +57,8 @@ def analyze_workdir(
   ]
   if initial is None and snapshots and snapshots[0][0] == 0:
     initial = snapshots[0][1]
+  bar.update()
+  bar.set_postfix_str('probe, PCA, drift')
   summary, arrays = analysis.analyze_table(
       table,
       initial=initial,
@@ -63,10 +72,10 @@ def analyze_workdir(
   boundary = None
   if record is not None and 0 < record.get('rows', 0) < table.shape[0]:
     boundary = int(record['rows'])
-  files = _table_plots(table, summary, arrays, output, boundary)
-  stats_dir = os.path.join(workdir, outputs.STATS_DIR)
-  exposure = analysis.cumulative_exposure(stats_dir, step)
+  bar.update()
+  files = _table_plots(table, summary, arrays, output, bar, boundary)
   if exposure is not None:
+    bar.set_postfix_str('exposure_relation.png')
     num = min(len(exposure), table.shape[0])
     arrays['exposure'] = exposure
     series: dict[str, np.ndarray] = {}
@@ -78,10 +87,12 @@ def analyze_workdir(
     summary['exposure'] = _exposure_relation(
         exposure[:num], series, output, files
     )
+    bar.update()
   if boundary is not None and record is not None:
     summary['init_from_rows'] = _old_and_new_rows(
         arrays, boundary, record, per_position, stats_dir, step
     )
+  bar.close()
   return _write(summary, arrays, files, output, 'analysis')
 
 
@@ -156,17 +167,32 @@ def _evaluation_series(
   return series
 
 
+def _stage_bar(stages: int, progress: bool) -> Any:
+  """A bar over an analysis's ``stages`` on stderr, its stage named after it
+  (disabled unless ``progress``)."""
+  return tqdm.tqdm(
+      total=stages,
+      desc='analysis',
+      unit='stage',
+      dynamic_ncols=True,
+      disable=not progress,
+  )
+
+
 def _table_plots(
     table: np.ndarray,
     summary: dict[str, Any],
     arrays: dict[str, np.ndarray],
     output: str,
+    bar: Any,
     boundary: int | None = None,
 ) -> dict[str, str]:
   """Writes table_analysis.png and cosine_similarity.png of `analyze_table`'s
-  results (`boundary`: the first row a run added to init_from's table)."""
+  results (two stages of ``bar``; `boundary`: the first row a run added to
+  init_from's table)."""
   probe = summary['probe']
-  return {
+  bar.set_postfix_str('table_analysis.png')
+  files = {
       'table_plot': plots.table_analysis(
           arrays['norm'],
           arrays.get('drift'),
@@ -178,12 +204,16 @@ def _table_plots(
           arrays.get('snapshot_steps', ()),
           probe_r2=probe['r2'],
           boundary=boundary,
-      ),
-      'cosine_plot': plots.cosine_heatmap(
-          analysis.cosine_similarity(table),
-          os.path.join(output, 'cosine_similarity.png'),
-      ),
+      )
   }
+  bar.update()
+  bar.set_postfix_str('cosine_similarity.png')
+  files['cosine_plot'] = plots.cosine_heatmap(
+      analysis.cosine_similarity(table),
+      os.path.join(output, 'cosine_similarity.png'),
+  )
+  bar.update()
+  return files
 
 
 def _write(
@@ -207,7 +237,12 @@ def _write(
 
 
 def write_table_analysis(
-    source: str, output: str, *, bucket_size: int = 16, bucket_edges: str = ''
+    source: str,
+    output: str,
+    *,
+    bucket_size: int = 16,
+    bucket_edges: str = '',
+    progress: bool = False,
 ) -> dict[str, Any]:
   """`analyze_workdir`'s analysis of any table, less drift and exposure (listed
   under 'skipped'); writes table_analysis.json and the plots into `output`.
@@ -215,6 +250,9 @@ def write_table_analysis(
   Args:
     source: a `tables.load_table` spec of a [L >= 2, D] position table (the
         JSON's 'source').
+    bucket_size: width of the summaries' buckets (`buckets.make_edges`).
+    bucket_edges: their explicit edges, if given.
+    progress: a bar over the stages on stderr.
   """
   # 2-D: checked by load_table
   table = np.asarray(tables.load_table(source), np.float64)
@@ -223,9 +261,14 @@ def write_table_analysis(
         'table analysis needs a [rows >= 2, features >= 1] table, got'
         f' {table.shape}.'
     )
+  bar = _stage_bar(3, progress)
+  bar.set_postfix_str('probe, PCA')
   summary, arrays = analysis.analyze_table(
       table, bucket_size=bucket_size, bucket_edges=bucket_edges
   )
+  bar.update()
+  files = _table_plots(table, summary, arrays, output, bar)
+  bar.close()
   summary = {
       'source': source,
       **summary,
@@ -234,25 +277,28 @@ def write_table_analysis(
           'exposure': "needs a training run's per-position statistics",
       },
   }
-  return _write(
-      summary,
-      None,
-      _table_plots(table, summary, arrays, output),
-      output,
-      'table_analysis',
-  )
+  return _write(summary, None, files, output, 'table_analysis')
 
 
-def analyze_stats(stats_dir: str, output: str) -> dict[str, Any]:
+def analyze_stats(
+    stats_dir: str, output: str, *, progress: bool = False
+) -> dict[str, Any]:
   """Analyses any directory of window files (`PositionStatistics`'s, or a run's
   `stats/`) into `output`: stats_analysis.json/.npz and exposure_relation.png
-  (README §Statistics)."""
+  (README §Statistics); ``progress``: a bar over the files read, on stderr."""
   files = analysis.window_files(stats_dir)
   if not files:
     raise ValueError(
         f'{stats_dir} holds no statistics window files (window_STEP.npz).'
     )
-  windows = [outputs.load_npz(p) for _, p in files]
+  reading = tqdm.tqdm(
+      files,
+      desc='window files',
+      unit='file',
+      dynamic_ncols=True,
+      disable=not progress,
+  )
+  windows = [outputs.load_npz(p) for _, p in reading]
   arrays = {}
   for key in stats.FIELDS:
     if key in windows[0]:
@@ -276,6 +322,70 @@ def analyze_stats(stats_dir: str, output: str) -> dict[str, Any]:
       'exposure': _exposure_relation(exposure, series, output, out),
   }
   return _write(summary, arrays, out, output, 'stats_analysis')
+
+
+def _first_last(values: list[float | None]) -> str:
+  """'first bucket A, last bucket B' of per-bucket values."""
+  first = '-' if values[0] is None else f'{values[0]:.4g}'
+  last = '-' if values[-1] is None else f'{values[-1]:.4g}'
+  return f'first bucket {first}, last bucket {last}'
+
+
+def _spearman_line(exposure: dict[str, Any]) -> str:
+  """Exposure totals and each series' Spearman rho with it (analysis.json's
+  'exposure')."""
+  rhos = []
+  for key, value in exposure.items():
+    if key.startswith('spearman_'):
+      shown = '-' if value is None else f'{value:+.2f}'
+      rhos.append(f"{key.removeprefix('spearman_')} {shown}")
+  line = (
+      f"exposure: {exposure['total_tokens']:.4g} tokens,"
+      f" {exposure['min_position_exposure']:.4g} to"
+      f" {exposure['max_position_exposure']:.4g} per position"
+  )
+  if rhos:
+    line += '; Spearman rho with exposure: ' + ', '.join(rhos)
+  return line
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+  """What an analysis found, a few console lines: of a table
+  (`analyze_workdir`, `write_table_analysis`) or of window files
+  (`analyze_stats`)."""
+  lines = []
+  if 'rows' in summary:
+    probe = summary['probe']
+    offsets = ', '.join(
+        f'{k}: {v:+.2f}' for k, v in summary['cosine_by_offset'].items()
+    )
+    lines += [
+        f"table: {summary['rows']} rows x {summary['features']} features;"
+        f" {summary['pca_components_for_90pct']} principal components"
+        ' explain 90% of the variance',
+        f"row norm: {_first_last(summary['norm_by_bucket'])}",
+        f"position probe (held-out ridge): R^2 {probe['r2']:.3f}; mean"
+        f" |error| in positions {_first_last(probe['abs_error_by_bucket'])}",
+        f'mean cosine of rows k apart (k: cosine): {offsets}',
+    ]
+    if 'drift_by_bucket' in summary:
+      lines.append(
+          'drift from the initial table:'
+          f" {_first_last(summary['drift_by_bucket'])}"
+      )
+  if 'windows' in summary:
+    lines.append(
+        f"{summary['windows']} statistics windows, steps"
+        f" {summary['first_step']}-{summary['last_step']}"
+    )
+  if summary.get('exposure'):
+    lines.append(_spearman_line(summary['exposure']))
+  return lines
+
+
+def figures(files: dict[str, str]) -> list[str]:
+  """The paths of the figures (.png) among an output's ``files``."""
+  return [path for path in files.values() if path.endswith('.png')]
 
 
 def _exposure_relation(

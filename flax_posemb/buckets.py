@@ -459,6 +459,28 @@ def unique_window_ids(ids: np.ndarray, seen: dict[int, int]) -> np.ndarray:
   return out
 
 
+def overall_paired_difference(
+    a: dict[str, np.ndarray],
+    b: dict[str, np.ndarray],
+    names: tuple[str, str] = ('A', 'B'),
+) -> dict[str, Any]:
+  """Loss A - B over all scored tokens of the same windows, with the paired
+  document-clustered standard error: `paired_difference` of one bucket."""
+
+  def whole(per_window):
+    return dict(
+        per_window,
+        edges=np.array([0, int(np.asarray(per_window['edges'])[-1])]),
+        **{
+            k: np.asarray(per_window[k]).sum(1, keepdims=True)
+            for k in ('win_sum', 'win_count')
+        },
+    )
+
+  (row,) = paired_difference(whole(a), whole(b), names)
+  return row
+
+
 def paired_difference(
     a: dict[str, np.ndarray],
     b: dict[str, np.ndarray],

@@ -4,10 +4,12 @@ things go wrong"; the handler itself: `flax_posemb.preemption`)."""
 
 from collections.abc import Callable, Iterator, Sequence
 import contextlib
+import difflib
 import errno
 import logging
 import os
 import platform
+import re
 import signal
 import sys
 from typing import Any, NoReturn
@@ -119,6 +121,21 @@ def _unknown_field_message(error: BaseException, argv: Sequence[str]) -> str:
   )
 
 
+def _missing_flags_message(text: str) -> str | None:
+  """'--NAME is required: HELP' for each flag absl's required-flag check names
+  in ``text`` ("Flag --NAME must have a value other than None"), or None."""
+  names = re.findall(r'Flag --(\w+) must have a value other than None', text)
+  if not names:
+    return None
+  parts = []
+  for name in dict.fromkeys(names):
+    help_text = (
+        flags.FLAGS[name].help.rstrip('.') if name in flags.FLAGS else ''
+    )
+    parts.append(f'--{name} is required: {help_text}')
+  return '; '.join(parts) + '.'
+
+
 def _message(error: BaseException, argv: Sequence[str] = ()) -> str:
   """The one line that reports bad input: a bad flag, a config field that does
   not exist (Attribute/KeyError), or an error raised by ``main`` (no
@@ -127,6 +144,9 @@ def _message(error: BaseException, argv: Sequence[str] = ()) -> str:
     return _unknown_field_message(error, argv)
   text = str(error).strip() or type(error).__name__
   if isinstance(error, flags.Error) or type(error).__name__ == 'UsageError':
+    missing = _missing_flags_message(text)
+    if missing:
+      return missing
     return f'{text} (see --helpshort).'
   if not argv or isinstance(error, UserError):
     return text
@@ -265,7 +285,6 @@ EXPECTED_WARNINGS = (
     'setting save_interval_steps=0',
     # TFDS, a local corpus.
     'has no dataset_info.json',
-    'Using custom data configuration',
     # A failed asynchronous save, logged from Orbax's threads: the same error is
     # raised in the main thread (the next save, or closing the checkpointer) and
     # reported there, once.
@@ -303,6 +322,25 @@ def _report_unraisable(unraisable: Any) -> None:
   from_orbax = code is not None and '/orbax/' in code.co_filename
   if not (late or from_orbax):
     sys.__unraisablehook__(unraisable)
+
+
+def similar_directory(path: str) -> str | None:
+  """The existing directory beside ``path`` whose name is closest to its
+  name (a typo's fix), or None."""
+  parent = os.path.dirname(os.path.normpath(path)) or '.'
+  if not os.path.isdir(parent):
+    return None
+  siblings = [
+      name
+      for name in os.listdir(parent)
+      if os.path.isdir(os.path.join(parent, name))
+  ]
+  close = difflib.get_close_matches(
+      os.path.basename(os.path.normpath(path)), siblings, n=1
+  )
+  if not close:
+    return None
+  return os.path.join(os.path.dirname(os.path.normpath(path)), close[0])
 
 
 def check_output_dir(path: str, what: str = '--workdir') -> None:

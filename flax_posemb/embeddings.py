@@ -19,19 +19,41 @@ def check_position_range(positions: np.ndarray, num_positions: int) -> None:
   in `[0, n)`."""
   p = np.asarray(positions)
   num_bad = int(np.sum((p < 0) | (p >= num_positions)))
-  if not num_bad:
-    return
-  lo = int(p.min())
-  hi = int(p.max())
+  if num_bad:
+    raise position_range_error(
+        int(p.min()), int(p.max()), num_bad, num_positions
+    )
+
+
+def position_range_error(
+    lowest: int, highest: int, num_bad: int, num_positions: int
+) -> ValueError:
+  """The error of `num_bad` position ids outside `[0, num_positions)`, the
+  smallest `lowest` and the largest `highest`: it names a bad id and the
+  fix."""
   n = num_positions
-  if lo < 0:
-    where = f'Position id {lo} is negative'
+  if lowest < 0:
+    where = f'Position id {lowest} is negative'
     fix = 'check how the data (or an offset) makes them'
   else:
-    where = f'Position id {hi} is outside the position table [0, {n})'
-    fix = f'set model.max_len >= {hi + 1} or shorten data.seq_len / offsets'
-  raise ValueError(
-      f'{where} ({num_bad} ids outside [0, {n}); min {lo}, max {hi}): {fix}.'
+    where = f'Position id {highest} is outside the position table [0, {n})'
+    fix = (
+        f'set model.max_len >= {highest + 1} or shorten data.seq_len / offsets'
+    )
+  return ValueError(
+      f'{where} ({num_bad} ids outside [0, {n}); min {lowest}, max'
+      f' {highest}): {fix}.'
+  )
+
+
+def _rows_or_nan(table: Array, ids: Array) -> Array:
+  """Rows `[..., features]` of `table` `[rows, features]` at integer `ids`
+  `[...]`; an id outside `[0, rows)`, -1 included, gives a NaN row (not the
+  last row, as NumPy-style indexing would)."""
+  return (
+      jnp.asarray(table)
+      .at[ids]
+      .get(mode='fill', fill_value=jnp.nan, wrap_negative_indices=False)
   )
 
 
@@ -39,22 +61,19 @@ def lookup_positions(
     table: Array, positions: Array, dtype: Dtype | None = None
 ) -> Array:
   """Rows `[..., features]` (in `dtype`, default the table's) of `table`
-  `[num_positions, features]` at integer `positions` `[...]`, assumed in range
-  (ids outside read clamped rows)."""
-  return jnp.take(table, positions, axis=0, mode='clip').astype(
-      dtype or table.dtype
-  )
+  `[num_positions, features]` at integer `positions` `[...]`; an id outside
+  the table gives a NaN row, never a real one, so the loss shows it (the ids
+  are checked on the host, `check_position_range`)."""
+  return _rows_or_nan(table, positions).astype(dtype or table.dtype)
 
 
 def lookup_tokens(
     table: Array, ids: Array, dtype: Dtype | None = None
 ) -> Array:
   """Rows `[..., features]` of `table` `[vocab, features]` at integer `ids`
-  `[...]`; ids past the table give NaN rows, so a too-small vocabulary shows as
-  a NaN loss."""
-  return jnp.take(table, ids, axis=0, mode='fill', fill_value=jnp.nan).astype(
-      dtype or table.dtype
-  )
+  `[...]`; ids outside the table give NaN rows, so a too-small vocabulary shows
+  as a NaN loss."""
+  return _rows_or_nan(table, ids).astype(dtype or table.dtype)
 
 
 def attend(x: Array, table: Array, dtype: Dtype | None = None) -> Array:
@@ -110,7 +129,7 @@ def apply_rope(
 class LearnedPositionEmbedding(nn.Module):
   """Learned absolute position table `embedding` `[num_positions, features]`
   (GPT-2 `wpe`), drawn by `embedding_init` in `param_dtype`; rows come out in
-  `dtype` (None = `param_dtype`)."""
+  `dtype` (None = `param_dtype`), NaN for an id outside the table."""
 
   num_positions: int
   features: int

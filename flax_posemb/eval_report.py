@@ -5,13 +5,16 @@ from collections.abc import Sequence
 import json
 import math
 import os
+import textwrap
 from typing import Any
 
 import numpy as np
 
 from flax_posemb import buckets as buckets_lib
+from flax_posemb import defaults
 from flax_posemb import outputs
 from flax_posemb import plots
+from flax_posemb import workdir as workdir_lib
 
 # Every file an evaluation directory can hold, the completion marker first.
 OUTPUT_FILES = (
@@ -45,30 +48,40 @@ GROUP_TABLES = ('by_kind', 'by_depth', 'by_end')
 PM_NOTE = 'loss in nats per token +- one clustered standard error'
 
 
+# Console columns a printed table fits in; a wider one is split into blocks of
+# columns.
+TABLE_WIDTH = 100
+# What the synthetic corpus's columns mean (printed under the bucket table).
+REFERENCE_NOTE = (
+    'bayes: the Bayes-optimal loss (position known); filter: the optimal'
+    ' position-blind loss; excess = loss - bayes; recovered = (filter - loss) /'
+    " (filter - bayes), the share of the position's value the model recovers"
+    ' (1 = all of it, 0 = none).'
+)
+NA_NOTE = 'n/a: one document, no clustered standard error.'
+
+
 def _fmt(x: float | None, nd: int = 4) -> str:
-  return '-' if x is None else f'{x:.{nd}f}'
+  return 'n/a' if x is None else f'{x:.{nd}f}'
 
 
 def format_table(results: dict[str, Any]) -> str:
   """Plain-text bucket table of a results dict."""
   buckets = results['buckets']
-  # (heading, results key, width, decimals)
-  columns = [
-      ('loss', 'loss', 8, 4),
-      ('stderr', 'stderr', 8, 4),
-  ]
-  if buckets and 'bayes_loss' in buckets[0]:  # Synthetic references.
+  # (heading, results key, decimals)
+  columns = [('loss', 'loss', 4), ('stderr', 'stderr', 4)]
+  synthetic = bool(buckets) and 'bayes_loss' in buckets[0]
+  if synthetic:
     columns += [
-        ('bayes', 'bayes_loss', 8, 4),
-        ('filter', 'filter_loss', 8, 4),
-        ('excess', 'excess_loss', 8, 4),
-        ('recov', 'recovered', 7, 3),
+        ('bayes', 'bayes_loss', 4),
+        ('filter', 'filter_loss', 4),
+        ('excess', 'excess_loss', 4),
+        ('recovered', 'recovered', 3),
     ]
-  heads = ['tokens'] + [heading for heading, _, _, _ in columns]
-  cells = [[b['tokens'] for b in buckets]]
-  for _, key, _, decimals in columns:
+  heads = ['tokens'] + [heading for heading, _, _ in columns]
+  cells = [[str(b['tokens']) for b in buckets]]
+  for _, key, decimals in columns:
     cells.append([_fmt(b[key], decimals) for b in buckets])
-  widths = [8] + [width for _, _, width, _ in columns]
   overall = results['overall']
   degradation = results['degradation']
   documents = ''
@@ -77,8 +90,7 @@ def format_table(results: dict[str, Any]) -> str:
   overall_line = (
       f"overall loss {_fmt(overall['loss'])} +- {_fmt(overall['stderr'])}"
       f" nats/token ({overall['tokens']} tokens, {overall['windows']}"
-      f' windows{documents}); losses in'
-      ' nats per token, +- one clustered standard error'
+      f' windows{documents})'
   )
   degradation_line = (
       f"last - best bucket {_fmt(degradation['last_minus_best'])} +-"
@@ -86,8 +98,20 @@ def format_table(results: dict[str, Any]) -> str:
       f" {_fmt(degradation['slope'], 6)} +-"
       f" {_fmt(degradation['slope_stderr'], 6)} per position"
   )
-  table = _grid('bucket', buckets, heads, cells, widths)
-  return '\n'.join([table, overall_line, degradation_line])
+  lines = [
+      _grid('bucket', buckets, heads, cells),
+      overall_line,
+      degradation_line,
+      'losses in nats per token, +- one clustered standard error',
+  ]
+  if synthetic:
+    lines.append(_wrap(REFERENCE_NOTE))
+  return '\n'.join(lines)
+
+
+def _wrap(text: str) -> str:
+  """Prose under a table, in lines of at most `TABLE_WIDTH` characters."""
+  return textwrap.fill(text, TABLE_WIDTH, break_on_hyphens=False)
 
 
 def format_results(results: dict[str, Any]) -> str:
@@ -101,14 +125,17 @@ def format_results(results: dict[str, Any]) -> str:
     tables = [t for t in GROUP_TABLES if len(results.get(t) or []) > 1]
     for table in tables:
       groups = results[table]
-      heads = [
-          f"{g['group']} ({g['windows']}w/{g['documents']}d)" for g in groups
-      ]
-      width = max([17] + [len(h) + 1 for h in heads])
+      heads = [str(g['group']) for g in groups]
+      sizes = [f"{g['windows']}w/{g['documents']}d" for g in groups]
       cells = [_cells(g['buckets']) for g in groups]
-      text.append(_grid(table, results['buckets'], heads, cells, width))
+      text.append(_grid(table, results['buckets'], heads, cells, sizes))
     if tables:
-      text.append(PM_NOTE + '; columns: group (windows w / documents d)')
+      text.append(
+          _wrap(
+              f'{PM_NOTE}; columns: group, then its windows w / documents d. '
+              + NA_NOTE
+          )
+      )
   probe = results.get('offset_probe')
   if probe:
     by_offset = probe['by_offset']
@@ -117,9 +144,8 @@ def format_results(results: dict[str, Any]) -> str:
         by_offset[0]['buckets'],
         [f"K={r['offset']}" for r in by_offset],
         [_cells(r['buckets']) for r in by_offset],
-        16,
     )
-    text.append(grid + f"\n{PM_NOTE}. {probe['note']}")
+    text.append(grid + '\n' + _wrap(f"{PM_NOTE}. {probe['note']}"))
   return '\n\n'.join(text)
 
 
@@ -222,7 +248,7 @@ def format_windows(summary: dict[str, Any]) -> str:
   share = summary['long_doc_share']
   share_text = '-' if share is None else f'{share:.0%}'
   lines = [
-      (
+      _wrap(
           f"{summary['windows']} windows of {t + 1} tokens from"
           f" {summary['documents']} documents; {share_text} in documents of"
           f" >= {4 * t} tokens (4T); {summary['first_window_overlaps']} start"
@@ -255,6 +281,8 @@ def format_windows(summary: dict[str, Any]) -> str:
 def _cells(
     rows: Sequence[dict[str, Any]], key: str = 'loss', sign: str = ''
 ) -> list[str]:
+  """'LOSS+-STDERR' per row ('n/a' for the stderr of one document, '-' for no
+  value)."""
   return [
       '-' if r[key] is None else f"{r[key]:{sign}.4f}+-{_fmt(r['stderr'])}"
       for r in rows
@@ -265,20 +293,84 @@ def _grid(
     corner: str,
     spans: Sequence[dict[str, Any]],
     heads: Sequence[str],
-    columns: Sequence[Sequence[Any]],
-    width: int | list[int],
+    columns: Sequence[Sequence[str]],
+    subheads: Sequence[str] | None = None,
 ) -> str:
-  """Text table: bucket spans down, ``heads`` across, ``width`` wide (one, or
-  one a column)."""
-  if isinstance(width, int):
-    widths = [13] + [width] * len(heads)
-  else:
-    widths = [13] + width
-  rows = [[corner, *heads]]
-  for i, b in enumerate(spans):
-    rows.append([f"[{b['start']}, {b['end']})"] + [c[i] for c in columns])
-  return '\n'.join(
-      ' '.join(f'{v:>{w}}' for v, w in zip(row, widths)) for row in rows
+  """Text table: bucket spans down, ``heads`` (and ``subheads``, a second
+  heading line) across, each column as wide as its widest entry; split into
+  blocks of columns where it would be wider than `TABLE_WIDTH`."""
+  names = [corner] + [f"[{b['start']}, {b['end']})" for b in spans]
+  first = max(len(n) for n in names)
+  blocks: list[list[int]] = [[]]
+  used = first
+  widths = []
+  for i, cells in enumerate(columns):
+    entries = [heads[i], *(subheads[i : i + 1] if subheads else []), *cells]
+    width = max(len(e) for e in entries)
+    widths.append(width)
+    if blocks[-1] and used + 2 + width > TABLE_WIDTH:
+      blocks.append([])
+      used = first
+    blocks[-1].append(i)
+    used += 2 + width
+  text = []
+  for block in blocks:
+    rows = [[corner] + [heads[i] for i in block]]
+    if subheads:
+      rows.append([''] + [subheads[i] for i in block])
+    for j, name in enumerate(names[1:]):
+      rows.append([name] + [columns[i][j] for i in block])
+    sizes = [first] + [widths[i] for i in block]
+    text.append(
+        '\n'.join(
+            '  '.join(f'{v:>{w}}' for v, w in zip(row, sizes)) for row in rows
+        )
+    )
+  return '\n\n'.join(text)
+
+
+def config_differences(
+    labels: Sequence[str], configs: Sequence[Any]
+) -> list[dict[str, Any]]:
+  """``[{'field', 'values': {label: value}}]`` of the config fields whose values
+  differ between the runs (not `defaults.NON_SEMANTIC`; absent: None)."""
+  flat = [workdir_lib.flat_config(c) for c in configs]
+  fields = sorted(set().union(*flat))
+  differences = []
+  for field in fields:
+    if field in defaults.NON_SEMANTIC:
+      continue
+    values = [f.get(field) for f in flat]
+    if any(v != values[0] for v in values[1:]):
+      differences.append({'field': field, 'values': dict(zip(labels, values))})
+  return differences
+
+
+def _differences_line(differences: Sequence[dict[str, Any]]) -> str:
+  """How the runs' configs differ, a few fields (all in comparison.json)."""
+  if not differences:
+    return 'configs: the same (every field that changes what a run computes)'
+  shown = [
+      d['field'] + ' ' + ' vs '.join(repr(v) for v in d['values'].values())
+      for d in differences[:6]
+  ]
+  more = ''
+  if len(differences) > 6:
+    more = f'; {len(differences) - 6} more in comparison.json'
+  return _wrap('configs differ: ' + '; '.join(shown) + more)
+
+
+def _overall_line(paired: dict[str, Any]) -> str:
+  """The overall paired difference of one run minus the first."""
+  overall = paired['overall']
+  name = f"{paired['label']} - {paired['minus']}"
+  if overall['diff'] is None:
+    return f'overall {name}: n/a (fewer than two documents)'
+  low, high = overall['ci95']
+  return (
+      f"overall {name}: {overall['diff']:+.4f} +- {_fmt(overall['stderr'])}"
+      f' nats/token (95% CI [{low:+.4f}, {high:+.4f}]; paired over'
+      f" {overall['windows']} windows, {overall['documents']} documents)"
   )
 
 
@@ -287,9 +379,11 @@ def compare(
     results: Sequence[dict[str, Any]],
     out_dir: str,
     per_window: Sequence[dict[str, np.ndarray]] | None = None,
+    configs: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
   """Each run's bucket losses and, with ``per_window`` (windows.npz), each run
-  minus the first paired over their windows: {'files', 'table', 'paired'}."""
+  minus the first paired over their windows, per bucket and overall; with
+  ``configs`` how they differ: {'files', 'table', 'paired'}."""
   spans = [[(b['start'], b['end']) for b in r['buckets']] for r in results]
   for label, s in zip(labels[1:], spans[1:]):
     if s != spans[0]:
@@ -302,10 +396,19 @@ def compare(
   paired: list[dict[str, Any]] = []
   if per_window:
     for label, windows in zip(labels[1:], per_window[1:]):
-      buckets = buckets_lib.paired_difference(
-          windows, per_window[0], (label, labels[0])
+      names = (label, labels[0])
+      buckets = buckets_lib.paired_difference(windows, per_window[0], names)
+      overall = buckets_lib.overall_paired_difference(
+          windows, per_window[0], names
       )
-      paired.append({'label': label, 'minus': labels[0], 'buckets': buckets})
+      paired.append(
+          {
+              'label': label,
+              'minus': labels[0],
+              'overall': overall,
+              'buckets': buckets,
+          }
+      )
   rows = []
   for i, (start, end) in enumerate(spans[0]):
     row: dict[str, Any] = {'start': start, 'end': end}
@@ -330,6 +433,10 @@ def compare(
       'buckets': rows,
       'paired': paired,
   }
+  differences = None
+  if configs is not None:
+    differences = config_differences(labels, configs)
+    summary['config_differences'] = differences
   files = {k: os.path.join(out_dir, f'comparison.{k}') for k in ('json', 'csv')}
   with outputs.atomic_write(files['json'], 'w') as f:
     json.dump(json_safe(summary), f, indent=1)
@@ -354,14 +461,13 @@ def compare(
   heads = list(labels) + [f'{p["label"]}-{p["minus"]}' for p in paired]
   columns = [_cells([row[label] for row in rows]) for label in labels]
   columns += [_cells(p['buckets'], 'diff', '+') for p in paired]
-  width = max(16, max(len(label) for label in labels) + 1)
   degradations = '; '.join(
       f"{label}: last-best {_fmt(r['degradation']['last_minus_best'])} +- "
       f"{_fmt(r['degradation']['last_minus_best_stderr'])}"
       for label, r in zip(labels, results)
   )
   text = [
-      _grid('bucket', rows, heads, columns, width),
+      _grid('bucket', rows, heads, columns),
       degradations + ' (losses in nats per token +- stderr)',
   ]
   if paired:
@@ -369,4 +475,7 @@ def compare(
         'differences: paired over the shared windows (+- stderr; 95% t'
         ' intervals in comparison.json)'
     )
+    text += [_overall_line(p) for p in paired]
+  if differences is not None:
+    text.append(_differences_line(differences))
   return {'files': files, 'table': '\n'.join(text), 'paired': paired}

@@ -60,6 +60,22 @@ def variant_name(
   return '_'.join(parts)
 
 
+def changed_options(
+    config: ml_collections.ConfigDict, overrides: dict[str, Any]
+) -> dict[str, Any]:
+  """The ``overrides`` whose resolved value differs from the config's own
+  (`evaluation.eval_settings`): only these name a variant, so that
+  ``--window_start deep`` on a config that is deep already writes the same
+  directory as no flag."""
+  own = evaluation.eval_settings(config, {})
+  given = evaluation.eval_settings(config, overrides)
+  changed = {}
+  for key, value in overrides.items():
+    if value is not None and given.get(key) != own.get(key):
+      changed[key] = value
+  return changed
+
+
 def _make_model(config: dict[str, Any]) -> Any:
   """The model of a stored config; its table comes from the checkpoint, not a
   ``file:``."""
@@ -138,11 +154,12 @@ def evaluate_workdir(
     output: str | None = None,
     offsets: Sequence[int] | None = None,
     analyze: bool = False,
+    progress: str = '',
     **overrides,
 ) -> dict[str, Any]:
   """Evaluates a run's checkpoint (``step``, default the newest readable one)
   into ``output`` (default ``WORKDIR/eval/<variant_name>``), with the table
-  analysis if ``analyze``; ``offsets``, ``overrides``:
+  analysis if ``analyze``; ``offsets``, ``overrides``, ``progress``:
   `evaluation.run_evaluation`."""
   mesh = sharding.make_mesh()
   params, stored_config, info = checkpointing.restore_params(
@@ -166,6 +183,7 @@ def evaluate_workdir(
       step=step,
       offsets=offsets,
       mesh=mesh,
+      progress=progress,
       **overrides,
   )
   out.results.update(
@@ -173,7 +191,12 @@ def evaluate_workdir(
   )
   out_dir = output
   if not out_dir:
-    variant = variant_name(step, offsets=offsets, analyze=analyze, **overrides)
+    variant = variant_name(
+        step,
+        offsets=offsets,
+        analyze=analyze,
+        **changed_options(config, overrides),
+    )
     out_dir = os.path.join(workdir, outputs.EVAL_DIR, variant)
   run_name = os.path.basename(os.path.normpath(workdir))
   title = (
@@ -199,13 +222,12 @@ def evaluate_workdir(
         per_position=out.per_position,
         bucket_size=settings['bucket_size'],
         bucket_edges=settings['bucket_edges'],
+        progress=bool(progress),
     )
     for key, path in summary['files'].items():
       files[f'analysis_{key}'] = path
-    text += (
-        f"\n\nposition probe R^2 {summary['probe']['r2']:.3f}; table"
-        f" analysis: {summary['files']['json']}"
-    )
+    found = '\n'.join(analysis_report.summary_lines(summary))
+    text += f"\n\n{found}\ntable analysis: {summary['files']['json']}"
     split = summary.get('init_from_rows')
     if split is not None:
       text += '\n' + _old_and_new_line(split)
@@ -216,6 +238,8 @@ def evaluate_workdir(
       'out_dir': out_dir,
       'step': step,
       'table': text,
+      'config': config,
+      'options': changed_options(config, overrides),
   }
 
 
@@ -239,25 +263,43 @@ def _old_and_new_line(split: dict[str, Any]) -> str:
 
 
 def evaluate_and_compare(
-    workdirs: Sequence[str], *, output: str | None = None, **kwargs
+    workdirs: Sequence[str],
+    *,
+    output: str | None = None,
+    progress: bool = False,
+    **kwargs,
 ) -> tuple[list[tuple[str, dict[str, Any]]], dict | None]:
   """``([(label, evaluate_workdir(run)), ...], comparison)``: for several runs
   `eval_report.compare` plus out_dir (default
-  ``compare_<A>_vs_<B>[_<variant>]``), else None."""
+  ``compare_<A>_vs_<B>[_<variant>]``), else None; ``progress``: bars on stderr
+  named after each run."""
   labels = [os.path.basename(os.path.normpath(w)) for w in workdirs]
   if len(set(labels)) < len(labels):
     labels = [os.path.normpath(w).replace(os.sep, '_') for w in workdirs]
   runs = []
-  for workdir, label in zip(workdirs, labels):
+  for i, (workdir, label) in enumerate(zip(workdirs, labels)):
     run_output = output
-    if output and len(workdirs) > 1:
-      run_output = os.path.join(output, label)
-    runs.append((label, evaluate_workdir(workdir, output=run_output, **kwargs)))
+    name = label
+    if len(workdirs) > 1:
+      name = f'{label} (run {i + 1}/{len(workdirs)})'
+      if output:
+        run_output = os.path.join(output, label)
+    run = evaluate_workdir(
+        workdir,
+        output=run_output,
+        progress=name if progress else '',
+        **kwargs,
+    )
+    runs.append((label, run))
   if len(runs) < 2:
     return runs, None
   steps = sorted({run['step'] for _, run in runs})
   common_step = steps[0] if len(steps) == 1 else None
-  options = {k: v for k, v in kwargs.items() if k != 'step'}
+  # The first run's config decides which options are changes.
+  options = dict(runs[0][1]['options'])
+  for key in ('offsets', 'analyze'):
+    if key in kwargs:
+      options[key] = kwargs[key]
   variant = variant_name(common_step, **options)
   name = 'compare_' + '_vs_'.join(labels)
   if variant:
@@ -270,5 +312,6 @@ def evaluate_and_compare(
       [run['results'] for _, run in runs],
       out_dir,
       per_window=[run['per_window'] for _, run in runs],
+      configs=[run['config'] for _, run in runs],
   )
   return runs, dict(comparison, out_dir=out_dir)

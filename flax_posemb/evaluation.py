@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import tqdm
 
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import data as data_lib
@@ -115,10 +116,12 @@ def accumulate(
     *,
     offsets: Sequence[int] = (0,),
     mesh: jax.sharding.Mesh | None = None,
+    progress: str = '',
 ) -> list[buckets_lib.BucketAccumulator]:
   """One `BucketAccumulator` over ``edges`` per shift K in ``offsets`` of
   ``batches`` (the same global [B, T] batches on every process, optionally with
-  [B] `PROVENANCE_KEYS`)."""
+  [B] `PROVENANCE_KEYS`); ``progress``: a tqdm bar of that name over the
+  batches on stderr ('' = none)."""
   mesh = mesh or sharding.make_mesh()
   step = make_eval_step(apply_fn, edges, mesh)
   params = jax.device_put(params, sharding.replicated(mesh))
@@ -126,7 +129,14 @@ def accumulate(
   # Occurrences of each window id so far (`unique_window_ids`).
   seen: dict[int, int] = {}
   accs = [buckets_lib.BucketAccumulator(edges) for _ in offsets]
-  for batch in batches:
+  bar = tqdm.tqdm(
+      batches,
+      desc=progress,
+      unit='batch',
+      dynamic_ncols=True,
+      disable=not progress or jax.process_index() > 0,
+  )
+  for batch in bar:
     real_rows = len(batch['inputs'])
     # Padded with masked rows to a multiple of the devices.
     rows = -(-real_rows // jax.device_count()) * jax.device_count()
@@ -312,11 +322,13 @@ def run_evaluation(
     step: int | None = None,
     offsets: Sequence[int] | None = None,
     mesh=None,
+    progress: str = '',
     **overrides,
 ) -> EvalOutput:
   """Loss by position bucket of ``model`` on held-out windows, recording
   ``step``, with the offset probe's shifts K ``offsets``; ``overrides``:
-  `eval_settings` keys (None = config)."""
+  `eval_settings` keys (None = config); ``progress``: a name, for a bar over the
+  batches of each pass on stderr ('' = none)."""
   s = eval_settings(config, dict(overrides, offsets=offsets))
   cfg = model.config
   # A TreeMismatchError (ValueError) naming the first differing path.
@@ -337,20 +349,27 @@ def run_evaluation(
   # The same windows for both passes.
   windows = make_batches(config, s)
 
-  def passes(length: int, shifts: Sequence[int]) -> list[EvalOutput]:
+  def passes(length: int, shifts: Sequence[int], name: str) -> list[EvalOutput]:
     # The probe's windows and edges are clipped to `length`.
     edges = np.asarray([e for e in full_edges if e < length] + [length])
-    batches = (
+    batches = [
         {k: v[:, :length] if v.ndim == 2 else v for k, v in batch.items()}
         for batch in windows
-    )
+    ]
     accs = accumulate(
-        apply_fn, params, batches, edges, offsets=shifts, mesh=mesh
+        apply_fn,
+        params,
+        batches,
+        edges,
+        offsets=shifts,
+        mesh=mesh,
+        progress=f'{progress}: {name}' if progress else '',
     )
     reference = data_lib.reference_losses(config.data, length)
     return [summarize(acc, step=step, reference=reference) for acc in accs]
 
-  (out,) = passes(s['window_len'], (0,))
+  num_windows = s['num_windows']
+  (out,) = passes(s['window_len'], (0,), f'eval ({num_windows} windows)')
   out.results['settings'] = {k: s[k] for k in SETTINGS_KEYS}
   if 'doc' in out.per_window:
     out.results.update(
@@ -362,7 +381,9 @@ def run_evaluation(
   # K - K0 per bucket, paired over the same windows.
   if offsets:
     window = s['window_len'] - offsets[-1]
-    probes = passes(window, offsets)
+    probes = passes(
+        window, offsets, f'offset probe (K = {", ".join(map(str, offsets))})'
+    )
     out.results['offset_probe'] = {
         'note': OFFSET_NOTE,
         'window_len': window,

@@ -40,8 +40,8 @@ class _Table(nnx.Module):
 
 
 class LearnedPositionEmbedding(_Table):
-  """Learned table ``embedding`` [num_positions, features] (ids checked on the
-  host)."""
+  """Learned table ``embedding`` [num_positions, features]; an id outside it
+  gives a NaN row (ids are checked on the host)."""
 
   def __call__(self, positions: Array) -> Array:
     return embeddings.lookup_positions(

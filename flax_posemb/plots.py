@@ -8,7 +8,10 @@ from typing import Any
 import matplotlib
 
 matplotlib.use('Agg')
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+import matplotlib.figure  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 _MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '*', '<', '>')
@@ -289,6 +292,60 @@ def offset_probe(probe: dict[str, Any], path: str) -> str:
   return _save(fig, path)
 
 
+# Per-position curves of a statistics window: y-axis label of each.
+CURVE_LABELS = {
+    'count': 'real tokens',
+    'loss': 'training loss (nats / token)',
+    'signal_per_occurrence': 'mean ||g|| per occurrence',
+    'coherence': 'row_sq / (count * occ_sq)',
+    'update_sq': '||row change||^2',
+    'row_sq': '||table-gradient row||^2',
+    'occ_norm': 'sum of ||g||',
+    'drift': '||row - initial row||',
+}
+
+
+class PositionCurveImages:
+  """``(name, values [P], window) -> [H, W, 3]`` uint8: a line plot of one
+  per-position curve of a statistics window (``window``, e.g. 'steps 1-25';
+  NaN: a gap), for TensorBoard's Images tab (which shows the tag and step
+  above it). One figure per curve name, redrawn for each window: a new figure
+  per image costs twice as much (laying out its text), and a training run
+  draws eight per window."""
+
+  def __init__(self) -> None:
+    self._figures: dict[str, tuple[Any, Any, Any]] = {}
+
+  def _figure(self, name: str, size: int) -> tuple[Any, Any, Any]:
+    """(canvas, axes, line) of ``name``'s figure, made at its first use."""
+    if name not in self._figures:
+      fig = matplotlib.figure.Figure(figsize=(5.0, 2.5), dpi=80)
+      canvas = FigureCanvasAgg(fig)
+      ax = fig.add_subplot()
+      (line,) = ax.plot(np.arange(size), np.zeros(size), lw=1.0)
+      ax.set_xlim(0, max(size - 1, 1))
+      ax.set_ylabel(CURVE_LABELS.get(name, name), fontsize=8)
+      ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(5))
+      ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(4))
+      ax.tick_params(labelsize=7)
+      fig.subplots_adjust(left=0.16, right=0.97, bottom=0.18, top=0.95)
+      self._figures[name] = (canvas, ax, line)
+    return self._figures[name]
+
+  def __call__(
+      self, name: str, values: np.ndarray, window: str = ''
+  ) -> np.ndarray:
+    values = np.asarray(values, np.float64)
+    canvas, ax, line = self._figure(name, len(values))
+    line.set_data(np.arange(len(values)), values)
+    ax.relim()
+    ax.autoscale_view(scalex=False)
+    xlabel = f'position ({window})' if window else 'position'
+    ax.set_xlabel(xlabel, fontsize=8)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
 def table_analysis(
     norms: np.ndarray,
     drift: np.ndarray | None,
@@ -305,64 +362,33 @@ def table_analysis(
   ratios [k] and the linear position probe's error [nb] per bucket of
   ``probe_edges`` [nb + 1]; ``boundary``: the first row a run added to the
   table it started from (init_from), marked."""
-  fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-  pos = np.arange(len(norms))
-  axes[0, 0].plot(pos, norms)
-  axes[0, 0].set(title='row norm', xlabel='position', ylabel='||row||')
-  if boundary is not None:
-    for ax in (axes[0, 0], axes[0, 1]):
-      ax.axvline(boundary - 0.5, color='C3', ls='--', lw=1)
-    axes[0, 0].text(
-        boundary,
-        0.98,
-        ' new rows',
-        color='C3',
-        va='top',
-        fontsize=8,
-        transform=axes[0, 0].get_xaxis_transform(),
-    )
-  ax = axes[0, 1]
-  if snapshot_drift is not None and len(snapshot_drift):
-    # One colour per snapshot on a step colour bar: every line is identified,
-    # none twice.
-    steps = np.asarray(snapshot_steps, np.float64)
-    norm = matplotlib.colors.Normalize(
-        steps.min(), max(steps.max(), steps.min() + 1)
-    )
-    cmap = plt.get_cmap('viridis')
-    for s, d in zip(steps, snapshot_drift):
-      ax.plot(pos, d, lw=0.8, color=cmap(norm(s)))
-    fig.colorbar(
-        matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label='step'
-    )
-  elif drift is not None:
-    ax.plot(pos, drift, 'k', lw=1.2, label='evaluated table')
-    ax.legend(fontsize=8)
-  # A table from elsewhere has no initial table: say so rather than show blank
-  # axes.
+  has_drift = drift is not None or (
+      snapshot_drift is not None and len(snapshot_drift) > 0
+  )
+  # A table from elsewhere has no initial table: no drift panel.
+  if has_drift:
+    fig, grid = plt.subplots(2, 2, figsize=(11, 7.5))
+    axes = {'norm': grid[0, 0], 'drift': grid[0, 1], 'pca': grid[1, 0]}
+    axes['probe'] = grid[1, 1]
   else:
-    ax.text(
-        0.5,
-        0.5,
-        'no initial table\n(drift needs a training run)',
-        ha='center',
-        va='center',
-        transform=ax.transAxes,
-        color='gray',
-    )
-  ax.set(
-      title='drift from the initial table',
-      xlabel='position',
-      ylabel='||row - row_0||',
-  )
+    fig, row = plt.subplots(1, 3, figsize=(15, 4.2))
+    axes = {'norm': row[0], 'pca': row[1], 'probe': row[2]}
+  pos = np.arange(len(norms))
+  ax = axes['norm']
+  ax.plot(pos, norms)
+  ax.set(title='row norm', xlabel='position', ylabel='||row||')
+  _from_zero(ax, norms)
+  if has_drift:
+    _drift_panel(fig, axes['drift'], pos, drift, snapshot_drift, snapshot_steps)
+  if boundary is not None:
+    _mark_new_rows(axes, boundary)
   k = np.arange(1, len(pca_ratio) + 1)
-  axes[1, 0].bar(k, pca_ratio)
-  axes[1, 0].plot(k, np.cumsum(pca_ratio), 'k.-', label='cumulative')
-  axes[1, 0].set(
-      title='PCA explained variance', xlabel='component', ylabel='ratio'
-  )
-  axes[1, 0].legend(fontsize=8)
-  ax = axes[1, 1]
+  ax = axes['pca']
+  ax.bar(k, pca_ratio)
+  ax.plot(k, np.cumsum(pca_ratio), 'k.-', label='cumulative')
+  ax.set(title='PCA explained variance', xlabel='component', ylabel='ratio')
+  ax.legend(fontsize=8)
+  ax = axes['probe']
   ax.plot((probe_edges[:-1] + probe_edges[1:] - 1) / 2, probe_error, 'o-')
   r2 = '' if probe_r2 is None else f' R^2 = {probe_r2:.2f}'
   ax.set(
@@ -370,6 +396,7 @@ def table_analysis(
       xlabel='position',
       ylabel='mean |predicted - true| position',
   )
+  _from_zero(ax, probe_error)
   if probe_r2 is not None and probe_r2 < 0.5:
     ax.text(
         0.5,
@@ -383,6 +410,61 @@ def table_analysis(
         color='C3',
     )
   return _save(fig, path)
+
+
+def _mark_new_rows(axes: dict[str, Any], boundary: int) -> None:
+  """A dashed line before ``boundary``, the first row a run added to the table
+  it started from, on the panels over positions."""
+  for name in ('norm', 'drift'):
+    if name in axes:
+      axes[name].axvline(boundary - 0.5, color='C3', ls='--', lw=1)
+  axes['norm'].text(
+      boundary,
+      0.98,
+      ' new rows',
+      color='C3',
+      va='top',
+      fontsize=8,
+      transform=axes['norm'].get_xaxis_transform(),
+  )
+
+
+def _from_zero(ax, values: np.ndarray) -> None:
+  """A y axis from 0 to a little above the largest of non-negative ``values``,
+  without an offset: rows of equal norm draw a flat line, not float noise
+  magnified around an offset."""
+  finite = np.asarray(values, np.float64)
+  finite = finite[np.isfinite(finite)]
+  top = float(finite.max()) if finite.size else 0.0
+  ax.set_ylim(0.0, 1.05 * top if top > 0 else 1.0)
+  ax.ticklabel_format(axis='y', useOffset=False)
+
+
+def _drift_panel(fig, ax, pos, drift, snapshot_drift, snapshot_steps) -> None:
+  """Drift from the initial table: the evaluated table's, or one line per
+  snapshot on a step colour bar (every line identified, none twice)."""
+  if snapshot_drift is not None and len(snapshot_drift):
+    drawn = np.asarray(snapshot_drift)
+    steps = np.asarray(snapshot_steps, np.float64)
+    norm = matplotlib.colors.Normalize(
+        steps.min(), max(steps.max(), steps.min() + 1)
+    )
+    cmap = plt.get_cmap('viridis')
+    for s, d in zip(steps, snapshot_drift):
+      ax.plot(pos, d, lw=0.8, color=cmap(norm(s)))
+    fig.colorbar(
+        matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label='step'
+    )
+  else:
+    drawn = np.asarray(drift)
+    ax.plot(pos, drift, 'k', lw=1.2, label='evaluated table')
+    ax.legend(fontsize=8)
+  ax.set(
+      title='drift from the initial table',
+      xlabel='position',
+      ylabel='||row - row_0||',
+  )
+  _from_zero(ax, drawn)
 
 
 def cosine_heatmap(sim: np.ndarray, path: str, title: str = '') -> str:

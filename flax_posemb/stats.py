@@ -10,10 +10,13 @@ from typing import Any, Self
 
 import flax.struct
 import jax
+from jax.extend import core as jax_core
 import jax.numpy as jnp
 import numpy as np
 
 from flax_posemb import analysis
+from flax_posemb import buckets
+from flax_posemb import embeddings
 from flax_posemb import outputs
 from flax_posemb import sharding
 
@@ -30,6 +33,10 @@ FIELDS = (
 INT_FIELDS = ('count', 'loss_count')
 # Kept with statistics off (no gradient).
 LOSS_FIELDS = ('count', 'loss_sum', 'loss_count')
+
+# Positions per bucket of the writer's scalars without bucket_edges (the
+# evaluation's default eval.bucket_size).
+DEFAULT_BUCKET_SIZE = 16
 
 Array = jax.Array
 # A [P] vector: a jax array inside the step, a numpy array on the host.
@@ -178,6 +185,74 @@ def occurrence_stats(
   )
 
 
+def check_real_positions(
+    batch: Mapping[str, Array], num_positions: int
+) -> None:
+  """Refuses a real token (``segment_ids > 0``) whose position id is outside
+  ``[0, num_positions)``: the statistics would drop it while the loss counts
+  it.
+
+  Eagerly a ValueError (`embeddings.check_position_range`'s message); under
+  ``jax.jit`` the same ValueError raised on the host when the step runs,
+  surfacing as a ``jax.errors.JaxRuntimeError`` that contains its message. A
+  valid batch costs one reduction on the device, no host round trip.
+  """
+  real = jnp.asarray(batch['segment_ids']) > 0
+  positions = jnp.where(real, jnp.asarray(batch['positions']), 0)
+  if not isinstance(positions, jax.core.Tracer):
+    embeddings.check_position_range(np.asarray(positions), num_positions)
+    return
+  outside = (positions < 0) | (positions >= num_positions)
+  lowest = jnp.min(positions, initial=0)
+  highest = jnp.max(positions, initial=0)
+
+  def refuse(lo, hi, num_bad):
+    raise embeddings.position_range_error(
+        int(lo), int(hi), int(num_bad), num_positions
+    )
+
+  jax.lax.cond(
+      jnp.any(outside),
+      lambda: jax.debug.callback(refuse, lowest, highest, jnp.sum(outside)),
+      lambda: None,
+  )
+
+
+def _depends_on_input(closed: Any) -> bool:
+  """Whether an output of a traced one-input function is computed from its
+  input (forward reachability over the jaxpr's equations; an equation that
+  reads the input counts as depending on it)."""
+  jaxpr = closed.jaxpr
+  reached = set(jaxpr.invars)
+  for eqn in jaxpr.eqns:
+    read = [v for v in eqn.invars if not isinstance(v, jax_core.Literal)]
+    if any(v in reached for v in read):
+      reached.update(eqn.outvars)
+  outputs_read = [
+      v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal)
+  ]
+  return any(v in reached for v in outputs_read)
+
+
+def check_uses_embed_delta(
+    token_loss_fn: Callable[..., Array], params: Any, delta: Array, batch, args
+) -> None:
+  """Refuses a ``token_loss_fn`` whose token losses do not depend on
+  ``embed_delta``: every ``occ_*``, ``row_sq`` and ``downstream``-based ratio
+  would be silently 0. Traces the function once more (no compilation)."""
+  closed = jax.make_jaxpr(lambda d: token_loss_fn(params, d, batch, *args))(
+      delta
+  )
+  if _depends_on_input(closed):
+    return
+  raise ValueError(
+      'token_loss_fn never uses embed_delta, so the statistics would all be 0:'
+      ' add it to the token+position embedding sum, e.g. `x ='
+      ' token_rows + position_rows + embed_delta` (float32 [B, T, D] zeros),'
+      ' or pass collect=False for the loss fields only.'
+  )
+
+
 def value_and_grad_with_position_stats(
     token_loss_fn: Callable[..., Array],
     num_positions: int,
@@ -185,6 +260,7 @@ def value_and_grad_with_position_stats(
     *,
     collect: bool = True,
     finish: bool = True,
+    check_positions: bool = True,
 ) -> Callable[..., tuple]:
   """Loss, parameter gradients and per-position statistics of any model, in one
   backward pass.
@@ -193,7 +269,8 @@ def value_and_grad_with_position_stats(
     token_loss_fn: ``(params, embed_delta, batch, *args) -> [B, T]`` float32
       token losses of any ``params`` pytree and batch (``flax_posemb.batch``);
       it adds ``embed_delta`` (zeros, float32 ``[B, T, D]``) to the
-      token+position embedding sum.
+      token+position embedding sum. One that never uses ``embed_delta`` is
+      refused (ValueError) when ``f`` is first traced.
     num_positions: rows ``P`` of the position table (ids of real tokens must be
       below it).
     embed_dim: width ``D`` of the embedding sum.
@@ -201,6 +278,10 @@ def value_and_grad_with_position_stats(
       unchanged).
     finish: False leaves ``row_grad`` unsquared, for summing microbatches
       (then ``finish()``).
+    check_positions: refuse a real token whose position id is outside ``[0,
+      P)`` (`check_real_positions`: eagerly a ValueError, under ``jax.jit`` a
+      ``JaxRuntimeError`` with its message). False: the caller has checked
+      the batch already (the training loop, at ``sharding.global_batch``).
 
   Returns:
     ``f(params, batch, *args, denominator=None) -> (loss, grads, stats)``: the
@@ -208,12 +289,22 @@ def value_and_grad_with_position_stats(
     gradient, and ``PositionStats`` without ``update_sq`` (added by
     ``PositionStatistics.inside_step``).
   """
+  # Whether token_loss_fn was seen to use embed_delta: the dependence is
+  # structural, one trace shows it.
+  checked_delta = False
 
   def f(params, batch, *args, denominator=None):
+    nonlocal checked_delta
+    if check_positions:
+      check_real_positions(batch, num_positions)
     mask = batch['loss_mask'].astype(jnp.float32)
     denom = (
         jnp.maximum(jnp.sum(mask), 1.0) if denominator is None else denominator
     )
+    delta = jnp.zeros(batch['positions'].shape + (embed_dim,), jnp.float32)
+    if collect and not checked_delta:
+      check_uses_embed_delta(token_loss_fn, params, delta, batch, args)
+      checked_delta = True
 
     def mean_loss(p, delta):
       tl = token_loss_fn(p, delta, batch, *args)
@@ -224,7 +315,7 @@ def value_and_grad_with_position_stats(
     # collected.
     (loss, tl), (grads, g_delta) = jax.value_and_grad(
         mean_loss, argnums=(0, 1), has_aux=True
-    )(params, jnp.zeros(batch['positions'].shape + (embed_dim,), jnp.float32))
+    )(params, delta)
     if not collect:
       return loss, grads, loss_stats(tl, batch, num_positions)
     stats = occurrence_stats(g_delta * denom, tl, batch, num_positions)
@@ -246,11 +337,20 @@ class PositionStatistics:
     last_step: a window also ends here (a run's last step; None: only
       ``log_every``).
     directory: where ``window_STEP.npz`` files are written (None: no files).
-    writer: None, or anything with tensorboardX's ``add_histogram_raw`` and
-      ``add_image``.
+    writer: None, or anything with tensorboardX ``SummaryWriter``'s
+      ``add_scalar`` and ``add_image`` (`flax_posemb.tensorboard.TensorBoard`):
+      per window, each curve of ``window_curves`` as one scalar per position
+      bucket (``positions_NAME/START-END``, `bucket_curves`).
     collect: False keeps only ``LOSS_FIELDS``.
     initial_table: ``[P, D]`` table at step 0, for the drift curve (None: no
       drift).
+    bucket_edges: ``[nb + 1]`` increasing position edges from 0 to ``P`` of
+      the writer's buckets (None: 16 positions a bucket, the evaluation's
+      default).
+    curve_image: None, or ``(name, values [P], window) -> [H, W, 3] uint8``
+      (``window``: 'steps FIRST-LAST'): a line plot of one curve, written per
+      window as image ``positions/NAME``
+      (`flax_posemb.plots.PositionCurveImages()`; the core draws nothing).
   """
 
   def __init__(
@@ -264,6 +364,8 @@ class PositionStatistics:
       writer: Any = None,
       collect: bool = True,
       initial_table: Any = None,
+      bucket_edges: Any = None,
+      curve_image: Callable[[str, np.ndarray, str], np.ndarray] | None = None,
   ):
     self.num_positions = num_positions
     self.embed_dim = embed_dim
@@ -272,6 +374,15 @@ class PositionStatistics:
     self.directory = directory
     self.writer = writer
     self.collect = collect
+    if bucket_edges is None:
+      bucket_edges = buckets.make_edges(num_positions, DEFAULT_BUCKET_SIZE)
+    self.bucket_edges = np.asarray(bucket_edges, np.int64)
+    if self.bucket_edges[0] != 0 or self.bucket_edges[-1] != num_positions:
+      raise ValueError(
+          f'bucket_edges must run from 0 to num_positions={num_positions},'
+          f' got {self.bucket_edges.tolist()}.'
+      )
+    self.curve_image = curve_image
     self.initial_table = (
         None if initial_table is None else np.asarray(initial_table, np.float64)
     )
@@ -280,7 +391,11 @@ class PositionStatistics:
     self.first_step = 1  # of the current window
 
   def value_and_grad(
-      self, token_loss_fn: Callable[..., Array], *, finish: bool = True
+      self,
+      token_loss_fn: Callable[..., Array],
+      *,
+      finish: bool = True,
+      check_positions: bool = True,
   ) -> Callable[..., tuple]:
     """``value_and_grad_with_position_stats`` for this table (same
     arguments)."""
@@ -290,6 +405,7 @@ class PositionStatistics:
         self.embed_dim,
         collect=self.collect,
         finish=finish,
+        check_positions=check_positions,
     )
 
   def init(self) -> PositionStats:
@@ -341,33 +457,39 @@ class PositionStatistics:
       }
       outputs.save_npz(path, window_file)
     if self.writer is not None:
-      curves = {'count': host['count']}
-      if 'occ_norm' in host:
-        ratios = derived(host)
-        curves.update(
-            signal_per_occurrence=ratios['signal_per_occurrence'],
-            coherence=ratios['coherence'],
-            update_sq=host['update_sq'],
-        )
+      drift = None
       if table is not None and self.initial_table is not None:
-        curves['drift'] = analysis.drift(table, self.initial_table)
-      # bucket p = [p, p + 1) holds values[p] (NaN as 0)
-      for name, values in curves.items():
-        v = np.nan_to_num(np.asarray(values, np.float64))
-        p = np.arange(len(v), dtype=np.float64)
-        self.writer.add_histogram_raw(
-            f'positions/{name}',
-            min=0.0,
-            max=float(len(v)),
-            num=float(v.sum()),
-            sum=float(p @ v),
-            sum_squares=float(p * p @ v),
-            bucket_limits=(p + 1).tolist(),
-            bucket_counts=v.tolist(),
-            global_step=step,
-        )
+        drift = analysis.drift(table, self.initial_table)
+      self.report_window(step, host, drift)
     self.first_step = step + 1
     return self.init()
+
+  def report_window(
+      self,
+      step: int,
+      window: Mapping[str, np.ndarray],
+      drift: np.ndarray | None = None,
+  ) -> None:
+    """Writes a window's curves: a scalar per position bucket and curve (NaN
+    skipped), and with ``curve_image`` a line plot of each."""
+    per_bucket = bucket_curves(window, self.bucket_edges, drift)
+    for name, values in per_bucket.items():
+      for start, end, value in zip(
+          self.bucket_edges[:-1], self.bucket_edges[1:], values
+      ):
+        if np.isfinite(value):
+          tag = f'positions_{name}/{start:05d}-{end:05d}'
+          self.writer.add_scalar(tag, float(value), step)
+    if self.curve_image is None:
+      return
+    steps = f'steps {self.first_step}-{step}'
+    for name, values in window_curves(window, drift).items():
+      self.writer.add_image(
+          f'positions/{name}',
+          self.curve_image(name, values, steps),
+          global_step=step,
+          dataformats='HWC',
+      )
 
   def report_table(self, step: int, table: Any) -> None:
     """The ``[P, D]`` table's cosine similarity as an image (red 1, white 0,
@@ -406,6 +528,73 @@ class PositionStatistics:
     return PositionStats(**window)
 
 
+def window_curves(
+    window: Mapping[str, Any], drift: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+  """``[P]`` float64 per-position curves of a window (a ``PositionStats``, a
+  window file): ``count``, ``loss`` (``loss_sum / loss_count``, the training
+  loss), with statistics ``signal_per_occurrence``, ``coherence``,
+  ``update_sq``, ``row_sq``, ``occ_norm``, and ``drift`` if given."""
+  ratios = derived(window)
+  curves = {
+      'count': np.asarray(window['count'], np.float64),
+      'loss': ratios['mean_loss'],
+  }
+  if 'occ_norm' in window:
+    curves['signal_per_occurrence'] = ratios['signal_per_occurrence']
+    curves['coherence'] = ratios['coherence']
+    for key in ('update_sq', 'row_sq', 'occ_norm'):
+      curves[key] = np.asarray(window[key], np.float64)
+  if drift is not None:
+    curves['drift'] = np.asarray(drift, np.float64)
+  return curves
+
+
+def bucket_curves(
+    window: Mapping[str, Any],
+    edges: np.ndarray,
+    drift: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+  """``[nb]`` float64 per bucket of ``edges`` ``[nb + 1]`` (0 to ``P``) of each
+  `window_curves` curve: the ratios (``loss``, ``signal_per_occurrence``,
+  ``coherence``) as the ratio of the bucket's sums, as if the bucket were one
+  position; the others as the mean over the bucket's positions. NaN where a
+  ratio is undefined."""
+  starts = np.asarray(edges[:-1])
+  widths = np.diff(edges).astype(np.float64)
+
+  def total(values):
+    return np.add.reduceat(np.asarray(values, np.float64), starts)
+
+  count = np.asarray(window['count'], np.float64)
+  out = {
+      'count': total(count) / widths,
+      'loss': _ratio(total(window['loss_sum']), total(window['loss_count'])),
+  }
+  if 'occ_norm' in window:
+    out['signal_per_occurrence'] = _ratio(
+        total(window['occ_norm']), total(count)
+    )
+    out['coherence'] = _ratio(
+        total(window['row_sq']), total(count * np.asarray(window['occ_sq']))
+    )
+    for key in ('update_sq', 'row_sq', 'occ_norm'):
+      out[key] = total(window[key]) / widths
+  if drift is not None:
+    out['drift'] = total(drift) / widths
+  return out
+
+
+def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+  """``numerator / denominator``, NaN where the denominator is not > 0."""
+  with np.errstate(divide='ignore', invalid='ignore'):
+    return np.where(
+        denominator > 0,
+        numerator / np.where(denominator > 0, denominator, 1.0),
+        np.nan,
+    )
+
+
 def derived(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:
   """``[P]`` float64 ratios ``coherence``, ``signal_per_occurrence``,
   ``signal_per_downstream`` and ``mean_loss`` (docs/DESIGN.md §Statistics) of a
@@ -419,13 +608,9 @@ def derived(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:
     else:
       s[key] = np.full(size, np.nan)
 
-  def div(a, b):
-    with np.errstate(divide='ignore', invalid='ignore'):
-      return np.where(b > 0, a / np.where(b > 0, b, 1.0), np.nan)
-
   return {
-      'coherence': div(s['row_sq'], s['count'] * s['occ_sq']),
-      'signal_per_occurrence': div(s['occ_norm'], s['count']),
-      'signal_per_downstream': div(s['occ_norm'], s['downstream']),
-      'mean_loss': div(s['loss_sum'], s['loss_count']),
+      'coherence': _ratio(s['row_sq'], s['count'] * s['occ_sq']),
+      'signal_per_occurrence': _ratio(s['occ_norm'], s['count']),
+      'signal_per_downstream': _ratio(s['occ_norm'], s['downstream']),
+      'mean_loss': _ratio(s['loss_sum'], s['loss_count']),
   }

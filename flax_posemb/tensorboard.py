@@ -52,11 +52,6 @@ class TensorBoard:
   def add_scalar(self, tag: str, value: float, global_step: int) -> None:
     self._add(global_step, summary.scalar(tag, value))
 
-  def add_histogram_raw(
-      self, tag: str, global_step: int, **histogram: Any
-  ) -> None:
-    self._add(global_step, summary.histogram_raw(tag, **histogram))
-
   def add_image(
       self,
       tag: str,

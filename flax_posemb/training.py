@@ -73,8 +73,24 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f'Unknown init_from_new_rows {config.init_from_new_rows!r}; valid:'
         f' {", ".join(initializers.EXTEND_RULES)}.'
     )
+  position_buckets(config)
   if int(config.eval_every_steps) > 0:
     _validate_periodic_eval(config)
+
+
+def position_buckets(config: ml_collections.ConfigDict) -> np.ndarray:
+  """``[nb + 1]`` edges over the position table's rows of the evaluation's
+  buckets (``eval.bucket_size`` / ``eval.bucket_edges``, the last bucket
+  extended to ``model.max_len``): the buckets of the statistics' TensorBoard
+  scalars."""
+  try:
+    return buckets_lib.make_edges(
+        int(config.model.max_len),
+        int(config.eval.bucket_size),
+        config.eval.bucket_edges,
+    )
+  except ValueError as e:
+    raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
 
 
 def _validate_periodic_eval(config: ml_collections.ConfigDict) -> None:
@@ -131,8 +147,10 @@ def train_and_evaluate(
   ``workdir``; outputs, return value and errors: docs/DESIGN.md §Training
   outputs. ``hooks``: callables ``hook(step, metrics)`` run on the host once
   each step's metrics are read back."""
-  config = resolve_auto(config, workdir)
+  # Before JAX picks a platform for the auto fields: bad input costs no
+  # backend start-up (and prints no auto lines).
   validate(config)
+  config = resolve_auto(config, workdir)
   mesh = sharding.make_mesh()
   sharding.check_batch_layout(config, mesh)
   os.makedirs(workdir, exist_ok=True)
@@ -229,6 +247,8 @@ class _Loop:
         writer=self.tb,
         directory=stats_dir,
         initial_table=self.table(self.state.params),
+        bucket_edges=position_buckets(config),
+        curve_image=plots.PositionCurveImages(),
     )
     self.counters: dict[str, Any] = {
         'loss_sum': 0.0,

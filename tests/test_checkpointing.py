@@ -83,6 +83,7 @@ def _abstract(tree):
   )
 
 
+@pytest.mark.smoke
 def test_round_trip_is_exact_for_every_item(tmp_path):
   params, opt_state = _trained_state(_params())
   it = _data_iter()

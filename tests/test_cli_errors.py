@@ -59,7 +59,22 @@ BAD_INPUTS = [
         ),
     ),
     (TRAIN + ['--config.batch_size=abc'], 'batch_size'),
-    (TRAIN[:3], '--workdir'),
+    (TRAIN[:3], '--workdir is required: Run directory'),
+    (
+        TRAIN + ['--config.data.position_policy=natual'],
+        "Unknown data.position_policy 'natual'; did you mean 'natural'?",
+    ),
+    (
+        TRAIN
+        + [
+            '--config.data.source=tfds',
+            '--config.data.name=pg91',
+            '--config.data.data_dir=DIR',
+            '--config.model.vocab_size=257',
+        ],
+        "No prepared dataset 'pg91' (data.name) under DIR. Did you mean"
+        " 'pg19'?",
+    ),
     (
         TRAIN[:1] + ['--config', 'configs/nope.py', '--workdir', 'WD'],
         '--config: cannot load the config file',
@@ -109,6 +124,10 @@ BAD_INPUTS = [
     (TRAIN[:3] + ['--workdir', 'DIR/dangling'], 'is a symbolic link to'),
     (EVAL, '--workdir'),
     (EVAL + ['--workdir', 'DIR/missing'], 'not a directory'),
+    (
+        EVAL + ['--workdir', 'DIR/tiny_rn'],
+        'DIR/tiny_rn is not a directory; did you mean DIR/tiny_run?',
+    ),
     (EVAL + ['--workdir', 'DIR'], 'no checkpoint'),
     (EVAL + ['--workdir', 'DIR', '--num_windows', '0'], 'num_windows'),
     (EVAL + ['--workdir', 'DIR', '--batch_size', '-3'], 'batch_size'),
@@ -125,7 +144,7 @@ BAD_INPUTS = [
     (DATA + ['--config.nope=1'], "unknown config field 'nope'"),
     (DATA + ['--config.data.source=nope'], 'data.source'),
     (DATA + ['--json', 'DIR/file/x.json'], 'not a directory'),
-    (DATA[:2], 'Flag --config must have a value'),
+    (DATA[:2], '--config is required: '),
     (DATA + ['stray'], "unexpected arguments ['stray']"),
     (['-m', 'flax_posemb.gallery', 'stray'], "unexpected arguments ['stray']"),
     (EXPERIMENTS, 'required'),
@@ -186,12 +205,14 @@ def _message_lines(stderr):
 def test_bad_cli_input_is_one_message_and_exit_2(tmp_path, argv, fragment):
   (tmp_path / 'file').write_text('not a directory')
   (tmp_path / 'dangling').symlink_to(tmp_path / 'gone')
+  (tmp_path / 'tiny_run').mkdir()
   proc = _run(argv, tmp_path)
   lines = _message_lines(proc.stderr)
   assert proc.returncode == cli.EXIT_USER_ERROR, proc.stderr[-3000:]
   assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
   assert len(lines) == 1, lines
   prog = 'python -m' if argv[0] == '-m' else os.path.basename(argv[0])
+  fragment = fragment.replace('DIR', str(tmp_path))
   assert lines[0].startswith(prog) and fragment in lines[0], lines[0]
   assert not (tmp_path / 'wd').exists() and not (tmp_path / 'x').exists()
 

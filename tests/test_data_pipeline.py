@@ -31,6 +31,7 @@ def _equal(a, b):
   return all(np.array_equal(a[k], b[k]) for k in policies.KEYS)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize('policy', data.POLICIES)
 def test_batches_follow_the_contract_and_positions_stay_in_range(policy):
   cfg = _cfg(policy)

@@ -46,8 +46,37 @@ def test_position_range_check_names_the_id_and_the_table(bad, named):
 
 def test_float_positions_are_an_error():
   mod, params = _learned()
-  with pytest.raises(ValueError, match='integer'):
+  with pytest.raises(TypeError, match='integer'):
     mod.apply(params, jnp.array([[0.0, 1.0]]))
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize('bad', [8, -1, 1000])
+@pytest.mark.parametrize('jit', [False, True])
+def test_out_of_range_position_gives_nan_row_never_a_real_one(bad, jit):
+  mod, params = _learned()
+  table = np.asarray(params['params']['embedding'])
+  apply = jax.jit(mod.apply) if jit else mod.apply
+  out = np.asarray(apply(params, jnp.array([[0, bad, 7]], jnp.int32)))
+  np.testing.assert_array_equal(out[0, 0], table[0])
+  np.testing.assert_array_equal(out[0, 2], table[7])
+  assert np.isnan(out[0, 1]).all()
+
+
+def test_out_of_range_token_id_gives_nan_row():
+  rows = embeddings.lookup_tokens(jnp.ones((5, 3)), jnp.array([-1, 5, 4]))
+  assert np.isnan(rows[:2]).all() and not np.isnan(rows[2]).any()
+
+
+def test_out_of_range_position_gives_no_table_gradient():
+  mod, params = _learned()
+
+  def total(p):
+    rows = mod.apply(p, jnp.array([[1, 8, -1]], jnp.int32))
+    return jnp.nansum(rows)
+
+  grad = np.asarray(jax.grad(total)(params)['params']['embedding'])
+  assert grad[1].sum() == grad.sum() == 4.0
 
 
 def test_learned_dtypes():
@@ -125,3 +154,13 @@ def test_rope_preserves_norm_and_depends_only_on_relative_position():
       score(10, 3), score(110, 103), rtol=1e-4, atol=1e-5
   )
   assert not np.allclose(score(10, 3), score(10, 4), atol=1e-3)
+
+
+def test_lookup_takes_a_host_numpy_table_under_vmap():
+  # Parameters read back with jax.device_get are numpy arrays.
+  table = np.arange(8.0, dtype=np.float32).reshape(4, 2)
+  rows = jax.vmap(lambda p: embeddings.lookup_positions(table, p))(
+      jnp.array([[0, 3], [4, 1]])
+  )
+  np.testing.assert_array_equal(rows[0], table[[0, 3]])
+  assert np.isnan(rows[1, 0]).all() and not np.isnan(rows[1, 1]).any()

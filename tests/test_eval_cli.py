@@ -131,6 +131,19 @@ def test_eval_cli_prints_table_and_plot_and_compares_two_runs(runs, tmp_path):
       and comp['paired'][0]['minus'] == names[0]
   )
   assert f'{names[1]}-{names[0]}' in text  # the difference column
+  overall = comp['paired'][0]['overall']
+  assert f"overall {names[1]} - {names[0]}: {overall['diff']:+.4f}" in text
+  assert overall['diff'] == pytest.approx(
+      comp['runs'][1]['overall']['loss'] - comp['runs'][0]['overall']['loss']
+  )
+  # How the two runs' configs differ (the second: flax_default init, 10 steps).
+  differences = {d['field']: d['values'] for d in comp['config_differences']}
+  assert differences['model.position_init'] == {
+      names[0]: 'gpt2',
+      names[1]: 'flax_default',
+  }
+  assert differences['num_train_steps'] == {names[0]: 20, names[1]: 10}
+  assert 'configs differ: ' in text and "'gpt2' vs 'flax_default'" in text
   analysis = json.load(
       open(os.path.join(out, names[0], 'analysis', 'analysis.json'))
   )
@@ -409,10 +422,9 @@ def test_a_killed_eval_rerun_leaves_the_previous_complete_results(
   assert os.listdir(tmp_path) == ['out']
 
 
-def test_eval_cli_deep_windows_record_their_provenance(tmp_path):
-  """eval.py --window_start deep on a text run: windows deep inside the long
-  documents only, their provenance in windows.npz, the summary and the window
-  groups in results.json."""
+def _text_run(tmp_path, **eval_config):
+  """A workdir of a tiny local_text run (``eval_config``: its eval section's
+  changes): 5 documents of 40, 40, 20, 1 and 1 windows of 32 tokens."""
   corpus = tmp_path / 'corpus'
   corpus.mkdir()
   rng = np.random.default_rng(0)
@@ -430,7 +442,15 @@ def test_eval_cli_deep_windows_record_their_provenance(tmp_path):
       data_dir=str(tmp_path / 'data'),
   )
   config.model.vocab_size = 257
-  workdir = _make_run(str(tmp_path / 'run'), config, config)
+  config.eval.update(eval_config)
+  return _make_run(str(tmp_path / 'run'), config, config)
+
+
+def test_eval_cli_deep_windows_record_their_provenance(tmp_path):
+  """eval.py --window_start deep on a text run: windows deep inside the long
+  documents only, their provenance in windows.npz, the summary and the window
+  groups in results.json; a bar over the batches while it runs."""
+  workdir = _text_run(tmp_path)
   cmd = [
       sys.executable,
       str(ROOT / 'eval.py'),
@@ -454,6 +474,9 @@ def test_eval_cli_deep_windows_record_their_provenance(tmp_path):
       env=SUBPROCESS_ENV,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
+  # 40 windows in batches of 8: the bar reaches 5 of 5, named after the run.
+  assert 'run: eval (40 windows)' in proc.stderr
+  assert '5/5 [' in proc.stderr
   out = os.path.join(
       workdir,
       'eval',
@@ -496,3 +519,50 @@ def test_eval_cli_deep_windows_record_their_provenance(tmp_path):
   assert groups[0].startswith('table,group,start,end') and len(
       groups
   ) == 1 + 4 * (len(depth) + len(res['by_end']) + 1)
+
+
+def test_eval_cli_names_its_own_flag_when_a_split_has_too_few_windows(
+    tmp_path,
+):
+  workdir = _text_run(tmp_path)
+  proc = subprocess.run(
+      [
+          sys.executable,
+          str(ROOT / 'eval.py'),
+          '--workdir',
+          workdir,
+          '--num_windows',
+          '500',
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=300,
+      env=SUBPROCESS_ENV,
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  line = proc.stderr.strip().splitlines()[-1]
+  assert line.startswith('eval.py: ') and 'Traceback' not in proc.stderr
+  assert 'has only 5 documents with >= 33 tokens' in line
+  assert '500 windows were requested (--num_windows)' in line
+  assert 'pass --num_windows 5 or fewer' in line
+  assert 'eval.num_windows' not in line
+
+
+def test_an_option_equal_to_the_configs_own_value_names_no_variant(tmp_path):
+  workdir = _text_run(
+      tmp_path, window_start='deep', min_doc_len=400, num_windows=40
+  )
+  plain = eval_workdir.evaluate_workdir(workdir)
+  assert os.path.basename(plain['out_dir']) == 'step_3'
+  # The config's values again (min_start 0 resolves to T, its own default).
+  same = eval_workdir.evaluate_workdir(
+      workdir, window_start='deep', num_windows=40, min_start=32
+  )
+  assert same['out_dir'] == plain['out_dir']
+  other = eval_workdir.evaluate_workdir(
+      workdir, window_start='first', num_windows=3
+  )
+  assert os.path.basename(other['out_dir']) == (
+      'step_3_window_start-first_num_windows-3'
+  )

@@ -65,6 +65,7 @@ def _batches():
   return out
 
 
+@pytest.mark.smoke
 def test_bucket_losses_equal_naive_recomputation_from_logits():
   model, params = _model()
   edges = np.array([0, 3, 8, 16])
@@ -421,6 +422,7 @@ def test_per_window_sums_give_exactly_the_bucket_means():
   )
 
 
+@pytest.mark.smoke
 def test_a_minus_a_is_zero_with_zero_stderr_and_pairing_narrows_the_interval():
   a, b = _accumulate_windows(), _accumulate_windows(shift=0.1, seed=1)
   same = buckets_lib.paired_difference(a.per_window(), a.per_window())
@@ -438,6 +440,19 @@ def test_a_minus_a_is_zero_with_zero_stderr_and_pairing_narrows_the_interval():
       buckets_lib.paired_difference(b.per_window(), rev)[0]['diff']
       == diff[0]['diff']
   )
+
+
+def test_overall_paired_difference_is_the_difference_of_the_overall_losses():
+  a, b = _accumulate_windows(), _accumulate_windows(shift=0.1, seed=1)
+  wa, wb = a.per_window(), b.per_window()
+  row = buckets_lib.overall_paired_difference(wb, wa, ('b', 'a'))
+  want = buckets_lib.overall(wb)['loss'] - buckets_lib.overall(wa)['loss']
+  assert row['diff'] == pytest.approx(want, rel=1e-12)
+  assert row['windows'] == 40 and row['documents'] == 40
+  # The shared difficulty cancels: paired far tighter than unpaired.
+  assert row['stderr'] < row['unpaired_stderr'] / 5
+  same = buckets_lib.overall_paired_difference(wa, wa)
+  assert same['diff'] == 0.0 and same['stderr'] == 0.0
 
 
 def test_paired_difference_refuses_runs_on_different_windows():
@@ -506,6 +521,7 @@ def test_clustered_stderr_is_the_window_stderr_for_one_window_per_doc():
   )
 
 
+@pytest.mark.smoke
 def test_clustered_stderr_is_larger_when_windows_of_one_document_agree():
   # 20 windows in 4 documents, identical within each
   doc = np.repeat(np.arange(4), 5)
@@ -623,3 +639,73 @@ def test_the_evaluation_library_imports_no_runner_module():
   assert proc.returncode == 0 and proc.stdout.strip() == '[]', (
       proc.stdout + proc.stderr[-2000:]
   )
+
+
+def _bucket(start, end, loss, stderr, **extra):
+  return dict(start=start, end=end, tokens=8, loss=loss, stderr=stderr, **extra)
+
+
+def _printed_results(num_groups):
+  spans = [(0, 4), (4, 8)]
+  synthetic = dict(
+      bayes_loss=1.0, filter_loss=2.0, excess_loss=0.5, recovered=0.5
+  )
+  groups = [
+      {
+          'group': f'[{2**i * 1024}, {2**(i + 1) * 1024})',
+          'windows': 100 + i,
+          'documents': 1 if i == 0 else 20,
+          # One document: no clustered standard error.
+          'buckets': [
+              _bucket(a, b, 1.5, None if i == 0 else 0.1) for a, b in spans
+          ],
+      }
+      for i in range(num_groups)
+  ]
+  return {
+      'buckets': [_bucket(a, b, 1.5, 0.1, **synthetic) for a, b in spans],
+      'overall': dict(loss=1.5, stderr=0.1, tokens=16, windows=2, documents=2),
+      'degradation': dict(
+          last_minus_best=0.0,
+          last_minus_best_stderr=0.1,
+          slope=0.0,
+          slope_stderr=0.0,
+      ),
+      'windows': dict(
+          window_len=8,
+          long_doc_share=1.0,
+          windows=2,
+          documents=2,
+          first_window_overlaps=0,
+          kinds={},
+          start={},
+          to_end={},
+      ),
+      'by_kind': [],
+      'by_depth': groups,
+      'by_end': [],
+  }
+
+
+def test_printed_tables_fit_100_columns_and_split_wide_group_tables():
+  text = eval_report.format_results(_printed_results(num_groups=8))
+  assert max(len(line) for line in text.splitlines()) <= 100
+  # Eight groups do not fit one block of 100 columns: two blocks, every group.
+  assert text.count('by_depth') == 2
+  for i in range(8):
+    assert f'[{2**i * 1024}, {2**(i + 1) * 1024})' in text
+    assert f'{100 + i}w/' in text
+
+
+def test_a_one_document_group_shows_n_a_not_a_dangling_sign():
+  text = eval_report.format_results(_printed_results(num_groups=2))
+  assert '1.5000+-n/a' in text and '+--' not in text
+  assert 'n/a: one document, no clustered standard error' in text
+
+
+def test_the_synthetic_columns_are_named_and_explained():
+  text = eval_report.format_table(_printed_results(num_groups=0))
+  header = text.splitlines()[0].split()
+  assert header[-4:] == ['bayes', 'filter', 'excess', 'recovered']
+  assert 'bayes: the Bayes-optimal loss' in text
+  assert 'recovered = (filter - loss) / (filter - bayes)' in text

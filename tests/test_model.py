@@ -114,6 +114,7 @@ def test_shapes_and_dtypes(dtype, param_dtype):
   assert np.all(np.isfinite(logits))
 
 
+@pytest.mark.smoke
 def test_causality_loss_at_t_has_zero_grad_for_later_rows():
   # Two blocks: leaks could compound.
   cfg = ModelConfig(**dict(SMALL, num_layers=2))
@@ -140,6 +141,7 @@ def test_causality_loss_at_t_has_zero_grad_for_later_rows():
     assert np.all(row_norm[: t + 1] > 0.0), (t, row_norm)
 
 
+@pytest.mark.smoke
 def test_packed_segments_do_not_attend_across_documents():
   cfg = ModelConfig(**SMALL)
   inputs, _ = _batch(b=1)
@@ -171,6 +173,7 @@ def test_padding_segment_zero_keeps_outputs_finite():
   assert np.all(np.isfinite(out))
 
 
+@pytest.mark.smoke
 def test_embed_delta_grads_summed_by_position_equal_table_grad():
   cfg = ModelConfig(**SMALL)
   inputs, _ = _batch(b=3)

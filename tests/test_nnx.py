@@ -274,6 +274,19 @@ def test_embedding_modules_match_linen_and_the_pure_functions():
   assert not np.allclose(rotated, q)
 
 
+@pytest.mark.smoke
+@pytest.mark.parametrize('jit', [False, True])
+def test_nnx_out_of_range_position_gives_nan_row(jit):
+  learned = posemb_nnx.LearnedPositionEmbedding(
+      8, 4, embedding_init=initializers.get('gpt2'), rngs=nnx.Rngs(0)
+  )
+  table = np.asarray(learned.embedding[...])
+  call = nnx.jit(lambda m, p: m(p)) if jit else (lambda m, p: m(p))
+  out = np.asarray(call(learned, jnp.asarray([[8, -1, 3]], jnp.int32)))
+  assert np.isnan(out[0, :2]).all()
+  np.testing.assert_array_equal(out[0, 2], table[3])
+
+
 def test_linen_model_under_nnx_bridge_runs_at_another_batch_size():
   cfg = ModelConfig(**SMALL)
   inputs2, positions2 = _batch(2)

@@ -100,3 +100,57 @@ def test_error_bars_are_the_t_intervals_the_results_carry_not_1_96_stderr(
       'unused.png',
   )
   np.testing.assert_allclose(_bar_half_widths(figs[-1].axes[0]), 0.3)
+
+
+def _table_figure(monkeypatch, **kwargs):
+  figs = []
+  monkeypatch.setattr(
+      plots, '_save', lambda fig, path: figs.append(fig) or path
+  )
+  norms = np.sqrt(8.0) + 1e-7 * np.sin(np.arange(16))  # float noise only
+  plots.table_analysis(
+      norms,
+      pca_ratio=np.array([0.6, 0.4]),
+      probe_edges=np.array([0, 8, 16]),
+      probe_error=np.array([0.1, 0.1]),
+      path='unused.png',
+      **kwargs,
+  )
+  (fig,) = figs
+  fig.canvas.draw()
+  return fig
+
+
+def test_table_figure_has_no_empty_drift_panel_without_an_initial_table(
+    monkeypatch,
+):
+  fig = _table_figure(monkeypatch, drift=None)
+  titles = [ax.get_title() for ax in fig.axes]
+  assert len(fig.axes) == 3 and not any('drift' in t for t in titles)
+  with_drift = _table_figure(monkeypatch, drift=np.linspace(0, 1, 16))
+  assert 'drift from the initial table' in [
+      ax.get_title() for ax in with_drift.axes
+  ]
+
+
+def test_equal_row_norms_draw_a_flat_line_from_zero_not_float_noise(
+    monkeypatch,
+):
+  ax = _table_figure(monkeypatch, drift=None).axes[0]
+  low, high = ax.get_ylim()
+  # The top a little above the line, whatever the noise.
+  assert low == 0.0 and 2.9 < high < 3.0
+  assert ax.yaxis.get_offset_text().get_text() == ''
+
+
+def test_position_curve_images_redraw_each_window_over_every_position():
+  draw = plots.PositionCurveImages()
+  first = draw('count', np.arange(16.0), 'steps 1-5')
+  second = draw('count', np.r_[np.full(8, np.nan), np.ones(8)], 'steps 6-10')
+  assert first.shape == second.shape and first.dtype == np.uint8
+  assert first.shape[2] == 3 and not np.array_equal(first, second)
+  _, ax, _ = draw._figures['count']
+  # NaN positions are a gap, not a shorter axis; the label names the window.
+  assert ax.get_xlim() == (0.0, 15.0)
+  assert ax.get_xlabel() == 'position (steps 6-10)'
+  assert ax.get_ylim()[0] < 1.0 < ax.get_ylim()[1]

@@ -112,6 +112,40 @@ def test_prepared_local_text_trains_through_the_tfds_source_without_tensorflow(
   )
 
 
+def test_prepare_shows_progress_and_warns_of_too_few_validation_documents(
+    tmp_path,
+):
+  texts = _texts(tmp_path / 'texts')
+  p = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'flax_posemb.commands.prepare',
+          '--name',
+          'few',
+          '--input',
+          str(texts / '*.txt'),
+          '--data_dir',
+          str(tmp_path / 'tfds'),
+          '--val_percent',
+          '30',
+      ],
+      cwd=ROOT,
+      env=SUBPROCESS_ENV,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert p.returncode == 0, p.stderr[-2000:]
+  validation = int(p.stdout.split('validation ')[1].split()[0])
+  assert 0 < validation < 8
+  assert 'Reading documents' in p.stderr and 'Generating' in p.stderr
+  warning = p.stderr.strip().splitlines()[-1]
+  assert warning.startswith('python -m flax_posemb.commands.prepare: warning:')
+  assert f'the validation split has {validation} documents' in warning
+  assert '64 windows' in warning and 'eval.py --num_windows N' in warning
+
+
 def test_prepare_reads_parquet_rows_and_refuses_to_overwrite(tmp_path):
   pa = pytest.importorskip('pyarrow')
   import pyarrow.parquet as pq

@@ -131,6 +131,7 @@ def assert_stats_match(got, want):
     )
 
 
+@pytest.mark.smoke
 def test_any_model_stats_match_per_example_gradients_linen(setup):
   model, params, batch = setup
 
@@ -255,6 +256,81 @@ def test_absent_positions_get_exactly_zero_gradient(setup):
   assert not present[11] and present[10]
   assert np.all(grad[~present] == 0.0)
   assert np.all(np.abs(grad[present]).sum(-1) > 0)
+
+
+def _standin_token_loss_fn(model):
+  def token_loss_fn(p, embed_delta, b):
+    logits = model.apply(
+        {'params': p},
+        b['inputs'],
+        b['positions'],
+        b['segment_ids'],
+        embed_delta=embed_delta,
+    )
+    return token_losses(logits, b['targets'])
+
+  return token_loss_fn
+
+
+@pytest.mark.parametrize('bad', [L, -1])
+def test_out_of_range_id_of_a_real_token_is_refused_eagerly(setup, bad):
+  model, params, batch = setup
+  batch = dict(batch, positions=batch['positions'].copy())
+  batch['positions'][2, 7] = bad  # a real token (segment 1 of row 2)
+  f = stats.value_and_grad_with_position_stats(
+      _standin_token_loss_fn(model), L, D
+  )
+  with pytest.raises(ValueError, match=f'Position id {bad} is'):
+    f(params, batch)
+
+
+@pytest.mark.smoke
+def test_out_of_range_id_of_a_real_token_is_refused_under_jit(setup):
+  model, params, batch = setup
+  batch = dict(batch, positions=batch['positions'].copy())
+  batch['positions'][1, 4] = L
+  f = jax.jit(
+      stats.value_and_grad_with_position_stats(
+          _standin_token_loss_fn(model), L, D
+      )
+  )
+  with pytest.raises(jax.errors.JaxRuntimeError, match=f'Position id {L} is'):
+    jax.block_until_ready(f(params, batch))
+
+
+def test_position_check_off_leaves_the_id_out_of_every_statistic(setup):
+  """check_positions=False is for batches checked already: an unchecked bad
+  id is then missing from the statistics while the loss counts it."""
+  model, params, batch = setup
+  batch = dict(batch, positions=batch['positions'].copy())
+  batch['positions'][2, 7] = L
+  f = stats.value_and_grad_with_position_stats(
+      _standin_token_loss_fn(model), L, D, check_positions=False
+  )
+  got = f(params, batch)[2]
+  real = int((batch['segment_ids'] > 0).sum())
+  assert int(got['count'].sum()) == real - 1
+
+
+@pytest.mark.smoke
+def test_loss_fn_that_ignores_embed_delta_is_refused(setup):
+  model, params, batch = setup
+
+  def token_loss_fn(p, embed_delta, b):
+    del embed_delta
+    logits = model.apply(
+        {'params': p}, b['inputs'], b['positions'], b['segment_ids']
+    )
+    return token_losses(logits, b['targets'])
+
+  f = stats.value_and_grad_with_position_stats(token_loss_fn, L, D)
+  with pytest.raises(ValueError, match='add it to the token\\+position'):
+    jax.jit(f)(params, batch)
+  # Loss fields alone need no embed_delta.
+  off = stats.value_and_grad_with_position_stats(
+      token_loss_fn, L, D, collect=False
+  )
+  assert np.isfinite(float(jax.jit(off)(params, batch)[0]))
 
 
 def test_microbatch_sums_square_after_summing():
@@ -390,36 +466,60 @@ class _Writer:
   """Records what a TensorBoard-like writer is given."""
 
   def __init__(self):
-    self.histograms, self.images = {}, {}
+    self.scalars, self.images = {}, {}
 
-  def add_histogram_raw(self, tag, global_step, **h):
-    self.histograms[tag, global_step] = h
+  def add_scalar(self, tag, value, global_step):
+    self.scalars[tag, global_step] = value
 
   def add_image(self, tag, img_tensor, global_step, dataformats):
     self.images[tag, global_step] = (img_tensor, dataformats)
 
 
-def test_writer_gets_per_position_curves_and_the_cosine_image():
+@pytest.mark.smoke
+def test_writer_gets_a_scalar_per_bucket_and_an_image_per_curve():
   w = _Writer()
-  st = stats.PositionStatistics(4, 2, writer=w, initial_table=np.zeros((4, 2)))
+  drawn = {}
+
+  def curve_image(name, values, title):
+    drawn[name] = (values, title)
+    return np.zeros((2, 3, 3), np.uint8)
+
+  st = stats.PositionStatistics(
+      4,
+      2,
+      writer=w,
+      initial_table=np.zeros((4, 2)),
+      bucket_edges=[0, 1, 4],
+      curve_image=curve_image,
+  )
   window = st.inside_step(
       st.init(), _fake_step(1), jnp.zeros((4, 2)), jnp.ones((4, 2))
   )
   st.on_step(1, window, table=np.array([[3.0, 4.0]] * 4))
-  names = {t for t, _ in w.histograms}
-  assert names == {
-      f'positions/{k}'
-      for k in (
-          'count',
-          'signal_per_occurrence',
-          'coherence',
-          'update_sq',
-          'drift',
-      )
+  # Every field of the fake step is [1, 2, 3, 4]; update_sq ||(1, 1)||^2 = 2.
+  want = {
+      'count': [1.0, 3.0],
+      'loss': [1.0, 1.0],
+      'signal_per_occurrence': [1.0, 1.0],
+      'coherence': [1.0, 9 / 29],
+      'update_sq': [2.0, 2.0],
+      'row_sq': [1.0, 3.0],
+      'occ_norm': [1.0, 3.0],
+      'drift': [5.0, 5.0],
   }
-  h = w.histograms['positions/drift', 1]
-  assert h['bucket_limits'] == [1, 2, 3, 4] and h['bucket_counts'] == [5.0] * 4
-  assert w.histograms['positions/count', 1]['bucket_counts'] == [1, 2, 3, 4]
+  assert set(w.scalars) == {
+      (f'positions_{name}/{span}', 1)
+      for name in want
+      for span in ('00000-00001', '00001-00004')
+  }
+  for name, (first, rest) in want.items():
+    assert w.scalars[f'positions_{name}/00000-00001', 1] == pytest.approx(first)
+    assert w.scalars[f'positions_{name}/00001-00004', 1] == pytest.approx(rest)
+  assert set(drawn) == set(want)
+  np.testing.assert_array_equal(drawn['count'][0], [1, 2, 3, 4])
+  assert drawn['loss'][1] == 'steps 1-1'
+  assert {t for t, _ in w.images} == {f'positions/{n}' for n in want}
+  assert w.images['positions/coherence', 1][1] == 'HWC'
   st.report_table(
       1, np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, 0.0]])
   )
@@ -643,3 +743,7 @@ def test_a_user_loop_writes_the_trainers_windows_and_eval_analyzes_them(
         z['cumulative_count'].sum()
     )
   assert os.path.getsize(summary['files']['exposure_plot']) > 0
+  assert f"plot: {summary['files']['exposure_plot']}" in proc.stdout
+  rho = summary['exposure']['spearman_mean_loss']
+  assert f'mean_loss {rho:+.2f}' in proc.stdout
+  assert '2 statistics windows, steps' in proc.stdout

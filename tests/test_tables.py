@@ -283,10 +283,15 @@ def test_eval_analyze_table_end_to_end(tmp_path):
   assert sum(summary['pca_explained_variance']) == pytest.approx(1.0)
   assert 'drift' in summary['skipped'] and 'drift_by_bucket' not in summary
   for key in ('table_plot', 'cosine_plot'):
-    assert (
-        os.path.getsize(summary['files'][key]) > 0
-        and summary['files'][key] in proc.stdout
-    )
+    assert os.path.getsize(summary['files'][key]) > 0
+    assert f"plot: {summary['files'][key]}" in proc.stdout
+  # What it found, on the console too; a bar over the stages while it ran.
+  r2 = summary['probe']['r2']
+  assert f'position probe (held-out ridge): R^2 {r2:.3f}' in proc.stdout
+  components = summary['pca_components_for_90pct']
+  assert f'{components} principal components explain 90%' in proc.stdout
+  assert 'row norm: first bucket 2.828' in proc.stdout
+  assert 'analysis: 100%' in proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -59,7 +59,7 @@ def main(argv):
     with open(_JSON.value, 'w') as f:
       json.dump(rep, f, indent=1)
   if _PNG.value:
-    plots.data_exposure(rep, _PNG.value)
+    print(f'plot: {plots.data_exposure(rep, _PNG.value)}')
 
 
 if __name__ == '__main__':

@@ -12,10 +12,12 @@ Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message; --debug shows
 the traceback)."""
 
 import re
+import sys
 
 from absl import flags
 
 from flax_posemb import cli
+from flax_posemb import defaults
 from flax_posemb.data import text_sources
 
 PROG = 'python -m flax_posemb.commands.prepare'
@@ -89,6 +91,7 @@ def main(argv):
       val_percent=_VAL_PERCENT.value,
       on_decode_error=_ON_DECODE_ERROR.value,
       overwrite=_OVERWRITE.value,
+      progress=True,
   )
   splits = ', '.join(
       f'{k} {v} documents' for k, v in sorted(out['splits'].items())
@@ -98,6 +101,25 @@ def main(argv):
       'Train on it with --config.data.source=tfds'
       f' --config.data.name={_NAME.value}'
       f' --config.data.data_dir={_DATA_DIR.value}'
+  )
+  warning = few_validation_documents(out['splits'].get('validation', 0))
+  if warning:
+    print(f'{PROG}: warning: {warning}', file=sys.stderr)
+
+
+def few_validation_documents(documents: int) -> str:
+  """A warning when the validation split has fewer documents than an
+  evaluation reads windows by default ('' if not)."""
+  wanted = defaults.evaluation().num_windows
+  if documents >= wanted:
+    return ''
+  return (
+      f'the validation split has {documents} documents, fewer than the'
+      f' {wanted} windows an evaluation reads by default (eval.num_windows;'
+      ' first windows take one a document), so a default evaluation (eval.py,'
+      " training's periodic one) will refuse it. Raise --val_percent (now"
+      f' {_VAL_PERCENT.value}) or add text, or evaluate fewer windows:'
+      ' eval.py --num_windows N, train.py --config.eval.num_windows=N.'
   )
 
 

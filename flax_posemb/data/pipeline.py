@@ -2,6 +2,7 @@
 tokens")."""
 
 from collections.abc import Callable, Iterator, Sequence
+import difflib
 import functools
 import json
 import os
@@ -49,7 +50,7 @@ def validate_config(data_config, max_len: int) -> None:
       ('on_decode_error', sources.DECODE_ERROR_MODES),
   ):
     if c.get(key, 'replace') not in choices:
-      raise ValueError(f'Unknown data.{key} {c[key]!r}; use one of {choices}.')
+      raise ValueError(_unknown_value(f'data.{key}', c[key], choices))
   for key in ('num_workers', 'prefetch', 'shuffle_rows'):
     if int(c.get(key, 0)) < 0:
       raise ValueError(f'data.{key} must be >= 0, got {c[key]}.')
@@ -215,9 +216,7 @@ def _validate_synthetic(c) -> None:
 def _validate_text(c) -> None:
   """`validate_config`'s checks of the text sources."""
   if c.tokenizer not in TOKENIZERS:
-    raise ValueError(
-        f'Unknown data.tokenizer {c.tokenizer!r}; use one of {TOKENIZERS}.'
-    )
+    raise ValueError(_unknown_value('data.tokenizer', c.tokenizer, TOKENIZERS))
   if (
       c.tokenizer == 'sentencepiece'
       and c.spm_model
@@ -253,6 +252,15 @@ def _validate_text(c) -> None:
     raise ValueError(
         f"Splits {splits} of {c.source}: use 'train' or 'validation'."
     )
+
+
+def _unknown_value(field: str, value: Any, choices: tuple[str, ...]) -> str:
+  """The message of a value not among ``choices``, with the closest one."""
+  close = difflib.get_close_matches(str(value), choices, n=1)
+  suggestion = ''
+  if close:
+    suggestion = f' did you mean {close[0]!r}?'
+  return f'Unknown {field} {value!r};{suggestion} use one of {choices}.'
 
 
 def make_source(data_config, split: str) -> sources.DocSource:
@@ -701,17 +709,36 @@ def _first_windows(
       f'Split {split!r} has only {len(out)} '
       f'documents with >= {need} tokens (of {len(src)})',
       'the window length',
+      deep=False,
   )
   return out
 
 
-def _check_enough(found: int, num_windows: int, what: str, lower: str) -> None:
-  if found < num_windows:
-    raise ValueError(
-        f'{what}, but num_windows={num_windows} were requested; lower '
+class TooFewWindowsError(ValueError):
+  """A split holds fewer evaluation windows than requested. ``what``: the
+  split's count in words; ``found``, ``requested``: windows; ``deep``: deep
+  windows (then ``min_doc_len`` / ``min_start`` limit them). The message names
+  the config fields; a command names its own flags from these."""
+
+  def __init__(
+      self, what: str, found: int, requested: int, lower: str, deep: bool
+  ):
+    super().__init__(
+        f'{what}, but num_windows={requested} were requested; lower '
         f'eval.num_windows or {lower}, or use a corpus with longer documents '
         '(wiki40b, pg19; synthetic: more data.synthetic.num_docs).'
     )
+    self.what = what
+    self.found = found
+    self.requested = requested
+    self.deep = deep
+
+
+def _check_enough(
+    found: int, num_windows: int, what: str, lower: str, deep: bool
+) -> None:
+  if found < num_windows:
+    raise TooFewWindowsError(what, found, num_windows, lower, deep)
 
 
 def _deep_windows(
@@ -742,6 +769,7 @@ def _deep_windows(
       f' >= {min_doc_len} tokens that fit one; {len(lengths)} documents in'
       ' all)',
       'eval.min_doc_len, eval.min_start or the window length',
+      deep=True,
   )
   pick = np.sort(rng.choice(total, num_windows, replace=False))
   ends = np.cumsum(slots)

@@ -166,7 +166,12 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
     del dl_manager
     bad: list[str] = []
     docs = []
-    for key, kind, text in self._docs(bad):
+    # TFDS's own bar (on only when `build` is asked for progress): this first
+    # pass over every document runs before TFDS's "Generating splits".
+    reading = tfds.core.utils.tqdm(
+        self._docs(bad), desc='Reading documents', unit=' documents'
+    )
+    for key, kind, text in reading:
       docs.append((key, kind, len(text.encode('utf-8')) + 1))
     val = self._held_out(docs)
     self.info.metadata['decode_errors'] = {
@@ -193,16 +198,34 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
       yield key, record
 
 
-def build(builder) -> None:
-  """Writes `builder`'s dataset as array_record (TFDS prints silenced)."""
-  tfds.disable_progress_bar()
+def build(builder, progress: bool = False) -> None:
+  """Writes `builder`'s dataset as array_record (TFDS prints silenced; its
+  progress bars on stderr if ``progress``)."""
+  tfds.display_progress_bar(progress)
   with contextlib.redirect_stdout(io.StringIO()):
     builder.download_and_prepare(file_format='array_record')
+
+
+def _with_config(builder_cls, config: TextBuilderConfig):
+  """``builder_cls`` with ``config`` as its one own config (same name and
+  paths): TFDS logs a config that is not the class's own as a warning holding
+  all of it, every file path included (~30,000 characters for long_text)."""
+  return type(
+      builder_cls.__name__,
+      (builder_cls,),
+      {
+          'name': builder_cls.name,
+          'BUILDER_CONFIGS': [config],
+          '__module__': builder_cls.__module__,
+      },
+      skip_registration=True,
+  )
 
 
 def build_once(builder_cls, config: TextBuilderConfig, ddir: str):
   """The dataset, built once (a file lock keeps concurrent processes from
   racing)."""
+  builder_cls = _with_config(builder_cls, config)
   builder = builder_cls(config=config, data_dir=ddir)
   if not builder.is_prepared():
     lock_path = os.path.join(ddir, f'.{builder.name}_{config.name}.lock')

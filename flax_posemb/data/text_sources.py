@@ -3,6 +3,7 @@ and ``stdlib`` corpora (built on first use), your own text prepared as a
 dataset (`prepare_dataset`), prepared TFDS datasets (docs/DESIGN.md "Data
 policies and tokens")."""
 
+import difflib
 import glob as glob_lib
 import hashlib
 import os
@@ -86,10 +87,12 @@ def prepare_dataset(
     val_percent: int = 5,
     on_decode_error: str = 'replace',
     overwrite: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
   """Builds ``ddir/name/1.0.0`` from `inputs` (globs) or `hf_dataset` (the
   flags of ``python -m flax_posemb.commands.prepare``, checked by them):
-  ``{'path', 'feature', 'splits': {split: documents}}``."""
+  ``{'path', 'feature', 'splits': {split: documents}}``; ``progress``: TFDS's
+  progress bars on stderr."""
   if hf_dataset:
     files: tuple[str, ...] = ()
     what = hf_dataset
@@ -125,7 +128,7 @@ def prepare_dataset(
       skip_registration=True,
   )
   builder = builder_cls(data_dir=ddir)
-  text_corpus.build(builder)
+  text_corpus.build(builder, progress)
   # TFDS's download directory, empty.
   shutil.rmtree(os.path.join(ddir, 'downloads'), ignore_errors=True)
   splits = {k: int(v.num_examples) for k, v in builder.info.splits.items()}
@@ -271,9 +274,8 @@ def _version_key(version_dir: str) -> list[int]:
   return [int(x) for x in os.path.basename(version_dir).split('.')]
 
 
-def _prepared_names(ddir: str) -> str:
-  """The datasets prepared in `ddir` (``NAME`` or ``NAME/CONFIG``), 20 at most,
-  for a message."""
+def _prepared(ddir: str) -> list[str]:
+  """The datasets prepared in `ddir` (``NAME`` or ``NAME/CONFIG``), sorted."""
   infos = []
   for pattern in ('*', '*/*'):
     infos += glob_lib.glob(
@@ -282,12 +284,28 @@ def _prepared_names(ddir: str) -> str:
   names = set()
   for info in infos:
     names.add(os.path.relpath(os.path.dirname(os.path.dirname(info)), ddir))
+  return sorted(names)
+
+
+def _prepared_names(ddir: str) -> str:
+  """The datasets prepared in `ddir`, 20 at most, for a message."""
+  names = _prepared(ddir)
   if not names:
     return 'none'
-  listed = ', '.join(sorted(names)[:20])
+  listed = ', '.join(names[:20])
   if len(names) > 20:
     listed += ' ...'
   return listed
+
+
+def _did_you_mean(name: str, ddir: str) -> str:
+  """' Did you mean 'X'?' for the prepared or catalog dataset closest to
+  ``name`` ('' if none is close)."""
+  known = _prepared(ddir) + tfds.list_builders(with_community_datasets=False)
+  close = difflib.get_close_matches(name, known, n=1)
+  if not close:
+    return ''
+  return f' Did you mean {close[0]!r}?'
 
 
 def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
@@ -304,6 +322,7 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
       # Without TensorFlow TFDS cannot tell which: the message gives both fixes.
       raise ValueError(
           f'No prepared dataset {name!r} (data.name) under {ddir}.'
+          f'{_did_you_mean(base, ddir)}'
           ' A TFDS catalog dataset: build it once (only this needs'
           ' TensorFlow: pip install "flax_posemb[prepare]"),'
           f' tfds build {base} --file_format=array_record --data_dir={ddir},'

@@ -85,6 +85,8 @@ def main(argv: list[str]) -> None:
   for name, summary in summaries.items():
     for claim in summary['claims']:
       print(f"{claim['verdict']:>28}  {claim['id']}: {claim['text']}")
+    for figure in summary['figures']:
+      print(f'plot: {os.path.join(out, name, figure)}')
     print(os.path.join(out, name, 'REPORT.md'))
   if len(summaries) > 1:
     print(os.path.join(out, 'README.md'))

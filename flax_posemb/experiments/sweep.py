@@ -112,6 +112,11 @@ def equalize(
     probe = spec.apply_overrides(config, (('seed', 0),), f'arm {arm!r}')
     key = spec.run_key(probe)
     if key not in cache:
+      logger.info(
+          'budget: arm %s: scored tokens per row over %d batches ...',
+          arm,
+          int(budget_config.estimate_batches),
+      )
       cache[key] = float(estimator(probe, int(budget_config.estimate_batches)))
     per_row[arm] = cache[key]
     if not per_row[arm] > 0:
