@@ -123,7 +123,7 @@ def cumulative_exposure(
 ) -> np.ndarray | None:
   """[L] tokens seen per position up to `upto_step` (None without window files):
   the exact `cumulative_count` of the last window file when present, else the
-  sum of the `count`s."""
+  sum of the `count` fields."""
   files = window_files(stats_dir, upto_step)
   if not files:
     return None

@@ -54,6 +54,7 @@ class RestoreInfo:
   vanished: list[int] = dataclasses.field(default_factory=list)
 
   def to_json(self) -> dict[str, Any]:
+    """The fields as a JSON-serializable dict (`results.json['checkpoint']`)."""
     return dataclasses.asdict(self)
 
 
@@ -240,12 +241,14 @@ class Checkpointer:
     self.close = self._manager.close
 
   def all_steps(self) -> list[int]:
+    """The saved steps, ascending (listed again on each call when read-only)."""
     if self._read_only:
       # A running trainer writes (and deletes) steps here.
       self._manager.reload()
     return sorted(self._manager.all_steps())
 
   def step_metadata(self, step: int) -> dict[str, Any]:
+    """The custom metadata of `step` (`integrity`, `metrics`)."""
     return dict(self._manager.metadata(step).custom_metadata or {})
 
   def save(

@@ -80,6 +80,8 @@ def _is_user_error(error: BaseException) -> bool:
 
 
 def define_debug_flag() -> None:
+  """Defines `--debug`, shared by every program: show the traceback of a user
+  error."""
   flags.DEFINE_bool(
       'debug',
       False,
@@ -88,6 +90,7 @@ def define_debug_flag() -> None:
 
 
 def fail(prog: str, message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
+  """Prints `PROG: message` on stderr and exits with `code`."""
   print(f'{prog}: {message}', file=sys.stderr, flush=True)
   sys.exit(code)
 

@@ -160,6 +160,7 @@ class TokenEmbedding(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   def setup(self):
+    """Creates the `[num_embeddings, features]` table."""
     self.embedding = self.param(
         'embedding',
         self.embedding_init,

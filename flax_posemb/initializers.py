@@ -41,6 +41,7 @@ class Initializer:
     return self.fn(key, tuple(shape), dtype)
 
   def expected_std(self, features: int) -> float:
+    """The realized standard deviation of a table `features` wide."""
     return float(self.std_fn(int(features)))
 
 

@@ -138,10 +138,12 @@ def step_files(pattern: str) -> list[tuple[int, str]]:
 
 
 def window_files(workdir: str) -> list[tuple[int, str]]:
+  """`(step, path)` of the workdir's window files, by step."""
   return step_files(os.path.join(workdir, WINDOW_FILES))
 
 
 def table_files(workdir: str) -> list[tuple[int, str]]:
+  """`(step, path)` of the workdir's table snapshots, by step."""
   return step_files(os.path.join(workdir, TABLE_FILES))
 
 
@@ -151,6 +153,7 @@ def window_files_in(directory: str) -> list[tuple[int, str]]:
 
 
 def table_path(workdir: str, step: int) -> str:
+  """The path of the workdir's table snapshot of `step`."""
   return os.path.join(workdir, TABLES_DIR, TABLE_FILE.format(step=step))
 
 

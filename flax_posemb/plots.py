@@ -73,6 +73,7 @@ def loss_by_position(
     path: str,
     title: str = '',
 ) -> str:
+  """Saves `loss_by_position_figure` to `path`; returns `path`."""
   return _save(loss_by_position_figure(per_position, results, title), path)
 
 

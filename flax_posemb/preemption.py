@@ -42,6 +42,7 @@ def on_sigterm(signum: int, frame: Any) -> None:
 
 
 def sigterm_requested() -> bool:
+  """Whether a SIGTERM arrived while it was deferred (`defer_sigterm`)."""
   return _STATE.requested
 
 

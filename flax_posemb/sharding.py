@@ -26,6 +26,7 @@ def make_mesh(devices: Any = None) -> Mesh:
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+  """The same full array on every device of `mesh`."""
   return NamedSharding(mesh, P())
 
 

@@ -50,6 +50,7 @@ class TensorBoard:
     )
 
   def add_scalar(self, tag: str, value: float, global_step: int) -> None:
+    """A scalar (the Scalars tab)."""
     self._add(global_step, summary.scalar(tag, value))
 
   def add_image(
@@ -59,6 +60,7 @@ class TensorBoard:
       global_step: int,
       dataformats: str = 'CHW',
   ) -> None:
+    """An image (the Images tab): uint8 or [0, 1] floats in `dataformats`."""
     self._add(
         global_step, summary.image(tag, img_tensor, dataformats=dataformats)
     )

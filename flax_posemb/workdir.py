@@ -177,6 +177,7 @@ def check_resume_config(
 
 
 def write_config(workdir: str, config: Any) -> None:
+  """Writes `config.json`, the resolved config of the run, whole."""
   path = os.path.join(workdir, outputs.CONFIG_FILE)
   with outputs.atomic_write(path, 'w') as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))

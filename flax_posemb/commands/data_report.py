@@ -43,6 +43,7 @@ flags.mark_flags_as_required(['config'])
 
 
 def main(argv):
+  """Prints (and with --json / --png writes) the exposure report of --config."""
   del argv  # cli.run refuses positional arguments.
   # The output directories are checked before the report is computed.
   if _JSON.value:

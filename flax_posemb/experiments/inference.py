@@ -83,6 +83,8 @@ def load(run_dir: str) -> Windows:
 
 
 def has_windows(run_dir: str) -> bool:
+  """Whether the run kept its evaluation windows
+  (`experiment_eval/windows.npz`)."""
   return os.path.exists(os.path.join(run_dir, sweep.EVAL_DIR, sweep.WINDOWS))
 
 

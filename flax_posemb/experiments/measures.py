@@ -81,6 +81,7 @@ def label(metric: str, tokenizer: str = '') -> str:
 
 
 def load_json(path: str) -> Any:
+  """The JSON value of the file `path`."""
   with open(path) as f:
     return json.load(f)
 

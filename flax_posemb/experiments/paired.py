@@ -35,6 +35,7 @@ class Interval:
   level: float = 0.95
 
   def as_dict(self) -> dict[str, float | int]:
+    """The fields as a dict (`summary.json`)."""
     return dataclasses.asdict(self)
 
 

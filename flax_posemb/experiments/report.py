@@ -65,6 +65,8 @@ def _finite(x: Any) -> bool:
 
 
 def fmt(x: Any, nd: int = 4) -> str:
+  """`x` with `nd` decimals (scientific when tiny or huge); `n/a` if not
+  finite."""
   if not _finite(x):
     return 'n/a'
   if x != 0 and (abs(x) >= 1e4 or abs(x) < 10**-nd):
@@ -73,6 +75,7 @@ def fmt(x: Any, nd: int = 4) -> str:
 
 
 def fmt_interval(iv: Mapping[str, Any], nd: int = 4) -> str:
+  """An interval dict as `mean [low, high]` (`mean (n=N)` without bounds)."""
   if not _finite(iv.get('mean')):
     return 'n/a'
   if not _finite(iv.get('low')):

@@ -181,6 +181,7 @@ def write_json(path: str, obj: Any) -> None:
 
 
 def is_done(run_dir: str) -> bool:
+  """Whether the run finished (its completion marker `DONE.json` exists)."""
   return os.path.exists(os.path.join(run_dir, DONE))
 
 

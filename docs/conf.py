@@ -1,0 +1,56 @@
+"""Sphinx configuration of the flax_posemb documentation.
+
+Sphinx with MyST and autodoc, the form jax, flax, optax and orbax publish their
+documentation in: the pages are Markdown that reads the same on GitHub (MyST),
+the API reference comes from the docstrings (autodoc and autosummary, Google
+style through napoleon), and the theme is theirs (sphinx-book-theme). .ci/run
+builds it with warnings as errors:
+
+  python3 -m sphinx -W --keep-going -q -b html docs docs/_build/html
+"""
+
+import os
+import sys
+
+# The package from this checkout, installed or not.
+sys.path.insert(0, os.path.abspath('..'))
+
+project = 'flax_posemb'
+copyright = '2025, the flax_posemb authors'  # noqa: A001 (Sphinx's name)
+author = 'the flax_posemb authors'
+
+extensions = [
+    'myst_parser',
+    'sphinx.ext.autodoc',
+    'sphinx.ext.autosummary',
+    'sphinx.ext.napoleon',
+]
+source_suffix = {'.md': 'markdown', '.rst': 'restructuredtext'}
+templates_path = ['_templates']
+exclude_patterns = ['_build', 'Thumbs.db', '.DS_Store']
+
+# MyST: heading anchors, so that pages link to sections of DESIGN.md as GitHub
+# does (`DESIGN.md#statistics-flax_posembstats`).
+myst_heading_anchors = 3
+
+# The API reference: one page per module, generated at build time into
+# docs/_autosummary (not committed) from docs/_templates/autosummary/.
+autosummary_generate = True
+autodoc_default_options = {
+    'members': True,
+    'show-inheritance': True,
+    # A package's re-exports are documented once, in their own module.
+    'ignore-module-all': True,
+}
+autodoc_member_order = 'bysource'
+autodoc_typehints = 'signature'
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+# The docstrings write code in single backticks, as Markdown does.
+default_role = 'code'
+
+html_theme = 'sphinx_book_theme'
+html_title = 'flax_posemb'
+html_theme_options = {
+    'show_toc_level': 2,
+}
