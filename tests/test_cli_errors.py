@@ -376,6 +376,8 @@ def test_invalid_utf8_is_replaced_or_skipped_and_counted(
   )
   assert rep['decode_errors']['files'] == [str(tmp_path / 'corpus' / 'bad.txt')]
   assert 'invalid UTF-8: 1 document(s)' in report.format_report(rep)
+  # The corpus has no validation split: the report says so instead of failing.
+  assert "split 'validation'" in rep['eval_windows_problem']
 
 
 def test_invalid_utf8_with_on_decode_error_error_refuses_naming_the_file(
