@@ -675,6 +675,52 @@ def test_train_py_sigterm_while_importing_exits_75_with_a_message(tmp_path):
   assert not wd.exists()
 
 
+# SIGTERM while a gc callback runs (JAX registers some): Python only reports
+# the handler's `Preempted` there, so the request alone must stop the run.
+GC_CALLBACK_SCRIPT = textwrap.dedent("""
+    import gc, os, runpy, signal, sys
+    from flax_posemb import training
+    real = training.validate
+    def validate_after_a_sigterm_in_a_gc_callback(config):
+      def callback(phase, info):
+        if phase == 'start':
+          gc.callbacks.remove(callback)
+          os.kill(os.getpid(), signal.SIGTERM)  # handled in this callback
+      gc.callbacks.append(callback)
+      gc.collect()
+      return real(config)
+    training.validate = validate_after_a_sigterm_in_a_gc_callback
+    sys.argv = ['train.py', *sys.argv[1:]]
+    runpy.run_path('train.py', run_name='__main__')
+""")
+
+
+def test_a_sigterm_handled_inside_a_gc_callback_still_stops_the_run(tmp_path):
+  wd = tmp_path / 'wd'
+  proc = subprocess.run(
+      [
+          sys.executable,
+          '-c',
+          GC_CALLBACK_SCRIPT,
+          '--config',
+          'configs/tiny.py',
+          '--workdir',
+          str(wd),
+          *TINY,
+          '--config.num_train_steps=3',
+      ],
+      cwd=str(ROOT),
+      env=SUBPROCESS_ENV,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert proc.returncode == cli.EXIT_PREEMPTED, proc.stderr[-3000:]
+  assert 'preempted at step 0' in proc.stdout
+  assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+  assert os.listdir(wd / 'checkpoints') == ['0']
+
+
 def test_the_training_sigterm_handler_only_sets_a_flag_and_is_removed():
   """Library callers (no CLI): `defer_sigterm` installs the one handler for the
   block, where a SIGTERM is a flag the training loop polls, and puts the
