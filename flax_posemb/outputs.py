@@ -34,6 +34,11 @@ TABLE_FILE = 'table_{step}.npy'
 # Their glob patterns relative to a workdir (one "*" for the step).
 WINDOW_FILES = os.path.join(STATS_DIR, WINDOW_FILE.format(step='*'))
 TABLE_FILES = os.path.join(TABLES_DIR, TABLE_FILE.format(step='*'))
+# The temporary name under which `atomic_write` writes NAME.
+TEMP_NAME = '.{name}.tmp'
+# What a killed write of NAME leaves: `atomic_write`'s temporary name, and the
+# one older versions wrote.
+LEFTOVER_NAMES = (TEMP_NAME, '{name}.tmp.npz')
 
 
 @contextlib.contextmanager
@@ -46,7 +51,7 @@ def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
   data = buf.getvalue()
   directory, name = os.path.split(os.fspath(path))
   os.makedirs(directory or '.', exist_ok=True)
-  tmp = os.path.join(directory, f'.{name}.tmp')
+  tmp = os.path.join(directory, TEMP_NAME.format(name=name))
   try:
     with open(tmp, 'wb', buffering=0) as f:
       view = memoryview(data.encode() if isinstance(data, str) else data)
@@ -128,6 +133,26 @@ def step_files(pattern: str) -> list[tuple[int, str]]:
     if match:
       found.append((int(match.group(1)), path))
   return sorted(found)
+
+
+def step_leftovers(pattern: str) -> list[str]:
+  """The leftovers of killed writes of the step files of ``pattern`` (one
+  "*"), by their exact names (`LEFTOVER_NAMES`): nothing else is taken for
+  one."""
+  directory, name_pattern = os.path.split(pattern)
+  prefix, ext = name_pattern.split('*')
+  step_name = re.escape(prefix) + r'\d+' + re.escape(ext)
+  exact = [
+      re.compile(re.escape(leftover).replace(re.escape('{name}'), step_name))
+      for leftover in LEFTOVER_NAMES
+  ]
+  if not os.path.isdir(directory):
+    return []
+  return sorted(
+      os.path.join(directory, name)
+      for name in os.listdir(directory)
+      if any(e.fullmatch(name) for e in exact)
+  )
 
 
 def window_files(workdir: str) -> list[tuple[int, str]]:

@@ -534,8 +534,10 @@ class _Loop:
       self.evaluate(state, step)
 
   def eval_due(self, step: int) -> bool:
+    """Whether ``step`` has a periodic evaluation (never step 0: an
+    uninterrupted run does not evaluate before training)."""
     every = self.config.eval_every_steps
-    return every > 0 and step % every == 0
+    return every > 0 and step > 0 and step % every == 0
 
   def preemption_reached(self, step: int) -> bool:
     """Whether to save and stop after ``step``: a SIGTERM on one host; on

@@ -234,16 +234,13 @@ def truncate_outputs(workdir: str, step: int) -> None:
     with outputs.atomic_write(metrics, 'w') as f:
       # A row without a step counts as after it.
       f.writelines(line for line, r in rows if r.get('step', step + 1) <= step)
+  later = [path for s, path in _step_files(workdir) if s > step]
+  leftovers = []
   for pattern in (outputs.WINDOW_FILES, outputs.TABLE_FILES):
-    directory, name_pattern = os.path.split(os.path.join(workdir, pattern))
-    if not os.path.isdir(directory):
-      continue
-    prefix = name_pattern.split('*')[0]
-    for name in os.listdir(directory):
-      path = os.path.join(directory, name)
-      # A later step's output, or a killed write's leftover (".NAME.tmp").
-      if name.lstrip('.').startswith(prefix) and path not in keep:
-        os.remove(path)
+    leftovers += outputs.step_leftovers(os.path.join(workdir, pattern))
+  # Only names the run writes: a user's window_20.npz.bak stays.
+  for path in later + leftovers:
+    os.remove(path)
 
 
 def append_row(workdir: str, row: dict[str, Any]) -> None:

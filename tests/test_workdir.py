@@ -5,6 +5,7 @@ that uses it)."""
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,33 @@ def test_resume_cleans_leftovers_of_a_killed_write(tmp_path):
   assert training.train_and_evaluate(five_steps(), wd)['step'] == 5
   assert not any(os.path.exists(p) for p in junk)
   assert os.path.exists(os.path.join(wd, 'stats', 'window_5.npz'))
+
+
+def test_a_resume_removes_only_the_files_the_run_wrote(tmp_path):
+  """Files a user put in stats/ and tables/ stay, whatever their names start
+  with; the run's later step files and killed writes' leftovers go."""
+  wd, c = trained_five_steps(tmp_path)
+  stats, tables = os.path.join(wd, 'stats'), os.path.join(wd, 'tables')
+  users = [
+      os.path.join(stats, 'window_20.npz.bak'),
+      os.path.join(stats, 'window_notes.txt'),
+      os.path.join(stats, '.window_notes.tmp'),
+      os.path.join(tables, 'table_5.npy.orig'),
+      os.path.join(tables, 'table_of_contents.md'),
+  ]
+  for path in users:
+    open(path, 'w').close()
+  runs = [
+      os.path.join(stats, '.window_9.npz.tmp'),
+      os.path.join(tables, '.table_9.npy.tmp'),
+  ]
+  for path in runs:
+    open(path, 'w').close()
+  runs.append(os.path.join(stats, 'window_9.npz'))  # after the checkpoint
+  shutil.copy(os.path.join(stats, 'window_5.npz'), runs[-1])
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 5
+  assert all(os.path.exists(p) for p in users)
+  assert not any(os.path.exists(p) for p in runs)
 
 
 def test_outputs_without_checkpoints_are_never_wiped(tmp_path):
