@@ -1,6 +1,7 @@
 """Orbax checkpoints of a run, verified on restore (docs/DESIGN.md, "Training
 outputs")."""
 
+from collections.abc import Callable
 import contextlib
 import dataclasses
 import errno
@@ -32,6 +33,8 @@ _ARRAY_ITEMS = ('params', 'opt_state', 'stats', 'counters')
 _HOST_ITEMS = ('stats', 'counters')
 # Items digested whole, as JSON.
 _JSON_ITEMS = ('config', 'data_iter')
+# Listings a reader takes while a trainer's deletions keep racing them.
+_LISTINGS = 20
 
 
 class CheckpointMismatchError(trees.TreeMismatchError):
@@ -203,6 +206,17 @@ def check_model(
   )
 
 
+def _listed(list_steps: Callable[[], Any], directory: epath.Path) -> Any:
+  """``list_steps()``, again while a step it found vanishes before Orbax reads
+  its metadata (a trainer deleting its oldest step while a reader lists)."""
+  for _ in range(_LISTINGS - 1):
+    try:
+      return list_steps()
+    except FileNotFoundError as e:
+      logger.info('A step vanished while listing %s (%s).', directory, e)
+  return list_steps()
+
+
 class Checkpointer:
   """The checkpoints of one run (all hosts make the same calls); ``read_only``:
   a reader."""
@@ -215,6 +229,12 @@ class Checkpointer:
       async_save: bool = True,
       read_only: bool = False,
   ):
+    # LatestN(0) would preserve step 0 alone: every newer step deleted.
+    if int(max_to_keep) < 1:
+      raise ValueError(
+          f'max_to_keep must be >= 1, got {max_to_keep}: the newest'
+          ' checkpoint is the one a resume needs.'
+      )
     self.directory = epath.Path(os.path.abspath(directory))
     self._read_only = read_only
     keep = ocp.checkpoint_managers
@@ -230,8 +250,12 @@ class Checkpointer:
     handlers = {item: ocp.StandardCheckpointHandler() for item in _ARRAY_ITEMS}
     handlers['config'] = ocp.JsonCheckpointHandler()
     handlers['data_iter'] = grain.checkpoint.CheckpointHandler()
-    self._manager = ocp.CheckpointManager(
-        self.directory, options=options, item_handlers=handlers
+    # The manager lists the steps as it starts (a reader: see `_list_again`).
+    self._manager = _listed(
+        lambda: ocp.CheckpointManager(
+            self.directory, options=options, item_handlers=handlers
+        ),
+        self.directory,
     )
     self.latest_step = self._manager.latest_step
     self.reached_preemption = self._manager.reached_preemption
@@ -242,7 +266,7 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     if self._read_only:
       # A running trainer writes (and deletes) steps here.
-      self._manager.reload()
+      _listed(self._manager.reload, self.directory)
     return sorted(self._manager.all_steps())
 
   def step_metadata(self, step: int) -> dict[str, Any]:
