@@ -5,6 +5,7 @@ read back (numpy only); the rules are in docs/DESIGN.md, "Training outputs
 from collections.abc import Iterator, Sequence
 import contextlib
 import errno
+import fcntl
 import glob
 import io
 import os
@@ -68,28 +69,49 @@ def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
 def replace_files(directory: str, names: Sequence[str]) -> Iterator[str]:
   """Yields a staging directory for new ``names``, swapped in when the block
   succeeds (names[0], "complete", leaves first and arrives last); a swap killed
-  midway is undone by the next call."""
+  midway is undone by the next call. Writers of one directory take turns (a
+  second eval of the same options waits, then replaces the first's files)."""
   stage = os.path.join(directory, '.staging')
   old = os.path.join(directory, '.replaced')
-  complete = os.path.exists(os.path.join(directory, names[0]))
-  if os.path.isdir(old) and not complete:
-    # Killed mid-swap: back to the previous complete set.
-    for n in names:
-      new_only = not os.path.exists(os.path.join(old, n))
-      if new_only and os.path.exists(os.path.join(directory, n)):
-        os.remove(os.path.join(directory, n))
-    _move(old, directory, names)
-  for leftover in (stage, old):
-    shutil.rmtree(leftover, ignore_errors=True)
-  os.makedirs(stage)
+  os.makedirs(directory, exist_ok=True)
+  with _one_writer(directory):
+    complete = os.path.exists(os.path.join(directory, names[0]))
+    if os.path.isdir(old) and not complete:
+      # Killed mid-swap: back to the previous complete set.
+      for n in names:
+        new_only = not os.path.exists(os.path.join(old, n))
+        if new_only and os.path.exists(os.path.join(directory, n)):
+          os.remove(os.path.join(directory, n))
+      _move(old, directory, names)
+    # Under the lock, a staging directory is a killed writer's.
+    for leftover in (stage, old):
+      shutil.rmtree(leftover, ignore_errors=True)
+    os.makedirs(stage)
+    try:
+      yield stage
+      os.makedirs(old)
+      _move(directory, old, names)
+      _move(stage, directory, names[::-1])
+    finally:
+      shutil.rmtree(stage, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _one_writer(directory: str) -> Iterator[None]:
+  """Holds an exclusive ``flock`` on ``directory`` itself (waiting for another
+  holder; the kernel releases it when a holder dies). A filesystem without
+  locks is written unlocked, as before."""
+  fd = os.open(directory, os.O_RDONLY)
   try:
-    yield stage
-    os.makedirs(old)
-    _move(directory, old, names)
-    _move(stage, directory, names[::-1])
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:
+      if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP):
+        raise
+    yield
   finally:
-    shutil.rmtree(stage, ignore_errors=True)
-  shutil.rmtree(old, ignore_errors=True)
+    os.close(fd)
 
 
 def _move(src: str, dst: str, names: Sequence[str]) -> None:

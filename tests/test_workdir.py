@@ -96,6 +96,36 @@ def test_a_full_disk_fails_an_output_file_once_and_leaves_nothing(small_disk):
   assert not [p for p in small_disk.rglob('*') if p.is_file()]
 
 
+def test_two_writers_of_one_output_directory_take_turns(tmp_path):
+  """Two evals of the same options write one directory: the second waits for
+  the first instead of deleting its staging files (a raw [Errno 2])."""
+  out = str(tmp_path / 'eval' / 'step_5')
+  names = ('results.json', 'buckets.csv')
+  first_is_writing = threading.Event()
+  errors = []
+
+  def write(label, started=None):
+    try:
+      with outputs.replace_files(out, names) as stage:
+        if started is not None:
+          started.set()
+          time.sleep(0.5)  # the second writer starts meanwhile
+        for name in names[::-1]:
+          with open(os.path.join(stage, name), 'w') as f:
+            f.write(label)
+    except Exception as e:  # reported by the assertion below
+      errors.append(e)
+
+  first = threading.Thread(target=write, args=('first', first_is_writing))
+  first.start()
+  first_is_writing.wait()
+  write('second')
+  first.join()
+  assert not errors
+  assert [open(os.path.join(out, n)).read() for n in names] == ['second'] * 2
+  assert sorted(os.listdir(out)) == sorted(names)
+
+
 def test_resume_cleans_leftovers_of_a_killed_write(tmp_path):
   wd = str(tmp_path / 'w')
   os.makedirs(os.path.join(wd, 'stats'))
