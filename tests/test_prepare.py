@@ -3,6 +3,7 @@ data.source=tfds."""
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -453,3 +454,55 @@ def test_prepare_cli_refuses_unreadable_records_with_one_line_and_exit_2(
   assert '--skip_unreadable' in lines[0]
   assert not (tmp_path / 'tfds' / 'notes').exists()
 
+
+def test_a_resume_on_a_dataset_replaced_under_the_run_is_refused(tmp_path):
+  """Same name, other files: the run recorded its dataset's identity, so the
+  resume is refused like a config change (allowed and recorded with
+  allow_config_change)."""
+  from conftest import tiny_config
+  from flax_posemb import training
+  from flax_posemb import workdir
+
+  ddir = tmp_path / 'tfds'
+  first = tmp_path / 'first'
+  first.mkdir()
+  for i in range(6):
+    (first / f'a{i}.txt').write_text(f'first text {i}. ' * 20)
+  text_sources.prepare_dataset(
+      'notes', str(ddir), inputs=(str(first / '*.txt'),), val_percent=30
+  )
+  c = tiny_config()
+  c.data.source, c.data.name, c.data.data_dir = 'tfds', 'notes', str(ddir)
+  c.model.vocab_size = 257
+  c.num_train_steps, c.eval_every_steps, c.checkpoint_every_steps = 2, 0, 2
+  wd = str(tmp_path / 'run')
+  training.train_and_evaluate(c, wd)
+  text_sources.prepare_dataset(
+      'notes',
+      str(ddir),
+      inputs=(str(_notes(tmp_path) / '*.txt'),),
+      val_percent=30,
+      overwrite=True,
+  )
+  c.num_train_steps = 4
+  with pytest.raises(
+      workdir.WorkdirError, match=r'dataset: .tfds notes \w+. ->'
+  ):
+    training.train_and_evaluate(c, wd)
+  assert checkpointing_steps(wd) == [0, 2]
+  c.allow_config_change = True
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 2
+  rows = [json.loads(line) for line in open(os.path.join(wd, 'metrics.jsonl'))]
+  assert [r['step'] for r in rows if 'config_change' in r] == [2]
+  assert (
+      'dataset'
+      in next(r for r in rows if 'config_change' in r)['config_change']
+  )
+
+
+def checkpointing_steps(workdir):
+  return sorted(
+      int(d)
+      for d in os.listdir(os.path.join(workdir, 'checkpoints'))
+      if d.isdigit()
+  )

@@ -280,22 +280,18 @@ def test_a_run_resumed_from_step_0_writes_the_rows_of_an_uninterrupted_run(
   """Stopped by SIGTERM during setup (its only checkpoint is step 0), then
   resumed: no evaluation row of step 0, which an uninterrupted run never
   writes."""
-  from flax_posemb import data as data_lib
-
   ref_dir, _, _ = tiny_run
   workdir = str(tmp_path / 'from_zero')
-  real = data_lib.make_train_iterator
+  real = train_step.init_state
 
-  def make_iterator_then_sigterm(*args, **kwargs):
+  def init_state_then_sigterm(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(
-      data_lib, 'make_train_iterator', make_iterator_then_sigterm
-  )
+  monkeypatch.setattr(train_step, 'init_state', init_state_then_sigterm)
   stopped = training.train_and_evaluate(tiny_config(), workdir)
   assert stopped['preempted'] and stopped['step'] == 0
-  monkeypatch.setattr(data_lib, 'make_train_iterator', real)
+  monkeypatch.setattr(train_step, 'init_state', real)
   assert (
       training.train_and_evaluate(tiny_config(), workdir)['resumed_from'] == 0
   )

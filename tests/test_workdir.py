@@ -19,7 +19,6 @@ import pytest
 from conftest import SUBPROCESS_ENV
 from conftest import tiny_config
 from flax_posemb import checkpointing
-from flax_posemb import data as data_lib
 from flax_posemb import outputs
 from flax_posemb import training
 from flax_posemb import workdir
@@ -200,6 +199,61 @@ def test_resume_with_another_policy_names_the_change_not_corruption(tmp_path):
   )
 
 
+def test_a_newest_checkpoint_of_another_model_is_named_not_a_config_change(
+    tmp_path,
+):
+  """A wider model's step placed as the newest: the resume names the step and
+  another model (not a change of config, which the user did not make)."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  wd, c = trained_five_steps(tmp_path)
+  wider = five_steps()
+  wider.model.emb_dim, wider.model.mlp_dim = 64, 128
+  model = training.step_lib.make_model(wider)
+  x = jnp.zeros((1, 4), jnp.int32)
+  params = model.init(jax.random.key(0), x, x)['params']
+  foreign = os.path.join(wd, 'checkpoints', '9')
+  with checkpointing.Checkpointer(
+      os.path.dirname(foreign), max_to_keep=5, async_save=False
+  ) as ckpt:
+    ckpt.save(
+        9,
+        params=params,
+        opt_state=optax.adamw(1e-2).init(params),
+        data_iter=None,
+        stats=None,
+        config=wider,
+    )
+  before = open(os.path.join(wd, 'metrics.jsonl')).read()
+  with pytest.raises(checkpointing.CheckpointMismatchError) as e:
+    training.train_and_evaluate(c, wd)
+  message = str(e.value)
+  assert message.startswith(f'{foreign} was written by another model')
+  assert 'another config' not in message
+  assert f'mv {foreign} /tmp/' in message and 'step before it (5)' in message
+  assert open(os.path.join(wd, 'metrics.jsonl')).read() == before
+  shutil.move(foreign, str(tmp_path / 'aside'))  # the fix it names
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 5
+
+
+@pytest.mark.parametrize('content', ['{}', '[]', '{"model": {}}'])
+def test_a_config_json_that_is_not_a_runs_config_is_named_with_the_fix(
+    tmp_path, content
+):
+  wd, c = trained_five_steps(tmp_path)
+  path = os.path.join(wd, 'config.json')
+  with open(path, 'w') as f:
+    f.write(content)
+  with pytest.raises(
+      workdir.WorkdirError,
+      match=f'{path} is not the config of a training run.*mv {path} /tmp/',
+  ):
+    training.train_and_evaluate(c, wd)
+  assert open(path).read() == content
+
+
 def test_log_and_eval_settings_may_change_on_resume(tmp_path):
   wd = str(tmp_path / 'w')
   c = tiny_config()
@@ -223,21 +277,19 @@ def test_diverged_finite_loss_stops_before_it_is_saved(tmp_path):
 
 
 def test_sigterm_during_setup_leaves_a_resumable_workdir(tmp_path, monkeypatch):
-  real = data_lib.make_train_iterator
+  real = training.step_lib.init_state
 
-  def make_iterator_then_sigterm(*args, **kwargs):
+  def init_state_then_sigterm(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.1)
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(
-      data_lib, 'make_train_iterator', make_iterator_then_sigterm
-  )
+  monkeypatch.setattr(training.step_lib, 'init_state', init_state_then_sigterm)
   wd = str(tmp_path / 'w')
   result = training.train_and_evaluate(tiny_config(), wd)
   assert result['preempted'] and result['step'] == 0
   assert checkpointing.restore_params(wd)[2].step == 0
-  monkeypatch.setattr(data_lib, 'make_train_iterator', real)
+  monkeypatch.setattr(training.step_lib, 'init_state', real)
   c = tiny_config()
   c.num_train_steps, c.eval_every_steps = 3, 0
   c.allow_config_change = True

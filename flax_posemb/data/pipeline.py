@@ -22,6 +22,8 @@ from flax_posemb.data import windows
 SOURCES = ('synthetic', 'stdlib', 'local_text', 'tfds', 'long_text')
 TOKENIZERS = ('byte', 'sentencepiece')
 WINDOW_STARTS = ('first', 'deep')
+# Evaluation rows: full-length windows, or the training rows (natural).
+EVAL_POLICIES = ('windows', 'natural')
 # [B] beside an eval batch's [B, T].
 PROVENANCE_KEYS = ('doc', 'start', 'doc_len', 'kind')
 # "Infinite" number of rows (Grain datasets are indexed lazily).
@@ -52,6 +54,8 @@ def _problems(c, max_len: int) -> Iterator[str]:
   for key in ('num_workers', 'prefetch', 'shuffle_rows'):
     if int(c.get(key, 0)) < 0:
       yield f'data.{key} must be >= 0, got {c[key]}.'
+  if not 0 <= int(c.val_percent) <= 100:
+    yield f'data.val_percent must be in [0, 100], got {c.val_percent}.'
   if not 1 <= t <= max_len:
     yield (
         f'data.seq_len={t} must be in [1, {max_len}]: a row longer than the'
@@ -80,12 +84,14 @@ def _problems(c, max_len: int) -> Iterator[str]:
         int(s.vocab_size) < 2
         or int(s.num_regimes) < 1
         or int(s.segment_len) < 1
-        or float(s.concentration) <= 0
+        or not float(s.concentration) > 0
         or int(s.num_docs) < 1
+        or int(s.seed) < 0
     ):
       yield (
           'data.synthetic needs vocab_size >= 2, num_regimes >= 1, segment_len'
-          f' >= 1, concentration > 0 and num_docs >= 1; got {s.to_dict()}.'
+          ' >= 1, concentration > 0, num_docs >= 1 and seed >= 0; got'
+          f' {s.to_dict()}.'
       )
     lengths_lib.parse(c.length_dist, t)
     period = int(s.num_regimes) * int(s.segment_len)
@@ -98,10 +104,7 @@ def _problems(c, max_len: int) -> Iterator[str]:
       )
     for split in splits:
       if split not in synthetic_lib.SPLIT_IDS:
-        yield (
-            f'Synthetic split {split!r} unknown; use one of'
-            f' {sorted(synthetic_lib.SPLIT_IDS)}.'
-        )
+        yield _unknown_synthetic_split(split)
     return
   if c.tokenizer not in TOKENIZERS:
     yield f'Unknown data.tokenizer {c.tokenizer!r}; use one of {TOKENIZERS}.'
@@ -134,6 +137,20 @@ def _problems(c, max_len: int) -> Iterator[str]:
     yield f"Splits {splits} of {c.source}: use 'train' or 'validation'."
 
 
+def _unknown_synthetic_split(split: str) -> str:
+  return (
+      f'Synthetic split {split!r} unknown; use one of'
+      f' {sorted(synthetic_lib.SPLIT_IDS)}.'
+  )
+
+
+def check_split(data_config, split: str) -> None:
+  """ValueError unless the synthetic source has ``split`` (a text source
+  refuses a split it lacks when it opens it: `text_sources.data_source`)."""
+  if data_config.source == 'synthetic' and split not in synthetic_lib.SPLIT_IDS:
+    raise ValueError(_unknown_synthetic_split(split))
+
+
 def make_source(data_config, split: str) -> sources.DocSource:
   """The `DocSource` of `split` for this (valid) config."""
   c = data_config
@@ -147,6 +164,14 @@ def make_source(data_config, split: str) -> sources.DocSource:
         min_pairs=int(c.min_doc_len) - 1,
     )
   return text_sources.make_text_source(c, split)
+
+
+def dataset_identity(data_config) -> str | None:
+  """What a run trains on, beyond its config (`text_sources.dataset_identity`);
+  None for the synthetic source, which its config defines."""
+  if data_config.source == 'synthetic':
+    return None
+  return text_sources.dataset_identity(data_config)
 
 
 def vocab_size(data_config) -> int:
@@ -384,6 +409,21 @@ def _read_options(c) -> grain.ReadOptions:
   )
 
 
+def check_window_start(window_start: str) -> None:
+  """ValueError unless `window_start` is one of `WINDOW_STARTS`; the retired
+  'random' is named as such."""
+  if window_start == 'random':
+    raise ValueError(
+        "window_start 'random' was retired (one window per document mostly"
+        " scored the openings of short documents); use 'deep' (token-uniform"
+        " windows inside long documents) or 'first'."
+    )
+  if window_start not in WINDOW_STARTS:
+    raise ValueError(
+        f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS}.'
+    )
+
+
 def make_eval_batches(
     data_config,
     *,
@@ -401,19 +441,15 @@ def make_eval_batches(
   batches ``[batch_size, W]`` plus ``PROVENANCE_KEYS`` ``[batch_size]`` (padding
   rows: doc -1); policies and window starts: docs/DESIGN.md "Evaluation
   outputs"."""
+  check_window_start(window_start)
   src = make_source(data_config, split)
   full = policy == 'windows'  # Full-length documents only.
   deep = full and window_start == 'deep'
-  if window_start not in WINDOW_STARTS or (deep and src.positional):
+  if deep and src.positional:
     raise ValueError(
-        f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS}'
-        " ('random' was replaced by 'deep')."
-        if window_start not in WINDOW_STARTS
-        else (
-            "window_start='deep' needs a text source (an inner window of a"
-            ' synthetic document would not match its reference losses); use'
-            " 'first'."
-        )
+        "window_start='deep' needs a text source (an inner window of a"
+        ' synthetic document would not match its reference losses); use'
+        " 'first'."
     )
   w = int(window_len)
   if deep:

@@ -505,6 +505,38 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
   return records, feature
 
 
+def dataset_identity(data_config) -> str:
+  """What the configured text is, for a run to record (a resume on other text
+  is refused): a prepared dataset's `PREPARED_FROM` identity, another TFDS
+  build's ``dataset_info.json`` digest, a corpus built on first use by its
+  build (named by a digest of its files)."""
+  ddir = data_dir(data_config)
+  source = data_config.source
+  if source == 'tfds':
+    return f'tfds {data_config.name} {_tfds_identity(data_config.name, ddir)}'
+  if source == 'long_text':
+    builder = long_text.builder(data_config, ddir)
+  elif source == 'stdlib':
+    builder = _stdlib_builder(data_config, ddir)
+  else:
+    builder = _local_text_builder(data_config, ddir)
+  return f'{source} {builder.builder_config.name}'
+
+
+def _tfds_identity(name: str, ddir: str) -> str:
+  """The identity of `find_builder_dir`'s build of `name` ('' for one of the
+  TFDS registry elsewhere)."""
+  path = find_builder_dir(name, ddir)
+  if path is None:
+    return ''
+  prepared = os.path.join(path, PREPARED_FROM)
+  if os.path.exists(prepared):
+    with open(prepared) as f:
+      return json.load(f)['identity']
+  with open(os.path.join(path, 'dataset_info.json'), 'rb') as f:
+    return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
 def make_tokenizer(data_config) -> tokenizers.Tokenizer:
   """The configured tokenizer (SentencePiece: trained on the train split once,
   cached)."""
