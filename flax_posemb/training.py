@@ -123,7 +123,10 @@ def check_latest_is_the_runs(
   model = step_lib.stored_model(
       workdir_lib.run_config(workdir, ckpt.first_config)
   )
+  resume_from = 'the step before it'
   older = [s for s in ckpt.all_steps() if s < step]
+  if older:
+    resume_from += f' ({older[-1]})'
   checkpointing.check_model(
       where,
       'params',
@@ -132,8 +135,8 @@ def check_latest_is_the_runs(
       fix=(
           f"It is not this run's ({outputs.CONFIG_FILE} / its first"
           f' checkpoint). Nothing was changed. Move it aside (mv {where} /tmp/)'
-          ' and re-run to resume from the step before it'
-          f' ({older[-1] if older else None}), or use a fresh --workdir.'
+          f' and re-run to resume from {resume_from}, or use a fresh'
+          ' --workdir.'
       ),
   )
 

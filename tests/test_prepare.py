@@ -256,12 +256,13 @@ def test_a_refused_overwrite_leaves_the_old_dataset_as_it_was(tmp_path):
   )
   before = _texts(ddir)
   bad = tmp_path / 'bad.jsonl'
-  bad.write_text(json.dumps({'body': 'no text field'}) + '\n')
-  with pytest.raises(ValueError, match='cannot be read exactly'):
+  bad.write_text('{"text": "a line cut short\n')
+  with pytest.raises(ValueError) as refused:
     text_sources.prepare_dataset(
         'notes', str(ddir), inputs=(str(bad),), overwrite=True
     )
   assert _texts(ddir) == before
+  assert f'{bad}:1: not JSON' in str(refused.value)
   assert sorted(p.name for p in ddir.iterdir() if p.name[0] != '.') == ['notes']
   assert not list(ddir.glob('.notes.build-*'))
 
@@ -484,9 +485,10 @@ def test_a_resume_on_a_dataset_replaced_under_the_run_is_refused(tmp_path):
       val_percent=30,
       overwrite=True,
   )
-  c.num_train_steps = 4
+  # The same config: only the text under the name changed.
   with pytest.raises(
-      workdir.WorkdirError, match=r'dataset: .tfds notes \w+. ->'
+      workdir.WorkdirError,
+      match=r"another config \(dataset: 'tfds notes \w+' -> 'tfds notes \w+'\)",
   ):
     training.train_and_evaluate(c, wd)
   assert checkpointing_steps(wd) == [0, 2]
