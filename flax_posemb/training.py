@@ -120,9 +120,14 @@ def check_latest_is_the_runs(
   own model (`workdir.run_config`): another model's step, not a change of
   config (the drift check, after this, compares with the config given)."""
   where = ckpt.directory / str(step)
-  model = step_lib.stored_model(
-      workdir_lib.run_config(workdir, ckpt.first_config)
-  )
+  try:
+    reference = workdir_lib.run_config(workdir, ckpt.first_config)
+    stored = ckpt.stored_tree(step, 'params')
+  except (checkpointing.CheckpointDamagedError, FileNotFoundError):
+    # Damaged (no readable step): the read that follows names it, with the
+    # step to resume from.
+    return
+  model = step_lib.stored_model(reference)
   resume_from = 'the step before it'
   older = [s for s in ckpt.all_steps() if s < step]
   if older:
@@ -130,7 +135,7 @@ def check_latest_is_the_runs(
   checkpointing.check_model(
       where,
       'params',
-      ckpt.stored_tree(step, 'params'),
+      stored,
       evaluation.expected_params(model),
       fix=(
           f"It is not this run's ({outputs.CONFIG_FILE} / its first"

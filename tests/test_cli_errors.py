@@ -144,8 +144,9 @@ BAD_INPUTS = [
     ),
     (
         EVAL + ['--workdir', 'EMPTY_CONFIG'],
-        'config.json is not the config of a training run. Nothing was'
-        ' changed. Every checkpoint stores the config: move it aside',
+        "config.json is not the config of a training run (no 'model'"
+        ' section). Nothing was changed. Every checkpoint stores the config:'
+        ' move it aside',
     ),
     (EVAL + ['--workdir', 'DIR', '--offsets', '-5'], '--offsets must be >= 0'),
     (

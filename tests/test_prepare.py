@@ -240,7 +240,7 @@ def _notes(tmp_path, n=8):
   return d
 
 
-def _texts(ddir, name='notes'):
+def _documents(ddir, name='notes'):
   """Every document of a prepared dataset, sorted."""
   texts = []
   for split in ('train', 'validation'):
@@ -254,14 +254,14 @@ def test_a_refused_overwrite_leaves_the_old_dataset_as_it_was(tmp_path):
   text_sources.prepare_dataset(
       'notes', str(ddir), inputs=(str(_notes(tmp_path) / '*.txt'),)
   )
-  before = _texts(ddir)
+  before = _documents(ddir)
   bad = tmp_path / 'bad.jsonl'
   bad.write_text('{"text": "a line cut short\n')
   with pytest.raises(ValueError) as refused:
     text_sources.prepare_dataset(
         'notes', str(ddir), inputs=(str(bad),), overwrite=True
     )
-  assert _texts(ddir) == before
+  assert _documents(ddir) == before
   assert f'{bad}:1: not JSON' in str(refused.value)
   assert sorted(p.name for p in ddir.iterdir() if p.name[0] != '.') == ['notes']
   assert not list(ddir.glob('.notes.build-*'))
@@ -334,7 +334,7 @@ def test_unreadable_records_are_counted_named_and_refused_unless_skipped(
       'notes', str(ddir), inputs=(str(d / '*'),), skip_unreadable=True
   )
   assert out['unreadable']['records'] == 6
-  texts = _texts(ddir)
+  texts = _documents(ddir)
   assert 'a good record' in texts and 'a bare string is text' in texts
   assert len(texts) == 3 + 2 and not any(t in ('', '12') for t in texts)
   recorded = json.loads(
