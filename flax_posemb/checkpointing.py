@@ -1,6 +1,7 @@
 """Orbax checkpoints of a run, verified on restore (docs/DESIGN.md, "Training
 outputs")."""
 
+from collections.abc import Callable
 import contextlib
 import dataclasses
 import errno
@@ -32,6 +33,8 @@ _ARRAY_ITEMS = ('params', 'opt_state', 'stats', 'counters')
 _HOST_ITEMS = ('stats', 'counters')
 # Items digested whole, as JSON.
 _JSON_ITEMS = ('config', 'data_iter')
+# Listings a reader takes while a trainer's deletions keep racing them.
+_LISTINGS = 20
 
 
 class CheckpointMismatchError(trees.TreeMismatchError):
@@ -189,7 +192,14 @@ def _damage_reason(error: Exception) -> str | None:
 
 
 def check_model(
-    where: str | os.PathLike[str], item: str, stored: Any, expected: Any
+    where: str | os.PathLike[str],
+    item: str,
+    stored: Any,
+    expected: Any,
+    fix: str = (
+        'Use a fresh --workdir or the config that wrote it (eval: another'
+        ' --step).'
+    ),
 ) -> None:
   """CheckpointMismatchError unless the tree of ``item`` stored in step
   directory ``where`` fits the model's ``expected`` tree."""
@@ -198,10 +208,20 @@ def check_model(
       stored,
       expected,
       f'{where} was written by another model',
-      'Use a fresh --workdir or the config that wrote '
-      'it (eval: another --step).',
+      fix,
       error=CheckpointMismatchError,
   )
+
+
+def _listed(list_steps: Callable[[], Any], directory: epath.Path) -> Any:
+  """``list_steps()``, again while a step it found vanishes before Orbax reads
+  its metadata (a trainer deleting its oldest step while a reader lists)."""
+  for _ in range(_LISTINGS - 1):
+    try:
+      return list_steps()
+    except FileNotFoundError as e:
+      logger.info('A step vanished while listing %s (%s).', directory, e)
+  return list_steps()
 
 
 class Checkpointer:
@@ -216,6 +236,12 @@ class Checkpointer:
       async_save: bool = True,
       read_only: bool = False,
   ):
+    # LatestN(0) would preserve step 0 alone: every newer step deleted.
+    if int(max_to_keep) < 1:
+      raise ValueError(
+          f'max_to_keep must be >= 1, got {max_to_keep}: the newest'
+          ' checkpoint is the one a resume needs.'
+      )
     self.directory = epath.Path(os.path.abspath(directory))
     self._read_only = read_only
     keep = ocp.checkpoint_managers
@@ -231,8 +257,12 @@ class Checkpointer:
     handlers = {item: ocp.StandardCheckpointHandler() for item in _ARRAY_ITEMS}
     handlers['config'] = ocp.JsonCheckpointHandler()
     handlers['data_iter'] = grain.checkpoint.CheckpointHandler()
-    self._manager = ocp.CheckpointManager(
-        self.directory, options=options, item_handlers=handlers
+    # The manager lists the steps as it starts (a reader: see `_list_again`).
+    self._manager = _listed(
+        lambda: ocp.CheckpointManager(
+            self.directory, options=options, item_handlers=handlers
+        ),
+        self.directory,
     )
     self.latest_step = self._manager.latest_step
     self.reached_preemption = self._manager.reached_preemption
@@ -244,7 +274,7 @@ class Checkpointer:
     """The saved steps, ascending (listed again on each call when read-only)."""
     if self._read_only:
       # A running trainer writes (and deletes) steps here.
-      self._manager.reload()
+      _listed(self._manager.reload, self.directory)
     return sorted(self._manager.all_steps())
 
   def step_metadata(self, step: int) -> dict[str, Any]:
@@ -262,11 +292,14 @@ class Checkpointer:
       config: Any,
       counters: dict[str, Any] | None = None,
       metrics: dict[str, float] | None = None,
+      dataset: str | None = None,
   ) -> bool:
     """Saves the state after ``step`` updates (asynchronously); False if the
     step exists. A non-finite ``params`` or ``opt_state`` raises
     FloatingPointError and writes nothing (README: exit 3). ``opt_state`` None:
-    parameters only (an imported model, `pretrained`), which no run resumes."""
+    parameters only (an imported model, `pretrained`), which no run resumes.
+    ``dataset``: the identity of the text trained on
+    (`data.dataset_identity`), kept in the step's metadata."""
     if hasattr(config, 'to_dict'):
       config = config.to_dict()
     else:
@@ -301,10 +334,12 @@ class Checkpointer:
       # Hosts' states differ; the step's metadata is host 0's.
       if jax.process_count() == 1:
         integrity['data_iter'] = _blake(data_iter.get_state())
-    custom = {
+    custom: dict[str, Any] = {
         'integrity': integrity,
         'metrics': {k: float(v) for k, v in (metrics or {}).items()},
     }
+    if dataset is not None:
+      custom['dataset'] = dataset
     saved = self._manager.save(
         step, args=ocp.args.Composite(**args), custom_metadata=custom
     )
@@ -331,6 +366,32 @@ class Checkpointer:
           f' {free / 1e6:.1f} MB free; free some space and re-run: it resumes'
           ' from the last checkpoint.',
       )
+
+  def stored_tree(self, step: int, item: str) -> Any:
+    """The shapes and dtypes that step ``step`` records for ``item`` (its
+    metadata only; CheckpointDamagedError if unreadable)."""
+    where = self.directory / str(step)
+    try:
+      meta = self._manager.metadata(step)
+    except _READ_ERRORS as e:
+      raise CheckpointDamagedError(
+          f'the metadata of {where} cannot be read ({type(e).__name__}: {e})'
+      ) from e
+    return self._stored_tree(meta, item, where)
+
+  def first_config(self) -> dict[str, Any]:
+    """The verified config of the oldest readable step (step 0 is always
+    kept): a run's own config when its config.json is gone."""
+    for step in self.all_steps():
+      try:
+        return self._read(step, abstract={})['config']
+      except Exception as error:
+        if _damage_reason(error) is None:
+          raise
+        logger.warning('Checkpoint %s is unreadable (%s).', step, error)
+    raise FileNotFoundError(
+        f'no readable checkpoint under {self.directory}; run train.py first.'
+    )
 
   def _stored_tree(self, meta: Any, item: str, where: epath.Path) -> Any:
     """The tree of shapes and dtypes that a step's metadata records for
@@ -516,6 +577,24 @@ class Checkpointer:
       self.close()
 
 
+def _checkpoints_of(workdir_or_ckpt_dir: str | os.PathLike[str]) -> epath.Path:
+  """``WORKDIR/checkpoints``, or the checkpoints directory given itself."""
+  path = checkpoint_dir(workdir_or_ckpt_dir)
+  if not path.is_dir():
+    return path.parent
+  return path
+
+
+def first_config(
+    workdir_or_ckpt_dir: str | os.PathLike[str],
+) -> dict[str, Any]:
+  """`Checkpointer.first_config` of a workdir or its ``checkpoints/``,
+  read-only."""
+  path = _checkpoints_of(workdir_or_ckpt_dir)
+  with Checkpointer(path, max_to_keep=1, read_only=True) as ckpt:
+    return ckpt.first_config()
+
+
 def restore_params(
     workdir_or_ckpt_dir: str | os.PathLike[str],
     step: int | None = None,
@@ -523,9 +602,7 @@ def restore_params(
 ) -> tuple[Any, dict[str, Any], RestoreInfo]:
   """``(params, config, RestoreInfo)`` of a workdir or its ``checkpoints/``,
   read-only, as stored (the caller checks them against its model)."""
-  path = checkpoint_dir(workdir_or_ckpt_dir)
-  if not path.is_dir():  # Given the checkpoints directory itself.
-    path = path.parent
+  path = _checkpoints_of(workdir_or_ckpt_dir)
   if sharding is None:
     sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   with Checkpointer(path, max_to_keep=1, read_only=True) as ckpt:

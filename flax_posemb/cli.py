@@ -317,13 +317,16 @@ def _third_party_filter(record: logging.LogRecord) -> bool:
 
 def _report_unraisable(unraisable: Any) -> None:
   """Python's report, less the late ends of the reads that a failed Orbax
-  restore abandoned."""
+  restore abandoned, and less a `preemption.Preempted` raised where Python
+  cannot propagate it (a gc callback): its request stays set, and the run
+  stops on it."""
   late = unraisable.exc_type is RuntimeError and (
       str(unraisable.exc_value) == 'Event loop is closed'
   )
   code = getattr(unraisable.object, 'cr_code', None)
   from_orbax = code is not None and '/orbax/' in code.co_filename
-  if not (late or from_orbax):
+  preempted = unraisable.exc_type is preemption.Preempted
+  if not (late or from_orbax or preempted):
     sys.__unraisablehook__(unraisable)
 
 

@@ -2,6 +2,7 @@
 compare runs (docs/DESIGN.md, "Evaluation outputs")."""
 
 from collections.abc import Sequence
+import functools
 import os
 from typing import Any
 
@@ -17,7 +18,6 @@ from flax_posemb import model as model_lib
 from flax_posemb import outputs
 from flax_posemb import sharding
 from flax_posemb import train_step
-from flax_posemb import trees
 from flax_posemb import workdir as workdir_lib
 
 # Evaluation options that change the results, in the order they appear in a
@@ -76,42 +76,14 @@ def changed_options(
   return changed
 
 
-def _make_model(config: dict[str, Any]) -> Any:
-  """The model of a stored config; its table comes from the checkpoint, not a
-  ``file:``."""
-  model_config = ml_collections.ConfigDict(config)
-  if str(model_config.model.get('position_init', '')).startswith('file:'):
-    model_config.model.position_init = 'zeros'
-  if model_config.model.get('attention_impl') == 'cudnn':
-    model_config.model.attention_impl = 'auto'
-  return train_step.make_model(model_config)
-
-
 def _check_params(
-    params: Any,
-    run_config: dict[str, Any] | None,
-    stored_config: dict[str, Any],
-    step_dir: str,
+    params: Any, run_config: dict[str, Any], step_dir: str
 ) -> None:
-  """The tree check of an eval.py run, once: the params must fit the run's
-  model (its config.json, as on a resume) or, without config.json, the model of
-  the checkpoint's own config."""
-  if run_config is not None:
-    model = _make_model(run_config)
-    checkpointing.check_model(
-        step_dir, 'params', params, evaluation.expected_params(model)
-    )
-    return
-  model = _make_model(stored_config)
-  cfg = model.config
-  trees.check_same_tree(
-      'params',
-      params,
-      evaluation.expected_params(model),
-      'checkpoint parameters do not match the model config'
-      f' (max_len={cfg.max_len}, emb_dim={cfg.emb_dim},'
-      f' num_layers={cfg.num_layers}, vocab_size={cfg.vocab_size})',
-      'Fix: evaluate with the config saved in the checkpoint.',
+  """The tree check of an eval.py run, once: the params must fit the model of
+  the run's own config (`workdir.run_config`), as on a resume."""
+  model = train_step.stored_model(run_config)
+  checkpointing.check_model(
+      step_dir, 'params', params, evaluation.expected_params(model)
   )
 
 
@@ -167,9 +139,12 @@ def evaluate_workdir(
   )
   step = info.step
   step_dir = os.path.join(checkpointing.checkpoint_dir(workdir), str(step))
-  # The run whose checkpoint this must be.
-  run_config = workdir_lib.saved_config(workdir)
-  _check_params(params, run_config, stored_config, step_dir)
+  # The run whose checkpoint this must be (without config.json: its oldest
+  # checkpoint, never the step read).
+  run_config = workdir_lib.run_config(
+      workdir, functools.partial(checkpointing.first_config, workdir)
+  )
+  _check_params(params, run_config, step_dir)
   config = ml_collections.ConfigDict(stored_config)
   if analyze and model_lib.POSITION_TABLE_PATH[0] not in params:
     raise ValueError(
@@ -177,7 +152,7 @@ def evaluate_workdir(
         f'position_embedding={config.model.position_embedding!r}.'
     )
   out = evaluation.run_evaluation(
-      _make_model(stored_config),
+      train_step.stored_model(stored_config),
       params,
       config,
       step=step,

@@ -275,6 +275,15 @@ def eval_settings(
         'the first window_len - K tokens; the largest valid '
         f'offset is {window_len - 1}.'
     )
+  if s['policy'] not in data_lib.pipeline.EVAL_POLICIES:
+    raise ValueError(
+        f"Unknown evaluation position_policy {s['policy']!r}; use one of"
+        f' {data_lib.pipeline.EVAL_POLICIES}.'
+    )
+  data_lib.pipeline.check_window_start(s['window_start'])
+  if int(s['seed']) < 0:
+    raise ValueError(f"eval.seed must be >= 0, got {s['seed']}.")
+  data_lib.pipeline.check_split(config.data, s['split'])
   s['min_doc_len'], s['min_start'] = data_lib.pipeline.deep_limits(
       window_len, s['min_doc_len'], s['min_start']
   )

@@ -4,6 +4,7 @@ docs/DESIGN.md, Model)."""
 from collections.abc import Mapping
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -201,6 +202,11 @@ def _check_init_name(kind: str, name: str, std: float) -> None:
         f'Unknown {kind}_init {name!r}; valid names:'
         f' {", ".join(initializers.NAMES)} (position_init also'
         " 'file:PATH.npy|.npz[:KEY]|.safetensors[:KEY]')."
+    )
+  if math.isnan(std):
+    raise ValueError(
+        f"model.{kind}_init_std must be a number (< 0: the initializer's"
+        ' own std), got nan.'
     )
   if std >= 0 and name not in initializers.STD_NAMES:
     raise ValueError(

@@ -5,6 +5,7 @@ read back (numpy only); the rules are in docs/DESIGN.md, "Training outputs
 from collections.abc import Iterator, Sequence
 import contextlib
 import errno
+import fcntl
 import glob
 import io
 import os
@@ -41,6 +42,11 @@ TABLE_FILE = 'table_{step}.npy'
 # Their glob patterns relative to a workdir (one "*" for the step).
 WINDOW_FILES = os.path.join(STATS_DIR, WINDOW_FILE.format(step='*'))
 TABLE_FILES = os.path.join(TABLES_DIR, TABLE_FILE.format(step='*'))
+# The temporary name under which `atomic_write` writes NAME.
+TEMP_NAME = '.{name}.tmp'
+# What a killed write of NAME leaves: `atomic_write`'s temporary name, and the
+# one older versions wrote.
+LEFTOVER_NAMES = (TEMP_NAME, '{name}.tmp.npz')
 
 
 @contextlib.contextmanager
@@ -53,7 +59,7 @@ def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
   data = buf.getvalue()
   directory, name = os.path.split(os.fspath(path))
   os.makedirs(directory or '.', exist_ok=True)
-  tmp = os.path.join(directory, f'.{name}.tmp')
+  tmp = os.path.join(directory, TEMP_NAME.format(name=name))
   try:
     with open(tmp, 'wb', buffering=0) as f:
       view = memoryview(data.encode() if isinstance(data, str) else data)
@@ -70,28 +76,49 @@ def atomic_write(path: str, mode: str = 'wb') -> Iterator[Any]:
 def replace_files(directory: str, names: Sequence[str]) -> Iterator[str]:
   """Yields a staging directory for new ``names``, swapped in when the block
   succeeds (names[0], "complete", leaves first and arrives last); a swap killed
-  midway is undone by the next call."""
+  midway is undone by the next call. Writers of one directory take turns (a
+  second eval of the same options waits, then replaces the first's files)."""
   stage = os.path.join(directory, '.staging')
   old = os.path.join(directory, '.replaced')
-  complete = os.path.exists(os.path.join(directory, names[0]))
-  if os.path.isdir(old) and not complete:
-    # Killed mid-swap: back to the previous complete set.
-    for n in names:
-      new_only = not os.path.exists(os.path.join(old, n))
-      if new_only and os.path.exists(os.path.join(directory, n)):
-        os.remove(os.path.join(directory, n))
-    _move(old, directory, names)
-  for leftover in (stage, old):
-    shutil.rmtree(leftover, ignore_errors=True)
-  os.makedirs(stage)
+  os.makedirs(directory, exist_ok=True)
+  with _one_writer(directory):
+    complete = os.path.exists(os.path.join(directory, names[0]))
+    if os.path.isdir(old) and not complete:
+      # Killed mid-swap: back to the previous complete set.
+      for n in names:
+        new_only = not os.path.exists(os.path.join(old, n))
+        if new_only and os.path.exists(os.path.join(directory, n)):
+          os.remove(os.path.join(directory, n))
+      _move(old, directory, names)
+    # Under the lock, a staging directory is a killed writer's.
+    for leftover in (stage, old):
+      shutil.rmtree(leftover, ignore_errors=True)
+    os.makedirs(stage)
+    try:
+      yield stage
+      os.makedirs(old)
+      _move(directory, old, names)
+      _move(stage, directory, names[::-1])
+    finally:
+      shutil.rmtree(stage, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _one_writer(directory: str) -> Iterator[None]:
+  """Holds an exclusive ``flock`` on ``directory`` itself (waiting for another
+  holder; the kernel releases it when a holder dies). A filesystem without
+  locks is written unlocked, as before."""
+  fd = os.open(directory, os.O_RDONLY)
   try:
-    yield stage
-    os.makedirs(old)
-    _move(directory, old, names)
-    _move(stage, directory, names[::-1])
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:
+      if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP):
+        raise
+    yield
   finally:
-    shutil.rmtree(stage, ignore_errors=True)
-  shutil.rmtree(old, ignore_errors=True)
+    os.close(fd)
 
 
 def _move(src: str, dst: str, names: Sequence[str]) -> None:
@@ -135,6 +162,26 @@ def step_files(pattern: str) -> list[tuple[int, str]]:
     if match:
       found.append((int(match.group(1)), path))
   return sorted(found)
+
+
+def step_leftovers(pattern: str) -> list[str]:
+  """The leftovers of killed writes of the step files of ``pattern`` (one
+  "*"), by their exact names (`LEFTOVER_NAMES`): nothing else is taken for
+  one."""
+  directory, name_pattern = os.path.split(pattern)
+  prefix, ext = name_pattern.split('*')
+  step_name = re.escape(prefix) + r'\d+' + re.escape(ext)
+  exact = [
+      re.compile(re.escape(leftover).replace(re.escape('{name}'), step_name))
+      for leftover in LEFTOVER_NAMES
+  ]
+  if not os.path.isdir(directory):
+    return []
+  return sorted(
+      os.path.join(directory, name)
+      for name in os.listdir(directory)
+      if any(e.fullmatch(name) for e in exact)
+  )
 
 
 def window_files(workdir: str) -> list[tuple[int, str]]:

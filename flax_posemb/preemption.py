@@ -60,13 +60,20 @@ def defer_sigterm(install: bool = True) -> Iterator[None]:
   stops).
 
   Installs the handler unless the process has it already or ``install`` is
-  False (several hosts: JAX's preemption notifier owns SIGTERM there).
+  False (several hosts: JAX's preemption notifier owns SIGTERM there). A
+  SIGTERM that the installed handler took before the block stays requested:
+  its `Preempted` may have been swallowed (raised inside a gc callback or a
+  ``__del__``, which Python only reports), and the loop must still stop.
   """
   deferred_before = _STATE.deferred
-  _STATE.requested = False
+  installed = signal.getsignal(signal.SIGTERM) is on_sigterm
+  if not (install and installed):
+    # A request left by an earlier run, or several hosts (they stop together,
+    # at Orbax's `reached_preemption`): not this run's to act on.
+    _STATE.requested = False
   _STATE.deferred = True
   replaced = None
-  if install and signal.getsignal(signal.SIGTERM) is not on_sigterm:
+  if install and not installed:
     # Outside the main thread no handler can be installed.
     with contextlib.suppress(ValueError):
       replaced = signal.signal(signal.SIGTERM, on_sigterm) or signal.SIG_DFL

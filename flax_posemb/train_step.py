@@ -56,6 +56,19 @@ def make_model(config: ml_collections.ConfigDict) -> model_lib.TransformerLM:
   )
 
 
+def stored_model(config: Any) -> model_lib.TransformerLM:
+  """The ``TransformerLM`` of a config read back (``config.json``, a
+  checkpoint's), for its stored parameters: a ``file:`` table is not read again
+  (it may have moved; the checkpoint holds the table), and cuDNN attention, a
+  platform's choice, becomes 'auto'."""
+  model = dict(config['model'])
+  if str(model.get('position_init', '')).startswith('file:'):
+    model['position_init'] = 'zeros'
+  if model.get('attention_impl') == 'cudnn':
+    model['attention_impl'] = 'auto'
+  return model_lib.TransformerLM(model_lib.ModelConfig.from_config(model))
+
+
 def position_statistics(
     model: model_lib.TransformerLM, config: ml_collections.ConfigDict, **kwargs
 ) -> stats_lib.PositionStatistics:

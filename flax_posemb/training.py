@@ -39,6 +39,10 @@ from flax_posemb.tensorboard import TensorBoard
 Hook = Callable[[int, dict[str, float]], None]
 
 
+# The largest `seed` (a non-negative int32).
+MAX_SEED = 2**31 - 1
+
+
 class NonFiniteLossError(FloatingPointError):
   """The training loss or gradient norm became NaN/inf."""
 
@@ -55,6 +59,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
   ):
     if int(config[key]) < 1:
       raise ValueError(f'{key} must be >= 1, got {config[key]}.')
+  # Every consumer takes this range (numpy, Grain, jax.random.key).
+  if not 0 <= int(config.seed) <= MAX_SEED:
+    raise ValueError(
+        f'seed must be an int in [0, {MAX_SEED}], got {config.seed}; set'
+        ' --config.seed=0 (or another seed in range).'
+    )
   model_config = model_lib.ModelConfig.from_config(config.model)
   data_lib.validate_config(config.data, max_len=model_config.max_len)
   vocab = data_lib.vocab_size(config.data)
@@ -74,8 +84,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f' {", ".join(initializers.EXTEND_RULES)}.'
     )
   position_buckets(config)
-  if int(config.eval_every_steps) > 0:
-    _validate_periodic_eval(config)
+  _validate_eval(config)
 
 
 def position_buckets(config: ml_collections.ConfigDict) -> np.ndarray:
@@ -93,9 +102,10 @@ def position_buckets(config: ml_collections.ConfigDict) -> np.ndarray:
     raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
 
 
-def _validate_periodic_eval(config: ml_collections.ConfigDict) -> None:
+def _validate_eval(config: ml_collections.ConfigDict) -> None:
   """Now, not after a checkpoint interval of training: the settings (window
-  length, deep-window limits), the buckets, and enough documents."""
+  length, deep-window limits; eval.py starts from them too), the buckets, and
+  for periodic evaluation enough documents."""
   settings = evaluation.eval_settings(config, {})
   try:
     buckets_lib.make_edges(
@@ -109,7 +119,8 @@ def _validate_periodic_eval(config: ml_collections.ConfigDict) -> None:
     if int(settings[key]) < 1:
       raise ValueError(f'eval.{key} must be >= 1, got {settings[key]}.')
   # Too few documents fail here; the batches are kept for the evaluations.
-  evaluation.make_batches(config, settings)
+  if int(config.eval_every_steps) > 0:
+    evaluation.make_batches(config, settings)
 
 
 def resolve_auto(
@@ -125,6 +136,39 @@ def resolve_auto(
   for key, (_, value) in resolved.items():
     logging.info('%s: auto -> %r (recorded in config.json)', key, value)
   return config
+
+
+def check_latest_is_the_runs(
+    workdir: str, ckpt: checkpointing.Checkpointer, step: int
+) -> None:
+  """CheckpointMismatchError if the newest checkpoint does not fit the run's
+  own model (`workdir.run_config`): another model's step, not a change of
+  config (the drift check, after this, compares with the config given)."""
+  where = ckpt.directory / str(step)
+  try:
+    reference = workdir_lib.run_config(workdir, ckpt.first_config)
+    stored = ckpt.stored_tree(step, 'params')
+  except (checkpointing.CheckpointDamagedError, FileNotFoundError):
+    # Damaged (no readable step): the read that follows names it, with the
+    # step to resume from.
+    return
+  model = step_lib.stored_model(reference)
+  resume_from = 'the step before it'
+  older = [s for s in ckpt.all_steps() if s < step]
+  if older:
+    resume_from += f' ({older[-1]})'
+  checkpointing.check_model(
+      where,
+      'params',
+      stored,
+      evaluation.expected_params(model),
+      fix=(
+          f"It is not this run's ({outputs.CONFIG_FILE} / its first"
+          f' checkpoint). Nothing was changed. Move it aside (mv {where} /tmp/)'
+          f' and re-run to resume from {resume_from}, or use a fresh'
+          ' --workdir.'
+      ),
+  )
 
 
 def divergence_bound(config: ml_collections.ConfigDict) -> float:
@@ -153,22 +197,43 @@ def train_and_evaluate(
   config = resolve_auto(config, workdir)
   mesh = sharding.make_mesh()
   sharding.check_batch_layout(config, mesh)
+  # Opened before anything is written: data that cannot be read leaves no
+  # trace in the workdir.
+  data_iter = data_lib.make_train_iterator(
+      config.data,
+      batch_size=int(config.batch_size),
+      seed=int(config.seed),
+      num_train_steps=int(config.num_train_steps),
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+      max_len=int(config.model.max_len),
+  )
+  dataset = data_lib.dataset_identity(config.data)
+  created = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
-  with contextlib.ExitStack() as stack:
-    if jax.process_index() == 0:
-      stack.enter_context(workdir_lib.Lock(workdir))
-    # SIGTERM: the process's one handler on one host; JAX's on several
-    # (DESIGN.md "SIGTERM").
-    stack.enter_context(
-        preemption.defer_sigterm(install=jax.process_count() == 1)
-    )
-    ckpt = stack.enter_context(
-        checkpointing.Checkpointer(
-            checkpointing.checkpoint_dir(workdir),
-            max_to_keep=int(config.max_to_keep),
-        )
-    )
-    return _Loop(config, workdir, mesh, ckpt, hooks).run()
+  try:
+    with contextlib.ExitStack() as stack:
+      if jax.process_index() == 0:
+        stack.enter_context(workdir_lib.Lock(workdir))
+      # SIGTERM: the process's one handler on one host; JAX's on several
+      # (DESIGN.md "SIGTERM").
+      stack.enter_context(
+          preemption.defer_sigterm(install=jax.process_count() == 1)
+      )
+      ckpt = stack.enter_context(
+          checkpointing.Checkpointer(
+              checkpointing.checkpoint_dir(workdir),
+              max_to_keep=int(config.max_to_keep),
+          )
+      )
+      return _Loop(config, workdir, mesh, ckpt, data_iter, dataset, hooks).run()
+  except Exception:
+    # A refusal during setup (another writer, a checkpoint of another model)
+    # leaves no trace of this call: only a workdir it created and left empty
+    # is removed.
+    if created:
+      workdir_lib.remove_unused(workdir)
+    raise
 
 
 class _Loop:
@@ -185,9 +250,12 @@ class _Loop:
       workdir: str,
       mesh: Any,
       ckpt: checkpointing.Checkpointer,
+      data_iter: Any,
+      dataset: str | None,
       hooks: Sequence[Hook],
   ):
     self.config = config
+    self.dataset = dataset
     self.workdir = workdir
     self.mesh = mesh
     self.ckpt = ckpt
@@ -203,8 +271,13 @@ class _Loop:
       workdir_lib.check_fresh_start(workdir)
     else:
       workdir_lib.check_not_imported(workdir)
+      check_latest_is_the_runs(workdir, ckpt, self.resumed_from)
       changes = workdir_lib.check_resume_config(
-          workdir, config, ckpt.latest_config()
+          workdir,
+          config,
+          ckpt.latest_config(),
+          stored_dataset=ckpt.step_metadata(self.resumed_from).get('dataset'),
+          dataset=dataset,
       )
     self.model = step_lib.make_model(config)
     init_rng, self.dropout_rng = jax.random.split(
@@ -222,15 +295,7 @@ class _Loop:
         self.model, config, mesh, init_rng, params=start_params
     )
     num_steps = int(config.num_train_steps)
-    self.data_iter = data_lib.make_train_iterator(
-        config.data,
-        batch_size=int(config.batch_size),
-        seed=int(config.seed),
-        num_train_steps=num_steps,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-        max_len=self.model.config.max_len,
-    )
+    self.data_iter = data_iter
     self.tb = None
     stats_dir = None
     if self.lead:
@@ -334,6 +399,7 @@ class _Loop:
         metrics=metrics,
         stats=self.statistics.state(state.stats),
         counters=self.counters,
+        dataset=self.dataset,
     )
 
   def snapshot(
@@ -569,8 +635,10 @@ class _Loop:
       self.evaluate(state, step)
 
   def eval_due(self, step: int) -> bool:
+    """Whether ``step`` has a periodic evaluation (never step 0: an
+    uninterrupted run does not evaluate before training)."""
     every = self.config.eval_every_steps
-    return every > 0 and step % every == 0
+    return every > 0 and step > 0 and step % every == 0
 
   def preemption_reached(self, step: int) -> bool:
     """Whether to save and stop after ``step``: a SIGTERM on one host; on

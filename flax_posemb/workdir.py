@@ -1,6 +1,7 @@
 """A training workdir apart from its checkpoints: the lock, the config, the
 outputs a resume truncates (docs/DESIGN.md, "Training outputs (workdir)")."""
 
+from collections.abc import Callable
 import errno
 import fcntl
 import json
@@ -85,14 +86,23 @@ class Lock:
 
 def remove_unused(workdir: str) -> bool:
   """Removes ``workdir`` if, under its lock, it holds nothing but the lock file
-  (a run stopped during setup); a directory another run uses or wrote into is
-  never removed."""
+  and empty directories (a run stopped during setup: Orbax creates
+  ``checkpoints/`` first); a directory another run uses or wrote into is never
+  removed."""
   if not os.path.isdir(workdir):
     return False
   try:
     with Lock(workdir) as lock:
-      if set(os.listdir(workdir)) - {outputs.LOCK_FILE}:
-        return False
+      empty_dirs = []
+      for name in os.listdir(workdir):
+        path = os.path.join(workdir, name)
+        if name == outputs.LOCK_FILE:
+          continue
+        if not os.path.isdir(path) or os.path.islink(path) or os.listdir(path):
+          return False
+        empty_dirs.append(path)
+      for path in empty_dirs:
+        os.rmdir(path)
       # A waiter that opened it notices (`Lock.__enter__`).
       os.remove(lock.path)
       os.rmdir(workdir)
@@ -109,18 +119,42 @@ def flat_config(config: Any) -> dict[str, Any]:
 
 
 def saved_config(workdir: str) -> dict[str, Any] | None:
-  """The run's ``config.json``, or None if absent."""
+  """The run's ``config.json``, or None if absent; one that is not a run's
+  config is refused."""
   path = os.path.join(workdir, outputs.CONFIG_FILE)
   if not os.path.exists(path):
     return None
+  fix = (
+      'Nothing was changed. Every checkpoint stores the config: move it aside'
+      f" (mv {path} /tmp/) and re-run, which uses the checkpoints' config"
+      ' (train.py writes the file again).'
+  )
   try:
     with open(path) as f:
-      return json.load(f)
+      saved = json.load(f)
   except ValueError as e:
-    raise WorkdirError(
-        f'{path} is not valid JSON ({e}). Nothing was changed. Every checkpoint'
-        ' stores the config: move it aside and re-run, which rewrites it.'
-    ) from None
+    raise WorkdirError(f'{path} is not valid JSON ({e}). {fix}') from None
+  if not isinstance(saved, dict):
+    raise WorkdirError(f'{path} is not the config of a training run. {fix}')
+  for section in ('model', 'data'):
+    if not isinstance(saved.get(section), dict):
+      raise WorkdirError(
+          f'{path} is not the config of a training run (no {section!r}'
+          f' section). {fix}'
+      )
+  return saved
+
+
+def run_config(
+    workdir: str, first_config: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+  """The run's own config, which every checkpoint it holds must fit:
+  ``config.json``, else ``first_config()``, the config stored in its oldest
+  readable checkpoint (`checkpointing.first_config`)."""
+  saved = saved_config(workdir)
+  if saved is not None:
+    return saved
+  return first_config()
 
 
 def _may_change(key: str) -> bool:
@@ -154,26 +188,45 @@ def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
 
 
 def check_resume_config(
-    workdir: str, config: Any, stored: dict[str, Any]
+    workdir: str,
+    config: Any,
+    stored: dict[str, Any],
+    *,
+    stored_dataset: str | None = None,
+    dataset: str | None = None,
 ) -> dict[str, list[Any]]:
   """The changes of ``config`` from ``stored`` (the checkpoint's) and
-  config.json (DESIGN.md §Resume: the one drift check; ``WorkdirError`` unless
-  ``allow_config_change``)."""
+  config.json, and of the ``dataset`` trained on (`data.dataset_identity`)
+  from the checkpoint's (None: not recorded) (DESIGN.md §Resume: the one drift
+  check; ``WorkdirError`` unless ``allow_config_change``)."""
   changes = {}
   saved = saved_config(workdir)
   if saved is not None:
     changes.update(config_changes(saved, config))
   changes.update(config_changes(stored, config))
+  if stored_dataset is not None and stored_dataset != dataset:
+    changes[DATASET_CHANGE] = [stored_dataset, dataset]
   if changes and not config.get('allow_config_change', False):
     first_changes = list(changes.items())[:8]
     listed = '; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in first_changes)
+    dataset_fix = ''
+    if DATASET_CHANGE in changes:
+      dataset_fix = (
+          ' The text under the same data settings is not what the run trained'
+          ' on: restore its files (a prepared dataset lists them in its'
+          ' prepared_from.json),'
+      )
     raise WorkdirError(
         f'{workdir} holds a run with another config ({listed}). Nothing was'
-        ' changed. Resume with the original values, use a fresh --workdir, or'
-        ' pass --config.allow_config_change=True to continue with the new'
-        ' values (in metrics.jsonl).'
+        f' changed.{dataset_fix} Resume with the original values, use a fresh'
+        ' --workdir, or pass --config.allow_config_change=True to continue'
+        ' with the new values (in metrics.jsonl).'
     )
   return changes
+
+
+# The key of a changed dataset among a resume's changes.
+DATASET_CHANGE = 'dataset'
 
 
 def write_config(workdir: str, config: Any) -> None:
@@ -246,16 +299,13 @@ def truncate_outputs(workdir: str, step: int) -> None:
     with outputs.atomic_write(metrics, 'w') as f:
       # A row without a step counts as after it.
       f.writelines(line for line, r in rows if r.get('step', step + 1) <= step)
+  later = [path for s, path in _step_files(workdir) if s > step]
+  leftovers = []
   for pattern in (outputs.WINDOW_FILES, outputs.TABLE_FILES):
-    directory, name_pattern = os.path.split(os.path.join(workdir, pattern))
-    if not os.path.isdir(directory):
-      continue
-    prefix = name_pattern.split('*')[0]
-    for name in os.listdir(directory):
-      path = os.path.join(directory, name)
-      # A later step's output, or a killed write's leftover (".NAME.tmp").
-      if name.lstrip('.').startswith(prefix) and path not in keep:
-        os.remove(path)
+    leftovers += outputs.step_leftovers(os.path.join(workdir, pattern))
+  # Only names the run writes: a user's window_20.npz.bak stays.
+  for path in later + leftovers:
+    os.remove(path)
 
 
 def append_row(workdir: str, row: dict[str, Any]) -> None:

@@ -615,6 +615,45 @@ def test_step_deleted_while_read_is_replaced_by_the_new_latest(
   assert 'deleted or superseded' in caplog.text
 
 
+def test_a_step_deleted_while_the_reader_lists_them_is_listed_again(
+    tmp_path, monkeypatch
+):
+  """The trainer saves step 7 and deletes step 5 after the reader found the
+  step directories but before Orbax read their metadata: the reader lists
+  again and reads step 7 (not a raw FileNotFoundError)."""
+  import orbax.checkpoint as ocp
+
+  params, opt_state = _trained_state(_params())
+  writer = checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=1)
+  _save(writer, 0, _params(), opt_state, None)
+  _save(writer, 5, params, opt_state, None)
+  writer.wait_until_finished()
+  step_format = type(ocp.step.standard_name_format())
+  real = step_format.find_all
+  listings = []
+
+  def racing(self, base_path):
+    found = list(real(self, base_path))
+    listings.append(sorted(m.step for m in found))
+    if len(listings) == 1:
+      _save(writer, 7, jax.tree.map(lambda x: x + 1, params), opt_state, None)
+      writer.wait_until_finished()
+    return found
+
+  monkeypatch.setattr(step_format, 'find_all', racing)
+  restored, _, info = checkpointing.restore_params(tmp_path)
+  writer.close()
+  assert listings[:2] == [[0, 5], [0, 7]]
+  assert info.step == 7 and info.vanished == []
+  _assert_trees_equal(restored, jax.tree.map(lambda x: x + 1, params))
+
+
+def test_max_to_keep_below_one_is_refused(tmp_path):
+  with pytest.raises(ValueError, match='max_to_keep must be >= 1, got 0'):
+    checkpointing.Checkpointer(tmp_path / 'checkpoints', max_to_keep=0)
+  assert not (tmp_path / 'checkpoints').exists()
+
+
 def test_a_reader_names_each_damaged_step_and_fails_if_all_are_damaged(
     tmp_path, monkeypatch
 ):

@@ -4,6 +4,7 @@ SIGTERM during setup leaves nothing; invalid UTF-8 is counted, dropped or
 refused (data.on_decode_error); Grain workers end with their parent."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,9 +98,33 @@ BAD_INPUTS = [
     (TRAIN + ['--config.data.synthetic.num_docs=10'], 'lower eval.num_windows'),
     (TRAIN + ['--config.eval.bucket_edges=abc'], 'eval.bucket'),
     (TRAIN + ['--config.eval.min_start=-1'], 'eval.min_start must be >= 0'),
-    (TRAIN + ['--config.eval.window_start=random'], "was replaced by 'deep'"),
+    (TRAIN + ['--config.eval.window_start=random'], "'random' was retired"),
     (TRAIN + ['--config.eval.window_start=deep'], 'needs a text source'),
     (TRAIN + ['--config.data.source=nope'], 'data.source'),
+    (TRAIN + ['--config.seed=-1'], 'seed must be an int in [0, 2147483647]'),
+    (TRAIN + ['--config.eval.seed=-1'], 'eval.seed must be >= 0'),
+    (
+        TRAIN + ['--config.eval.position_policy=nope'],
+        "Unknown evaluation position_policy 'nope'",
+    ),
+    (TRAIN + ['--config.data.synthetic.seed=-1'], 'and seed >= 0'),
+    (TRAIN + ['--config.data.val_percent=101'], 'data.val_percent must be'),
+    (
+        TRAIN + ['--config.model.position_init_std=nan'],
+        'model.position_init_std must be a number',
+    ),
+    (
+        # Opened only by the training iterator (no periodic eval).
+        TRAIN
+        + [
+            '--config.data.source=local_text',
+            '--config.data.local_glob=DIR/short.txt',
+            '--config.data.min_doc_len=1000',
+            '--config.model.vocab_size=257',
+            '--config.eval_every_steps=0',
+        ],
+        'the corpus is (nearly) empty',
+    ),
     (
         TRAIN
         + [
@@ -132,6 +157,16 @@ BAD_INPUTS = [
     (EVAL + ['--workdir', 'DIR', '--num_windows', '0'], 'num_windows'),
     (EVAL + ['--workdir', 'DIR', '--batch_size', '-3'], 'batch_size'),
     (EVAL + ['--workdir', 'DIR', '--offsets', 'a,b'], '--offsets'),
+    (
+        EVAL + ['--workdir', 'RUN', '--split', 'nosuchsplit'],
+        "Synthetic split 'nosuchsplit' unknown",
+    ),
+    (
+        EVAL + ['--workdir', 'EMPTY_CONFIG'],
+        "config.json is not the config of a training run (no 'model'"
+        ' section). Nothing was changed. Every checkpoint stores the config:'
+        ' move it aside',
+    ),
     (EVAL + ['--workdir', 'DIR', '--offsets', '-5'], '--offsets must be >= 0'),
     (
         EVAL
@@ -139,7 +174,11 @@ BAD_INPUTS = [
         'not both',
     ),
     (EVAL + ['--workdir', 'DIR', 'stray'], 'unexpected arguments'),
-    (EVAL + ['--workdir', 'DIR', '--window_start', 'random'], 'deep'),
+    (
+        EVAL + ['--workdir', 'DIR', '--window_start', 'random'],
+        "'random' was retired (one window per document mostly scored the"
+        " openings of short documents); use 'deep'",
+    ),
     (DATA[:4] + ['--num_batches', '0'], 'num_batches'),
     (DATA + ['--config.nope=1'], "unknown config field 'nope'"),
     (DATA + ['--config.data.source=nope'], 'data.source'),
@@ -202,10 +241,18 @@ def _message_lines(stderr):
         for i, (a, _) in enumerate(BAD_INPUTS)
     ],
 )
-def test_bad_cli_input_is_one_message_and_exit_2(tmp_path, argv, fragment):
+def test_bad_cli_input_is_one_message_and_exit_2(
+    tmp_path, argv, fragment, tiny_run
+):
   (tmp_path / 'file').write_text('not a directory')
   (tmp_path / 'dangling').symlink_to(tmp_path / 'gone')
   (tmp_path / 'tiny_run').mkdir()
+  (tmp_path / 'short.txt').write_text('too short to train on')
+  if 'EMPTY_CONFIG' in argv:
+    run = shutil.copytree(tiny_run[0], tmp_path / 'run')
+    (run / 'config.json').write_text('{}')
+    argv = [a.replace('EMPTY_CONFIG', str(run)) for a in argv]
+  argv = [a.replace('RUN', tiny_run[0]) for a in argv]
   proc = _run(argv, tmp_path)
   lines = _message_lines(proc.stderr)
   assert proc.returncode == cli.EXIT_USER_ERROR, proc.stderr[-3000:]
@@ -376,6 +423,8 @@ def test_invalid_utf8_is_replaced_or_skipped_and_counted(
   )
   assert rep['decode_errors']['files'] == [str(tmp_path / 'corpus' / 'bad.txt')]
   assert 'invalid UTF-8: 1 document(s)' in report.format_report(rep)
+  # The corpus has no validation split: the report says so instead of failing.
+  assert "split 'validation'" in rep['eval_windows_problem']
 
 
 def test_invalid_utf8_with_on_decode_error_error_refuses_naming_the_file(
@@ -694,6 +743,52 @@ def test_train_py_sigterm_while_importing_exits_75_with_a_message(tmp_path):
       'train.py: SIGTERM while starting'
   ), lines
   assert not wd.exists()
+
+
+# SIGTERM while a gc callback runs (JAX registers some): Python only reports
+# the handler's `Preempted` there, so the request alone must stop the run.
+GC_CALLBACK_SCRIPT = textwrap.dedent("""
+    import gc, os, runpy, signal, sys
+    from flax_posemb import training
+    real = training.validate
+    def validate_after_a_sigterm_in_a_gc_callback(config):
+      def callback(phase, info):
+        if phase == 'start':
+          gc.callbacks.remove(callback)
+          os.kill(os.getpid(), signal.SIGTERM)  # handled in this callback
+      gc.callbacks.append(callback)
+      gc.collect()
+      return real(config)
+    training.validate = validate_after_a_sigterm_in_a_gc_callback
+    sys.argv = ['train.py', *sys.argv[1:]]
+    runpy.run_path('train.py', run_name='__main__')
+""")
+
+
+def test_a_sigterm_handled_inside_a_gc_callback_still_stops_the_run(tmp_path):
+  wd = tmp_path / 'wd'
+  proc = subprocess.run(
+      [
+          sys.executable,
+          '-c',
+          GC_CALLBACK_SCRIPT,
+          '--config',
+          'configs/tiny.py',
+          '--workdir',
+          str(wd),
+          *TINY,
+          '--config.num_train_steps=3',
+      ],
+      cwd=str(ROOT),
+      env=SUBPROCESS_ENV,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert proc.returncode == cli.EXIT_PREEMPTED, proc.stderr[-3000:]
+  assert 'preempted at step 0' in proc.stdout
+  assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+  assert os.listdir(wd / 'checkpoints') == ['0']
 
 
 def test_the_training_sigterm_handler_only_sets_a_flag_and_is_removed():

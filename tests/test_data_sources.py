@@ -168,6 +168,22 @@ def test_local_jsonl_reads_the_text_feature_and_rebuilds_when_files_change(
   assert sorted(sizes.values()) == [0, 1]
 
 
+def test_local_jsonl_records_without_text_are_refused_not_empty_documents(
+    tmp_path,
+):
+  p = _write(
+      tmp_path,
+      'a.jsonl',
+      '\n'.join([json.dumps({'text': 'kept'}), json.dumps({'body': 'x'})] * 3),
+  )
+  cfg = _cfg(tmp_path, source='local_text', local_glob=str(p), val_percent=0)
+  with pytest.raises(
+      ValueError,
+      match=f"3 record.*{p}:2: no field 'text'.*prepare --skip_unreadable",
+  ):
+    data.make_source(cfg.data, 'train')
+
+
 def test_empty_corpus_and_documents_without_tokens_are_clear_errors(tmp_path):
   cfg = _cfg(
       tmp_path,

@@ -219,7 +219,9 @@ def test_checkpoint_of_a_different_context_length_is_a_clear_error(tmp_path):
   bigger.data.seq_len = 2 * MAX_LEN
   workdir = _make_run(str(tmp_path / 'mismatch'), bigger, _config())
   with pytest.raises(
-      ValueError, match=r'do not match the model config \(max_len=64.*pos_embed'
+      checkpointing.CheckpointMismatchError,
+      match=r'another model: params/pos_embed/embedding has shape \(32, 32\)'
+      r' in the checkpoint but \(64, 32\)',
   ):
     eval_workdir.evaluate_workdir(workdir)
 
@@ -352,13 +354,16 @@ def test_eval_cli_names_a_damaged_latest_and_the_step_it_evaluated(
     eval_workdir.evaluate_workdir(workdir, step=20, output=out)
 
 
+@pytest.mark.parametrize('config_json', ['present', 'missing'])
 def test_checkpoint_of_another_model_in_a_runs_checkpoints_is_refused(
-    tiny_run, tmp_path
+    tiny_run, tmp_path, config_json
 ):
   """A checkpoint of a wider model placed among a run's steps: eval checks it
-  against the run (its config.json), as a resume does, instead of evaluating it
-  as the run's."""
+  against the run (its config.json, else its oldest checkpoint's config), as a
+  resume does, instead of evaluating it as the run's."""
   workdir = _copy_run(tiny_run, tmp_path)
+  if config_json == 'missing':
+    os.remove(os.path.join(workdir, 'config.json'))
   wider = tiny_config()
   wider.model.emb_dim, wider.model.mlp_dim = 64, 128
   # its step 3 becomes the run's 30

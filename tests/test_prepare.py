@@ -1,7 +1,10 @@
 """Datasets without TensorFlow: `python -m flax_posemb.commands.prepare` and
 data.source=tfds."""
 
+import hashlib
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -197,13 +200,19 @@ def test_prepare_reads_a_saved_hugging_face_dataset_and_names_a_missing_column(
   datasets.DatasetDict(
       {'train': datasets.Dataset.from_dict({'text': texts})}
   ).save_to_disk(str(tmp_path / 'hf'))
+  # A missing cell is no document: refused, or left out when asked.
+  with pytest.raises(ValueError, match=r'\(train\) row 10: missing'):
+    text_sources.prepare_dataset(
+        'hfnotes', str(tmp_path / 'tfds'), hf_dataset=str(tmp_path / 'hf')
+    )
   out = text_sources.prepare_dataset(
       'hfnotes',
       str(tmp_path / 'tfds'),
       hf_dataset=str(tmp_path / 'hf'),
       val_percent=20,
+      skip_unreadable=True,
   )
-  assert sum(out['splits'].values()) == 11
+  assert sum(out['splits'].values()) == 10
   records, feature = text_sources.tfds_records(
       'hfnotes', 'train', str(tmp_path / 'tfds')
   )
@@ -253,4 +262,283 @@ def test_prepare_flags_refuse_a_bad_name_and_need_exactly_one_input(
   )
   assert (
       p.returncode == 2 and message in p.stderr and 'Traceback' not in p.stderr
+  )
+
+
+def _notes(tmp_path, n=8):
+  """``n`` .txt documents (their directory)."""
+  d = tmp_path / 'notes'
+  d.mkdir(exist_ok=True)
+  for i in range(n):
+    (d / f'note{i}.txt').write_text(f'note {i}: ' + 'some words here. ' * 8)
+  return d
+
+
+def _documents(ddir, name='notes'):
+  """Every document of a prepared dataset, sorted."""
+  texts = []
+  for split in ('train', 'validation'):
+    records, _ = text_sources.tfds_records(name, split, str(ddir))
+    texts += [r['text'].decode() for r in records]
+  return sorted(texts)
+
+
+def test_a_refused_overwrite_leaves_the_old_dataset_as_it_was(tmp_path):
+  ddir = tmp_path / 'tfds'
+  text_sources.prepare_dataset(
+      'notes', str(ddir), inputs=(str(_notes(tmp_path) / '*.txt'),)
+  )
+  before = _documents(ddir)
+  bad = tmp_path / 'bad.jsonl'
+  bad.write_text('{"text": "a line cut short\n')
+  with pytest.raises(ValueError) as refused:
+    text_sources.prepare_dataset(
+        'notes', str(ddir), inputs=(str(bad),), overwrite=True
+    )
+  assert _documents(ddir) == before
+  assert f'{bad}:1: not JSON' in str(refused.value)
+  assert sorted(p.name for p in ddir.iterdir() if p.name[0] != '.') == ['notes']
+  assert not list(ddir.glob('.notes.build-*'))
+
+
+def test_an_interrupted_prepare_leaves_no_dataset_directory(
+    tmp_path, monkeypatch
+):
+  """Killed while TFDS writes the shards: no DIR/NAME (so a re-run needs no
+  --overwrite and train.py does not find half a dataset); a killed run's
+  hidden build directory is removed by the next run."""
+  from flax_posemb.data import text_corpus
+
+  ddir = tmp_path / 'tfds'
+  notes = str(_notes(tmp_path) / '*.txt')
+  real = text_corpus.TextCorpus._generate_examples
+
+  def killed_after_one(self, val, validation):
+    yield next(real(self, val, validation))
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(
+      text_corpus.TextCorpus, '_generate_examples', killed_after_one
+  )
+  with pytest.raises(KeyboardInterrupt):
+    text_sources.prepare_dataset('notes', str(ddir), inputs=(notes,))
+  assert not (ddir / 'notes').exists()
+  monkeypatch.undo()
+  (ddir / '.notes.build-killed' / 'notes').mkdir(parents=True)  # a kill -9's
+  out = text_sources.prepare_dataset('notes', str(ddir), inputs=(notes,))
+  assert sum(out['splits'].values()) == 8
+  assert not list(ddir.glob('.notes.build-*'))
+
+
+def test_unreadable_records_are_counted_named_and_refused_unless_skipped(
+    tmp_path,
+):
+  d = _notes(tmp_path, 3)
+  (d / 'more.jsonl').write_text(
+      '\n'.join(
+          [
+              json.dumps({'text': 'a good record'}),
+              json.dumps({'title': 'no text'}),
+              json.dumps({'text': 12}),
+              json.dumps({'text': None}),
+              '{"text": "cut',
+              json.dumps(['a', 'list']),
+              json.dumps('a bare string is text'),
+          ]
+      )
+      + '\n'
+  )
+  (d / 'bytes.txt').write_bytes(b'fine\nstill fine\nthen \xff\xfe here\n')
+  ddir = tmp_path / 'tfds'
+  with pytest.raises(ValueError) as e:
+    text_sources.prepare_dataset('notes', str(ddir), inputs=(str(d / '*'),))
+  message = str(e.value)
+  assert message.startswith('6 record(s) cannot be read exactly')
+  for where in (
+      f'{d}/bytes.txt:3: not valid UTF-8',
+      f"{d}/more.jsonl:2: no field 'text'",
+      f"{d}/more.jsonl:3: field 'text' holds a JSON int (12), not text",
+      f"{d}/more.jsonl:4: field 'text' holds a JSON NoneType",
+      f'{d}/more.jsonl:5: not JSON',
+  ):
+    assert where in message, message
+  assert '(and 1 more)' in message and '--skip_unreadable' in message
+  assert not (ddir / 'notes').exists()
+  out = text_sources.prepare_dataset(
+      'notes', str(ddir), inputs=(str(d / '*'),), skip_unreadable=True
+  )
+  assert out['unreadable']['records'] == 6
+  texts = _documents(ddir)
+  assert 'a good record' in texts and 'a bare string is text' in texts
+  assert len(texts) == 3 + 2 and not any(t in ('', '12') for t in texts)
+  recorded = json.loads(
+      (ddir / 'notes' / '1.0.0' / 'prepared_from.json').read_text()
+  )
+  assert recorded['unreadable']['records'] == 6
+  assert recorded['options']['skip_unreadable'] is True
+
+
+def test_invalid_utf8_replaced_on_request_is_reported_when_training_on_it(
+    tmp_path,
+):
+  from flax_posemb import defaults
+
+  d = _notes(tmp_path, 3)
+  (d / 'bytes.txt').write_bytes(b'then \xff here\n')
+  ddir = tmp_path / 'tfds'
+  out = text_sources.prepare_dataset(
+      'notes', str(ddir), inputs=(str(d / '*'),), on_decode_error='replace'
+  )
+  assert out['decode_errors']['records'] == [f'{d}/bytes.txt:1']
+  c = defaults.data()
+  c.source, c.name, c.data_dir, c.val_percent = 'tfds', 'notes', str(ddir), 0
+  src = text_sources.make_text_source(c, 'train')
+  assert src.build_decode_errors['documents'] == 1
+
+
+@pytest.mark.parametrize(
+    'table, message',
+    [
+        ({'text': ['a'] * 3, 'id': [1, 2, 3]}, "column 'id' holds int64"),
+        ({'text': ['a', None, 'c']}, 'rows.parquet:row 1: missing'),
+    ],
+)
+def test_parquet_text_that_is_not_text_or_missing_is_refused(
+    tmp_path, table, message
+):
+  pa = pytest.importorskip('pyarrow')
+  import pyarrow.parquet as pq
+
+  pq.write_table(pa.table(table), tmp_path / 'rows.parquet')
+  field = 'id' if 'id' in table else 'text'
+  with pytest.raises(ValueError, match=re.escape(message)):
+    text_sources.prepare_dataset(
+        'rows',
+        str(tmp_path / 'tfds'),
+        inputs=(str(tmp_path / 'rows.parquet'),),
+        text_field=field,
+    )
+  assert not (tmp_path / 'tfds' / 'rows').exists()
+
+
+def test_a_damaged_parquet_file_is_named(tmp_path):
+  pytest.importorskip('pyarrow')
+  (tmp_path / 'rows.parquet').write_bytes(b'PAR1 not really')
+  with pytest.raises(
+      ValueError, match=f'{tmp_path}/rows.parquet is not a readable Parquet'
+  ):
+    text_sources.prepare_dataset(
+        'rows', str(tmp_path / 'tfds'), inputs=(str(tmp_path / '*.parquet'),)
+    )
+
+
+def test_a_prepared_dataset_records_its_inputs_and_their_hashes(tmp_path):
+  d = _notes(tmp_path, 4)
+  ddir = tmp_path / 'tfds'
+  out = text_sources.prepare_dataset(
+      'notes', str(ddir), inputs=(str(d / '*.txt'),)
+  )
+  recorded = json.loads(
+      (ddir / 'notes' / '1.0.0' / 'prepared_from.json').read_text()
+  )
+  assert [i['path'] for i in recorded['inputs']] == sorted(
+      str(p) for p in d.glob('*.txt')
+  )
+  for item in recorded['inputs']:
+    data = open(item['path'], 'rb').read()
+    assert item['sha256'] == hashlib.sha256(data).hexdigest()
+    assert item['bytes'] == len(data)
+  assert recorded['splits'] == out['splits'] and recorded['identity']
+  (d / 'note0.txt').write_text('other words')
+  again = text_sources.prepare_dataset(
+      'notes', str(ddir), inputs=(str(d / '*.txt'),), overwrite=True
+  )
+  assert again['identity'] != out['identity']
+
+
+def test_prepare_cli_refuses_unreadable_records_with_one_line_and_exit_2(
+    tmp_path,
+):
+  (tmp_path / 'notes.jsonl').write_text(json.dumps({'body': 'x'}) + '\n')
+  p = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'flax_posemb.commands.prepare',
+          '--name',
+          'notes',
+          '--input',
+          str(tmp_path / 'notes.jsonl'),
+          '--data_dir',
+          str(tmp_path / 'tfds'),
+      ],
+      cwd=ROOT,
+      env=SUBPROCESS_ENV,
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
+  lines = [
+      line for line in p.stderr.splitlines() if line.startswith('python -m')
+  ]
+  assert p.returncode == 2 and 'Traceback' not in p.stderr, p.stderr[-2000:]
+  assert (
+      len(lines) == 1
+      and f"{tmp_path}/notes.jsonl:1: no field 'text'" in lines[0]
+  )
+  assert '--skip_unreadable' in lines[0]
+  assert not (tmp_path / 'tfds' / 'notes').exists()
+
+
+def test_a_resume_on_a_dataset_replaced_under_the_run_is_refused(tmp_path):
+  """Same name, other files: the run recorded its dataset's identity, so the
+  resume is refused like a config change (allowed and recorded with
+  allow_config_change)."""
+  from conftest import tiny_config
+  from flax_posemb import training
+  from flax_posemb import workdir
+
+  ddir = tmp_path / 'tfds'
+  first = tmp_path / 'first'
+  first.mkdir()
+  for i in range(6):
+    (first / f'a{i}.txt').write_text(f'first text {i}. ' * 20)
+  text_sources.prepare_dataset(
+      'notes', str(ddir), inputs=(str(first / '*.txt'),), val_percent=30
+  )
+  c = tiny_config()
+  c.data.source, c.data.name, c.data.data_dir = 'tfds', 'notes', str(ddir)
+  c.model.vocab_size = 257
+  c.num_train_steps, c.eval_every_steps, c.checkpoint_every_steps = 2, 0, 2
+  wd = str(tmp_path / 'run')
+  training.train_and_evaluate(c, wd)
+  text_sources.prepare_dataset(
+      'notes',
+      str(ddir),
+      inputs=(str(_notes(tmp_path) / '*.txt'),),
+      val_percent=30,
+      overwrite=True,
+  )
+  # The same config: only the text under the name changed.
+  with pytest.raises(
+      workdir.WorkdirError,
+      match=r"another config \(dataset: 'tfds notes \w+' -> 'tfds notes \w+'\)",
+  ):
+    training.train_and_evaluate(c, wd)
+  assert checkpointing_steps(wd) == [0, 2]
+  c.allow_config_change = True
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 2
+  rows = [json.loads(line) for line in open(os.path.join(wd, 'metrics.jsonl'))]
+  assert [r['step'] for r in rows if 'config_change' in r] == [2]
+  assert (
+      'dataset'
+      in next(r for r in rows if 'config_change' in r)['config_change']
+  )
+
+
+def checkpointing_steps(workdir):
+  return sorted(
+      int(d)
+      for d in os.listdir(os.path.join(workdir, 'checkpoints'))
+      if d.isdigit()
   )

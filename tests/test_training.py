@@ -274,6 +274,34 @@ def test_resume_after_kill9_equals_uninterrupted_run(
         np.testing.assert_array_equal(za[k], zb[k], err_msg=k)
 
 
+def test_a_run_resumed_from_step_0_writes_the_rows_of_an_uninterrupted_run(
+    tiny_run, tmp_path, monkeypatch
+):
+  """Stopped by SIGTERM during setup (its only checkpoint is step 0), then
+  resumed: no evaluation row of step 0, which an uninterrupted run never
+  writes."""
+  ref_dir, _, _ = tiny_run
+  workdir = str(tmp_path / 'from_zero')
+  real = train_step.init_state
+
+  def init_state_then_sigterm(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(train_step, 'init_state', init_state_then_sigterm)
+  stopped = training.train_and_evaluate(tiny_config(), workdir)
+  assert stopped['preempted'] and stopped['step'] == 0
+  monkeypatch.setattr(train_step, 'init_state', real)
+  assert (
+      training.train_and_evaluate(tiny_config(), workdir)['resumed_from'] == 0
+  )
+  a, b = read_metrics(ref_dir), read_metrics(workdir)
+  assert [(r['step'], 'eval' in r) for r in b] == [
+      (r['step'], 'eval' in r) for r in a
+  ]
+  assert [r.get('loss') for r in a] == [r.get('loss') for r in b]
+
+
 def test_sigterm_mid_run_leaves_restorable_checkpoint(tmp_path):
   workdir = str(tmp_path / 'term')
 

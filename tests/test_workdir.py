@@ -5,6 +5,7 @@ that uses it)."""
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,6 @@ import pytest
 from conftest import SUBPROCESS_ENV
 from conftest import tiny_config
 from flax_posemb import checkpointing
-from flax_posemb import data as data_lib
 from flax_posemb import outputs
 from flax_posemb import training
 from flax_posemb import workdir
@@ -95,6 +95,36 @@ def test_a_full_disk_fails_an_output_file_once_and_leaves_nothing(small_disk):
   assert not [p for p in small_disk.rglob('*') if p.is_file()]
 
 
+def test_two_writers_of_one_output_directory_take_turns(tmp_path):
+  """Two evals of the same options write one directory: the second waits for
+  the first instead of deleting its staging files (a raw [Errno 2])."""
+  out = str(tmp_path / 'eval' / 'step_5')
+  names = ('results.json', 'buckets.csv')
+  first_is_writing = threading.Event()
+  errors = []
+
+  def write(label, started=None):
+    try:
+      with outputs.replace_files(out, names) as stage:
+        if started is not None:
+          started.set()
+          time.sleep(0.5)  # the second writer starts meanwhile
+        for name in names[::-1]:
+          with open(os.path.join(stage, name), 'w') as f:
+            f.write(label)
+    except Exception as e:  # reported by the assertion below
+      errors.append(e)
+
+  first = threading.Thread(target=write, args=('first', first_is_writing))
+  first.start()
+  first_is_writing.wait()
+  write('second')
+  first.join()
+  assert not errors
+  assert [open(os.path.join(out, n)).read() for n in names] == ['second'] * 2
+  assert sorted(os.listdir(out)) == sorted(names)
+
+
 def test_resume_cleans_leftovers_of_a_killed_write(tmp_path):
   wd = str(tmp_path / 'w')
   os.makedirs(os.path.join(wd, 'stats'))
@@ -109,6 +139,33 @@ def test_resume_cleans_leftovers_of_a_killed_write(tmp_path):
   assert training.train_and_evaluate(five_steps(), wd)['step'] == 5
   assert not any(os.path.exists(p) for p in junk)
   assert os.path.exists(os.path.join(wd, 'stats', 'window_5.npz'))
+
+
+def test_a_resume_removes_only_the_files_the_run_wrote(tmp_path):
+  """Files a user put in stats/ and tables/ stay, whatever their names start
+  with; the run's later step files and killed writes' leftovers go."""
+  wd, c = trained_five_steps(tmp_path)
+  stats, tables = os.path.join(wd, 'stats'), os.path.join(wd, 'tables')
+  users = [
+      os.path.join(stats, 'window_20.npz.bak'),
+      os.path.join(stats, 'window_notes.txt'),
+      os.path.join(stats, '.window_notes.tmp'),
+      os.path.join(tables, 'table_5.npy.orig'),
+      os.path.join(tables, 'table_of_contents.md'),
+  ]
+  for path in users:
+    open(path, 'w').close()
+  runs = [
+      os.path.join(stats, '.window_9.npz.tmp'),
+      os.path.join(tables, '.table_9.npy.tmp'),
+  ]
+  for path in runs:
+    open(path, 'w').close()
+  runs.append(os.path.join(stats, 'window_9.npz'))  # after the checkpoint
+  shutil.copy(os.path.join(stats, 'window_5.npz'), runs[-1])
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 5
+  assert all(os.path.exists(p) for p in users)
+  assert not any(os.path.exists(p) for p in runs)
 
 
 def test_outputs_without_checkpoints_are_never_wiped(tmp_path):
@@ -142,6 +199,61 @@ def test_resume_with_another_policy_names_the_change_not_corruption(tmp_path):
   )
 
 
+def test_a_newest_checkpoint_of_another_model_is_named_not_a_config_change(
+    tmp_path,
+):
+  """A wider model's step placed as the newest: the resume names the step and
+  another model (not a change of config, which the user did not make)."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  wd, c = trained_five_steps(tmp_path)
+  wider = five_steps()
+  wider.model.emb_dim, wider.model.mlp_dim = 64, 128
+  model = training.step_lib.make_model(wider)
+  x = jnp.zeros((1, 4), jnp.int32)
+  params = model.init(jax.random.key(0), x, x)['params']
+  foreign = os.path.join(wd, 'checkpoints', '9')
+  with checkpointing.Checkpointer(
+      os.path.dirname(foreign), max_to_keep=5, async_save=False
+  ) as ckpt:
+    ckpt.save(
+        9,
+        params=params,
+        opt_state=optax.adamw(1e-2).init(params),
+        data_iter=None,
+        stats=None,
+        config=wider,
+    )
+  before = open(os.path.join(wd, 'metrics.jsonl')).read()
+  with pytest.raises(checkpointing.CheckpointMismatchError) as e:
+    training.train_and_evaluate(c, wd)
+  message = str(e.value)
+  assert message.startswith(f'{foreign} was written by another model')
+  assert 'another config' not in message
+  assert f'mv {foreign} /tmp/' in message and 'step before it (5)' in message
+  assert open(os.path.join(wd, 'metrics.jsonl')).read() == before
+  shutil.move(foreign, str(tmp_path / 'aside'))  # the fix it names
+  assert training.train_and_evaluate(c, wd)['resumed_from'] == 5
+
+
+@pytest.mark.parametrize('content', ['{}', '[]', '{"model": {}}'])
+def test_a_config_json_that_is_not_a_runs_config_is_named_with_the_fix(
+    tmp_path, content
+):
+  wd, c = trained_five_steps(tmp_path)
+  path = os.path.join(wd, 'config.json')
+  with open(path, 'w') as f:
+    f.write(content)
+  with pytest.raises(
+      workdir.WorkdirError,
+      match=f'{path} is not the config of a training run.*mv {path} /tmp/',
+  ):
+    training.train_and_evaluate(c, wd)
+  assert open(path).read() == content
+
+
 def test_log_and_eval_settings_may_change_on_resume(tmp_path):
   wd = str(tmp_path / 'w')
   c = tiny_config()
@@ -165,21 +277,19 @@ def test_diverged_finite_loss_stops_before_it_is_saved(tmp_path):
 
 
 def test_sigterm_during_setup_leaves_a_resumable_workdir(tmp_path, monkeypatch):
-  real = data_lib.make_train_iterator
+  real = training.step_lib.init_state
 
-  def make_iterator_then_sigterm(*args, **kwargs):
+  def init_state_then_sigterm(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.1)
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(
-      data_lib, 'make_train_iterator', make_iterator_then_sigterm
-  )
+  monkeypatch.setattr(training.step_lib, 'init_state', init_state_then_sigterm)
   wd = str(tmp_path / 'w')
   result = training.train_and_evaluate(tiny_config(), wd)
   assert result['preempted'] and result['step'] == 0
   assert checkpointing.restore_params(wd)[2].step == 0
-  monkeypatch.setattr(data_lib, 'make_train_iterator', real)
+  monkeypatch.setattr(training.step_lib, 'init_state', real)
   c = tiny_config()
   c.num_train_steps, c.eval_every_steps = 3, 0
   c.allow_config_change = True

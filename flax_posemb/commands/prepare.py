@@ -1,6 +1,8 @@
 """Prepares your own text as a TFDS array_record dataset, without TensorFlow
-(README "Configs and data"): ``DIR/NAME/1.0.0/`` with splits train/validation
-and one feature, ``text`` (the library call:
+(README "Configs and data"): ``DIR/NAME/1.0.0/`` with splits train/validation,
+one feature, ``text``, and ``prepared_from.json`` (its inputs and their
+SHA-256). Built aside and swapped in only when complete; a record that cannot
+be read exactly is refused unless --skip_unreadable (the library call:
 `flax_posemb.data.text_sources.prepare_dataset`).
 
   python -m flax_posemb.commands.prepare --name my_books \
@@ -53,12 +55,23 @@ _VAL_PERCENT = flags.DEFINE_integer(
 )
 _ON_DECODE_ERROR = flags.DEFINE_enum(
     'on_decode_error',
-    'replace',
-    ['replace', 'skip', 'error'],
-    'Invalid UTF-8 in text files.',
+    'error',
+    ['error', 'replace', 'skip'],
+    'Invalid UTF-8 in .txt/.jsonl files: refuse it (by --skip_unreadable:'
+    ' leave it out), replace it by U+FFFD, or skip the document (both'
+    ' counted).',
+)
+_SKIP_UNREADABLE = flags.DEFINE_bool(
+    'skip_unreadable',
+    False,
+    'Leave out (counted, listed in prepared_from.json) the records that cannot'
+    ' be read exactly: no text field, a value that is not text, a line that is'
+    ' not JSON, invalid UTF-8; without it they are refused.',
 )
 _OVERWRITE = flags.DEFINE_bool(
-    'overwrite', False, 'Replace an existing DATA_DIR/NAME.'
+    'overwrite',
+    False,
+    'Replace an existing DATA_DIR/NAME (once the new dataset is built).',
 )
 cli.define_debug_flag()
 
@@ -90,6 +103,7 @@ def main(argv):
       text_field=_TEXT_FIELD.value,
       val_percent=_VAL_PERCENT.value,
       on_decode_error=_ON_DECODE_ERROR.value,
+      skip_unreadable=_SKIP_UNREADABLE.value,
       overwrite=_OVERWRITE.value,
       progress=True,
   )
@@ -97,6 +111,19 @@ def main(argv):
       f'{k} {v} documents' for k, v in sorted(out['splits'].items())
   )
   print(f"prepared {out['path']}: {splits}; text feature {out['feature']!r}.")
+  skipped = out['unreadable']
+  if skipped['records']:
+    print(
+        f"left out {skipped['records']} record(s) that cannot be read exactly"
+        f" (--skip_unreadable): {'; '.join(skipped['first'][:5])}."
+    )
+  decoded = out['decode_errors']
+  if decoded['documents']:
+    print(
+        f"{decoded['documents']} document(s) of invalid UTF-8"
+        f" (--on_decode_error={decoded['mode']}):"
+        f" {', '.join(decoded['records'][:5])}."
+    )
   print(
       'Train on it with --config.data.source=tfds'
       f' --config.data.name={_NAME.value}'

@@ -253,12 +253,12 @@ class LongText(text_corpus.TextCorpus):
 
   FEATURES = ('text', 'kind')
 
-  def _docs(self, bad: list[str]):
+  def _docs(self, found: text_corpus.Found):
     for key, kind, text in iter_documents(self.builder_config.parts):
       # Read with errors='replace': such a document is counted like in the other
       # corpora.
       if '\ufffd' in text:
-        bad.append(key.split(':')[1])
+        found.decode_errors.append(key.split(':')[1])
       yield key, kind, text
 
   def _held_out(self, docs: list[tuple[str, str, int]]) -> set[str]:

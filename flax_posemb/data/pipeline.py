@@ -28,6 +28,8 @@ TOKENIZERS = ('byte', 'sentencepiece', 'hf')
 WINDOW_STARTS = ('first', 'deep')
 # data.crop_weighting of the `crops` policy.
 CROP_WEIGHTINGS = ('token', 'document')
+# Evaluation rows: full-length windows, or the training rows (natural).
+EVAL_POLICIES = ('windows', 'natural')
 # [B] beside an eval batch's [B, T].
 PROVENANCE_KEYS = ('doc', 'start', 'doc_len', 'kind')
 # "Infinite" number of rows (Grain datasets are indexed lazily).
@@ -54,6 +56,10 @@ def validate_config(data_config, max_len: int) -> None:
   for key in ('num_workers', 'prefetch', 'shuffle_rows'):
     if int(c.get(key, 0)) < 0:
       raise ValueError(f'data.{key} must be >= 0, got {c[key]}.')
+  if not 0 <= int(c.val_percent) <= 100:
+    raise ValueError(
+        f'data.val_percent must be in [0, 100], got {c.val_percent}.'
+    )
   if not 1 <= seq_len <= max_len:
     raise ValueError(
         f'data.seq_len={seq_len} must be in [1, {max_len}]: a row longer than'
@@ -189,10 +195,11 @@ def _validate_synthetic(c) -> None:
       or int(synthetic.segment_len) < 1
       or float(synthetic.concentration) <= 0
       or int(synthetic.num_docs) < 1
+      or int(synthetic.seed) < 0
   ):
     raise ValueError(
         'data.synthetic needs vocab_size >= 2, num_regimes >= 1, segment_len'
-        ' >= 1, concentration > 0 and num_docs >= 1; got'
+        ' >= 1, concentration > 0, num_docs >= 1 and seed >= 0; got'
         f' {synthetic.to_dict()}.'
     )
   lengths_lib.parse(c.length_dist, seq_len)
@@ -207,10 +214,7 @@ def _validate_synthetic(c) -> None:
     )
   for split in (c.train_split, c.eval_split):
     if split not in synthetic_lib.SPLIT_IDS:
-      raise ValueError(
-          f'Synthetic split {split!r} unknown; use one of'
-          f' {sorted(synthetic_lib.SPLIT_IDS)}.'
-      )
+      raise ValueError(_unknown_synthetic_split(split))
 
 
 def _validate_text(c) -> None:
@@ -263,6 +267,20 @@ def _unknown_value(field: str, value: Any, choices: tuple[str, ...]) -> str:
   return f'Unknown {field} {value!r};{suggestion} use one of {choices}.'
 
 
+def _unknown_synthetic_split(split: str) -> str:
+  return (
+      f'Synthetic split {split!r} unknown; use one of'
+      f' {sorted(synthetic_lib.SPLIT_IDS)}.'
+  )
+
+
+def check_split(data_config, split: str) -> None:
+  """ValueError unless the synthetic source has ``split`` (a text source
+  refuses a split it lacks when it opens it: `text_sources.data_source`)."""
+  if data_config.source == 'synthetic' and split not in synthetic_lib.SPLIT_IDS:
+    raise ValueError(_unknown_synthetic_split(split))
+
+
 def make_source(data_config, split: str) -> sources.DocSource:
   """The `DocSource` of `split` for this (valid) config."""
   if data_config.source == 'synthetic':
@@ -274,6 +292,14 @@ def make_source(data_config, split: str) -> sources.DocSource:
         min_pairs=int(data_config.min_doc_len) - 1,
     )
   return text_sources.make_text_source(data_config, split)
+
+
+def dataset_identity(data_config) -> str | None:
+  """What a run trains on, beyond its config (`text_sources.dataset_identity`);
+  None for the synthetic source, which its config defines."""
+  if data_config.source == 'synthetic':
+    return None
+  return text_sources.dataset_identity(data_config)
 
 
 def vocab_size(data_config) -> int:
@@ -615,6 +641,21 @@ def _read_options(c) -> grain.ReadOptions:
   )
 
 
+def check_window_start(window_start: str) -> None:
+  """ValueError unless `window_start` is one of `WINDOW_STARTS`; the retired
+  'random' is named as such."""
+  if window_start == 'random':
+    raise ValueError(
+        "window_start 'random' was retired (one window per document mostly"
+        " scored the openings of short documents); use 'deep' (token-uniform"
+        " windows inside long documents) or 'first'."
+    )
+  if window_start not in WINDOW_STARTS:
+    raise ValueError(
+        f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS}.'
+    )
+
+
 def make_eval_batches(
     data_config,
     *,
@@ -632,12 +673,8 @@ def make_eval_batches(
   batches ``[batch_size, W]`` plus ``PROVENANCE_KEYS`` ``[batch_size]`` (padding
   rows: doc -1); policies and window starts: docs/DESIGN.md "Evaluation
   outputs"."""
+  check_window_start(window_start)
   src = make_source(data_config, split)
-  if window_start not in WINDOW_STARTS:
-    raise ValueError(
-        f'Unknown window_start {window_start!r}; use one of {WINDOW_STARTS}'
-        " ('random' was replaced by 'deep')."
-    )
   # 'windows': full-length documents only.
   full = policy == 'windows'
   deep = full and window_start == 'deep'

@@ -243,8 +243,24 @@ def exposure(
       'decode_errors': bad,
       'composition': composition(c) if c.source == 'long_text' else None,
       'kind_mix': kind_mix,
-      'eval_kind_mix': eval_kind_mix(config),
+      **_eval_mix_or_problem(config),
   }
+
+
+def _eval_mix_or_problem(config) -> dict:
+  """The evaluation windows' kind mix, or why `config` forms no windows.
+
+  A report on the training data stays useful for a corpus too small (or
+  without the split) for `config.eval`'s windows; the refusal is kept, word
+  for word, so the report says why the mix is missing.
+  """
+  try:
+    return {
+        'eval_kind_mix': eval_kind_mix(config),
+        'eval_windows_problem': None,
+    }
+  except ValueError as refusal:
+    return {'eval_kind_mix': None, 'eval_windows_problem': str(refusal)}
 
 
 def eval_kind_mix(config) -> dict[str, float]:
@@ -389,6 +405,8 @@ def format_report(rep: dict[str, Any]) -> str:
           f'{what} by document kind: '
           + ', '.join(f'{k} {100 * v:.1f}%' for k, v in mix.items())
       )
+  if rep.get('eval_windows_problem'):
+    lines.append(f"evaluation windows: none ({rep['eval_windows_problem']})")
   div = rep.get('batch_diversity')
   if div and div['same_doc_pairs'] is not None:
     lines.append(

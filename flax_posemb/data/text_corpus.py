@@ -45,30 +45,128 @@ def hash_files(paths: list[str], extra: str) -> str:
   return h.hexdigest()[:12]
 
 
-def _file_docs(path: str, config: 'TextBuilderConfig') -> list[str]:
-  """The documents of one .txt/.jsonl/.py/.parquet file (text: lossless
-  surrogateescape)."""
-  if path.endswith('.parquet'):
-    return parquet_texts(path, config.text_field)
-  content = epath.Path(path).read_bytes().decode('utf-8', 'surrogateescape')
-  if path.endswith('.jsonl'):
-    docs = []
-    for line in content.split('\n'):
-      if not line.strip():
-        continue
-      record = json.loads(line)
-      if isinstance(record, dict):
-        docs.append(str(record.get(config.text_field, '')))
-      else:
-        docs.append(str(record))
-    return docs
-  if config.split_by == 'python':
+# A record of a file: (where, its text or None, why it holds none).
+Record = tuple[str, str | None, str]
+# Characters that stand for bytes of invalid UTF-8 (surrogateescape), or any
+# other surrogate, which no UTF-8 text holds.
+_SURROGATES = re.compile('[\ud800-\udfff]')
+
+
+class UnreadableRecordsError(ValueError):
+  """Records that cannot be read exactly (no text field, a value that is not
+  text, not JSON, invalid UTF-8), refused: ``records`` lists ``'WHERE:
+  why'``."""
+
+  def __init__(self, records: list[str], fix: str):
+    self.records = records
+    listed = '; '.join(records[:5])
+    more = f' (and {len(records) - 5} more)' if len(records) > 5 else ''
+    super().__init__(
+        f'{len(records)} record(s) cannot be read exactly: {listed}{more}.'
+        f' Nothing was built. {fix}'
+    )
+
+
+@dataclasses.dataclass
+class Found:
+  """What a build found besides documents: ``WHERE`` of each document of
+  invalid UTF-8 it replaced or skipped, ``'WHERE: why'`` of each record it
+  could not read."""
+
+  decode_errors: list[str] = dataclasses.field(default_factory=list)
+  unreadable: list[str] = dataclasses.field(default_factory=list)
+
+
+def _replaced(text: str) -> str:
+  """``text`` with its invalid UTF-8 bytes (kept as surrogates) decoded as
+  U+FFFD, as Python's errors='replace' does; a surrogate written as a JSON
+  escape becomes one U+FFFD too."""
+  try:
+    raw = text.encode('utf-8', 'surrogateescape')
+  except UnicodeEncodeError:
+    return _SURROGATES.sub('\ufffd', text)
+  return raw.decode('utf-8', errors='replace')
+
+
+def _line_starts(content: str, pieces: list[str]) -> list[int]:
+  """The line (from 1) where each of `pieces`, consecutive substrings of
+  `content` in order, starts."""
+  lines = []
+  offset = 0
+  line = 1
+  for piece in pieces:
+    start = content.find(piece, offset)
+    line += content.count('\n', offset, start)
+    lines.append(line)
+    line += piece.count('\n')
+    offset = start + len(piece)
+  return lines
+
+
+def _text_pieces(content: str, split_by: str) -> list[str]:
+  """The documents of a text file's content, cut by `split_by`."""
+  if split_by == 'python':
     return split_python_source(content)
-  if config.split_by == 'line':
+  if split_by == 'line':
     return content.split('\n')
-  if config.split_by == 'file':
+  if split_by == 'file':
     return [content]
   return re.split(r'\n[ \t]*\n', content)  # 'paragraph'
+
+
+def _json_text(record: Any, field: str) -> tuple[str | None, str]:
+  """(text, '') of a parsed .jsonl line, or (None, why) if it holds no text
+  under `field`."""
+  if isinstance(record, str):
+    return record, ''
+  if not isinstance(record, dict):
+    return None, f'a JSON {type(record).__name__}, not an object'
+  if field not in record:
+    return None, f'no field {field!r} (--text_field / data.text_feature)'
+  value = record[field]
+  if not isinstance(value, str):
+    shown = json.dumps(value)[:40]
+    return None, (
+        f'field {field!r} holds a JSON {type(value).__name__} ({shown}), not'
+        ' text'
+    )
+  return value, ''
+
+
+def _jsonl_records(path: str, content: str, field: str) -> list[Record]:
+  """The records of a .jsonl file's non-blank lines."""
+  records: list[Record] = []
+  for i, line in enumerate(content.split('\n')):
+    if not line.strip():
+      continue
+    try:
+      parsed = json.loads(line)
+    except ValueError as e:
+      records.append((f'{path}:{i + 1}', None, f'not JSON ({e})'))
+      continue
+    text, why = _json_text(parsed, field)
+    records.append((f'{path}:{i + 1}', text, why))
+  return records
+
+
+def file_records(path: str, config: 'TextBuilderConfig') -> list[Record]:
+  """``(where, text, why)`` of each record of a .txt/.jsonl/.py/.parquet file,
+  in order: text None (and why) for one that holds no text; where is
+  ``PATH:LINE`` (from 1; the line of a record's first invalid UTF-8 byte, kept
+  as a surrogate) or ``PATH:row N`` (Parquet, from 0)."""
+  if path.endswith('.parquet'):
+    return parquet_records(path, config.text_field)
+  content = epath.Path(path).read_bytes().decode('utf-8', 'surrogateescape')
+  if path.endswith('.jsonl'):
+    return _jsonl_records(path, content, config.text_field)
+  pieces = _text_pieces(content, config.split_by)
+  records: list[Record] = []
+  for line, piece in zip(_line_starts(content, pieces), pieces):
+    bad = _SURROGATES.search(piece)
+    if bad:
+      line += piece.count('\n', 0, bad.start())
+    records.append((f'{path}:{line}', piece, ''))
+  return records
 
 
 def split_python_source(text: str) -> list[str]:
@@ -99,6 +197,10 @@ class TextBuilderConfig(tfds.core.BuilderConfig):
   text_field: str = 'text'
   val_percent: int
   on_decode_error: str = 'replace'
+  # Leave out (counted) the records that cannot be read exactly, else refuse
+  # them (`UnreadableRecordsError`, with `unreadable_fix`).
+  skip_unreadable: bool = False
+  unreadable_fix: str = 'Fix those records.'
   hf_dataset: str = ''
   # long_text: its input files per kind.
   parts: dict[str, list[str]] | None = None
@@ -135,22 +237,35 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
       return self.builder_config
     return self.SOURCE
 
-  def _docs(self, bad: list[str]) -> Iterator[tuple[str, str, str]]:
-    """(key, kind, text) of every document in file order; files of invalid UTF-8
-    go to `bad`."""
+  def _records(self) -> Iterator[tuple[str, str, str | None, str]]:
+    """``(key, where, text, why)`` of every record in file order (text None:
+    unreadable, see `file_records`)."""
     config = self._source()
     if config.hf_dataset:  # Then `files` is empty.
-      yield from hf_documents(config.hf_dataset, config.text_field)
+      yield from hf_records(config.hf_dataset, config.text_field)
     for path in config.files:
-      for i, doc in enumerate(_file_docs(path, config)):
-        # Invalid UTF-8 ('error' refused it before the build).
-        if re.search('[\udc80-\udcff]', doc):
-          bad.append(path)
-          if config.on_decode_error == 'skip':
-            continue
-          raw = doc.encode('utf-8', 'surrogateescape')
-          doc = raw.decode('utf-8', errors='replace')
-        yield f'{path}:{i}', '', doc
+      for i, (where, text, why) in enumerate(file_records(path, config)):
+        yield f'{path}:{i}', where, text, why
+
+  def _docs(self, found: Found) -> Iterator[tuple[str, str, str]]:
+    """(key, kind, text) of every document in file order; what cannot be read
+    exactly goes to `found` (invalid UTF-8: by `on_decode_error`)."""
+    config = self._source()
+    for key, where, text, why in self._records():
+      if text is None:
+        found.unreadable.append(f'{where}: {why}')
+        continue
+      if _SURROGATES.search(text):
+        if config.on_decode_error == 'error':
+          # Only prepare's builds get here: the corpora refuse such a file
+          # before building (`text_sources.refuse_invalid_utf8`).
+          found.unreadable.append(f'{where}: not valid UTF-8')
+          continue
+        found.decode_errors.append(where)
+        if config.on_decode_error == 'skip':
+          continue
+        text = _replaced(text)
+      yield key, '', text
 
   def _held_out(self, docs: list[tuple[str, str, int]]) -> set[str]:
     """Keys of the validation documents among (key, kind, tokens) `docs`."""
@@ -164,20 +279,31 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager) -> dict[str, Iterator[Any]]:
     del dl_manager
-    bad: list[str] = []
+    found = Found()
     docs = []
     # TFDS's own bar (on only when `build` is asked for progress): this first
     # pass over every document runs before TFDS's "Generating splits".
     reading = tfds.core.utils.tqdm(
-        self._docs(bad), desc='Reading documents', unit=' documents'
+        self._docs(found), desc='Reading documents', unit=' documents'
     )
     for key, kind, text in reading:
       docs.append((key, kind, len(text.encode('utf-8')) + 1))
+    source = self._source()
+    # Before anything is written.
+    if found.unreadable and not source.skip_unreadable:
+      raise UnreadableRecordsError(found.unreadable, source.unreadable_fix)
     val = self._held_out(docs)
     self.info.metadata['decode_errors'] = {
-        'mode': self._source().on_decode_error,
-        'documents': len(bad),
-        'files': sorted(set(bad))[:20],
+        'mode': source.on_decode_error,
+        'documents': len(found.decode_errors),
+        'files': sorted({w.rsplit(':', 1)[0] for w in found.decode_errors})[
+            :20
+        ],
+        'records': found.decode_errors[:20],
+    }
+    self.info.metadata['unreadable'] = {
+        'records': len(found.unreadable),
+        'first': found.unreadable[:20],
     }
     generators = {}
     if len(docs) > len(val):
@@ -189,7 +315,7 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
   def _generate_examples(
       self, val: set[str], validation: bool
   ) -> Iterator[tuple[str, dict[str, str]]]:
-    for key, kind, text in self._docs([]):
+    for key, kind, text in self._docs(Found()):
       if (key in val) != validation:
         continue
       record = {'text': text}
@@ -242,24 +368,30 @@ def build_once(builder_cls, config: TextBuilderConfig, ddir: str):
         )
         build(builder)
   # Set by every build (_split_generators).
-  found = builder.info.metadata['decode_errors']
-  if found['documents']:
-    if found['mode'] == 'replace':
-      done = 'replaced the invalid bytes by U+FFFD'
-    else:
-      done = 'dropped them'
-    log_once(
-        logging.WARNING,
-        '%s: %d document(s) are not valid UTF-8 (files: %s);'
-        ' data.on_decode_error=%s %s. Use data.on_decode_error=error to refuse'
-        ' such files.',
-        builder.name,
-        found['documents'],
-        ', '.join(found['files'][:5]),
-        found['mode'],
-        done,
-    )
+  warn_decode_errors(builder.name, builder.info.metadata['decode_errors'])
   return builder
+
+
+def warn_decode_errors(name: str, found: dict[str, Any]) -> None:
+  """Logs once what a build did with documents of invalid UTF-8 (its
+  ``decode_errors`` metadata)."""
+  if not found['documents']:
+    return
+  if found['mode'] == 'replace':
+    done = 'replaced the invalid bytes by U+FFFD'
+  else:
+    done = 'dropped them'
+  where = found.get('records') or found['files']
+  log_once(
+      logging.WARNING,
+      '%s: %d document(s) are not valid UTF-8 (%s); on_decode_error=%s %s.'
+      ' Use on_decode_error=error to refuse such files.',
+      name,
+      found['documents'],
+      ', '.join(where[:5]),
+      found['mode'],
+      done,
+  )
 
 
 @functools.cache  # Once per message and process.
@@ -287,24 +419,51 @@ def _check_column(path: str, column: str, columns: list[str]) -> None:
     )
 
 
-def _as_text(value) -> str:
-  """A table cell as a document ('' for a missing one)."""
+def _not_text(path: str, column: str, kind: Any) -> ValueError:
+  return ValueError(
+      f'{path}: column {column!r} holds {kind}, not text; nothing of it can be'
+      ' read exactly. Give the text column with --text_field (or convert the'
+      ' column to strings).'
+  )
+
+
+def _cell(value: Any) -> tuple[str | None, str]:
+  """(text, '') of a text column's cell, or (None, why) for a missing one."""
   if value is None:
-    return ''
-  return str(value)
+    return None, 'missing (null)'
+  return value, ''
 
 
-def parquet_texts(path: str, column: str) -> list[str]:
-  """The ``column`` of a Parquet file as a list of documents (needs pyarrow)."""
+def parquet_records(path: str, column: str) -> list[Record]:
+  """``(where, text, why)`` of the ``column`` of a Parquet file (needs pyarrow):
+  a column that is not text is refused; a null cell is unreadable."""
   pq = _optional_import('pyarrow.parquet', path)
-  _check_column(path, column, pq.read_schema(path).names)
-  table = pq.read_table(path, columns=[column])
-  return [_as_text(value) for value in table.column(column).to_pylist()]
+  pa = _optional_import('pyarrow', path)
+  try:
+    schema = pq.read_schema(path)
+    _check_column(path, column, schema.names)
+    kind = schema.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+      raise _not_text(path, column, f'{kind} values')
+    cells = pq.read_table(path, columns=[column]).column(column).to_pylist()
+  except (pa.ArrowException, OSError) as e:
+    raise ValueError(
+        f'{path} is not a readable Parquet file ({type(e).__name__}: {e}).'
+        ' Nothing was built. Replace or remove the file.'
+    ) from None
+  records: list[Record] = []
+  for row, value in enumerate(cells):
+    text, why = _cell(value)
+    records.append((f'{path}:row {row}', text, why))
+  return records
 
 
-def hf_documents(path: str, column: str) -> Iterator[tuple[str, str, str]]:
-  """(``SPLIT:ROW``, '', text) of every row of a dataset saved with
-  ``save_to_disk``."""
+def hf_records(
+    path: str, column: str
+) -> Iterator[tuple[str, str, str | None, str]]:
+  """(``SPLIT:ROW``, where, text, why) of every row of a dataset saved with
+  ``save_to_disk``: a column that is not text is refused; a missing cell
+  (None) is unreadable."""
   datasets = _optional_import('datasets', path)
   loaded = datasets.load_from_disk(path)
   if isinstance(loaded, datasets.DatasetDict):
@@ -312,9 +471,14 @@ def hf_documents(path: str, column: str) -> Iterator[tuple[str, str, str]]:
   else:
     parts = {'all': loaded}
   for split, part in parts.items():
-    _check_column(f'{path} ({split})', column, part.column_names)
+    where = f'{path} ({split})'
+    _check_column(where, column, part.column_names)
+    feature = part.features[column]
+    if getattr(feature, 'dtype', None) not in ('string', 'large_string'):
+      raise _not_text(where, column, f'{feature!r}')
     for i, value in enumerate(part[column]):
-      yield f'{split}:{i}', '', _as_text(value)
+      text, why = _cell(value)
+      yield f'{split}:{i}', f'{where} row {i}', text, why
 
 
 # Directories of the standard library that are not its modules.

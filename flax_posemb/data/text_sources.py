@@ -3,13 +3,19 @@ and ``stdlib`` corpora (built on first use), your own text prepared as a
 dataset (`prepare_dataset`), prepared TFDS datasets (docs/DESIGN.md "Data
 policies and tokens")."""
 
+from collections.abc import Iterator
+import contextlib
 import difflib
+import fcntl
+import functools
 import glob as glob_lib
 import hashlib
+import json
 import os
 import re
 import shutil
 import sys
+import tempfile
 from typing import Any
 
 from absl import logging
@@ -85,14 +91,19 @@ def prepare_dataset(
     split_by: str = 'file',
     text_field: str = 'text',
     val_percent: int = 5,
-    on_decode_error: str = 'replace',
+    on_decode_error: str = 'error',
+    skip_unreadable: bool = False,
     overwrite: bool = False,
     progress: bool = False,
 ) -> dict[str, Any]:
   """Builds ``ddir/name/1.0.0`` from `inputs` (globs) or `hf_dataset` (the
   flags of ``python -m flax_posemb.commands.prepare``, checked by them):
-  ``{'path', 'feature', 'splits': {split: documents}}``; ``progress``: TFDS's
-  progress bars on stderr."""
+  ``{'path', 'feature', 'splits': {split: documents}, 'unreadable': [...],
+  'decode_errors': [...]}``; ``progress``: TFDS's progress bars on stderr.
+
+  Built in a hidden directory of `ddir` and swapped in only when complete and
+  readable, with `PREPARED_FROM` (its inputs and their SHA-256): a refused or
+  interrupted run changes nothing (docs/DESIGN.md "Prepared datasets")."""
   if hf_dataset:
     files: tuple[str, ...] = ()
     what = hf_dataset
@@ -102,37 +113,181 @@ def prepare_dataset(
     )
     files = tuple(os.path.abspath(f) for f in found)
     what = f'{len(files)} files'
+  os.makedirs(ddir, exist_ok=True)
   root = os.path.join(ddir, name)
-  if os.path.exists(root) and not overwrite:
-    raise ValueError(
-        f'{root} exists; pass --overwrite to rebuild it, or another --name.'
+  with _one_prepare(ddir, name):
+    _finish_a_killed_swap(ddir, name)
+    if os.path.lexists(root) and not overwrite:
+      raise ValueError(
+          f'{root} exists; pass --overwrite to replace it (only once the new'
+          ' dataset is built), or choose another --name.'
+      )
+    source = text_corpus.TextBuilderConfig(
+        name='default',
+        files=files,
+        split_by=split_by,
+        text_field=text_field,
+        val_percent=val_percent,
+        on_decode_error=on_decode_error,
+        skip_unreadable=skip_unreadable,
+        unreadable_fix=(
+            'Fix them, or pass --skip_unreadable to leave them out (they are'
+            f' counted, and listed in {PREPARED_FROM}).'
+        ),
+        hf_dataset=hf_dataset,
+        description=f'{what} (flax_posemb.commands.prepare)',
     )
-  shutil.rmtree(root, ignore_errors=True)
-  if on_decode_error == 'error':
-    refuse_invalid_utf8([f for f in files if not f.endswith('.parquet')])
-  source = text_corpus.TextBuilderConfig(
-      name='default',
-      files=files,
-      split_by=split_by,
-      text_field=text_field,
-      val_percent=val_percent,
-      on_decode_error=on_decode_error,
-      hf_dataset=hf_dataset,
-      description=f'{what} (flax_posemb.commands.prepare)',
-  )
-  # A builder without configs, named `name`: the dataset is ddir/name/1.0.0.
+    build_dir = tempfile.mkdtemp(prefix=f'.{name}.build-', dir=ddir)
+    try:
+      built = _build_prepared(name, build_dir, source, progress)
+      _swap_in(os.path.join(build_dir, name), root)
+    finally:
+      shutil.rmtree(build_dir, ignore_errors=True)
+  built['path'] = os.path.join(root, built['path'])
+  return built
+
+
+# What a prepared dataset was built from, in its version directory.
+PREPARED_FROM = 'prepared_from.json'
+
+
+def _build_prepared(
+    name: str,
+    build_dir: str,
+    source: text_corpus.TextBuilderConfig,
+    progress: bool,
+) -> dict[str, Any]:
+  """Builds `name` into `build_dir` (TFDS's progress bars if `progress`),
+  reads it back and records `PREPARED_FROM`; returns `prepare_dataset`'s
+  result, its path relative to ``build_dir/name``."""
+  # A builder without configs, named `name`: the dataset is NAME/1.0.0.
   builder_cls = type(
       'Prepared',
       (text_corpus.TextCorpus,),
       {'name': name, 'SOURCE': source, '__module__': __name__},
       skip_registration=True,
   )
-  builder = builder_cls(data_dir=ddir)
+  builder = builder_cls(data_dir=build_dir)
   text_corpus.build(builder, progress)
-  # TFDS's download directory, empty.
-  shutil.rmtree(os.path.join(ddir, 'downloads'), ignore_errors=True)
-  splits = {k: int(v.num_examples) for k, v in builder.info.splits.items()}
-  return {'path': builder.data_dir, 'feature': 'text', 'splits': splits}
+  version_dir = str(builder.data_dir)
+  # Complete and readable: every split read back as a dataset is.
+  splits = {}
+  for split, info in tfds.builder_from_directory(
+      version_dir
+  ).info.splits.items():
+    records = data_source(builder, split, name)
+    if len(records) != info.num_examples:
+      raise RuntimeError(
+          f'{version_dir}: split {split} holds {len(records)} of its'
+          f' {info.num_examples} documents after the build.'
+      )
+    splits[split] = int(info.num_examples)
+  if not sum(splits.values()):
+    raise ValueError(
+        f'{source.description} hold no document. Nothing was built. Check'
+        ' --input / --hf_dataset and --text_field.'
+    )
+  metadata = builder.info.metadata
+  record = {
+      'name': name,
+      'inputs': _input_hashes(source),
+      'options': {
+          'split_by': source.split_by,
+          'text_field': source.text_field,
+          'val_percent': source.val_percent,
+          'on_decode_error': source.on_decode_error,
+          'skip_unreadable': source.skip_unreadable,
+      },
+      'splits': splits,
+      'unreadable': metadata['unreadable'],
+      'decode_errors': metadata['decode_errors'],
+  }
+  identity = {k: record[k] for k in ('inputs', 'options')}
+  identity['format'] = text_corpus.BUILD_FORMAT
+  record['identity'] = hashlib.sha256(
+      json.dumps(identity, sort_keys=True).encode()
+  ).hexdigest()[:16]
+  with open(os.path.join(version_dir, PREPARED_FROM), 'w') as f:
+    json.dump(record, f, indent=1)
+  return {
+      'path': os.path.relpath(version_dir, os.path.join(build_dir, name)),
+      'feature': 'text',
+      'splits': splits,
+      'unreadable': metadata['unreadable'],
+      'decode_errors': metadata['decode_errors'],
+      'identity': record['identity'],
+  }
+
+
+def _input_hashes(
+    source: text_corpus.TextBuilderConfig,
+) -> list[dict[str, Any]]:
+  """``{path, bytes, sha256}`` of every input file (of a saved Hugging Face
+  dataset: every file of its directory)."""
+  paths = list(source.files)
+  if source.hf_dataset:
+    top = os.path.abspath(source.hf_dataset)
+    for directory, _, names in sorted(os.walk(top)):
+      paths += [os.path.join(directory, n) for n in sorted(names)]
+  hashes = []
+  for path in paths:
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+      for block in iter(functools.partial(f.read, 1 << 20), b''):
+        digest.update(block)
+    hashes.append(
+        {
+            'path': path,
+            'bytes': os.path.getsize(path),
+            'sha256': digest.hexdigest(),
+        }
+    )
+  return hashes
+
+
+@contextlib.contextmanager
+def _one_prepare(ddir: str, name: str) -> Iterator[None]:
+  """Holds ``ddir/.NAME.prepare.lock`` (a second prepare of `name` is
+  refused); under it, hidden build directories are killed runs' leftovers and
+  are removed."""
+  with open(os.path.join(ddir, f'.{name}.prepare.lock'), 'w') as lock:
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise ValueError(
+          f'Another prepare of {name!r} is running in {ddir}; wait for it to'
+          ' finish.'
+      ) from None
+    for leftover in glob_lib.glob(os.path.join(ddir, f'.{name}.build-*')):
+      shutil.rmtree(leftover, ignore_errors=True)
+    yield
+
+
+def _finish_a_killed_swap(ddir: str, name: str) -> None:
+  """A run killed between `_swap_in`'s two renames: the old dataset is put
+  back if the new one is not in place, else removed."""
+  old = os.path.join(ddir, f'.{name}.replaced')
+  if not os.path.lexists(old):
+    return
+  if os.path.lexists(os.path.join(ddir, name)):
+    shutil.rmtree(old, ignore_errors=True)
+  else:
+    os.rename(old, os.path.join(ddir, name))
+
+
+def _swap_in(new: str, root: str) -> None:
+  """Moves the built dataset `new` to `root`, replacing what is there."""
+  if not os.path.lexists(root):
+    os.rename(new, root)
+    return
+  ddir, name = os.path.split(root)
+  old = os.path.join(ddir, f'.{name}.replaced')
+  os.rename(root, old)
+  os.rename(new, root)
+  if os.path.isdir(old) and not os.path.islink(old):
+    shutil.rmtree(old)
+  else:
+    os.remove(old)
 
 
 def data_source(builder, split: str, name: str):
@@ -158,7 +313,11 @@ def _records(data_config, split: str):
     records, feature = tfds_records(
         data_config.name, split, ddir, data_config.text_feature
     )
-    return records, feature, None
+    # A dataset prepared here records what its build did with invalid UTF-8.
+    decode_errors = (records.dataset_info.metadata or {}).get('decode_errors')
+    if decode_errors:
+      text_corpus.warn_decode_errors(data_config.name, decode_errors)
+    return records, feature, decode_errors
   if source == 'long_text':
     builder = long_text.builder(data_config, ddir)
     return data_source(builder, split, 'long_text'), 'text', None
@@ -202,7 +361,7 @@ def _local_text_builder(data_config, ddir: str) -> LocalText:
   )
   key = (
       f'{data_config.local_split_by}|{data_config.text_feature}|{val_percent}|'
-      f'{text_corpus.BUILD_FORMAT}|{mode}'
+      f'{text_corpus.BUILD_FORMAT}|{mode}|{_LOCAL_RECORDS}'
   )
   if mode == 'error':
     refuse_invalid_utf8(files)
@@ -215,8 +374,18 @@ def _local_text_builder(data_config, ddir: str) -> LocalText:
       val_percent=val_percent,
       description=f'{len(files)} files from {pattern}',
       on_decode_error=mode,
+      unreadable_fix=(
+          'Fix them, or prepare the files with python -m'
+          ' flax_posemb.commands.prepare --skip_unreadable (which leaves them'
+          ' out, counted) and train on that dataset (data.source=tfds).'
+      ),
   )
   return text_corpus.build_once(LocalText, config, ddir)
+
+
+# In local_text's build key: .jsonl records without text are refused, no
+# longer stored as empty documents (a build made before is not reused).
+_LOCAL_RECORDS = 'exact'
 
 
 def string_features(features) -> list[str]:
@@ -355,6 +524,38 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
       logging.INFO, 'TFDS dataset %s: text feature %r%s.', name, feature, picked
   )
   return records, feature
+
+
+def dataset_identity(data_config) -> str:
+  """What the configured text is, for a run to record (a resume on other text
+  is refused): a prepared dataset's `PREPARED_FROM` identity, another TFDS
+  build's ``dataset_info.json`` digest, a corpus built on first use by its
+  build (named by a digest of its files)."""
+  ddir = data_dir(data_config)
+  source = data_config.source
+  if source == 'tfds':
+    return f'tfds {data_config.name} {_tfds_identity(data_config.name, ddir)}'
+  if source == 'long_text':
+    builder = long_text.builder(data_config, ddir)
+  elif source == 'stdlib':
+    builder = _stdlib_builder(data_config, ddir)
+  else:
+    builder = _local_text_builder(data_config, ddir)
+  return f'{source} {builder.builder_config.name}'
+
+
+def _tfds_identity(name: str, ddir: str) -> str:
+  """The identity of `find_builder_dir`'s build of `name` ('' for one of the
+  TFDS registry elsewhere)."""
+  path = find_builder_dir(name, ddir)
+  if path is None:
+    return ''
+  prepared = os.path.join(path, PREPARED_FROM)
+  if os.path.exists(prepared):
+    with open(prepared) as f:
+      return json.load(f)['identity']
+  with open(os.path.join(path, 'dataset_info.json'), 'rb') as f:
+    return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
 def make_tokenizer(data_config) -> tokenizers.Tokenizer:
