@@ -79,6 +79,7 @@ class SentencePieceTokenizer(Tokenizer):
     return list(self._sp.encode(text))
 
   def decode(self, ids) -> str:
+    """The text of `ids` (the separator left out)."""
     return self._sp.decode(
         [int(i) for i in np.asarray(ids).ravel() if int(i) != self.sep_id]
     )
@@ -214,6 +215,7 @@ class HFTokenizer(Tokenizer):
     return self._tok.encode(text, add_special_tokens=False).ids
 
   def decode(self, ids) -> str:
+    """The text of `ids` (the separator left out)."""
     return self._tok.decode(
         [int(i) for i in np.asarray(ids).ravel() if int(i) != self.sep_id]
     )
