@@ -1,6 +1,6 @@
 """Imported GPT-2-family checkpoints (124M ... 1.5B) on long documents, in their
 own tokens, on one accelerator: loss by position on deep windows at T=1024,
-bf16 compute (README "Pretrained models"; time and memory there).
+bf16 compute (docs/pretrained.md; time and memory there).
 
 Import (the model's shape, its tokenizer and max_len come from the checkpoint;
 this file gives the data, the evaluation and the dtypes), then evaluate:

@@ -5,7 +5,7 @@ With the 32k SentencePiece vocabulary the model has about 110M parameters
 (GPT-2's 124M counts a 50257-token vocabulary; the blocks and the 1024 x 768
 position table are the same). bf16 compute, fp32 parameters. The corpus is
 Wikipedia (`wiki40b/en`, a TFDS dataset prepared as array_record beforehand, see
-README) packed as GPT-2/nanoGPT pack it; override
+docs/data.md) packed as GPT-2/nanoGPT pack it; override
 `--config.data.position_policy=natural` for one document per row, or
 `--config.data.source=local_text --config.data.local_glob=...` for your own long
 texts.

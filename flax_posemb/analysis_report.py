@@ -285,7 +285,7 @@ def analyze_stats(
 ) -> dict[str, Any]:
   """Analyses any directory of window files (`PositionStatistics`'s, or a run's
   `stats/`) into `output`: stats_analysis.json/.npz and exposure_relation.png
-  (README §Statistics); ``progress``: a bar over the files read, on stderr."""
+  (docs/evaluation.md); ``progress``: a bar over the files read, on stderr."""
   files = analysis.window_files(stats_dir)
   if not files:
     raise ValueError(

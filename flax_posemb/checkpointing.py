@@ -296,9 +296,9 @@ class Checkpointer:
   ) -> bool:
     """Saves the state after ``step`` updates (asynchronously); False if the
     step exists. A non-finite ``params`` or ``opt_state`` raises
-    FloatingPointError and writes nothing (README: exit 3). ``opt_state`` None:
-    parameters only (an imported model, `pretrained`), which no run resumes.
-    ``dataset``: the identity of the text trained on
+    FloatingPointError and writes nothing (docs/failures.md: exit 3).
+    ``opt_state`` None: parameters only (an imported model, `pretrained`),
+    which no run resumes. ``dataset``: the identity of the text trained on
     (`data.dataset_identity`), kept in the step's metadata."""
     if hasattr(config, 'to_dict'):
       config = config.to_dict()

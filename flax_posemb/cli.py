@@ -1,6 +1,7 @@
 """What the CLIs share: exit codes, one-message errors, quiet logs, huge pages,
-the SIGTERM exit of a program that is starting (README, "What happens when
-things go wrong"; the handler itself: `flax_posemb.preemption`)."""
+the SIGTERM exit of a program that is starting (docs/failures.md; the handler
+itself: `flax_posemb.preemption`).
+"""
 
 from collections.abc import Callable, Iterator, Sequence
 import contextlib
@@ -188,8 +189,8 @@ def huge_pages_apply() -> bool:
 
 def start_on_huge_pages() -> None:
   """Restarts this program with glibc's malloc on huge pages if
-  `huge_pages_apply` (XLA:CPU's buffers: faster steps, bit-identical; README,
-  Benchmarks); call it first in ``main``."""
+  `huge_pages_apply` (XLA:CPU's buffers: faster steps, bit-identical;
+  docs/benchmarks.md); call it first in ``main``."""
   if huge_pages_apply() and sys.executable:
     tunables = ':'.join(
         filter(None, (os.environ.get('GLIBC_TUNABLES'), HUGE_PAGES_TUNABLE))

@@ -42,8 +42,7 @@ def data() -> ml_collections.ConfigDict:
   # SentencePiece model file; '' = train one on the corpus.
   config.spm_model = ''
   # hf: a Hugging Face tokenizer directory (tokenizer.json, or vocab.json +
-  # merges.txt), e.g. the one an imported workdir holds (README, Pretrained
-  # models).
+  # merges.txt), e.g. the one an imported workdir holds (docs/pretrained.md).
   config.hf_tokenizer = ''
   # Vocabulary size when training a SentencePiece model.
   config.spm_vocab_size = 4096

@@ -326,8 +326,7 @@ def value_and_grad_with_position_stats(
 
 class PositionStatistics:
   """The statistics of a training loop: ``inside_step`` in the jitted step,
-  ``on_step`` on the host (docs/DESIGN.md §Statistics; README §Statistics for
-  your own model).
+  ``on_step`` on the host (docs/DESIGN.md §Statistics; docs/own_loop.md).
 
   Args:
     num_positions: rows ``P`` of the position table.

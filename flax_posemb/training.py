@@ -1,7 +1,7 @@
 """The training loop, ``train_and_evaluate(config, workdir)``.
 
 What it writes, how a run resumes and when it stops: docs/DESIGN.md §Training
-outputs (the user's view: the README).
+outputs (the user's view: docs/training.md).
 """
 
 from collections.abc import Callable, Sequence

@@ -37,19 +37,12 @@ def test_quickstart_commands_use_files_that_exist():
       assert (ROOT / path).exists(), path
 
 
-def _python_blocks() -> list[str]:
-  return re.findall(
-      r'```python\n(.*?)```', (ROOT / 'README.md').read_text(), re.S
-  )
-
-
-def test_readme_python_examples_run(tmp_path, monkeypatch):
-  # the examples write runs/... relative to the working directory
-  monkeypatch.chdir(tmp_path)
-  blocks = _python_blocks()
-  assert len(blocks) >= 3
-  for block in blocks:
-    exec(compile(block, 'README.md', 'exec'), {})
+def test_readme_is_short():
+  """The README is the front page (what, why, install, three commands, one
+  example, the configs, links); everything else lives in docs/. Its code
+  blocks run in tests/test_docs.py."""
+  lines = (ROOT / 'README.md').read_text().splitlines()
+  assert len(lines) <= 200, len(lines)
 
 
 def test_the_formatter_check_refuses_code_not_in_the_project_style(tmp_path):

@@ -1,5 +1,5 @@
 """The full dose-response and scale sweep (a suite: ``EXPERIMENTS``), apart from
-all.py because of its cost (README, Experiments).
+all.py because of its cost (docs/experiments.md).
 
   python -m flax_posemb.experiments configs/experiments/doses.py \
       --workdir runs/experiments --report_dir docs/experiments

@@ -1,5 +1,5 @@
 """Imports a local Hugging Face GPT-2-family checkpoint as a workdir that
-eval.py evaluates and train.py starts from (README "Pretrained models"; the
+eval.py evaluates and train.py starts from (docs/pretrained.md; the
 library call: `flax_posemb.pretrained.import_checkpoint`).
 
   python -m flax_posemb.commands.import_hf --hf_dir ~/models/gpt2 \

@@ -1,5 +1,5 @@
 """Prepares your own text as a TFDS array_record dataset, without TensorFlow
-(README "Configs and data"): ``DIR/NAME/1.0.0/`` with splits train/validation,
+(docs/data.md): ``DIR/NAME/1.0.0/`` with splits train/validation,
 one feature, ``text``, and ``prepared_from.json`` (its inputs and their
 SHA-256). Built aside and swapped in only when complete; a record that cannot
 be read exactly is refused unless --skip_unreadable (the library call:
