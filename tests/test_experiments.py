@@ -780,3 +780,33 @@ def test_window_metrics_are_bucket_contrasts_with_the_corpus_constants():
       ('offset_16', None, 1.0),
       ('offset_0', None, -1.0),
   ]
+
+
+def test_dose_series_of_experiments_probing_different_offsets_share_a_figure(
+    tmp_path,
+):
+  """The suite index plots every experiment's dose series together; the
+  synthetic exposure experiment probes +16 and long_text +128, and both land
+  in the offset-penalty column (a KeyError on the other's shift before)."""
+  from flax_posemb.experiments import report
+
+  def series(name, shift):
+    interval = {'mean': 0.01, 'low': 0.0, 'high': 0.02}
+    return {
+        'name': name,
+        'late_exposure': [1000.0, 30.0],
+        'arms': ['packed', 'crops/skew:0.01'],
+        'baseline': 'packed_reset',
+        'measures': {
+            'loss_late_minus_mid': [interval, interval],
+            f'offset_penalty_{shift}': [interval, interval],
+        },
+    }
+
+  title, figure = report.dose_plot(
+      [series('exposure', 16), series('long_text', 128)],
+      str(tmp_path),
+      'two experiments',
+  )
+  assert figure == 'dose_response.png' and 'Dose-response' in title
+  assert os.path.getsize(tmp_path / figure) > 0

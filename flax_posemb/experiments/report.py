@@ -634,30 +634,50 @@ def _plots(summary: Mapping[str, Any], out_dir: str) -> list[tuple[str, str]]:
 def dose_plot(
     doses: list[dict[str, Any]], out_dir: str, identity: str
 ) -> tuple[str, str]:
-  """The dose-response figure: (title, file name)."""
+  """The dose-response figure: (title, file name).
+
+  Series of several experiments share one column per measure; an offset
+  penalty is one column whatever its shift K (experiments probe different
+  shifts), and each panel's title names its own K.
+  """
   name = 'dose_response.png'
-  metrics = list(doses[0]['measures'])
   labels = {
       'loss_late': 'last-bucket loss: arm - baseline',
       'loss_late_minus_mid': '(last - mid bucket): arm - baseline',
   }
+  panels = {}
+  shifts = set()
+  for dose in doses:
+    if not dose['arms']:
+      continue
+    columns = {}
+    panel_name = dose['name']
+    for metric, intervals in dose['measures'].items():
+      if metric.startswith(inference.OFFSET_PENALTY):
+        shift = metric.removeprefix(inference.OFFSET_PENALTY)
+        shifts.add(shift)
+        panel_name = f'{panel_name} (offset +{shift})'
+        metric = inference.OFFSET_PENALTY.rstrip('_')
+      columns[metric] = intervals
+    panels[panel_name] = {
+        'x': dose['late_exposure'],
+        'arms': dose['arms'],
+        'baseline': dose['baseline'],
+        'measures': columns,
+    }
   ylabels = {}
-  for metric in metrics:
-    shift = metric.removeprefix(inference.OFFSET_PENALTY)
-    default = f'offset penalty (+{shift}): arm - baseline'
-    ylabels[metric] = labels.get(metric, default)
+  for metric in next(iter(panels.values()))['measures']:
+    if metric in labels:
+      ylabels[metric] = labels[metric]
+    elif len(shifts) == 1:
+      ylabels[metric] = (
+          f'offset penalty (+{next(iter(shifts))}): arm - baseline'
+      )
+    else:
+      ylabels[metric] = 'offset penalty (+K of the panel): arm - baseline'
   plots.dose_response(
       os.path.join(out_dir, name),
-      {
-          dose['name']: {
-              'x': dose['late_exposure'],
-              'arms': dose['arms'],
-              'baseline': dose['baseline'],
-              'measures': dose['measures'],
-          }
-          for dose in doses
-          if dose['arms']
-      },
+      panels,
       ylabels=ylabels,
       title=(
           'Late-row penalty against late-row exposure (95% over seeds and'
