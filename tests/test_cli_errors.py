@@ -50,7 +50,10 @@ TINY = [
 ]
 
 # (argv, a fragment the one-line message must contain). Every one fails before a
-# model is built.
+# model is built. The programs' own checks (flags, paths, config files) and, for
+# train.py, one refusal of each kind by the config check (a field's value, a
+# data source that cannot be opened); the other refused config values are
+# CONFIG_REFUSALS, checked in-process.
 BAD_INPUTS = [
     (
         TRAIN + ['--config.modle.num_layers=2'],
@@ -81,59 +84,7 @@ BAD_INPUTS = [
         '--config: cannot load the config file',
     ),
     (TRAIN + ['stray'], "unexpected arguments ['stray']"),
-    (TRAIN + ['--config.max_to_keep=0'], 'max_to_keep must be >= 1'),
-    (
-        TRAIN + ['--config.optimizer.learning_rate=nan'],
-        'optimizer.learning_rate must be finite',
-    ),
-    (
-        TRAIN + ['--config.optimizer.learning_rate=-1'],
-        'optimizer.learning_rate must be > 0',
-    ),
-    (
-        TRAIN + ['--config.optimizer.grad_clip_norm=inf'],
-        'optimizer.grad_clip_norm',
-    ),
-    (TRAIN + ['--config.optimizer.eps=-1'], 'optimizer.eps must be >= 0'),
-    (TRAIN + ['--config.data.synthetic.num_docs=10'], 'lower eval.num_windows'),
-    (TRAIN + ['--config.eval.bucket_edges=abc'], 'eval.bucket'),
-    (TRAIN + ['--config.eval.min_start=-1'], 'eval.min_start must be >= 0'),
-    (TRAIN + ['--config.eval.window_start=random'], "'random' was retired"),
-    (TRAIN + ['--config.eval.window_start=deep'], 'needs a text source'),
-    (TRAIN + ['--config.data.source=nope'], 'data.source'),
     (TRAIN + ['--config.seed=-1'], 'seed must be an int in [0, 2147483647]'),
-    (TRAIN + ['--config.eval.seed=-1'], 'eval.seed must be >= 0'),
-    (
-        TRAIN + ['--config.eval.position_policy=nope'],
-        "Unknown evaluation position_policy 'nope'",
-    ),
-    (TRAIN + ['--config.data.synthetic.seed=-1'], 'and seed >= 0'),
-    (TRAIN + ['--config.data.val_percent=101'], 'data.val_percent must be'),
-    (
-        TRAIN + ['--config.model.position_init_std=nan'],
-        'model.position_init_std must be a number',
-    ),
-    (
-        # Opened only by the training iterator (no periodic eval).
-        TRAIN
-        + [
-            '--config.data.source=local_text',
-            '--config.data.local_glob=DIR/short.txt',
-            '--config.data.min_doc_len=1000',
-            '--config.model.vocab_size=257',
-            '--config.eval_every_steps=0',
-        ],
-        'the corpus is (nearly) empty',
-    ),
-    (
-        TRAIN
-        + [
-            '--config.data.source=local_text',
-            '--config.data.local_glob=DIR/none/*.txt',
-            '--config.model.vocab_size=257',
-        ],
-        'matches no files',
-    ),
     (
         TRAIN
         + [
@@ -142,8 +93,6 @@ BAD_INPUTS = [
         ],
         'Set --config.model.vocab_size=257',
     ),
-    (TRAIN + ['--config.data.on_decode_error=ignore'], 'data.on_decode_error'),
-    (TRAIN + ['--config.data.num_workers=-1'], 'data.num_workers must be >= 0'),
     (TRAIN[:3] + ['--workdir', 'DIR/file'], 'not a directory'),
     (TRAIN[:3] + ['--workdir', 'DIR/file/sub'], 'is a file'),
     (TRAIN[:3] + ['--workdir', 'DIR/dangling'], 'is a symbolic link to'),
@@ -262,6 +211,90 @@ def test_bad_cli_input_is_one_message_and_exit_2(
   fragment = fragment.replace('DIR', str(tmp_path))
   assert lines[0].startswith(prog) and fragment in lines[0], lines[0]
   assert not (tmp_path / 'wd').exists() and not (tmp_path / 'x').exists()
+
+
+# (field -> value over configs/tiny.py, a fragment of the message) that
+# train.py's config check refuses. It runs in `train_and_evaluate` before
+# anything is written; how train.py reports such a refusal (one line, exit 2)
+# is pinned by the train.py cases of BAD_INPUTS.
+CONFIG_REFUSALS = [
+    ({'max_to_keep': 0}, 'max_to_keep must be >= 1'),
+    (
+        {'optimizer.learning_rate': float('nan')},
+        'optimizer.learning_rate must be finite',
+    ),
+    ({'optimizer.learning_rate': -1.0}, 'optimizer.learning_rate must be > 0'),
+    ({'optimizer.grad_clip_norm': float('inf')}, 'optimizer.grad_clip_norm'),
+    ({'optimizer.eps': -1.0}, 'optimizer.eps must be >= 0'),
+    ({'data.synthetic.num_docs': 10}, 'lower eval.num_windows'),
+    ({'eval.bucket_edges': 'abc'}, 'eval.bucket'),
+    ({'eval.min_start': -1}, 'eval.min_start must be >= 0'),
+    ({'eval.window_start': 'random'}, "'random' was retired"),
+    ({'eval.window_start': 'deep'}, 'needs a text source'),
+    ({'data.source': 'nope'}, 'data.source'),
+    ({'eval.seed': -1}, 'eval.seed must be >= 0'),
+    ({'eval.position_policy': 'nope'}, 'Unknown evaluation position_policy'),
+    ({'data.synthetic.seed': -1}, 'and seed >= 0'),
+    ({'data.val_percent': 101}, 'data.val_percent must be'),
+    (
+        {'model.position_init_std': float('nan')},
+        'model.position_init_std must be a number',
+    ),
+    (
+        # Opened only by the training iterator (no periodic eval).
+        {
+            'data.source': 'local_text',
+            'data.local_glob': 'DIR/short.txt',
+            'data.min_doc_len': 1000,
+            'model.vocab_size': 257,
+            'eval_every_steps': 0,
+        },
+        'the corpus is (nearly) empty',
+    ),
+    (
+        {
+            'data.source': 'local_text',
+            'data.local_glob': 'DIR/none/*.txt',
+            'model.vocab_size': 257,
+        },
+        'matches no files',
+    ),
+    ({'data.on_decode_error': 'ignore'}, 'data.on_decode_error'),
+    ({'data.num_workers': -1}, 'data.num_workers must be >= 0'),
+]
+
+
+@pytest.mark.parametrize(
+    'overrides, fragment',
+    CONFIG_REFUSALS,
+    ids=[
+        ' '.join(f'{k}={v}' for k, v in o.items()) for o, _ in CONFIG_REFUSALS
+    ],
+)
+def test_a_refused_config_value_is_one_line_of_user_error_and_writes_nothing(
+    tmp_path, overrides, fragment
+):
+  from configs import tiny
+  from flax_posemb import training
+
+  (tmp_path / 'short.txt').write_text('too short to train on')
+  config = tiny.get_config()
+  config.data.data_dir = str(tmp_path / 'data')
+  for path, value in overrides.items():
+    *sections, field = path.split('.')
+    section = config
+    for name in sections:
+      section = section[name]
+    if isinstance(value, str):
+      value = value.replace('DIR', str(tmp_path))
+    section[field] = value
+  workdir = tmp_path / 'wd'
+  with pytest.raises(Exception) as refusal:
+    training.train_and_evaluate(config, str(workdir))
+  assert cli._is_user_error(refusal.value), repr(refusal.value)
+  message = cli._message(refusal.value)
+  assert '\n' not in message and fragment in message, message
+  assert not workdir.exists()
 
 
 def test_debug_flag_and_env_var_show_the_traceback(tmp_path):
