@@ -147,7 +147,8 @@ def dist_pieces(dist: LengthDist, min_pairs: int = 1) -> PieceLengths:
   t = dist.edges[-1]
   probs = np.zeros(t)
   for b, p in enumerate(dist.doc_probs):
-    lo, hi = dist.edges[b], dist.edges[b + 1]
+    lo = dist.edges[b]
+    hi = dist.edges[b + 1]
     probs[lo:hi] += p / (hi - lo)
   floor = min(max(int(min_pairs), 1), t)
   probs[floor - 1] += probs[: floor - 1].sum()

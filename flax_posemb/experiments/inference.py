@@ -169,7 +169,8 @@ def _components(
 ) -> tuple[np.ndarray, np.ndarray]:
   """Per-document sums and counts ``[G, len(metric_terms)]`` of one run."""
   keep = None if select is None else select(run.passes['eval'])
-  sums, counts = [], []
+  sums = []
+  counts = []
   for term in metric_terms:
     windows = run.passes[term.scored]
     if keep is not None:
@@ -223,12 +224,14 @@ def estimate(
     out = buckets.seed_document_contrast(empty, empty, np.ones(1))
     return dict(out, seed_ids=[])
   documents = _same_windows(list(runs.values()))
-  weights, constant = [], 0.0
+  weights = []
+  constant = 0.0
   for i, (_, sign) in enumerate(sides):
     metric_terms, offset = terms(metric, runs[seeds[0], i].results, mid, bucket)
     weights += [sign * term.weight for term in metric_terms]
     constant += sign * offset
-  sums, counts = [], []
+  sums = []
+  counts = []
   for s in seeds:
     parts = [
         _components(
