@@ -50,10 +50,7 @@ def get_config(scale: str = 'cpu'):
       scale,
   )
   _LONG_TEXT['settings'](c, scale)
-  # Two seeds: the widest cells cost ~5 min a run on 2 cores, and each seed
-  # adds ~10 runs; the intervals also pool the held-out documents
-  # (paired.SEEDS_AND_DOCUMENTS). Add seeds on an accelerator.
-  c.seeds = (0, 1)
+  c.seeds = (0, 1, 2)
   crops = _LONG_TEXT['crops']
   arms, claims = [], []
   for steps in STEPS:
