@@ -763,14 +763,23 @@ def dose_response(
       squeeze=False,
   )
   for row, (name, panel) in enumerate(panels.items()):
-    x = np.asarray(panel['x'], np.float64)
+    # Joined in order of exposure, not of the arms' listing.
+    order = np.argsort(np.asarray(panel['x'], np.float64))
+    x = np.asarray(panel['x'], np.float64)[order]
+    arms = [panel['arms'][i] for i in order]
     for col, measure in enumerate(measures):
       ax = axes[row, col]
-      intervals = panel['measures'][measure]
+      intervals = [panel['measures'][measure][i] for i in order]
+      ax.set_title(f'{name}: arm - {panel["baseline"]}', fontsize=9)
+      if not np.isfinite(_col(intervals, 'mean')).any():
+        # E.g. a baseline without the offset probe: no difference to draw.
+        ax.text(0.5, 0.5, 'n/a', ha='center', transform=ax.transAxes)
+        ax.set(xlabel=xlabel, ylabel=ylabels[measure])
+        continue
       _errorbars(
           ax, x, intervals, {'color': 'C0', 'marker': 'o', 'ls': '-'}, ''
       )
-      for xi, arm, iv in zip(x, panel['arms'], intervals):
+      for xi, arm, iv in zip(x, arms, intervals):
         ax.annotate(
             arm,
             (xi, iv.get('mean') or 0.0),
@@ -780,7 +789,6 @@ def dose_response(
         )
       ax.axhline(0.0, color='k', lw=0.8)
       ax.set(xscale='log', xlabel=xlabel, ylabel=ylabels[measure])
-      ax.set_title(f'{name}: arm - {panel["baseline"]}', fontsize=9)
   fig.suptitle(title, fontsize=10)
   return _save(fig, path)
 

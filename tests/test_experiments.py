@@ -787,7 +787,8 @@ def test_dose_series_of_experiments_probing_different_offsets_share_a_figure(
 ):
   """The suite index plots every experiment's dose series together; the
   synthetic exposure experiment probes +16 and long_text +128, and both land
-  in the offset-penalty column (a KeyError on the other's shift before)."""
+  in the offset-penalty column (a KeyError on the other's shift before); a
+  series without any offset difference leaves its panel n/a."""
   from flax_posemb.experiments import report
 
   def series(name, shift):
@@ -803,8 +804,13 @@ def test_dose_series_of_experiments_probing_different_offsets_share_a_figure(
         },
     }
 
+  without_probe = series('synthetic', 16)
+  # Its baseline was not probed: every offset difference is n/a.
+  without_probe['measures']['offset_penalty_16'] = [
+      {'mean': None, 'low': None, 'high': None}
+  ] * 2
   title, figure = report.dose_plot(
-      [series('exposure', 16), series('long_text', 128)],
+      [series('exposure', 16), series('long_text', 128), without_probe],
       str(tmp_path),
       'two experiments',
   )
