@@ -235,6 +235,8 @@ CONFIG_REFUSALS = [
     ({'eval.seed': -1}, 'eval.seed must be >= 0'),
     ({'eval.position_policy': 'nope'}, 'Unknown evaluation position_policy'),
     ({'data.synthetic.seed': -1}, 'and seed >= 0'),
+    ({'data.synthetic.concentration': float('nan')}, 'finite concentration'),
+    ({'data.synthetic.concentration': float('inf')}, 'finite concentration'),
     ({'data.val_percent': 101}, 'data.val_percent must be'),
     (
         {'model.position_init_std': float('nan')},

@@ -809,8 +809,16 @@ def test_dose_series_of_experiments_probing_different_offsets_share_a_figure(
   without_probe['measures']['offset_penalty_16'] = [
       {'mean': None, 'low': None, 'high': None}
   ] * 2
+  unprobed = series('init', 16)
+  # An experiment without the offset probe has no such column at all.
+  del unprobed['measures']['offset_penalty_16']
   title, figure = report.dose_plot(
-      [series('exposure', 16), series('long_text', 128), without_probe],
+      [
+          series('exposure', 16),
+          series('long_text', 128),
+          without_probe,
+          unprobed,
+      ],
       str(tmp_path),
       'two experiments',
   )

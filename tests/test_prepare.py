@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
 from conftest import ROOT
@@ -454,6 +455,19 @@ def test_a_prepared_dataset_records_its_inputs_and_their_hashes(tmp_path):
       'notes', str(ddir), inputs=(str(d / '*.txt'),), overwrite=True
   )
   assert again['identity'] != out['identity']
+
+
+def test_a_damaged_record_of_a_prepared_dataset_is_named_with_the_fix(tmp_path):
+  d = _notes(tmp_path, 4)
+  ddir = tmp_path / 'tfds'
+  text_sources.prepare_dataset('notes', str(ddir), inputs=(str(d / '*.txt'),))
+  record = ddir / 'notes' / '1.0.0' / 'prepared_from.json'
+  record.write_text('{"inputs": [')
+  config = ml_collections.ConfigDict(
+      {'source': 'tfds', 'name': 'notes', 'data_dir': str(ddir)}
+  )
+  with pytest.raises(ValueError, match='prepared_from.json is damaged'):
+    text_sources.dataset_identity(config)
 
 
 def test_prepare_cli_refuses_unreadable_records_with_one_line_and_exit_2(

@@ -5,6 +5,7 @@ from collections.abc import Callable, Iterator, Sequence
 import difflib
 import functools
 import json
+import math
 import os
 import threading
 import time
@@ -193,13 +194,13 @@ def _validate_synthetic(c) -> None:
       int(synthetic.vocab_size) < 2
       or int(synthetic.num_regimes) < 1
       or int(synthetic.segment_len) < 1
-      or float(synthetic.concentration) <= 0
+      or not 0 < float(synthetic.concentration) < math.inf
       or int(synthetic.num_docs) < 1
       or int(synthetic.seed) < 0
   ):
     raise ValueError(
         'data.synthetic needs vocab_size >= 2, num_regimes >= 1, segment_len'
-        ' >= 1, concentration > 0, num_docs >= 1 and seed >= 0; got'
+        ' >= 1, a finite concentration > 0, num_docs >= 1 and seed >= 0; got'
         f' {synthetic.to_dict()}.'
     )
   lengths_lib.parse(c.length_dist, seq_len)

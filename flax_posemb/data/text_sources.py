@@ -553,7 +553,13 @@ def _tfds_identity(name: str, ddir: str) -> str:
   prepared = os.path.join(path, PREPARED_FROM)
   if os.path.exists(prepared):
     with open(prepared) as f:
-      return json.load(f)['identity']
+      try:
+        return json.load(f)['identity']
+      except (ValueError, KeyError):
+        raise ValueError(
+            f'{prepared} is damaged (no readable identity). Re-run prepare'
+            ' with --overwrite to rebuild the dataset and its record.'
+        ) from None
   with open(os.path.join(path, 'dataset_info.json'), 'rb') as f:
     return hashlib.sha256(f.read()).hexdigest()[:16]
 

@@ -665,8 +665,17 @@ def dose_plot(
         'baseline': dose['baseline'],
         'measures': columns,
     }
+  # Every panel gets every column; one without it (an experiment with no
+  # offset probe) shows n/a there.
+  columns = {}
+  for panel in panels.values():
+    columns.update(dict.fromkeys(panel['measures']))
+  for panel in panels.values():
+    missing = [{'mean': None, 'low': None, 'high': None}] * len(panel['arms'])
+    for metric in columns:
+      panel['measures'].setdefault(metric, missing)
   ylabels = {}
-  for metric in next(iter(panels.values()))['measures']:
+  for metric in columns:
     if metric in labels:
       ylabels[metric] = labels[metric]
     elif len(shifts) == 1:
