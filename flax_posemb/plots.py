@@ -746,8 +746,9 @@ def dose_response(
     path: the PNG.
     panels: one row of panels each, ``{'x': [n] occurrences per late row,
       'arms': [n] names, 'baseline': name, 'measures': {measure: [n]
-      intervals}}``.
-    ylabels: measure -> its axis label.
+      intervals}}``; a measure a panel lacks, or whose means are all
+      missing, is drawn as n/a.
+    ylabels: measure -> its axis label (one column each).
     title: the figure's title.
     xlabel: the x axis' label.
 
@@ -769,10 +770,14 @@ def dose_response(
     arms = [panel['arms'][i] for i in order]
     for col, measure in enumerate(measures):
       ax = axes[row, col]
-      intervals = [panel['measures'][measure][i] for i in order]
       ax.set_title(f'{name}: arm - {panel["baseline"]}', fontsize=9)
+      measured = panel['measures'].get(measure)
+      intervals = []
+      if measured is not None:
+        intervals = [measured[i] for i in order]
       if not np.isfinite(_col(intervals, 'mean')).any():
-        # E.g. a baseline without the offset probe: no difference to draw.
+        # A panel without the measure, or whose baseline was not probed: no
+        # difference to draw.
         ax.text(0.5, 0.5, 'n/a', ha='center', transform=ax.transAxes)
         ax.set(xlabel=xlabel, ylabel=ylabels[measure])
         continue

@@ -650,7 +650,7 @@ def dose_plot(
   for dose in doses:
     if not dose['arms']:
       continue
-    columns = {}
+    measures = {}
     panel_name = dose['name']
     for metric, intervals in dose['measures'].items():
       if metric.startswith(inference.OFFSET_PENALTY):
@@ -658,22 +658,18 @@ def dose_plot(
         shifts.add(shift)
         panel_name = f'{panel_name} (offset +{shift})'
         metric = inference.OFFSET_PENALTY.rstrip('_')
-      columns[metric] = intervals
+      measures[metric] = intervals
     panels[panel_name] = {
         'x': dose['late_exposure'],
         'arms': dose['arms'],
         'baseline': dose['baseline'],
-        'measures': columns,
+        'measures': measures,
     }
-  # Every panel gets every column; one without it (an experiment with no
-  # offset probe) shows n/a there.
+  # One column per measure of any panel; a panel without it (an experiment
+  # with no offset probe) shows n/a there (`plots.dose_response`).
   columns = {}
   for panel in panels.values():
     columns.update(dict.fromkeys(panel['measures']))
-  for panel in panels.values():
-    missing = [{'mean': None, 'low': None, 'high': None}] * len(panel['arms'])
-    for metric in columns:
-      panel['measures'].setdefault(metric, missing)
   ylabels = {}
   for metric in columns:
     if metric in labels:
