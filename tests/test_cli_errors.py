@@ -283,13 +283,9 @@ def test_a_refused_config_value_is_one_line_of_user_error_and_writes_nothing(
   config = tiny.get_config()
   config.data.data_dir = str(tmp_path / 'data')
   for path, value in overrides.items():
-    *sections, field = path.split('.')
-    section = config
-    for name in sections:
-      section = section[name]
     if isinstance(value, str):
       value = value.replace('DIR', str(tmp_path))
-    section[field] = value
+    config.update_from_flattened_dict({path: value})
   workdir = tmp_path / 'wd'
   with pytest.raises(Exception) as refusal:
     training.train_and_evaluate(config, str(workdir))
