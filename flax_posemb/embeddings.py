@@ -37,8 +37,12 @@ def position_range_error(
     fix = 'check how the data (or an offset) makes them'
   else:
     where = f'Position id {highest} is outside the position table [0, {n})'
+    # The library's own argument: in a config, the table's rows are
+    # ModelConfig.max_len.
     fix = (
-        f'set model.max_len >= {highest + 1} or shorten data.seq_len / offsets'
+        f'give the table >= {highest + 1} rows (num_positions;'
+        ' ModelConfig.max_len for the model) or feed smaller position ids'
+        ' (shorter sequences or offsets)'
     )
   return ValueError(
       f'{where} ({num_bad} ids outside [0, {n}); min {lowest}, max'

@@ -173,12 +173,22 @@ def embedding_sum(
     token_rows: Array,
     position_rows: Array | None = None,
     embed_delta: Array | None = None,
+    segment_ids: Array | None = None,
 ) -> Array:
   """float32 `[B, T, D]` token + position rows + `embed_delta` (float32, so is
-  its gradient)."""
+  its gradient); zeros at padding (`segment_ids` `[B, T]` == 0).
+
+  A padding token's rows are never used: its id or position may lie outside
+  the tables, whose rows are then NaN (`embeddings.lookup_positions`), and a
+  NaN value under a masked attention weight of 0 or a loss mask of 0 still
+  makes the sum NaN. Selected away (not multiplied), they reach no real token,
+  loss or gradient.
+  """
   x = token_rows.astype(jnp.float32)
   if position_rows is not None:
     x = x + position_rows.astype(jnp.float32)
   if embed_delta is not None:
     x = x + embed_delta
+  if segment_ids is not None:
+    x = jnp.where((segment_ids > 0)[..., None], x, 0.0)
   return x

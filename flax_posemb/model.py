@@ -105,7 +105,7 @@ class ModelConfig:
     if self.attention_impl == 'cudnn' and self.dtype == 'float32':
       raise ValueError(
           "attention_impl='cudnn' (cuDNN flash attention) needs dtype"
-          " 'bfloat16' or 'float16'; set model.dtype='bfloat16' or use 'xla'."
+          " 'bfloat16' or 'float16'; set dtype='bfloat16' or use 'xla'."
       )
     _check_init_name('token', self.token_init, self.token_init_std)
     _check_init_name('position', self.position_init, self.position_init_std)
@@ -129,7 +129,7 @@ class ModelConfig:
     if sinusoid and self.position_init_std < 0 and sinusoid_scale(self) == 0:
       raise ValueError(
           "The sinusoid scales to the token init's std, and"
-          f' {self.token_init!r} has std 0; set model.position_init_std.'
+          f' {self.token_init!r} has std 0; set position_init_std >= 0.'
       )
     # Building the initializers checks their stds.
     self.token_initializer()
@@ -304,8 +304,9 @@ class TransformerLM(nn.Module):
       embed_delta: Array | None = None,
   ) -> Array:
     """float32 logits `[B, T, vocab_size]` of int32 token ids `inputs` `[B, T]`
-    at `positions` `[B, T]` in `[0, max_len)`; `segment_ids` `[B, T]` (0 =
-    padding) or None (one document a row); `embed_delta` float32 `[B, T,
+    at `positions` `[B, T]` in `[0, max_len)` (a padding token's may lie
+    outside: its rows are never used); `segment_ids` `[B, T]` (0 = padding) or
+    None (one document a row); `embed_delta` float32 `[B, T,
     emb_dim]` or None; dropout needs `rngs={'dropout': k}`."""
     cfg = self.config
     dt = cfg.compute_dtype
@@ -332,7 +333,7 @@ class TransformerLM(nn.Module):
       pos_rows = embeddings.SinusoidalPositionEmbedding(
           cfg.emb_dim, scale=sinusoid_scale(cfg), name='pos_embed'
       )(positions)
-    x = layers.embedding_sum(tok(inputs), pos_rows, embed_delta)
+    x = layers.embedding_sum(tok(inputs), pos_rows, embed_delta, segment_ids)
     x = nn.Dropout(cfg.dropout_rate)(x.astype(dt), deterministic=deterministic)
     mask = layers.segment_mask(segment_ids)
     block = nn.remat(Block, static_argnums=(4,)) if cfg.remat else Block

@@ -20,12 +20,25 @@ Dtype = Any
 _GPT2_INIT = initializers.gpt2()
 
 
-class _Table(nnx.Module):
-  """Parameter ``embedding`` [rows, features]."""
+def _table_param(
+    rows: int,
+    features: int,
+    embedding_init: initializers.InitFn,
+    param_dtype: Dtype,
+    rngs: nnx.Rngs,
+) -> nnx.Param:
+  """Parameter ``embedding`` [rows, features] drawn by ``embedding_init``."""
+  return nnx.Param(embedding_init(rngs.params(), (rows, features), param_dtype))
+
+
+class LearnedPositionEmbedding(nnx.Module):
+  """Learned table ``embedding`` [num_positions, features] (the keywords of
+  `embeddings.LearnedPositionEmbedding`); an id outside it gives a NaN row
+  (ids are checked on the host)."""
 
   def __init__(
       self,
-      rows: int,
+      num_positions: int,
       features: int,
       *,
       embedding_init: initializers.InitFn = _GPT2_INIT,
@@ -34,14 +47,9 @@ class _Table(nnx.Module):
       rngs: nnx.Rngs,
   ):
     self.dtype = dtype or param_dtype
-    self.embedding = nnx.Param(
-        embedding_init(rngs.params(), (rows, features), param_dtype)
+    self.embedding = _table_param(
+        num_positions, features, embedding_init, param_dtype, rngs
     )
-
-
-class LearnedPositionEmbedding(_Table):
-  """Learned table ``embedding`` [num_positions, features]; an id outside it
-  gives a NaN row (ids are checked on the host)."""
 
   def __call__(self, positions: Array) -> Array:
     return embeddings.lookup_positions(
@@ -49,9 +57,24 @@ class LearnedPositionEmbedding(_Table):
     )
 
 
-class TokenEmbedding(_Table):
+class TokenEmbedding(nnx.Module):
   """Token table ``embedding`` [num_embeddings, features] with the tied output
-  head."""
+  head (the keywords of `embeddings.TokenEmbedding`)."""
+
+  def __init__(
+      self,
+      num_embeddings: int,
+      features: int,
+      *,
+      embedding_init: initializers.InitFn = _GPT2_INIT,
+      dtype: Dtype | None = None,
+      param_dtype: Dtype = jnp.float32,
+      rngs: nnx.Rngs,
+  ):
+    self.dtype = dtype or param_dtype
+    self.embedding = _table_param(
+        num_embeddings, features, embedding_init, param_dtype, rngs
+    )
 
   def __call__(self, ids: Array) -> Array:
     return embeddings.lookup_tokens(self.embedding[...], ids, self.dtype)
@@ -251,7 +274,9 @@ class TransformerLM(nnx.Module):
     """float32 logits [B, T, vocab_size], as `model.TransformerLM`'s."""
     cfg = self.config
     pos_rows = None if self.pos_embed is None else self.pos_embed(positions)
-    x = layers.embedding_sum(self.token_embed(inputs), pos_rows, embed_delta)
+    x = layers.embedding_sum(
+        self.token_embed(inputs), pos_rows, embed_delta, segment_ids
+    )
     x = self.drop_embed(
         x.astype(cfg.compute_dtype), deterministic=deterministic, rngs=rngs
     )

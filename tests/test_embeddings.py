@@ -44,6 +44,14 @@ def test_position_range_check_names_the_id_and_the_table(bad, named):
   assert '[0, 8)' in str(e.value) and '1 ids outside' in str(e.value)
 
 
+def test_position_range_message_names_the_library_argument_not_a_config():
+  with pytest.raises(ValueError) as e:
+    embeddings.check_position_range(np.array([[0, 9]]), 8)
+  assert '>= 10 rows (num_positions' in str(e.value)
+  assert 'model.max_len' not in str(e.value)
+  assert 'data.seq_len' not in str(e.value)
+
+
 def test_float_positions_are_an_error():
   mod, params = _learned()
   with pytest.raises(TypeError, match='integer'):
