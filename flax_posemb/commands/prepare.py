@@ -119,10 +119,14 @@ def main(argv):
 
 def _prepare() -> None:
   """Prepares the dataset of the flags and prints its summary."""
-  cli.check_output_dir(_DATA_DIR.value, '--data_dir')
+  name = _NAME.value
+  data_dir = _DATA_DIR.value
+  # Required flags: absl refused their absence before `main`.
+  assert name is not None and data_dir is not None
+  cli.check_output_dir(data_dir, '--data_dir')
   out = text_sources.prepare_dataset(
-      _NAME.value,
-      _DATA_DIR.value,
+      name,
+      data_dir,
       inputs=tuple(_INPUT.value or ()),
       hf_dataset=_HF_DATASET.value or '',
       split_by=_SPLIT_BY.value,

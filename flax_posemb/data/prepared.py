@@ -49,9 +49,10 @@ def prepare(
         ' with save_to_disk.'
     )
   created = not os.path.isdir(ddir)
-  os.makedirs(ddir, exist_ok=True)
   root = os.path.join(ddir, name)
   try:
+    os.makedirs(ddir, exist_ok=True)
+    # Removes the build directory, however the build ends.
     with _one_prepare(ddir, name):
       _finish_a_killed_swap(ddir, name)
       if os.path.lexists(root) and not overwrite:
@@ -60,11 +61,8 @@ def prepare(
             ' dataset is built), or choose another --name.'
         )
       build_dir = tempfile.mkdtemp(prefix=f'.{name}.build-', dir=ddir)
-      try:
-        built = _build(name, build_dir, source, progress)
-        _swap_in(os.path.join(build_dir, name), root)
-      finally:
-        shutil.rmtree(build_dir, ignore_errors=True)
+      built = _build(name, build_dir, source, progress)
+      _swap_in(os.path.join(build_dir, name), root)
   except BaseException:
     if created:
       # Only if still empty: rmdir removes nothing else.
@@ -260,7 +258,8 @@ def _copy_and_hash(path: str, target: str) -> dict[str, Any]:
 def _one_prepare(ddir: str, name: str) -> Iterator[None]:
   """Holds ``ddir/.NAME.prepare.lock`` (a second prepare of `name` is
   refused), removed when done; under it, hidden build directories are killed
-  runs' leftovers and are removed."""
+  runs' leftovers, removed on entry, and this run's, removed on exit (also
+  one whose `tempfile.mkdtemp` a SIGTERM cut short)."""
   path = os.path.join(ddir, f'.{name}.prepare.lock')
   while True:
     lock = open(path, 'a')
@@ -278,13 +277,19 @@ def _one_prepare(ddir: str, name: str) -> Iterator[None]:
       break
     lock.close()
   try:
-    for leftover in glob_lib.glob(os.path.join(ddir, f'.{name}.build-*')):
-      shutil.rmtree(leftover, ignore_errors=True)
+    _remove_builds(ddir, name)
     yield
   finally:
+    _remove_builds(ddir, name)
     with contextlib.suppress(FileNotFoundError):
       os.remove(path)
     lock.close()
+
+
+def _remove_builds(ddir: str, name: str) -> None:
+  """Removes the hidden build directories of `name` (only under its lock)."""
+  for build_dir in glob_lib.glob(os.path.join(ddir, f'.{name}.build-*')):
+    shutil.rmtree(build_dir, ignore_errors=True)
 
 
 def _is_at(opened, path: str) -> bool:

@@ -369,8 +369,8 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
 
 def dataset_identity(data_config) -> str:
   """What the configured text is, for a run to record (a resume on other text
-  is refused): a prepared dataset's `PREPARED_FROM` identity, another TFDS
-  build's ``dataset_info.json`` digest, a corpus built on first use by its
+  is refused): a prepared dataset's `prepared.PREPARED_FROM` identity, another
+  TFDS build's ``dataset_info.json`` digest, a corpus built on first use by its
   build (named by a digest of its files)."""
   ddir = data_dir(data_config)
   source = data_config.source
