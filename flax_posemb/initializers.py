@@ -49,8 +49,8 @@ def _check_std(name: str, std: Any) -> float:
   if std is None or not math.isfinite(float(std)) or float(std) < 0:
     raise ValueError(
         f"Initializer '{name}' needs a std, a finite number >= 0 (got"
-        f' {std}): pass std=0.02, or set model.position_init_std /'
-        ' model.token_init_std >= 0.'
+        f' {std}): pass std=0.02 (in a ModelConfig: position_init_std /'
+        ' token_init_std >= 0).'
     )
   return float(std)
 
@@ -234,7 +234,8 @@ def check_resize(resize: str) -> None:
   if resize not in RESIZE_RULES:
     raise ValueError(
         f'Unknown table resize rule {resize!r}; valid:'
-        f" {', '.join(RESIZE_RULES)} (model.position_init_resize)."
+        f" {', '.join(RESIZE_RULES)} (resize=; in a ModelConfig"
+        ' position_init_resize).'
     )
 
 
@@ -248,9 +249,9 @@ def fit_problem(
   head = f'Table shape {have} does not fit the requested shape {want}: '
   if width != want_width:
     return head + (
-        f"the table's width is {width} features, the model's {want_width};"
-        f' no resize rule changes it: set model.emb_dim={width} or use'
-        f' {want_width} columns.'
+        f"the table's width is {width} features, the embedding's"
+        f' {want_width}; no resize rule changes it: use {want_width} columns'
+        f' or features={width} (ModelConfig.emb_dim={width}).'
     )
   if rows == want_rows or resize == 'interpolate':
     return None
@@ -259,17 +260,18 @@ def fit_problem(
       return None
     return head + (
         f"resize 'truncate' only drops rows, and the table has {rows} <"
-        f' {want_rows} rows: set model.max_len<={rows} or use resize'
-        " 'interpolate'."
+        f' {want_rows} rows: use num_positions<={rows}'
+        f" (ModelConfig.max_len<={rows}) or resize 'interpolate'."
     )
   rules = ''
   if rows > want_rows:
     rules = f"'truncate' keeps the first {want_rows} rows, "
   rules += f"'interpolate' resamples the {rows} rows linearly to {want_rows}."
   return head + (
-      f'the table has {rows} rows, the model {want_rows} (model.max_len): set '
-      f'model.max_len={rows} or a row rule (model.position_init_resize): '
-      + rules
+      f'the table has {rows} rows, the embedding {want_rows}'
+      f' (num_positions): use num_positions={rows}'
+      f' (ModelConfig.max_len={rows}) or a row rule (resize=;'
+      ' ModelConfig.position_init_resize): ' + rules
   )
 
 
