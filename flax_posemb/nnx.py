@@ -124,13 +124,14 @@ class RotaryEmbedding(nnx.Module):
 
 
 class Dense(nnx.Module):
-  """``[..., in] -> [..., out]``; ``kernel`` [out, in] ~ normal(kernel_std),
-  ``bias`` 0."""
+  """``[..., in_features] -> [..., features]``; ``kernel`` [features,
+  in_features] ~ normal(kernel_std), ``bias`` 0. The keywords of the linen
+  model's dense layer, plus ``in_features`` (NNX builds the kernel at once)."""
 
   def __init__(
       self,
       in_features: int,
-      out_features: int,
+      features: int,
       *,
       kernel_std: float,
       dtype: Dtype,
@@ -140,10 +141,10 @@ class Dense(nnx.Module):
     self.dtype = dtype
     self.kernel = nnx.Param(
         jax.nn.initializers.normal(kernel_std)(
-            rngs.params(), (out_features, in_features), param_dtype
+            rngs.params(), (features, in_features), param_dtype
         )
     )
-    self.bias = nnx.Param(jnp.zeros((out_features,), param_dtype))
+    self.bias = nnx.Param(jnp.zeros((features,), param_dtype))
 
   def __call__(self, x: Array) -> Array:
     return layers.dense(x, self.kernel[...], self.bias[...], self.dtype)

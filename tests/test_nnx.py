@@ -288,17 +288,25 @@ def test_embedding_modules_match_linen_and_the_pure_functions():
             posemb_nnx.SinusoidalPositionEmbedding,
             embeddings.SinusoidalPositionEmbedding,
         ),
+        (posemb_nnx.Block, linen_model.Block),
+        (posemb_nnx.TransformerLM, linen_model.TransformerLM),
+        # NNX builds the kernel at once: it needs the input width too.
+        (posemb_nnx.Dense, linen_model._Dense),
     ],
 )
-def test_nnx_embeddings_take_the_keywords_of_their_linen_twins(
+def test_nnx_modules_take_the_keywords_of_their_linen_twins(
     nnx_module, linen_module
 ):
   """The NNX constructor's keywords are the linen module's fields (plus
-  ``rngs``, which NNX parameters need)."""
+  ``rngs``, which NNX parameters need), and their calls take the same
+  arguments (plus NNX's ``rngs``)."""
   own = set(inspect.signature(nnx_module.__init__).parameters)
-  own -= {'self', 'rngs'}
+  own -= {'self', 'rngs', 'in_features'}
   fields = set(linen_module.__dataclass_fields__) - {'parent', 'name'}
   assert own == fields
+  nnx_call = set(inspect.signature(nnx_module.__call__).parameters)
+  linen_call = set(inspect.signature(linen_module.__call__).parameters)
+  assert nnx_call - {'rngs'} == linen_call
 
 
 def test_nnx_tables_are_built_with_the_linen_keywords():
