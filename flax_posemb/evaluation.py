@@ -74,7 +74,7 @@ def model_apply_fn(model) -> Callable:
   """The evaluation forward pass of a linen model, cached per model.
 
   Args:
-    model: a linen `model.TransformerLM` (hashable: a frozen module).
+    model: a linen `model.TransformerLM` (the cache key).
 
   Returns:
     A function `apply(params, inputs, positions, segment_ids) -> logits`,
