@@ -1,5 +1,5 @@
 """Default configuration sections shared by every `configs/*.py`
-(docs/DESIGN.md, Config): ConfigDicts built from the typed sections of
+(docs/DESIGN.md § Config): ConfigDicts built from the typed sections of
 `flax_posemb.config`, where every field is documented."""
 
 import dataclasses
