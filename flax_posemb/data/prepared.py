@@ -1,8 +1,8 @@
-"""Your own text built as a TFDS dataset aside and swapped in (docs/DESIGN.md
-"Prepared datasets"): one prepare of a name at a time, each input read once
-into a copy whose bytes are both hashed and built from, the build, its record
-`PREPARED_FROM`, the swap into place. The entry point is
-`text_sources.prepare_dataset`."""
+"""Your own text built as a TFDS dataset aside and swapped in (Prepared
+datasets in docs/DESIGN.md § Data policies and tokens): one prepare of a name
+at a time, each input read once into a copy whose bytes are both hashed and
+built from, the build, its record `PREPARED_FROM`, the swap into place. The
+entry point is `text_sources.prepare_dataset`."""
 
 from collections.abc import Iterator
 import contextlib
