@@ -34,13 +34,27 @@ def prepare(
     overwrite: bool = False,
     progress: bool = False,
 ) -> dict[str, Any]:
-  """Builds ``ddir/name/1.0.0`` of `source` (`text_sources.prepare_dataset`
-  documents the result) in a hidden directory of `ddir`, swapped in only when
-  complete and readable.
+  """Builds ``ddir/name/1.0.0`` of `source` aside and swaps it in.
 
-  A refused or interrupted run (SIGTERM's `preemption.Preempted` included)
-  changes nothing and leaves nothing: no build directory, no lock file, and no
-  `ddir` if this run created it.
+  It is built in a hidden directory of `ddir` and swapped in only when
+  complete and readable. A refused or interrupted run (SIGTERM's
+  `preemption.Preempted` included) changes nothing and leaves nothing: no
+  build directory, no lock file, and no `ddir` if this run created it.
+
+  Args:
+    name: the dataset's name (a valid TFDS name).
+    ddir: the TFDS data directory (created if missing).
+    source: its inputs (`files` or `hf_dataset`) and how to read and split
+      them; `read_from` is set here.
+    overwrite: replace an existing ``ddir/name`` (once the new one is built).
+    progress: our progress bars on stderr.
+
+  Returns:
+    ``{'path', 'feature', 'splits': {split: documents}, 'unreadable',
+    'decode_errors', 'empty', 'identity'}``.
+
+  Raises:
+    ValueError: bad input, named with its fix (nothing was built).
   """
   if source.hf_dataset and not os.path.isdir(source.hf_dataset):
     raise ValueError(
