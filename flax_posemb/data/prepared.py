@@ -141,7 +141,7 @@ def _build(
       {
           'name': name,
           'SOURCE': source,
-          'progress': progress,
+          'PROGRESS': progress,
           '__module__': __name__,
       },
       skip_registration=True,

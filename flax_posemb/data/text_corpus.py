@@ -231,7 +231,7 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
   SOURCE: ClassVar[TextBuilderConfig]
   FEATURES: tuple[str, ...] = ('text',)
   # Our own progress bars on stderr (prepare's console); TFDS's stay off.
-  progress: ClassVar[bool] = False
+  PROGRESS: ClassVar[bool] = False
   # Leave out (counted in `Found.empty`) documents of no text besides
   # whitespace. Off for the corpora built on first use: their builds are named
   # by their files, and one built before must stay the same documents.
@@ -313,7 +313,7 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
     docs = []
     # Closed (its line finished) before an error's message is printed.
     with tqdm.tqdm(
-        desc='Reading documents', unit=' documents', disable=not self.progress
+        desc='Reading documents', unit=' documents', disable=not self.PROGRESS
     ) as bar:
       for key, kind, text in self._docs(found):
         docs.append((key, kind, len(text.encode('utf-8')) + 1))
@@ -367,7 +367,7 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
         desc=f'Writing {split}',
         total=documents,
         unit=' documents',
-        disable=not self.progress,
+        disable=not self.PROGRESS,
     ) as bar:
       for example in self._generate_examples(val, validation):
         yield example
@@ -388,7 +388,7 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
 def build(builder) -> None:
   """Writes `builder`'s dataset as array_record, TFDS's prints and progress
   bars off (its bars, one per split and per shuffle, overwrite each other
-  into one long line; `TextCorpus.progress` shows our own)."""
+  into one long line; `TextCorpus.PROGRESS` shows our own)."""
   tfds.display_progress_bar(False)
   with contextlib.redirect_stdout(io.StringIO()):
     builder.download_and_prepare(file_format='array_record')
