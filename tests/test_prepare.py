@@ -4,11 +4,13 @@ data.source=tfds."""
 import hashlib
 import json
 import os
+import pathlib
 import re
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import ml_collections
 import pytest
@@ -763,3 +765,54 @@ def test_sigterm_in_a_library_call_leaves_nothing(tmp_path, monkeypatch):
   finally:
     signal.signal(signal.SIGTERM, replaced)
   assert sorted(p.name for p in ddir.iterdir()) == ['mine.txt']
+
+
+def test_a_saved_hf_dataset_is_built_from_the_copy_it_hashed(
+    tmp_path, monkeypatch
+):
+  """A stand-in for the `datasets` library (the few members prepare reads),
+  whose load rewrites the saved dataset as it reads: the dataset is loaded from
+  prepare's copy, and the record hashes the bytes of that copy."""
+  hf = tmp_path / 'hf'
+  hf.mkdir()
+  texts = [f'saved document {i} ' * 10 for i in range(6)]
+  original = json.dumps(texts).encode()
+  (hf / 'rows.json').write_bytes(original)
+  loaded_from = []
+
+  class Dataset:
+
+    def __init__(self, rows):
+      self.rows = rows
+      self.column_names = ['text']
+      self.features = {'text': types.SimpleNamespace(dtype='string')}
+
+    def __getitem__(self, column):
+      return self.rows
+
+  def load_from_disk(path):
+    loaded_from.append(path)
+    (hf / 'rows.json').write_text(json.dumps(['rewritten meanwhile']))
+    return Dataset(json.loads((pathlib.Path(path) / 'rows.json').read_text()))
+
+  fake = types.ModuleType('datasets')
+  fake.Dataset = Dataset
+  fake.DatasetDict = type('DatasetDict', (dict,), {})
+  fake.load_from_disk = load_from_disk
+  monkeypatch.setitem(sys.modules, 'datasets', fake)
+  ddir = tmp_path / 'tfds'
+  text_sources.prepare_dataset(
+      'hfnotes', str(ddir), hf_dataset=str(hf), val_percent=30
+  )
+  assert loaded_from and loaded_from[0] != str(hf)
+  recorded = json.loads(
+      (ddir / 'hfnotes' / '1.0.0' / 'prepared_from.json').read_text()
+  )
+  assert recorded['inputs'] == [
+      {
+          'path': str(hf / 'rows.json'),
+          'bytes': len(original),
+          'sha256': hashlib.sha256(original).hexdigest(),
+      }
+  ]
+  assert _documents(ddir, 'hfnotes') == sorted(texts)
