@@ -11,6 +11,7 @@ import pytest
 
 from flax_posemb import segments
 from flax_posemb import stats
+from flax_posemb import stats_window
 
 B, T, D, V, L = 3, 8, 5, 7, 12  # batch, length, width, vocab, table rows
 
@@ -451,6 +452,28 @@ def test_every_occurrence_of_a_natural_batch_is_full_context():
   got = stats.loss_stats(jnp.zeros((2, 8)), batch, 8)
   np.testing.assert_array_equal(got['full_context_count'], got['count'])
   assert int(got['count'].sum()) == 14
+
+
+def test_exposure_summary_states_both_dimensions():
+  window = {
+      'count': np.array([4, 4, 2]),
+      'full_context_count': np.array([4, 1, 0]),
+      # contexts 0 | 1 | 2-3 (three buckets for 3 rows)
+      'context_count': np.array([[4, 0, 0], [3, 1, 0], [1, 0, 1]]),
+  }
+  got = stats_window.exposure_summary(window)
+  assert (got['tokens'], got['full_context_tokens']) == (10.0, 5.0)
+  assert got['full_context_share'] == 0.5
+  assert (got['min_row_full_context'], got['max_row_full_context']) == (0, 4)
+  assert (got['last_row_full_context'], got['last_row_tokens']) == (0, 2)
+  assert got['context_bucket_edges'] == [0, 1, 2, 4]
+  assert got['context_bucket_share'] == [0.8, 0.1, 0.1]
+  # Window files written before the context fields: rows only.
+  assert set(stats_window.exposure_summary({'count': window['count']})) == {
+      'tokens',
+      'min_row_tokens',
+      'max_row_tokens',
+  }
 
 
 def test_a_new_statistics_object_refuses_a_directory_of_another_runs_windows(
@@ -901,3 +924,12 @@ def test_a_user_loop_writes_the_trainers_windows_and_eval_analyzes_them(
   rho = summary['exposure']['spearman_mean_loss']
   assert f'mean_loss {rho:+.2f}' in proc.stdout
   assert '2 statistics windows, steps' in proc.stdout
+  by_context = summary['exposure_by_context']
+  full = 0
+  for name in ('window_2.npz', 'window_4.npz'):
+    with np.load(os.path.join(ref, name)) as z:
+      full += int(z['full_context_count'].sum())
+  assert by_context['full_context_tokens'] == full > 0
+  assert 'full-context exposure (context = position, as evaluated)' in (
+      proc.stdout
+  )
