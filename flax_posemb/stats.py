@@ -96,7 +96,7 @@ class PositionStats(collections.abc.Mapping):
     """
     fields = {}
     for key in FIELDS if collect else LOSS_FIELDS:
-      shape = (num_positions,)
+      shape: tuple[int, ...] = (num_positions,)
       if key in CONTEXT_FIELDS:
         shape += (segments.context_buckets(num_positions),)
       dtype = jnp.int32 if key in INT_FIELDS else jnp.float32

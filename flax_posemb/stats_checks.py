@@ -8,9 +8,6 @@ from typing import Any
 import jax
 from jax.extend import core as jax_core
 import jax.numpy as jnp
-import numpy as np
-
-from flax_posemb import embeddings
 
 Array = jax.Array
 
@@ -33,6 +30,40 @@ def _refuse_if(
   jax.lax.cond(bad, lambda: jax.debug.callback(refuse, *operands), lambda: None)
 
 
+def position_error(
+    lowest: int, highest: int, num_bad: int, num_positions: int
+) -> ValueError:
+  """The refusal of real tokens whose position ids are outside the table, in
+  the library's own terms (a user's loop has no config).
+
+  Args:
+    lowest: the smallest id of a real token.
+    highest: the largest.
+    num_bad: how many ids are outside ``[0, num_positions)``.
+    num_positions: rows ``P`` the statistics were given.
+
+  Returns:
+    A ValueError naming a bad id and the fix.
+  """
+  span = f'[0, {num_positions})'
+  if lowest < 0:
+    where = f'Position id {lowest} is negative'
+    fix = (
+        'give every real token (segment_ids > 0) an id in that range, or mark'
+        ' the token as padding (segment_ids 0)'
+    )
+  else:
+    where = f'Position id {highest} is outside the position table {span}'
+    fix = (
+        f'pass num_positions >= {highest + 1} (the rows of your table) or keep'
+        f' the real tokens (segment_ids > 0) below {num_positions}'
+    )
+  return ValueError(
+      f'{where} ({num_bad} ids of real tokens outside {span}; min {lowest},'
+      f' max {highest}): {fix}.'
+  )
+
+
 def check_real_positions(
     batch: Mapping[str, Array], num_positions: int
 ) -> None:
@@ -44,19 +75,16 @@ def check_real_positions(
     num_positions: rows ``P`` of the position table.
 
   Raises:
-    ValueError: eagerly, `embeddings.check_position_range`'s message; under
-      ``jax.jit`` the same ValueError raised on the host when the step runs,
-      surfacing as a ``jax.errors.JaxRuntimeError`` that contains it.
+    ValueError: `position_error`, eagerly; under ``jax.jit`` raised on the
+      host when the step runs, surfacing as a ``jax.errors.JaxRuntimeError``
+      that contains its message.
   """
   real = jnp.asarray(batch['segment_ids']) > 0
   positions = jnp.where(real, jnp.asarray(batch['positions']), 0)
-  if not isinstance(positions, jax.core.Tracer):
-    embeddings.check_position_range(np.asarray(positions), num_positions)
-    return
   outside = (positions < 0) | (positions >= num_positions)
 
   def error(lowest, highest, num_bad):
-    return embeddings.position_range_error(
+    return position_error(
         int(lowest), int(highest), int(num_bad), num_positions
     )
 

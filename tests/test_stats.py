@@ -299,6 +299,24 @@ def test_out_of_range_id_of_a_real_token_is_refused_eagerly(setup, bad):
     f(params, batch)
 
 
+def test_position_refusals_speak_the_librarys_arguments(setup):
+  model, params, batch = setup
+  f = stats.value_and_grad_with_position_stats(
+      _standin_token_loss_fn(model), L, D
+  )
+  for bad, fix in (
+      (L, f'pass num_positions >= {L + 1}'),
+      (-1, 'segment_ids 0'),
+  ):
+    bad_batch = dict(batch, positions=batch['positions'].copy())
+    bad_batch['positions'][2, 7] = bad
+    with pytest.raises(ValueError) as refused:
+      f(params, bad_batch)
+    assert fix in str(refused.value)
+    for cli_word in ('model.max_len', 'data.seq_len', 'train.py', '--config'):
+      assert cli_word not in str(refused.value)
+
+
 @pytest.mark.smoke
 def test_out_of_range_id_of_a_real_token_is_refused_under_jit(setup):
   model, params, batch = setup
