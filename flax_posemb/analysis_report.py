@@ -12,6 +12,7 @@ from flax_posemb import analysis
 from flax_posemb import outputs
 from flax_posemb import plots
 from flax_posemb import stats
+from flax_posemb import stats_window
 from flax_posemb import tables
 from flax_posemb import workdir as workdir_lib
 from flax_posemb.eval_report import json_safe
@@ -87,6 +88,13 @@ def analyze_workdir(
     summary['exposure'] = _exposure_relation(
         exposure[:num], series, output, files
     )
+    windows = [
+        outputs.load_npz(path)
+        for _, path in analysis.window_files(stats_dir, step)
+    ]
+    summary['exposure_by_context'] = stats_window.exposure_summary(
+        _field_sums(windows)
+    )
     bar.update()
   if boundary is not None and record is not None:
     summary['init_from_rows'] = _old_and_new_rows(
@@ -119,12 +127,7 @@ def _old_and_new_rows(
       for _, path in analysis.window_files(stats_dir, step)
   ]
   if windows:
-    sums = {}
-    for key in stats.FIELDS:
-      if key in windows[0]:
-        sums[key] = analysis.sum_arrays(
-            [np.asarray(w[key], np.float64) for w in windows]
-        )
+    sums = _field_sums(windows)
     derived = stats.derived(sums)
     series['signal_per_occurrence'] = derived['signal_per_occurrence']
     if 'update_sq' in sums:
@@ -299,12 +302,7 @@ def analyze_stats(
       disable=not progress,
   )
   windows = [outputs.load_npz(p) for _, p in reading]
-  arrays = {}
-  for key in stats.FIELDS:
-    if key in windows[0]:
-      arrays[key] = analysis.sum_arrays(
-          [np.asarray(w[key], np.float64) for w in windows]
-      )
+  arrays = _field_sums(windows)
   arrays.update(stats.derived(arrays))
   exposure = analysis.cumulative_exposure(stats_dir)
   assert exposure is not None  # There are window files.
@@ -320,8 +318,21 @@ def analyze_stats(
       'last_step': files[-1][0],
       'first_step': int(windows[0].get('first_step', files[0][0])),
       'exposure': _exposure_relation(exposure, series, output, out),
+      'exposure_by_context': stats_window.exposure_summary(arrays),
   }
   return _write(summary, arrays, out, output, 'stats_analysis')
+
+
+def _field_sums(windows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  """Each statistics field's float64 sum over ``windows`` (the fields of the
+  first window; ``[P]``, ``context_count`` ``[P, K]``)."""
+  sums = {}
+  for key in stats.FIELDS:
+    if key in windows[0]:
+      sums[key] = analysis.sum_arrays(
+          [np.asarray(w[key], np.float64) for w in windows]
+      )
+  return sums
 
 
 def _first_last(values: list[float | None]) -> str:
@@ -380,7 +391,25 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     )
   if summary.get('exposure'):
     lines.append(_spearman_line(summary['exposure']))
+  by_context = summary.get('exposure_by_context', {})
+  if 'full_context_tokens' in by_context:
+    lines.append(_full_context_line(by_context))
   return lines
+
+
+def _full_context_line(by_context: dict[str, Any]) -> str:
+  """Exposure in the evaluation's situation (context = position) beside all
+  exposure (`stats_window.exposure_summary`'s keys)."""
+  return (
+      'full-context exposure (context = position, as evaluated):'
+      f" {by_context['full_context_tokens']:.4g} of"
+      f" {by_context['tokens']:.4g} tokens"
+      f" ({100 * by_context['full_context_share']:.1f}%),"
+      f" {by_context['min_row_full_context']:.4g} to"
+      f" {by_context['max_row_full_context']:.4g} per position; last"
+      f" position {by_context['last_row_full_context']:.4g} of"
+      f" {by_context['last_row_tokens']:.4g}"
+  )
 
 
 def figures(files: dict[str, str]) -> list[str]:

@@ -161,6 +161,19 @@ class OptimizerConfig:
   # Upper bound of the per-row scale.
   row_lr_max: float = 10.0
 
+  # The position table's own optimizer (learned tables; the rest keep AdamW):
+  # 'adam' shares the model's Adam (one step count for all rows); 'lazy_adam'
+  # is row-sparse Adam: a row's moments, its own bias-correction count and its
+  # weight decay change only at steps where its gradient is nonzero (a rarely
+  # seen row's second moment does not decay between its occurrences, so an
+  # occurrence is not a sign-like step); 'sgd' is SGD with momentum.
+  position_optimizer: str = 'adam'
+  # Momentum of the table's SGD (position_optimizer='sgd').
+  position_momentum: float = 0.9
+  # The table's SGD learning rate: the schedule's times this
+  # (position_optimizer='sgd'; SGD steps are gradient-sized, Adam's are not).
+  position_lr_scale: float = 1.0
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:

@@ -1,38 +1,56 @@
-"""Per-position learning-signal statistics of any model and training loop
-(fields, window files, TensorBoard curves: docs/DESIGN.md § Statistics)."""
+"""Per-position learning-signal statistics of any model and training loop:
+the maths inside the jitted step and the statistics object (fields, window
+files, TensorBoard curves: docs/DESIGN.md § Statistics; the host side of a
+window: `stats_window`)."""
 
 import collections.abc
 from collections.abc import Callable, Iterator, Mapping
 import dataclasses
 import functools
-import os
 from typing import Any, Self
 
 import flax.struct
 import jax
-from jax.extend import core as jax_core
 import jax.numpy as jnp
 import numpy as np
 
 from flax_posemb import analysis
 from flax_posemb import buckets
-from flax_posemb import embeddings
-from flax_posemb import outputs
+from flax_posemb import segments
 from flax_posemb import sharding
+from flax_posemb import stats_checks
+from flax_posemb import stats_window
+
+# The host-side ratios and curves, named here too: `stats.derived` is how the
+# docs and the experiments read a window.
+from flax_posemb.stats_window import bucket_curves as bucket_curves
+from flax_posemb.stats_window import derived as derived
+from flax_posemb.stats_window import window_curves as window_curves
 
 FIELDS = (
     'count',
     'loss_sum',
     'loss_count',
+    'full_context_count',
+    'context_count',
     'occ_norm',
     'occ_sq',
     'row_sq',
     'downstream',
     'update_sq',
 )
-INT_FIELDS = ('count', 'loss_count')
-# Kept with statistics off (no gradient).
-LOSS_FIELDS = ('count', 'loss_sum', 'loss_count')
+INT_FIELDS = ('count', 'loss_count', 'full_context_count', 'context_count')
+# Kept with statistics off: they need no gradient.
+LOSS_FIELDS = (
+    'count',
+    'loss_sum',
+    'loss_count',
+    'full_context_count',
+    'context_count',
+)
+# Fields [P, K] over the log2 context buckets of `segments.context_buckets`;
+# the others are [P].
+CONTEXT_FIELDS = ('context_count',)
 
 # Positions per bucket of the writer's scalars without bucket_edges (the
 # evaluation's default eval.bucket_size).
@@ -45,13 +63,19 @@ Vector = jax.Array | np.ndarray
 
 @flax.struct.dataclass
 class PositionStats(collections.abc.Mapping):
-  """``[P]`` vectors of one step or window: a pytree and a read-only mapping of
-  the present fields (others None); ``row_grad`` ``[P, D]`` only between
-  microbatches, until ``finish``."""
+  """The statistics of one step or window: a pytree and a read-only mapping of
+  the present fields (others None).
+
+  Every field is ``[P]`` but ``context_count`` ``[P, K]``
+  (`segments.context_buckets`); ``row_grad`` ``[P, D]`` exists only between
+  microbatches, until ``finish``.
+  """
 
   count: Vector
   loss_sum: Vector
   loss_count: Vector
+  full_context_count: Vector | None = None
+  context_count: Vector | None = None
   occ_norm: Vector | None = None
   occ_sq: Vector | None = None
   row_sq: Vector | None = None
@@ -61,16 +85,23 @@ class PositionStats(collections.abc.Mapping):
 
   @classmethod
   def zeros(cls, num_positions: int, *, collect: bool = True) -> Self:
-    """All-zero statistics: every field, or only ``LOSS_FIELDS`` when
-    ``collect`` is False."""
-    return cls(
-        **{
-            k: jnp.zeros(
-                (num_positions,), jnp.int32 if k in INT_FIELDS else jnp.float32
-            )
-            for k in (FIELDS if collect else LOSS_FIELDS)
-        }
-    )
+    """All-zero statistics of a table.
+
+    Args:
+      num_positions: rows ``P`` of the position table.
+      collect: False: only ``LOSS_FIELDS``.
+
+    Returns:
+      Every field (or ``LOSS_FIELDS``) at zero: ints int32, others float32.
+    """
+    fields = {}
+    for key in FIELDS if collect else LOSS_FIELDS:
+      shape: tuple[int, ...] = (num_positions,)
+      if key in CONTEXT_FIELDS:
+        shape += (segments.context_buckets(num_positions),)
+      dtype = jnp.int32 if key in INT_FIELDS else jnp.float32
+      fields[key] = jnp.zeros(shape, dtype)
+    return cls(**fields)
 
   def __getitem__(self, key: str) -> Vector:
     value = getattr(self, key) if key in FIELDS else None
@@ -90,15 +121,23 @@ class PositionStats(collections.abc.Mapping):
     return jax.tree.map(jnp.add, self, other)
 
   def finish(self) -> Self:
-    """Squares the summed ``row_grad`` into ``row_sq`` (after the step's last
-    microbatch)."""
+    """Squares the summed ``row_grad`` into ``row_sq``, after the step's last
+    microbatch.
+
+    Returns:
+      These statistics with ``row_sq`` ``[P]`` and no ``row_grad``.
+    """
     if self.row_grad is None:
       return self
     row_sq = jnp.sum(jnp.square(self.row_grad), axis=-1)
     return dataclasses.replace(self, row_sq=row_sq, row_grad=None)
 
   def to_numpy(self) -> dict[str, np.ndarray]:
-    """Host copies of the present fields; counts as exact int64."""
+    """Host copies of the present fields.
+
+    Returns:
+      Field name -> numpy array (counts exact int64, others float32).
+    """
     host = {}
     for key, value in self.items():
       dtype = np.int64 if key in INT_FIELDS else np.float32
@@ -107,71 +146,95 @@ class PositionStats(collections.abc.Mapping):
 
 
 def update_sq(old_table: Array, new_table: Array) -> Array:
-  """``[P]`` squared norm of each row's change between two ``[P, D]`` tables
-  (float32)."""
+  """Squared norm of each row's change.
+
+  Args:
+    old_table: ``[P, D]`` table before the update.
+    new_table: ``[P, D]`` table after it.
+
+  Returns:
+    ``[P]`` float32 ``‖new_table[p] - old_table[p]‖²``.
+  """
   delta = new_table.astype(jnp.float32) - old_table.astype(jnp.float32)
   return jnp.sum(delta * delta, axis=-1)
-
-
-def downstream_targets(segment_ids: Array, loss_mask: Array) -> Array:
-  """``[B, T]`` float32 ``sum_{t' >= t, same segment} loss_mask[b, t']`` of
-  ``[B, T]`` ``segment_ids`` (contiguous segments) and ``loss_mask``."""
-  # Scanned from the end, a segment "starts" at its last token: where the next
-  # id differs.
-  start = jnp.concatenate(
-      [
-          segment_ids[:, 1:] != segment_ids[:, :-1],
-          jnp.ones_like(segment_ids[:, :1], bool),
-      ],
-      axis=1,
-  )
-
-  def combine(a, b):
-    return jnp.where(b[1], b[0], a[0] + b[0]), a[1] | b[1]
-
-  val = loss_mask.astype(jnp.float32)
-  return jax.lax.associative_scan(combine, (val, start), reverse=True, axis=1)[
-      0
-  ]
 
 
 def loss_stats(
     token_loss: Array, batch: Mapping[str, Array], num_positions: int
 ) -> PositionStats:
-  """``LOSS_FIELDS`` (no gradient needed) of ``[B, T]`` token losses and a
-  batch."""
+  """The fields that need no gradient: ``LOSS_FIELDS``.
+
+  The context histogram is over log2 buckets: what separates training's
+  situation from the evaluation's is the order of magnitude of a row's
+  context (a late row trained at context 30 or at 500); the exact case that
+  matters, context = position, is ``full_context_count``. It costs one more
+  scatter-add of the ``B·T`` tokens, like ``count``, and ``K = log2 P + 1``
+  ints per row in the window, its checkpoint and its file (an exact ``[P, P]``
+  histogram would be 4 MB per window at 1024 rows).
+
+  Args:
+    token_loss: ``[B, T]`` token losses.
+    batch: the batch (``flax_posemb.batch``) of ``[B, T]`` arrays.
+    num_positions: rows ``P`` of the position table.
+
+  Returns:
+    ``PositionStats`` of ``LOSS_FIELDS``: ``count``, ``loss_sum``,
+    ``loss_count``, ``full_context_count`` ``[P]``; ``context_count``
+    ``[P, K]``.
+  """
   pos = batch['positions'].reshape(-1)
+  real = (batch['segment_ids'] > 0).reshape(-1).astype(jnp.int32)
   mask = batch['loss_mask'].astype(jnp.float32).reshape(-1)
   loss = (
       jnp.where(mask > 0, token_loss.astype(jnp.float32).reshape(-1), 0.0)
       * mask
   )
+  context = segments.context_lengths(batch['segment_ids']).reshape(-1)
+  num_buckets = segments.context_buckets(num_positions)
+  # The bit length of the context: 0 for 0, k for [2**(k-1), 2**k).
+  bucket = jnp.minimum(32 - jax.lax.clz(context), num_buckets - 1)
 
   scatter = functools.partial(
       jax.ops.segment_sum, segment_ids=pos, num_segments=num_positions
   )
+  by_context = jax.ops.segment_sum(
+      real,
+      pos * num_buckets + bucket,
+      num_segments=num_positions * num_buckets,
+  )
   return PositionStats(
-      count=scatter((batch['segment_ids'] > 0).reshape(-1).astype(jnp.int32)),
+      count=scatter(real),
       loss_sum=scatter(loss),
       loss_count=scatter((mask > 0).astype(jnp.int32)),
+      full_context_count=scatter(real * (context == pos).astype(jnp.int32)),
+      context_count=by_context.reshape(num_positions, num_buckets),
   )
 
 
 def occurrence_stats(
     g: Array, token_loss: Array, batch: Mapping[str, Array], num_positions: int
 ) -> PositionStats:
-  """One (micro)batch's statistics from ``g`` ``[B, T, D]``, the gradient of the
-  sum-reduced loss w.r.t. the embedding sum: unfinished (``row_grad``, no
-  ``row_sq``/``update_sq``)."""
+  """One (micro)batch's statistics, unfinished.
+
+  Args:
+    g: ``[B, T, D]`` gradient of the sum-reduced loss w.r.t. the embedding sum.
+    token_loss: ``[B, T]`` token losses.
+    batch: the batch of ``[B, T]`` arrays.
+    num_positions: rows ``P`` of the position table.
+
+  Returns:
+    ``PositionStats`` with ``row_grad`` ``[P, D]``, no ``row_sq`` or
+    ``update_sq``.
+  """
   pos = batch['positions'].reshape(-1)
   real = (batch['segment_ids'] > 0).reshape(-1)
   g = jnp.where(
       real[:, None], g.astype(jnp.float32).reshape(pos.shape[0], -1), 0.0
   )
   sq = jnp.sum(g * g, axis=-1)
-  down = downstream_targets(batch['segment_ids'], batch['loss_mask']).reshape(
-      -1
-  )
+  down = segments.downstream_targets(
+      batch['segment_ids'], batch['loss_mask']
+  ).reshape(-1)
 
   scatter = functools.partial(
       jax.ops.segment_sum, segment_ids=pos, num_segments=num_positions
@@ -185,74 +248,6 @@ def occurrence_stats(
   )
 
 
-def check_real_positions(
-    batch: Mapping[str, Array], num_positions: int
-) -> None:
-  """Refuses a real token (``segment_ids > 0``) whose position id is outside
-  ``[0, num_positions)``: the statistics would drop it while the loss counts
-  it.
-
-  Eagerly a ValueError (`embeddings.check_position_range`'s message); under
-  ``jax.jit`` the same ValueError raised on the host when the step runs,
-  surfacing as a ``jax.errors.JaxRuntimeError`` that contains its message. A
-  valid batch costs one reduction on the device, no host round trip.
-  """
-  real = jnp.asarray(batch['segment_ids']) > 0
-  positions = jnp.where(real, jnp.asarray(batch['positions']), 0)
-  if not isinstance(positions, jax.core.Tracer):
-    embeddings.check_position_range(np.asarray(positions), num_positions)
-    return
-  outside = (positions < 0) | (positions >= num_positions)
-  lowest = jnp.min(positions, initial=0)
-  highest = jnp.max(positions, initial=0)
-
-  def refuse(lo, hi, num_bad):
-    raise embeddings.position_range_error(
-        int(lo), int(hi), int(num_bad), num_positions
-    )
-
-  jax.lax.cond(
-      jnp.any(outside),
-      lambda: jax.debug.callback(refuse, lowest, highest, jnp.sum(outside)),
-      lambda: None,
-  )
-
-
-def _depends_on_input(closed: Any) -> bool:
-  """Whether an output of a traced one-input function is computed from its
-  input (forward reachability over the jaxpr's equations; an equation that
-  reads the input counts as depending on it)."""
-  jaxpr = closed.jaxpr
-  reached = set(jaxpr.invars)
-  for eqn in jaxpr.eqns:
-    read = [v for v in eqn.invars if not isinstance(v, jax_core.Literal)]
-    if any(v in reached for v in read):
-      reached.update(eqn.outvars)
-  outputs_read = [
-      v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal)
-  ]
-  return any(v in reached for v in outputs_read)
-
-
-def check_uses_embed_delta(
-    token_loss_fn: Callable[..., Array], params: Any, delta: Array, batch, args
-) -> None:
-  """Refuses a ``token_loss_fn`` whose token losses do not depend on
-  ``embed_delta``: every ``occ_*``, ``row_sq`` and ``downstream``-based ratio
-  would be silently 0. Traces the function once more (no compilation)."""
-  closed = jax.make_jaxpr(lambda d: token_loss_fn(params, d, batch, *args))(
-      delta
-  )
-  if _depends_on_input(closed):
-    return
-  raise ValueError(
-      'token_loss_fn never uses embed_delta, so the statistics would all be 0:'
-      ' add it to the token+position embedding sum, e.g. `x ='
-      ' token_rows + position_rows + embed_delta` (float32 [B, T, D] zeros),'
-      ' or pass collect=False for the loss fields only.'
-  )
-
-
 def value_and_grad_with_position_stats(
     token_loss_fn: Callable[..., Array],
     num_positions: int,
@@ -261,6 +256,7 @@ def value_and_grad_with_position_stats(
     collect: bool = True,
     finish: bool = True,
     check_positions: bool = True,
+    check_signal: bool = True,
 ) -> Callable[..., tuple]:
   """Loss, parameter gradients and per-position statistics of any model, in one
   backward pass.
@@ -269,8 +265,8 @@ def value_and_grad_with_position_stats(
     token_loss_fn: ``(params, embed_delta, batch, *args) -> [B, T]`` float32
       token losses of any ``params`` pytree and batch (``flax_posemb.batch``);
       it adds ``embed_delta`` (zeros, float32 ``[B, T, D]``) to the
-      token+position embedding sum. One that never uses ``embed_delta`` is
-      refused (ValueError) when ``f`` is first traced.
+      token+position embedding sum. One whose ``embed_delta`` gradient is 0 by
+      construction is refused (ValueError) when ``f`` is first traced.
     num_positions: rows ``P`` of the position table (ids of real tokens must be
       below it).
     embed_dim: width ``D`` of the embedding sum.
@@ -279,9 +275,14 @@ def value_and_grad_with_position_stats(
     finish: False leaves ``row_grad`` unsquared, for summing microbatches
       (then ``finish()``).
     check_positions: refuse a real token whose position id is outside ``[0,
-      P)`` (`check_real_positions`: eagerly a ValueError, under ``jax.jit`` a
-      ``JaxRuntimeError`` with its message). False: the caller has checked
-      the batch already (the training loop, at ``sharding.global_batch``).
+      P)`` (`stats_checks.check_real_positions`: eagerly a ValueError, under
+      ``jax.jit`` a ``JaxRuntimeError`` with its message). False: the caller
+      has checked the batch already (the training loop, at
+      ``sharding.global_batch``).
+    check_signal: refuse, when the step runs, statistics that are all 0 while
+      the batch has scored targets (`stats_checks.check_nonzero_signal`,
+      raised the same way). False: the caller's model is known to add
+      ``embed_delta`` (the training loop's).
 
   Returns:
     ``f(params, batch, *args, denominator=None) -> (loss, grads, stats)``: the
@@ -289,21 +290,23 @@ def value_and_grad_with_position_stats(
     gradient, and ``PositionStats`` without ``update_sq`` (added by
     ``PositionStatistics.inside_step``).
   """
-  # Whether token_loss_fn was seen to use embed_delta: the dependence is
-  # structural, one trace shows it.
+  # Whether token_loss_fn's gradient was seen to reach embed_delta: the
+  # dependence is structural, one trace shows it.
   checked_delta = False
 
   def f(params, batch, *args, denominator=None):
     nonlocal checked_delta
     if check_positions:
-      check_real_positions(batch, num_positions)
+      stats_checks.check_real_positions(batch, num_positions)
     mask = batch['loss_mask'].astype(jnp.float32)
     denom = (
         jnp.maximum(jnp.sum(mask), 1.0) if denominator is None else denominator
     )
     delta = jnp.zeros(batch['positions'].shape + (embed_dim,), jnp.float32)
     if collect and not checked_delta:
-      check_uses_embed_delta(token_loss_fn, params, delta, batch, args)
+      stats_checks.check_gradient_reaches_delta(
+          token_loss_fn, params, delta, batch, args
+      )
       checked_delta = True
 
     def mean_loss(p, delta):
@@ -319,6 +322,8 @@ def value_and_grad_with_position_stats(
     if not collect:
       return loss, grads, loss_stats(tl, batch, num_positions)
     stats = occurrence_stats(g_delta * denom, tl, batch, num_positions)
+    if check_signal:
+      stats_checks.check_nonzero_signal(stats.loss_count, stats.occ_sq)
     return loss, grads, stats.finish() if finish else stats
 
   return f
@@ -388,6 +393,9 @@ class PositionStatistics:
     # exact, since step 0
     self.cumulative_count = np.zeros(num_positions, np.int64)
     self.first_step = 1  # of the current window
+    # Whether the window files in `directory` are this run's: after its first
+    # write, or once restored (it continues the run that wrote them).
+    self.owns_directory = False
 
   def value_and_grad(
       self,
@@ -395,9 +403,20 @@ class PositionStatistics:
       *,
       finish: bool = True,
       check_positions: bool = True,
+      check_signal: bool = True,
   ) -> Callable[..., tuple]:
-    """``value_and_grad_with_position_stats`` for this table (same
-    arguments)."""
+    """`value_and_grad_with_position_stats` for this table and ``collect``.
+
+    Args:
+      token_loss_fn: ``(params, embed_delta, batch, *args) -> [B, T]`` token
+        losses.
+      finish: False leaves ``row_grad`` unsquared (microbatches).
+      check_positions: refuse a real token's id outside the table.
+      check_signal: refuse all-zero statistics where targets are scored.
+
+    Returns:
+      ``f(params, batch, *args, denominator=None) -> (loss, grads, stats)``.
+    """
     return value_and_grad_with_position_stats(
         token_loss_fn,
         self.num_positions,
@@ -405,11 +424,16 @@ class PositionStatistics:
         collect=self.collect,
         finish=finish,
         check_positions=check_positions,
+        check_signal=check_signal,
     )
 
   def init(self) -> PositionStats:
-    """An empty window (a new buffer each call: a jitted step may donate the
-    last one)."""
+    """An empty window.
+
+    Returns:
+      All-zero ``PositionStats`` of this table, a new buffer each call (a
+      jitted step may donate the last one).
+    """
     return PositionStats.zeros(self.num_positions, collect=self.collect)
 
   def inside_step(
@@ -419,9 +443,17 @@ class PositionStatistics:
       old_table: Array | None = None,
       new_table: Array | None = None,
   ) -> PositionStats:
-    """In the jitted step: ``window`` plus the step's ``stats``, whose
-    ``update_sq`` comes from the ``[P, D]`` tables before and after the update
-    (zeros without a table)."""
+    """Adds a step's statistics to the window, in the jitted step.
+
+    Args:
+      window: the window so far.
+      stats: the step's (finished or not) from ``value_and_grad``.
+      old_table: the ``[P, D]`` table before the update (None: no table).
+      new_table: the ``[P, D]`` table after it.
+
+    Returns:
+      ``window + stats``, ``update_sq`` of the two tables (zeros without).
+    """
     stats = stats.finish()
     if stats.occ_norm is not None:
       if old_table is None or new_table is None:
@@ -432,29 +464,44 @@ class PositionStatistics:
     return window + stats
 
   def window_ends(self, step: int) -> bool:
-    """Whether a window ends after ``step`` (the one rule; a loop asks it)."""
+    """Whether a window ends after ``step`` (the one rule; a loop asks it).
+
+    Args:
+      step: a step number (the first step is 1).
+
+    Returns:
+      True at multiples of ``log_every`` and at ``last_step``.
+    """
     return step % self.log_every == 0 or step == self.last_step
 
   def on_step(
       self, step: int, window: PositionStats, *, table: Any = None
   ) -> PositionStats:
-    """On the host after ``step``: at a window end, writes and reports the
-    window (``table``: the ``[P, D]`` table after ``step``, for drift) and
-    returns a new one; else ``window``."""
+    """Ends the window on the host after ``step`` where ``window_ends`` says.
+
+    Writes ``window_STEP.npz`` (the first write refuses a ``directory`` that
+    holds another run's window files: `stats_window.check_directory`) and
+    reports the window to the writer.
+
+    Args:
+      step: the step just done.
+      window: the window (device or host arrays).
+      table: the ``[P, D]`` table after ``step``, for drift (None: no drift).
+
+    Returns:
+      A new empty window at a window end, else ``window``.
+    """
     if not self.window_ends(step):
       return window
     host = window.to_numpy()
+    if self.directory is not None and not self.owns_directory:
+      stats_window.check_directory(self.directory)
+      self.owns_directory = True
     self.cumulative_count = self.cumulative_count + host['count']
     if self.directory is not None:
-      path = os.path.join(self.directory, outputs.WINDOW_FILE.format(step=step))
-      window_file = {
-          'step': np.int64(step),
-          'first_step': np.int64(self.first_step),
-          'num_steps': np.int64(step - self.first_step + 1),
-          'cumulative_count': self.cumulative_count,
-          **host,
-      }
-      outputs.save_npz(path, window_file)
+      stats_window.write_window(
+          self.directory, step, self.first_step, host, self.cumulative_count
+      )
     if self.writer is not None:
       drift = None
       if table is not None and self.initial_table is not None:
@@ -469,46 +516,44 @@ class PositionStatistics:
       window: Mapping[str, np.ndarray],
       drift: np.ndarray | None = None,
   ) -> None:
-    """Writes a window's curves: a scalar per position bucket and curve (NaN
-    skipped), and with ``curve_image`` a line plot of each."""
-    per_bucket = bucket_curves(window, self.bucket_edges, drift)
-    for name, values in per_bucket.items():
-      for start, end, value in zip(
-          self.bucket_edges[:-1], self.bucket_edges[1:], values
-      ):
-        if np.isfinite(value):
-          tag = f'positions_{name}/{start:05d}-{end:05d}'
-          self.writer.add_scalar(tag, float(value), step)
-    if self.curve_image is None:
-      return
-    steps = f'steps {self.first_step}-{step}'
-    for name, values in window_curves(window, drift).items():
-      self.writer.add_image(
-          f'positions/{name}',
-          self.curve_image(name, values, steps),
-          global_step=step,
-          dataformats='HWC',
-      )
+    """Writes a window's curves to the writer (`stats_window.report_window`).
+
+    Args:
+      step: the window's last step.
+      window: host arrays of its fields.
+      drift: ``[P]`` drift of each row, or None.
+    """
+    stats_window.report_window(
+        self.writer,
+        step,
+        self.first_step,
+        window,
+        self.bucket_edges,
+        drift=drift,
+        curve_image=self.curve_image,
+    )
 
   def report_table(self, step: int, table: Any) -> None:
     """The ``[P, D]`` table's cosine similarity as an image (red 1, white 0,
-    blue -1)."""
-    if self.writer is None:
-      return
-    # row 0 at the bottom
-    c = np.clip(analysis.cosine_similarity(table), -1.0, 1.0)[::-1]
-    rgb = np.stack(
-        [np.minimum(1 + c, 1), 1 - np.abs(c), np.minimum(1 - c, 1)], axis=-1
-    )
-    self.writer.add_image(
-        'positions/cosine_similarity',
-        (255 * rgb).astype(np.uint8),
-        global_step=step,
-        dataformats='HWC',
-    )
+    blue -1), if there is a writer.
+
+    Args:
+      step: the image's step.
+      table: the ``[P, D]`` position table.
+    """
+    if self.writer is not None:
+      stats_window.report_table(self.writer, step, table)
 
   def state(self, window: PositionStats) -> dict[str, Any]:
-    """This object's part of a checkpoint: host numpy arrays and scalars."""
+    """This object's part of a checkpoint.
+
+    Args:
+      window: the current window.
+
+    Returns:
+      Host numpy arrays and ints: ``window`` (its fields),
+      ``cumulative_count`` ``[P]`` int64, ``window_first_step``.
+    """
     return dict(
         window=window.to_numpy(),
         cumulative_count=self.cumulative_count,
@@ -516,100 +561,20 @@ class PositionStatistics:
     )
 
   def restore(self, saved: Mapping[str, Any]) -> PositionStats:
-    """Loads ``state``'s output; returns the window to continue (host arrays).
-    Fields this object does not collect are dropped; ones it collects but
-    ``saved`` lacks start at 0."""
+    """Continues the run whose ``state`` is ``saved``; its window files in
+    ``directory`` are then this object's.
+
+    Args:
+      saved: ``state``'s output, as saved.
+
+    Returns:
+      The window to continue (host arrays): fields this object does not
+      collect dropped, ones ``saved`` lacks at 0.
+    """
     self.cumulative_count = np.asarray(saved['cumulative_count'], np.int64)
     self.first_step = int(saved['window_first_step'])
+    self.owns_directory = True
     window = {}
     for key, zeros in self.init().items():
       window[key] = np.asarray(saved['window'].get(key, zeros), zeros.dtype)
     return PositionStats(**window)
-
-
-def window_curves(
-    window: Mapping[str, Any], drift: np.ndarray | None = None
-) -> dict[str, np.ndarray]:
-  """``[P]`` float64 per-position curves of a window (a ``PositionStats``, a
-  window file): ``count``, ``loss`` (``loss_sum / loss_count``, the training
-  loss), with statistics ``signal_per_occurrence``, ``coherence``,
-  ``update_sq``, ``row_sq``, ``occ_norm``, and ``drift`` if given."""
-  ratios = derived(window)
-  curves = {
-      'count': np.asarray(window['count'], np.float64),
-      'loss': ratios['mean_loss'],
-  }
-  if 'occ_norm' in window:
-    curves['signal_per_occurrence'] = ratios['signal_per_occurrence']
-    curves['coherence'] = ratios['coherence']
-    for key in ('update_sq', 'row_sq', 'occ_norm'):
-      curves[key] = np.asarray(window[key], np.float64)
-  if drift is not None:
-    curves['drift'] = np.asarray(drift, np.float64)
-  return curves
-
-
-def bucket_curves(
-    window: Mapping[str, Any],
-    edges: np.ndarray,
-    drift: np.ndarray | None = None,
-) -> dict[str, np.ndarray]:
-  """``[nb]`` float64 per bucket of ``edges`` ``[nb + 1]`` (0 to ``P``) of each
-  `window_curves` curve: the ratios (``loss``, ``signal_per_occurrence``,
-  ``coherence``) as the ratio of the bucket's sums, as if the bucket were one
-  position; the others as the mean over the bucket's positions. NaN where a
-  ratio is undefined."""
-  starts = np.asarray(edges[:-1])
-  widths = np.diff(edges).astype(np.float64)
-
-  def total(values):
-    return np.add.reduceat(np.asarray(values, np.float64), starts)
-
-  count = np.asarray(window['count'], np.float64)
-  out = {
-      'count': total(count) / widths,
-      'loss': _ratio(total(window['loss_sum']), total(window['loss_count'])),
-  }
-  if 'occ_norm' in window:
-    out['signal_per_occurrence'] = _ratio(
-        total(window['occ_norm']), total(count)
-    )
-    out['coherence'] = _ratio(
-        total(window['row_sq']), total(count * np.asarray(window['occ_sq']))
-    )
-    for key in ('update_sq', 'row_sq', 'occ_norm'):
-      out[key] = total(window[key]) / widths
-  if drift is not None:
-    out['drift'] = total(drift) / widths
-  return out
-
-
-def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
-  """``numerator / denominator``, NaN where the denominator is not > 0."""
-  with np.errstate(divide='ignore', invalid='ignore'):
-    return np.where(
-        denominator > 0,
-        numerator / np.where(denominator > 0, denominator, 1.0),
-        np.nan,
-    )
-
-
-def derived(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:
-  """``[P]`` float64 ratios ``coherence``, ``signal_per_occurrence``,
-  ``signal_per_downstream`` and ``mean_loss`` (docs/DESIGN.md § Statistics) of a
-  mapping with (some of) ``FIELDS`` (a ``PositionStats``, a window file), NaN
-  where undefined or not collected."""
-  size = len(np.asarray(stats['count']))
-  s = {}
-  for key in FIELDS:
-    if key in stats:
-      s[key] = np.asarray(stats[key], np.float64)
-    else:
-      s[key] = np.full(size, np.nan)
-
-  return {
-      'coherence': _ratio(s['row_sq'], s['count'] * s['occ_sq']),
-      'signal_per_occurrence': _ratio(s['occ_norm'], s['count']),
-      'signal_per_downstream': _ratio(s['occ_norm'], s['downstream']),
-      'mean_loss': _ratio(s['loss_sum'], s['loss_count']),
-  }

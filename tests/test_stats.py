@@ -9,7 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flax_posemb import segments
 from flax_posemb import stats
+from flax_posemb import stats_window
 
 B, T, D, V, L = 3, 8, 5, 7, 12  # batch, length, width, vocab, table rows
 
@@ -54,6 +56,15 @@ def make_batch(seed=0):
   )
 
 
+def brute_force_context(segment_row, t):
+  """Tokens before column ``t`` of the row that column ``t`` attends to: the
+  same segment, no break in between."""
+  context = 0
+  while t - context > 0 and segment_row[t - context - 1] == segment_row[t]:
+    context += 1
+  return context
+
+
 def token_losses(logits, targets):
   return -jnp.take_along_axis(
       jax.nn.log_softmax(logits), targets[..., None], -1
@@ -63,7 +74,7 @@ def token_losses(logits, targets):
 def test_downstream_counts_later_scored_targets_in_segment():
   batch = make_batch()
   got = np.asarray(
-      stats.downstream_targets(batch['segment_ids'], batch['loss_mask'])
+      segments.downstream_targets(batch['segment_ids'], batch['loss_mask'])
   )
   want = np.zeros((B, T))
   for b in range(B):
@@ -104,6 +115,7 @@ def per_example_oracle(sum_loss, params, batch):
   g = np.asarray(jax.vmap(one)(batch), np.float64)  # [B, T, D]
   tl = np.asarray(sum_loss(params, jnp.zeros((B, T, D)), batch)[1], np.float64)
   want = {k: np.zeros(L) for k in stats.FIELDS if k != 'update_sq'}
+  want['context_count'] = np.zeros((L, segments.context_buckets(L)))
   gsum = np.zeros((L, D))
   for b in range(B):
     for t in range(T):
@@ -111,6 +123,9 @@ def per_example_oracle(sum_loss, params, batch):
       if batch['segment_ids'][b, t] > 0:
         n = np.linalg.norm(g[b, t])
         want['count'][p] += 1
+        context = brute_force_context(batch['segment_ids'][b], t)
+        want['full_context_count'][p] += context == p
+        want['context_count'][p, int(context).bit_length()] += 1
         want['occ_norm'][p] += n
         want['occ_sq'][p] += n * n
         same = batch['segment_ids'][b] == batch['segment_ids'][b, t]
@@ -284,6 +299,24 @@ def test_out_of_range_id_of_a_real_token_is_refused_eagerly(setup, bad):
     f(params, batch)
 
 
+def test_position_refusals_speak_the_librarys_arguments(setup):
+  model, params, batch = setup
+  f = stats.value_and_grad_with_position_stats(
+      _standin_token_loss_fn(model), L, D
+  )
+  for bad, fix in (
+      (L, f'pass num_positions >= {L + 1}'),
+      (-1, 'segment_ids 0'),
+  ):
+    bad_batch = dict(batch, positions=batch['positions'].copy())
+    bad_batch['positions'][2, 7] = bad
+    with pytest.raises(ValueError) as refused:
+      f(params, bad_batch)
+    assert fix in str(refused.value)
+    for cli_word in ('model.max_len', 'data.seq_len', 'train.py', '--config'):
+      assert cli_word not in str(refused.value)
+
+
 @pytest.mark.smoke
 def test_out_of_range_id_of_a_real_token_is_refused_under_jit(setup):
   model, params, batch = setup
@@ -331,6 +364,163 @@ def test_loss_fn_that_ignores_embed_delta_is_refused(setup):
       token_loss_fn, L, D, collect=False
   )
   assert np.isfinite(float(jax.jit(off)(params, batch)[0]))
+
+
+def _delta_reaching(model, reach):
+  """A token loss function whose embed_delta goes through ``reach(delta, b)``
+  before the model adds it."""
+
+  def token_loss_fn(p, embed_delta, b):
+    logits = model.apply(
+        {'params': p},
+        b['inputs'],
+        b['positions'],
+        b['segment_ids'],
+        embed_delta=reach(embed_delta, b),
+    )
+    return token_losses(logits, b['targets'])
+
+  return token_loss_fn
+
+
+def test_a_delta_behind_stop_gradient_is_refused_when_traced(setup):
+  model, params, batch = setup
+  f = stats.value_and_grad_with_position_stats(
+      _delta_reaching(model, lambda d, b: jax.lax.stop_gradient(d)), L, D
+  )
+  with pytest.raises(ValueError, match='stop_gradient.*add it to the token'):
+    jax.jit(f)(params, batch)
+
+
+# A delta that reaches the loss in the jaxpr, with a gradient that is 0.
+ZERO_GRADIENT_DELTAS = {
+    'zero_factor': lambda d, b: 0.0 * d,
+    'dead_branch': lambda d, b: jnp.where(
+        (b['positions'] < 0)[..., None], d, jnp.zeros_like(d)
+    ),
+}
+
+
+@pytest.mark.parametrize('name', list(ZERO_GRADIENT_DELTAS))
+def test_a_delta_with_zero_gradient_is_refused_when_the_step_runs(setup, name):
+  model, params, batch = setup
+  reach = ZERO_GRADIENT_DELTAS[name]
+  f = stats.value_and_grad_with_position_stats(
+      _delta_reaching(model, reach), L, D
+  )
+  with pytest.raises(ValueError, match='exactly 0 at every token.*19 scored'):
+    f(params, batch)
+  with pytest.raises(jax.errors.JaxRuntimeError, match='exactly 0 at every'):
+    jax.block_until_ready(jax.jit(f)(params, batch))
+  # No scored target: nothing to measure, nothing refused.
+  unscored = dict(batch, loss_mask=np.zeros_like(batch['loss_mask']))
+  jax.block_until_ready(jax.jit(f)(params, unscored))
+  off = stats.value_and_grad_with_position_stats(
+      _delta_reaching(model, reach), L, D, check_signal=False
+  )
+  jax.block_until_ready(jax.jit(off)(params, batch))
+
+
+def packed_reset_batch():
+  """Two rows as `packed_reset` cuts a stream of documents: a row starts
+  mid-document (its position ids continue the document's, its context starts
+  at 0), a new segment starts where a document does (position id 0)."""
+  # The in-document position of each pair, as the packer reads them.
+  doc_positions = np.array(
+      [[5, 6, 7, 0, 1, 2, 3, 0, 1, 2], [3, 4, 0, 1, 2, 3, 4, 5, 6, 7]]
+  )
+  starts = doc_positions == 0
+  starts[:, 0] = True
+  segment_ids = np.cumsum(starts, axis=1).astype(np.int32)
+  return dict(
+      positions=doc_positions.astype(np.int32),
+      segment_ids=segment_ids,
+      loss_mask=np.ones(doc_positions.shape, np.float32),
+  )
+
+
+def test_full_context_count_is_the_brute_force_count_of_a_packed_reset_batch():
+  batch = packed_reset_batch()
+  got = stats.loss_stats(jnp.zeros((2, 10)), batch, 12)
+  want_full = np.zeros(12, np.int64)
+  want_by_context = np.zeros((12, segments.context_buckets(12)), np.int64)
+  for b in range(2):
+    for t in range(10):
+      p = batch['positions'][b, t]
+      context = brute_force_context(batch['segment_ids'][b], t)
+      want_full[p] += context == p
+      want_by_context[p, int(context).bit_length()] += 1
+  np.testing.assert_array_equal(got['full_context_count'], want_full)
+  np.testing.assert_array_equal(got['context_count'], want_by_context)
+  # The rows' first segments start mid-document: positions 5-7 and 3-4 are
+  # never seen at full context; the documents starting in the rows are.
+  assert int(got['full_context_count'].sum()) == 15 < int(got['count'].sum())
+  np.testing.assert_array_equal(got['context_count'].sum(-1), got['count'])
+
+
+def test_every_occurrence_of_a_natural_batch_is_full_context():
+  # natural: one document a row from position 0, padded.
+  segment_ids = np.array([[1] * 6 + [0] * 2, [1] * 8], np.int32)
+  positions = np.where(segment_ids > 0, np.arange(8), 0).astype(np.int32)
+  batch = dict(
+      positions=positions,
+      segment_ids=segment_ids,
+      loss_mask=(segment_ids > 0).astype(np.float32),
+  )
+  got = stats.loss_stats(jnp.zeros((2, 8)), batch, 8)
+  np.testing.assert_array_equal(got['full_context_count'], got['count'])
+  assert int(got['count'].sum()) == 14
+
+
+def test_exposure_summary_states_both_dimensions():
+  window = {
+      'count': np.array([4, 4, 2]),
+      'full_context_count': np.array([4, 1, 0]),
+      # contexts 0 | 1 | 2-3 (three buckets for 3 rows)
+      'context_count': np.array([[4, 0, 0], [3, 1, 0], [1, 0, 1]]),
+  }
+  got = stats_window.exposure_summary(window)
+  assert (got['tokens'], got['full_context_tokens']) == (10.0, 5.0)
+  assert got['full_context_share'] == 0.5
+  assert (got['min_row_full_context'], got['max_row_full_context']) == (0, 4)
+  assert (got['last_row_full_context'], got['last_row_tokens']) == (0, 2)
+  assert got['context_bucket_edges'] == [0, 1, 2, 4]
+  assert got['context_bucket_share'] == [0.8, 0.1, 0.1]
+  # Window files written before the context fields: rows only.
+  assert set(stats_window.exposure_summary({'count': window['count']})) == {
+      'tokens',
+      'min_row_tokens',
+      'max_row_tokens',
+  }
+
+
+def test_a_new_statistics_object_refuses_a_directory_of_another_runs_windows(
+    tmp_path,
+):
+  first = stats.PositionStatistics(4, 2, log_every=2, directory=str(tmp_path))
+  window = first.init()
+  for i in range(1, 5):
+    window = first.on_step(i, first.inside_step(window, _fake_step(i)))
+  saved = first.state(window)
+  before = (tmp_path / 'window_2.npz').read_bytes()
+  second = stats.PositionStatistics(4, 2, log_every=2, directory=str(tmp_path))
+  window = second.inside_step(second.init(), _fake_step(9))
+  second.on_step(1, window)  # not a window end: nothing written yet
+  with pytest.raises(ValueError) as refused:
+    second.on_step(2, window)
+  message = str(refused.value)
+  assert str(tmp_path) in message and 'window_2.npz, window_4.npz' in message
+  assert 'Pass a fresh directory=' in message
+  assert (tmp_path / 'window_2.npz').read_bytes() == before
+  # Restored from the first run's state, it continues that run there.
+  third = stats.PositionStatistics(4, 2, log_every=2, directory=str(tmp_path))
+  window = third.restore(saved)
+  third.on_step(6, third.inside_step(window, _fake_step(5)))
+  assert sorted(os.listdir(tmp_path)) == [
+      'window_2.npz',
+      'window_4.npz',
+      'window_6.npz',
+  ]
 
 
 def test_microbatch_sums_square_after_summing():
@@ -397,9 +587,12 @@ def test_position_stats_is_a_mapping_of_present_fields_and_a_pytree():
 def _fake_step(i, collect=True):
   """Statistics of a made-up step ``i`` (deterministic, different per step)."""
   s = stats.PositionStats.zeros(4, collect=collect)
-  return jax.tree.map(
-      lambda x: x + jnp.asarray(i * np.arange(1, 5), x.dtype), s
-  )
+
+  def add(x):
+    per_row = i * np.arange(1, 5).reshape((4,) + (1,) * (x.ndim - 1))
+    return x + jnp.asarray(per_row, x.dtype)
+
+  return jax.tree.map(add, s)
 
 
 def test_windows_files_hold_the_window_sums_and_exact_cumulative_counts(
@@ -500,6 +693,8 @@ def test_writer_gets_a_scalar_per_bucket_and_an_image_per_curve():
   want = {
       'count': [1.0, 3.0],
       'loss': [1.0, 1.0],
+      'full_context_count': [1.0, 3.0],
+      'full_context_share': [1.0, 1.0],
       'signal_per_occurrence': [1.0, 1.0],
       'coherence': [1.0, 9 / 29],
       'update_sq': [2.0, 2.0],
@@ -747,3 +942,12 @@ def test_a_user_loop_writes_the_trainers_windows_and_eval_analyzes_them(
   rho = summary['exposure']['spearman_mean_loss']
   assert f'mean_loss {rho:+.2f}' in proc.stdout
   assert '2 statistics windows, steps' in proc.stdout
+  by_context = summary['exposure_by_context']
+  full = 0
+  for name in ('window_2.npz', 'window_4.npz'):
+    with np.load(os.path.join(ref, name)) as z:
+      full += int(z['full_context_count'].sum())
+  assert by_context['full_context_tokens'] == full > 0
+  assert 'full-context exposure (context = position, as evaluated)' in (
+      proc.stdout
+  )

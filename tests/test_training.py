@@ -114,7 +114,8 @@ def test_step_statistics_equal_per_example_computation():
       params1['pos_embed']['embedding'], np.float64
   ) - np.asarray(params0['pos_embed']['embedding'], np.float64)
   want['update_sq'] = np.sum(delta**2, -1)
-  for k in stats.FIELDS:
+  # The context fields are pinned against brute force in tests/test_stats.py.
+  for k in set(stats.FIELDS) - {'full_context_count', 'context_count'}:
     w = want[k]
     np.testing.assert_allclose(
         got[k], w, rtol=1e-5, atol=1e-6 * np.max(np.abs(w)), err_msg=k
