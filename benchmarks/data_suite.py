@@ -86,7 +86,7 @@ def run_suite(opts) -> dict[str, Any]:
   out: dict[str, Any] = {'shapes': {}}
   with tempfile.TemporaryDirectory() as tmp:
     for shape in shapes:
-      runs = [('synthetic', p) for p in data.POLICIES]
+      runs = [('synthetic', p) for p in data.policies.names()]
       if not opts.mini:
         runs += [('stdlib', 'natural'), ('stdlib', 'packed')]
       rows = []

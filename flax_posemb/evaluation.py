@@ -20,7 +20,7 @@ from flax_posemb import defaults
 from flax_posemb import sharding
 from flax_posemb import train_step
 from flax_posemb import trees
-from flax_posemb.data.pipeline import PROVENANCE_KEYS
+from flax_posemb.data.windows import PROVENANCE_KEYS
 
 OFFSET_NOTE = (
     'Offset probe: each text is scored with position ids shifted by K while its'
@@ -275,16 +275,16 @@ def eval_settings(
         'the first window_len - K tokens; the largest valid '
         f'offset is {window_len - 1}.'
     )
-  if s['policy'] not in data_lib.pipeline.EVAL_POLICIES:
+  if s['policy'] not in data_lib.windows.EVAL_POLICIES:
     raise ValueError(
         f"Unknown evaluation position_policy {s['policy']!r}; use one of"
-        f' {data_lib.pipeline.EVAL_POLICIES}.'
+        f' {data_lib.windows.EVAL_POLICIES}.'
     )
-  data_lib.pipeline.check_window_start(s['window_start'])
+  data_lib.windows.check_window_start(s['window_start'])
   if int(s['seed']) < 0:
     raise ValueError(f"eval.seed must be >= 0, got {s['seed']}.")
-  data_lib.pipeline.check_split(config.data, s['split'])
-  s['min_doc_len'], s['min_start'] = data_lib.pipeline.deep_limits(
+  data_lib.corpus.check_split(config.data, s['split'])
+  s['min_doc_len'], s['min_start'] = data_lib.windows.deep_limits(
       window_len, s['min_doc_len'], s['min_start']
   )
   return s

@@ -14,13 +14,14 @@ import ml_collections
 import numpy as np
 
 from flax_posemb import checkpointing
+from flax_posemb import config as config_lib
+from flax_posemb import data as data_lib
 from flax_posemb import eval_report
 from flax_posemb import evaluation
 from flax_posemb import outputs
 from flax_posemb import preemption
 from flax_posemb import train_step
 from flax_posemb import training
-from flax_posemb.data import pipeline
 from flax_posemb.experiments import measures
 from flax_posemb.experiments import spec
 
@@ -50,18 +51,19 @@ def estimate_scored_per_row(
 ) -> float:
   """Mean ``loss_mask`` sum per row of ``config``'s training pipeline
   (docs/DESIGN.md, Budget)."""
-  short_share = float(config.data.schedule_fraction)
-  if config.data.position_policy == 'length_schedule' and 0 < short_share < 1:
-
-    def phase(fraction):
-      """The estimate with every step short (1.0) or every step long (0.0)."""
-      overrides = (('data.schedule_fraction', fraction),)
+  data = config_lib.RunConfig.from_config_dict(config).data
+  phases = data.policy.budget_phases(data)
+  if phases:
+    # A policy whose rows change in length during the run: the estimate of
+    # each phase's rows, weighted by its share of the steps.
+    estimate = 0.0
+    for share, fields in phases:
+      overrides = tuple((f'data.{k}', v) for k, v in fields.items())
       phase_config = spec.apply_overrides(config, overrides, 'budget')
-      return estimate_scored_per_row(phase_config, num_batches)
-
-    return short_share * phase(1.0) + (1.0 - short_share) * phase(0.0)
-  it = pipeline.make_train_iterator(
-      config.data,
+      estimate += share * estimate_scored_per_row(phase_config, num_batches)
+    return estimate
+  it = data_lib.make_train_iterator(
+      data,
       batch_size=int(config.batch_size),
       seed=int(config.seed),
       num_train_steps=int(config.num_train_steps),
