@@ -85,10 +85,10 @@ class CorpusLengths:
     """``[T]`` exposure of each position when every pair of every document
     is placed at its in-document position modulo ``T``."""
     positions = np.arange(self.seq_len)
+    counts = np.zeros(self.seq_len, np.int64)
     if not len(self.pairs):
-      return positions * 0
+      return counts
     rows_per_longest = int(self.pairs.max() // self.seq_len) + 1
-    return sum(
-        self.alive(positions + k * self.seq_len)
-        for k in range(rows_per_longest)
-    )
+    for k in range(rows_per_longest):
+      counts += self.alive(positions + k * self.seq_len)
+    return counts
