@@ -51,8 +51,8 @@ def estimate_scored_per_row(
 ) -> float:
   """Mean ``loss_mask`` sum per row of ``config``'s training pipeline
   (docs/DESIGN.md, Budget)."""
-  data = config_lib.RunConfig.from_config_dict(config).data
-  phases = data.policy.budget_phases(data)
+  run = config_lib.RunConfig.from_config_dict(config)
+  phases = run.data.policy.budget_phases(run.data)
   if phases:
     # A policy whose rows change in length during the run: the estimate of
     # each phase's rows, weighted by its share of the steps.
@@ -63,11 +63,11 @@ def estimate_scored_per_row(
       estimate += share * estimate_scored_per_row(phase_config, num_batches)
     return estimate
   it = data_lib.make_train_iterator(
-      data,
-      batch_size=int(config.batch_size),
-      seed=int(config.seed),
-      num_train_steps=int(config.num_train_steps),
-      max_len=int(config.model.max_len),
+      run.data,
+      batch_size=run.batch_size,
+      seed=run.seed,
+      num_train_steps=run.num_train_steps,
+      max_len=run.model.max_len,
   )
   scored = [
       np.asarray(next(it)['loss_mask']).sum(1) for _ in range(num_batches)
