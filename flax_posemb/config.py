@@ -1,4 +1,4 @@
-"""Typed, validated config sections (docs/DESIGN.md, Config).
+"""Typed, validated config sections (docs/DESIGN.md § Config).
 
 The `configs/*.py` files and every `--config.x=y` override stay
 `ml_collections.ConfigDict`s, as users know them; each entry point converts the
@@ -79,7 +79,8 @@ class EvalConfig:
   # distribution).
   position_policy: str = 'windows'
   # windows: first (a document's first T + 1 tokens) | deep (token-uniform
-  # windows inside long documents; text sources; docs/DESIGN.md).
+  # windows inside long documents; text sources; docs/DESIGN.md § Evaluation
+  # outputs).
   window_start: str = 'first'
   # deep: only documents of at least this many tokens; 0 = 4 * window length.
   min_doc_len: int = 0

@@ -1,6 +1,6 @@
 """Data layer: the data config, sources, tokenizers, position policies,
 training rows, evaluation windows and the exposure report
-(docs/DESIGN.md "Batch")."""
+(docs/DESIGN.md § Batch)."""
 
 from flax_posemb.data import policies
 from flax_posemb.data.config import DataConfig

@@ -1,5 +1,5 @@
 """The data section of a run's config, typed and validated once
-(docs/DESIGN.md, Config).
+(docs/DESIGN.md § Config).
 
 `DataConfig` checks its own fields in `__post_init__`; the position policy's
 own fields are checked by the policy's class (`flax_posemb.data.policies`),

@@ -1,6 +1,6 @@
 """What a data config reads: its documents per split, their vocabulary and
 identity, the synthetic corpus's reference losses, and the evaluation windows
-drawn from them (docs/DESIGN.md "Data policies and tokens")."""
+drawn from them (docs/DESIGN.md § Data policies and tokens)."""
 
 from collections.abc import Iterator
 import functools
@@ -106,7 +106,7 @@ def make_eval_batches(
     batch_size: windows per batch.
     policy: 'windows' (full-length documents) or 'natural' (training rows).
     seed: picks the documents.
-    window_start: 'first' or 'deep' (docs/DESIGN.md "Evaluation outputs").
+    window_start: 'first' or 'deep' (docs/DESIGN.md § Evaluation outputs).
     min_doc_len: deep: shortest document (0: 4 W).
     min_start: deep: first start (0: W).
 

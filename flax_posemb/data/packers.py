@@ -1,6 +1,7 @@
 """Grain iterators that cut the document stream into rows: packing,
-crops and the short phase of a length schedule (not Grain's packers:
-docs/DESIGN.md "Row order"); each restores exactly from its state."""
+crops and the short phase of a length schedule (not Grain's packers: the row
+order of docs/DESIGN.md § Data policies and tokens); each restores exactly
+from its state."""
 
 from collections.abc import Callable
 from typing import Any
@@ -224,7 +225,7 @@ class _PackIterator(grain.DatasetIterator):
 
 class CropIterDataset(grain.IterDataset):
   """Rows of the `crops` policy: crops placed whole and in order into rows
-  (docs/DESIGN.md "Data policies and tokens").
+  (docs/DESIGN.md § Data policies and tokens).
 
   A crop that does not fit the rest of a row starts the next one; the rest is
   padding. Each crop is its own segment at positions ``0 .. m - 1``.

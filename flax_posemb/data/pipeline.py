@@ -1,5 +1,5 @@
 """The training batches of a data config: its position policy's rows,
-batched, through Grain (docs/DESIGN.md "Batch")."""
+batched, through Grain (docs/DESIGN.md § Batch)."""
 
 import os
 import threading

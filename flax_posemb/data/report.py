@@ -1,5 +1,5 @@
-"""Position-exposure report, ``python -m flax_posemb.data`` (docs/DESIGN.md,
-data policies)."""
+"""Position-exposure report, ``python -m flax_posemb.data`` (docs/DESIGN.md
+§ Data policies and tokens)."""
 
 from typing import Any
 
@@ -58,7 +58,7 @@ def policy_shares(
 
   Returns:
     {policy name: {'token_share', 'last_over_first'}} (``max_len =
-    seq_len``; docs/DESIGN.md "Data policies and tokens").
+    seq_len``; docs/DESIGN.md § Data policies and tokens).
   """
   corpus = policies.CorpusLengths.of(
       doc_pairs, data.seq_len, data.min_doc_len, seed
@@ -210,7 +210,7 @@ def _eval_mix_or_problem(config) -> dict:
 
 def eval_kind_mix(config) -> dict[str, float]:
   """Share of the evaluation windows' scored tokens per document kind, for
-  the windows `config.eval` selects (docs/DESIGN.md "Evaluation outputs")."""
+  the windows `config.eval` selects (docs/DESIGN.md § Evaluation outputs)."""
   ev = config.eval
   window_len = ev.window_len or config.model.max_len
   min_doc_len, min_start = windows.deep_limits(
@@ -256,7 +256,8 @@ def batch_diversity(
     split_docs: int,
 ) -> dict[str, float | None]:
   """How often a batch's rows share a document, measured and for rows drawn
-  at random from the policy's epoch (docs/DESIGN.md "Row order").
+  at random from the policy's epoch (the row order of docs/DESIGN.md § Data
+  policies and tokens).
 
   Args:
     main_docs: ``[num_batches, b]`` each row's main document (-1: none).

@@ -1,5 +1,5 @@
 """Training rows: the pieces every position policy builds its rows from
-(docs/DESIGN.md "Data policies and tokens", "Row order").
+(docs/DESIGN.md § Data policies and tokens, its row order).
 
 A row is a dict of ``[T]`` arrays, the batch contract's keys
 (`flax_posemb.batch`) plus ``doc_ids`` (each token's document, -1: padding).
@@ -65,7 +65,7 @@ def natural_row(
 class DocOrder:
   """Document of stream position ``g``: epoch ``g // n`` is a permutation drawn
   from ``(seed, epoch)`` (identity if not shuffled); not `MapDataset.shuffle`:
-  docs/DESIGN.md "Row order"."""
+  the row order of docs/DESIGN.md § Data policies and tokens."""
 
   def __init__(self, n: int, seed: int, shuffle: bool = True):
     self.n = n

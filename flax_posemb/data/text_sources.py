@@ -1,7 +1,7 @@
 """Real text through TFDS array_record, without TensorFlow: the ``local_text``
 and ``stdlib`` corpora (built on first use), your own text prepared as a
-dataset (`prepare_dataset`), prepared TFDS datasets (docs/DESIGN.md "Data
-policies and tokens")."""
+dataset (`prepare_dataset`), prepared TFDS datasets (docs/DESIGN.md § Data
+policies and tokens)."""
 
 from collections.abc import Iterator
 import contextlib
@@ -103,7 +103,8 @@ def prepare_dataset(
 
   Built in a hidden directory of `ddir` and swapped in only when complete and
   readable, with `PREPARED_FROM` (its inputs and their SHA-256): a refused or
-  interrupted run changes nothing (docs/DESIGN.md "Prepared datasets")."""
+  interrupted run changes nothing (Prepared datasets in docs/DESIGN.md § Data
+  policies and tokens)."""
   if hf_dataset:
     files: tuple[str, ...] = ()
     what = hf_dataset

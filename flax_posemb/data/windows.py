@@ -1,5 +1,5 @@
 """Evaluation windows of a split's documents, with their provenance
-(docs/DESIGN.md "Evaluation outputs").
+(docs/DESIGN.md § Evaluation outputs).
 
 A window is ``W + 1`` consecutive tokens of one document, scored at positions
 0 .. W-1: a document's first tokens ('first'), or token-uniform slots inside
@@ -184,7 +184,7 @@ def _deep_windows(
     seed: int,
 ) -> list[Window]:
   """`num_windows` random slots of ``w + 1`` tokens of the `deep_region`s
-  (docs/DESIGN.md)."""
+  (docs/DESIGN.md § Evaluation outputs)."""
   lengths = np.array(
       [len(src.doc(i, max_pairs=None)) for i in range(len(src))], np.int64
   )

@@ -50,7 +50,7 @@ def estimate_scored_per_row(
     config: ml_collections.ConfigDict, num_batches: int
 ) -> float:
   """Mean ``loss_mask`` sum per row of ``config``'s training pipeline
-  (docs/DESIGN.md, Budget)."""
+  (the budget rule, docs/DESIGN.md § Experiments outputs)."""
   run = config_lib.RunConfig.from_config_dict(config)
   phases = run.data.policy.budget_phases(run.data)
   if phases:

@@ -1,5 +1,5 @@
 """The `crops` policy: crops placed whole into rows, each its own segment
-from position 0 (docs/DESIGN.md "Data policies and tokens")."""
+from position 0 (docs/DESIGN.md § Data policies and tokens)."""
 
 import grain
 import numpy as np

@@ -1,5 +1,5 @@
 """Policies of one document per row: natural, random_offset, resampled and
-length_schedule (docs/DESIGN.md "Data policies and tokens")."""
+length_schedule (docs/DESIGN.md § Data policies and tokens)."""
 
 import grain
 import numpy as np

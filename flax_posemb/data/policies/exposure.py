@@ -1,6 +1,6 @@
 """The analytic exposure model the policies share: what one epoch of a corpus
-gives each position (the data report's table of policies, docs/DESIGN.md
-"Data policies and tokens")."""
+gives each position (the data report's table of policies, docs/DESIGN.md §
+Data policies and tokens)."""
 
 import dataclasses
 from typing import Any

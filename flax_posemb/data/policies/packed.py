@@ -1,5 +1,5 @@
 """Policies that cut the document stream into rows: packed, packed_reset and
-natural_chunked (docs/DESIGN.md "Data policies and tokens")."""
+natural_chunked (docs/DESIGN.md § Data policies and tokens)."""
 
 import grain
 import numpy as np
