@@ -24,6 +24,7 @@ import numpy as np
 from safetensors import safe_open
 
 from flax_posemb import checkpointing
+from flax_posemb import config as config_lib
 from flax_posemb import data as data_lib
 from flax_posemb import evaluation
 from flax_posemb import initializers
@@ -406,7 +407,8 @@ def import_config(
   config.data.hf_tokenizer = os.path.abspath(tokenizer_dir)
   config.init_from = ''
   model_config = model_lib.ModelConfig.from_config(config.model)
-  data_lib.validate_config(config.data, max_len=model_config.max_len)
+  data_config = config_lib.RunConfig.from_config_dict(config).data
+  data_lib.check_fits_model(data_config, max_len=model_config.max_len)
   return config
 
 

@@ -21,6 +21,7 @@ import tqdm
 from flax_posemb import auto as auto_lib
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import checkpointing
+from flax_posemb import config as config_lib
 from flax_posemb import data as data_lib
 from flax_posemb import eval_report
 from flax_posemb import evaluation
@@ -66,8 +67,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
         ' --config.seed=0 (or another seed in range).'
     )
   model_config = model_lib.ModelConfig.from_config(config.model)
-  data_lib.validate_config(config.data, max_len=model_config.max_len)
-  vocab = data_lib.vocab_size(config.data)
+  data_config = config_lib.RunConfig.from_config_dict(config).data
+  data_lib.check_fits_model(data_config, max_len=model_config.max_len)
+  vocab = data_lib.vocab_size(data_config)
   if vocab > model_config.vocab_size:
     raise ValueError(
         f'The data has token ids up to {vocab - 1} but model.vocab_size='
@@ -199,8 +201,9 @@ def train_and_evaluate(
   sharding.check_batch_layout(config, mesh)
   # Opened before anything is written: data that cannot be read leaves no
   # trace in the workdir.
+  data_config = config_lib.RunConfig.from_config_dict(config).data
   data_iter = data_lib.make_train_iterator(
-      config.data,
+      data_config,
       batch_size=int(config.batch_size),
       seed=int(config.seed),
       num_train_steps=int(config.num_train_steps),
@@ -208,7 +211,7 @@ def train_and_evaluate(
       process_count=jax.process_count(),
       max_len=int(config.model.max_len),
   )
-  dataset = data_lib.dataset_identity(config.data)
+  dataset = data_lib.dataset_identity(data_config)
   created = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
   try:

@@ -119,15 +119,15 @@ def test_it_trains_a_run_and_has_its_exposure_report(tmp_path):
   rep = report.exposure(typed, num_batches=3, num_source_docs=50)
   t = typed.data.seq_len
   assert rep['policy'] == RightAligned.name
-  # Every row ends at position T - 1: it counts every row.
+  # Every row ends at position T - 1: it counts every row, and each earlier
+  # position the rows long enough to reach back to it.
   assert rep['counts'][-1] == 3 * typed.batch_size
+  assert np.all(np.diff(rep['counts']) >= 0)
+  # Its analytic model: natural's tokens, late positions trained most (the
+  # first tenth may see no document at all: no ratio then).
   mine = rep['policies'][RightAligned.name]
-  assert mine == {
-      'token_share': rep['policies']['natural']['token_share'],
-      'last_over_first': pytest.approx(
-          1 / rep['policies']['natural']['last_over_first']
-      ),
-  }
+  assert mine['token_share'] == rep['policies']['natural']['token_share']
+  assert mine['last_over_first'] is None or mine['last_over_first'] > 1
   assert rep['token_share'] == mine['token_share']
   text = report.format_report(rep)
   assert f'* {RightAligned.name}' in text
