@@ -266,6 +266,17 @@ class RunConfig:
     """The config as the nested dict of `defaults.base()`'s layout."""
     return dataclasses.asdict(self)
 
+  def to_json(self, **kwargs) -> str:
+    """The config as JSON (``json.dumps`` ``kwargs``): config.json's text and
+    the values a checkpoint's config is compared with."""
+    return json.dumps(self.to_dict(), **kwargs)
+
+
+def data_config(values: Mapping[str, Any] | Any) -> DataConfig:
+  """The typed data section alone, of a ConfigDict or mapping (a tool's or a
+  test's own ``config.data``)."""
+  return _build(DataConfig, values, 'data')
+
 
 def _to_dict(config: Mapping[str, Any] | Any) -> dict[str, Any]:
   """A plain nested dict of a ConfigDict or mapping."""

@@ -4,19 +4,17 @@ streaming accumulation, summaries (docs/DESIGN.md, "Evaluation outputs")."""
 from collections.abc import Callable, Iterable, Sequence
 import dataclasses
 import functools
-import json
 from typing import Any
 
 from absl import logging
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import tqdm
 
 from flax_posemb import buckets as buckets_lib
+from flax_posemb import config as config_lib
 from flax_posemb import data as data_lib
-from flax_posemb import defaults
 from flax_posemb import sharding
 from flax_posemb import train_step
 from flax_posemb import trees
@@ -225,14 +223,13 @@ def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def eval_settings(
-    config: ml_collections.ConfigDict, overrides: dict[str, Any]
+    config: config_lib.RunConfig, overrides: dict[str, Any]
 ) -> dict[str, Any]:
   """The ``eval`` section of ``config`` with ``overrides`` (None = keep) and the
   probe's ``offsets``, resolved (0 = default) and checked: the one place."""
-  ev = defaults.evaluation().to_dict()
-  ev.update(config.get('eval', ml_collections.ConfigDict()).to_dict())
+  ev = dataclasses.asdict(config.eval)
   s = {
-      'split': config.data.get('eval_split', defaults.data().eval_split),
+      'split': config.data.eval_split,
       'policy': ev['position_policy'],
       'window_len': ev['window_len'] or config.model.max_len,
       **{
@@ -291,12 +288,12 @@ def eval_settings(
 
 
 def make_batches(
-    config: ml_collections.ConfigDict, s: dict[str, Any]
+    config: config_lib.RunConfig, s: dict[str, Any]
 ) -> tuple[dict[str, np.ndarray], ...]:
   """`data.make_eval_batches` of the settings ``s``, built once per process
   (read-only)."""
   return _batches(
-      json.dumps(config.data.to_dict(), sort_keys=True, default=str),
+      config.data,
       split=s['split'],
       policy=s['policy'],
       num_windows=int(s['num_windows']),
@@ -309,10 +306,11 @@ def make_batches(
   )
 
 
-# Keyed by the data config's JSON and the settings.
+# Keyed by the (frozen) data section and the settings.
 @functools.lru_cache(maxsize=4)
-def _batches(data_json: str, **settings) -> tuple[dict[str, np.ndarray], ...]:
-  data_config = ml_collections.ConfigDict(json.loads(data_json))
+def _batches(
+    data_config: config_lib.DataConfig, **settings
+) -> tuple[dict[str, np.ndarray], ...]:
   return tuple(data_lib.make_eval_batches(data_config, **settings))
 
 
@@ -326,7 +324,7 @@ def expected_params(model) -> Any:
 def run_evaluation(
     model,
     params,
-    config: ml_collections.ConfigDict,
+    config: config_lib.RunConfig,
     *,
     step: int | None = None,
     offsets: Sequence[int] | None = None,

@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT
 from conftest import SUBPROCESS_ENV
 from flax_posemb import cli
+from flax_posemb import config as config_lib
 from flax_posemb import preemption
 
 TRAIN = [
@@ -447,7 +448,7 @@ def test_invalid_utf8_is_replaced_or_skipped_and_counted(
   src = pipeline.make_source(c.data, 'train')
   assert len(src) == docs
   assert any('\ufffd' in src.text(i) for i in range(len(src))) == replaced
-  rep = report.exposure(c, num_batches=1)
+  rep = report.exposure(config_lib.RunConfig.from_config_dict(c), num_batches=1)
   assert (
       rep['decode_errors']['documents'] == 1
       and rep['decode_errors']['mode'] == mode

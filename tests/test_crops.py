@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import stream_chunks
+from flax_posemb import config as config_lib
 from flax_posemb import defaults
 from flax_posemb.data import lengths as lengths_lib
 from flax_posemb.data import pipeline
@@ -108,7 +109,7 @@ def _data(**overrides):
 
 def _batches(config, num_batches, batch_size=8, seed=0, num_train_steps=100):
   it = pipeline.make_train_iterator(
-      config,
+      config_lib.data_config(config),
       batch_size=batch_size,
       seed=seed,
       num_train_steps=num_train_steps,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
+from flax_posemb import config as config_lib
 from flax_posemb.data import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,7 +110,8 @@ def _long_text_arm(policy: str, shuffle_rows: int | None = None):
   overrides = [('batch_size', 4), ('data.position_policy', policy)]
   if shuffle_rows is not None:
     overrides.append(('data.shuffle_rows', shuffle_rows))
-  return spec.apply_overrides(run.config, overrides)
+  arm = spec.apply_overrides(run.config, overrides)
+  return config_lib.RunConfig.from_config_dict(arm)
 
 
 def test_long_text_streaming_batches_mix_documents_like_a_random_draw():

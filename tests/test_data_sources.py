@@ -13,6 +13,7 @@ import tensorflow_datasets as tfds
 
 from configs import gpt2_small
 from configs import tiny
+from flax_posemb import config as config_lib
 from flax_posemb import data
 from flax_posemb.data import long_text
 from flax_posemb.data import pipeline
@@ -558,6 +559,7 @@ def test_long_text_corpus_is_deduplicated_stripped_and_mixed(
   full = tiny.get_config()
   full.data = cfg.data
   full.model.max_len = 64
+  full = config_lib.RunConfig.from_config_dict(full)
   rep = report.exposure(full, num_batches=2, num_source_docs=0)
   assert rep['doc_length_stats']['docs'] == len(train)
   assert (

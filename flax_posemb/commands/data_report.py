@@ -15,6 +15,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from flax_posemb import cli
+from flax_posemb import config as config_lib
 from flax_posemb import plots
 from flax_posemb.data import report
 
@@ -54,7 +55,8 @@ def main(argv):
     cli.check_output_dir(
         os.path.dirname(os.path.abspath(_PNG.value)), 'the directory of --png'
     )
-  rep = report.exposure(_CONFIG.value, _NUM_BATCHES.value, _NUM_DOCS.value)
+  config = config_lib.RunConfig.from_config_dict(_CONFIG.value)
+  rep = report.exposure(config, _NUM_BATCHES.value, _NUM_DOCS.value)
   print(report.format_report(rep))
   if _JSON.value:
     with open(_JSON.value, 'w') as f:

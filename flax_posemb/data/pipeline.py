@@ -4,7 +4,6 @@ tokens")."""
 from collections.abc import Callable, Iterator, Sequence
 import difflib
 import functools
-import json
 import math
 import os
 import threading
@@ -13,7 +12,6 @@ from typing import Any
 
 from absl import flags
 import grain
-import ml_collections
 import numpy as np
 import numpy.typing as npt
 
@@ -52,11 +50,13 @@ def validate_config(data_config, max_len: int) -> None:
       ('position_policy', policies.POLICIES),
       ('on_decode_error', sources.DECODE_ERROR_MODES),
   ):
-    if c.get(key, 'replace') not in choices:
-      raise ValueError(_unknown_value(f'data.{key}', c[key], choices))
+    value = getattr(c, key)
+    if value not in choices:
+      raise ValueError(_unknown_value(f'data.{key}', value, choices))
   for key in ('num_workers', 'prefetch', 'shuffle_rows'):
-    if int(c.get(key, 0)) < 0:
-      raise ValueError(f'data.{key} must be >= 0, got {c[key]}.')
+    value = getattr(c, key)
+    if value < 0:
+      raise ValueError(f'data.{key} must be >= 0, got {value}.')
   if not 0 <= int(c.val_percent) <= 100:
     raise ValueError(
         f'data.val_percent must be in [0, 100], got {c.val_percent}.'
@@ -169,13 +169,12 @@ def natural_pairs(data_config, split: str) -> np.ndarray:
 
   Tokenizes the split once per process and data config (cached).
   """
-  key = json.dumps(data_config.to_dict(), sort_keys=True, default=str)
-  return np.asarray(_natural_pairs(key, split), np.int64)
+  return np.asarray(_natural_pairs(data_config, split), np.int64)
 
 
+# Keyed by the (frozen, hashable) data section.
 @functools.lru_cache(maxsize=4)
-def _natural_pairs(data_json: str, split: str) -> tuple[int, ...]:
-  c = ml_collections.ConfigDict(json.loads(data_json))
+def _natural_pairs(c, split: str) -> tuple[int, ...]:
   src = make_source(c, split)
   seq_len = int(c.seq_len)
   pairs = []
@@ -201,7 +200,7 @@ def _validate_synthetic(c) -> None:
     raise ValueError(
         'data.synthetic needs vocab_size >= 2, num_regimes >= 1, segment_len'
         ' >= 1, a finite concentration > 0, num_docs >= 1 and seed >= 0; got'
-        f' {synthetic.to_dict()}.'
+        f' {synthetic!r}.'
     )
   lengths_lib.parse(c.length_dist, seq_len)
   period = int(synthetic.num_regimes) * int(synthetic.segment_len)

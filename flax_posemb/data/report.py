@@ -326,7 +326,7 @@ def batch_diversity(
   pairs = np.asarray(doc_pairs, np.float64)
   # How many rows of an epoch each document fills.
   policy = data_config.position_policy
-  token_crops = data_config.get('crop_weighting', 'token') == 'token'
+  token_crops = data_config.crop_weighting == 'token'
   if policy == 'natural_chunked':
     rows = np.ceil(pairs / int(data_config.seq_len))
   elif policy in ('packed', 'packed_reset') or (

@@ -15,9 +15,9 @@ DECODE_ERROR_MODES = ('replace', 'skip', 'error')  # data.on_decode_error
 
 
 def decode_mode(data_config) -> str:
-  """``data.on_decode_error``; configs saved before the field existed mean
-  'replace'."""
-  return data_config.get('on_decode_error', 'replace')
+  """``data.on_decode_error`` (configs saved before the field existed read
+  back with its default, 'replace')."""
+  return data_config.on_decode_error
 
 
 class DocSource(abc.ABC):
