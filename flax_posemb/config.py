@@ -10,6 +10,7 @@ The defaults here are the defaults of `flax_posemb.defaults.base()`.
 
 from collections.abc import Mapping
 import dataclasses
+import json
 from typing import Any
 
 from flax_posemb import model as model_lib
@@ -164,6 +165,17 @@ class RunConfig:
   def to_dict(self) -> dict[str, Any]:
     """The config as the nested dict of `defaults.base()`'s layout."""
     return dataclasses.asdict(self)
+
+  def to_json(self, **kwargs) -> str:
+    """The config as JSON (``json.dumps`` ``kwargs``): config.json's text and
+    the values a checkpoint's config is compared with."""
+    return json.dumps(self.to_dict(), **kwargs)
+
+
+def data_config(values: Mapping[str, Any] | Any) -> DataConfig:
+  """The typed data section alone, of a ConfigDict or mapping (a tool's or a
+  test's own ``config.data``)."""
+  return _build(DataConfig, values, 'data')
 
 
 def _to_dict(config: Mapping[str, Any] | Any) -> dict[str, Any]:

@@ -5,22 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import math
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from flax_posemb import config as config_lib
 from flax_posemb.model import POSITION_TABLE_PATH
-
-# Type hints only: the step runs without ml_collections (device image).
-if TYPE_CHECKING:
-  import ml_collections
 
 TOKEN_TABLE_PATH = ('token_embed', 'embedding')
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+def validate(config: config_lib.RunConfig) -> None:
   """Raises ValueError naming the field and the fix for a bad `optimizer`
   section."""
   optimizer = config.optimizer
@@ -37,7 +34,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if optimizer.row_lr_scale:
     keys += ['row_lr_power', 'row_lr_max']
   for key in keys:
-    value = optimizer[key]
+    value = getattr(optimizer, key)
     if not isinstance(value, (int, float)) or not math.isfinite(value):
       raise ValueError(
           f'optimizer.{key} must be finite (a number), got {value!r}; set '
@@ -71,10 +68,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 
 def _out_of_range(optimizer: Any, key: str, want: str) -> ValueError:
-  return ValueError(f'optimizer.{key} must be {want}, got {optimizer[key]}.')
+  value = getattr(optimizer, key)
+  return ValueError(f'optimizer.{key} must be {want}, got {value}.')
 
 
-def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+def make_schedule(config: config_lib.RunConfig) -> optax.Schedule:
   """Linear warmup from 0 to `optimizer.learning_rate`, cosine decay to
   `end_lr_ratio` of it at `num_train_steps`: step count (scalar int) -> scalar
   learning rate."""
@@ -95,7 +93,7 @@ def _is_path(path: Sequence[Any], target: tuple[str, ...]) -> bool:
   return names[-len(target) :] == target
 
 
-def decay_mask(params: Any, config: ml_collections.ConfigDict) -> Any:
+def decay_mask(params: Any, config: config_lib.RunConfig) -> Any:
   """Pytree of bools like `params` (arrays or ShapeDtypeStructs): which get
   weight decay (ndim >= 2, the tables unless `optimizer.decay_position_table` /
   `decay_token_table` is off)."""
@@ -153,7 +151,7 @@ def scale_position_rows(
 
 
 def make_optimizer(
-    config: ml_collections.ConfigDict, params: Any
+    config: config_lib.RunConfig, params: Any
 ) -> optax.GradientTransformationExtraArgs:
   """Clip, Adam, `scale_position_rows` (after Adam, whose normalization would
   cancel it), decay (`decay_mask` of `params`), schedule; `update` takes

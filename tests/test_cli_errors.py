@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT
 from conftest import SUBPROCESS_ENV
 from flax_posemb import cli
+from flax_posemb import config as config_lib
 from flax_posemb import preemption
 
 TRAIN = [
@@ -439,7 +440,6 @@ def _text_config(tmp_path, mode):
 def test_invalid_utf8_is_replaced_or_skipped_and_counted(
     tmp_path, mode, docs, replaced
 ):
-  from flax_posemb import config as config_lib
   from flax_posemb import data
   from flax_posemb.data import report
 
@@ -462,7 +462,6 @@ def test_invalid_utf8_is_replaced_or_skipped_and_counted(
 def test_invalid_utf8_with_on_decode_error_error_refuses_naming_the_file(
     tmp_path,
 ):
-  from flax_posemb import config as config_lib
   from flax_posemb import data
 
   _corpus(tmp_path)

@@ -11,7 +11,6 @@ import numpy as np
 import scipy.stats
 
 from flax_posemb import analysis
-from flax_posemb import config as config_lib
 from flax_posemb import outputs
 from flax_posemb import stats
 from flax_posemb import workdir
@@ -143,7 +142,7 @@ def training_mix(config) -> dict[str, float]:
   Replays the run's ``num_train_steps`` batches (the pipeline is
   deterministic), so it counts exactly what the run trained on.
   """
-  data_config = config_lib.RunConfig.from_config_dict(config).data
+  data_config = config.data
   if data_config.source == 'synthetic':
     return {'synthetic': 1.0}
   src = corpus.make_source(data_config, data_config.train_split)
