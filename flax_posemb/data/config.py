@@ -12,7 +12,6 @@ import dataclasses
 import difflib
 import json
 import math
-import os
 from typing import Any
 
 from flax_posemb.data import lengths as lengths_lib
@@ -207,22 +206,9 @@ class DataConfig:
       raise ValueError(
           _unknown_value('data.tokenizer', self.tokenizer, TOKENIZERS)
       )
-    if (
-        self.tokenizer == 'sentencepiece'
-        and self.spm_model
-        and not os.path.isfile(self.spm_model)
-    ):
-      raise ValueError(
-          f'data.spm_model={self.spm_model!r} is not a file; set'
-          " --config.data.spm_model to an existing .model file or to '' to"
-          ' train one on the corpus.'
-      )
-    if self.tokenizer == 'hf' and not os.path.isdir(self.hf_tokenizer):
-      raise ValueError(
-          "data.tokenizer='hf' needs data.hf_tokenizer, a Hugging Face"
-          ' tokenizer directory (tokenizer.json, or vocab.json + merges.txt);'
-          f' got {self.hf_tokenizer!r}.'
-      )
+    # data.spm_model and data.hf_tokenizer are checked where they are read
+    # (`tokenizers`): a config may name a directory an import fills later,
+    # and a stored config one that has moved.
     if self.source == 'tfds' and not self.name:
       raise ValueError(
           "data.source='tfds' needs data.name (e.g. 'wiki40b/en', 'pg19')."
