@@ -22,7 +22,7 @@ from absl import flags
 from flax_posemb import analysis_report
 from flax_posemb import cli
 from flax_posemb import eval_workdir
-from flax_posemb.data import pipeline
+from flax_posemb.data import windows
 
 flags.DEFINE_multi_string(
     'workdir', None, 'Training workdir(s); several give a comparison.'
@@ -109,7 +109,7 @@ def _known_window_start(value: str | None) -> bool:
   'random')."""
   if value is not None:
     try:
-      pipeline.check_window_start(value)
+      windows.check_window_start(value)
     except ValueError as e:
       raise flags.ValidationError(str(e)) from None
   return True
@@ -152,7 +152,7 @@ def main(argv):
         bucket_size=FLAGS.bucket_size,
         bucket_edges=FLAGS.buckets or FLAGS.bucket_edges,
     )
-  except pipeline.TooFewWindowsError as e:
+  except windows.TooFewWindowsError as e:
     raise cli.UserError(too_few_windows(e)) from None
   for label, run in runs:
     print(
@@ -174,7 +174,7 @@ def print_figures(files: dict[str, str]) -> None:
     print(f'plot: {path}')
 
 
-def too_few_windows(error: pipeline.TooFewWindowsError) -> str:
+def too_few_windows(error: windows.TooFewWindowsError) -> str:
   """The refusal in eval.py's flags."""
   source = "the config's eval.num_windows"
   if FLAGS.num_windows:

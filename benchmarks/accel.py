@@ -119,7 +119,7 @@ def export_train_step(
   from flax_posemb import train_step as training
 
   config = common.model_config(shape, collect_stats=collect_stats, **overrides)
-  auto.resolve_config(
+  config, _ = auto.resolve_config(
       config, platform='gpu' if 'cuda' in platforms else platforms[0]
   )
   mesh = sharding.make_mesh()

@@ -61,93 +61,41 @@ GPT2_SMALL = Shape('gpt2_small', 50257, 12, 12, 768, 1024, 16, dtype='bfloat16')
 MINI = Shape('mini', 32, 1, 2, 32, 16, 4)
 
 
-class Cfg(dict):
-  """A nested dict with attribute access: what the train step reads from a
-  config.
+def base_config() -> Any:
+  """The project's defaults, `flax_posemb.config.RunConfig()` (it needs no
+  ml_collections, so the benchmarks run on the accelerator image)."""
+  from flax_posemb import config as config_lib
 
-  The benchmarks build their configs with this instead of `flax_posemb.defaults`
-  (`ml_collections.ConfigDict`), so they run where only
-  jax/flax/optax/orbax/numpy are installed (the accelerator image).
-  `ModelConfig.from_config` takes it as a mapping."""
-
-  def __getattr__(self, k):
-    try:
-      return self[k]
-    except KeyError:
-      raise AttributeError(k) from None
-
-  def __setattr__(self, k, v):
-    if k not in self:
-      raise AttributeError(f'unknown config field {k!r}')
-    self[k] = v
-
-  def to_dict(self) -> dict:
-    return {
-        k: v.to_dict() if isinstance(v, Cfg) else v for k, v in self.items()
-    }
+  return config_lib.RunConfig()
 
 
-# The fields of `flax_posemb.defaults.base()` that the train step reads, with
-# the same values (tests/test_benchmarks.py checks them against
-# `defaults.base()`).
-_OPTIMIZER_DEFAULTS = dict(
-    learning_rate=3e-3,
-    warmup_steps=20,
-    end_lr_ratio=0.1,
-    b1=0.9,
-    b2=0.95,
-    eps=1e-8,
-    weight_decay=0.1,
-    decay_position_table=True,
-    decay_token_table=True,
-    grad_clip_norm=1.0,
-    row_lr_scale=False,
-    row_lr_power=0.5,
-    row_lr_max=10.0,
-)
+def model_config(shape: Shape, **overrides) -> Any:
+  """The typed config (`flax_posemb.config.RunConfig`) of a train step for
+  `shape`; dotted `overrides` such as `model.remat=True`."""
+  from flax_posemb import config as config_lib
 
-
-def base_config() -> Cfg:
-  """Defaults of the train step's config without ml_collections (see `Cfg`)."""
-  from flax_posemb import model as model_lib
-
-  model = dataclasses.asdict(model_lib.ModelConfig())
-  return Cfg(
-      seed=0,
-      num_train_steps=200,
-      batch_size=32,
-      grad_accum_steps=0,
-      collect_stats=True,
-      fsdp=False,
-      data=Cfg(seq_len=128),
-      model=Cfg(model),
-      optimizer=Cfg(_OPTIMIZER_DEFAULTS),
+  values = base_config().to_dict()
+  values['batch_size'] = shape.batch_size
+  values['num_train_steps'] = 1000
+  values['data']['seq_len'] = shape.seq_len
+  values['model'].update(
+      vocab_size=shape.vocab_size,
+      num_layers=shape.num_layers,
+      num_heads=shape.num_heads,
+      emb_dim=shape.emb_dim,
+      mlp_dim=shape.mlp,
+      max_len=shape.seq_len,
+      dtype=shape.dtype,
   )
-
-
-def model_config(shape: Shape, **overrides) -> Cfg:
-  """A train-step config (`Cfg`) for `shape`; dotted `overrides` such as
-  `model.remat=True`."""
-  c = base_config()
-  c.batch_size = shape.batch_size
-  c.num_train_steps = 1000
-  c.data.seq_len = shape.seq_len
-  c.model.vocab_size = shape.vocab_size
-  c.model.num_layers = shape.num_layers
-  c.model.num_heads = shape.num_heads
-  c.model.emb_dim = shape.emb_dim
-  c.model.mlp_dim = shape.mlp
-  c.model.max_len = shape.seq_len
-  c.model.dtype = shape.dtype
   for k, v in overrides.items():
-    node = c
+    node = values
     *path, last = k.split('.')
     for p in path:
       node = node[p]
     if last not in node:
       raise KeyError(f'unknown config field {k!r}')
     node[last] = v
-  return c
+  return config_lib.RunConfig.from_config_dict(values)
 
 
 def synthetic_batch(

@@ -15,6 +15,7 @@ from typing import Any
 
 from benchmarks import common
 from configs import tiny
+from flax_posemb import config as config_lib
 from flax_posemb import data
 
 
@@ -33,7 +34,7 @@ def _config(shape: common.Shape, policy: str, source: str, data_dir: str):
     if shape.seq_len % period:
       cfg.data.synthetic.num_regimes = 1
       cfg.data.synthetic.segment_len = 1
-  return cfg
+  return config_lib.RunConfig.from_config_dict(cfg)
 
 
 def measure(
@@ -86,7 +87,7 @@ def run_suite(opts) -> dict[str, Any]:
   out: dict[str, Any] = {'shapes': {}}
   with tempfile.TemporaryDirectory() as tmp:
     for shape in shapes:
-      runs = [('synthetic', p) for p in data.POLICIES]
+      runs = [('synthetic', p) for p in data.policies.names()]
       if not opts.mini:
         runs += [('stdlib', 'natural'), ('stdlib', 'packed')]
       rows = []

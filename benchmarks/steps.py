@@ -66,7 +66,7 @@ def _library_train(
 
   config = common.model_config(shape, collect_stats=collect_stats, **overrides)
   # What train.py runs: auto attention and microbatches resolved.
-  auto.resolve_config(config)
+  config, _ = auto.resolve_config(config)
   mesh = sharding.make_mesh()
   model = training.make_model(config)
   state, tx, shardings = training.init_state(

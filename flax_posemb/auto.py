@@ -3,6 +3,7 @@
 recorded in `config.json`), else at trace time."""
 
 from collections.abc import Mapping
+import dataclasses
 from typing import Any
 
 from flax import traverse_util
@@ -74,40 +75,44 @@ def resolve_config(
     saved: Mapping[str, Any] | None = None,
     platform: str | None = None,
     num_devices: int | None = None,
-) -> dict:
-  """Replaces the auto values of `config` in place; returns `{field: (auto,
-  resolved)}`. On a resume (`saved`: the run's `config.json`) an auto field
-  keeps its recorded value (ibid.)."""
+) -> tuple[Any, dict[str, tuple[Any, Any]]]:
+  """``(resolved, {field: (auto, value)})``: a copy of `config` (a
+  `flax_posemb.config.RunConfig`) with its auto values replaced. On a resume
+  (`saved`: the run's `config.json`) an auto field keeps its recorded value
+  (ibid.)."""
   platform = platform or jax.default_backend()
   num_devices = num_devices or jax.device_count()
   old = traverse_util.flatten_dict(dict(saved or {}), sep='.')
-  m = config.model
-  seq_len = int(config.data.seq_len)
+  model = config.model
+  seq_len = config.data.seq_len
   done: dict[str, tuple[Any, Any]] = {}
-  if m.attention_impl == AUTO_ATTENTION:
-    m.attention_impl = old.get('model.attention_impl') or attention_impl(
+  if model.attention_impl == AUTO_ATTENTION:
+    impl = old.get('model.attention_impl') or attention_impl(
         AUTO_ATTENTION,
         platform=platform,
-        dtype=m.dtype,
+        dtype=model.dtype,
         seq_len=seq_len,
-        head_dim=int(m.emb_dim) // max(int(m.num_heads), 1),
+        head_dim=model.head_dim,
     )
-    done['model.attention_impl'] = (AUTO_ATTENTION, m.attention_impl)
-  if int(config.grad_accum_steps) == AUTO_ACCUM:
+    model = dataclasses.replace(model, attention_impl=impl)
+    done['model.attention_impl'] = (AUTO_ATTENTION, impl)
+  accum = config.grad_accum_steps
+  if accum == AUTO_ACCUM:
     # A resume keeps the recorded microbatches while the batch is the same.
-    same_batch = old.get('batch_size') == int(config.batch_size) and (
+    same_batch = old.get('batch_size') == config.batch_size and (
         old.get('data.seq_len') == seq_len
     )
     recorded = old.get('grad_accum_steps') if same_batch else None
     if recorded:
-      config.grad_accum_steps = int(recorded)
+      accum = recorded
     else:
-      config.grad_accum_steps = grad_accum_steps(
+      accum = grad_accum_steps(
           AUTO_ACCUM,
           platform=platform,
-          batch_size=int(config.batch_size),
+          batch_size=config.batch_size,
           seq_len=seq_len,
           num_devices=num_devices,
       )
-    done['grad_accum_steps'] = (AUTO_ACCUM, config.grad_accum_steps)
-  return done
+    done['grad_accum_steps'] = (AUTO_ACCUM, accum)
+  resolved = dataclasses.replace(config, model=model, grad_accum_steps=accum)
+  return resolved, done

@@ -14,115 +14,13 @@ import json
 from typing import Any
 
 from flax_posemb import model as model_lib
+from flax_posemb.data import config as data_config_lib
 
 ModelConfig = model_lib.ModelConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class SyntheticConfig:
-  """The synthetic corpus (flax_posemb.data.synthetic): a position-dependent
-  Markov chain whose optimal loss per position is known exactly."""
-
-  # Tokens in the synthetic vocabulary.
-  vocab_size: int = 64
-  # K: transition matrices cycled through by position.
-  num_regimes: int = 4
-  # S: positions per regime before switching (K*S <= smallest bucket).
-  segment_len: int = 4
-  # Dirichlet concentration of transition rows (lower = more predictable).
-  concentration: float = 0.1
-  # Seed of the corpus itself (transition matrices), not of sampling.
-  seed: int = 1234
-  # Documents per split (procedural: costs no storage).
-  num_docs: int = 100_000
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-  """Data section: source, tokenizer, context length and position policy."""
-
-  # Where documents come from:
-  # synthetic | stdlib | local_text | long_text | tfds.
-  source: str = 'synthetic'
-  # TFDS dataset name when source == 'tfds' (e.g. 'wiki40b/en', 'pg19').
-  name: str = ''
-  # Feature holding the text in a TFDS dataset.
-  text_feature: str = 'text'
-  # Split used for training.
-  train_split: str = 'train'
-  # Split used for periodic and offline evaluation.
-  eval_split: str = 'validation'
-  # Where TFDS datasets are built and read; '' = $FLAX_POSEMB_DATA_DIR or
-  # ~/.cache/flax_posemb.
-  data_dir: str = ''
-  # Glob of .txt/.jsonl files when source == 'local_text'.
-  local_glob: str = ''
-  # local_text document unit: file | line | paragraph.
-  local_split_by: str = 'file'
-  # local_text/stdlib (long_text: its short documents): percent of the
-  # documents (by key hash) in 'validation'.
-  val_percent: int = 5
-  # Invalid UTF-8 text: replace (U+FFFD; counted, reported) | skip (drop the
-  # document; counted) | error (refuse, naming the file).
-  on_decode_error: str = 'replace'
-
-  # Tokens. byte | sentencepiece | hf (ignored by the synthetic source).
-  tokenizer: str = 'byte'
-  # SentencePiece model file; '' = train one on the corpus.
-  spm_model: str = ''
-  # hf: a Hugging Face tokenizer directory (tokenizer.json, or vocab.json +
-  # merges.txt), e.g. the one an imported workdir holds (docs/pretrained.md).
-  hf_tokenizer: str = ''
-  # Vocabulary size when training a SentencePiece model.
-  spm_vocab_size: int = 4096
-
-  # Tokens per training row (context length); must be <= model.max_len.
-  seq_len: int = 128
-  # natural | natural_chunked | packed | packed_reset | random_offset |
-  # length_schedule | resampled | crops (docs/DESIGN.md § Data policies and
-  # tokens).
-  position_policy: str = 'natural'
-  # crops: where crops come from. token = consecutive stretches of the document
-  # stream (the tokens of packed/packed_reset, content-matched) | document = one
-  # crop per document, documents drawn uniformly (natural's weighting), at a
-  # uniform offset inside the document.
-  crop_weighting: str = 'token'
-  # crops with crop_weighting=token: crop lengths in pairs. natural (the rows of
-  # natural: each document's length, at most seq_len) | skew:R (geometric; the
-  # last row is seen R times as often as the first) | schedule (BERT: pieces of
-  # schedule_seq_len for schedule_fraction of the steps, then full rows) | a
-  # length distribution as resample_dist.
-  crop_lengths: str = 'natural'
-  # length_schedule: row length during the short phase.
-  schedule_seq_len: int = 32
-  # length_schedule: fraction of num_train_steps at the short length.
-  schedule_fraction: float = 0.9
-  # resampled: uniform | full | comma-separated shares per length bucket.
-  resample_dist: str = 'uniform'
-  # Synthetic document lengths: wikipedia | uniform | full | comma-separated
-  # shares.
-  length_dist: str = 'wikipedia'
-  # Documents shorter than this many tokens are dropped.
-  min_doc_len: int = 2
-
-  # Shuffle documents (deterministically from `seed`).
-  shuffle: bool = True
-  # packed, packed_reset, natural_chunked: rows are shuffled in windows of
-  # this many rows (a long document does not fill consecutive batches); <= 1
-  # keeps stream order.
-  shuffle_rows: int = 8192
-  # Grain worker processes (0 = in-process).
-  num_workers: int = 0
-  # Batches prefetched by the Grain iterator.
-  prefetch: int = 2
-
-  # The synthetic corpus (source == 'synthetic').
-  synthetic: SyntheticConfig = SyntheticConfig()
-
-  def to_json(self) -> str:
-    """The section as sorted JSON: a hashable key for caches of what it
-    builds."""
-    return json.dumps(dataclasses.asdict(self), sort_keys=True)
+# The data section lives with the data layer, whose position policies check
+# their own fields in it.
+DataConfig = data_config_lib.DataConfig
+SyntheticConfig = data_config_lib.SyntheticConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,6 +178,17 @@ class RunConfig:
   def to_dict(self) -> dict[str, Any]:
     """The config as the nested dict of `defaults.base()`'s layout."""
     return dataclasses.asdict(self)
+
+  def to_json(self, **kwargs) -> str:
+    """The config as JSON (``json.dumps`` ``kwargs``): config.json's text and
+    the values a checkpoint's config is compared with."""
+    return json.dumps(self.to_dict(), **kwargs)
+
+
+def data_config(values: Mapping[str, Any] | Any) -> DataConfig:
+  """The typed data section alone, of a ConfigDict or mapping (a tool's or a
+  test's own ``config.data``)."""
+  return _build(DataConfig, values, 'data')
 
 
 def _to_dict(config: Mapping[str, Any] | Any) -> dict[str, Any]:

@@ -7,11 +7,11 @@ import os
 from typing import Any
 
 from absl import logging
-import ml_collections
 import numpy as np
 
 from flax_posemb import analysis_report
 from flax_posemb import checkpointing
+from flax_posemb import config as config_lib
 from flax_posemb import eval_report
 from flax_posemb import evaluation
 from flax_posemb import model as model_lib
@@ -61,7 +61,7 @@ def variant_name(
 
 
 def changed_options(
-    config: ml_collections.ConfigDict, overrides: dict[str, Any]
+    config: config_lib.RunConfig, overrides: dict[str, Any]
 ) -> dict[str, Any]:
   """The ``overrides`` whose resolved value differs from the config's own
   (`evaluation.eval_settings`): only these name a variant, so that
@@ -145,14 +145,14 @@ def evaluate_workdir(
       workdir, functools.partial(checkpointing.first_config, workdir)
   )
   _check_params(params, run_config, step_dir)
-  config = ml_collections.ConfigDict(stored_config)
+  config = train_step.stored_run_config(stored_config)
   if analyze and model_lib.POSITION_TABLE_PATH[0] not in params:
     raise ValueError(
         '--analyze needs a learned position table; this run uses '
         f'position_embedding={config.model.position_embedding!r}.'
     )
   out = evaluation.run_evaluation(
-      train_step.stored_model(stored_config),
+      train_step.make_model(config),
       params,
       config,
       step=step,

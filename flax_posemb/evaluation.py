@@ -4,23 +4,21 @@ streaming accumulation, summaries (docs/DESIGN.md § Evaluation outputs)."""
 from collections.abc import Callable, Iterable, Sequence
 import dataclasses
 import functools
-import json
 from typing import Any
 
 from absl import logging
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import tqdm
 
 from flax_posemb import buckets as buckets_lib
+from flax_posemb import config as config_lib
 from flax_posemb import data as data_lib
-from flax_posemb import defaults
 from flax_posemb import sharding
 from flax_posemb import train_step
 from flax_posemb import trees
-from flax_posemb.data.pipeline import PROVENANCE_KEYS
+from flax_posemb.data.windows import PROVENANCE_KEYS
 
 OFFSET_NOTE = (
     'Offset probe: each text is scored with position ids shifted by K while its'
@@ -292,7 +290,7 @@ def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def eval_settings(
-    config: ml_collections.ConfigDict, overrides: dict[str, Any]
+    config: config_lib.RunConfig, overrides: dict[str, Any]
 ) -> dict[str, Any]:
   """The evaluation settings, resolved and checked: the one place.
 
@@ -312,10 +310,9 @@ def eval_settings(
       `[0, window_len)`, an unknown policy, split or window start, or a
       negative seed or limit; the message names the setting and the fix.
   """
-  ev = defaults.evaluation().to_dict()
-  ev.update(config.get('eval', ml_collections.ConfigDict()).to_dict())
+  ev = dataclasses.asdict(config.eval)
   s = {
-      'split': config.data.get('eval_split', defaults.data().eval_split),
+      'split': config.data.eval_split,
       'policy': ev['position_policy'],
       'window_len': ev['window_len'] or config.model.max_len,
       **{
@@ -358,23 +355,23 @@ def eval_settings(
         'the first window_len - K tokens; the largest valid '
         f'offset is {window_len - 1}.'
     )
-  if s['policy'] not in data_lib.pipeline.EVAL_POLICIES:
+  if s['policy'] not in data_lib.windows.EVAL_POLICIES:
     raise ValueError(
         f"Unknown evaluation position_policy {s['policy']!r}; use one of"
-        f' {data_lib.pipeline.EVAL_POLICIES}.'
+        f' {data_lib.windows.EVAL_POLICIES}.'
     )
-  data_lib.pipeline.check_window_start(s['window_start'])
+  data_lib.windows.check_window_start(s['window_start'])
   if int(s['seed']) < 0:
     raise ValueError(f"eval.seed must be >= 0, got {s['seed']}.")
-  data_lib.pipeline.check_split(config.data, s['split'])
-  s['min_doc_len'], s['min_start'] = data_lib.pipeline.deep_limits(
+  data_lib.corpus.check_split(config.data, s['split'])
+  s['min_doc_len'], s['min_start'] = data_lib.windows.deep_limits(
       window_len, s['min_doc_len'], s['min_start']
   )
   return s
 
 
 def make_batches(
-    config: ml_collections.ConfigDict, s: dict[str, Any]
+    config: config_lib.RunConfig, s: dict[str, Any]
 ) -> tuple[dict[str, np.ndarray], ...]:
   """The evaluation windows of the settings, built once per process.
 
@@ -388,7 +385,7 @@ def make_batches(
     `[batch_size]` `PROVENANCE_KEYS` (padding rows: doc -1).
   """
   return _batches(
-      json.dumps(config.data.to_dict(), sort_keys=True, default=str),
+      config.data,
       split=s['split'],
       policy=s['policy'],
       num_windows=int(s['num_windows']),
@@ -401,10 +398,11 @@ def make_batches(
   )
 
 
-# Keyed by the data config's JSON and the settings.
+# Keyed by the (frozen) data section and the settings.
 @functools.lru_cache(maxsize=4)
-def _batches(data_json: str, **settings) -> tuple[dict[str, np.ndarray], ...]:
-  data_config = ml_collections.ConfigDict(json.loads(data_json))
+def _batches(
+    data_config: config_lib.DataConfig, **settings
+) -> tuple[dict[str, np.ndarray], ...]:
   return tuple(data_lib.make_eval_batches(data_config, **settings))
 
 
@@ -424,7 +422,7 @@ def expected_params(model) -> Any:
 def run_evaluation(
     model,
     params,
-    config: ml_collections.ConfigDict,
+    config: config_lib.RunConfig,
     *,
     step: int | None = None,
     offsets: Sequence[int] | None = None,

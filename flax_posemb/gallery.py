@@ -9,6 +9,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from flax_posemb import cli
+from flax_posemb import config as config_lib
 from flax_posemb import eval_workdir
 from flax_posemb import outputs
 from flax_posemb import plots
@@ -128,7 +129,7 @@ def main(argv):
   config = FLAGS.config.copy_and_resolve_references()
   config.data.position_policy = 'natural'
   plots.data_exposure(
-      report.exposure(config, 50),
+      report.exposure(config_lib.RunConfig.from_config_dict(config), 50),
       os.path.join(FLAGS.out, 'data_exposure.png'),
   )
   lines = [

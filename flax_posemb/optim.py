@@ -6,17 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import math
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from flax_posemb import config as config_lib
 from flax_posemb.model import POSITION_TABLE_PATH
-
-# Type hints only: the step runs without ml_collections (device image).
-if TYPE_CHECKING:
-  import ml_collections
 
 TOKEN_TABLE_PATH = ('token_embed', 'embedding')
 # optimizer.position_optimizer: the table shares the model's Adam, or has
@@ -24,7 +21,7 @@ TOKEN_TABLE_PATH = ('token_embed', 'embedding')
 POSITION_OPTIMIZERS = ('adam', 'lazy_adam', 'sgd')
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+def validate(config: config_lib.RunConfig) -> None:
   """Checks the `optimizer` section at startup.
 
   Args:
@@ -49,7 +46,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if optimizer.position_optimizer == 'sgd':
     keys += ['position_momentum', 'position_lr_scale']
   for key in keys:
-    value = optimizer[key]
+    value = getattr(optimizer, key)
     if not isinstance(value, (int, float)) or not math.isfinite(value):
       raise ValueError(
           f'optimizer.{key} must be finite (a number), got {value!r}; set '
@@ -83,7 +80,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _validate_position_optimizer(config)
 
 
-def _validate_position_optimizer(config: ml_collections.ConfigDict) -> None:
+def _validate_position_optimizer(config: config_lib.RunConfig) -> None:
   """Raises ValueError for a bad `optimizer.position_optimizer` or its
   SGD settings (numbers already checked finite by `validate`)."""
   optimizer = config.optimizer
@@ -109,10 +106,11 @@ def _validate_position_optimizer(config: ml_collections.ConfigDict) -> None:
 
 
 def _out_of_range(optimizer: Any, key: str, want: str) -> ValueError:
-  return ValueError(f'optimizer.{key} must be {want}, got {optimizer[key]}.')
+  value = getattr(optimizer, key)
+  return ValueError(f'optimizer.{key} must be {want}, got {value}.')
 
 
-def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+def make_schedule(config: config_lib.RunConfig) -> optax.Schedule:
   """The learning-rate schedule.
 
   Args:
@@ -140,7 +138,7 @@ def _is_path(path: Sequence[Any], target: tuple[str, ...]) -> bool:
   return names[-len(target) :] == target
 
 
-def decay_mask(params: Any, config: ml_collections.ConfigDict) -> Any:
+def decay_mask(params: Any, config: config_lib.RunConfig) -> Any:
   """Which parameters get weight decay.
 
   Args:
@@ -311,7 +309,7 @@ def _scaled(schedule: optax.Schedule, scale: float) -> optax.Schedule:
 
 
 def _position_table_tx(
-    config: ml_collections.ConfigDict,
+    config: config_lib.RunConfig,
 ) -> optax.GradientTransformationExtraArgs:
   """The table's own chain (`optimizer.position_optimizer` 'lazy_adam' or
   'sgd'), then `scale_position_rows` and its learning rate."""
@@ -338,7 +336,7 @@ def _position_table_tx(
 
 
 def make_optimizer(
-    config: ml_collections.ConfigDict, params: Any
+    config: config_lib.RunConfig, params: Any
 ) -> optax.GradientTransformationExtraArgs:
   """The run's optimizer.
 
@@ -376,7 +374,7 @@ def make_optimizer(
 
 
 def _adamw_parts(
-    config: ml_collections.ConfigDict, decay: Any
+    config: config_lib.RunConfig, decay: Any
 ) -> list[optax.GradientTransformationExtraArgs]:
   """Adam, `scale_position_rows` (when the table shares Adam), decay where
   ``decay`` (a mask, or a function of the parameters giving one), schedule."""

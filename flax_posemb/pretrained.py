@@ -24,6 +24,7 @@ import numpy as np
 from safetensors import safe_open
 
 from flax_posemb import checkpointing
+from flax_posemb import config as config_lib
 from flax_posemb import data as data_lib
 from flax_posemb import evaluation
 from flax_posemb import initializers
@@ -396,18 +397,19 @@ def import_config(
     config: ml_collections.ConfigDict,
     model: Mapping[str, Any],
     tokenizer_dir: str,
-) -> ml_collections.ConfigDict:
+) -> config_lib.RunConfig:
   """`config` (a `defaults.base()` config: data, evaluation, dtypes) with the
   checkpoint's `model` shape and data.tokenizer='hf' of `tokenizer_dir`,
-  validated (ValueError naming the field)."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.model.update(dict(model))
-  config.data.tokenizer = 'hf'
-  config.data.hf_tokenizer = os.path.abspath(tokenizer_dir)
-  config.init_from = ''
-  model_config = model_lib.ModelConfig.from_config(config.model)
-  data_lib.validate_config(config.data, max_len=model_config.max_len)
-  return config
+  converted once and validated (ValueError naming the field)."""
+  values = config.to_dict()
+  values['model'].update(model)
+  values['data'].update(
+      tokenizer='hf', hf_tokenizer=os.path.abspath(tokenizer_dir)
+  )
+  values['init_from'] = ''
+  run_config = config_lib.RunConfig.from_config_dict(values)
+  data_lib.check_fits_model(run_config.data, max_len=run_config.model.max_len)
+  return run_config
 
 
 def import_checkpoint(
@@ -430,11 +432,14 @@ def import_checkpoint(
         f'The tokenizer in {hf_dir} has {tokenizer.vocab_size} ids but'
         f" config.json vocab_size={vocab}: it is not this model's tokenizer."
     )
-  config = import_config(config, checkpoint.model, hf_dir)
+  run_config = import_config(config, checkpoint.model, hf_dir)
   # The workdir's copy, so that the directory imported from may go.
   tokenizer_dir = os.path.join(workdir, outputs.TOKENIZER_DIR)
-  config.data.hf_tokenizer = os.path.abspath(tokenizer_dir)
-  model_config = model_lib.ModelConfig.from_config(config.model)
+  data = dataclasses.replace(
+      run_config.data, hf_tokenizer=os.path.abspath(tokenizer_dir)
+  )
+  run_config = dataclasses.replace(run_config, data=data)
+  model_config = run_config.model
   # Device arrays: checkpoint integrity digests params on their devices.
   params = jax.tree.map(
       lambda x: jnp.asarray(x, model_config.storage_dtype), checkpoint.params
@@ -467,9 +472,9 @@ def import_checkpoint(
           opt_state=None,
           data_iter=None,
           stats=None,
-          config=config,
+          config=run_config,
       )
-    workdir_lib.write_config(workdir, config)
+    workdir_lib.write_config(workdir, run_config)
     with outputs.atomic_write(
         os.path.join(workdir, outputs.IMPORT_FILE), 'w'
     ) as f:
@@ -528,15 +533,15 @@ def apply_source(config: ml_collections.ConfigDict, workdir: str) -> None:
   config.init_from = workdir
 
 
-def check_init_from(config: ml_collections.ConfigDict) -> None:
+def check_init_from(config: config_lib.RunConfig) -> None:
   """The check of init_from before a fresh start: the source's model shape
   must be the config's (ValueError naming the fields and the fix)."""
   source = source_config(config.init_from)['model']
-  differ = [
-      f'{key}={source.get(key)!r} (config: {config.model[key]!r})'
-      for key in SHAPE_FIELDS
-      if source.get(key) != config.model[key]
-  ]
+  differ = []
+  for key in SHAPE_FIELDS:
+    value = getattr(config.model, key)
+    if source.get(key) != value:
+      differ.append(f'{key}={source.get(key)!r} (config: {value!r})')
   if differ:
     raise ValueError(
         f'init_from={config.init_from!r} holds another model:'
@@ -547,7 +552,7 @@ def check_init_from(config: ml_collections.ConfigDict) -> None:
 
 
 def start_params(
-    config: ml_collections.ConfigDict,
+    config: config_lib.RunConfig,
     model: model_lib.TransformerLM,
     key: jax.Array,
 ) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -3,9 +3,9 @@ statistics on or off."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import flax.struct
 import jax
@@ -16,14 +16,11 @@ from jax.sharding import PartitionSpec as P
 import optax
 
 from flax_posemb import auto
+from flax_posemb import config as config_lib
 from flax_posemb import model as model_lib
 from flax_posemb import optim
 from flax_posemb import sharding
 from flax_posemb import stats as stats_lib
-
-# type hints only: the step runs without ml_collections (device image)
-if TYPE_CHECKING:
-  import ml_collections
 
 PyTree = Any
 
@@ -49,15 +46,13 @@ def token_losses(logits: jax.Array, targets: jax.Array) -> jax.Array:
   )
 
 
-def make_model(config: ml_collections.ConfigDict) -> model_lib.TransformerLM:
-  """The ``TransformerLM`` of ``config.model`` (unknown keys are an error)."""
-  return model_lib.TransformerLM(
-      model_lib.ModelConfig.from_config(config.model)
-  )
+def make_model(config: config_lib.RunConfig) -> model_lib.TransformerLM:
+  """The ``TransformerLM`` of ``config.model``."""
+  return model_lib.TransformerLM(config.model)
 
 
-def stored_model(config: Any) -> model_lib.TransformerLM:
-  """The ``TransformerLM`` of a config read back (``config.json``, a
+def _stored_model_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+  """The model section of a config read back (``config.json``, a
   checkpoint's), for its stored parameters: a ``file:`` table is not read again
   (it may have moved; the checkpoint holds the table), and cuDNN attention, a
   platform's choice, becomes 'auto'."""
@@ -66,11 +61,25 @@ def stored_model(config: Any) -> model_lib.TransformerLM:
     model['position_init'] = 'zeros'
   if model.get('attention_impl') == 'cudnn':
     model['attention_impl'] = 'auto'
+  return model
+
+
+def stored_model(config: Mapping[str, Any]) -> model_lib.TransformerLM:
+  """The ``TransformerLM`` of a config read back, for its stored parameters
+  (`_stored_model_fields`)."""
+  model = _stored_model_fields(config)
   return model_lib.TransformerLM(model_lib.ModelConfig.from_config(model))
 
 
+def stored_run_config(config: Mapping[str, Any]) -> config_lib.RunConfig:
+  """The typed config of a config read back, its model that of
+  `stored_model`: the one conversion of a stored config (eval.py)."""
+  model = _stored_model_fields(config)
+  return config_lib.RunConfig.from_config_dict(dict(config, model=model))
+
+
 def position_statistics(
-    model: model_lib.TransformerLM, config: ml_collections.ConfigDict, **kwargs
+    model: model_lib.TransformerLM, config: config_lib.RunConfig, **kwargs
 ) -> stats_lib.PositionStatistics:
   """The statistics object of ``model``'s table, ``config.collect_stats`` and
   host ``kwargs``."""
@@ -84,7 +93,7 @@ def position_statistics(
 
 def init_state(
     model: model_lib.TransformerLM,
-    config: ml_collections.ConfigDict,
+    config: config_lib.RunConfig,
     mesh: Mesh,
     rng: jax.Array,
     params: PyTree | None = None,
@@ -175,7 +184,7 @@ def accumulated(
 def make_train_step(
     model: model_lib.TransformerLM,
     tx: optax.GradientTransformation,
-    config: ml_collections.ConfigDict,
+    config: config_lib.RunConfig,
     mesh: Mesh,
     state_shardings: TrainState,
     statistics: stats_lib.PositionStatistics | None = None,

@@ -21,6 +21,7 @@ import tqdm
 from flax_posemb import auto as auto_lib
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import checkpointing
+from flax_posemb import config as config_lib
 from flax_posemb import data as data_lib
 from flax_posemb import eval_report
 from flax_posemb import evaluation
@@ -47,7 +48,7 @@ class NonFiniteLossError(FloatingPointError):
   """The training loss or gradient norm became NaN/inf."""
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+def validate(config: config_lib.RunConfig) -> None:
   """Checks the config, periodic evaluation included, before anything is
   built."""
   for key in (
@@ -57,16 +58,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
       'batch_size',
       'max_to_keep',
   ):
-    if int(config[key]) < 1:
-      raise ValueError(f'{key} must be >= 1, got {config[key]}.')
+    value = getattr(config, key)
+    if value < 1:
+      raise ValueError(f'{key} must be >= 1, got {value}.')
   # Every consumer takes this range (numpy, Grain, jax.random.key).
   if not 0 <= int(config.seed) <= MAX_SEED:
     raise ValueError(
         f'seed must be an int in [0, {MAX_SEED}], got {config.seed}; set'
         ' --config.seed=0 (or another seed in range).'
     )
-  model_config = model_lib.ModelConfig.from_config(config.model)
-  data_lib.validate_config(config.data, max_len=model_config.max_len)
+  model_config = config.model
+  data_lib.check_fits_model(config.data, max_len=model_config.max_len)
   vocab = data_lib.vocab_size(config.data)
   if vocab > model_config.vocab_size:
     raise ValueError(
@@ -87,7 +89,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _validate_eval(config)
 
 
-def position_buckets(config: ml_collections.ConfigDict) -> np.ndarray:
+def position_buckets(config: config_lib.RunConfig) -> np.ndarray:
   """``[nb + 1]`` edges over the position table's rows of the evaluation's
   buckets (``eval.bucket_size`` / ``eval.bucket_edges``, the last bucket
   extended to ``model.max_len``): the buckets of the statistics' TensorBoard
@@ -102,7 +104,7 @@ def position_buckets(config: ml_collections.ConfigDict) -> np.ndarray:
     raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
 
 
-def _validate_eval(config: ml_collections.ConfigDict) -> None:
+def _validate_eval(config: config_lib.RunConfig) -> None:
   """Now, not after a checkpoint interval of training: the settings (window
   length, deep-window limits; eval.py starts from them too), the buckets, and
   for periodic evaluation enough documents."""
@@ -124,15 +126,14 @@ def _validate_eval(config: ml_collections.ConfigDict) -> None:
 
 
 def resolve_auto(
-    config: ml_collections.ConfigDict, workdir: str
-) -> ml_collections.ConfigDict:
+    config: config_lib.RunConfig, workdir: str
+) -> config_lib.RunConfig:
   """A copy of ``config`` with its auto fields resolved (`auto.resolve_config`;
   docs/DESIGN.md § Config)."""
-  config = config.copy_and_resolve_references()
   saved = None
   if os.path.isdir(workdir):
     saved = workdir_lib.saved_config(workdir)
-  resolved = auto_lib.resolve_config(config, saved=saved)
+  config, resolved = auto_lib.resolve_config(config, saved=saved)
   for key, (_, value) in resolved.items():
     logging.info('%s: auto -> %r (recorded in config.json)', key, value)
   return config
@@ -171,7 +172,7 @@ def check_latest_is_the_runs(
   )
 
 
-def divergence_bound(config: ml_collections.ConfigDict) -> float:
+def divergence_bound(config: config_lib.RunConfig) -> float:
   """Loss above which training stops as diverged: ``divergence_loss``, or three
   times the loss of a uniform guess over the vocabulary (a freshly initialized
   model starts near one)."""
@@ -182,15 +183,19 @@ def divergence_bound(config: ml_collections.ConfigDict) -> float:
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict,
+    config: ml_collections.ConfigDict | config_lib.RunConfig,
     workdir: str,
     *,
     hooks: Sequence[Hook] = (),
 ) -> dict[str, Any]:
-  """Trains (or resumes) a run of ``config`` (``defaults.base()`` fields) in
-  ``workdir``; outputs, return value and errors: docs/DESIGN.md § Training
-  outputs. ``hooks``: callables ``hook(step, metrics)`` run on the host once
-  each step's metrics are read back."""
+  """Trains (or resumes) a run of ``config`` (``defaults.base()`` fields, or
+  their `config.RunConfig`) in ``workdir``; outputs, return value and errors:
+  docs/DESIGN.md § Training outputs. ``hooks``: callables ``hook(step,
+  metrics)`` run on the host once each step's metrics are read back."""
+  # The one conversion of the run's ConfigDict; every module below takes the
+  # typed sections.
+  if not isinstance(config, config_lib.RunConfig):
+    config = config_lib.RunConfig.from_config_dict(config)
   # Before JAX picks a platform for the auto fields: bad input costs no
   # backend start-up (and prints no auto lines).
   validate(config)
@@ -246,7 +251,7 @@ class _Loop:
 
   def __init__(
       self,
-      config: ml_collections.ConfigDict,
+      config: config_lib.RunConfig,
       workdir: str,
       mesh: Any,
       ckpt: checkpointing.Checkpointer,

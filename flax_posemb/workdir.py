@@ -11,6 +11,7 @@ from typing import Any, Self
 
 from flax import traverse_util
 
+from flax_posemb import config as config_lib
 from flax_posemb import defaults
 from flax_posemb import outputs
 
@@ -112,9 +113,10 @@ def remove_unused(workdir: str) -> bool:
 
 
 def flat_config(config: Any) -> dict[str, Any]:
-  """``{'a.b': value}`` of a ConfigDict or a config dict (JSON values)."""
+  """``{'a.b': value}`` of a `config.RunConfig` or a config dict (JSON
+  values)."""
   if not isinstance(config, dict):
-    config = json.loads(config.to_json_best_effort())
+    config = json.loads(config.to_json())
   return traverse_util.flatten_dict(config, sep='.')
 
 
@@ -172,7 +174,7 @@ def config_changes(saved: dict[str, Any], config: Any) -> dict[str, list[Any]]:
   is no change."""
   old = flat_config(saved)
   new = flat_config(config)
-  base = flat_config(defaults.base())
+  base = flat_config(config_lib.RunConfig())
   changes = {}
   for key in sorted(set(old) | set(new)):
     if _may_change(key):
@@ -207,7 +209,7 @@ def check_resume_config(
   changes.update(config_changes(stored, config))
   if stored_dataset is not None and stored_dataset != dataset:
     changes[DATASET_CHANGE] = [stored_dataset, dataset]
-  if changes and not config.get('allow_config_change', False):
+  if changes and not config.allow_config_change:
     first_changes = list(changes.items())[:8]
     listed = '; '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in first_changes)
     dataset_fix = ''
@@ -230,11 +232,11 @@ def check_resume_config(
 DATASET_CHANGE = 'dataset'
 
 
-def write_config(workdir: str, config: Any) -> None:
+def write_config(workdir: str, config: config_lib.RunConfig) -> None:
   """Writes `config.json`, the resolved config of the run, whole."""
   path = os.path.join(workdir, outputs.CONFIG_FILE)
   with outputs.atomic_write(path, 'w') as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    f.write(config.to_json(indent=2, sort_keys=True))
 
 
 def _step_files(workdir: str) -> list[tuple[int, str]]:

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import tiny_config
 from flax_posemb import auto
+from flax_posemb import config as config_lib
 from flax_posemb import sharding
 from flax_posemb import train_step
 
@@ -69,26 +70,43 @@ def test_auto_attention_is_blocked_on_cpu_and_cudnn_only_where_it_applies():
 
 
 def test_resolution_keeps_explicit_values_and_a_resume_keeps_its_record():
+  def typed(c):
+    return config_lib.RunConfig.from_config_dict(c)
+
   c = tiny_config()
   c.batch_size, c.data.seq_len = 16, 256
-  assert auto.resolve_config(c, platform='cpu', num_devices=1) == {
+  c.model.max_len = 256
+  resolved, done = auto.resolve_config(typed(c), platform='cpu', num_devices=1)
+  assert done == {
       'model.attention_impl': ('auto', 'blocked'),
       'grad_accum_steps': (0, 4),
   }
+  assert resolved.model.attention_impl == 'blocked'
+  assert resolved.grad_accum_steps == 4
   c = tiny_config()
   c.model.attention_impl, c.grad_accum_steps = 'xla', 2
-  assert auto.resolve_config(c, platform='cpu', num_devices=1) == {}
-  assert (c.model.attention_impl, c.grad_accum_steps) == ('xla', 2)
+  resolved, done = auto.resolve_config(typed(c), platform='cpu', num_devices=1)
+  assert done == {}
+  assert (resolved.model.attention_impl, resolved.grad_accum_steps) == (
+      'xla',
+      2,
+  )
   c = tiny_config()
   saved = json.loads(c.to_json())
   saved['model']['attention_impl'], saved['grad_accum_steps'] = 'xla', 8
-  auto.resolve_config(c, saved=saved, platform='cpu', num_devices=1)
-  assert (c.model.attention_impl, c.grad_accum_steps) == ('xla', 8)
+  resolved, _ = auto.resolve_config(
+      typed(c), saved=saved, platform='cpu', num_devices=1
+  )
+  assert (resolved.model.attention_impl, resolved.grad_accum_steps) == (
+      'xla',
+      8,
+  )
   # another batch: the recorded microbatches do not apply
   saved['batch_size'] = 64
-  c = tiny_config()
-  auto.resolve_config(c, saved=saved, platform='cpu', num_devices=1)
-  assert c.grad_accum_steps == 1
+  resolved, _ = auto.resolve_config(
+      typed(tiny_config()), saved=saved, platform='cpu', num_devices=1
+  )
+  assert resolved.grad_accum_steps == 1
 
 
 def _hand_batch(b, t, vocab, seed):
@@ -108,6 +126,7 @@ def _hand_batch(b, t, vocab, seed):
 
 
 def _train(config, steps=3):
+  config = config_lib.RunConfig.from_config_dict(config)
   mesh = sharding.make_mesh(jax.devices()[:1])
   model = train_step.make_model(config)
   state, tx, sh = train_step.init_state(model, config, mesh, jax.random.key(0))

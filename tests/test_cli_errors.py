@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT
 from conftest import SUBPROCESS_ENV
 from flax_posemb import cli
+from flax_posemb import config as config_lib
 from flax_posemb import preemption
 
 TRAIN = [
@@ -439,12 +440,12 @@ def _text_config(tmp_path, mode):
 def test_invalid_utf8_is_replaced_or_skipped_and_counted(
     tmp_path, mode, docs, replaced
 ):
-  from flax_posemb.data import pipeline
+  from flax_posemb import data
   from flax_posemb.data import report
 
   _corpus(tmp_path)
-  c = _text_config(tmp_path, mode)
-  src = pipeline.make_source(c.data, 'train')
+  c = config_lib.RunConfig.from_config_dict(_text_config(tmp_path, mode))
+  src = data.make_source(c.data, 'train')
   assert len(src) == docs
   assert any('\ufffd' in src.text(i) for i in range(len(src))) == replaced
   rep = report.exposure(c, num_batches=1)
@@ -461,14 +462,14 @@ def test_invalid_utf8_is_replaced_or_skipped_and_counted(
 def test_invalid_utf8_with_on_decode_error_error_refuses_naming_the_file(
     tmp_path,
 ):
-  from flax_posemb.data import pipeline
+  from flax_posemb import data
 
   _corpus(tmp_path)
-  c = _text_config(tmp_path, 'error')
+  c = config_lib.RunConfig.from_config_dict(_text_config(tmp_path, 'error'))
   with pytest.raises(
       ValueError, match=r'bad\.txt is not valid UTF-8.*offset 12, line 1'
   ):
-    pipeline.make_source(c.data, 'train')
+    data.make_source(c.data, 'train')
   # nothing half-built
   assert not os.path.exists(tmp_path / 'data' / 'local_text')
 
@@ -493,11 +494,9 @@ def test_text_records_of_invalid_utf8_follow_on_decode_error():
 
 GRAIN_SCRIPT = textwrap.dedent("""
     import os, sys, time
-    from flax_posemb import defaults
-    from flax_posemb.data import pipeline
-    c = defaults.base().data
-    c.seq_len, c.num_workers = 16, 1
-    it = pipeline.make_train_iterator(
+    from flax_posemb import data
+    c = data.DataConfig(seq_len=16, num_workers=1)
+    it = data.make_train_iterator(
         c, batch_size=2, seed=0, num_train_steps=10)
     next(it)
     me = str(os.getpid())

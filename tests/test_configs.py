@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flax_posemb import config as config_lib
+from flax_posemb import data
 from flax_posemb import model as model_lib
-from flax_posemb.data import pipeline
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / 'configs'
 CONFIGS = ('tiny', 'default', 'gpt2_small', 'bert_like')
@@ -50,8 +51,8 @@ def num_params(c) -> int:
 @pytest.mark.parametrize('name', CONFIGS)
 def test_config_loads_and_validates(name):
   c = load(name)
-  model_cfg = model_lib.ModelConfig.from_config(c.model)
-  pipeline.validate_config(c.data, model_cfg.max_len)
+  run = config_lib.RunConfig.from_config_dict(c)
+  data.check_fits_model(run.data, run.model.max_len)
   assert c.model.vocab_size == data_vocab(
       c
   ), 'model.vocab_size must equal the data vocabulary'

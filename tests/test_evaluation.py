@@ -12,6 +12,7 @@ import pytest
 import scipy.stats
 
 from flax_posemb import buckets as buckets_lib
+from flax_posemb import config as config_lib
 from flax_posemb import defaults
 from flax_posemb import eval_report
 from flax_posemb import evaluation
@@ -201,8 +202,7 @@ def test_offset_zero_equals_plain_and_offsets_shift_rows_only():
 
 
 def test_evaluation_settings_are_checked_once_against_the_position_table():
-  c = _synthetic_config(max_len=20)
-  c.eval.window_len = 16
+  c = _synthetic_config(max_len=20, window_len=16)
   assert evaluation.eval_settings(c, {'offsets': [4, 0]})['offsets'] == [0, 4]
   with pytest.raises(ValueError, match='largest valid offset is 15'):
     evaluation.eval_settings(c, {'offsets': [0, 16]})
@@ -219,9 +219,7 @@ def test_incompatible_checkpoint_is_a_clear_error():
       ValueError,
       match=r'max_len=32.*params/pos_embed/embedding has shape \(16,',
   ):
-    evaluation.run_evaluation(
-        TransformerLM(ModelConfig.from_config(c.model)), params16, c
-    )
+    evaluation.run_evaluation(TransformerLM(c.model), params16, c)
 
 
 def test_format_table_lists_every_bucket():
@@ -236,7 +234,8 @@ def test_format_table_lists_every_bucket():
   assert '[0, 4)' in text and '[4, 8)' in text and 'overall loss 1.6250' in text
 
 
-def _synthetic_config(max_len=32):
+def _synthetic_config(max_len=32, **eval_fields):
+  """The typed config of a tiny synthetic run, ``eval_fields`` set."""
   c = defaults.base()
   c.model.update(
       vocab_size=64,
@@ -248,13 +247,13 @@ def _synthetic_config(max_len=32):
   )
   c.data.seq_len = max_len
   c.data.synthetic.num_docs = 64
-  c.eval.update(num_windows=6, batch_size=4, bucket_size=8)
-  return c
+  c.eval.update(num_windows=6, batch_size=4, bucket_size=8, **eval_fields)
+  return config_lib.RunConfig.from_config_dict(c)
 
 
 def test_run_evaluation_offsets_zero_equals_plain_on_synthetic_windows():
   c = _synthetic_config()
-  model = TransformerLM(ModelConfig.from_config(c.model))
+  model = TransformerLM(c.model)
   x = jnp.zeros((1, 4), jnp.int32)
   params = model.init(jax.random.key(1), x, x)['params']
   out = evaluation.run_evaluation(model, params, c, step=7, offsets=[0])
@@ -308,7 +307,7 @@ def test_run_evaluation_offsets_zero_equals_plain_on_synthetic_windows():
 
 def test_run_evaluation_offset_leaving_no_window_is_a_clear_error():
   c = _synthetic_config()
-  model = TransformerLM(ModelConfig.from_config(c.model))
+  model = TransformerLM(c.model)
   x = jnp.zeros((1, 4), jnp.int32)
   params = model.init(jax.random.key(1), x, x)['params']
   with pytest.raises(ValueError, match='largest valid offset is 31'):

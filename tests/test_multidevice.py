@@ -20,7 +20,7 @@ EIGHT_DEVICES = textwrap.dedent("""
     import jax, numpy as np
     import conftest
     from test_training import hand_batch
-    from flax_posemb import sharding, train_step, training
+    from flax_posemb import config, sharding, train_step, training
     assert jax.device_count() == 8, jax.devices()
     out = {{}}
     # 8 rows
@@ -33,6 +33,7 @@ EIGHT_DEVICES = textwrap.dedent("""
       c.batch_size, c.fsdp, c.grad_accum_steps = 8, fsdp, accum
       c.optimizer.warmup_steps = 0
       c.model.mlp_dim = 512  # 32 x 512 matrices reach FSDP_MIN_SIZE
+      c = config.RunConfig.from_config_dict(c)
       mesh = sharding.make_mesh(jax.devices()[:n])
       model = train_step.make_model(c)
       state, tx, sh = train_step.init_state(model, c, mesh, jax.random.key(0))

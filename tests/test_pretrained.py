@@ -26,6 +26,7 @@ import tokenizers
 from conftest import ROOT
 from conftest import SUBPROCESS_ENV
 from flax_posemb import checkpointing
+from flax_posemb import config as config_lib
 from flax_posemb import defaults
 from flax_posemb import initializers
 from flax_posemb import model as model_lib
@@ -563,11 +564,10 @@ def test_a_run_starts_from_a_workdir_with_its_table_extended(
   pretrained.apply_source(config, source)
   assert config.model.max_len == 16 and config.model.num_layers == 2
   config.model.max_len = 32
-  pretrained.check_init_from(config)
-  model = model_lib.TransformerLM(
-      model_lib.ModelConfig.from_config(config.model)
-  )
-  params, record = pretrained.start_params(config, model, jax.random.key(0))
+  run_config = config_lib.RunConfig.from_config_dict(config)
+  pretrained.check_init_from(run_config)
+  model = model_lib.TransformerLM(run_config.model)
+  params, record = pretrained.start_params(run_config, model, jax.random.key(0))
   table = np.asarray(model_lib.position_table(params))
   old = np.asarray(
       pretrained.read_checkpoint(hf).params['pos_embed']['embedding']
@@ -581,4 +581,4 @@ def test_a_run_starts_from_a_workdir_with_its_table_extended(
   assert record['rows'] == 16 and record['new_rows'] == rule
   config.model.num_layers = 3
   with pytest.raises(ValueError, match='num_layers=2 .config: 3.'):
-    pretrained.check_init_from(config)
+    pretrained.check_init_from(config_lib.RunConfig.from_config_dict(config))

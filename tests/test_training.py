@@ -17,6 +17,7 @@ from conftest import ROOT
 from conftest import SUBPROCESS_ENV
 from conftest import tiny_config
 from flax_posemb import checkpointing
+from flax_posemb import config as config_lib
 from flax_posemb import sharding
 from flax_posemb import stats
 from flax_posemb import train_step
@@ -47,6 +48,7 @@ def hand_batch(b=4, t=32, vocab=64, seed=0):
 
 
 def build(config):
+  config = config_lib.RunConfig.from_config_dict(config)
   mesh = sharding.make_mesh(jax.devices()[:1])
   model = train_step.make_model(config)
   state, tx, sh = train_step.init_state(model, config, mesh, jax.random.key(0))

@@ -2,6 +2,7 @@
 change, no silent restart over a trained run (flax_posemb.workdir and the loop
 that uses it)."""
 
+import dataclasses
 import errno
 import json
 import os
@@ -19,9 +20,15 @@ import pytest
 from conftest import SUBPROCESS_ENV
 from conftest import tiny_config
 from flax_posemb import checkpointing
+from flax_posemb import config as config_lib
 from flax_posemb import outputs
 from flax_posemb import training
 from flax_posemb import workdir
+
+
+def typed(c):
+  """The RunConfig of a test's ConfigDict (what train_and_evaluate converts)."""
+  return config_lib.RunConfig.from_config_dict(c)
 
 
 def five_steps():
@@ -211,7 +218,7 @@ def test_a_newest_checkpoint_of_another_model_is_named_not_a_config_change(
   wd, c = trained_five_steps(tmp_path)
   wider = five_steps()
   wider.model.emb_dim, wider.model.mlp_dim = 64, 128
-  model = training.step_lib.make_model(wider)
+  model = training.step_lib.make_model(typed(wider))
   x = jnp.zeros((1, 4), jnp.int32)
   params = model.init(jax.random.key(0), x, x)['params']
   foreign = os.path.join(wd, 'checkpoints', '9')
@@ -271,7 +278,7 @@ def test_diverged_finite_loss_stops_before_it_is_saved(tmp_path):
   with pytest.raises(training.NonFiniteLossError, match='Diverged .*step 1'):
     training.train_and_evaluate(c, wd)
   assert checkpointing.restore_params(wd)[2].step == 0
-  assert training.divergence_bound(tiny_config()) == pytest.approx(
+  assert training.divergence_bound(typed(tiny_config())) == pytest.approx(
       3 * np.log(64)
   )
 
@@ -322,21 +329,21 @@ def test_a_run_started_before_a_field_existed_resumes_with_its_default(
 ):
   wd, c = trained_five_steps(tmp_path)
   # as train_and_evaluate does before this check
-  c = training.resolve_auto(c, wd)
+  c = training.resolve_auto(typed(c), wd)
   path = os.path.join(wd, 'config.json')
   saved = json.load(open(path))
   del saved['data']['on_decode_error']  # as written by an older version
   json.dump(saved, open(path, 'w'))
   assert workdir.check_resume_config(wd, c, saved) == {}
-  c.data.on_decode_error = 'skip'
+  skip = dataclasses.replace(c.data, on_decode_error='skip')
   with pytest.raises(
       workdir.WorkdirError, match="data.on_decode_error: None -> 'skip'"
   ):
-    workdir.check_resume_config(wd, c, saved)
-  c.data.on_decode_error = 'replace'
-  c.data.num_workers = 2  # the saved data-iterator state depends on it
+    workdir.check_resume_config(wd, dataclasses.replace(c, data=skip), saved)
+  # the saved data-iterator state depends on it
+  workers = dataclasses.replace(c.data, num_workers=2)
   with pytest.raises(workdir.WorkdirError, match='data.num_workers'):
-    workdir.check_resume_config(wd, c, saved)
+    workdir.check_resume_config(wd, dataclasses.replace(c, data=workers), saved)
 
 
 @pytest.mark.parametrize('config_json', ['missing', 'edited'])
@@ -352,7 +359,7 @@ def test_resume_compares_with_the_config_stored_in_the_checkpoint(
   if config_json == 'missing':
     os.remove(path)
   else:
-    workdir.write_config(wd, c)
+    workdir.write_config(wd, typed(c))
   with pytest.raises(workdir.WorkdirError, match='optimizer.learning_rate'):
     training.train_and_evaluate(c, wd)
   c.allow_config_change = True

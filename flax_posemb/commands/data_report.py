@@ -15,7 +15,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from flax_posemb import cli
+from flax_posemb import config as config_lib
 from flax_posemb import plots
+from flax_posemb.data import config as data_config_lib
 from flax_posemb.data import report
 
 PROG = 'python -m flax_posemb.commands.data_report'
@@ -54,7 +56,9 @@ def main(argv):
     cli.check_output_dir(
         os.path.dirname(os.path.abspath(_PNG.value)), 'the directory of --png'
     )
-  rep = report.exposure(_CONFIG.value, _NUM_BATCHES.value, _NUM_DOCS.value)
+  config = config_lib.RunConfig.from_config_dict(_CONFIG.value)
+  data_config_lib.check_fits_model(config.data, config.model.max_len)
+  rep = report.exposure(config, _NUM_BATCHES.value, _NUM_DOCS.value)
   print(report.format_report(rep))
   if _JSON.value:
     with open(_JSON.value, 'w') as f:

@@ -1,22 +1,27 @@
-"""Data layer: sources, tokenizers, policies, Grain pipelines, report
+"""Data layer: the data config, sources, tokenizers, position policies,
+training rows, evaluation windows and the exposure report
 (docs/DESIGN.md § Batch)."""
 
-from flax_posemb.data.pipeline import dataset_identity
-from flax_posemb.data.pipeline import make_eval_batches
-from flax_posemb.data.pipeline import make_source
+from flax_posemb.data import policies
+from flax_posemb.data.config import DataConfig
+from flax_posemb.data.config import SyntheticConfig
+from flax_posemb.data.config import check_fits_model
+from flax_posemb.data.corpus import dataset_identity
+from flax_posemb.data.corpus import make_eval_batches
+from flax_posemb.data.corpus import make_source
+from flax_posemb.data.corpus import reference_losses
+from flax_posemb.data.corpus import vocab_size
 from flax_posemb.data.pipeline import make_train_iterator
-from flax_posemb.data.pipeline import reference_losses
-from flax_posemb.data.pipeline import validate_config
-from flax_posemb.data.pipeline import vocab_size
-from flax_posemb.data.policies import POLICIES
 
 __all__ = [
+    'DataConfig',
+    'SyntheticConfig',
+    'check_fits_model',
     'dataset_identity',
-    'make_train_iterator',
     'make_eval_batches',
-    'vocab_size',
-    'reference_losses',
-    'validate_config',
     'make_source',
-    'POLICIES',
+    'make_train_iterator',
+    'policies',
+    'reference_losses',
+    'vocab_size',
 ]

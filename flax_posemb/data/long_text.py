@@ -273,7 +273,7 @@ class LongText(text_corpus.TextCorpus):
 def builder(data_config, ddir: str):
   """The prepared `LongText` builder (built on first use into `ddir`)."""
   parts = corpus_files()
-  val_percent = int(data_config.val_percent)
+  val_percent = data_config.val_percent
   paths = [p for k in sorted(parts) for p in parts[k]]
   key = (
       f'{_BUILD_FORMAT}|{text_corpus.PY_VERSION}|{val_percent}|'

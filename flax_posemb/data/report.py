@@ -5,10 +5,15 @@ from typing import Any
 
 import numpy as np
 
-from flax_posemb.data import lengths as lengths_lib
+from flax_posemb.data import config as config_lib
+from flax_posemb.data import corpus as corpus_lib
 from flax_posemb.data import long_text
 from flax_posemb.data import pipeline
+from flax_posemb.data import policies
+from flax_posemb.data import rows as rows_lib
 from flax_posemb.data import sources
+from flax_posemb.data import windows
+from flax_posemb.data.policies import exposure as exposure_lib
 
 
 def _hist(
@@ -41,92 +46,27 @@ def _hist(
   return rows
 
 
-def _deciles(counts: np.ndarray) -> tuple[np.ndarray, float | None]:
-  """Mean counts per tenth of positions ``[10]`` and the last over the first
-  (None: 0)."""
-  tenths = np.array_split(counts.astype(np.float64), 10)
-  means = np.array([tenth.mean() for tenth in tenths])
-  if not means[0]:
-    return means, None
-  return means, float(means[-1] / means[0])
-
-
 def policy_shares(
-    doc_pairs: np.ndarray, data_config, seed: int = 0
-) -> dict[str, Any]:
-  """{policy: {'token_share', 'last_over_first'}} of documents of untruncated
-  lengths ``[n]`` (pairs), analytically for one epoch (``max_len = seq_len``;
-  docs/DESIGN.md § Data policies and tokens)."""
-  c = data_config
-  t = int(c.seq_len)
-  pairs = np.asarray(doc_pairs, np.int64)
-  # Shorter documents are skipped by every policy.
-  pairs = pairs[pairs + 1 >= int(c.min_doc_len)]
-  total = max(int(np.asarray(doc_pairs).sum()), 1)
+    doc_pairs: np.ndarray, data: config_lib.DataConfig, seed: int = 0
+) -> dict[str, policies.Exposure]:
+  """Every registered policy's analytic exposure of one epoch.
 
-  def used(cap):
-    return float(np.minimum(pairs, cap).sum() / total)
+  Args:
+    doc_pairs: ``[n]`` untruncated document lengths (pairs) of a sample.
+    data: the data section; each policy reads its own fields of it.
+    seed: the report's seed (for policies that draw lengths).
 
-  def ratio(counts):
-    return _deciles(counts)[1]
-
-  positions = np.arange(t)
-  sorted_pairs = np.sort(pairs)
-
-  def alive(q):
-    """How many documents have more than ``q`` pairs."""
-    return len(sorted_pairs) - np.searchsorted(sorted_pairs, q, side='right')
-
-  natural = alive(positions)
-  if len(sorted_pairs):
-    rows_per_longest = int(sorted_pairs[-1] // t) + 1
-    wrapped = sum(alive(positions + k * t) for k in range(rows_per_longest))
-  else:
-    wrapped = positions * 0
-  short_share = float(c.schedule_fraction)
-  # 16 draws per document.
-  uniforms = np.random.default_rng([seed, 0x5A]).random((2, 16 * len(pairs)))
-  target = lengths_lib.parse(c.resample_dist, t)
-  drawn = target.sample_many(uniforms[0], uniforms[1])
-  resampled = np.minimum(np.repeat(pairs, 16), drawn)
-  resampled_share = float(resampled.sum() / 16 / total)
+  Returns:
+    {policy name: {'token_share', 'last_over_first'}} (``max_len =
+    seq_len``; docs/DESIGN.md § Data policies and tokens).
+  """
+  corpus = policies.CorpusLengths.of(
+      doc_pairs, data.seq_len, data.min_doc_len, seed
+  )
   return {
-      'packed': {'token_share': used(np.inf), 'last_over_first': 1.0},
-      'packed_reset': {
-          'token_share': used(np.inf),
-          'last_over_first': ratio(wrapped),
-      },
-      'natural_chunked': {
-          'token_share': used(np.inf),
-          'last_over_first': ratio(wrapped),
-      },
-      'natural': {'token_share': used(t), 'last_over_first': ratio(natural)},
-      'random_offset': {'token_share': used(t), 'last_over_first': None},
-      'length_schedule': {
-          'token_share': (
-              short_share * used(int(c.schedule_seq_len))
-              + (1 - short_share) * used(t)
-          ),
-          'last_over_first': ratio(natural),
-      },
-      'resampled': {'token_share': resampled_share, 'last_over_first': None},
-      'crops': _crops_share(c, used, ratio(natural)),
+      name: policies.get(name).exposure(data, corpus)
+      for name in policies.names()
   }
-
-
-def _crops_share(data_config, used, natural_ratio) -> dict[str, Any]:
-  """`policy_shares` of the configured `crops` (analytic: its crop lengths)."""
-  c = data_config
-  t = int(c.seq_len)
-  if c.crop_weighting == 'document':
-    return {'token_share': used(t), 'last_over_first': natural_ratio}
-  if c.crop_lengths == 'schedule':
-    f = float(c.schedule_fraction)
-    short = int(c.schedule_seq_len)
-    counts = f * (t / short) * (np.arange(t) < short) + (1 - f)
-  else:
-    counts = pipeline.piece_lengths(c).survival()
-  return {'token_share': used(np.inf), 'last_over_first': _deciles(counts)[1]}
 
 
 def length_stats(doc_pairs: np.ndarray, seq_len: int) -> dict[str, Any]:
@@ -155,29 +95,34 @@ def length_stats(doc_pairs: np.ndarray, seq_len: int) -> dict[str, Any]:
 
 
 def exposure(
-    config, num_batches: int = 100, num_source_docs: int = 2000
+    config: Any, num_batches: int = 100, num_source_docs: int = 2000
 ) -> dict[str, Any]:
-  """JSON-serializable exposure report of `num_batches` training batches
-  ('counts' ``[seq_len]``, 'deciles' ``[10]``, ...) and `num_source_docs` source
-  documents (0 = all)."""
+  """The exposure report of a run's training data.
+
+  Args:
+    config: the run's `flax_posemb.config.RunConfig` (its data section, batch
+      size, seed, steps, model.max_len and eval section).
+    num_batches: training batches measured.
+    num_source_docs: source documents sampled for the lengths and the
+      analytic models (0 = all).
+
+  Returns:
+    A JSON-serializable dict: 'counts' ``[P]`` real tokens per position (P:
+    the positions the policy uses), 'deciles' ``[10]``, the analytic
+    'policies' table, 'batch_diversity', the kind mixes, ...
+  """
   c = config.data
-  t = int(c.seq_len)
-  max_len = int(config.model.max_len)
-  pipeline.validate_config(c, max_len=max_len)
+  t = c.seq_len
+  max_len = config.model.max_len
   it = pipeline.make_train_iterator(
       c,
-      batch_size=int(config.batch_size),
-      seed=int(config.seed),
-      num_train_steps=int(config.num_train_steps),
+      batch_size=config.batch_size,
+      seed=config.seed,
+      num_train_steps=config.num_train_steps,
       max_len=max_len,
       with_doc_ids=True,
   )
-  # packed_reset keeps in-document positions up to the table; every other policy
-  # stays < T.
-  if c.position_policy == 'packed_reset':
-    counts = np.zeros(max_len, np.int64)
-  else:
-    counts = np.zeros(t, np.int64)
+  counts = np.zeros(c.policy.position_count(c, max_len), np.int64)
   slots = 0
   seg_lens: list[int] = []
   # Per row, its main document: the one with the most tokens (-1: none).
@@ -198,19 +143,19 @@ def exposure(
       else:
         main_doc_list.append(-1)
   main_docs = np.array(main_doc_list, np.int64).reshape(num_batches, -1)
-  deciles, last_over_first = _deciles(counts)
-  src = pipeline.make_source(c, c.train_split)
+  deciles, last_over_first = exposure_lib.deciles(counts)
+  src = corpus_lib.make_source(c, c.train_split)
   kind_mix = _kind_mix(batch_docs, src)
   if num_source_docs <= 0:
     sampled = len(src)
   else:
     sampled = min(num_source_docs, len(src))
-  order = pipeline.DocOrder(len(src), int(config.seed), True)
+  order = rows_lib.DocOrder(len(src), config.seed, True)
   sample = order.take(np.arange(sampled)).tolist()
   doc_lens = np.array(
       [max(len(src.doc(d, max_pairs=None)) - 1, 0) for d in sample], np.int64
   )
-  shares = policy_shares(doc_lens, c, int(config.seed))
+  shares = policy_shares(doc_lens, c, config.seed)
   # Synthetic text; real text: invalid UTF-8 found by the build and while
   # reading.
   bad = None
@@ -225,8 +170,8 @@ def exposure(
       'name': c.name,
       'policy': c.position_policy,
       'seq_len': t,
-      'batch_size': int(config.batch_size),
-      'num_batches': int(num_batches),
+      'batch_size': config.batch_size,
+      'num_batches': num_batches,
       'real_tokens': int(counts.sum()),
       'token_slots': int(slots),
       'padding_fraction': float(1 - counts.sum() / max(slots, 1)),
@@ -267,19 +212,18 @@ def eval_kind_mix(config) -> dict[str, float]:
   """Share of the evaluation windows' scored tokens per document kind, for
   the windows `config.eval` selects (docs/DESIGN.md § Evaluation outputs)."""
   ev = config.eval
-  min_doc_len, min_start = pipeline.deep_limits(
-      int(ev.window_len or config.model.max_len),
-      int(ev.min_doc_len),
-      int(ev.min_start),
+  window_len = ev.window_len or config.model.max_len
+  min_doc_len, min_start = windows.deep_limits(
+      window_len, ev.min_doc_len, ev.min_start
   )
-  batches = pipeline.make_eval_batches(
+  batches = corpus_lib.make_eval_batches(
       config.data,
       split=config.data.eval_split,
-      window_len=int(ev.window_len or config.model.max_len),
-      num_windows=int(ev.num_windows),
-      batch_size=int(ev.batch_size),
+      window_len=window_len,
+      num_windows=ev.num_windows,
+      batch_size=ev.batch_size,
       policy=ev.position_policy,
-      seed=int(ev.seed),
+      seed=ev.seed,
       window_start=ev.window_start,
       min_doc_len=min_doc_len,
       min_start=min_start,
@@ -306,12 +250,25 @@ def _kind_mix(batch_docs: list[np.ndarray], src) -> dict[str, float]:
 
 
 def batch_diversity(
-    main_docs: np.ndarray, doc_pairs: np.ndarray, data_config, split_docs: int
+    main_docs: np.ndarray,
+    doc_pairs: np.ndarray,
+    data: config_lib.DataConfig,
+    split_docs: int,
 ) -> dict[str, float | None]:
-  """Shares of same-document row pairs and one-document batches in `main_docs`
-  ``[num_batches, b]`` and (``random_*``) for rows drawn at random from the
-  policy's epoch, estimated from `doc_pairs` ``[k]`` sampled of `split_docs`
-  (Row order in docs/DESIGN.md § Data policies and tokens)."""
+  """How often a batch's rows share a document, measured and for rows drawn
+  at random from the policy's epoch (the row order of docs/DESIGN.md § Data
+  policies and tokens).
+
+  Args:
+    main_docs: ``[num_batches, b]`` each row's main document (-1: none).
+    doc_pairs: ``[k]`` untruncated pairs of documents sampled of the split.
+    data: the data section (its policy says how many rows a document fills).
+    split_docs: documents in the split.
+
+  Returns:
+    Shares of same-document row pairs and of one-document batches
+    (``random_*``: the random draw's); None when batches hold one row.
+  """
   b = main_docs.shape[1]  # rows per batch
   if b < 2:
     return {
@@ -325,19 +282,10 @@ def batch_diversity(
   one = (main_docs == main_docs[:, :1]).all(1) & (main_docs[:, 0] >= 0)
   pairs = np.asarray(doc_pairs, np.float64)
   # How many rows of an epoch each document fills.
-  policy = data_config.position_policy
-  token_crops = data_config.get('crop_weighting', 'token') == 'token'
-  if policy == 'natural_chunked':
-    rows = np.ceil(pairs / int(data_config.seq_len))
-  elif policy in ('packed', 'packed_reset') or (
-      policy == 'crops' and token_crops
-  ):
-    rows = pairs
-  else:
-    rows = (pairs > 0).astype(np.float64)
-  rows = np.where(pairs + 1 >= int(data_config.min_doc_len), rows, 0.0)
+  rows = data.policy.rows_per_document(data, pairs)
+  rows = np.where(pairs + 1 >= data.min_doc_len, rows, 0.0)
   p = rows / max(rows.sum(), 1.0)
-  sampled_share = len(pairs) / max(int(split_docs), 1)
+  sampled_share = len(pairs) / max(split_docs, 1)
   return {
       'same_doc_pairs': float(same.mean()),
       'random_same_doc_pairs': float(sampled_share * np.sum(p**2)),
@@ -346,12 +294,12 @@ def batch_diversity(
   }
 
 
-def composition(data_config) -> list[dict[str, Any]]:
+def composition(data_config: config_lib.DataConfig) -> list[dict[str, Any]]:
   """`long_text.split_stats` per split and kind of a `long_text` corpus at
   data.seq_len."""
   rows = []
   for split in ('train', 'validation'):
-    src = pipeline.make_source(data_config, split)
+    src = corpus_lib.make_source(data_config, split)
     lengths: dict[str, list[int]] = {}
     for i in range(len(src)):
       lengths.setdefault(src.kind(i), []).append(

@@ -14,12 +14,6 @@ from flax_posemb.data import tokenizers as tokenizers_lib
 DECODE_ERROR_MODES = ('replace', 'skip', 'error')  # data.on_decode_error
 
 
-def decode_mode(data_config) -> str:
-  """``data.on_decode_error``; configs saved before the field existed mean
-  'replace'."""
-  return data_config.get('on_decode_error', 'replace')
-
-
 class DocSource(abc.ABC):
   """Random access to the documents of one split."""
 

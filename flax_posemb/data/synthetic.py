@@ -174,11 +174,7 @@ def from_config(data_config) -> SyntheticCorpus:
   """The corpus named by ``data_config.synthetic``."""
   s = data_config.synthetic
   return _corpus(
-      int(s.vocab_size),
-      int(s.num_regimes),
-      int(s.segment_len),
-      float(s.concentration),
-      int(s.seed),
+      s.vocab_size, s.num_regimes, s.segment_len, s.concentration, s.seed
   )
 
 

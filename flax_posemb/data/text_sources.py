@@ -173,8 +173,8 @@ def _records(data_config, split: str):
 
 def _stdlib_builder(data_config, ddir: str) -> Stdlib:
   """The prepared `Stdlib` corpus of this Python (built on first use)."""
-  val_percent = int(data_config.val_percent)
-  mode = sources.decode_mode(data_config)
+  val_percent = data_config.val_percent
+  mode = data_config.on_decode_error
   files = text_corpus.stdlib_files()
   key = (
       f'{text_corpus.PY_VERSION}|{val_percent}|{text_corpus.BUILD_FORMAT}'
@@ -195,8 +195,8 @@ def _stdlib_builder(data_config, ddir: str) -> Stdlib:
 def _local_text_builder(data_config, ddir: str) -> LocalText:
   """The prepared `LocalText` corpus of `data.local_glob` (built on first
   use)."""
-  val_percent = int(data_config.val_percent)
-  mode = sources.decode_mode(data_config)
+  val_percent = data_config.val_percent
+  mode = data_config.on_decode_error
   pattern = data_config.local_glob
   files = glob_files(
       [pattern], ('.txt', '.jsonl'), f'data.local_glob={pattern!r}'
@@ -429,11 +429,11 @@ def make_tokenizer(data_config) -> tokenizers.Tokenizer:
       records,
       tokenizers.ByteTokenizer(),
       feature,
-      on_decode_error=sources.decode_mode(c),
+      on_decode_error=c.on_decode_error,
   )
   texts = (src.text(i) for i in range(min(len(src), 50_000)))
   return tokenizers.SentencePieceTokenizer.train(
-      texts, int(c.spm_vocab_size), save_path=path
+      texts, c.spm_vocab_size, save_path=path
   )
 
 
@@ -450,7 +450,7 @@ def make_text_source(data_config, split: str) -> sources.TextSource:
       records,
       make_tokenizer(data_config),
       feature,
-      on_decode_error=sources.decode_mode(data_config),
+      on_decode_error=data_config.on_decode_error,
       kind=kind,
   )
   src.build_decode_errors = decode_errors

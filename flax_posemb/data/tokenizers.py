@@ -60,6 +60,12 @@ class SentencePieceTokenizer(Tokenizer):
   CHARS_PER_TOKEN = 32  # Pieces rarely exceed 32 chars.
 
   def __init__(self, model_file: str):
+    if not os.path.isfile(model_file):
+      raise ValueError(
+          f'data.spm_model={model_file!r} is not a file; set'
+          " --config.data.spm_model to an existing .model file or to '' to"
+          ' train one on the corpus.'
+      )
     self._sp = spm.SentencePieceProcessor(model_file=model_file)
     self.vocab_size = int(self._sp.get_piece_size())
     # The BOS piece separates documents (EOS if it has none; models trained here
@@ -147,6 +153,12 @@ class HFTokenizer(Tokenizer):
   text stay text. Raises ValueError naming the file and the problem."""
 
   def __init__(self, directory: str):
+    if not os.path.isdir(directory):
+      raise ValueError(
+          "data.tokenizer='hf' needs data.hf_tokenizer, a Hugging Face"
+          ' tokenizer directory (tokenizer.json, or vocab.json + merges.txt);'
+          f' got {directory!r}.'
+      )
     self.directory = directory
     files = hf_tokenizer_files(directory)
     if files is None:

@@ -14,6 +14,7 @@ from flax_posemb import analysis
 from flax_posemb import outputs
 from flax_posemb import stats
 from flax_posemb import workdir
+from flax_posemb.data import corpus
 from flax_posemb.data import pipeline
 
 # Bucket vector -> the per-position vector it averages (``position_vectors``).
@@ -144,7 +145,7 @@ def training_mix(config) -> dict[str, float]:
   data_config = config.data
   if data_config.source == 'synthetic':
     return {'synthetic': 1.0}
-  src = pipeline.make_source(data_config, data_config.train_split)
+  src = corpus.make_source(data_config, data_config.train_split)
   it = pipeline.make_train_iterator(
       data_config,
       batch_size=int(config.batch_size),

@@ -14,13 +14,14 @@ import ml_collections
 import numpy as np
 
 from flax_posemb import checkpointing
+from flax_posemb import config as config_lib
+from flax_posemb import data as data_lib
 from flax_posemb import eval_report
 from flax_posemb import evaluation
 from flax_posemb import outputs
 from flax_posemb import preemption
 from flax_posemb import train_step
 from flax_posemb import training
-from flax_posemb.data import pipeline
 from flax_posemb.experiments import measures
 from flax_posemb.experiments import spec
 
@@ -34,38 +35,38 @@ PROBE_WINDOWS = 'windows_offset_{}.npz'
 # The run's training tokens by document kind.
 MIX = 'mix.json'
 
-# (training config, run dir) -> anything JSON-serializable (training's return
-# value).
-TrainFn = Callable[[ml_collections.ConfigDict, str], Any]
+# The run's typed config (converted once, in `execute_run`), run dir ->
+# anything JSON-serializable (training's return value).
+TrainFn = Callable[[config_lib.RunConfig, str], Any]
 # (training config, run dir, offsets) -> evaluation.EvalOutput.
 EvalFn = Callable[
-    [ml_collections.ConfigDict, str, tuple[int, ...]], evaluation.EvalOutput
+    [config_lib.RunConfig, str, tuple[int, ...]], evaluation.EvalOutput
 ]
 # (training config, num_batches) -> mean scored targets per row.
-Estimator = Callable[[ml_collections.ConfigDict, int], float]
+Estimator = Callable[[config_lib.RunConfig, int], float]
 
 
 def estimate_scored_per_row(
-    config: ml_collections.ConfigDict, num_batches: int
+    config: config_lib.RunConfig, num_batches: int
 ) -> float:
   """Mean ``loss_mask`` sum per row of ``config``'s training pipeline
   (the budget rule, docs/DESIGN.md § Experiments outputs)."""
-  short_share = float(config.data.schedule_fraction)
-  if config.data.position_policy == 'length_schedule' and 0 < short_share < 1:
-
-    def phase(fraction):
-      """The estimate with every step short (1.0) or every step long (0.0)."""
-      overrides = (('data.schedule_fraction', fraction),)
-      phase_config = spec.apply_overrides(config, overrides, 'budget')
-      return estimate_scored_per_row(phase_config, num_batches)
-
-    return short_share * phase(1.0) + (1.0 - short_share) * phase(0.0)
-  it = pipeline.make_train_iterator(
+  phases = config.data.policy.budget_phases(config.data)
+  if phases:
+    # A policy whose rows change in length during the run: the estimate of
+    # each phase's rows, weighted by its share of the steps.
+    estimate = 0.0
+    for share, fields in phases:
+      data = dataclasses.replace(config.data, **fields)
+      phase_config = dataclasses.replace(config, data=data)
+      estimate += share * estimate_scored_per_row(phase_config, num_batches)
+    return estimate
+  it = data_lib.make_train_iterator(
       config.data,
-      batch_size=int(config.batch_size),
-      seed=int(config.seed),
-      num_train_steps=int(config.num_train_steps),
-      max_len=int(config.model.max_len),
+      batch_size=config.batch_size,
+      seed=config.seed,
+      num_train_steps=config.num_train_steps,
+      max_len=config.model.max_len,
   )
   scored = [
       np.asarray(next(it)['loss_mask']).sum(1) for _ in range(num_batches)
@@ -117,7 +118,9 @@ def equalize(
           arm,
           int(budget_config.estimate_batches),
       )
-      cache[key] = float(estimator(probe, int(budget_config.estimate_batches)))
+      probe_config = config_lib.RunConfig.from_config_dict(probe)
+      batches = int(budget_config.estimate_batches)
+      cache[key] = float(estimator(probe_config, batches))
     per_row[arm] = cache[key]
     if not per_row[arm] > 0:
       raise ValueError(
@@ -138,7 +141,7 @@ def equalize(
   return out, Budget('real_tokens', reference, target, per_row, batch)
 
 
-def default_train(config: ml_collections.ConfigDict, run_dir: str) -> Any:
+def default_train(config: config_lib.RunConfig, run_dir: str) -> Any:
   """``training.train_and_evaluate`` (resumes from checkpoints); raises
   `preemption.Preempted` when SIGTERM stopped the run (checkpoint saved)."""
   result = training.train_and_evaluate(config, run_dir)
@@ -151,7 +154,7 @@ def default_train(config: ml_collections.ConfigDict, run_dir: str) -> Any:
 
 
 def default_evaluate(
-    config: ml_collections.ConfigDict, run_dir: str, offsets: tuple[int, ...]
+    config: config_lib.RunConfig, run_dir: str, offsets: tuple[int, ...]
 ) -> evaluation.EvalOutput:
   """``evaluation.run_evaluation`` of the latest checkpoint's params."""
   params, _, info = checkpointing.restore_params(run_dir)
@@ -198,10 +201,12 @@ def execute_run(
       os.path.join(run_dir, 'run.json'),
       {'key': run.key, 'seed': run.seed, 'config': run.config.to_dict()},
   )
+  # The run's one conversion: its ConfigDict stays its identity (run.json).
+  run_config = config_lib.RunConfig.from_config_dict(run.config)
   t0 = time.perf_counter()
-  train_out = train_fn(run.config, run_dir)
+  train_out = train_fn(run_config, run_dir)
   t1 = time.perf_counter()
-  out = eval_fn(run.config, run_dir, tuple(offsets))
+  out = eval_fn(run_config, run_dir, tuple(offsets))
   t2 = time.perf_counter()
   eval_dir = os.path.join(run_dir, EVAL_DIR)
   write_json(
@@ -213,7 +218,7 @@ def execute_run(
     outputs.save_npz(
         os.path.join(eval_dir, PROBE_WINDOWS.format(shift)), windows
     )
-  write_json(os.path.join(run_dir, MIX), measures.training_mix(run.config))
+  write_json(os.path.join(run_dir, MIX), measures.training_mix(run_config))
   # The record is JSON: anything else training returned is kept as its repr.
   train_result = train_out
   if not isinstance(train_out, (dict, list)):

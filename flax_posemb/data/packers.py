@@ -1,56 +1,18 @@
-"""Position policies: how documents become rows (docs/DESIGN.md § Data policies
-and tokens)."""
+"""Grain iterators that cut the document stream into rows: packing,
+crops and the short phase of a length schedule (not Grain's packers: the row
+order of docs/DESIGN.md § Data policies and tokens); each restores exactly
+from its state."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import grain
 import numpy as np
 
-from flax_posemb.batch import BATCH_KEYS as KEYS
 from flax_posemb.data import lengths as lengths_lib
+from flax_posemb.data import rows as rows_lib
 
-POLICIES = (
-    'natural',
-    'packed',
-    'packed_reset',
-    'random_offset',
-    'length_schedule',
-    'resampled',
-    'natural_chunked',
-    'crops',
-)
-# Full rows, documents cross row boundaries.
-PACKED_POLICIES = ('packed', 'packed_reset')
-# Rows cut from the document stream (every pair of every document, but
-# `crops` of whole documents: data.crop_weighting='document').
-STREAM_POLICIES = PACKED_POLICIES + ('natural_chunked', 'crops')
-# Per-token document index (-1: padding), for the report's batch diversity.
-DOC_IDS = 'doc_ids'
-
-
-def empty_row(seq_len: int) -> dict[str, np.ndarray]:
-  """An all-padding row: every array ``[seq_len]``, zeros."""
-  return {
-      k: np.zeros((seq_len,), np.float32 if k == 'loss_mask' else np.int32)
-      for k in KEYS
-  }
-
-
-def natural_row(
-    tokens: np.ndarray, seq_len: int, start: int = 0
-) -> dict[str, np.ndarray]:
-  """One document ``[n]`` in one row of ``[seq_len]`` arrays: its first ``min(n
-  - 1, seq_len)`` pairs at positions from `start` (``start + pairs <=
-  seq_len``), padded."""
-  row = empty_row(seq_len)
-  pairs = max(min(len(tokens) - 1, seq_len), 0)
-  row['inputs'][:pairs] = tokens[:pairs]
-  row['targets'][:pairs] = tokens[1 : pairs + 1]
-  row['positions'][:pairs] = np.arange(start, start + pairs, dtype=np.int32)
-  row['segment_ids'][:pairs] = 1
-  row['loss_mask'][:pairs] = 1.0
-  return row
+DOC_IDS = rows_lib.DOC_IDS
 
 
 class _DocStream:
@@ -68,7 +30,7 @@ class _DocStream:
   def __init__(
       self,
       parent: grain.DatasetIterator,
-      materialize: Callable[[Any, int], Sequence[np.ndarray]],
+      materialize: rows_lib.Materialize,
       min_tokens: int,
   ):
     self._parent = parent
@@ -77,7 +39,7 @@ class _DocStream:
     # False until the first chunk is read (column 0).
     self._loaded = False
     self._chunk: dict[str, np.ndarray] = {}
-    self._docs: Sequence[np.ndarray] = ()
+    self._docs: Any = ()
     self._tokens: np.ndarray | None = None
     self._chunk_state: Any = None
     self._chunk_column = 0
@@ -167,14 +129,14 @@ class _DocStream:
 
 
 class PackIterDataset(grain.IterDataset):
-  """Streams documents whole into the rows of the `STREAM_POLICIES` but
-  `crops` (not Grain's packers: Row order in docs/DESIGN.md § Data policies
-  and tokens). `parent` and `materialize` as `_DocStream`'s."""
+  """Streams documents whole into full rows (packed, packed_reset) or
+  rows of one document each (natural_chunked). `parent` and `materialize` as
+  `_DocStream`'s."""
 
   def __init__(
       self,
       parent: grain.IterDataset,
-      materialize: Callable[[Any, int], Sequence[np.ndarray]],
+      materialize: rows_lib.Materialize,
       seq_len: int,
       reset: bool,
       min_tokens: int = 2,
@@ -222,7 +184,7 @@ class _PackIterator(grain.DatasetIterator):
     t = self._seq_len
     if self._chunked:
       inputs, targets, _, docs = self._stream.pairs(t, 0)
-      row = natural_row(np.append(inputs, targets[-1:]), t)
+      row = rows_lib.natural_row(np.append(inputs, targets[-1:]), t)
       in_doc = row['segment_ids'] > 0
       row[DOC_IDS] = np.where(in_doc, docs[0], -1).astype(np.int32)
       return row
@@ -276,7 +238,7 @@ class CropIterDataset(grain.IterDataset):
   def __init__(
       self,
       parent: grain.IterDataset,
-      materialize: Callable[[Any, int], Sequence[np.ndarray]],
+      materialize: rows_lib.Materialize,
       seq_len: int,
       *,
       min_tokens: int,
@@ -351,7 +313,7 @@ class _CropIterator(grain.DatasetIterator):
 
   def __next__(self) -> dict[str, np.ndarray]:
     t = self._seq_len
-    row = empty_row(t)
+    row = rows_lib.empty_row(t)
     row[DOC_IDS] = np.full(t, -1, np.int32)
     column = 0
     segment = 0
