@@ -17,6 +17,7 @@ import tqdm
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import data as data_lib
 from flax_posemb import defaults
+from flax_posemb import inference
 from flax_posemb import sharding
 from flax_posemb import train_step
 from flax_posemb import trees
@@ -188,7 +189,7 @@ def summarize(
           'step': step,
           'buckets': acc.buckets(reference),
           'overall': buckets_lib.overall(per_window),
-          'degradation': buckets_lib.degradation(per_window),
+          'degradation': inference.degradation(per_window),
       },
       per_position,
       per_window,
@@ -405,7 +406,7 @@ def run_evaluation(
             {
                 'offset': offset,
                 'minus_offset': offsets[0],
-                'buckets': buckets_lib.paired_difference(
+                'buckets': inference.paired_difference(
                     probe.per_window,
                     probes[0].per_window,
                     (f'K={offset}', f'K={offsets[0]}'),
