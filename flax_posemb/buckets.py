@@ -219,8 +219,8 @@ def provenance_tables(
     window_len: the window length T.
 
   Returns:
-    ``{'windows': counts and quantiles of the windows' provenance, 'by_kind',
-    'by_depth', 'by_end': each group's `bucket_rows`}``.
+    ``windows`` (counts and quantiles of the windows' provenance) and
+    ``by_kind``, ``by_depth``, ``by_end`` (each group's `bucket_rows`).
   """
   t = int(window_len)
   doc = np.asarray(per_window['doc'], np.int64)

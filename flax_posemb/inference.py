@@ -464,7 +464,11 @@ class Interval:
   level: float = 0.95
 
   def as_dict(self) -> dict[str, float | int]:
-    """The fields as a dict (``summary.json``)."""
+    """The fields as a dict.
+
+    Returns:
+      ``{'mean', 'low', 'high', 'n', 'stderr', 'level'}`` (``summary.json``).
+    """
     return dataclasses.asdict(self)
 
 

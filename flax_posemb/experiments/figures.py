@@ -16,7 +16,15 @@ from flax_posemb.plots import experiments as plots
 def write_figures(
     summary: Mapping[str, Any], out_dir: str
 ) -> list[tuple[str, str]]:
-  """Writes the report's figures; returns (title, file name) of each."""
+  """Writes the report's figures.
+
+  Args:
+    summary: `aggregate.aggregate`'s summary.
+    out_dir: the report directory.
+
+  Returns:
+    (title, file name) of each figure, in the report's order.
+  """
   settings = summary['settings']
   n_seeds = aggregate.most_seeds(summary)
   identity = (
@@ -129,6 +137,14 @@ def dose_plot(
   Series of several experiments share one column per measure; an offset
   penalty is one column whatever its shift K (experiments probe different
   shifts), and each panel's title names its own K.
+
+  Args:
+    doses: the summaries' dose series (``analyses['doses']``).
+    out_dir: the report directory.
+    identity: the runs' description, the title's second line.
+
+  Returns:
+    (title, file name).
   """
   name = 'dose_response.png'
   labels = {

@@ -21,8 +21,17 @@ def write(
     out_dir: str,
     command: str,
 ) -> dict[str, Any]:
-  """Writes ``summary.json``, the figures and ``REPORT.md``; returns the
-  summary."""
+  """Writes ``summary.json``, the figures and ``REPORT.md`` of a sweep.
+
+  Args:
+    exp: the experiment's spec.
+    sweep_out: `sweep.run_sweep`'s output.
+    out_dir: the report directory.
+    command: the command the report states.
+
+  Returns:
+    The summary.
+  """
   summary = dict(aggregate.aggregate(exp, sweep_out), command=command)
   figures = figures_lib.write_figures(summary, out_dir)
   summary['figures'] = [name for _, name in figures]

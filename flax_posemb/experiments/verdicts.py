@@ -22,7 +22,16 @@ def verdict(
     interval: inference.Interval, direction: str, margin: float = 0.0
 ) -> str:
   """The fixed rule on the interval of the mean paired difference ``arm -
-  baseline``."""
+  baseline`` (docs/DESIGN.md "Intervals and verdicts").
+
+  Args:
+    interval: the difference's interval (NaN bounds: inconclusive).
+    direction: the prediction, one of `DIRECTIONS`.
+    margin: the equivalence band's half-width.
+
+  Returns:
+    `SUPPORTED`, `CONTRADICTED` or `INCONCLUSIVE`.
+  """
   # NaN bounds (n < 2) fail every test: inconclusive.
   low = interval.low
   high = interval.high
@@ -52,7 +61,19 @@ def judge(
     margin: float = 0.0,
     level: float = 0.95,
 ) -> dict:
-  """Interval, verdict and p value of a paired claim (seed -> metric maps)."""
+  """Interval, verdict and p value of a paired claim, over seeds.
+
+  Args:
+    arm: seed -> the arm's value of the metric.
+    baseline: seed -> the baseline's value (the seeds both have pair).
+    direction: the prediction, one of `DIRECTIONS`.
+    margin: the equivalence band's half-width.
+    level: the interval's coverage.
+
+  Returns:
+    ``{'seeds', 'differences', 'interval', 'verdict', 'p_value'}``
+    (`NOT_MEASURED` when no seed has both values).
+  """
   seeds = sorted(set(arm) & set(baseline))
   differences = np.array(
       [float(arm[seed]) - float(baseline[seed]) for seed in seeds], np.float64
@@ -72,8 +93,17 @@ def judge(
 
 
 def with_holm(judgements: Sequence[dict], alpha: float = 0.05) -> list[dict]:
-  """``judge`` outputs plus ``p_holm`` and ``verdict_holm`` over the measured
-  ones."""
+  """Holm-Bonferroni over the measured claims.
+
+  Args:
+    judgements: `judge` or `judge_estimate` outputs.
+    alpha: the family-wise error rate.
+
+  Returns:
+    The judgements plus ``p_holm`` and ``verdict_holm`` (the verdict where
+    ``p_holm < alpha``, else `INCONCLUSIVE`; `NOT_MEASURED` and NaN for the
+    unmeasured).
+  """
   out = [
       dict(judgement, p_holm=float('nan'), verdict_holm=NOT_MEASURED)
       for judgement in judgements
@@ -120,7 +150,16 @@ def contrast_interval(contrast: Mapping[str, Any]) -> dict[str, Any]:
 def judge_estimate(
     estimate: Mapping[str, Any], direction: str, margin: float = 0.0
 ) -> dict:
-  """`judge`'s output for a seeds x documents estimate of ``arm - baseline``."""
+  """`judge`'s output for a seeds x documents estimate of ``arm - baseline``.
+
+  Args:
+    estimate: `window_measures.estimate`'s dict.
+    direction: the prediction, one of `DIRECTIONS`.
+    margin: the equivalence band's half-width.
+
+  Returns:
+    As `judge`, with the interval of `contrast_interval`.
+  """
   interval = contrast_interval(estimate)
   bounds = inference.Interval(
       interval['mean'],
