@@ -12,6 +12,15 @@ LINESTYLES = ('-', '--', ':', '-.')
 
 
 def save(fig, path: str) -> str:
+  """Writes ``fig`` to ``path`` (a PNG; its directory made) and closes it.
+
+  Args:
+    fig: a matplotlib figure.
+    path: where to write it.
+
+  Returns:
+    ``path``.
+  """
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -20,6 +29,15 @@ def save(fig, path: str) -> str:
 
 
 def column(rows: Sequence[dict[str, Any]], key: str) -> np.ndarray:
+  """One field of result rows as floats.
+
+  Args:
+    rows: result rows (bucket rows, interval records).
+    key: the field.
+
+  Returns:
+    float64 ``[len(rows)]``, NaN where the field is None or missing.
+  """
   return np.array(
       [np.nan if r.get(key) is None else r[key] for r in rows], np.float64
   )
@@ -45,6 +63,18 @@ def errorbars(
     style: dict[str, Any],
     label: str,
 ) -> Any:
+  """Draws intervals as error bars (none where a bound is undefined).
+
+  Args:
+    ax: the axes.
+    x: ``[n]`` x positions.
+    intervals: ``n`` records with ``mean``, ``low`` and ``high``.
+    style: the series' matplotlib style (`arm_styles`).
+    label: the legend label.
+
+  Returns:
+    The errorbar container (a legend handle).
+  """
   mean = column(intervals, 'mean')
   low = column(intervals, 'low')
   high = column(intervals, 'high')
