@@ -79,7 +79,17 @@ RunDirs = Mapping[int, str]
 def aggregate(
     exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]
 ) -> dict[str, Any]:
-  """The JSON-ready summary of a sweep (``sweep.run_sweep`` output)."""
+  """The JSON-ready summary of a sweep (docs/DESIGN.md "Experiments outputs").
+
+  Args:
+    exp: the experiment's spec.
+    sweep_out: `sweep.run_sweep`'s output.
+
+  Returns:
+    The summary: per arm the intervals of every scalar and vector measure,
+    the claims with their verdicts (Holm over the measured ones), the
+    profiles' paired differences, the analyses and the runs.
+  """
   rows = [row for row in sweep_out['runs'] if row['done']]
   # arm (grid order, unfinished arms included) -> {seed: measures}, seeds
   # ascending; and -> {seed: run dir} of the runs whose windows are on disk.

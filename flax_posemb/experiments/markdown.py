@@ -267,8 +267,15 @@ def _window_lines(windows: Mapping[str, Any]) -> list[str]:
 
 
 def methodology_link(report_dir: str) -> str:
-  """The Markdown link, relative to ``report_dir``, to the one description of
-  the intervals and the verdict rule (docs/DESIGN.md)."""
+  """The link to the one description of the intervals and the verdict rule.
+
+  Args:
+    report_dir: where the report is written.
+
+  Returns:
+    A Markdown link to docs/DESIGN.md's "Intervals and verdicts", relative to
+    ``report_dir``.
+  """
   target = os.path.relpath(DESIGN, os.path.abspath(report_dir))
   return f'[docs/DESIGN.md, Intervals and verdicts]({target}#{METHODS})'
 
