@@ -1,5 +1,5 @@
 """Position buckets: their edges, the loss by bucket and the windows' groups
-(docs/DESIGN.md "Evaluation outputs").
+(docs/DESIGN.md § Evaluation outputs).
 
 The intervals of these losses come from `flax_posemb.inference`.
 """
@@ -102,7 +102,7 @@ def bucket_of_position(edges: np.ndarray) -> np.ndarray:
 
 
 def bucket_rows(per_window: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
-  """The results.json bucket rows (docs/DESIGN.md "Evaluation outputs").
+  """The results.json bucket rows (docs/DESIGN.md § Evaluation outputs).
 
   Args:
     per_window: ``windows.npz`` contents: ``edges`` ``[nb + 1]``,
@@ -211,7 +211,7 @@ def provenance_tables(
     per_window: Mapping[str, np.ndarray], window_len: int
 ) -> dict[str, Any]:
   """Where the windows come from and the loss by bucket of each window group
-  (docs/DESIGN.md "Evaluation outputs").
+  (docs/DESIGN.md § Evaluation outputs).
 
   Args:
     per_window: ``windows.npz`` contents with provenance: ``doc``, ``start``,
@@ -344,7 +344,7 @@ class BucketAccumulator:
     self.windows += int(real.sum())
 
   def per_window(self) -> dict[str, np.ndarray]:
-    """The contents of windows.npz (docs/DESIGN.md "Evaluation outputs").
+    """The contents of windows.npz (docs/DESIGN.md § Evaluation outputs).
 
     Returns:
       ``window_id`` ``[W]``, ``win_sum`` and ``win_count`` ``[W, nb]``, the

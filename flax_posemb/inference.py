@@ -1,5 +1,5 @@
-"""Every interval of the project (docs/DESIGN.md "Inference"): document-
-clustered bucket means, paired differences, seed x document contrasts
+"""Every interval of the project (docs/DESIGN.md § Intervals and verdicts):
+document-clustered bucket means, paired differences, seed x document contrasts
 (Satterthwaite), Student-t intervals over seeds, decision p values and Holm.
 Evaluation, comparisons and experiments all build their intervals here."""
 
@@ -373,7 +373,7 @@ def seed_document_contrast(
     level: float = 0.95,
 ) -> dict[str, Any]:
   """A contrast of ratio estimates averaged over seeds, with an interval that
-  combines seeds and documents (docs/DESIGN.md "Experiments outputs").
+  combines seeds and documents (docs/DESIGN.md § Experiments outputs).
 
   Component ``k`` of seed ``s`` is the ratio ``L_sk = sum_g sums[s, g, k] /
   sum_g counts[s, g, k]`` (a bucket's loss, say); the contrast is ``theta_s =

@@ -1,6 +1,6 @@
 """Pretrained models: a local Hugging Face GPT-2-family checkpoint as a workdir,
-and a run that starts from a workdir's parameters (docs/DESIGN.md, "Pretrained
-models").
+and a run that starts from a workdir's parameters (docs/DESIGN.md § Pretrained
+models).
 
 The importer reads ``config.json`` and ``model.safetensors`` (the hub's PyTorch
 names; sharded: ``model.safetensors.index.json``) or ``flax_model.msgpack``
@@ -413,8 +413,8 @@ def import_config(
 def import_checkpoint(
     hf_dir: str, workdir: str, config: ml_collections.ConfigDict
 ) -> dict[str, Any]:
-  """Writes `workdir` from the checkpoint in `hf_dir` (docs/DESIGN.md,
-  "Pretrained models"): config.json (`import_config`), a step-0 checkpoint of
+  """Writes `workdir` from the checkpoint in `hf_dir` (docs/DESIGN.md
+  § Pretrained models): config.json (`import_config`), a step-0 checkpoint of
   its parameters, tokenizer/ (a copy of its tokenizer files) and imported.json.
   Returns imported.json's record."""
   if os.path.isdir(workdir) and set(os.listdir(workdir)) - {outputs.LOCK_FILE}:

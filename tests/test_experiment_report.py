@@ -35,7 +35,7 @@ def test_committed_reports_read_as_the_code_renders_their_summary(name):
 
 def test_reports_link_the_one_methodology_section_instead_of_copying_it():
   design = (ROOT / 'docs' / 'DESIGN.md').read_text()
-  assert '### Intervals and verdicts' in design
+  assert '\n## Intervals and verdicts\n' in design
   assert markdown.DESIGN == str(ROOT / 'docs' / 'DESIGN.md')
   link = markdown.methodology_link(str(ROOT / 'docs' / 'experiments' / 'x'))
   assert link.endswith('(../../DESIGN.md#intervals-and-verdicts)')

@@ -1,6 +1,6 @@
 """A sweep's runs -> the JSON-ready summary: per arm and per bucket, the
-intervals of every measure and the claims' verdicts (docs/DESIGN.md
-"Experiments outputs")."""
+intervals of every measure and the claims' verdicts (docs/DESIGN.md §
+Experiments outputs)."""
 
 from collections.abc import Mapping
 import math
@@ -79,7 +79,7 @@ RunDirs = Mapping[int, str]
 def aggregate(
     exp: ml_collections.ConfigDict, sweep_out: Mapping[str, Any]
 ) -> dict[str, Any]:
-  """The JSON-ready summary of a sweep (docs/DESIGN.md "Experiments outputs").
+  """The JSON-ready summary of a sweep (docs/DESIGN.md § Experiments outputs).
 
   Args:
     exp: the experiment's spec.

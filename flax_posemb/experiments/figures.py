@@ -1,5 +1,5 @@
 """The figures of a sweep's report, drawn by `flax_posemb.plots.experiments`
-from the summary (docs/DESIGN.md "Experiments outputs")."""
+from the summary (docs/DESIGN.md § Experiments outputs)."""
 
 from collections.abc import Mapping
 import os

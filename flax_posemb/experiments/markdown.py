@@ -1,5 +1,5 @@
-"""The REPORT.md text of a sweep's summary (docs/DESIGN.md "Experiments
-outputs"; the methodology is described there once, and the report links to
+"""The REPORT.md text of a sweep's summary (docs/DESIGN.md § Experiments
+outputs; the methodology is described there once, and the report links to
 it)."""
 
 from collections.abc import Iterable, Mapping
@@ -13,9 +13,8 @@ from flax_posemb import eval_report
 from flax_posemb import inference
 from flax_posemb.experiments import aggregate
 
-# Per-arm scalars of the report's arm table (all of them are in summary.json).
-# The one description of the intervals and the verdict rule (its heading's
-# anchor): reports link to it rather than copy it.
+# The one description of the intervals and the verdict rule, docs/DESIGN.md §
+# Intervals and verdicts, and its anchor: reports link to it, never copy it.
 DESIGN = os.path.join(
     os.path.dirname(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,6 +23,7 @@ DESIGN = os.path.join(
     'DESIGN.md',
 )
 METHODS = 'intervals-and-verdicts'
+# Per-arm scalars of the report's arm table (all of them are in summary.json).
 TABLE_SCALARS = (
     'final_loss',
     'loss_late_minus_mid',
@@ -87,8 +87,8 @@ def markdown(
     exp: the experiment's spec.
     summary: `aggregate.aggregate`'s summary, with the ``command``.
     figures: (title, file name) of each figure, in ``report_dir``.
-    report_dir: where REPORT.md is written (its link to the methodology in
-      docs/DESIGN.md is relative to it).
+    report_dir: where REPORT.md is written (its link to docs/DESIGN.md §
+      Intervals and verdicts is relative to it).
 
   Returns:
     The Markdown text.
@@ -273,11 +273,11 @@ def methodology_link(report_dir: str) -> str:
     report_dir: where the report is written.
 
   Returns:
-    A Markdown link to docs/DESIGN.md's "Intervals and verdicts", relative to
+    A Markdown link to docs/DESIGN.md § Intervals and verdicts, relative to
     ``report_dir``.
   """
   target = os.path.relpath(DESIGN, os.path.abspath(report_dir))
-  return f'[docs/DESIGN.md, Intervals and verdicts]({target}#{METHODS})'
+  return f'[docs/DESIGN.md § Intervals and verdicts]({target}#{METHODS})'
 
 
 def _setup_lines(summary: Mapping[str, Any], report_dir: str) -> list[str]:

@@ -1,5 +1,5 @@
-"""A sweep's summary.json, figures and REPORT.md (docs/DESIGN.md "Experiments
-outputs"): `aggregate` -> `figures` -> `markdown`."""
+"""A sweep's summary.json, figures and REPORT.md (docs/DESIGN.md § Experiments
+outputs): `aggregate` -> `figures` -> `markdown`."""
 
 from collections.abc import Mapping
 import os

@@ -1,6 +1,6 @@
 """Claims -> verdicts: the fixed verdict rule on a claim's paired interval and
-Holm-Bonferroni over an experiment's claims (docs/DESIGN.md "Experiments
-outputs"). The intervals and p values come from `flax_posemb.inference`."""
+Holm-Bonferroni over an experiment's claims (docs/DESIGN.md § Intervals and
+verdicts). The intervals and p values come from `flax_posemb.inference`."""
 
 from collections.abc import Mapping, Sequence
 import math
@@ -22,7 +22,7 @@ def verdict(
     interval: inference.Interval, direction: str, margin: float = 0.0
 ) -> str:
   """The fixed rule on the interval of the mean paired difference ``arm -
-  baseline`` (docs/DESIGN.md "Intervals and verdicts").
+  baseline`` (docs/DESIGN.md § Intervals and verdicts).
 
   Args:
     interval: the difference's interval (NaN bounds: inconclusive).
