@@ -10,12 +10,12 @@ import tqdm
 
 from flax_posemb import analysis
 from flax_posemb import outputs
-from flax_posemb import plots
 from flax_posemb import stats
 from flax_posemb import stats_window
 from flax_posemb import tables
 from flax_posemb import workdir as workdir_lib
 from flax_posemb.eval_report import json_safe
+from flax_posemb.plots import tables as table_plots
 
 
 def analyze_workdir(
@@ -196,7 +196,7 @@ def _table_plots(
   probe = summary['probe']
   bar.set_postfix_str('table_analysis.png')
   files = {
-      'table_plot': plots.table_analysis(
+      'table_plot': table_plots.table_analysis(
           arrays['norm'],
           arrays.get('drift'),
           arrays['pca_ratio'],
@@ -211,7 +211,7 @@ def _table_plots(
   }
   bar.update()
   bar.set_postfix_str('cosine_similarity.png')
-  files['cosine_plot'] = plots.cosine_heatmap(
+  files['cosine_plot'] = table_plots.cosine_heatmap(
       analysis.cosine_similarity(table),
       os.path.join(output, 'cosine_similarity.png'),
   )
@@ -436,7 +436,7 @@ def _exposure_relation(
     if ok.sum() > 2:
       rho[name] = analysis.spearman(exposure[ok], y[ok])
       out[f'spearman_{name}'] = rho[name]
-  files['exposure_plot'] = plots.exposure_relation(
+  files['exposure_plot'] = table_plots.exposure_relation(
       exposure, series, os.path.join(output, 'exposure_relation.png'), rho=rho
   )
   return out

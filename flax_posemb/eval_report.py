@@ -12,9 +12,10 @@ import numpy as np
 
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import defaults
+from flax_posemb import inference
 from flax_posemb import outputs
-from flax_posemb import plots
 from flax_posemb import workdir as workdir_lib
+from flax_posemb.plots import evaluation as evaluation_plots
 
 # Every file an evaluation directory can hold, the completion marker first.
 OUTPUT_FILES = (
@@ -218,7 +219,7 @@ def write_outputs(
       files['groups_csv'] = _bucket_csv(
           os.path.join(stage, 'groups.csv'), ('table', 'group'), groups
       )
-    files['plot'] = plots.loss_by_position(
+    files['plot'] = evaluation_plots.loss_by_position(
         per_position,
         results,
         os.path.join(stage, 'loss_by_position.png'),
@@ -230,7 +231,7 @@ def write_outputs(
       files['offsets_csv'] = _bucket_csv(
           os.path.join(stage, 'offsets.csv'), ('offset',), by_offset
       )
-      files['offsets_plot'] = plots.offset_probe(
+      files['offsets_plot'] = evaluation_plots.offset_probe(
           probe, os.path.join(stage, 'offsets.png')
       )
     # Last: its presence means the directory is complete.
@@ -397,8 +398,8 @@ def compare(
   if per_window:
     for label, windows in zip(labels[1:], per_window[1:]):
       names = (label, labels[0])
-      buckets = buckets_lib.paired_difference(windows, per_window[0], names)
-      overall = buckets_lib.overall_paired_difference(
+      buckets = inference.paired_difference(windows, per_window[0], names)
+      overall = inference.overall_paired_difference(
           windows, per_window[0], names
       )
       paired.append(
@@ -455,7 +456,7 @@ def compare(
     cells += [p['buckets'][i][k] for p in paired for k in ('diff', 'stderr')]
     csv_rows.append(cells)
   _write_csv(files['csv'], csv_rows)
-  files['plot'] = plots.comparison(
+  files['plot'] = evaluation_plots.comparison(
       labels, results, os.path.join(out_dir, 'comparison.png'), paired=paired
   )
   heads = list(labels) + [f'{p["label"]}-{p["minus"]}' for p in paired]

@@ -15,6 +15,7 @@ import tqdm
 from flax_posemb import buckets as buckets_lib
 from flax_posemb import config as config_lib
 from flax_posemb import data as data_lib
+from flax_posemb import inference
 from flax_posemb import sharding
 from flax_posemb import train_step
 from flax_posemb import trees
@@ -245,7 +246,7 @@ def summarize(
           'step': step,
           'buckets': acc.buckets(reference),
           'overall': buckets_lib.overall(per_window),
-          'degradation': buckets_lib.degradation(per_window),
+          'degradation': inference.degradation(per_window),
       },
       per_position,
       per_window,
@@ -522,7 +523,7 @@ def run_evaluation(
             {
                 'offset': offset,
                 'minus_offset': offsets[0],
-                'buckets': buckets_lib.paired_difference(
+                'buckets': inference.paired_difference(
                     probe.per_window,
                     probes[0].per_window,
                     (f'K={offset}', f'K={offsets[0]}'),

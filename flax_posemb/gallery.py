@@ -12,9 +12,9 @@ from flax_posemb import cli
 from flax_posemb import config as config_lib
 from flax_posemb import eval_workdir
 from flax_posemb import outputs
-from flax_posemb import plots
 from flax_posemb import training
 from flax_posemb.data import report
+from flax_posemb.plots import tables as table_plots
 
 PROG = 'python -m flax_posemb.gallery'
 cli.name_main_module(PROG, __name__)
@@ -128,7 +128,7 @@ def main(argv):
   }
   config = FLAGS.config.copy_and_resolve_references()
   config.data.position_policy = 'natural'
-  plots.data_exposure(
+  table_plots.data_exposure(
       report.exposure(config_lib.RunConfig.from_config_dict(config), 50),
       os.path.join(FLAGS.out, 'data_exposure.png'),
   )

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from flax_posemb import config as config_lib
 from flax_posemb.model import POSITION_TABLE_PATH
+
+# Type hints only: the step runs on the device image, which has no Grain or
+# TFDS (the config's data section validates through the data package).
+if TYPE_CHECKING:
+  from flax_posemb import config as config_lib
 
 TOKEN_TABLE_PATH = ('token_embed', 'embedding')
 # optimizer.position_optimizer: the table shares the model's Adam, or has

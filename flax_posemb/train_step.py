@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.struct
 import jax
@@ -16,11 +16,15 @@ from jax.sharding import PartitionSpec as P
 import optax
 
 from flax_posemb import auto
-from flax_posemb import config as config_lib
 from flax_posemb import model as model_lib
 from flax_posemb import optim
 from flax_posemb import sharding
 from flax_posemb import stats as stats_lib
+
+# Type hints only: the step runs on the device image, which has no Grain or
+# TFDS (the config's data section validates through the data package).
+if TYPE_CHECKING:
+  from flax_posemb import config as config_lib
 
 PyTree = Any
 

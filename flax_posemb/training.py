@@ -29,12 +29,12 @@ from flax_posemb import initializers
 from flax_posemb import model as model_lib
 from flax_posemb import optim as optim_lib
 from flax_posemb import outputs
-from flax_posemb import plots
 from flax_posemb import preemption
 from flax_posemb import pretrained
 from flax_posemb import sharding
 from flax_posemb import train_step as step_lib
 from flax_posemb import workdir as workdir_lib
+from flax_posemb.plots import evaluation as evaluation_plots
 from flax_posemb.tensorboard import TensorBoard
 
 Hook = Callable[[int, dict[str, float]], None]
@@ -318,7 +318,7 @@ class _Loop:
         directory=stats_dir,
         initial_table=self.table(self.state.params),
         bucket_edges=position_buckets(config),
-        curve_image=plots.PositionCurveImages(),
+        curve_image=evaluation_plots.PositionCurveImages(),
     )
     self.counters: dict[str, Any] = {
         'loss_sum': 0.0,
@@ -526,7 +526,9 @@ class _Loop:
           f'{self.config.data.position_policy}, '
           f'{self.config.model.position_init} init, step {step}'
       )
-      figure = plots.loss_by_position_figure(out.per_position, results, title)
+      figure = evaluation_plots.loss_by_position_figure(
+          out.per_position, results, title
+      )
       self.tb.add_figure('eval/loss_by_position', figure, step)
     table = self.table(state.params)
     if table is not None:

@@ -414,7 +414,7 @@ def test_a_killed_eval_rerun_leaves_the_previous_complete_results(
   def killed(*args, **kwargs):
     raise KeyboardInterrupt  # the re-run dies half-way through writing
 
-  monkeypatch.setattr(eval_report.plots, 'loss_by_position', killed)
+  monkeypatch.setattr(eval_report.evaluation_plots, 'loss_by_position', killed)
   with pytest.raises(KeyboardInterrupt):
     eval_workdir.evaluate_workdir(tiny_run[0], step=20, output=out)
   assert {

@@ -16,6 +16,7 @@ from flax_posemb import config as config_lib
 from flax_posemb import defaults
 from flax_posemb import eval_report
 from flax_posemb import evaluation
+from flax_posemb import inference
 from flax_posemb.model import ModelConfig
 from flax_posemb.model import TransformerLM
 
@@ -111,7 +112,7 @@ def test_stderr_is_spread_of_window_means_over_sqrt_windows():
   acc = buckets_lib.BucketAccumulator(edges)
   means = np.array([[1.0, 2.0], [1.5, 2.5], [0.5, 3.5], [2.0, 2.0]])
   acc.add(np.zeros(8), np.zeros(8), means * 4, np.full((4, 2), 4.0))
-  loss, cov = buckets_lib.bucket_stats(acc.per_window())[:2]
+  loss, cov = inference.bucket_means(acc.per_window())[:2]
   np.testing.assert_allclose(loss, means.mean(0))
   np.testing.assert_allclose(np.sqrt(np.diag(cov)), means.std(0, ddof=1) / 2.0)
   rows = acc.buckets()
@@ -121,7 +122,7 @@ def test_stderr_is_spread_of_window_means_over_sqrt_windows():
   np.testing.assert_allclose(hi - lo, 2 * 3.182446305284263 * rows[0]['stderr'])
   # Last minus best uses the paired covariance: the per-window differences'
   # spread.
-  d = buckets_lib.degradation(acc.per_window())
+  d = inference.degradation(acc.per_window())
   diff = means[:, 1] - means[:, 0]
   np.testing.assert_allclose(d['last_minus_best'], diff.mean())
   np.testing.assert_allclose(
@@ -136,7 +137,7 @@ def test_stderr_with_unequal_counts_is_the_ratio_estimator():
   acc.add(np.zeros(8), np.zeros(8), s, c)
   # empty windows
   acc.add(np.zeros(8), np.zeros(8), np.zeros((2, 1)), np.zeros((2, 1)))
-  loss, cov = buckets_lib.bucket_stats(acc.per_window())[:2]
+  loss, cov = inference.bucket_means(acc.per_window())[:2]
   ratio = s.sum() / c.sum()
   expect = 3 / 2 * np.sum((s - ratio * c) ** 2) / c.sum() ** 2
   np.testing.assert_allclose(loss[0], ratio)
@@ -154,7 +155,7 @@ def test_degradation_slope_recovers_a_linear_trend():
   # common per-window shift: slope stays exact
   means = 2.0 + 0.003 * mid[None, :] + noise
   acc.add(np.zeros(70), np.zeros(70), means * 10, np.full(means.shape, 10.0))
-  d = buckets_lib.degradation(acc.per_window())
+  d = inference.degradation(acc.per_window())
   assert d['slope_buckets'] == [4, 5, 6]  # midpoints >= 35
   np.testing.assert_allclose(d['slope'], 0.003, rtol=1e-9)
   # a shift shared by all buckets does not blur the slope
@@ -424,9 +425,9 @@ def test_per_window_sums_give_exactly_the_bucket_means():
 @pytest.mark.smoke
 def test_a_minus_a_is_zero_with_zero_stderr_and_pairing_narrows_the_interval():
   a, b = _accumulate_windows(), _accumulate_windows(shift=0.1, seed=1)
-  same = buckets_lib.paired_difference(a.per_window(), a.per_window())
+  same = inference.paired_difference(a.per_window(), a.per_window())
   assert all(r['diff'] == 0.0 and r['stderr'] == 0.0 for r in same)
-  diff = buckets_lib.paired_difference(b.per_window(), a.per_window())
+  diff = inference.paired_difference(b.per_window(), a.per_window())
   for r in diff:
     assert r['diff'] == pytest.approx(0.1, abs=0.05)
     # the shared difficulty cancels
@@ -436,7 +437,7 @@ def test_a_minus_a_is_zero_with_zero_stderr_and_pairing_narrows_the_interval():
   pw = a.per_window()
   rev = {k: v[::-1] if k != 'edges' else v for k, v in pw.items()}
   assert (
-      buckets_lib.paired_difference(b.per_window(), rev)[0]['diff']
+      inference.paired_difference(b.per_window(), rev)[0]['diff']
       == diff[0]['diff']
   )
 
@@ -444,13 +445,13 @@ def test_a_minus_a_is_zero_with_zero_stderr_and_pairing_narrows_the_interval():
 def test_overall_paired_difference_is_the_difference_of_the_overall_losses():
   a, b = _accumulate_windows(), _accumulate_windows(shift=0.1, seed=1)
   wa, wb = a.per_window(), b.per_window()
-  row = buckets_lib.overall_paired_difference(wb, wa, ('b', 'a'))
+  row = inference.overall_paired_difference(wb, wa, ('b', 'a'))
   want = buckets_lib.overall(wb)['loss'] - buckets_lib.overall(wa)['loss']
   assert row['diff'] == pytest.approx(want, rel=1e-12)
   assert row['windows'] == 40 and row['documents'] == 40
   # The shared difficulty cancels: paired far tighter than unpaired.
   assert row['stderr'] < row['unpaired_stderr'] / 5
-  same = buckets_lib.overall_paired_difference(wa, wa)
+  same = inference.overall_paired_difference(wa, wa)
   assert same['diff'] == 0.0 and same['stderr'] == 0.0
 
 
@@ -459,7 +460,7 @@ def test_paired_difference_refuses_runs_on_different_windows():
   w = a.per_window()
   other = dict(w, window_id=w['window_id'] + 1)
   with pytest.raises(ValueError, match='different windows'):
-    buckets_lib.paired_difference(w, other, ('a', 'b'))
+    inference.paired_difference(w, other, ('a', 'b'))
 
 
 def test_window_ids_depend_on_text_positions_and_scoring():
@@ -490,7 +491,7 @@ def test_identical_texts_are_distinct_windows_and_still_pair_up():
       np.array([0, 8, 16]),
       offsets=(0, 0),
   )
-  diff = buckets_lib.paired_difference(k8.per_window(), acc.per_window())
+  diff = inference.paired_difference(k8.per_window(), acc.per_window())
   assert all(d['diff'] == 0.0 for d in diff)
 
 
@@ -513,7 +514,7 @@ def test_clustered_stderr_is_the_window_stderr_for_one_window_per_doc():
   assert own.buckets() == none.buckets() and buckets_lib.overall(
       a
   ) == buckets_lib.overall(b)
-  assert buckets_lib.degradation(a) == buckets_lib.degradation(b)
+  assert inference.degradation(a) == inference.degradation(b)
   assert own.buckets()[0]['documents'] == own.buckets()[0]['windows'] == 12
   np.testing.assert_allclose(
       own.buckets()[1]['stderr'], means[:, 1].std(ddof=1) / np.sqrt(12)
@@ -552,8 +553,8 @@ def test_paired_difference_clusters_by_document():
   effect = rng.normal(0.1, 0.05, 5)  # A - B differs by document, not by window
   a = _windows_of_documents(means + effect[doc, None], doc).per_window()
   b = _windows_of_documents(means, doc).per_window()
-  rows = buckets_lib.paired_difference(a, b)
-  unclustered = buckets_lib.paired_difference(
+  rows = inference.paired_difference(a, b)
+  unclustered = inference.paired_difference(
       *({k: v for k, v in w.items() if k != 'doc'} for w in (a, b))
   )
   for r, u in zip(rows, unclustered):

@@ -12,11 +12,12 @@ import pytest
 import scipy.stats
 
 from conftest import ROOT
+from flax_posemb import inference
 from flax_posemb import preemption
 from flax_posemb.experiments import measures
-from flax_posemb.experiments import paired
 from flax_posemb.experiments import spec
 from flax_posemb.experiments import sweep
+from flax_posemb.experiments import verdicts
 
 CONFIGS = ('init_comparison', 'exposure', 'init_x_exposure')
 
@@ -62,7 +63,7 @@ OLD_T_INTERVALS = [
 def test_scipy_t_interval_equals_the_former_hand_written_one(
     sample, level, expected
 ):
-  iv = paired.t_interval(sample, level)
+  iv = inference.t_interval(sample, level)
   np.testing.assert_allclose((iv.low, iv.high), expected, rtol=0, atol=1e-12)
 
 
@@ -77,27 +78,29 @@ def test_committed_reports_recompute_to_the_same_intervals_and_verdicts():
     pytest.skip('no committed experiment reports')
   for c in claims:
     stored = {k: np.nan if v is None else v for k, v in c['interval'].items()}
-    if stored.get('method') == paired.SEEDS_AND_DOCUMENTS:
+    if stored.get('method') == inference.SEEDS_AND_DOCUMENTS:
       q = scipy.stats.t.ppf(0.975, stored['df'])
       mean, se = stored['mean'], stored['stderr']
-      iv = paired.Interval(mean, mean - q * se, mean + q * se, stored['n'], se)
+      iv = inference.Interval(
+          mean, mean - q * se, mean + q * se, stored['n'], se
+      )
     else:
       d = [np.nan if x is None else x for x in c['differences']]
-      iv = paired.t_interval(d)
+      iv = inference.t_interval(d)
     np.testing.assert_allclose(
         [iv.mean, iv.low, iv.high],
         [stored['mean'], stored['low'], stored['high']],
         rtol=0,
         atol=1e-12,
     )
-    if c['verdict'] != paired.NOT_MEASURED:
-      assert paired.verdict(iv, c['direction'], c['margin']) == c['verdict'], c[
-          'id'
-      ]
+    if c['verdict'] != verdicts.NOT_MEASURED:
+      assert (
+          verdicts.verdict(iv, c['direction'], c['margin']) == c['verdict']
+      ), c['id']
 
 
 def test_identical_values_give_a_point_interval():
-  iv = paired.t_interval([1.0, 1.0, 1.0])
+  iv = inference.t_interval([1.0, 1.0, 1.0])
   assert (iv.low, iv.high, iv.stderr) == (1.0, 1.0, 0.0)
 
 
@@ -112,55 +115,57 @@ def test_decision_p_value_is_below_alpha_exactly_when_the_interval_is_decisive(
     d = rng.normal(
         rng.normal(scale=0.5), rng.uniform(0.05, 1.0), size=rng.integers(2, 8)
     )
-    p = paired.decision_p_value(d, direction, margin)
+    p = inference.decision_p_value(d, direction, margin)
     for level in (0.8, 0.95, 0.99):
       decisive = (
-          paired.verdict(paired.t_interval(d, level), direction, margin)
-          != paired.INCONCLUSIVE
+          verdicts.verdict(inference.t_interval(d, level), direction, margin)
+          != verdicts.INCONCLUSIVE
       )
       assert decisive == (p < 1 - level), (d, p, level)
 
 
 def test_holm_adjusts_the_sorted_p_values_and_keeps_their_order():
   np.testing.assert_allclose(
-      paired.holm([0.01, 0.04, 0.03, 0.5]), [0.04, 0.09, 0.09, 0.5]
+      inference.holm([0.01, 0.04, 0.03, 0.5]), [0.04, 0.09, 0.09, 0.5]
   )
-  assert paired.holm([]).size == 0
+  assert inference.holm([]).size == 0
 
 
 def test_holm_turns_a_marginal_verdict_inconclusive_and_keeps_the_primary_one():
-  strong = paired.judge(
+  strong = verdicts.judge(
       {s: 1.0 + 0.01 * s for s in range(5)},
       dict.fromkeys(range(5), 0.0),
       'greater',
   )
-  marginal = paired.judge(
+  marginal = verdicts.judge(
       {0: 0.05, 1: 0.3, 2: 0.2, 3: 0.45, 4: 0.1},
       dict.fromkeys(range(5), 0.0),
       'greater',
   )
   assert (
-      marginal['verdict'] == paired.SUPPORTED
+      marginal['verdict'] == verdicts.SUPPORTED
       and 0.01 < marginal['p_value'] < 0.05
   )
-  out = paired.with_holm([strong, marginal, marginal])
+  out = verdicts.with_holm([strong, marginal, marginal])
   # Primary verdicts kept.
-  assert [j['verdict'] for j in out] == [paired.SUPPORTED] * 3
-  assert out[0]['verdict_holm'] == paired.SUPPORTED
-  assert out[1]['verdict_holm'] == out[2]['verdict_holm'] == paired.INCONCLUSIVE
+  assert [j['verdict'] for j in out] == [verdicts.SUPPORTED] * 3
+  assert out[0]['verdict_holm'] == verdicts.SUPPORTED
+  assert (
+      out[1]['verdict_holm'] == out[2]['verdict_holm'] == verdicts.INCONCLUSIVE
+  )
   assert out[1]['p_holm'] == pytest.approx(2 * marginal['p_value'])
 
 
 def test_t_interval_ignores_nan_and_is_undefined_below_two_values():
-  iv = paired.t_interval([1.0, float('nan'), 3.0])
+  iv = inference.t_interval([1.0, float('nan'), 3.0])
   assert iv.n == 2 and iv.mean == pytest.approx(2.0)
-  single = paired.t_interval([1.0])
+  single = inference.t_interval([1.0])
   assert single.n == 1 and math.isnan(single.low)
-  assert paired.verdict(single, 'greater') == paired.INCONCLUSIVE
+  assert verdicts.verdict(single, 'greater') == verdicts.INCONCLUSIVE
 
 
 def test_paired_differences_use_only_shared_seeds_in_order():
-  j = paired.judge(
+  j = verdicts.judge(
       {0: 1.0, 1: 2.0, 3: 5.0}, {1: 1.5, 0: 0.0, 2: 9.0}, 'greater'
   )
   assert j['seeds'] == [0, 1]
@@ -170,21 +175,21 @@ def test_paired_differences_use_only_shared_seeds_in_order():
 @pytest.mark.parametrize(
     'low,high,direction,margin,expected',
     [
-        (0.1, 0.3, 'greater', 0.0, paired.SUPPORTED),
-        (-0.3, -0.1, 'greater', 0.0, paired.CONTRADICTED),
-        (-0.1, 0.3, 'greater', 0.0, paired.INCONCLUSIVE),
-        (-0.3, -0.1, 'less', 0.0, paired.SUPPORTED),
-        (0.1, 0.3, 'less', 0.0, paired.CONTRADICTED),
-        (-0.01, 0.01, 'equivalent', 0.02, paired.SUPPORTED),
-        (0.03, 0.05, 'equivalent', 0.02, paired.CONTRADICTED),
-        (-0.01, 0.05, 'equivalent', 0.02, paired.INCONCLUSIVE),
+        (0.1, 0.3, 'greater', 0.0, verdicts.SUPPORTED),
+        (-0.3, -0.1, 'greater', 0.0, verdicts.CONTRADICTED),
+        (-0.1, 0.3, 'greater', 0.0, verdicts.INCONCLUSIVE),
+        (-0.3, -0.1, 'less', 0.0, verdicts.SUPPORTED),
+        (0.1, 0.3, 'less', 0.0, verdicts.CONTRADICTED),
+        (-0.01, 0.01, 'equivalent', 0.02, verdicts.SUPPORTED),
+        (0.03, 0.05, 'equivalent', 0.02, verdicts.CONTRADICTED),
+        (-0.01, 0.05, 'equivalent', 0.02, verdicts.INCONCLUSIVE),
     ],
 )
 def test_verdict_rule_supports_contradicts_or_leaves_inconclusive(
     low, high, direction, margin, expected
 ):
-  iv = paired.Interval((low + high) / 2, low, high, 5, 0.1)
-  assert paired.verdict(iv, direction, margin) == expected
+  iv = inference.Interval((low + high) / 2, low, high, 5, 0.1)
+  assert verdicts.verdict(iv, direction, margin) == expected
 
 
 def test_experiment_validation_rejects_bad_direction_and_missing_margin():
@@ -495,8 +500,8 @@ def test_report_judges_claims_on_paired_differences_and_writes_files(tmp_path):
   np.testing.assert_allclose(
       claim['differences'], [0.1 + 0.01 * s for s in exp.seeds]
   )
-  assert claim['verdict'] == paired.SUPPORTED
-  unpaired = paired.t_interval(
+  assert claim['verdict'] == verdicts.SUPPORTED
+  unpaired = inference.t_interval(
       [
           x['measures']['scalars']['excess_late']
           for x in rows
@@ -515,8 +520,8 @@ def test_report_judges_claims_on_paired_differences_and_writes_files(tmp_path):
 def test_figures_label_axes_with_units_and_split_final_loss_by_corpus(
     tmp_path, monkeypatch
 ):
-  from flax_posemb import plots
-  from flax_posemb.experiments import report
+  from flax_posemb.experiments import figures
+  from flax_posemb.plots import experiments as experiment_plots
 
   calls = {}
   for name in (
@@ -525,7 +530,7 @@ def test_figures_label_axes_with_units_and_split_final_loss_by_corpus(
       'experiment_curve',
   ):
     monkeypatch.setattr(
-        plots,
+        experiment_plots,
         name,
         lambda path, *a, _n=name, **k: calls.setdefault(_n, []).append((a, k)),
     )
@@ -561,7 +566,7 @@ def test_figures_label_axes_with_units_and_split_final_loss_by_corpus(
           }
       ],
   }
-  report._plots(summary, str(tmp_path))
+  figures.write_figures(summary, str(tmp_path))
   ((_, profile),) = calls['experiment_profile']
   assert profile['ylabel'] == 'excess loss over Bayes (nats/token)'
   assert profile['n_seeds'] == 1 and '4 steps' in profile['title']
@@ -665,7 +670,7 @@ def test_quick_suite_runs_the_whole_pipeline_shares_runs_and_resumes(tmp_path):
   on_disk = json.load(open(os.path.join(out, 'summary.json')))
   # One seed: no interval, never a verdict either way.
   assert on_disk['claims'] and all(
-      c['verdict'] in (paired.INCONCLUSIVE, paired.NOT_MEASURED)
+      c['verdict'] in (verdicts.INCONCLUSIVE, verdicts.NOT_MEASURED)
       for c in on_disk['claims']
   )
   assert set(on_disk['arms']) == {'syn/packed', 'syn/natural'}
@@ -751,16 +756,16 @@ def test_long_text_quick_report_states_where_its_windows_come_from(tmp_path):
     assert needle in report
   claims = json.load(open(os.path.join(out, 'summary.json')))['claims']
   on_windows = next(c for c in claims if c['metric'] == 'loss_late_minus_mid')
-  assert on_windows['interval']['method'] == paired.SEEDS_AND_DOCUMENTS
+  assert on_windows['interval']['method'] == inference.SEEDS_AND_DOCUMENTS
   assert on_windows['interval']['documents'] == summary['documents']
   on_training = next(c for c in claims if c['metric'].startswith('exposure'))
-  assert on_training['interval']['method'] == paired.SEEDS
+  assert on_training['interval']['method'] == inference.SEEDS
   # Notes cite the full runs.
   assert 'What changed since the previous report' not in report
 
 
 def test_window_metrics_are_bucket_contrasts_with_the_corpus_constants():
-  from flax_posemb.experiments import inference
+  from flax_posemb.experiments import window_measures
 
   results = {
       'buckets': [
@@ -769,13 +774,15 @@ def test_window_metrics_are_bucket_contrasts_with_the_corpus_constants():
           {'bayes_loss': 1.2, 'filter_loss': 3.2},
       ]
   }
-  terms, constant = inference.terms('excess_late_minus_mid', results, mid=1)
+  terms, constant = window_measures.terms(
+      'excess_late_minus_mid', results, mid=1
+  )
   assert [(t.bucket, t.weight) for t in terms] == [(2, 1.0), (1, -1.0)]
   assert constant == pytest.approx(-(1.2 - 1.5))
-  terms, constant = inference.terms('recovered_late', results, mid=1)
+  terms, constant = window_measures.terms('recovered_late', results, mid=1)
   # (filter - loss) / (filter - bayes) at loss = 2.2: 0.5
   assert constant + terms[0].weight * 2.2 == pytest.approx(0.5)
-  terms, _ = inference.terms('offset_penalty_16', dict(results), mid=1)
+  terms, _ = window_measures.terms('offset_penalty_16', dict(results), mid=1)
   assert [(t.scored, t.bucket, t.weight) for t in terms] == [
       ('offset_16', None, 1.0),
       ('offset_0', None, -1.0),
@@ -789,7 +796,7 @@ def test_dose_series_of_experiments_probing_different_offsets_share_a_figure(
   synthetic exposure experiment probes +16 and long_text +128, and both land
   in the offset-penalty column (a KeyError on the other's shift before); a
   series without any offset difference leaves its panel n/a."""
-  from flax_posemb.experiments import report
+  from flax_posemb.experiments import figures
 
   def series(name, shift):
     interval = {'mean': 0.01, 'low': 0.0, 'high': 0.02}
@@ -812,7 +819,7 @@ def test_dose_series_of_experiments_probing_different_offsets_share_a_figure(
   unprobed = series('init', 16)
   # An experiment without the offset probe has no such column at all.
   del unprobed['measures']['offset_penalty_16']
-  title, figure = report.dose_plot(
+  title, figure = figures.dose_plot(
       [
           series('exposure', 16),
           series('long_text', 128),

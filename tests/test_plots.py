@@ -3,7 +3,9 @@ labels."""
 
 import numpy as np
 
-from flax_posemb import plots
+from flax_posemb.plots import common
+from flax_posemb.plots import evaluation as evaluation_plots
+from flax_posemb.plots import tables as table_plots
 
 
 def _rows(losses, edges=(0, 4, 8, 12), synth=False, half=0.3):
@@ -34,7 +36,7 @@ def _rows(losses, edges=(0, 4, 8, 12), synth=False, half=0.3):
 def test_loss_by_position_legends_and_labels_sit_outside_the_axes():
   results = {'step': 1, 'buckets': _rows([1.5, 1.4, 1.6], synth=True)}
   per_position = {'position': np.arange(12), 'loss': np.ones(12)}
-  fig = plots.loss_by_position_figure(per_position, results)
+  fig = evaluation_plots.loss_by_position_figure(per_position, results)
   fig.canvas.draw()
   for ax in fig.axes:
     box = ax.get_window_extent()
@@ -48,7 +50,7 @@ def test_offset_probe_figure_plots_the_paired_difference_the_console_reports(
 ):
   figs = []
   monkeypatch.setattr(
-      plots, '_save', lambda fig, path: figs.append(fig) or path
+      common, 'save', lambda fig, path: figs.append(fig) or path
   )
   paired = [
       dict(start=a, end=b, diff=d, ci95=[d - 0.01, d + 0.01])
@@ -61,7 +63,7 @@ def test_offset_probe_figure_plots_the_paired_difference_the_console_reports(
       ],
       'paired_vs_first': [dict(offset=4, minus_offset=0, buckets=paired)],
   }
-  plots.offset_probe(probe, 'unused.png')
+  evaluation_plots.offset_probe(probe, 'unused.png')
   (fig,) = figs
   assert len(fig.axes) == 2
   ax = fig.axes[1]
@@ -82,20 +84,20 @@ def test_error_bars_are_the_t_intervals_the_results_carry_not_1_96_stderr(
 ):
   figs = []
   monkeypatch.setattr(
-      plots, '_save', lambda fig, path: figs.append(fig) or path
+      common, 'save', lambda fig, path: figs.append(fig) or path
   )
   results = {'step': 1, 'buckets': _rows([1.5, 1.4, 1.6], synth=True)}
-  fig = plots.loss_by_position_figure(
+  fig = evaluation_plots.loss_by_position_figure(
       {'position': np.arange(12), 'loss': np.ones(12)}, results
   )
   np.testing.assert_allclose(_bar_half_widths(fig.axes[0]), 0.3)
   # recovered = (filter - loss) / (filter - bayes) with filter - bayes = 1: the
   # same interval.
   np.testing.assert_allclose(_bar_half_widths(fig.axes[1]), 0.3)
-  plots.comparison(['a', 'b'], [results, results], 'unused.png')
+  evaluation_plots.comparison(['a', 'b'], [results, results], 'unused.png')
   for ax in figs[-1].axes:
     np.testing.assert_allclose(_bar_half_widths(ax), 0.3)
-  plots.offset_probe(
+  evaluation_plots.offset_probe(
       {'by_offset': [dict(offset=0, buckets=_rows([1.5, 1.4, 1.6]))]},
       'unused.png',
   )
@@ -105,10 +107,10 @@ def test_error_bars_are_the_t_intervals_the_results_carry_not_1_96_stderr(
 def _table_figure(monkeypatch, **kwargs):
   figs = []
   monkeypatch.setattr(
-      plots, '_save', lambda fig, path: figs.append(fig) or path
+      common, 'save', lambda fig, path: figs.append(fig) or path
   )
   norms = np.sqrt(8.0) + 1e-7 * np.sin(np.arange(16))  # float noise only
-  plots.table_analysis(
+  table_plots.table_analysis(
       norms,
       pca_ratio=np.array([0.6, 0.4]),
       probe_edges=np.array([0, 8, 16]),
@@ -144,7 +146,7 @@ def test_equal_row_norms_draw_a_flat_line_from_zero_not_float_noise(
 
 
 def test_position_curve_images_redraw_each_window_over_every_position():
-  draw = plots.PositionCurveImages()
+  draw = evaluation_plots.PositionCurveImages()
   first = draw('count', np.arange(16.0), 'steps 1-5')
   second = draw('count', np.r_[np.full(8, np.nan), np.ones(8)], 'steps 6-10')
   assert first.shape == second.shape and first.dtype == np.uint8

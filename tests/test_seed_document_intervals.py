@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from flax_posemb import buckets
+from flax_posemb import inference
 
 
 def _windows(values, docs):
@@ -26,7 +27,7 @@ def _contrast(per_seed_values, docs):
   ]
   sums = np.stack([p[0] for p in parts])
   counts = np.stack([p[1] for p in parts])
-  return buckets.seed_document_contrast(sums, counts, np.ones(1))
+  return inference.seed_document_contrast(sums, counts, np.ones(1))
 
 
 def test_without_seed_spread_the_interval_is_the_document_clustered_one():
@@ -82,7 +83,7 @@ def test_paired_contrast_cancels_what_the_arms_share():
     arm_b = buckets.document_sums(_windows(shared, docs), documents)
     sums.append(np.stack([arm_a[0][:, 0], arm_b[0][:, 0]], -1))
     counts.append(np.stack([arm_a[1][:, 0], arm_b[1][:, 0]], -1))
-  got = buckets.seed_document_contrast(
+  got = inference.seed_document_contrast(
       np.stack(sums), np.stack(counts), np.array([1.0, -1.0])
   )
   assert got['mean'] == pytest.approx(0.1)

@@ -16,9 +16,9 @@ from ml_collections import config_flags
 
 from flax_posemb import cli
 from flax_posemb import config as config_lib
-from flax_posemb import plots
 from flax_posemb.data import config as data_config_lib
 from flax_posemb.data import report
+from flax_posemb.plots import tables as table_plots
 
 PROG = 'python -m flax_posemb.commands.data_report'
 cli.name_main_module(PROG, __name__)
@@ -64,7 +64,7 @@ def main(argv):
     with open(_JSON.value, 'w') as f:
       json.dump(rep, f, indent=1)
   if _PNG.value:
-    print(f'plot: {plots.data_exposure(rep, _PNG.value)}')
+    print(f'plot: {table_plots.data_exposure(rep, _PNG.value)}')
 
 
 if __name__ == '__main__':

@@ -10,19 +10,20 @@ import sys
 from typing import Any
 
 from flax_posemb import outputs
+from flax_posemb.experiments import figures
 from flax_posemb.experiments import measures
 from flax_posemb.experiments import report
 from flax_posemb.experiments import spec
 from flax_posemb.experiments import sweep
-from flax_posemb.experiments.paired import judge
-from flax_posemb.experiments.paired import t_interval
-from flax_posemb.experiments.paired import verdict
-from flax_posemb.experiments.paired import with_holm
 from flax_posemb.experiments.spec import arm
 from flax_posemb.experiments.spec import claim
 from flax_posemb.experiments.spec import expand
 from flax_posemb.experiments.spec import load
 from flax_posemb.experiments.spec import profile
+from flax_posemb.experiments.verdicts import judge
+from flax_posemb.experiments.verdicts import verdict
+from flax_posemb.experiments.verdicts import with_holm
+from flax_posemb.inference import t_interval
 
 __all__ = [
     'arm',
@@ -147,7 +148,7 @@ def write_index(
       if d['arms']
   ]
   if doses:
-    title, figure = report.dose_plot(doses, out_dir, 'every experiment')
+    title, figure = figures.dose_plot(doses, out_dir, 'every experiment')
     lines += [f'![{title}]({figure})', '']
   for name, s in everything.items():
     partial = '' if s['complete'] else ' **(partial sweep)**'

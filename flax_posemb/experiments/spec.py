@@ -14,7 +14,7 @@ from typing import Any
 import ml_collections
 
 from flax_posemb import defaults
-from flax_posemb.experiments import paired
+from flax_posemb.experiments import verdicts
 
 BUDGET_MODES = ('real_tokens', 'none')
 # Scored tokens per optimizer step of every arm (the budget): 2 full rows at
@@ -128,7 +128,7 @@ def new(
   c.arms = ()  # arm(...) each.
   # Seed s of every arm shares data order and model init.
   c.seeds = (0, 1, 2, 3, 4)
-  c.claims = ()  # claim(...) each, judged by paired.verdict.
+  c.claims = ()  # claim(...) each, judged by verdicts.verdict.
   # profile(...) each: per-bucket comparisons to tabulate and plot.
   c.profiles = ()
   c.analyses = ()  # Cross-arm analyses: ('cosine_convergence',) or none.
@@ -182,7 +182,7 @@ def claim(
     margin: float = 0.0,
 ) -> ml_collections.ConfigDict:
   """A claim on per-seed ``metric(arm) - metric(baseline)`` (baseline '': 0),
-  `paired.verdict`."""
+  `verdicts.verdict`."""
   return ml_collections.ConfigDict(
       {
           'id': claim_id,
@@ -302,10 +302,10 @@ def validate(exp: ml_collections.ConfigDict) -> None:
   ):
     problems.append(f'quick_arms must name two arms of {names}')
   for claim in exp.claims:
-    if claim.direction not in paired.DIRECTIONS:
+    if claim.direction not in verdicts.DIRECTIONS:
       problems.append(
           f'claim {claim.id!r}: direction {claim.direction!r} is not one of'
-          f' {paired.DIRECTIONS}'
+          f' {verdicts.DIRECTIONS}'
       )
     if claim.direction == 'equivalent' and not claim.margin > 0:
       problems.append(

@@ -5,7 +5,8 @@ Every run of an experiment is scored on the same windows, so a measure of those
 windows (a bucket's loss, late minus mid, the offset penalty) has two sources of
 error: the seeds (training) and the documents the windows come from. Measures of
 training alone (exposure, gradients, updates, wall-clock) have only the first
-and are judged over seeds (`paired.judge`).
+and are judged over seeds (`verdicts.judge`). The intervals themselves come
+from `flax_posemb.inference`.
 """
 
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from flax_posemb import buckets
+from flax_posemb import inference
 from flax_posemb import outputs
 from flax_posemb.experiments import measures
 from flax_posemb.experiments import sweep
@@ -210,7 +212,7 @@ def estimate(
       window group); None: all.
 
   Returns:
-    `buckets.seed_document_contrast`'s dict plus ``seed_ids``.
+    `inference.seed_document_contrast`'s dict plus ``seed_ids``.
   """
   sides = [(arm, 1.0)]
   if baseline:
@@ -221,7 +223,7 @@ def estimate(
   }
   if not seeds:
     empty = np.zeros((0, 0, 1))
-    out = buckets.seed_document_contrast(empty, empty, np.ones(1))
+    out = inference.seed_document_contrast(empty, empty, np.ones(1))
     return dict(out, seed_ids=[])
   documents = _same_windows(list(runs.values()))
   weights = []
@@ -244,7 +246,7 @@ def estimate(
     ]
     sums.append(np.concatenate([p[0] for p in parts], -1))
     counts.append(np.concatenate([p[1] for p in parts], -1))
-  out = buckets.seed_document_contrast(
+  out = inference.seed_document_contrast(
       np.stack(sums), np.stack(counts), np.asarray(weights)
   )
   for key in ('mean', 'low', 'high'):
