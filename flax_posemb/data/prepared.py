@@ -50,8 +50,8 @@ def prepare(
     progress: our progress bars on stderr.
 
   Returns:
-    ``{'path', 'feature', 'splits': {split: documents}, 'unreadable',
-    'decode_errors', 'empty', 'identity'}``.
+    A dict with keys ``path``, ``feature``, ``splits`` (split -> documents),
+    ``unreadable``, ``decode_errors``, ``empty`` and ``identity``.
 
   Raises:
     ValueError: bad input, named with its fix (nothing was built).
