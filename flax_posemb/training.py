@@ -24,13 +24,13 @@ from flax_posemb import checkpointing
 from flax_posemb import data as data_lib
 from flax_posemb import eval_report
 from flax_posemb import evaluation
+from flax_posemb import init_from as init_from_lib
 from flax_posemb import initializers
 from flax_posemb import model as model_lib
 from flax_posemb import optim as optim_lib
 from flax_posemb import outputs
 from flax_posemb import plots
 from flax_posemb import preemption
-from flax_posemb import pretrained
 from flax_posemb import sharding
 from flax_posemb import train_step as step_lib
 from flax_posemb import workdir as workdir_lib
@@ -191,6 +191,9 @@ def train_and_evaluate(
   ``workdir``; outputs, return value and errors: docs/DESIGN.md §Training
   outputs. ``hooks``: callables ``hook(step, metrics)`` run on the host once
   each step's metrics are read back."""
+  # The workdir's own copies stand for what it names (a moved workdir, a
+  # deleted init_from source).
+  config = init_from_lib.settle_config(config, workdir)
   # Before JAX picks a platform for the auto fields: bad input costs no
   # backend start-up (and prints no auto lines).
   validate(config)
@@ -287,8 +290,8 @@ class _Loop:
     start_params = None
     self.init_from = None
     if self.resumed_from is None and config.init_from:
-      pretrained.check_init_from(config)
-      start_params, self.init_from = pretrained.start_params(
+      init_from_lib.check_init_from(config)
+      start_params, self.init_from = init_from_lib.start_params(
           config, self.model, jax.random.fold_in(init_rng, 1)
       )
     self.state, tx, self.shardings = step_lib.init_state(
