@@ -54,3 +54,7 @@ html_title = 'flax_posemb'
 html_theme_options = {
     'show_toc_level': 2,
 }
+# Code blocks wrap their long lines (docs/_static/code.css): the theme's
+# content column cuts them at a 1280-px window.
+html_static_path = ['_static']
+html_css_files = ['code.css']

@@ -336,6 +336,9 @@ class _Loop:
     self.run_start = time.time() - float(self.counters['elapsed'])
     self.window_start = time.time()
     self.window_start_tokens = int(self.counters['tokens'])
+    # The first window of a process also times compiling the step: its row
+    # says so (`includes_compilation`).
+    self.window_compiles = True
     if self.lead:
       workdir_lib.truncate_outputs(workdir, self.resumed_from or 0)
       workdir_lib.write_config(workdir, config)
@@ -463,6 +466,9 @@ class _Loop:
         'tokens_per_sec': window_tokens / window_seconds,
         'elapsed': counters['elapsed'],
     }
+    if self.window_compiles:
+      row['includes_compilation'] = True
+      self.window_compiles = False
     self.write(row)
     if self.tb is not None:
       for key in ('loss', 'learning_rate', 'grad_norm', 'tokens_per_sec'):

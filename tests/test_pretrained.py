@@ -768,3 +768,37 @@ def test_init_from_naming_the_run_itself_is_refused(tmp_path):
   config.init_from = workdir
   with pytest.raises(ValueError, match="names this run's own --workdir"):
     init_from_lib.settle_config(config, workdir)
+
+
+@pytest.mark.slow
+def test_the_documented_import_of_a_64_position_checkpoint_works_unchanged(
+    tmp_path, bpe
+):
+  """docs/pretrained.md's commands, as written, on a GPT-2 of 64 positions:
+  the import fits T=1024 to 64 (16 buckets of 4, as 16 of 64 at 1024), and
+  the evaluation it prints gives an offset probe of several buckets."""
+  hf = write_hf_dir(tmp_path / 'hf', flax_gpt2(n_positions=64), 'flax', bpe)
+  workdir = str(tmp_path / 'gpt2')
+  proc = run_command(
+      *IMPORT,
+      f'--hf_dir={hf}',
+      f'--workdir={workdir}',
+      f'--config={ROOT / "configs" / "gpt2_pretrained.py"}',
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'data.seq_len 1024 -> 64 and eval.bucket_size 64 -> 4' in proc.stderr
+  printed = proc.stdout.strip().splitlines()[-1]
+  assert printed == (
+      f'Evaluate it: python eval.py --workdir {workdir} [--offsets 0,16'
+      ' --analyze]'
+  )
+  proc = run_command(
+      str(ROOT / 'eval.py'), f'--workdir={workdir}', '--offsets=0,16'
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = os.path.join(workdir, 'eval', 'step_0_offsets-0-16')
+  results = json.load(open(os.path.join(out, 'results.json')))
+  assert len(results['buckets']) == 16
+  (paired,) = results['offset_probe']['paired_vs_first']
+  assert len(paired['buckets']) == 12  # 48 probed positions in buckets of 4
+  assert os.path.getsize(os.path.join(out, 'offsets.png')) > 0

@@ -501,3 +501,12 @@ def test_byte_identical_tokenizer_copies_compare_as_one_config(tmp_path):
   (difference,) = eval_report.config_differences(['a', 'c'], other)
   assert difference['field'] == 'data.hf_tokenizer'
   assert a.data.hf_tokenizer == str(tmp_path / 'a' / 'tokenizer')
+
+
+def test_the_first_training_row_says_its_tokens_per_sec_include_compilation(
+    tiny_run,
+):
+  rows = [r for _, r in workdir.metric_rows(tiny_run[0]) if 'loss' in r]
+  assert len(rows) > 1
+  assert rows[0]['includes_compilation'] is True
+  assert not any('includes_compilation' in r for r in rows[1:])
