@@ -802,3 +802,31 @@ def test_the_documented_import_of_a_64_position_checkpoint_works_unchanged(
   (paired,) = results['offset_probe']['paired_vs_first']
   assert len(paired['buckets']) == 12  # 48 probed positions in buckets of 4
   assert os.path.getsize(os.path.join(out, 'offsets.png')) > 0
+
+
+def test_a_failed_import_leaves_nothing_and_says_to_re_run(
+    tmp_path, bpe, monkeypatch
+):
+  """A full disk while the import writes: nothing at the target or beside it,
+  and the message says the same command starts again (not that it
+  resumes)."""
+  import errno
+
+  from flax_posemb import workdir as workdir_lib
+
+  hf = write_hf_dir(tmp_path / 'hf', flax_gpt2(), 'flax', bpe)
+  config = defaults.base()
+  config.data.source = 'stdlib'
+  config.data.seq_len = 16
+  runs = tmp_path / 'runs'
+
+  def full_disk(source, workdir):
+    raise OSError(errno.ENOSPC, 'No space left on device')
+
+  monkeypatch.setattr(workdir_lib, 'copy_tokenizer', full_disk)
+  with pytest.raises(OSError, match='nothing was left there; free some space'):
+    hf_import.import_checkpoint(hf, str(runs / 'w'), config)
+  assert os.listdir(runs) == []
+  monkeypatch.undo()
+  hf_import.import_checkpoint(hf, str(runs / 'w'), config)
+  assert os.listdir(runs) == ['w']
