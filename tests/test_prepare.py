@@ -241,11 +241,6 @@ def test_prepare_reads_a_saved_hugging_face_dataset_and_names_a_missing_column(
             ['--name', 'ok', '--input', 'x.txt', '--hf_dataset', 'd'],
             'Exactly one of',
         ),
-        (
-            ['--name', 'ok', '--hf_dataset', 'no/such/dir'],
-            '--hf_dataset no/such/dir is not a directory; give a Hugging Face'
-            ' dataset saved with save_to_disk(PATH).',
-        ),
     ],
 )
 def test_prepare_flags_refuse_a_bad_name_and_need_exactly_one_input(

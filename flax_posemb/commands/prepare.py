@@ -13,7 +13,6 @@ be read exactly is refused unless --skip_unreadable (the library call:
 Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message; --debug shows
 the traceback)."""
 
-import os
 import re
 import sys
 
@@ -95,12 +94,6 @@ flags.mark_flags_as_required(['name', 'data_dir'])
 def main(argv):
   del argv  # cli.run refuses positional arguments.
   cli.check_output_dir(_DATA_DIR.value, '--data_dir')
-  # Not the `datasets` library's missing-path error, which reads as its own.
-  if _HF_DATASET.value and not os.path.isdir(_HF_DATASET.value):
-    raise cli.UserError(
-        f'--hf_dataset {_HF_DATASET.value} is not a directory; give a Hugging'
-        ' Face dataset saved with save_to_disk(PATH).'
-    )
   out = text_sources.prepare_dataset(
       _NAME.value,
       _DATA_DIR.value,
