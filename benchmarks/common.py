@@ -153,8 +153,8 @@ def model_config(shape: Shape, **overrides) -> Cfg:
 def synthetic_batch(
     shape: Shape, seed: int = 0, packed_docs: int = 1
 ) -> dict[str, np.ndarray]:
-  """A full batch of random tokens (every position scored), DESIGN.md batch
-  layout.
+  """A full batch of random tokens (every position scored), laid out as
+  docs/DESIGN.md § Batch says.
 
   Args:
     shape: batch shape (`batch_size`, `seq_len`, `vocab_size`).

@@ -10,7 +10,11 @@ builds it with warnings as errors:
 """
 
 import os
+import pathlib
+import re
 import sys
+
+from myst_parser import slugs
 
 # The package from this checkout, installed or not.
 sys.path.insert(0, os.path.abspath('..'))
@@ -32,6 +36,31 @@ exclude_patterns = ['_build', 'Thumbs.db', '.DS_Store']
 # MyST: heading anchors, so that pages link to sections of DESIGN.md as GitHub
 # does (`DESIGN.md#statistics-flax_posembstats`).
 myst_heading_anchors = 3
+
+# The one form a section of DESIGN.md is cited in: `docs/DESIGN.md § Section`
+# in the package's docstrings and comments, `[DESIGN.md § Section](anchor)` in
+# these pages. Section is the `##` heading less its parenthesis, as GitHub's
+# and MyST's anchors are the whole heading's.
+_DESIGN_HEADINGS = re.findall(
+    r'^## (.+)$',
+    pathlib.Path(__file__).with_name('DESIGN.md').read_text(),
+    re.M,
+)
+DESIGN_SECTIONS = {
+    re.sub(r' \(.*\)$', '', heading): slugs.github_slugify(
+        heading.replace('`', '')
+    )
+    for heading in _DESIGN_HEADINGS
+}
+# A citation may wrap at any space; the longest name first.
+_DESIGN_CITATION = re.compile(
+    r'docs/DESIGN\.md\s+§\s+('
+    + '|'.join(
+        r'\s+'.join(map(re.escape, name.split()))
+        for name in sorted(DESIGN_SECTIONS, key=len, reverse=True)
+    )
+    + r')\b'
+)
 
 # The API reference: one page per module, generated at build time into
 # docs/_autosummary (not committed) from docs/_templates/autosummary/.
@@ -58,3 +87,20 @@ html_theme_options = {
 # content column cuts them at a 1280-px window.
 html_static_path = ['_static']
 html_css_files = ['code.css']
+
+
+def _link_design_citations(app, what, name, obj, options, lines):
+  """Makes each DESIGN.md citation of a docstring a link to its section."""
+  del what, name, obj, options  # Every docstring alike.
+  uri = app.builder.get_relative_uri(app.env.docname, 'DESIGN')
+
+  def link(match):
+    section = ' '.join(match.group(1).split())
+    anchor = DESIGN_SECTIONS[section]
+    return f'`DESIGN.md § {section} <{uri}#{anchor}>`__'
+
+  lines[:] = _DESIGN_CITATION.sub(link, '\n'.join(lines)).split('\n')
+
+
+def setup(app):
+  app.connect('autodoc-process-docstring', _link_design_citations)

@@ -1,6 +1,6 @@
 """Numpy analysis of position tables ``[L, D]`` (row p = position p) and of
 statistics window files (core: no files written; `analysis_report` writes them,
-docs/DESIGN.md §Statistics)."""
+docs/DESIGN.md § Statistics)."""
 
 from collections.abc import Sequence
 import math
@@ -17,12 +17,28 @@ RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
 
 def row_norms(table: np.ndarray) -> np.ndarray:
-  """[L] L2 norm of each row of `table` [L, D]."""
+  """The L2 norm of each row of a table.
+
+  Args:
+    table: `[L, D]`, row `p` the embedding of position `p`.
+
+  Returns:
+    float64 `[L]`.
+  """
   return np.linalg.norm(np.asarray(table, np.float64), axis=1)
 
 
 def drift(table: np.ndarray, initial: np.ndarray) -> np.ndarray:
-  """[L] ||table[p] - initial[p]|| for tables [L, D] of equal shape."""
+  """How far each row moved from its initial value, `||table[p] - initial[p]||`.
+
+  Args:
+    table: `[L, D]`.
+    initial: `[L, D]`, the same table at initialization (or any earlier
+      step).
+
+  Returns:
+    float64 `[L]`.
+  """
   return np.linalg.norm(
       np.asarray(table, np.float64) - np.asarray(initial, np.float64), axis=1
   )
@@ -36,24 +52,46 @@ def _unit_rows(table: np.ndarray) -> np.ndarray:
 
 
 def cosine_similarity(table: np.ndarray) -> np.ndarray:
-  """[L, L] cosine similarity between rows of `table` [L, D] (0 for zero
-  rows)."""
+  """Cosine similarity between every pair of rows of a table.
+
+  Args:
+    table: `[L, D]`.
+
+  Returns:
+    float64 `[L, L]`; a zero row has similarity 0 with every row.
+  """
   u = _unit_rows(table)
   return u @ u.T
 
 
 def pca_explained_variance(table: np.ndarray) -> np.ndarray:
-  """[min(L, D)] explained-variance ratios of the mean-centred rows of `table`
-  [L, D]."""
+  """Explained-variance ratios of the principal components of a table's rows.
+
+  Args:
+    table: `[L, D]`; the rows are mean-centred first.
+
+  Returns:
+    float64 `[min(L, D)]`, largest first, summing to 1 (all 0 for a table of
+    equal rows).
+  """
   t = np.asarray(table, np.float64)
   var = np.linalg.svd(t - t.mean(0), compute_uv=False) ** 2
   return var / var.sum() if var.sum() > 0 else var
 
 
 def cosine_by_offset(table: np.ndarray, offsets=None) -> dict[int, float]:
-  """{k: mean over p of cos(table[p], table[p + k])} for `offsets` k (default 1,
-  2, 4, ... < L) of a [L, D] table; zero rows count as 0. O(L * D) per
-  offset."""
+  """Mean cosine similarity of rows `k` positions apart, for each offset `k`.
+
+  O(L * D) per offset, no `[L, L]` matrix.
+
+  Args:
+    table: `[L, D]`.
+    offsets: the offsets `k` (each in `[1, L)`); None: 1, 2, 4, ... < L.
+
+  Returns:
+    A dict from each offset `k` to the mean over `p` of
+    `cos(table[p], table[p + k])`; a zero row counts as cosine 0.
+  """
   u = _unit_rows(table)
   if offsets is None:
     offsets = [2**i for i in range((len(u) - 1).bit_length())]
@@ -67,14 +105,22 @@ def position_probe(
     folds: int = 5,
     ridge: float | tuple[float, ...] = RIDGE_GRID,
 ) -> dict[str, Any]:
-  """Held-out ridge regression of the position from its row of a [L, D] table:
-  fold f holds the rows p % `folds` == f (2 <= folds <= L); of the `ridge`
-  strengths (relative to the mean eigenvalue of the training Gram matrix) the
-  best on the same folds is reported.
+  """How well a linear probe recovers the position from its row, held out.
+
+  Ridge regression of `p` on row `p`, cross-validated: fold `f` holds out the
+  rows with `p % folds == f`. Of the `ridge` strengths the one with the lowest
+  held-out squared error is reported.
+
+  Args:
+    table: `[L, D]`.
+    folds: number of folds, `2 <= folds <= L`.
+    ridge: one ridge strength or several to choose from, each relative to
+      the mean eigenvalue of the training Gram matrix.
 
   Returns:
-    {'prediction': [L], 'abs_error': [L], 'r2': float, 'ridge': float} on
-    held-out rows.
+    A dict of held-out results, with keys `prediction` `[L]` (of each
+    position), `abs_error` `[L]` (its absolute error), `r2` (float, R^2) and
+    `ridge` (float, the chosen relative strength).
   """
   x = np.asarray(table, np.float64)
   num = x.shape[0]
@@ -110,8 +156,15 @@ def position_probe(
 def window_files(
     stats_dir: str, upto_step: int | None = None
 ) -> list[tuple[int, str]]:
-  """``(step, path)`` of ``stats_dir/window_STEP.npz`` up to ``upto_step``, in
-  step order."""
+  """The statistics window files of a directory, in step order.
+
+  Args:
+    stats_dir: a directory of `window_STEP.npz` files (a run's `stats/`).
+    upto_step: keep the files of steps <= it; None keeps all.
+
+  Returns:
+    `[(step, path), ...]`, ascending steps.
+  """
   files = outputs.window_files_in(stats_dir)
   if upto_step is None:
     return files
@@ -121,9 +174,17 @@ def window_files(
 def cumulative_exposure(
     stats_dir: str, upto_step: int | None = None
 ) -> np.ndarray | None:
-  """[L] tokens seen per position up to `upto_step` (None without window files):
-  the exact `cumulative_count` of the last window file when present, else the
-  sum of the `count` fields."""
+  """Tokens trained on at each position up to a step.
+
+  Args:
+    stats_dir: a directory of window files (a run's `stats/`).
+    upto_step: count up to this step's window; None: all of them.
+
+  Returns:
+    float64 `[L]`, the last window file's exact `cumulative_count` when it
+    has one, else the sum of the files' `count` fields; None when there are
+    no window files.
+  """
   files = window_files(stats_dir, upto_step)
   if not files:
     return None
@@ -137,7 +198,14 @@ def cumulative_exposure(
 
 
 def sum_arrays(arrays: Sequence[np.ndarray]) -> np.ndarray:
-  """The element-wise sum of equal-shape arrays, added in order."""
+  """The element-wise sum of equal-shape arrays, added in order.
+
+  Args:
+    arrays: one or more arrays of one shape.
+
+  Returns:
+    Their sum, of that shape.
+  """
   total = arrays[0]
   for array in arrays[1:]:
     total = total + array
@@ -152,8 +220,30 @@ def analyze_table(
     bucket_size: int = 16,
     bucket_edges: str = '',
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """Analysis of one table [L, D]; returns (JSON summary, per-position
-  arrays)."""
+  """Analysis of one position table: norms, probe, PCA, cosines and drift.
+
+  Args:
+    table: `[L, D]`.
+    initial: the table at initialization, `[L, D]`, or None (no drift).
+    snapshots: `[(step, table [L, D]), ...]` in step order, for drift over
+      training.
+    bucket_size: positions per bucket of the by-bucket summaries (with
+      `bucket_edges=''`).
+    bucket_edges: `'log2'`, comma-separated increasing edges from 0, or ''
+      (uniform buckets of `bucket_size`; `buckets.make_edges`).
+
+  Returns:
+    A pair `(summary, arrays)`, a JSON-ready dict (rows, features, norms and
+    probe errors by bucket, PCA ratios, cosine by offset, drift by bucket),
+    and per-position float64 arrays: `norm`, `probe_prediction`,
+    `probe_abs_error` `[L]`, `pca_ratio` `[min(L, D)]`; with `initial`,
+    `drift` `[L]`, and with snapshots too `snapshot_steps` `[S]` and
+    `snapshot_drift` `[S, L]`; with two or more snapshots
+    `snapshot_step_change` `[S - 1, L]`.
+
+  Raises:
+    ValueError: bad `bucket_edges` (`buckets.make_edges`).
+  """
   table = np.asarray(table, np.float64)
   num = table.shape[0]
   edges = buckets_lib.make_edges(num, bucket_size, bucket_edges)
@@ -205,8 +295,16 @@ def analyze_table(
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
-  """Spearman rank correlation (ties get average ranks), None where
-  undefined."""
+  """Spearman rank correlation (ties get average ranks).
+
+  Args:
+    x: `[N]` values.
+    y: `[N]` values paired with `x`.
+
+  Returns:
+    The correlation in `[-1, 1]`, or None where it is undefined (a constant
+    series, or a non-finite result).
+  """
   if np.ptp(x) == 0 or np.ptp(y) == 0:  # a constant series: no rank correlation
     return None
   c = scipy.stats.spearmanr(x, y).statistic

@@ -1,5 +1,5 @@
 """The files of a table or statistics analysis (runner side of `analysis`):
-JSON, arrays and plots, as docs/DESIGN.md §Statistics lists them."""
+JSON, arrays and plots, as docs/DESIGN.md § Statistics lists them."""
 
 import json
 import os

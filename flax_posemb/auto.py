@@ -1,6 +1,6 @@
-"""What `attention_impl='auto'` and `grad_accum_steps=0` become (docs/DESIGN.md,
-Config): set once where a run starts (`resolve_config`, recorded in
-`config.json`), else at trace time."""
+"""What `attention_impl='auto'` and `grad_accum_steps=0` become
+(docs/DESIGN.md § Config): set once where a run starts (`resolve_config`,
+recorded in `config.json`), else at trace time."""
 
 from collections.abc import Mapping
 from typing import Any
@@ -24,7 +24,7 @@ def attention_impl(
     compute_capability: tuple[int, ...] | None = None,
 ) -> str:
   """`impl`, or for 'auto' 'blocked' (CPU), 'cudnn' where it applies
-  (docs/DESIGN.md §Config; also an even `seq_len`) or 'xla';
+  (docs/DESIGN.md § Config; also an even `seq_len`) or 'xla';
   `compute_capability` None reads the first device's."""
   if impl != AUTO_ATTENTION:
     return impl

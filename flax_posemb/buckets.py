@@ -1,5 +1,5 @@
 """Loss by position bucket, document-clustered errors (docs/DESIGN.md
-"Evaluation outputs")."""
+§ Evaluation outputs)."""
 
 import hashlib
 import math
@@ -127,7 +127,8 @@ def _num(x: float) -> float | None:  # JSON: None instead of nan/inf
 
 
 def bucket_rows(per_window: dict[str, np.ndarray]) -> list[dict[str, Any]]:
-  """results.json bucket rows (docs/DESIGN.md) of ``per_window``."""
+  """results.json bucket rows (docs/DESIGN.md § Evaluation outputs) of
+  ``per_window``."""
   loss, cov, nn = bucket_stats(per_window)
   edges = per_window['edges']
   counts = np.asarray(per_window['win_count'])
@@ -240,7 +241,7 @@ def window_groups(
     per_window: dict[str, np.ndarray], window_len: int
 ) -> dict[str, tuple[np.ndarray, list[tuple[str, int | None, int | None]]]]:
   """Each window's group ``[W]`` and the groups (label, lo, hi) of the tables
-  `by_kind`, `by_depth` and `by_end` (docs/DESIGN.md)."""
+  `by_kind`, `by_depth` and `by_end` (docs/DESIGN.md § Evaluation outputs)."""
   t = int(window_len)
   start = np.asarray(per_window['start'], np.int64)
   doc_len = np.asarray(per_window['doc_len'], np.int64)
@@ -258,7 +259,7 @@ def provenance_tables(
     per_window: dict[str, np.ndarray], window_len: int
 ) -> dict[str, Any]:
   """Where the windows come from and bucket loss by window group
-  (docs/DESIGN.md)."""
+  (docs/DESIGN.md § Evaluation outputs)."""
   t = int(window_len)
   doc = np.asarray(per_window['doc'], np.int64)
   start = np.asarray(per_window['start'], np.int64)
@@ -368,7 +369,7 @@ class BucketAccumulator:
     self.windows += int(real.sum())
 
   def per_window(self) -> dict[str, np.ndarray]:
-    """The contents of windows.npz (docs/DESIGN.md)."""
+    """The contents of windows.npz (docs/DESIGN.md § Evaluation outputs)."""
     nb = len(self.edges) - 1
     parts = self._parts or [
         {
@@ -488,7 +489,7 @@ def paired_difference(
 ) -> list[dict[str, Any]]:
   """Per bucket, loss A - B over the same windows (``windows.npz`` contents
   ``a``, ``b``) with the paired document-clustered standard error
-  (docs/DESIGN.md)."""
+  (docs/DESIGN.md § Evaluation outputs)."""
   ids_a = np.asarray(a['window_id'])
   ids_b = np.asarray(b['window_id'])
   set_a = set(ids_a.tolist())
@@ -584,7 +585,7 @@ def seed_document_contrast(
     level: float = 0.95,
 ) -> dict[str, Any]:
   """A contrast of ratio estimates averaged over seeds, with an interval that
-  combines seeds and documents (docs/DESIGN.md "Experiments outputs").
+  combines seeds and documents (docs/DESIGN.md § Experiments outputs).
 
   Component ``k`` of seed ``s`` is the ratio ``L_sk = sum_g sums[s, g, k] /
   sum_g counts[s, g, k]`` (a bucket's loss, say); the contrast is ``theta_s =

@@ -1,5 +1,5 @@
-"""Orbax checkpoints of a run, verified on restore (docs/DESIGN.md, "Training
-outputs")."""
+"""Orbax checkpoints of a run, verified on restore (docs/DESIGN.md § Training
+outputs)."""
 
 from collections.abc import Callable
 import contextlib
@@ -49,7 +49,7 @@ class CheckpointDamagedError(ValueError):
 @dataclasses.dataclass
 class RestoreInfo:
   """The step read, and the newer ones skipped: damaged or deleted while read
-  (DESIGN.md)."""
+  (Recovery in docs/DESIGN.md § Training outputs)."""
 
   step: int
   requested: int | None
@@ -66,8 +66,9 @@ def checkpoint_dir(workdir: str | os.PathLike[str]) -> epath.Path:
   return epath.Path(os.path.abspath(workdir)) / outputs.CHECKPOINTS_DIR
 
 
-# Integrity (docs/DESIGN.md, "Checkpoints"): a digest of every array and
-# finiteness, computed at save and checked at restore by `_digests` alone.
+# Integrity (Checkpoints in docs/DESIGN.md § Training outputs): a digest of
+# every array and finiteness, computed at save and checked at restore by
+# `_digests` alone.
 
 
 @jax.jit
@@ -490,8 +491,8 @@ class Checkpointer:
       self, step: int | None, fallback: bool, **read: Any
   ) -> dict[str, Any]:
     """`_read` of ``step`` (None: the newest readable one) with
-    ``restore_info`` (docs/DESIGN.md, Recovery: with ``fallback`` a damaged
-    newest step gives way to the one before it)."""
+    ``restore_info`` (Recovery in docs/DESIGN.md § Training outputs: with
+    ``fallback`` a damaged newest step gives way to the one before it)."""
     info = RestoreInfo(step=-1, requested=step)
     tried: set[int] = set()
     while True:

@@ -171,7 +171,7 @@ HUGE_PAGES_OFF = 'FLAX_POSEMB_HUGE_PAGES'  # =0: never restart on huge pages.
 
 def huge_pages_apply() -> bool:
   """Whether `start_on_huge_pages` restarts (once; when: docs/DESIGN.md
-  §Config)."""
+  § Config)."""
   lib, version = platform.libc_ver()
   try:
     with open('/sys/kernel/mm/transparent_hugepage/enabled') as f:
@@ -381,8 +381,8 @@ def exit_early_on_sigterm(
     prog: str, workdir: str, remove: bool = True
 ) -> Iterator[None]:
   """A training CLI's setup: until `preemption.defer_sigterm` a SIGTERM exits
-  ``EXIT_PREEMPTED`` at once (docs/DESIGN.md "SIGTERM"), removing an unused
-  ``workdir`` it created if ``remove``."""
+  ``EXIT_PREEMPTED`` at once (SIGTERM in docs/DESIGN.md § Training outputs),
+  removing an unused ``workdir`` it created if ``remove``."""
   created = not os.path.exists(workdir)
   replaced = preemption.install_handler()
   try:

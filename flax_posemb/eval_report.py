@@ -1,5 +1,5 @@
 """An evaluation's files and tables, comparison of runs (docs/DESIGN.md
-"Evaluation outputs")."""
+§ Evaluation outputs)."""
 
 from collections.abc import Sequence
 import json

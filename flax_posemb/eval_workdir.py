@@ -1,5 +1,5 @@
 """The eval command: restore a run's checkpoint, evaluate, write the outputs,
-compare runs (docs/DESIGN.md, "Evaluation outputs")."""
+compare runs (docs/DESIGN.md § Evaluation outputs)."""
 
 from collections.abc import Sequence
 import functools

@@ -1,5 +1,5 @@
 """Held-out loss by position bucket and the offset probe: the jitted step,
-streaming accumulation, summaries (docs/DESIGN.md, "Evaluation outputs")."""
+streaming accumulation, summaries (docs/DESIGN.md § Evaluation outputs)."""
 
 from collections.abc import Callable, Iterable, Sequence
 import dataclasses
@@ -45,9 +45,23 @@ MIN_BUCKET_WINDOWS = 30
 
 @dataclasses.dataclass
 class EvalOutput:
-  """results.json dict, per_position.npz and windows.npz of one evaluation
-  (docs/DESIGN.md); with the offset probe, ``probe_windows[K]``: the
-  windows.npz contents of the probe's pass at shift K."""
+  """The files of one evaluation, in memory.
+
+  Their layout: docs/DESIGN.md § Evaluation outputs.
+
+  Args:
+    results: the results.json dict: `step`, `buckets` (one row per
+      position bucket), `overall`, `degradation`; from `run_evaluation` also
+      `settings`, `warnings` and, with offsets, `offset_probe`.
+    per_position: per_position.npz: `position`, `loss_sum`, `count`, `loss`
+      (NaN where unscored), each `[L]`; the synthetic source adds its
+      reference losses `[L]`, and the offset probe `offsets` `[K]`,
+      `offset_loss` and `offset_count` `[K, L - max K]`.
+    per_window: windows.npz: `window_id` uint64 `[W]`, `win_sum` and
+      `win_count` `[W, num_buckets]`, and the data's provenance `[W]`.
+    probe_windows: with the offset probe, `{K: per_window of the pass at
+      shift K}`; else None.
+  """
 
   results: dict[str, Any]
   per_position: dict[str, np.ndarray]
@@ -57,8 +71,16 @@ class EvalOutput:
 
 @functools.lru_cache(maxsize=16)
 def model_apply_fn(model) -> Callable:
-  """(params, inputs, positions, segment_ids [B, T]) -> logits [B, T, V] of
-  ``model``."""
+  """The evaluation forward pass of a linen model, cached per model.
+
+  Args:
+    model: a linen `model.TransformerLM` (the cache key).
+
+  Returns:
+    A function `apply(params, inputs, positions, segment_ids) -> logits`,
+    int32 `[B, T]` inputs, positions and segment ids to float32
+    `[B, T, vocab_size]` logits, without dropout.
+  """
 
   def apply(params, inputs, positions, segment_ids):
     return model.apply(
@@ -102,9 +124,22 @@ def _make_eval_step(
 def make_eval_step(
     apply_fn: Callable, edges: np.ndarray, mesh: jax.sharding.Mesh
 ):
-  """Jitted, cached (params, batch, offset) -> {'loss_sum', 'count': [L],
-  'win_sum', 'win_count': [B, nb]}; the model sees ``positions + offset``, sums
-  are by ``positions``."""
+  """The jitted evaluation step, cached per apply function, edges and mesh.
+
+  Args:
+    apply_fn: `(params, inputs, positions, segment_ids) -> logits`
+      (`model_apply_fn`).
+    edges: int bucket edges `[num_buckets + 1]` from 0 to the window length
+      L (`buckets.make_edges`).
+    mesh: the device mesh the batch is sharded over.
+
+  Returns:
+    A function `step(params, batch, offset) -> sums`. `batch` holds `[B, T]`
+    `inputs`, `targets`, `positions`, `segment_ids` and `loss_mask`; the
+    model sees `positions + offset` while the sums are indexed by
+    `positions`. `sums`, replicated, holds float32 `loss_sum` and `count`
+    `[L]`, `win_sum` and `win_count` `[B, num_buckets]`.
+  """
   return _make_eval_step(apply_fn, tuple(int(e) for e in edges), mesh)
 
 
@@ -118,10 +153,25 @@ def accumulate(
     mesh: jax.sharding.Mesh | None = None,
     progress: str = '',
 ) -> list[buckets_lib.BucketAccumulator]:
-  """One `BucketAccumulator` over ``edges`` per shift K in ``offsets`` of
-  ``batches`` (the same global [B, T] batches on every process, optionally with
-  [B] `PROVENANCE_KEYS`); ``progress``: a tqdm bar of that name over the
-  batches on stderr ('' = none)."""
+  """Scores batches and sums the losses by position and bucket.
+
+  Args:
+    apply_fn: `(params, inputs, positions, segment_ids) -> logits`
+      (`model_apply_fn`).
+    params: the model's parameter tree.
+    batches: the same global batches on every process: `[B, T]` `inputs`,
+      `targets`, `positions`, `segment_ids`, `loss_mask`, optionally `[B]`
+      `PROVENANCE_KEYS`; rows are padded to a multiple of the devices.
+    edges: int bucket edges `[num_buckets + 1]` from 0 to T.
+    offsets: the shifts K the model sees positions by (0: none); every batch
+      is scored once per shift.
+    mesh: the device mesh; None makes one over all devices.
+    progress: the name of a tqdm bar over the batches on stderr; '' shows
+      none.
+
+  Returns:
+    One `buckets.BucketAccumulator` per shift in `offsets`, in order.
+  """
   mesh = mesh or sharding.make_mesh()
   step = make_eval_step(apply_fn, edges, mesh)
   params = jax.device_put(params, sharding.replicated(mesh))
@@ -177,9 +227,18 @@ def summarize(
     step: int | None = None,
     reference: dict[str, np.ndarray] | None = None,
 ) -> EvalOutput:
-  """results.json dict and per-position vectors of one accumulator;
-  ``reference``: the synthetic source's `data.reference_losses` of its length L
-  (``bayes_loss``, ``filter_loss`` [L])."""
+  """The results of one accumulator.
+
+  Args:
+    acc: the accumulator of one pass (`accumulate`).
+    step: the training step recorded in the results; None if unknown.
+    reference: the synthetic source's `data.reference_losses` for the
+      window length L (`bayes_loss`, `filter_loss`, each `[L]`), or None.
+
+  Returns:
+    An `EvalOutput` with `results` (`step`, `buckets`, `overall`,
+    `degradation`), `per_position` and `per_window`.
+  """
   per_position = acc.per_position()
   per_window = acc.per_window()
   per_position.update(reference or {})
@@ -196,8 +255,16 @@ def summarize(
 
 
 def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
-  """Warnings for buckets with no scored token and with fewer than
-  `MIN_BUCKET_WINDOWS`."""
+  """Warnings about buckets too thin to trust.
+
+  Args:
+    rows: results.json bucket rows, each with `start`, `end`, `tokens` and
+      `windows`.
+
+  Returns:
+    Up to two messages, about buckets with no scored token and buckets with
+    fewer than `MIN_BUCKET_WINDOWS` windows (naming the fix); empty if none.
+  """
   empty = [
       f"[{row['start']}, {row['end']})" for row in rows if not row['tokens']
   ]
@@ -227,8 +294,24 @@ def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
 def eval_settings(
     config: ml_collections.ConfigDict, overrides: dict[str, Any]
 ) -> dict[str, Any]:
-  """The ``eval`` section of ``config`` with ``overrides`` (None = keep) and the
-  probe's ``offsets``, resolved (0 = default) and checked: the one place."""
+  """The evaluation settings, resolved and checked: the one place.
+
+  Args:
+    config: the run config (its `eval`, `data` and `model` sections).
+    overrides: `SETTINGS_KEYS`, `batch_size`, `bucket_size`,
+      `bucket_edges` or `offsets` values replacing the config's; None keeps
+      the config's.
+
+  Returns:
+    A dict of the settings `SETTINGS_KEYS`, `batch_size`, `bucket_size`,
+    `bucket_edges` and `offsets` (sorted distinct ints, or None), with 0
+    (`window_len`, `min_doc_len`, `min_start`) resolved to their defaults.
+
+  Raises:
+    ValueError: a window longer than `model.max_len`, offsets outside
+      `[0, window_len)`, an unknown policy, split or window start, or a
+      negative seed or limit; the message names the setting and the fix.
+  """
   ev = defaults.evaluation().to_dict()
   ev.update(config.get('eval', ml_collections.ConfigDict()).to_dict())
   s = {
@@ -293,8 +376,17 @@ def eval_settings(
 def make_batches(
     config: ml_collections.ConfigDict, s: dict[str, Any]
 ) -> tuple[dict[str, np.ndarray], ...]:
-  """`data.make_eval_batches` of the settings ``s``, built once per process
-  (read-only)."""
+  """The evaluation windows of the settings, built once per process.
+
+  Args:
+    config: the run config (its `data` section picks the source).
+    s: settings from `eval_settings`.
+
+  Returns:
+    Read-only batches (`data.make_eval_batches`) of `[batch_size, window_len]`
+    `inputs`, `targets`, `positions`, `segment_ids`, `loss_mask`, and
+    `[batch_size]` `PROVENANCE_KEYS` (padding rows: doc -1).
+  """
   return _batches(
       json.dumps(config.data.to_dict(), sort_keys=True, default=str),
       split=s['split'],
@@ -317,8 +409,14 @@ def _batches(data_json: str, **settings) -> tuple[dict[str, np.ndarray], ...]:
 
 
 def expected_params(model) -> Any:
-  """The params tree of ``model`` (ShapeDtypeStructs), without initializing
-  it."""
+  """The parameter tree a linen model expects, without initializing it.
+
+  Args:
+    model: a linen `model.TransformerLM`.
+
+  Returns:
+    The `params` tree of `jax.ShapeDtypeStruct` leaves.
+  """
   x = jnp.zeros((1, 2), jnp.int32)
   return jax.eval_shape(lambda: model.init(jax.random.key(0), x, x))['params']
 
@@ -334,10 +432,31 @@ def run_evaluation(
     progress: str = '',
     **overrides,
 ) -> EvalOutput:
-  """Loss by position bucket of ``model`` on held-out windows, recording
-  ``step``, with the offset probe's shifts K ``offsets``; ``overrides``:
-  `eval_settings` keys (None = config); ``progress``: a name, for a bar over the
-  batches of each pass on stderr ('' = none)."""
+  """Loss by position bucket of a model on held-out windows.
+
+  Args:
+    model: a linen `model.TransformerLM`.
+    params: its parameter tree; it must fit `model.config`.
+    config: the run config (`eval`, `data` and `model` sections).
+    step: the training step recorded in the results.
+    offsets: the offset probe's shifts K (scored on windows of
+      `window_len - max K` tokens, paired against the smallest K), or None
+      for no probe.
+    mesh: the device mesh; None makes one over all devices.
+    progress: a name for a bar over the batches of each pass on stderr; ''
+      shows none.
+    **overrides: `eval_settings` keys replacing the config's (None keeps the
+      config's).
+
+  Returns:
+    The `EvalOutput`; its results hold `settings`, `warnings`
+    (`thin_buckets`) and, with offsets, `offset_probe`.
+
+  Raises:
+    trees.TreeMismatchError: `params` do not fit the model config (a
+      ValueError naming the first differing path).
+    ValueError: settings `eval_settings` refuses.
+  """
   s = eval_settings(config, dict(overrides, offsets=offsets))
   cfg = model.config
   # A TreeMismatchError (ValueError) naming the first differing path.

@@ -1,5 +1,5 @@
 """A Hugging Face GPT-2-family checkpoint written as a workdir, built aside and
-swapped in (docs/DESIGN.md, "Pretrained models"; the reading and the checks:
+swapped in (docs/DESIGN.md § Pretrained models; the reading and the checks:
 `flax_posemb.pretrained`).
 
 Like `commands.prepare`, the import writes a hidden ``.NAME.import-*``
@@ -88,8 +88,8 @@ def import_config(
 def import_checkpoint(
     hf_dir: str, workdir: str, config: ml_collections.ConfigDict
 ) -> dict[str, Any]:
-  """Writes `workdir` from the checkpoint in `hf_dir` (docs/DESIGN.md,
-  "Pretrained models"): config.json (`import_config`), a step-0 checkpoint of
+  """Writes `workdir` from the checkpoint in `hf_dir` (docs/DESIGN.md
+  § Pretrained models): config.json (`import_config`), a step-0 checkpoint of
   its parameters, tokenizer/ (a copy of its tokenizer files) and imported.json,
   built aside and renamed into place. Returns imported.json's record."""
   if os.path.isdir(workdir) and set(os.listdir(workdir)) - {outputs.LOCK_FILE}:

@@ -30,18 +30,48 @@ _TRUNC2_STD_RATIO = math.sqrt(
 
 @dataclasses.dataclass(frozen=True)
 class Initializer:
-  """A named JAX initializer `(key, shape, dtype) -> Array`; `std_fn(features)`:
-  realized std."""
+  """A named JAX initializer `(key, shape, dtype) -> Array`.
+
+  Build one with `get`, `resolve` or `from_array`; it can be passed wherever
+  Flax takes an initializer (e.g. `embedding_init`).
+
+  Args:
+    name: the registry name (or the `file:` spec) it was built from.
+    fn: the initializer, `(key, shape, dtype) -> Array`.
+    std_fn: the realized standard deviation of the entries of a table of the
+      given width, `features -> std`.
+  """
 
   name: str
   fn: InitFn = dataclasses.field(repr=False)
   std_fn: Callable[[int], float] = dataclasses.field(repr=False)
 
   def __call__(self, key: Array, shape, dtype=jnp.float32) -> Array:
+    """Draws a table.
+
+    Args:
+      key: a JAX PRNG key (ignored by the deterministic initializers).
+      shape: the table's shape, `(rows, features)` (e.g. `(max_len, emb_dim)`).
+      dtype: dtype of the table.
+
+    Returns:
+      The table, `shape` in `dtype`.
+
+    Raises:
+      ValueError: a `from_array` table that cannot fill `shape`.
+    """
     return self.fn(key, tuple(shape), dtype)
 
   def expected_std(self, features: int) -> float:
-    """The realized standard deviation of a table `features` wide."""
+    """The realized standard deviation of the entries of a table.
+
+    Args:
+      features: the table's width (some initializers scale with it).
+
+    Returns:
+      The std the drawn entries have (e.g. ~0.0176 for `bert`'s truncated
+      0.02).
+    """
     return float(self.std_fn(int(features)))
 
 
@@ -49,8 +79,8 @@ def _check_std(name: str, std: Any) -> float:
   if std is None or not math.isfinite(float(std)) or float(std) < 0:
     raise ValueError(
         f"Initializer '{name}' needs a std, a finite number >= 0 (got"
-        f' {std}): pass std=0.02, or set model.position_init_std /'
-        ' model.token_init_std >= 0.'
+        f' {std}): pass std=0.02 (in a ModelConfig: position_init_std /'
+        ' token_init_std >= 0).'
     )
   return float(std)
 
@@ -105,8 +135,21 @@ def _uniform(name: str, bound_fn: Callable[[int], float]) -> Initializer:
 
 
 def sinusoid_at(positions, features: int, max_wavelength: float = 10_000.0):
-  """Vaswani sinusoid `[..., features]` at `positions` `[...]` (NumPy: float64,
-  JAX: float32)."""
+  """Vaswani sinusoid of unit amplitude at `positions`.
+
+  Column `2i` is `sin(p / max_wavelength**(2i/features))`, column `2i+1` the
+  cos.
+
+  Args:
+    positions: positions, `[...]`: a NumPy array (computed in float64) or a
+      JAX array (computed in float32).
+    features: width of the encoding.
+    max_wavelength: the longest wavelength.
+
+  Returns:
+    The encoding, `[..., features]`, NumPy float64 or JAX float32 as
+    `positions` is.
+  """
   xp = jnp if isinstance(positions, jax.Array) else np
   dt = jnp.float32 if xp is jnp else np.float64
   i = xp.arange(features) // 2
@@ -136,8 +179,19 @@ def zeros() -> Initializer:
 def sinusoidal(
     std: float | None = None, max_wavelength: float = 10_000.0
 ) -> Initializer:
-  """Vaswani et al. (2017) sinusoid as a learnable table of RMS `std`
-  (`resolve`: the token's)."""
+  """Vaswani et al. (2017) sinusoid as the initial value of a learned table.
+
+  Args:
+    std: the table's root-mean-square (`resolve` passes the token table's
+      std when the config gives none).
+    max_wavelength: the longest wavelength.
+
+  Returns:
+    A deterministic initializer of `[rows, features]` tables.
+
+  Raises:
+    ValueError: `std` is None, negative or not finite.
+  """
   std = _check_std('sinusoidal', std)
 
   def init(key, shape, dtype=jnp.float32):
@@ -151,7 +205,18 @@ def sinusoidal(
 
 def same_as_token(token_init: Initializer | None = None) -> Initializer:
   """Whatever the model's token embedding uses (GPT-2, nanoGPT and BERT share
-  one init)."""
+  one init).
+
+  Args:
+    token_init: the token table's initializer.
+
+  Returns:
+    `token_init` itself.
+
+  Raises:
+    ValueError: `token_init` is None (`get('same_as_token')` has none; use
+      `resolve`).
+  """
   if token_init is None:
     raise ValueError(
         "'same_as_token' depends on the token embedding's initializer: use "
@@ -177,8 +242,20 @@ STD_NAMES: tuple[str, ...] = tuple(
 
 
 def get(name: str, **overrides: Any) -> Initializer:
-  """The initializer registered as `name` (one of `NAMES`), built with keyword
-  `overrides`."""
+  """The initializer registered as `name`, built with keyword `overrides`.
+
+  Args:
+    name: one of `NAMES` (e.g. `'gpt2'`, `'bert'`, `'sinusoidal'`).
+    **overrides: keyword arguments of the entry's builder (e.g. `std=0.01`
+      for the names in `STD_NAMES`).
+
+  Returns:
+    The initializer.
+
+  Raises:
+    ValueError: an unknown `name` (the message lists `NAMES`), an override
+      the entry does not accept, or an invalid `std`.
+  """
   builder = _BUILDERS.get(name)
   if builder is None:
     raise ValueError(
@@ -210,6 +287,14 @@ def resolve(
       `sinusoidal` without `std` is scaled to its realized std.
     std: Optional std override (None = the entry's default).
     resize: Row rule of a file table (`from_array`).
+
+  Returns:
+    The initializer (a file table's is deterministic).
+
+  Raises:
+    ValueError: an unknown name, a `std` the entry refuses, or a file table
+      with an unknown `resize`; `tables.TableError` (a ValueError) for a file
+      that cannot be read.
   """
   if tables.is_file_spec(name):
     return from_array(tables.load_table(name), resize=resize, name=name)
@@ -230,27 +315,43 @@ RESIZE_RULES: tuple[str, ...] = ('error', 'truncate', 'interpolate')
 
 
 def check_resize(resize: str) -> None:
-  """Raises ValueError unless `resize` is one of `RESIZE_RULES`."""
+  """Checks a table row rule.
+
+  Args:
+    resize: the rule (`model.position_init_resize`).
+
+  Raises:
+    ValueError: `resize` is not one of `RESIZE_RULES`.
+  """
   if resize not in RESIZE_RULES:
     raise ValueError(
         f'Unknown table resize rule {resize!r}; valid:'
-        f" {', '.join(RESIZE_RULES)} (model.position_init_resize)."
+        f" {', '.join(RESIZE_RULES)} (resize=; in a ModelConfig"
+        ' position_init_resize).'
     )
 
 
 def fit_problem(
     have: tuple[int, int], want: tuple[int, int], resize: str
 ) -> str | None:
-  """Why a `have` table cannot fill `want` under `resize` (naming the fix), or
-  None."""
+  """Why a table of one shape cannot fill another under a row rule.
+
+  Args:
+    have: the table's shape, `(rows, features)`.
+    want: the shape asked for, `(rows, features)`.
+    resize: one of `RESIZE_RULES`; no rule changes the width.
+
+  Returns:
+    A message naming the mismatch and the fix, or None if the table fits.
+  """
   rows, width = have
   want_rows, want_width = want
   head = f'Table shape {have} does not fit the requested shape {want}: '
   if width != want_width:
     return head + (
-        f"the table's width is {width} features, the model's {want_width};"
-        f' no resize rule changes it: set model.emb_dim={width} or use'
-        f' {want_width} columns.'
+        f"the table's width is {width} features, the embedding's"
+        f' {want_width}; no resize rule changes it: use {want_width} columns'
+        f' or features={width} (ModelConfig.emb_dim={width}).'
     )
   if rows == want_rows or resize == 'interpolate':
     return None
@@ -259,24 +360,36 @@ def fit_problem(
       return None
     return head + (
         f"resize 'truncate' only drops rows, and the table has {rows} <"
-        f' {want_rows} rows: set model.max_len<={rows} or use resize'
-        " 'interpolate'."
+        f' {want_rows} rows: use num_positions<={rows}'
+        f" (ModelConfig.max_len<={rows}) or resize 'interpolate'."
     )
   rules = ''
   if rows > want_rows:
     rules = f"'truncate' keeps the first {want_rows} rows, "
   rules += f"'interpolate' resamples the {rows} rows linearly to {want_rows}."
   return head + (
-      f'the table has {rows} rows, the model {want_rows} (model.max_len): set '
-      f'model.max_len={rows} or a row rule (model.position_init_resize): '
-      + rules
+      f'the table has {rows} rows, the embedding {want_rows}'
+      f' (num_positions): use num_positions={rows}'
+      f' (ModelConfig.max_len={rows}) or a row rule (resize=;'
+      ' ModelConfig.position_init_resize): ' + rules
   )
 
 
 def fit_rows(table: np.ndarray, rows: int, resize: str = 'error') -> np.ndarray:
-  """`table` `[R, D]` fitted to `[rows, D]` under a rule that allows it:
-  `table`, its first rows, or (interpolate) float64 rows where new row i is old
-  position `i * (R - 1) / (rows - 1)`."""
+  """Fits a table's rows to `rows` under a rule that allows it.
+
+  Args:
+    table: the table, `[R, D]`.
+    rows: rows wanted.
+    resize: `'truncate'` (the first `rows`, needs `R >= rows`) or
+      `'interpolate'` (linear resampling: new row `i` is old position
+      `i * (R - 1) / (rows - 1)`); with `R == rows` any rule. Check first with
+      `fit_problem`; this does not refuse.
+
+  Returns:
+    The table `[rows, D]`, `table` itself when `R == rows`, its first rows,
+    or float64 interpolated rows.
+  """
   have = table.shape[0]
   if have == rows:
     return table
@@ -293,9 +406,20 @@ def fit_rows(table: np.ndarray, rows: int, resize: str = 'error') -> np.ndarray:
 def from_array(
     array, *, resize: str = 'error', name: str = 'from_array'
 ) -> Initializer:
-  """An initializer returning a copy of `array` `[R, D]` (e.g. GPT-2's `wpe`),
-  rows fitted by `resize` (`RESIZE_RULES`); a shape it cannot fill raises
-  ValueError (`fit_problem`)."""
+  """An initializer returning a copy of a given table (e.g. GPT-2's `wpe`).
+
+  Args:
+    array: the table, `[R, D]` (anything `np.array` takes).
+    resize: how its rows are fitted to the shape asked for (`RESIZE_RULES`).
+    name: the initializer's name (e.g. the `file:` spec it came from).
+
+  Returns:
+    A deterministic initializer; called with a shape it cannot fill it raises
+    ValueError (`fit_problem`'s message).
+
+  Raises:
+    ValueError: an unknown `resize`, or `array` is not 2-D.
+  """
   check_resize(resize)
   table = np.array(array)
   if table.ndim != 2:
@@ -338,6 +462,13 @@ def extend_rows(
       table resampled linearly to `rows` rows (`fit_rows`; new row `i` is old
       position `i (n - 1) / (rows - 1)`). 'init': the rows of `fresh`.
     fresh: `[rows, D]` drawn by a registry initializer (for 'init').
+
+  Returns:
+    The table, `[rows, D]` in `table`'s dtype.
+
+  Raises:
+    ValueError: an unknown `rule` (one of `EXTEND_RULES`), or `'init'` without
+      `fresh` of shape `[rows, D]`.
   """
   n = table.shape[0]
   if rows <= n:

@@ -1,5 +1,5 @@
 """GPT-2-style decoder-only LM, swappable position embedding (linen;
-docs/DESIGN.md, Model)."""
+docs/DESIGN.md § Model)."""
 
 from collections.abc import Mapping
 import dataclasses
@@ -33,8 +33,41 @@ REMOVED_FIELDS: tuple[str, ...] = ('check_positions',)
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Model hyper-parameters, validated on construction; `defaults.model()` is
-  built from them."""
+  """Model hyper-parameters, validated on construction.
+
+  `defaults.model()` is built from them; each field is also the
+  `--config.model.FIELD` flag of the same name.
+
+  Args:
+    vocab_size: token vocabulary; must cover the data's token ids.
+    num_layers: transformer blocks.
+    num_heads: attention heads per block; must divide `emb_dim`.
+    emb_dim: model width D (token and position embedding features).
+    mlp_dim: hidden width of each block's MLP.
+    max_len: rows of the position table (the largest position id + 1).
+    dropout_rate: dropout on the embeddings, attention and MLP outputs, in
+      `[0, 1)`.
+    position_embedding: `'learned'`, `'sinusoidal'`, `'rope'` or `'none'`.
+    position_init: the learned table's initializer: a name of
+      `initializers.NAMES` or a table file `'file:PATH[:KEY]'`.
+    position_init_resize: rows rule of a file table whose rows differ from
+      `max_len` (`initializers.RESIZE_RULES`).
+    position_init_std: std override (`initializers.STD_NAMES`); < 0 keeps
+      the initializer's own.
+    token_init: the token table's initializer name.
+    token_init_std: std override of the token initializer; < 0 keeps its own.
+    dtype: compute dtype name (`'float32'`, `'bfloat16'`, `'float16'`);
+      logits and loss stay float32.
+    param_dtype: parameter storage dtype name.
+    attention_impl: `'auto'`, `'xla'`, `'cudnn'` (bfloat16/float16 only) or
+      `'blocked'` (`layers.attention`).
+    remat: rematerialize each block in the backward pass (saves memory).
+
+  Raises:
+    ValueError: a field out of range, an unknown name, or a combination that
+      cannot work (e.g. RoPE with an odd head width, a file table that does
+      not fit); the message names the field and the fix.
+  """
 
   vocab_size: int = 64  # Token vocabulary (must cover the data's token ids).
   num_layers: int = 2  # Transformer blocks.
@@ -105,7 +138,7 @@ class ModelConfig:
     if self.attention_impl == 'cudnn' and self.dtype == 'float32':
       raise ValueError(
           "attention_impl='cudnn' (cuDNN flash attention) needs dtype"
-          " 'bfloat16' or 'float16'; set model.dtype='bfloat16' or use 'xla'."
+          " 'bfloat16' or 'float16'; set dtype='bfloat16' or use 'xla'."
       )
     _check_init_name('token', self.token_init, self.token_init_std)
     _check_init_name('position', self.position_init, self.position_init_std)
@@ -129,7 +162,7 @@ class ModelConfig:
     if sinusoid and self.position_init_std < 0 and sinusoid_scale(self) == 0:
       raise ValueError(
           "The sinusoid scales to the token init's std, and"
-          f' {self.token_init!r} has std 0; set model.position_init_std.'
+          f' {self.token_init!r} has std 0; set position_init_std >= 0.'
       )
     # Building the initializers checks their stds.
     self.token_initializer()
@@ -138,8 +171,18 @@ class ModelConfig:
 
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any] | Any) -> 'ModelConfig':
-    """Builds from `config.model` (a ConfigDict or mapping); unknown keys are an
-    error."""
+    """Builds the config from `config.model`.
+
+    Args:
+      cfg: a ConfigDict or a mapping of field names to values; the fields of
+        `REMOVED_FIELDS` (older runs' config.json) are ignored.
+
+    Returns:
+      The validated ModelConfig.
+
+    Raises:
+      ValueError: an unknown key, or a value the fields refuse.
+    """
     if hasattr(cfg, 'to_dict'):
       values = cfg.to_dict()
     else:
@@ -187,8 +230,16 @@ class ModelConfig:
 
 
 def position_table(params: Mapping[str, Any]) -> Array:
-  """The learned position table `[max_len, emb_dim]` of `params` (or of
-  `{'params': ...}`)."""
+  """The learned position table of a model's parameters.
+
+  Args:
+    params: the parameter tree of `TransformerLM` (or `{'params': tree}`, as
+      `init` returns it).
+
+  Returns:
+    The table at `POSITION_TABLE_PATH`, `[max_len, emb_dim]` in the
+    parameter dtype.
+  """
   if 'params' in params and POSITION_TABLE_PATH[0] not in params:
     params = params['params']
   return params[POSITION_TABLE_PATH[0]][POSITION_TABLE_PATH[1]]
@@ -216,8 +267,15 @@ def _check_init_name(kind: str, name: str, std: float) -> None:
 
 
 def sinusoid_scale(cfg: ModelConfig) -> float:
-  """RMS of the fixed sinusoid: `position_init_std`, or the token init's
-  realized std."""
+  """Root-mean-square of the fixed sinusoid position embedding.
+
+  Args:
+    cfg: the model config.
+
+  Returns:
+    `cfg.position_init_std` if >= 0, else the token initializer's realized
+    std at width `emb_dim`.
+  """
   if cfg.position_init_std >= 0:
     return cfg.position_init_std
   return cfg.token_initializer().expected_std(cfg.emb_dim)
@@ -247,7 +305,11 @@ class _Dense(nn.Module):
 
 
 class Block(nn.Module):
-  """Pre-LN transformer block (`layers.block`)."""
+  """Pre-LN transformer block (`layers.block`), linen.
+
+  Args:
+    config: the model config (widths, heads, dtypes, dropout).
+  """
 
   config: ModelConfig
 
@@ -255,8 +317,17 @@ class Block(nn.Module):
   def __call__(
       self, x: Array, mask: Array | None, positions: Array, deterministic: bool
   ) -> Array:
-    """`x` `[B, T, D]` -> `[B, T, D]`; `mask` bool `[B, 1, T, T]` or None,
-    `positions` `[B, T]`."""
+    """Applies the block.
+
+    Args:
+      x: the residual stream, `[B, T, D]`.
+      mask: bool `[B, 1, T, T]` (`layers.segment_mask`) or None.
+      positions: int `[B, T]` position ids (for RoPE).
+      deterministic: no dropout; False needs `rngs={'dropout': key}`.
+
+    Returns:
+      `[B, T, D]`.
+    """
     cfg = self.config
     d = x.shape[-1]
     dense = functools.partial(
@@ -290,7 +361,13 @@ class Block(nn.Module):
 
 
 class TransformerLM(nn.Module):
-  """GPT-2-style decoder-only LM of a `ModelConfig` (docs/DESIGN.md, Model)."""
+  """GPT-2-style decoder-only LM of a `ModelConfig`, linen.
+
+  Parameter paths, dtypes and masks: docs/DESIGN.md § Model.
+
+  Args:
+    config: the model config.
+  """
 
   config: ModelConfig
 
@@ -303,10 +380,23 @@ class TransformerLM(nn.Module):
       deterministic: bool = True,
       embed_delta: Array | None = None,
   ) -> Array:
-    """float32 logits `[B, T, vocab_size]` of int32 token ids `inputs` `[B, T]`
-    at `positions` `[B, T]` in `[0, max_len)`; `segment_ids` `[B, T]` (0 =
-    padding) or None (one document a row); `embed_delta` float32 `[B, T,
-    emb_dim]` or None; dropout needs `rngs={'dropout': k}`."""
+    """Next-token logits of a batch.
+
+    Args:
+      inputs: int32 token ids, `[B, T]`.
+      positions: int32 position ids in `[0, max_len)`, `[B, T]`; an id
+        outside gives NaN logits (check on the host with
+        `embeddings.check_position_range`), except at padding, whose rows
+        are never used (`layers.embedding_sum`).
+      segment_ids: int32 `[B, T]`, the packed document of each token (0 =
+        padding), or None (one document a row).
+      deterministic: no dropout; False needs `rngs={'dropout': key}`.
+      embed_delta: float32 `[B, T, emb_dim]` added to the input embedding, or
+        None (`layers.embedding_sum`).
+
+    Returns:
+      float32 logits, `[B, T, vocab_size]`.
+    """
     cfg = self.config
     dt = cfg.compute_dtype
     pdt = cfg.storage_dtype
@@ -332,7 +422,7 @@ class TransformerLM(nn.Module):
       pos_rows = embeddings.SinusoidalPositionEmbedding(
           cfg.emb_dim, scale=sinusoid_scale(cfg), name='pos_embed'
       )(positions)
-    x = layers.embedding_sum(tok(inputs), pos_rows, embed_delta)
+    x = layers.embedding_sum(tok(inputs), pos_rows, embed_delta, segment_ids)
     x = nn.Dropout(cfg.dropout_rate)(x.astype(dt), deterministic=deterministic)
     mask = layers.segment_mask(segment_ids)
     block = nn.remat(Block, static_argnums=(4,)) if cfg.remat else Block

@@ -20,12 +20,38 @@ Dtype = Any
 _GPT2_INIT = initializers.gpt2()
 
 
-class _Table(nnx.Module):
-  """Parameter ``embedding`` [rows, features]."""
+def _table_param(
+    rows: int,
+    features: int,
+    embedding_init: initializers.InitFn,
+    param_dtype: Dtype,
+    rngs: nnx.Rngs,
+) -> nnx.Param:
+  """Parameter ``embedding`` [rows, features] drawn by ``embedding_init``."""
+  return nnx.Param(embedding_init(rngs.params(), (rows, features), param_dtype))
+
+
+class LearnedPositionEmbedding(nnx.Module):
+  """Learned absolute position table (GPT-2's `wpe`), NNX, with the keywords
+  of `embeddings.LearnedPositionEmbedding` (plus `rngs`).
+
+  Its parameter `embedding` is `[num_positions, features]`; an id outside the
+  table gives a NaN row (ids are checked on the host,
+  `embeddings.check_position_range`).
+
+  Args:
+    num_positions: rows of the table (`ModelConfig.max_len`).
+    features: width of each row (`ModelConfig.emb_dim`).
+    embedding_init: draws the table, `(key, shape, dtype) -> array`
+      (`flax_posemb.initializers`; default GPT-2's normal(0.02)).
+    dtype: dtype of the rows looked up; None = `param_dtype`.
+    param_dtype: dtype of the stored table.
+    rngs: `rngs.params()` draws the table.
+  """
 
   def __init__(
       self,
-      rows: int,
+      num_positions: int,
       features: int,
       *,
       embedding_init: initializers.InitFn = _GPT2_INIT,
@@ -34,35 +60,89 @@ class _Table(nnx.Module):
       rngs: nnx.Rngs,
   ):
     self.dtype = dtype or param_dtype
-    self.embedding = nnx.Param(
-        embedding_init(rngs.params(), (rows, features), param_dtype)
+    self.embedding = _table_param(
+        num_positions, features, embedding_init, param_dtype, rngs
     )
 
-
-class LearnedPositionEmbedding(_Table):
-  """Learned table ``embedding`` [num_positions, features]; an id outside it
-  gives a NaN row (ids are checked on the host)."""
-
   def __call__(self, positions: Array) -> Array:
+    """Looks up the rows of `positions`.
+
+    Args:
+      positions: integer position ids, `[...]` (e.g. `[B, T]` int32).
+
+    Returns:
+      The rows, `[..., features]` in `dtype`; NaN rows for ids outside the
+      table.
+    """
     return embeddings.lookup_positions(
         self.embedding[...], positions, self.dtype
     )
 
 
-class TokenEmbedding(_Table):
-  """Token table ``embedding`` [num_embeddings, features] with the tied output
-  head."""
+class TokenEmbedding(nnx.Module):
+  """Token table with the tied output head (`attend`), NNX, with the keywords
+  of `embeddings.TokenEmbedding` (plus `rngs`).
+
+  Its parameter `embedding` is `[num_embeddings, features]`.
+
+  Args:
+    num_embeddings: rows of the table (the vocabulary size).
+    features: width of each row (`ModelConfig.emb_dim`).
+    embedding_init: draws the table, `(key, shape, dtype) -> array`
+      (`flax_posemb.initializers`; default GPT-2's normal(0.02)).
+    dtype: dtype of the rows and of `attend`; None = `param_dtype`.
+    param_dtype: dtype of the stored table.
+    rngs: `rngs.params()` draws the table.
+  """
+
+  def __init__(
+      self,
+      num_embeddings: int,
+      features: int,
+      *,
+      embedding_init: initializers.InitFn = _GPT2_INIT,
+      dtype: Dtype | None = None,
+      param_dtype: Dtype = jnp.float32,
+      rngs: nnx.Rngs,
+  ):
+    self.dtype = dtype or param_dtype
+    self.embedding = _table_param(
+        num_embeddings, features, embedding_init, param_dtype, rngs
+    )
 
   def __call__(self, ids: Array) -> Array:
+    """Looks up the rows of token `ids`.
+
+    Args:
+      ids: integer token ids, `[...]` (e.g. `[B, T]` int32).
+
+    Returns:
+      The rows, `[..., features]` in `dtype`; NaN rows for ids outside the
+      table.
+    """
     return embeddings.lookup_tokens(self.embedding[...], ids, self.dtype)
 
   def attend(self, x: Array) -> Array:
-    """``[..., features]`` -> float32 logits ``[..., num_embeddings]``."""
+    """Logits of `x` against the token table (the tied output head).
+
+    Args:
+      x: activations, `[..., features]`.
+
+    Returns:
+      float32 logits, `[..., num_embeddings]`.
+    """
     return embeddings.attend(x, self.embedding[...], self.dtype)
 
 
 class SinusoidalPositionEmbedding(nnx.Module):
-  """Fixed sinusoid of RMS ``scale`` at explicit positions; no parameters."""
+  """Fixed sinusoid position encoding at explicit positions; no parameters.
+
+  Args:
+    features: width of the encoding (even).
+    scale: the encoding's root-mean-square over features.
+    max_wavelength: the longest wavelength.
+    dtype: dtype of the result.
+  """
 
   def __init__(
       self,
@@ -78,6 +158,14 @@ class SinusoidalPositionEmbedding(nnx.Module):
     self.dtype = dtype
 
   def __call__(self, positions: Array) -> Array:
+    """The encoding at `positions` (`embeddings.sinusoidal_encoding`).
+
+    Args:
+      positions: position ids >= 0, `[...]` (e.g. `[B, T]` int32).
+
+    Returns:
+      The encoding, `[..., features]` in `dtype`.
+    """
     return embeddings.sinusoidal_encoding(
         positions,
         self.features,
@@ -88,26 +176,51 @@ class SinusoidalPositionEmbedding(nnx.Module):
 
 
 class RotaryEmbedding(nnx.Module):
-  """RoPE (`embeddings.apply_rope`) as a module (`TransformerLM` applies it in
-  attention)."""
+  """RoPE (`embeddings.apply_rope`) as a module, for use in your own attention.
+
+  `TransformerLM` does not hold one: it applies RoPE inside attention.
+
+  Args:
+    max_wavelength: the longest wavelength of the rotation.
+  """
 
   def __init__(self, max_wavelength: float = 10_000.0):
     self.max_wavelength = max_wavelength
 
   def __call__(self, x: Array, positions: Array) -> Array:
-    """Rotates queries or keys ``[B, T, N, H]`` (H even) by int ``positions``
-    [B, T]."""
+    """Rotates queries or keys by their positions.
+
+    Args:
+      x: queries or keys, `[B, T, N, H]` (H even).
+      positions: integer position ids, `[B, T]`.
+
+    Returns:
+      The rotated `x`, `[B, T, N, H]` in `x`'s dtype.
+    """
     return embeddings.apply_rope(x, positions, self.max_wavelength)
 
 
 class Dense(nnx.Module):
-  """``[..., in] -> [..., out]``; ``kernel`` [out, in] ~ normal(kernel_std),
-  ``bias`` 0."""
+  """Affine layer with the kernel stored `(out, in)`, as the linen model's,
+  with its keywords (`features`) plus `in_features` (NNX builds the kernel at
+  once).
+
+  Its parameters are `kernel` `[features, in_features]`, drawn from
+  normal(0, `kernel_std`), and `bias` `[features]`, zeros.
+
+  Args:
+    in_features: input width.
+    features: output width.
+    kernel_std: std of the kernel's normal init.
+    dtype: compute dtype.
+    param_dtype: dtype of the stored parameters.
+    rngs: `rngs.params()` draws the kernel.
+  """
 
   def __init__(
       self,
       in_features: int,
-      out_features: int,
+      features: int,
       *,
       kernel_std: float,
       dtype: Dtype,
@@ -117,12 +230,20 @@ class Dense(nnx.Module):
     self.dtype = dtype
     self.kernel = nnx.Param(
         jax.nn.initializers.normal(kernel_std)(
-            rngs.params(), (out_features, in_features), param_dtype
+            rngs.params(), (features, in_features), param_dtype
         )
     )
-    self.bias = nnx.Param(jnp.zeros((out_features,), param_dtype))
+    self.bias = nnx.Param(jnp.zeros((features,), param_dtype))
 
   def __call__(self, x: Array) -> Array:
+    """Applies the layer (`layers.dense`).
+
+    Args:
+      x: inputs, `[..., in_features]`.
+
+    Returns:
+      `[..., out_features]` in `dtype`.
+    """
     return layers.dense(x, self.kernel[...], self.bias[...], self.dtype)
 
 
@@ -137,8 +258,16 @@ def _layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
 
 
 class Block(nnx.Module):
-  """Pre-LN transformer block (`layers.block`); attributes as the linen
-  ``block_i`` params."""
+  """Pre-LN transformer block (`layers.block`), NNX.
+
+  Its attributes (`ln_1`, `qkv`, `attn_out`, `ln_2`, `mlp_in`, `mlp_out`) are
+  the linen `block_i` parameters.
+
+  Args:
+    config: the model config (widths, heads, dtypes, dropout).
+    rngs: draws the parameters, and the dropout masks unless a call passes
+      its own.
+  """
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config
@@ -167,8 +296,19 @@ class Block(nnx.Module):
       deterministic: bool = True,
       rngs: nnx.Rngs | None = None,
   ) -> Array:
-    """``x`` [B, T, D], ``mask`` bool [B, 1, T, T] (None: causal), ``positions``
-    [B, T]."""
+    """Applies the block.
+
+    Args:
+      x: the residual stream, `[B, T, D]`.
+      mask: bool `[B, 1, T, T]` (`layers.segment_mask`) or None (causal
+        only).
+      positions: int `[B, T]` position ids (for RoPE).
+      deterministic: no dropout.
+      rngs: dropout randomness for this call; None uses the module's.
+
+    Returns:
+      `[B, T, D]`.
+    """
     return layers.block(
         x,
         mask,
@@ -195,7 +335,16 @@ _remat_block = nnx.remat(
 
 
 class TransformerLM(nnx.Module):
-  """The NNX twin of `model.TransformerLM`."""
+  """The NNX twin of `model.TransformerLM`: same logits, linen parameter paths.
+
+  `to_linen_params` and `load_linen_params` convert parameters between the
+  two.
+
+  Args:
+    config: the model config.
+    rngs: draws the parameters, and the dropout masks unless a call passes
+      its own.
+  """
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config
@@ -248,10 +397,28 @@ class TransformerLM(nnx.Module):
       embed_delta: Array | None = None,
       rngs: nnx.Rngs | None = None,
   ) -> Array:
-    """float32 logits [B, T, vocab_size], as `model.TransformerLM`'s."""
+    """Next-token logits of a batch, as `model.TransformerLM`'s.
+
+    Args:
+      inputs: int32 token ids, `[B, T]`.
+      positions: int32 position ids in `[0, max_len)`, `[B, T]`; an id
+        outside gives NaN logits, except at padding, whose rows are never used
+        (`layers.embedding_sum`).
+      segment_ids: int32 `[B, T]`, the packed document of each token (0 =
+        padding), or None (one document a row).
+      deterministic: no dropout.
+      embed_delta: float32 `[B, T, emb_dim]` added to the input embedding, or
+        None (`layers.embedding_sum`).
+      rngs: dropout randomness for this call; None uses the module's.
+
+    Returns:
+      float32 logits, `[B, T, vocab_size]`.
+    """
     cfg = self.config
     pos_rows = None if self.pos_embed is None else self.pos_embed(positions)
-    x = layers.embedding_sum(self.token_embed(inputs), pos_rows, embed_delta)
+    x = layers.embedding_sum(
+        self.token_embed(inputs), pos_rows, embed_delta, segment_ids
+    )
     x = self.drop_embed(
         x.astype(cfg.compute_dtype), deterministic=deterministic, rngs=rngs
     )
@@ -263,17 +430,36 @@ class TransformerLM(nnx.Module):
 
 
 def to_linen_params(model: TransformerLM) -> dict[str, Any]:
-  """The model's parameters as a linen `TransformerLM` `params` dict (same
-  paths/shapes)."""
+  """The model's parameters as a linen `model.TransformerLM` params dict.
+
+  Args:
+    model: the NNX model.
+
+  Returns:
+    A nested dict of arrays with the linen model's paths and shapes (what
+    `model.TransformerLM.init(...)['params']` holds).
+  """
   return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
 def load_linen_params(
     model: TransformerLM, params: Mapping[str, Any]
 ) -> TransformerLM:
-  """Copies linen params (or ``{'params': ...}``) into ``model`` in place, cast
-  to its dtypes; a different tree raises `trees.TreeMismatchError` and writes
-  nothing."""
+  """Copies linen parameters into an NNX model in place.
+
+  Args:
+    model: the NNX model to write into.
+    params: a linen `model.TransformerLM` params tree (or
+      `{'params': tree}`); each array is cast to the dtype of the variable it
+      fills.
+
+  Returns:
+    `model`, updated.
+
+  Raises:
+    trees.TreeMismatchError: `params` has other paths or shapes than the
+      model's; nothing is written.
+  """
   if set(params) == {'params'}:
     params = params['params']
   state = nnx.state(model, nnx.Param)
@@ -295,7 +481,18 @@ def load_linen_params(
 
 
 def position_table(model: TransformerLM) -> Array:
-  """The learned position table ``[max_len, emb_dim]`` (KeyError if none)."""
+  """The learned position table of an NNX model.
+
+  Args:
+    model: the NNX model.
+
+  Returns:
+    The table, `[max_len, emb_dim]` in the parameter dtype.
+
+  Raises:
+    KeyError: the model has no learned table (`position_embedding` is not
+      `'learned'`).
+  """
   pos_embed = getattr(model, 'pos_embed', None)
   if not isinstance(pos_embed, LearnedPositionEmbedding):
     raise KeyError(

@@ -1,6 +1,5 @@
 """Output files written whole or not at all, and a run's step-numbered outputs
-read back (numpy only); the rules are in docs/DESIGN.md, "Training outputs
-(workdir)"."""
+read back (numpy only); the rules are in docs/DESIGN.md § Training outputs."""
 
 from collections.abc import Iterator, Sequence
 import contextlib
@@ -16,8 +15,8 @@ import zipfile
 
 import numpy as np
 
-# The names in a training workdir, spelled here only (docs/DESIGN.md,
-# "Training outputs (workdir)").
+# The names in a training workdir, spelled here only (docs/DESIGN.md §
+# Training outputs).
 LOCK_FILE = '.lock'
 CONFIG_FILE = 'config.json'
 METRICS_FILE = 'metrics.jsonl'

@@ -1,5 +1,5 @@
 """The process's one SIGTERM handler and the one preemption type
-(docs/DESIGN.md, "SIGTERM").
+(SIGTERM in docs/DESIGN.md § Training outputs).
 
 The training loop asks `sigterm_requested`; the command-line programs catch
 `Preempted` and exit 75 (`cli.EXIT_PREEMPTED`). Standard library only, so that

@@ -1,5 +1,5 @@
 """Pretrained models: a local Hugging Face GPT-2-family checkpoint read and
-checked (docs/DESIGN.md, "Pretrained models"; written as a workdir by
+checked (docs/DESIGN.md § Pretrained models; written as a workdir by
 `flax_posemb.hf_import`).
 
 The importer reads ``config.json`` and ``model.safetensors`` (the hub's PyTorch

@@ -1,5 +1,5 @@
 """Per-position learning-signal statistics of any model and training loop
-(fields, window files, TensorBoard curves: docs/DESIGN.md §Statistics)."""
+(fields, window files, TensorBoard curves: docs/DESIGN.md § Statistics)."""
 
 import collections.abc
 from collections.abc import Callable, Iterator, Mapping
@@ -326,7 +326,7 @@ def value_and_grad_with_position_stats(
 
 class PositionStatistics:
   """The statistics of a training loop: ``inside_step`` in the jitted step,
-  ``on_step`` on the host (docs/DESIGN.md §Statistics; docs/own_loop.md).
+  ``on_step`` on the host (docs/DESIGN.md § Statistics; docs/own_loop.md).
 
   Args:
     num_positions: rows ``P`` of the position table.
@@ -596,7 +596,7 @@ def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
 
 def derived(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:
   """``[P]`` float64 ratios ``coherence``, ``signal_per_occurrence``,
-  ``signal_per_downstream`` and ``mean_loss`` (docs/DESIGN.md §Statistics) of a
+  ``signal_per_downstream`` and ``mean_loss`` (docs/DESIGN.md § Statistics) of a
   mapping with (some of) ``FIELDS`` (a ``PositionStats``, a window file), NaN
   where undefined or not collected."""
   size = len(np.asarray(stats['count']))

@@ -19,13 +19,36 @@ class TableError(ValueError):
 
 
 def is_file_spec(name: str) -> bool:
-  """Whether an initializer name is a `file:PATH[:KEY]` table spec."""
+  """Whether an initializer name is a `file:PATH[:KEY]` table spec.
+
+  Args:
+    name: an initializer name (`model.position_init`); a non-string is none.
+
+  Returns:
+    True if `name` is a string starting with the `FILE_PREFIX`.
+  """
   return isinstance(name, str) and name.startswith(FILE_PREFIX)
 
 
 def load_table(spec: str) -> np.ndarray:
-  """The 2-D float table named by `spec`, read-only (cached per file
-  identity)."""
+  """Reads the position table a spec names.
+
+  Cached per file identity (path, modification time and size), so a
+  rewritten file is read again.
+
+  Args:
+    spec: `[file:]PATH.npy`, `[file:]PATH.npz[:KEY]` or
+      `[file:]PATH.safetensors[:KEY]`; KEY is needed when the file holds
+      several arrays (e.g. `file:gpt2.safetensors:wpe.weight`).
+
+  Returns:
+    The table, `[rows, features]` of a floating dtype, read-only.
+
+  Raises:
+    TableError: a malformed spec, a missing or unreadable file, a missing or
+      ambiguous key, or a table that is not 2-D, not floating-point or not
+      finite; the message names the file and the fix.
+  """
   m = _SPEC_RE.match(spec.removeprefix(FILE_PREFIX))
   if m is None or (m.group(1).endswith('.npy') and m.group(2)):
     raise TableError(

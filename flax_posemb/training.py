@@ -1,6 +1,6 @@
 """The training loop, ``train_and_evaluate(config, workdir)``.
 
-What it writes, how a run resumes and when it stops: docs/DESIGN.md §Training
+What it writes, how a run resumes and when it stops: docs/DESIGN.md § Training
 outputs (the user's view: docs/training.md).
 """
 
@@ -127,7 +127,7 @@ def resolve_auto(
     config: ml_collections.ConfigDict, workdir: str
 ) -> ml_collections.ConfigDict:
   """A copy of ``config`` with its auto fields resolved (`auto.resolve_config`;
-  DESIGN §Config)."""
+  docs/DESIGN.md § Config)."""
   config = config.copy_and_resolve_references()
   saved = None
   if os.path.isdir(workdir):
@@ -188,7 +188,7 @@ def train_and_evaluate(
     hooks: Sequence[Hook] = (),
 ) -> dict[str, Any]:
   """Trains (or resumes) a run of ``config`` (``defaults.base()`` fields) in
-  ``workdir``; outputs, return value and errors: docs/DESIGN.md §Training
+  ``workdir``; outputs, return value and errors: docs/DESIGN.md § Training
   outputs. ``hooks``: callables ``hook(step, metrics)`` run on the host once
   each step's metrics are read back."""
   # The workdir's own copies stand for what it names (a moved workdir, a
@@ -219,7 +219,7 @@ def train_and_evaluate(
       if jax.process_index() == 0:
         stack.enter_context(workdir_lib.Lock(workdir))
       # SIGTERM: the process's one handler on one host; JAX's on several
-      # (DESIGN.md "SIGTERM").
+      # (SIGTERM in docs/DESIGN.md § Training outputs).
       stack.enter_context(
           preemption.defer_sigterm(install=jax.process_count() == 1)
       )
@@ -353,7 +353,7 @@ class _Loop:
   def restore(self) -> None:
     """Continues from the latest checkpoint: state, statistics, counters."""
     # No fallback: a damaged latest step stops the run, never trained over
-    # (DESIGN §Recovery).
+    # (Recovery in docs/DESIGN.md § Training outputs).
     restored = self.ckpt.restore(
         abstract_params=self.state.params,
         abstract_opt_state=self.state.opt_state,
@@ -632,7 +632,7 @@ class _Loop:
 
   def rewrite_lost_rows(self, state: step_lib.TrainState, step: int) -> None:
     """Writes again the restored ``step``'s rows that metrics.jsonl lost
-    (DESIGN.md §Resume)."""
+    (Resume in docs/DESIGN.md § Training outputs)."""
     # The row saved with the checkpoint; whole only if it has 'tokens'.
     row = self.ckpt.step_metadata(step).get('metrics', {})
     if self.lead and 'tokens' in row:

@@ -1,6 +1,6 @@
 """A training workdir apart from its checkpoints: the lock, the config, the
-outputs a resume truncates, the paths it records (docs/DESIGN.md, "Training
-outputs (workdir)").
+outputs a resume truncates, the paths it records (docs/DESIGN.md § Training
+outputs).
 
 A workdir is self-contained: the tokenizer a run reads (``data.tokenizer='hf'``)
 is copied into ``WORKDIR/tokenizer`` and recorded relative to the workdir, and a
@@ -31,7 +31,7 @@ class WorkdirError(ValueError):
 
 class Lock:
   """``flock`` on ``WORKDIR/.lock`` for the one training process
-  (docs/DESIGN.md)."""
+  (docs/DESIGN.md § Training outputs)."""
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, outputs.LOCK_FILE)
@@ -206,8 +206,9 @@ def check_resume_config(
 ) -> dict[str, list[Any]]:
   """The changes of ``config`` from ``stored`` (the checkpoint's) and
   config.json, and of the ``dataset`` trained on (`data.dataset_identity`)
-  from the checkpoint's (None: not recorded) (DESIGN.md §Resume: the one drift
-  check; ``WorkdirError`` unless ``allow_config_change``)."""
+  from the checkpoint's (None: not recorded) (Resume in docs/DESIGN.md §
+  Training outputs: the one drift check; ``WorkdirError`` unless
+  ``allow_config_change``)."""
   changes = {}
   saved = saved_config(workdir)
   if saved is not None:
@@ -419,7 +420,7 @@ def metric_rows(workdir: str) -> list[tuple[str, dict[str, Any]]]:
 
 def truncate_outputs(workdir: str, step: int) -> None:
   """Reads the outputs up to ``step``, drops those after it and leftovers
-  (DESIGN.md §Resume)."""
+  (Resume in docs/DESIGN.md § Training outputs)."""
   keep = [path for s, path in _step_files(workdir) if s <= step]
   # Read, so that a damaged one stops the resume: it cannot be written again.
   for path in keep:

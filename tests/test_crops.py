@@ -1,5 +1,5 @@
-"""The `crops` policy: content-matched position exposure (docs/DESIGN.md "Data
-policies and tokens")."""
+"""The `crops` policy: content-matched position exposure (docs/DESIGN.md § Data
+policies and tokens)."""
 
 import collections
 

@@ -44,6 +44,14 @@ def test_position_range_check_names_the_id_and_the_table(bad, named):
   assert '[0, 8)' in str(e.value) and '1 ids outside' in str(e.value)
 
 
+def test_position_range_message_names_the_library_argument_not_a_config():
+  with pytest.raises(ValueError) as e:
+    embeddings.check_position_range(np.array([[0, 9]]), 8)
+  assert '>= 10 rows (num_positions' in str(e.value)
+  assert 'model.max_len' not in str(e.value)
+  assert 'data.seq_len' not in str(e.value)
+
+
 def test_float_positions_are_an_error():
   mod, params = _learned()
   with pytest.raises(TypeError, match='integer'):
@@ -164,3 +172,17 @@ def test_lookup_takes_a_host_numpy_table_under_vmap():
   )
   np.testing.assert_array_equal(rows[0], table[[0, 3]])
   assert np.isnan(rows[1, 0]).all() and not np.isnan(rows[1, 1]).any()
+
+
+def test_a_table_that_does_not_fit_names_the_library_arguments():
+  """In your own loop: the fix names the module's arguments (and the
+  ModelConfig field), not a command line's config path."""
+  table = np.zeros((6, 4), np.float32)
+  mod = embeddings.LearnedPositionEmbedding(
+      num_positions=8, features=4, embedding_init=initializers.from_array(table)
+  )
+  with pytest.raises(ValueError) as e:
+    mod.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+  assert 'num_positions=6' in str(e.value) and 'resize=' in str(e.value)
+  assert 'model.max_len' not in str(e.value)
+  assert 'model.position_init_resize' not in str(e.value)

@@ -1,6 +1,6 @@
 """The package's layering, read from the import statements of flax_posemb/.
 
-Two parts (docs/DESIGN.md, "Layout"): the core library, importable into any
+Two parts (docs/DESIGN.md § Layout): the core library, importable into any
 training loop, and the runner, which trains and evaluates workdirs. The core
 imports no runner module; no two modules import each other, directly or
 through others; no import of the package sits inside a function (where it
@@ -23,7 +23,7 @@ import pytest
 from conftest import ROOT
 
 PACKAGE = 'flax_posemb'
-# The runner (docs/DESIGN.md, "Layout"); every other module is the core.
+# The runner (docs/DESIGN.md § Layout); every other module is the core.
 # `outputs` (the workdir's file names, whole-file writes, npz reading; numpy
 # and the standard library only) is core: the statistics object writes window
 # files and the tokenizers their files with it.

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from flax_posemb import defaults
+from flax_posemb import stats as stats_lib
 from flax_posemb.model import POSITION_TABLE_PATH
 from flax_posemb.model import ModelConfig
 from flax_posemb.model import TransformerLM
@@ -171,6 +172,54 @@ def test_padding_segment_zero_keeps_outputs_finite():
       {'params': variables['params']}, inputs, positions, segs
   )
   assert np.all(np.isfinite(out))
+
+
+@pytest.mark.parametrize('padding_position', [T, T + 40, -1])
+def test_padding_outside_the_table_changes_no_loss_or_statistic(
+    padding_position,
+):
+  """Padding (segment 0, loss_mask 0) at a position id outside the table: its
+  NaN row reaches no real token, so the loss, gradients and statistics are
+  those of the same padding inside the table (they were all NaN)."""
+  cfg = ModelConfig(**SMALL)
+  inputs, positions = _batch(b=2)
+  segs = jnp.asarray([[1] * 8 + [0] * 4, [1] * 6 + [2] * 6], jnp.int32)
+  model, variables = _init(cfg, inputs, positions, segs)
+
+  def token_loss_fn(params, embed_delta, batch):
+    logits = model.apply(
+        {'params': params},
+        batch['inputs'],
+        batch['positions'],
+        batch['segment_ids'],
+        embed_delta=embed_delta,
+    )
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits, batch['targets']
+    )
+
+  grad_fn = jax.jit(
+      stats_lib.value_and_grad_with_position_stats(
+          token_loss_fn, cfg.max_len, cfg.emb_dim
+      )
+  )
+  batch = {
+      'inputs': inputs,
+      'targets': jnp.roll(inputs, -1, axis=1),
+      'positions': positions,
+      'segment_ids': segs,
+      'loss_mask': (segs > 0).astype(jnp.float32),
+  }
+  inside = grad_fn(variables['params'], batch)
+  outside = grad_fn(
+      variables['params'],
+      dict(batch, positions=positions.at[0, 9].set(padding_position)),
+  )
+  for got, want in zip(
+      jax.tree.leaves(outside), jax.tree.leaves(inside), strict=True
+  ):
+    assert np.all(np.isfinite(got))
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.smoke

@@ -2,6 +2,8 @@
 the guard, embed_delta gradients, dropout and remat, and the linen model under
 nnx.bridge."""
 
+import inspect
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -272,6 +274,66 @@ def test_embedding_modules_match_linen_and_the_pure_functions():
   rotated = posemb_nnx.RotaryEmbedding()(q, pos)
   np.testing.assert_array_equal(rotated, embeddings.apply_rope(q, pos))
   assert not np.allclose(rotated, q)
+
+
+@pytest.mark.parametrize(
+    'nnx_module, linen_module',
+    [
+        (
+            posemb_nnx.LearnedPositionEmbedding,
+            embeddings.LearnedPositionEmbedding,
+        ),
+        (posemb_nnx.TokenEmbedding, embeddings.TokenEmbedding),
+        (
+            posemb_nnx.SinusoidalPositionEmbedding,
+            embeddings.SinusoidalPositionEmbedding,
+        ),
+        (posemb_nnx.Block, linen_model.Block),
+        (posemb_nnx.TransformerLM, linen_model.TransformerLM),
+        # NNX builds the kernel at once: it needs the input width too.
+        (posemb_nnx.Dense, linen_model._Dense),
+    ],
+)
+def test_nnx_modules_take_the_keywords_of_their_linen_twins(
+    nnx_module, linen_module
+):
+  """The NNX constructor's keywords are the linen module's fields (plus
+  ``rngs``, which NNX parameters need), and their calls take the same
+  arguments (plus NNX's ``rngs``)."""
+  own = set(inspect.signature(nnx_module.__init__).parameters)
+  own -= {'self', 'rngs', 'in_features'}
+  fields = set(linen_module.__dataclass_fields__) - {'parent', 'name'}
+  assert own == fields
+  nnx_call = set(inspect.signature(nnx_module.__call__).parameters)
+  linen_call = set(inspect.signature(linen_module.__call__).parameters)
+  assert nnx_call - {'rngs'} == linen_call
+
+
+def test_nnx_tables_are_built_with_the_linen_keywords():
+  init = initializers.get('gpt2')
+  learned = posemb_nnx.LearnedPositionEmbedding(
+      num_positions=8, features=4, embedding_init=init, rngs=nnx.Rngs(0)
+  )
+  tok = posemb_nnx.TokenEmbedding(
+      num_embeddings=6, features=4, embedding_init=init, rngs=nnx.Rngs(0)
+  )
+  assert learned.embedding[...].shape == (8, 4)
+  assert tok.embedding[...].shape == (6, 4)
+  with pytest.raises(TypeError):
+    posemb_nnx.LearnedPositionEmbedding(rows=8, features=4, rngs=nnx.Rngs(0))
+
+
+def test_nnx_padding_outside_the_table_leaves_real_tokens_finite():
+  cfg = ModelConfig(**SMALL)
+  _, model = _pair(cfg)
+  inputs, positions, segs = _packed(2)
+  base = model(inputs, positions, segs)
+  outside = model(inputs, positions.at[-1, -1].set(T + 5), segs)
+  real = np.asarray(segs) > 0
+  assert np.all(np.isfinite(outside))
+  np.testing.assert_array_equal(
+      np.asarray(outside)[real], np.asarray(base)[real]
+  )
 
 
 @pytest.mark.smoke

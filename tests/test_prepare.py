@@ -4,15 +4,21 @@ data.source=tfds."""
 import hashlib
 import json
 import os
+import pathlib
 import re
+import signal
 import subprocess
 import sys
+import time
+import types
 
 import ml_collections
 import pytest
 
 from conftest import ROOT
 from conftest import SUBPROCESS_ENV
+from flax_posemb import preemption
+from flax_posemb.data import text_corpus
 from flax_posemb.data import text_sources
 
 
@@ -143,7 +149,17 @@ def test_prepare_shows_progress_and_warns_of_too_few_validation_documents(
   assert p.returncode == 0, p.stderr[-2000:]
   validation = int(p.stdout.split('validation ')[1].split()[0])
   assert 0 < validation < 8
-  assert 'Reading documents' in p.stderr and 'Generating' in p.stderr
+  # Our own bars, one line each; none of TFDS's (one per split and shuffle,
+  # moving the cursor up over each other into one long line).
+  for bar in ('Reading inputs', 'Reading documents', 'Writing train'):
+    assert bar in p.stderr
+  assert 'Writing validation' in p.stderr
+  assert 'Generating' not in p.stderr and 'Shuffling' not in p.stderr
+  assert '\x1b[A' not in p.stderr
+  bars = [line for line in p.stderr.splitlines() if '%|' in line]
+  assert bars and all(
+      len(update) < 100 for line in bars for update in line.split('\r')
+  )
   warning = p.stderr.strip().splitlines()[-1]
   assert warning.startswith('python -m flax_posemb.commands.prepare: warning:')
   assert f'the validation split has {validation} documents' in warning
@@ -308,8 +324,6 @@ def test_an_interrupted_prepare_leaves_no_dataset_directory(
   """Killed while TFDS writes the shards: no DIR/NAME (so a re-run needs no
   --overwrite and train.py does not find half a dataset); a killed run's
   hidden build directory is removed by the next run."""
-  from flax_posemb.data import text_corpus
-
   ddir = tmp_path / 'tfds'
   notes = str(_notes(tmp_path) / '*.txt')
   real = text_corpus.TextCorpus._generate_examples
@@ -556,3 +570,249 @@ def checkpointing_steps(workdir):
       for d in os.listdir(os.path.join(workdir, 'checkpoints'))
       if d.isdigit()
   )
+
+
+def _prepare_cli(*args, timeout=300, **popen):
+  """``python -m flax_posemb.commands.prepare ARGS`` (a finished process)."""
+  return subprocess.run(
+      [sys.executable, '-m', 'flax_posemb.commands.prepare', *args],
+      cwd=ROOT,
+      env=SUBPROCESS_ENV,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
+
+
+def test_an_input_rewritten_during_prepare_leaves_a_record_that_matches(
+    tmp_path, monkeypatch
+):
+  """Every input is rewritten after prepare read it and before its documents
+  are built: the record's SHA-256 are still those of the documents the dataset
+  holds (it hashed and built from the same bytes, read once)."""
+  d = _notes(tmp_path, 6)
+  real = text_corpus.file_records
+
+  def rewritten_first(path, config):
+    for note in d.glob('*.txt'):
+      note.write_text('other words, written while prepare ran')
+    return real(path, config)
+
+  monkeypatch.setattr(text_corpus, 'file_records', rewritten_first)
+  ddir = tmp_path / 'tfds'
+  text_sources.prepare_dataset(
+      'notes', str(ddir), inputs=(str(d / '*.txt'),), val_percent=30
+  )
+  recorded = json.loads(
+      (ddir / 'notes' / '1.0.0' / 'prepared_from.json').read_text()
+  )
+  held = sorted(
+      (len(text.encode()), hashlib.sha256(text.encode()).hexdigest())
+      for text in _documents(ddir)
+  )
+  assert held == sorted((i['bytes'], i['sha256']) for i in recorded['inputs'])
+  assert not any('other words' in text for text in _documents(ddir))
+
+
+def test_an_input_deleted_during_prepare_is_named_in_one_line(
+    tmp_path, monkeypatch
+):
+  d = _notes(tmp_path, 4)
+  real = text_sources.glob_files
+
+  def then_deleted(globs, suffixes, what):
+    found = real(globs, suffixes, what)
+    os.remove(found[1])
+    return found
+
+  monkeypatch.setattr(text_sources, 'glob_files', then_deleted)
+  ddir = tmp_path / 'tfds'
+  with pytest.raises(ValueError) as refused:
+    text_sources.prepare_dataset('notes', str(ddir), inputs=(str(d / '*'),))
+  message = str(refused.value)
+  assert f'{d}/note1.txt disappeared while prepare read it' in message
+  assert 'Errno' not in message and '\n' not in message
+  assert not ddir.exists()
+
+
+def test_a_missing_hf_dataset_is_reported_as_a_missing_path(tmp_path):
+  p = _prepare_cli(
+      '--name',
+      'notes',
+      '--hf_dataset',
+      str(tmp_path / 'nowhere'),
+      '--data_dir',
+      str(tmp_path / 'tfds'),
+  )
+  assert p.returncode == 2 and 'Traceback' not in p.stderr, p.stderr[-2000:]
+  assert f'--hf_dataset {tmp_path}/nowhere does not exist' in p.stderr
+  assert 'library' not in p.stderr and 'pip install' not in p.stderr
+  assert not (tmp_path / 'tfds').exists()
+
+
+def test_empty_inputs_are_left_out_counted_and_named(tmp_path):
+  d = _notes(tmp_path, 4)
+  (d / 'empty.txt').write_text('')
+  (d / 'blank.txt').write_text('\n  \n')
+  (d / 'rows.jsonl').write_text(
+      json.dumps({'text': ''}) + '\n' + json.dumps({'text': 'a row'}) + '\n'
+  )
+  p = _prepare_cli(
+      '--name',
+      'notes',
+      '--input',
+      str(d / '*'),
+      '--data_dir',
+      str(tmp_path / 'tfds'),
+      '--val_percent',
+      '30',
+  )
+  assert p.returncode == 0, p.stderr[-2000:]
+  counts = re.findall(r'(train|validation) (\d+) documents', p.stdout)
+  assert sum(int(n) for _, n in counts) == 5  # 4 notes and 'a row'
+  lines = [x for x in p.stdout.splitlines() if x.startswith('left out')]
+  assert len(lines) == 1
+  line = lines[0]
+  assert line.startswith('left out 3 empty document(s)')
+  for where in (f'{d}/empty.txt:1', f'{d}/blank.txt:1', f'{d}/rows.jsonl:1'):
+    assert where in line
+  assert all(text.strip() for text in _documents(tmp_path / 'tfds'))
+  recorded = json.loads(
+      (tmp_path / 'tfds' / 'notes' / '1.0.0' / 'prepared_from.json').read_text()
+  )
+  assert recorded['empty']['documents'] == 3
+
+
+def test_a_split_that_leaves_train_empty_is_refused_with_one_line(tmp_path):
+  d = _notes(tmp_path, 4)
+  p = _prepare_cli(
+      '--name',
+      'notes',
+      '--input',
+      str(d / '*.txt'),
+      '--data_dir',
+      str(tmp_path / 'tfds'),
+      '--val_percent',
+      '100',
+  )
+  lines = [x for x in p.stderr.splitlines() if x.startswith('python -m')]
+  assert p.returncode == 2 and 'Traceback' not in p.stderr, p.stderr[-2000:]
+  assert len(lines) == 1
+  assert '--val_percent 100 puts all 4 documents in the validation' in lines[0]
+  assert not (tmp_path / 'tfds').exists()
+
+
+def test_sigterm_during_prepare_exits_75_and_leaves_nothing(tmp_path):
+  """SIGTERM while the dataset is being built: exit 75 through the one
+  handler, one line, and nothing in the data directory (it created it: gone
+  too), so the same command then runs from scratch."""
+  d = tmp_path / 'many'
+  d.mkdir()
+  for i in range(1500):
+    (d / f'doc{i}.txt').write_text(f'document {i} ' + 'words ' * 500)
+  ddir = tmp_path / 'tfds'
+  args = [
+      sys.executable,
+      '-m',
+      'flax_posemb.commands.prepare',
+      '--name',
+      'many',
+      '--input',
+      str(d / '*.txt'),
+      '--data_dir',
+      str(ddir),
+  ]
+  p = subprocess.Popen(
+      args,
+      cwd=ROOT,
+      env=SUBPROCESS_ENV,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
+  while not list(ddir.glob('.many.build-*')) and p.poll() is None:
+    time.sleep(0.005)
+  p.send_signal(signal.SIGTERM)
+  _, stderr = p.communicate(timeout=120)
+  assert p.returncode == 75, stderr[-2000:]
+  assert 'Traceback' not in stderr
+  assert 'SIGTERM: stopped before many was complete' in stderr
+  assert not ddir.exists()
+
+
+def test_sigterm_in_a_library_call_leaves_nothing(tmp_path, monkeypatch):
+  """The one handler's `Preempted` unwinds `prepare_dataset`: no dataset, no
+  build directory, no lock file, and a data directory it found stays."""
+  ddir = tmp_path / 'tfds'
+  ddir.mkdir()
+  (ddir / 'mine.txt').write_text('kept')
+  real = text_corpus.TextCorpus._generate_examples
+
+  def terminated_after_one(self, val, validation):
+    yield next(real(self, val, validation))
+    os.kill(os.getpid(), signal.SIGTERM)
+    yield from real(self, val, validation)
+
+  monkeypatch.setattr(
+      text_corpus.TextCorpus, '_generate_examples', terminated_after_one
+  )
+  replaced = preemption.install_handler()
+  try:
+    with pytest.raises(preemption.Preempted):
+      text_sources.prepare_dataset(
+          'notes', str(ddir), inputs=(str(_notes(tmp_path) / '*.txt'),)
+      )
+  finally:
+    signal.signal(signal.SIGTERM, replaced)
+  assert sorted(p.name for p in ddir.iterdir()) == ['mine.txt']
+
+
+def test_a_saved_hf_dataset_is_built_from_the_copy_it_hashed(
+    tmp_path, monkeypatch
+):
+  """A stand-in for the `datasets` library (the few members prepare reads),
+  whose load rewrites the saved dataset as it reads: the dataset is loaded from
+  prepare's copy, and the record hashes the bytes of that copy."""
+  hf = tmp_path / 'hf'
+  hf.mkdir()
+  texts = [f'saved document {i} ' * 10 for i in range(6)]
+  original = json.dumps(texts).encode()
+  (hf / 'rows.json').write_bytes(original)
+  loaded_from = []
+
+  class Dataset:
+
+    def __init__(self, rows):
+      self.rows = rows
+      self.column_names = ['text']
+      self.features = {'text': types.SimpleNamespace(dtype='string')}
+
+    def __getitem__(self, column):
+      return self.rows
+
+  def load_from_disk(path):
+    loaded_from.append(path)
+    (hf / 'rows.json').write_text(json.dumps(['rewritten meanwhile']))
+    return Dataset(json.loads((pathlib.Path(path) / 'rows.json').read_text()))
+
+  fake = types.ModuleType('datasets')
+  fake.Dataset = Dataset
+  fake.DatasetDict = type('DatasetDict', (dict,), {})
+  fake.load_from_disk = load_from_disk
+  monkeypatch.setitem(sys.modules, 'datasets', fake)
+  ddir = tmp_path / 'tfds'
+  text_sources.prepare_dataset(
+      'hfnotes', str(ddir), hf_dataset=str(hf), val_percent=30
+  )
+  assert loaded_from and loaded_from[0] != str(hf)
+  recorded = json.loads(
+      (ddir / 'hfnotes' / '1.0.0' / 'prepared_from.json').read_text()
+  )
+  assert recorded['inputs'] == [
+      {
+          'path': str(hf / 'rows.json'),
+          'bytes': len(original),
+          'sha256': hashlib.sha256(original).hexdigest(),
+      }
+  ]
+  assert _documents(ddir, 'hfnotes') == sorted(texts)

@@ -11,7 +11,7 @@ of held-out documents of at least 4 contexts, never in a document's first
 context; plus the offset probe (+128).
 
 The arms differ from the control `packed_reset` in position exposure only,
-unless named otherwise (docs/DESIGN.md "Data policies and tokens"):
+unless named otherwise (docs/DESIGN.md § Data policies and tokens):
 
 * `crops/natural`: natural's exposure (each crop as long as a document, at most
   the context) on packed_reset's tokens: the claim's setting with content held

@@ -1,5 +1,5 @@
-"""Position-exposure report of a config (docs/DESIGN.md "Data policies and
-tokens"; the maths: `flax_posemb.data.report`).
+"""Position-exposure report of a config (docs/DESIGN.md § Data policies and
+tokens; the maths: `flax_posemb.data.report`).
 
   python -m flax_posemb.commands.data_report --config configs/tiny.py \
       --num_batches 100 [--num_source_docs 0] [--json FILE] [--png FILE]

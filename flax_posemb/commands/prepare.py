@@ -11,15 +11,21 @@ be read exactly is refused unless --skip_unreadable (the library call:
       --hf_dataset PATH --data_dir DIR
 
 Exit codes (flax_posemb.cli): 0 done, 2 bad input (one message; --debug shows
-the traceback)."""
+the traceback), 75 SIGTERM (nothing was written; re-run the same command)."""
 
 import re
+import signal
 import sys
+
+if __name__ == '__main__':
+  # Held, not lost, while TFDS loads: the one handler takes it in `main`.
+  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 from absl import flags
 
 from flax_posemb import cli
 from flax_posemb import defaults
+from flax_posemb import preemption
 from flax_posemb.data import text_sources
 
 PROG = 'python -m flax_posemb.commands.prepare'
@@ -93,10 +99,34 @@ flags.mark_flags_as_required(['name', 'data_dir'])
 
 def main(argv):
   del argv  # cli.run refuses positional arguments.
-  cli.check_output_dir(_DATA_DIR.value, '--data_dir')
+  replaced = preemption.install_handler()
+  try:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    _prepare()
+  except preemption.Preempted:
+    # A second SIGTERM cannot cut the message short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    cli.fail(
+        PROG,
+        f'SIGTERM: stopped before {_NAME.value} was complete; nothing was'
+        f' written to {_DATA_DIR.value} (a dataset there stays as it was).'
+        ' Re-run the same command.',
+        cli.EXIT_PREEMPTED,
+    )
+  finally:
+    signal.signal(signal.SIGTERM, replaced)
+
+
+def _prepare() -> None:
+  """Prepares the dataset of the flags and prints its summary."""
+  name = _NAME.value
+  data_dir = _DATA_DIR.value
+  # Required flags: absl refused their absence before `main`.
+  assert name is not None and data_dir is not None
+  cli.check_output_dir(data_dir, '--data_dir')
   out = text_sources.prepare_dataset(
-      _NAME.value,
-      _DATA_DIR.value,
+      name,
+      data_dir,
       inputs=tuple(_INPUT.value or ()),
       hf_dataset=_HF_DATASET.value or '',
       split_by=_SPLIT_BY.value,
@@ -116,6 +146,12 @@ def main(argv):
     print(
         f"left out {skipped['records']} record(s) that cannot be read exactly"
         f" (--skip_unreadable): {'; '.join(skipped['first'][:5])}."
+    )
+  empty = out['empty']
+  if empty['documents']:
+    print(
+        f"left out {empty['documents']} empty document(s) (no text besides"
+        f" whitespace; an empty file is one): {', '.join(empty['first'][:5])}."
     )
   decoded = out['decode_errors']
   if decoded['documents']:

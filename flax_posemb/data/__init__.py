@@ -1,5 +1,5 @@
 """Data layer: sources, tokenizers, policies, Grain pipelines, report
-(docs/DESIGN.md "Batch")."""
+(docs/DESIGN.md § Batch)."""
 
 from flax_posemb.data.pipeline import dataset_identity
 from flax_posemb.data.pipeline import make_eval_batches

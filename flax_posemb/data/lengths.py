@@ -82,7 +82,7 @@ def parse(spec: str, seq_len: int) -> LengthDist:
 @dataclasses.dataclass(frozen=True)
 class PieceLengths:
   """A distribution of crop lengths in pairs over ``[1, T]`` (the `crops`
-  policy: docs/DESIGN.md "Data policies and tokens").
+  policy: docs/DESIGN.md § Data policies and tokens).
 
   Attributes:
     probs: ``[T]`` float64, ``probs[l - 1]`` = P(a crop has ``l`` pairs).

@@ -1,7 +1,7 @@
 """`long_text`: Shakespeare, the KJV Bible and the Python docs (if installed;
 ``$FLAX_POSEMB_PYTHON_DOC_SOURCES``) as long documents, the stdlib as short
 ones; records ``{'text', 'kind'}``. Contents, splits, guarantee: docs/DESIGN.md
-"Data policies and tokens"."""
+§ Data policies and tokens."""
 
 import fnmatch
 import glob as glob_lib

@@ -1,5 +1,5 @@
-"""Grain pipelines and the data config check (docs/DESIGN.md "Data policies and
-tokens")."""
+"""Grain pipelines and the data config check (docs/DESIGN.md § Data policies and
+tokens)."""
 
 from collections.abc import Callable, Iterator, Sequence
 import difflib
@@ -147,7 +147,7 @@ def skew_ratio(spec: str) -> float:
 
 def piece_lengths(data_config) -> lengths_lib.PieceLengths:
   """The crop lengths of token-weighted `crops`, on the train split
-  (docs/DESIGN.md "Data policies and tokens")."""
+  (docs/DESIGN.md § Data policies and tokens)."""
   c = data_config
   seq_len = int(c.seq_len)
   spec = str(c.crop_lengths)
@@ -322,7 +322,7 @@ def reference_losses(data_config, length: int) -> dict[str, np.ndarray] | None:
 class DocOrder:
   """Document of stream position ``g``: epoch ``g // n`` is a permutation drawn
   from ``(seed, epoch)`` (identity if not shuffled); not `MapDataset.shuffle`:
-  docs/DESIGN.md "Row order"."""
+  Row order in docs/DESIGN.md § Data policies and tokens."""
 
   def __init__(self, n: int, seed: int, shuffle: bool = True):
     self.n = int(n)
@@ -360,7 +360,7 @@ def make_train_iterator(
     with_doc_ids: bool = False,
 ) -> grain.DatasetIterator:
   """Infinite, resumable iterator of this process's ``[batch_size //
-  process_count, T]`` batches (docs/DESIGN.md "Batch"); `max_len` is
+  process_count, T]`` batches (docs/DESIGN.md § Batch); `max_len` is
   `packed_reset`'s L (None: ``seq_len``); `with_doc_ids` adds ``doc_ids`` ``[b,
   T]`` int32 (-1: padding)."""
   c = data_config
@@ -506,7 +506,7 @@ def _crops(
     tokenize: Callable[[Any, int], Any],
     seed: int,
 ) -> grain.IterDataset:
-  """Rows of the `crops` policy (docs/DESIGN.md "Data policies and tokens")."""
+  """Rows of the `crops` policy (docs/DESIGN.md § Data policies and tokens)."""
   seq_len = int(c.seq_len)
   if c.crop_weighting == 'document':
 
@@ -672,8 +672,8 @@ def make_eval_batches(
 ) -> Iterator[dict[str, np.ndarray]]:
   """Finite iterator of `num_windows` evaluation rows of `window_len` tokens in
   batches ``[batch_size, W]`` plus ``PROVENANCE_KEYS`` ``[batch_size]`` (padding
-  rows: doc -1); policies and window starts: docs/DESIGN.md "Evaluation
-  outputs"."""
+  rows: doc -1); policies and window starts: docs/DESIGN.md § Evaluation
+  outputs."""
   check_window_start(window_start)
   src = make_source(data_config, split)
   # 'windows': full-length documents only.
@@ -789,7 +789,7 @@ def _deep_windows(
     seed: int,
 ) -> list[Window]:
   """`num_windows` random slots of ``w + 1`` tokens of the `deep_region`s
-  (docs/DESIGN.md)."""
+  (docs/DESIGN.md § Evaluation outputs)."""
   lengths = np.array(
       [len(src.doc(i, max_pairs=None)) for i in range(len(src))], np.int64
   )

@@ -1,5 +1,5 @@
-"""Position policies: how documents become rows (docs/DESIGN.md "Data policies
-and tokens")."""
+"""Position policies: how documents become rows (docs/DESIGN.md § Data policies
+and tokens)."""
 
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -168,8 +168,8 @@ class _DocStream:
 
 class PackIterDataset(grain.IterDataset):
   """Streams documents whole into the rows of the `STREAM_POLICIES` but
-  `crops` (not Grain's packers: docs/DESIGN.md "Row order"). `parent` and
-  `materialize` as `_DocStream`'s."""
+  `crops` (not Grain's packers: Row order in docs/DESIGN.md § Data policies
+  and tokens). `parent` and `materialize` as `_DocStream`'s."""
 
   def __init__(
       self,
@@ -263,7 +263,7 @@ class _PackIterator(grain.DatasetIterator):
 
 class CropIterDataset(grain.IterDataset):
   """Rows of the `crops` policy: crops placed whole and in order into rows
-  (docs/DESIGN.md "Data policies and tokens").
+  (docs/DESIGN.md § Data policies and tokens).
 
   A crop that does not fit the rest of a row starts the next one; the rest is
   padding. Each crop is its own segment at positions ``0 .. m - 1``.

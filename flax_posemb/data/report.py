@@ -1,5 +1,5 @@
-"""Position-exposure report, ``python -m flax_posemb.data`` (docs/DESIGN.md,
-data policies)."""
+"""Position-exposure report, ``python -m flax_posemb.data`` (docs/DESIGN.md
+§ Data policies and tokens)."""
 
 from typing import Any
 
@@ -56,7 +56,7 @@ def policy_shares(
 ) -> dict[str, Any]:
   """{policy: {'token_share', 'last_over_first'}} of documents of untruncated
   lengths ``[n]`` (pairs), analytically for one epoch (``max_len = seq_len``;
-  docs/DESIGN.md)."""
+  docs/DESIGN.md § Data policies and tokens)."""
   c = data_config
   t = int(c.seq_len)
   pairs = np.asarray(doc_pairs, np.int64)
@@ -265,7 +265,7 @@ def _eval_mix_or_problem(config) -> dict:
 
 def eval_kind_mix(config) -> dict[str, float]:
   """Share of the evaluation windows' scored tokens per document kind, for
-  the windows `config.eval` selects (docs/DESIGN.md "Evaluation outputs")."""
+  the windows `config.eval` selects (docs/DESIGN.md § Evaluation outputs)."""
   ev = config.eval
   min_doc_len, min_start = pipeline.deep_limits(
       int(ev.window_len or config.model.max_len),
@@ -311,7 +311,7 @@ def batch_diversity(
   """Shares of same-document row pairs and one-document batches in `main_docs`
   ``[num_batches, b]`` and (``random_*``) for rows drawn at random from the
   policy's epoch, estimated from `doc_pairs` ``[k]`` sampled of `split_docs`
-  (docs/DESIGN.md "Row order")."""
+  (Row order in docs/DESIGN.md § Data policies and tokens)."""
   b = main_docs.shape[1]  # rows per batch
   if b < 2:
     return {

@@ -1,5 +1,5 @@
 """Document sources: random access to the tokenized documents of one split (real
-text as ``[SEP] + tokens(text)``: docs/DESIGN.md "Data policies and tokens")."""
+text as ``[SEP] + tokens(text)``: docs/DESIGN.md § Data policies and tokens)."""
 
 import abc
 from collections.abc import Sequence

@@ -1,6 +1,6 @@
 """Procedural corpus with a known optimal loss per position: token ``x_p`` is
-drawn from row ``x_{p-1}`` of ``M[(p // S) % K]`` (docs/DESIGN.md "Synthetic
-corpus")."""
+drawn from row ``x_{p-1}`` of ``M[(p // S) % K]`` (docs/DESIGN.md § Synthetic
+corpus)."""
 
 import bisect
 import functools

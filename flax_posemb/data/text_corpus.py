@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from absl import logging
 from etils import epath
 import tensorflow_datasets as tfds
+import tqdm
 
 # Corpora of the stdlib.
 PY_VERSION = f'py{sys.version_info.major}{sys.version_info.minor}'
@@ -71,10 +72,11 @@ class UnreadableRecordsError(ValueError):
 class Found:
   """What a build found besides documents: ``WHERE`` of each document of
   invalid UTF-8 it replaced or skipped, ``'WHERE: why'`` of each record it
-  could not read."""
+  could not read, ``WHERE`` of each empty document it left out."""
 
   decode_errors: list[str] = dataclasses.field(default_factory=list)
   unreadable: list[str] = dataclasses.field(default_factory=list)
+  empty: list[str] = dataclasses.field(default_factory=list)
 
 
 def _replaced(text: str) -> str:
@@ -155,8 +157,12 @@ def file_records(path: str, config: 'TextBuilderConfig') -> list[Record]:
   ``PATH:LINE`` (from 1; the line of a record's first invalid UTF-8 byte, kept
   as a surrogate) or ``PATH:row N`` (Parquet, from 0)."""
   if path.endswith('.parquet'):
-    return parquet_records(path, config.text_field)
-  content = epath.Path(path).read_bytes().decode('utf-8', 'surrogateescape')
+    return parquet_records(path, config.text_field, stored_copy(path, config))
+  content = (
+      epath.Path(stored_copy(path, config))
+      .read_bytes()
+      .decode('utf-8', 'surrogateescape')
+  )
   if path.endswith('.jsonl'):
     return _jsonl_records(path, content, config.text_field)
   pieces = _text_pieces(content, config.split_by)
@@ -167,6 +173,12 @@ def file_records(path: str, config: 'TextBuilderConfig') -> list[Record]:
       line += piece.count('\n', 0, bad.start())
     records.append((f'{path}:{line}', piece, ''))
   return records
+
+
+def stored_copy(path: str, config: 'TextBuilderConfig') -> str:
+  """Where the build reads input `path` from: prepare's copy of the bytes it
+  hashed (`TextBuilderConfig.read_from`), else `path` itself."""
+  return (config.read_from or {}).get(path, path)
 
 
 def split_python_source(text: str) -> list[str]:
@@ -204,6 +216,10 @@ class TextBuilderConfig(tfds.core.BuilderConfig):
   hf_dataset: str = ''
   # long_text: its input files per kind.
   parts: dict[str, list[str]] | None = None
+  # prepare: each input (a file, or the saved Hugging Face dataset's
+  # directory) -> the copy the build reads, holding exactly the bytes it hashed
+  # (records still name the input).
+  read_from: dict[str, str] | None = None
 
 
 class TextCorpus(tfds.core.GeneratorBasedBuilder):
@@ -214,6 +230,12 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
   # The documents of a builder without configs (set by its subclass).
   SOURCE: ClassVar[TextBuilderConfig]
   FEATURES: tuple[str, ...] = ('text',)
+  # Our own progress bars on stderr (prepare's console); TFDS's stay off.
+  PROGRESS: ClassVar[bool] = False
+  # Leave out (counted in `Found.empty`) documents of no text besides
+  # whitespace. Off for the corpora built on first use: their builds are named
+  # by their files, and one built before must stay the same documents.
+  LEAVE_OUT_EMPTY: ClassVar[bool] = False
 
   # TFDS' default probes `importlib_resources` (not installed here); the file is
   # enough.
@@ -242,7 +264,11 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
     unreadable, see `file_records`)."""
     config = self._source()
     if config.hf_dataset:  # Then `files` is empty.
-      yield from hf_records(config.hf_dataset, config.text_field)
+      yield from hf_records(
+          config.hf_dataset,
+          config.text_field,
+          stored_copy(config.hf_dataset, config),
+      )
     for path in config.files:
       for i, (where, text, why) in enumerate(file_records(path, config)):
         yield f'{path}:{i}', where, text, why
@@ -265,6 +291,10 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
         if config.on_decode_error == 'skip':
           continue
         text = _replaced(text)
+      if self.LEAVE_OUT_EMPTY and not text.strip():
+        # An empty file (or line, paragraph, record) is no document.
+        found.empty.append(where)
+        continue
       yield key, '', text
 
   def _held_out(self, docs: list[tuple[str, str, int]]) -> set[str]:
@@ -281,18 +311,19 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
     del dl_manager
     found = Found()
     docs = []
-    # TFDS's own bar (on only when `build` is asked for progress): this first
-    # pass over every document runs before TFDS's "Generating splits".
-    reading = tfds.core.utils.tqdm(
-        self._docs(found), desc='Reading documents', unit=' documents'
-    )
-    for key, kind, text in reading:
-      docs.append((key, kind, len(text.encode('utf-8')) + 1))
+    # Closed (its line finished) before an error's message is printed.
+    with tqdm.tqdm(
+        desc='Reading documents', unit=' documents', disable=not self.PROGRESS
+    ) as bar:
+      for key, kind, text in self._docs(found):
+        docs.append((key, kind, len(text.encode('utf-8')) + 1))
+        bar.update()
     source = self._source()
     # Before anything is written.
     if found.unreadable and not source.skip_unreadable:
       raise UnreadableRecordsError(found.unreadable, source.unreadable_fix)
     val = self._held_out(docs)
+    self._check_split(docs, val, found)
     self.info.metadata['decode_errors'] = {
         'mode': source.on_decode_error,
         'documents': len(found.decode_errors),
@@ -305,12 +336,42 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
         'records': len(found.unreadable),
         'first': found.unreadable[:20],
     }
+    self.info.metadata['empty'] = {
+        'documents': len(found.empty),
+        'first': found.empty[:20],
+    }
     generators = {}
     if len(docs) > len(val):
-      generators['train'] = self._generate_examples(val, validation=False)
+      generators['train'] = self._writing(
+          'train', len(docs) - len(val), val, validation=False
+      )
     if val:
-      generators['validation'] = self._generate_examples(val, validation=True)
+      generators['validation'] = self._writing(
+          'validation', len(val), val, validation=True
+      )
     return generators
+
+  def _check_split(
+      self, docs: list[tuple[str, str, int]], val: set[str], found: Found
+  ) -> None:
+    """Refuses (ValueError) a split before anything is written; every split is
+    accepted here (prepare refuses an empty train split)."""
+    del docs, val, found
+
+  def _writing(
+      self, split: str, documents: int, val: set[str], validation: bool
+  ) -> Iterator[tuple[str, dict[str, str]]]:
+    """`_generate_examples` under our own progress bar of `split`'s
+    `documents` (TFDS writes them as it reads them)."""
+    with tqdm.tqdm(
+        desc=f'Writing {split}',
+        total=documents,
+        unit=' documents',
+        disable=not self.PROGRESS,
+    ) as bar:
+      for example in self._generate_examples(val, validation):
+        yield example
+        bar.update()
 
   def _generate_examples(
       self, val: set[str], validation: bool
@@ -324,10 +385,11 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
       yield key, record
 
 
-def build(builder, progress: bool = False) -> None:
-  """Writes `builder`'s dataset as array_record (TFDS prints silenced; its
-  progress bars on stderr if ``progress``)."""
-  tfds.display_progress_bar(progress)
+def build(builder) -> None:
+  """Writes `builder`'s dataset as array_record, TFDS's prints and progress
+  bars off (its bars, one per split and per shuffle, overwrite each other
+  into one long line; `TextCorpus.PROGRESS` shows our own)."""
+  tfds.display_progress_bar(False)
   with contextlib.redirect_stdout(io.StringIO()):
     builder.download_and_prepare(file_format='array_record')
 
@@ -434,18 +496,23 @@ def _cell(value: Any) -> tuple[str | None, str]:
   return value, ''
 
 
-def parquet_records(path: str, column: str) -> list[Record]:
-  """``(where, text, why)`` of the ``column`` of a Parquet file (needs pyarrow):
-  a column that is not text is refused; a null cell is unreadable."""
+def parquet_records(
+    path: str, column: str, stored: str | None = None
+) -> list[Record]:
+  """``(where, text, why)`` of the ``column`` of a Parquet file (needs pyarrow;
+  read from `stored`, a copy of it, if given): a column that is not text is
+  refused; a null cell is unreadable."""
   pq = _optional_import('pyarrow.parquet', path)
   pa = _optional_import('pyarrow', path)
+  stored = stored or path
   try:
-    schema = pq.read_schema(path)
+    schema = pq.read_schema(stored)
     _check_column(path, column, schema.names)
     kind = schema.field(column).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
       raise _not_text(path, column, f'{kind} values')
-    cells = pq.read_table(path, columns=[column]).column(column).to_pylist()
+    table = pq.read_table(stored, columns=[column])
+    cells = table.column(column).to_pylist()
   except (pa.ArrowException, OSError) as e:
     raise ValueError(
         f'{path} is not a readable Parquet file ({type(e).__name__}: {e}).'
@@ -459,13 +526,13 @@ def parquet_records(path: str, column: str) -> list[Record]:
 
 
 def hf_records(
-    path: str, column: str
+    path: str, column: str, stored: str | None = None
 ) -> Iterator[tuple[str, str, str | None, str]]:
   """(``SPLIT:ROW``, where, text, why) of every row of a dataset saved with
-  ``save_to_disk``: a column that is not text is refused; a missing cell
-  (None) is unreadable."""
+  ``save_to_disk`` (loaded from `stored`, a copy of its directory, if given): a
+  column that is not text is refused; a missing cell (None) is unreadable."""
   datasets = _optional_import('datasets', path)
-  loaded = datasets.load_from_disk(path)
+  loaded = datasets.load_from_disk(stored or path)
   if isinstance(loaded, datasets.DatasetDict):
     parts = dict(loaded)
   else:

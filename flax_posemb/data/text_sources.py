@@ -1,21 +1,15 @@
 """Real text through TFDS array_record, without TensorFlow: the ``local_text``
 and ``stdlib`` corpora (built on first use), your own text prepared as a
-dataset (`prepare_dataset`), prepared TFDS datasets (docs/DESIGN.md "Data
-policies and tokens")."""
+dataset (`prepare_dataset`), prepared TFDS datasets (docs/DESIGN.md § Data
+policies and tokens)."""
 
-from collections.abc import Iterator
-import contextlib
 import difflib
-import fcntl
-import functools
 import glob as glob_lib
 import hashlib
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 from typing import Any
 
 from absl import logging
@@ -23,6 +17,7 @@ from etils import epath
 import tensorflow_datasets as tfds
 
 from flax_posemb.data import long_text
+from flax_posemb.data import prepared
 from flax_posemb.data import sources
 from flax_posemb.data import text_corpus
 from flax_posemb.data import tokenizers
@@ -98,12 +93,16 @@ def prepare_dataset(
 ) -> dict[str, Any]:
   """Builds ``ddir/name/1.0.0`` from `inputs` (globs) or `hf_dataset` (the
   flags of ``python -m flax_posemb.commands.prepare``, checked by them):
-  ``{'path', 'feature', 'splits': {split: documents}, 'unreadable': [...],
-  'decode_errors': [...]}``; ``progress``: TFDS's progress bars on stderr.
+  ``{'path', 'feature', 'splits': {split: documents}, 'unreadable',
+  'decode_errors', 'empty', 'identity'}``; ``progress``: our progress bars on
+  stderr (TFDS's stay off).
 
-  Built in a hidden directory of `ddir` and swapped in only when complete and
-  readable, with `PREPARED_FROM` (its inputs and their SHA-256): a refused or
-  interrupted run changes nothing (docs/DESIGN.md "Prepared datasets")."""
+  Each input is read once, into a copy that is hashed and built from; the
+  dataset is built in a hidden directory of `ddir` and swapped in only when
+  complete and readable, with `prepared.PREPARED_FROM` (its inputs and their
+  SHA-256): a refused or interrupted run changes nothing and leaves nothing
+  (`prepared.prepare`; Prepared datasets in docs/DESIGN.md § Data policies
+  and tokens)."""
   if hf_dataset:
     files: tuple[str, ...] = ()
     what = hf_dataset
@@ -113,181 +112,24 @@ def prepare_dataset(
     )
     files = tuple(os.path.abspath(f) for f in found)
     what = f'{len(files)} files'
-  os.makedirs(ddir, exist_ok=True)
-  root = os.path.join(ddir, name)
-  with _one_prepare(ddir, name):
-    _finish_a_killed_swap(ddir, name)
-    if os.path.lexists(root) and not overwrite:
-      raise ValueError(
-          f'{root} exists; pass --overwrite to replace it (only once the new'
-          ' dataset is built), or choose another --name.'
-      )
-    source = text_corpus.TextBuilderConfig(
-        name='default',
-        files=files,
-        split_by=split_by,
-        text_field=text_field,
-        val_percent=val_percent,
-        on_decode_error=on_decode_error,
-        skip_unreadable=skip_unreadable,
-        unreadable_fix=(
-            'Fix them, or pass --skip_unreadable to leave them out (they are'
-            f' counted, and listed in {PREPARED_FROM}).'
-        ),
-        hf_dataset=hf_dataset,
-        description=f'{what} (flax_posemb.commands.prepare)',
-    )
-    build_dir = tempfile.mkdtemp(prefix=f'.{name}.build-', dir=ddir)
-    try:
-      built = _build_prepared(name, build_dir, source, progress)
-      _swap_in(os.path.join(build_dir, name), root)
-    finally:
-      shutil.rmtree(build_dir, ignore_errors=True)
-  built['path'] = os.path.join(root, built['path'])
-  return built
-
-
-# What a prepared dataset was built from, in its version directory.
-PREPARED_FROM = 'prepared_from.json'
-
-
-def _build_prepared(
-    name: str,
-    build_dir: str,
-    source: text_corpus.TextBuilderConfig,
-    progress: bool,
-) -> dict[str, Any]:
-  """Builds `name` into `build_dir` (TFDS's progress bars if `progress`),
-  reads it back and records `PREPARED_FROM`; returns `prepare_dataset`'s
-  result, its path relative to ``build_dir/name``."""
-  # A builder without configs, named `name`: the dataset is NAME/1.0.0.
-  builder_cls = type(
-      'Prepared',
-      (text_corpus.TextCorpus,),
-      {'name': name, 'SOURCE': source, '__module__': __name__},
-      skip_registration=True,
+  source = text_corpus.TextBuilderConfig(
+      name='default',
+      files=files,
+      split_by=split_by,
+      text_field=text_field,
+      val_percent=val_percent,
+      on_decode_error=on_decode_error,
+      skip_unreadable=skip_unreadable,
+      unreadable_fix=(
+          'Fix them, or pass --skip_unreadable to leave them out (they are'
+          f' counted, and listed in {prepared.PREPARED_FROM}).'
+      ),
+      hf_dataset=hf_dataset,
+      description=f'{what} (flax_posemb.commands.prepare)',
   )
-  builder = builder_cls(data_dir=build_dir)
-  text_corpus.build(builder, progress)
-  version_dir = str(builder.data_dir)
-  # Complete and readable: every split read back as a dataset is.
-  splits = {}
-  for split, info in tfds.builder_from_directory(
-      version_dir
-  ).info.splits.items():
-    records = data_source(builder, split, name)
-    if len(records) != info.num_examples:
-      raise RuntimeError(
-          f'{version_dir}: split {split} holds {len(records)} of its'
-          f' {info.num_examples} documents after the build.'
-      )
-    splits[split] = int(info.num_examples)
-  if not sum(splits.values()):
-    raise ValueError(
-        f'{source.description} hold no document. Nothing was built. Check'
-        ' --input / --hf_dataset and --text_field.'
-    )
-  metadata = builder.info.metadata
-  record = {
-      'name': name,
-      'inputs': _input_hashes(source),
-      'options': {
-          'split_by': source.split_by,
-          'text_field': source.text_field,
-          'val_percent': source.val_percent,
-          'on_decode_error': source.on_decode_error,
-          'skip_unreadable': source.skip_unreadable,
-      },
-      'splits': splits,
-      'unreadable': metadata['unreadable'],
-      'decode_errors': metadata['decode_errors'],
-  }
-  identity = {k: record[k] for k in ('inputs', 'options')}
-  identity['format'] = text_corpus.BUILD_FORMAT
-  record['identity'] = hashlib.sha256(
-      json.dumps(identity, sort_keys=True).encode()
-  ).hexdigest()[:16]
-  with open(os.path.join(version_dir, PREPARED_FROM), 'w') as f:
-    json.dump(record, f, indent=1)
-  return {
-      'path': os.path.relpath(version_dir, os.path.join(build_dir, name)),
-      'feature': 'text',
-      'splits': splits,
-      'unreadable': metadata['unreadable'],
-      'decode_errors': metadata['decode_errors'],
-      'identity': record['identity'],
-  }
-
-
-def _input_hashes(
-    source: text_corpus.TextBuilderConfig,
-) -> list[dict[str, Any]]:
-  """``{path, bytes, sha256}`` of every input file (of a saved Hugging Face
-  dataset: every file of its directory)."""
-  paths = list(source.files)
-  if source.hf_dataset:
-    top = os.path.abspath(source.hf_dataset)
-    for directory, _, names in sorted(os.walk(top)):
-      paths += [os.path.join(directory, n) for n in sorted(names)]
-  hashes = []
-  for path in paths:
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-      for block in iter(functools.partial(f.read, 1 << 20), b''):
-        digest.update(block)
-    hashes.append(
-        {
-            'path': path,
-            'bytes': os.path.getsize(path),
-            'sha256': digest.hexdigest(),
-        }
-    )
-  return hashes
-
-
-@contextlib.contextmanager
-def _one_prepare(ddir: str, name: str) -> Iterator[None]:
-  """Holds ``ddir/.NAME.prepare.lock`` (a second prepare of `name` is
-  refused); under it, hidden build directories are killed runs' leftovers and
-  are removed."""
-  with open(os.path.join(ddir, f'.{name}.prepare.lock'), 'w') as lock:
-    try:
-      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      raise ValueError(
-          f'Another prepare of {name!r} is running in {ddir}; wait for it to'
-          ' finish.'
-      ) from None
-    for leftover in glob_lib.glob(os.path.join(ddir, f'.{name}.build-*')):
-      shutil.rmtree(leftover, ignore_errors=True)
-    yield
-
-
-def _finish_a_killed_swap(ddir: str, name: str) -> None:
-  """A run killed between `_swap_in`'s two renames: the old dataset is put
-  back if the new one is not in place, else removed."""
-  old = os.path.join(ddir, f'.{name}.replaced')
-  if not os.path.lexists(old):
-    return
-  if os.path.lexists(os.path.join(ddir, name)):
-    shutil.rmtree(old, ignore_errors=True)
-  else:
-    os.rename(old, os.path.join(ddir, name))
-
-
-def _swap_in(new: str, root: str) -> None:
-  """Moves the built dataset `new` to `root`, replacing what is there."""
-  if not os.path.lexists(root):
-    os.rename(new, root)
-    return
-  ddir, name = os.path.split(root)
-  old = os.path.join(ddir, f'.{name}.replaced')
-  os.rename(root, old)
-  os.rename(new, root)
-  if os.path.isdir(old) and not os.path.islink(old):
-    shutil.rmtree(old)
-  else:
-    os.remove(old)
+  return prepared.prepare(
+      name, ddir, source, overwrite=overwrite, progress=progress
+  )
 
 
 def data_source(builder, split: str, name: str):
@@ -528,8 +370,8 @@ def tfds_records(name: str, split: str, ddir: str, text_feature: str = 'text'):
 
 def dataset_identity(data_config) -> str:
   """What the configured text is, for a run to record (a resume on other text
-  is refused): a prepared dataset's `PREPARED_FROM` identity, another TFDS
-  build's ``dataset_info.json`` digest, a corpus built on first use by its
+  is refused): a prepared dataset's `prepared.PREPARED_FROM` identity, another
+  TFDS build's ``dataset_info.json`` digest, a corpus built on first use by its
   build (named by a digest of its files)."""
   ddir = data_dir(data_config)
   source = data_config.source
@@ -550,14 +392,14 @@ def _tfds_identity(name: str, ddir: str) -> str:
   path = find_builder_dir(name, ddir)
   if path is None:
     return ''
-  prepared = os.path.join(path, PREPARED_FROM)
-  if os.path.exists(prepared):
-    with open(prepared) as f:
+  record = os.path.join(path, prepared.PREPARED_FROM)
+  if os.path.exists(record):
+    with open(record) as f:
       try:
         return json.load(f)['identity']
       except (ValueError, KeyError):
         raise ValueError(
-            f'{prepared} is damaged (no readable identity). Re-run prepare'
+            f'{record} is damaged (no readable identity). Re-run prepare'
             ' with --overwrite to rebuild the dataset and its record.'
         ) from None
   with open(os.path.join(path, 'dataset_info.json'), 'rb') as f:

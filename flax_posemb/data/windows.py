@@ -1,5 +1,5 @@
 """Which tokens of a document 'deep' evaluation windows may cover
-(docs/DESIGN.md "Evaluation outputs"); `pipeline` draws the windows from it and
+(docs/DESIGN.md § Evaluation outputs); `pipeline` draws the windows from it and
 `long_text` counts them for its held-out guarantee."""
 
 import numpy as np

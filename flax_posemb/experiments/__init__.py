@@ -1,5 +1,5 @@
 """Paired sweeps of runs, their measures and reports (docs/DESIGN.md
-"Experiments outputs")."""
+§ Experiments outputs)."""
 
 import collections
 import glob

@@ -1,7 +1,7 @@
 """CLI: python -m flax_posemb.experiments CONFIG[:scale] [CONFIG ...] --workdir
 DIR [--quick] ...
 
-Layout: docs/DESIGN.md "Experiments outputs"; exit codes: flax_posemb.cli."""
+Layout: docs/DESIGN.md § Experiments outputs; exit codes: flax_posemb.cli."""
 
 import logging
 import os

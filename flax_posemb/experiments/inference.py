@@ -1,5 +1,5 @@
 """Measures of the held-out windows, judged over seeds and documents
-(docs/DESIGN.md "Experiments outputs").
+(docs/DESIGN.md § Experiments outputs).
 
 Every run of an experiment is scored on the same windows, so a measure of those
 windows (a bucket's loss, late minus mid, the offset penalty) has two sources of

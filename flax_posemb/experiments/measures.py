@@ -1,5 +1,5 @@
-"""Per-run measures from a finished run's files (docs/DESIGN.md "Experiments
-outputs")."""
+"""Per-run measures from a finished run's files (docs/DESIGN.md § Experiments
+outputs)."""
 
 import collections
 from collections.abc import Mapping
@@ -104,7 +104,8 @@ def position_vectors(
     num_steps: int,
     tables: Mapping[int, np.ndarray],
 ) -> dict[str, np.ndarray]:
-  """``[max_len]`` per-position vectors of a run (docs/DESIGN.md)."""
+  """``[max_len]`` per-position vectors of a run (docs/DESIGN.md § Experiments
+  outputs)."""
   out: dict[str, np.ndarray] = {}
   if windows:
     # The second half's windows, else the last one.

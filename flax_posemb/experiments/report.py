@@ -1,5 +1,5 @@
-"""A sweep's summary.json, REPORT.md and figures (docs/DESIGN.md "Experiments
-outputs")."""
+"""A sweep's summary.json, REPORT.md and figures (docs/DESIGN.md § Experiments
+outputs)."""
 
 from collections.abc import Iterable, Mapping
 import math

@@ -49,7 +49,7 @@ def estimate_scored_per_row(
     config: ml_collections.ConfigDict, num_batches: int
 ) -> float:
   """Mean ``loss_mask`` sum per row of ``config``'s training pipeline
-  (docs/DESIGN.md, Budget)."""
+  (the budget rule, docs/DESIGN.md § Experiments outputs)."""
   short_share = float(config.data.schedule_fraction)
   if config.data.position_policy == 'length_schedule' and 0 < short_share < 1:
 

@@ -1,0 +1,295 @@
+"""Typed, validated config sections (docs/DESIGN.md § Config).
+
+The `configs/*.py` files and every `--config.x=y` override stay
+`ml_collections.ConfigDict`s, as users know them; each entry point converts the
+ConfigDict once, with `RunConfig.from_config_dict`, and every module receives
+these frozen dataclasses. Each section checks its own fields in
+`__post_init__`; the rules that join sections live in `check_across_sections`.
+The defaults here are the defaults of `flax_posemb.defaults.base()`.
+"""
+
+from collections.abc import Mapping
+import dataclasses
+import json
+from typing import Any
+
+from flax_posemb import model as model_lib
+
+ModelConfig = model_lib.ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticConfig:
+  """The synthetic corpus (flax_posemb.data.synthetic): a position-dependent
+  Markov chain whose optimal loss per position is known exactly."""
+
+  # Tokens in the synthetic vocabulary.
+  vocab_size: int = 64
+  # K: transition matrices cycled through by position.
+  num_regimes: int = 4
+  # S: positions per regime before switching (K*S <= smallest bucket).
+  segment_len: int = 4
+  # Dirichlet concentration of transition rows (lower = more predictable).
+  concentration: float = 0.1
+  # Seed of the corpus itself (transition matrices), not of sampling.
+  seed: int = 1234
+  # Documents per split (procedural: costs no storage).
+  num_docs: int = 100_000
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Data section: source, tokenizer, context length and position policy."""
+
+  # Where documents come from:
+  # synthetic | stdlib | local_text | long_text | tfds.
+  source: str = 'synthetic'
+  # TFDS dataset name when source == 'tfds' (e.g. 'wiki40b/en', 'pg19').
+  name: str = ''
+  # Feature holding the text in a TFDS dataset.
+  text_feature: str = 'text'
+  # Split used for training.
+  train_split: str = 'train'
+  # Split used for periodic and offline evaluation.
+  eval_split: str = 'validation'
+  # Where TFDS datasets are built and read; '' = $FLAX_POSEMB_DATA_DIR or
+  # ~/.cache/flax_posemb.
+  data_dir: str = ''
+  # Glob of .txt/.jsonl files when source == 'local_text'.
+  local_glob: str = ''
+  # local_text document unit: file | line | paragraph.
+  local_split_by: str = 'file'
+  # local_text/stdlib (long_text: its short documents): percent of the
+  # documents (by key hash) in 'validation'.
+  val_percent: int = 5
+  # Invalid UTF-8 text: replace (U+FFFD; counted, reported) | skip (drop the
+  # document; counted) | error (refuse, naming the file).
+  on_decode_error: str = 'replace'
+
+  # Tokens. byte | sentencepiece | hf (ignored by the synthetic source).
+  tokenizer: str = 'byte'
+  # SentencePiece model file; '' = train one on the corpus.
+  spm_model: str = ''
+  # hf: a Hugging Face tokenizer directory (tokenizer.json, or vocab.json +
+  # merges.txt), e.g. the one an imported workdir holds (docs/pretrained.md).
+  hf_tokenizer: str = ''
+  # Vocabulary size when training a SentencePiece model.
+  spm_vocab_size: int = 4096
+
+  # Tokens per training row (context length); must be <= model.max_len.
+  seq_len: int = 128
+  # natural | natural_chunked | packed | packed_reset | random_offset |
+  # length_schedule | resampled | crops (docs/DESIGN.md § Data policies and
+  # tokens).
+  position_policy: str = 'natural'
+  # crops: where crops come from. token = consecutive stretches of the document
+  # stream (the tokens of packed/packed_reset, content-matched) | document = one
+  # crop per document, documents drawn uniformly (natural's weighting), at a
+  # uniform offset inside the document.
+  crop_weighting: str = 'token'
+  # crops with crop_weighting=token: crop lengths in pairs. natural (the rows of
+  # natural: each document's length, at most seq_len) | skew:R (geometric; the
+  # last row is seen R times as often as the first) | schedule (BERT: pieces of
+  # schedule_seq_len for schedule_fraction of the steps, then full rows) | a
+  # length distribution as resample_dist.
+  crop_lengths: str = 'natural'
+  # length_schedule: row length during the short phase.
+  schedule_seq_len: int = 32
+  # length_schedule: fraction of num_train_steps at the short length.
+  schedule_fraction: float = 0.9
+  # resampled: uniform | full | comma-separated shares per length bucket.
+  resample_dist: str = 'uniform'
+  # Synthetic document lengths: wikipedia | uniform | full | comma-separated
+  # shares.
+  length_dist: str = 'wikipedia'
+  # Documents shorter than this many tokens are dropped.
+  min_doc_len: int = 2
+
+  # Shuffle documents (deterministically from `seed`).
+  shuffle: bool = True
+  # packed, packed_reset, natural_chunked: rows are shuffled in windows of
+  # this many rows (a long document does not fill consecutive batches); <= 1
+  # keeps stream order.
+  shuffle_rows: int = 8192
+  # Grain worker processes (0 = in-process).
+  num_workers: int = 0
+  # Batches prefetched by the Grain iterator.
+  prefetch: int = 2
+
+  # The synthetic corpus (source == 'synthetic').
+  synthetic: SyntheticConfig = SyntheticConfig()
+
+  def to_json(self) -> str:
+    """The section as sorted JSON: a hashable key for caches of what it
+    builds."""
+    return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """Optimizer section: AdamW + warmup/cosine schedule (optax)."""
+
+  # Peak learning rate.
+  learning_rate: float = 3e-3
+  # Linear warmup steps from 0 to the peak.
+  warmup_steps: int = 20
+  # Cosine decay to learning_rate * end_lr_ratio at num_train_steps.
+  end_lr_ratio: float = 0.1
+
+  # Adam beta1.
+  b1: float = 0.9
+  # Adam beta2 (stated explicitly: it sets how fast rare rows' second moments
+  # decay).
+  b2: float = 0.95
+  # Adam epsilon.
+  eps: float = 1e-8
+
+  # Decoupled weight decay on 2-D weights.
+  weight_decay: float = 0.1
+  # Weight decay on the position table (nanoGPT: yes; minGPT: no).
+  decay_position_table: bool = True
+  # Weight decay on the token table.
+  decay_token_table: bool = True
+  # Global gradient-norm clip; <= 0 disables.
+  grad_clip_norm: float = 1.0
+
+  # Scale each position row's update by (mean exposure / row exposure)**power,
+  # after Adam.
+  row_lr_scale: bool = False
+  # Exponent of the per-row exposure scale.
+  row_lr_power: float = 0.5
+  # Upper bound of the per-row scale.
+  row_lr_max: float = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """Evaluation section: loss by position bucket (periodic eval and
+  eval.py)."""
+
+  # Width of position buckets (used unless `bucket_edges` is set).
+  bucket_size: int = 16
+  # Comma-separated bucket edges, e.g. '0,128,256,512', or 'log2'.
+  bucket_edges: str = ''
+
+  # Evaluation windows (T + 1 consecutive tokens each) per evaluation.
+  num_windows: int = 64
+  # Windows per evaluation batch.
+  batch_size: int = 32
+  # Evaluation window length in tokens; 0 = model.max_len (the table size).
+  window_len: int = 0
+  # windows (full-length documents, positions 0..T-1) | natural (the training
+  # distribution).
+  position_policy: str = 'windows'
+  # windows: first (a document's first T + 1 tokens) | deep (token-uniform
+  # windows inside long documents; text sources; docs/DESIGN.md § Evaluation
+  # outputs).
+  window_start: str = 'first'
+  # deep: only documents of at least this many tokens; 0 = 4 * window length.
+  min_doc_len: int = 0
+  # deep: no window starts before this token of its document; 0 = the window
+  # length.
+  min_start: int = 0
+  # Seed that picks the evaluation documents (the same texts across runs).
+  seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """A whole run: the training loop's own fields and the four sections."""
+
+  # Seed for model init, dropout and data order (paired across arms).
+  seed: int = 0
+  # Optimizer steps.
+  num_train_steps: int = 200
+  # Global rows per optimizer step (split across devices and microbatches).
+  batch_size: int = 32
+  # Microbatches per optimizer step (the same update); 0 = auto: ~1k-token
+  # ones on CPU (cache-sized, faster), 1 on accelerators (flax_posemb.auto).
+  grad_accum_steps: int = 0
+
+  # Write metrics, statistics and a table snapshot every this many steps.
+  log_every_steps: int = 20
+  # Periodic held-out evaluation; <= 0 disables.
+  eval_every_steps: int = 100
+  # Periodic checkpoint; one is always written at the end.
+  checkpoint_every_steps: int = 100
+  # Checkpoints kept (the step-0 checkpoint is always kept too).
+  max_to_keep: int = 3
+  # Per-position gradient statistics in the train step.
+  collect_stats: bool = True
+  # Shard large matrices over the 'data' mesh axis as well as the batch.
+  fsdp: bool = False
+  # tqdm progress bar with loss and tokens/s.
+  progress_bar: bool = True
+  # Resume even if the config changed in meaning (recorded in metrics.jsonl).
+  allow_config_change: bool = False
+  # Stop (exit 3, nothing saved) when a step's loss exceeds this; < 0 = 3 *
+  # ln(model.vocab_size).
+  divergence_loss: float = -1.0
+  # Start from this workdir's parameters (newest step; e.g. an imported
+  # Hugging Face checkpoint) instead of a fresh init; '' = fresh. The model's
+  # shape must be its (configs/gpt2_pretrained.py:WORKDIR copies it).
+  init_from: str = ''
+  # Position-table rows beyond init_from's (model.max_len larger):
+  # copy_last | interpolate | init (model.position_init's draw).
+  init_from_new_rows: str = 'copy_last'
+
+  data: DataConfig = DataConfig()
+  model: ModelConfig = ModelConfig()
+  optimizer: OptimizerConfig = OptimizerConfig()
+  eval: EvalConfig = EvalConfig()
+
+  @classmethod
+  def from_config_dict(cls, config: Mapping[str, Any] | Any) -> 'RunConfig':
+    """Converts a whole config (a ConfigDict or nested mapping) once.
+
+    Args:
+      config: the run's config, `defaults.base()`'s layout.
+
+    Returns:
+      The typed config; each section has checked its own fields.
+
+    Raises:
+      ValueError: naming the first field that is unknown or invalid.
+    """
+    values = _to_dict(config)
+    sections = {
+        'data': _build(DataConfig, values.pop('data', {}), 'data'),
+        'model': ModelConfig.from_config(values.pop('model', {})),
+        'optimizer': _build(
+            OptimizerConfig, values.pop('optimizer', {}), 'optimizer'
+        ),
+        'eval': _build(EvalConfig, values.pop('eval', {}), 'eval'),
+    }
+    return _build(cls, values, '', **sections)
+
+  def to_dict(self) -> dict[str, Any]:
+    """The config as the nested dict of `defaults.base()`'s layout."""
+    return dataclasses.asdict(self)
+
+
+def _to_dict(config: Mapping[str, Any] | Any) -> dict[str, Any]:
+  """A plain nested dict of a ConfigDict or mapping."""
+  if hasattr(config, 'to_dict'):
+    return config.to_dict()
+  return dict(config)
+
+
+def _build(cls, values: Mapping[str, Any], prefix: str, **sections):
+  """``cls(**values, **sections)``, refusing keys ``cls`` does not have."""
+  values = _to_dict(values)
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(values) - names)
+  if unknown:
+    where = f'{prefix}.' if prefix else ''
+    raise ValueError(
+        f'Unknown config field(s) {", ".join(where + k for k in unknown)};'
+        f' valid: {", ".join(sorted(names))}.'
+    )
+  if cls is DataConfig and 'synthetic' in values:
+    values = dict(values)
+    values['synthetic'] = _build(
+        SyntheticConfig, values['synthetic'], 'data.synthetic'
+    )
+  return cls(**values, **sections)
