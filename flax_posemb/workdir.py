@@ -462,7 +462,7 @@ def has_row(workdir: str, step: int, key: str) -> bool:
 
 def write_init_record(workdir: str, record: dict[str, Any]) -> None:
   """Writes init_from.json: the workdir and step a run started from, and the
-  rows its position table had (`pretrained.start_params`)."""
+  rows its position table had (`init_from.start_params`)."""
   path = os.path.join(workdir, outputs.INIT_FROM_FILE)
   with outputs.atomic_write(path, 'w') as f:
     json.dump(record, f, indent=1)

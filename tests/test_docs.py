@@ -390,8 +390,9 @@ def test_the_command_check_refuses_unknown_flags_fields_and_programs():
 def test_the_docs_site_wraps_long_code_lines():
   """sphinx-book-theme cuts a long command at a 1280-px window: the site adds
   a stylesheet that wraps code blocks' lines."""
-  namespace: dict = {}
-  exec((ROOT / 'docs' / 'conf.py').read_text(), namespace)
+  conf = ROOT / 'docs' / 'conf.py'
+  namespace: dict = {'__file__': str(conf)}
+  exec(conf.read_text(), namespace)
   (static,) = namespace['html_static_path']
   sheets = [
       ROOT / 'docs' / static / name for name in namespace['html_css_files']
