@@ -22,6 +22,7 @@ from absl import flags
 from flax_posemb import analysis_report
 from flax_posemb import cli
 from flax_posemb import eval_workdir
+from flax_posemb import outputs
 from flax_posemb.data import windows
 
 flags.DEFINE_multi_string(
@@ -134,6 +135,7 @@ def main(argv):
       if similar:
         fix = f'did you mean {similar}?'
       raise cli.UserError(f'--workdir {workdir} is not a directory; {fix}')
+  check_outputs(FLAGS.workdir, FLAGS.output)
   try:
     runs, comparison = eval_workdir.evaluate_and_compare(
         FLAGS.workdir,
@@ -166,6 +168,29 @@ def main(argv):
         f" {comparison['files']['json']}"
     )
     print_figures(comparison['files'])
+
+
+def check_outputs(workdirs: list[str], output: str | None) -> None:
+  """Where the results go, settled before anything is restored or evaluated
+  (one cli.UserError naming the directory): --output, else each WORKDIR/eval
+  and a comparison's directory beside the first run."""
+  places = [(output, '--output')]
+  if not output:
+    places = [
+        (os.path.join(w, outputs.EVAL_DIR), 'the results directory')
+        for w in workdirs
+    ]
+    if len(workdirs) > 1:
+      beside = os.path.dirname(os.path.normpath(workdirs[0])) or os.curdir
+      places.append((beside, "the comparison's directory"))
+  for path, what in places:
+    try:
+      cli.check_output_dir(path, what)
+    except cli.UserError as e:
+      raise cli.UserError(
+          f'{e} Nothing was evaluated; give --output DIR, a directory that'
+          ' can be written.'
+      ) from None
 
 
 def print_figures(files: dict[str, str]) -> None:

@@ -18,7 +18,7 @@ tokenizer and sets init_from), e.g. on a table extended to 2048 rows:
 """
 
 from flax_posemb import defaults
-from flax_posemb import pretrained
+from flax_posemb import init_from as init_from_lib
 
 
 def get_config(init_from: str = ''):
@@ -68,5 +68,5 @@ def get_config(init_from: str = ''):
   config.eval.batch_size = 16
   if init_from:
     # Start from that workdir: its shape, its tokenizer, init_from.
-    pretrained.apply_source(config, init_from)
+    init_from_lib.apply_source(config, init_from)
   return config

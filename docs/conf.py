@@ -83,6 +83,10 @@ html_title = 'flax_posemb'
 html_theme_options = {
     'show_toc_level': 2,
 }
+# Code blocks wrap their long lines (docs/_static/code.css): the theme's
+# content column cuts them at a 1280-px window.
+html_static_path = ['_static']
+html_css_files = ['code.css']
 
 
 def _link_design_citations(app, what, name, obj, options, lines):

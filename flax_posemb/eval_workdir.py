@@ -4,6 +4,7 @@ compare runs (docs/DESIGN.md § Evaluation outputs)."""
 from collections.abc import Sequence
 import functools
 import os
+import tempfile
 from typing import Any
 
 from absl import logging
@@ -134,9 +135,12 @@ def evaluate_workdir(
   analysis if ``analyze``; ``offsets``, ``overrides``, ``progress``:
   `evaluation.run_evaluation`."""
   mesh = sharding.make_mesh()
+  # Before the newest step is read: a trainer's next one may follow.
+  trainer = workdir_lib.held_by(workdir)
   params, stored_config, info = checkpointing.restore_params(
       workdir, step, sharding=sharding.replicated(mesh)
   )
+  stored_config = workdir_lib.resolve_paths(stored_config, workdir)
   step = info.step
   step_dir = os.path.join(checkpointing.checkpoint_dir(workdir), str(step))
   # The run whose checkpoint this must be (without config.json: its oldest
@@ -178,14 +182,13 @@ def evaluate_workdir(
       f'{run_name}: {config.data.position_policy},'
       f' {config.model.position_init} init, step {step}'
   )
-  files = eval_report.write_outputs(
-      out.results,
-      out.per_position,
-      out_dir,
-      title=title,
-      per_window=out.per_window,
-  )
+  files = _write_or_keep(out, out_dir, title)
   text = _checkpoint_note(step, info) + eval_report.format_results(out.results)
+  if trainer is not None:
+    text = (
+        f'evaluated step {step}, the newest checkpoint so far: a training'
+        f' process ({trainer}) holds {workdir} and writes later steps.\n' + text
+    )
   if analyze:
     settings = evaluation.eval_settings(config, overrides)
     summary = analysis_report.analyze_workdir(
@@ -216,6 +219,36 @@ def evaluate_workdir(
       'config': config,
       'options': changed_options(config, overrides),
   }
+
+
+def _write_or_keep(
+    out: evaluation.EvalOutput, out_dir: str, title: str
+) -> dict[str, str]:
+  """`eval_report.write_outputs` into `out_dir`; if that fails (a disk full
+  or a directory gone read-only since eval.py checked it), the results are
+  written to a new temporary directory instead and the error names it."""
+  try:
+    return eval_report.write_outputs(
+        out.results,
+        out.per_position,
+        out_dir,
+        title=title,
+        per_window=out.per_window,
+    )
+  except OSError as e:
+    kept = tempfile.mkdtemp(prefix='flax_posemb_eval-')
+    eval_report.write_outputs(
+        out.results,
+        out.per_position,
+        kept,
+        title=title,
+        per_window=out.per_window,
+    )
+    raise OSError(
+        e.errno,
+        f'{out_dir} could not be written ({e.strerror}); the results are'
+        f' kept in {kept}.',
+    ) from e
 
 
 def _old_and_new_line(split: dict[str, Any]) -> str:
@@ -287,6 +320,6 @@ def evaluate_and_compare(
       [run['results'] for _, run in runs],
       out_dir,
       per_window=[run['per_window'] for _, run in runs],
-      configs=[run['config'] for _, run in runs],
+      configs=[workdir_lib.comparable(run['config']) for _, run in runs],
   )
   return runs, dict(comparison, out_dir=out_dir)

@@ -1,6 +1,6 @@
-"""Pretrained models: a local Hugging Face GPT-2-family checkpoint as a workdir,
-and a run that starts from a workdir's parameters (docs/DESIGN.md § Pretrained
-models).
+"""Pretrained models: a local Hugging Face GPT-2-family checkpoint read and
+checked (docs/DESIGN.md § Pretrained models; written as a workdir by
+`flax_posemb.hf_import`).
 
 The importer reads ``config.json`` and ``model.safetensors`` (the hub's PyTorch
 names; sharded: ``model.safetensors.index.json``) or ``flax_model.msgpack``
@@ -9,7 +9,6 @@ transformers nor torch is needed. What the model cannot represent is refused,
 naming the file and the problem (`HFCheckpointError`).
 """
 
-from collections.abc import Mapping
 import dataclasses
 import json
 import os
@@ -18,21 +17,12 @@ from typing import Any
 from flax import serialization
 from flax import traverse_util
 import jax
-import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from safetensors import safe_open
 
-from flax_posemb import checkpointing
-from flax_posemb import config as config_lib
-from flax_posemb import data as data_lib
 from flax_posemb import evaluation
-from flax_posemb import initializers
 from flax_posemb import layers
 from flax_posemb import model as model_lib
-from flax_posemb import outputs
-from flax_posemb import trees
-from flax_posemb import workdir as workdir_lib
 from flax_posemb.data import tokenizers as tokenizers_lib
 
 HF_CONFIG = 'config.json'
@@ -93,16 +83,6 @@ _HEADS = {'safetensors': 'lm_head.weight', 'flax': 'lm_head/kernel'}
 _BUFFERS = ('.attn.bias', '.attn.masked_bias')
 # Prefixes of GPT2LMHeadModel's names (GPT2Model's have none).
 _PREFIXES = {'safetensors': 'transformer.', 'flax': 'transformer/'}
-# ModelConfig fields an imported model's shape sets (and init_from's must
-# match).
-SHAPE_FIELDS = (
-    'vocab_size',
-    'num_layers',
-    'num_heads',
-    'emb_dim',
-    'mlp_dim',
-    'position_embedding',
-)
 
 
 class HFCheckpointError(ValueError):
@@ -115,7 +95,7 @@ class Checkpoint:
   """A GPT-2-family checkpoint read from a Hugging Face directory.
 
   Attributes:
-    model: ModelConfig fields of its shape (`SHAPE_FIELDS` and max_len).
+    model: ModelConfig fields of its shape (`model_fields`).
     params: the linen params tree (numpy, the stored dtype).
     layout: 'safetensors' (PyTorch names) or 'flax'.
     files: the weight files read.
@@ -147,8 +127,45 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
   if not isinstance(stored, dict):
     raise HFCheckpointError(f'{path} is not a JSON object.')
   hf_config = dict(HF_DEFAULTS, **stored)
+  _check_types(hf_config, path)
   _check_architecture(hf_config, path)
   return hf_config
+
+
+def _check_types(hf_config: dict[str, Any], path: str) -> None:
+  """Refuses a value of the wrong type: null, fractional or a string where
+  GPT2Config has a count, a non-boolean flag, a non-numeric epsilon."""
+  for key in ('vocab_size', 'n_positions', 'n_embd', 'n_layer', 'n_head'):
+    _check_count(hf_config, key, path)
+  if hf_config['n_inner'] is not None:
+    _check_count(hf_config, 'n_inner', path)
+  epsilon = hf_config['layer_norm_epsilon']
+  if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
+    raise HFCheckpointError(
+        f'{path}: layer_norm_epsilon must be a number, got {epsilon!r}.'
+    )
+  flags = (
+      'scale_attn_weights',
+      'scale_attn_by_inverse_layer_idx',
+      'add_cross_attention',
+      'tie_word_embeddings',
+  )
+  for key in flags:
+    if not isinstance(hf_config[key], bool):
+      raise HFCheckpointError(
+          f'{path}: {key} must be true or false, got'
+          f' {json.dumps(hf_config[key])}.'
+      )
+
+
+def _check_count(hf_config: dict[str, Any], key: str, path: str) -> None:
+  """Refuses `key` unless it is a positive integer (JSON 64, not 64.5, null,
+  "64" or true)."""
+  value = hf_config[key]
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise HFCheckpointError(
+        f'{path}: {key} must be a positive integer, got {json.dumps(value)}.'
+    )
 
 
 def _check_architecture(hf_config: dict[str, Any], path: str) -> None:
@@ -391,223 +408,3 @@ def read_tokenizer(hf_dir: str) -> tokenizers_lib.HFTokenizer:
     return tokenizers_lib.HFTokenizer(hf_dir)
   except ValueError as e:
     raise HFCheckpointError(str(e)) from None
-
-
-def import_config(
-    config: ml_collections.ConfigDict,
-    model: Mapping[str, Any],
-    tokenizer_dir: str,
-) -> config_lib.RunConfig:
-  """`config` (a `defaults.base()` config: data, evaluation, dtypes) with the
-  checkpoint's `model` shape and data.tokenizer='hf' of `tokenizer_dir`,
-  converted once and validated (ValueError naming the field)."""
-  values = config.to_dict()
-  values['model'].update(model)
-  values['data'].update(
-      tokenizer='hf', hf_tokenizer=os.path.abspath(tokenizer_dir)
-  )
-  values['init_from'] = ''
-  run_config = config_lib.RunConfig.from_config_dict(values)
-  data_lib.check_fits_model(run_config.data, max_len=run_config.model.max_len)
-  return run_config
-
-
-def import_checkpoint(
-    hf_dir: str, workdir: str, config: ml_collections.ConfigDict
-) -> dict[str, Any]:
-  """Writes `workdir` from the checkpoint in `hf_dir` (docs/DESIGN.md
-  § Pretrained models): config.json (`import_config`), a step-0 checkpoint of
-  its parameters, tokenizer/ (a copy of its tokenizer files) and imported.json.
-  Returns imported.json's record."""
-  if os.path.isdir(workdir) and set(os.listdir(workdir)) - {outputs.LOCK_FILE}:
-    raise workdir_lib.WorkdirError(
-        f'--workdir {workdir} is not empty; nothing was changed. Import into'
-        ' a new directory.'
-    )
-  checkpoint = read_checkpoint(hf_dir)
-  tokenizer = read_tokenizer(hf_dir)
-  vocab = checkpoint.model['vocab_size']
-  if tokenizer.vocab_size > vocab:
-    raise HFCheckpointError(
-        f'The tokenizer in {hf_dir} has {tokenizer.vocab_size} ids but'
-        f" config.json vocab_size={vocab}: it is not this model's tokenizer."
-    )
-  run_config = import_config(config, checkpoint.model, hf_dir)
-  # The workdir's copy, so that the directory imported from may go.
-  tokenizer_dir = os.path.join(workdir, outputs.TOKENIZER_DIR)
-  data = dataclasses.replace(
-      run_config.data, hf_tokenizer=os.path.abspath(tokenizer_dir)
-  )
-  run_config = dataclasses.replace(run_config, data=data)
-  model_config = run_config.model
-  # Device arrays: checkpoint integrity digests params on their devices.
-  params = jax.tree.map(
-      lambda x: jnp.asarray(x, model_config.storage_dtype), checkpoint.params
-  )
-  tokenizer_files = list(_tokenizer_files(hf_dir))
-  record = {
-      'hf_dir': os.path.abspath(hf_dir),
-      'layout': checkpoint.layout,
-      'files': [os.path.basename(p) for p in checkpoint.files],
-      'model_type': checkpoint.hf_config.get('model_type'),
-      'architectures': checkpoint.hf_config.get('architectures'),
-      'transformers_version': checkpoint.hf_config.get('transformers_version'),
-      'model': checkpoint.model,
-      'parameters': int(sum(x.size for x in jax.tree.leaves(params))),
-      'tokenizer': {
-          'files': tokenizer_files,
-          'vocab_size': tokenizer.vocab_size,
-          'separator_id': tokenizer.sep_id,
-      },
-  }
-  os.makedirs(workdir, exist_ok=True)
-  with workdir_lib.Lock(workdir):
-    _copy_files(hf_dir, tokenizer_files, tokenizer_dir)
-    with checkpointing.Checkpointer(
-        checkpointing.checkpoint_dir(workdir), max_to_keep=1
-    ) as ckpt:
-      ckpt.save(
-          0,
-          params=params,
-          opt_state=None,
-          data_iter=None,
-          stats=None,
-          config=run_config,
-      )
-    workdir_lib.write_config(workdir, run_config)
-    with outputs.atomic_write(
-        os.path.join(workdir, outputs.IMPORT_FILE), 'w'
-    ) as f:
-      json.dump(record, f, indent=1)
-  return record
-
-
-def _tokenizer_files(hf_dir: str) -> tuple[str, ...]:
-  """The tokenizer's files and those naming its special tokens."""
-  files = tokenizers_lib.hf_tokenizer_files(hf_dir) or ()
-  extra = tokenizers_lib.HF_SPECIAL_FILES + (tokenizers_lib.HF_MODEL_CONFIG,)
-  present = tuple(n for n in extra if os.path.isfile(os.path.join(hf_dir, n)))
-  return files + present
-
-
-def _copy_files(source: str, names: list[str], target: str) -> None:
-  """Copies `names` from `source` into `target`, each whole."""
-  os.makedirs(target, exist_ok=True)
-  for name in names:
-    with open(os.path.join(source, name), 'rb') as f:
-      content = f.read()
-    with outputs.atomic_write(os.path.join(target, name)) as f:
-      f.write(content)
-
-
-# A run started from a workdir's parameters (config init_from).
-
-
-def source_config(workdir: str) -> dict[str, Any]:
-  """The config of the workdir `init_from` names (its config.json, else its
-  newest checkpoint's); ValueError if it has neither."""
-  saved = workdir_lib.saved_config(workdir)
-  if saved is not None:
-    return saved
-  if not os.path.isdir(checkpointing.checkpoint_dir(workdir)):
-    raise ValueError(
-        f'init_from={workdir!r} is not a workdir (no {outputs.CONFIG_FILE},'
-        f' no {outputs.CHECKPOINTS_DIR}/); import a Hugging Face model with'
-        ' python -m flax_posemb.commands.import_hf, or name a trained run.'
-    )
-  with checkpointing.Checkpointer(
-      checkpointing.checkpoint_dir(workdir), max_to_keep=1, read_only=True
-  ) as ckpt:
-    return ckpt.latest_config()
-
-
-def apply_source(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Sets `config` to start from `workdir`: init_from, the model's shape
-  (`SHAPE_FIELDS`, max_len) and its tokenizer (configs/gpt2_pretrained.py)."""
-  source = source_config(workdir)
-  for key in SHAPE_FIELDS + ('max_len',):
-    config.model[key] = source['model'][key]
-  for key in ('tokenizer', 'hf_tokenizer', 'spm_model'):
-    if key in source['data']:
-      config.data[key] = source['data'][key]
-  config.init_from = workdir
-
-
-def check_init_from(config: config_lib.RunConfig) -> None:
-  """The check of init_from before a fresh start: the source's model shape
-  must be the config's (ValueError naming the fields and the fix)."""
-  source = source_config(config.init_from)['model']
-  differ = []
-  for key in SHAPE_FIELDS:
-    value = getattr(config.model, key)
-    if source.get(key) != value:
-      differ.append(f'{key}={source.get(key)!r} (config: {value!r})')
-  if differ:
-    raise ValueError(
-        f'init_from={config.init_from!r} holds another model:'
-        f' {", ".join(differ)}. Use its shape:'
-        f' --config configs/gpt2_pretrained.py:{config.init_from}, or set'
-        ' those model fields.'
-    )
-
-
-def start_params(
-    config: config_lib.RunConfig,
-    model: model_lib.TransformerLM,
-    key: jax.Array,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-  """``(params, record)``: the newest readable step of ``config.init_from``
-  as the params of `model` (host arrays of its param dtype), the position
-  table fitted to ``model.max_len`` by ``config.init_from_new_rows``
-  (`initializers.extend_rows`; fresh rows drawn with `key`), and the record
-  init_from.json keeps."""
-  source = config.init_from
-  params, _, info = checkpointing.restore_params(source)
-  params = jax.tree.map(np.asarray, params)
-  expected = evaluation.expected_params(model)
-  cfg = model.config
-  learned = cfg.position_embedding == 'learned'
-  fitted = expected
-  if learned:
-    rows = np.shape(model_lib.position_table(params))[0]
-    fitted = _with_table_rows(expected, rows)
-  trees.check_same_tree(
-      'params',
-      params,
-      fitted,
-      f'init_from={source!r} holds another model',
-      f'Use its shape: --config configs/gpt2_pretrained.py:{source}.',
-      where=f'step {info.step} of {source}',
-  )
-  record = {
-      'workdir': os.path.abspath(source),
-      'step': info.step,
-  }
-  if learned:
-    table = np.asarray(model_lib.position_table(params))
-    fresh = None
-    if config.init_from_new_rows == 'init':
-      shape = (cfg.max_len, cfg.emb_dim)
-      fresh = np.asarray(cfg.position_initializer()(key, shape))
-    extended = initializers.extend_rows(
-        table, cfg.max_len, config.init_from_new_rows, fresh
-    )
-    pos = model_lib.POSITION_TABLE_PATH
-    params[pos[0]] = dict(params[pos[0]], **{pos[1]: extended})
-    record.update(
-        rows=int(table.shape[0]),
-        max_len=cfg.max_len,
-        new_rows=config.init_from_new_rows,
-    )
-  params = jax.tree.map(
-      lambda x, want: np.asarray(x, want.dtype), params, expected
-  )
-  return params, record
-
-
-def _with_table_rows(expected: Any, rows: int) -> Any:
-  """`expected` (ShapeDtypeStructs) with a position table of `rows` rows."""
-  pos = model_lib.POSITION_TABLE_PATH
-  table = expected[pos[0]][pos[1]]
-  resized = jax.ShapeDtypeStruct((rows,) + table.shape[1:], table.dtype)
-  return dict(expected, **{pos[0]: dict(expected[pos[0]], **{pos[1]: resized})})

@@ -354,7 +354,8 @@ class PositionStatistics:
     curve_image: None, or ``(name, values [P], window) -> [H, W, 3] uint8``
       (``window``: 'steps FIRST-LAST'): a line plot of one curve, written per
       window as image ``positions/NAME``
-      (`flax_posemb.plots.evaluation.PositionCurveImages()`; the core draws nothing).
+      (`flax_posemb.plots.evaluation.PositionCurveImages()`; the core draws
+      nothing).
   """
 
   def __init__(

@@ -25,12 +25,12 @@ from flax_posemb import config as config_lib
 from flax_posemb import data as data_lib
 from flax_posemb import eval_report
 from flax_posemb import evaluation
+from flax_posemb import init_from as init_from_lib
 from flax_posemb import initializers
 from flax_posemb import model as model_lib
 from flax_posemb import optim as optim_lib
 from flax_posemb import outputs
 from flax_posemb import preemption
-from flax_posemb import pretrained
 from flax_posemb import sharding
 from flax_posemb import train_step as step_lib
 from flax_posemb import workdir as workdir_lib
@@ -188,14 +188,15 @@ def train_and_evaluate(
     *,
     hooks: Sequence[Hook] = (),
 ) -> dict[str, Any]:
-  """Trains (or resumes) a run of ``config`` (``defaults.base()`` fields, or
-  their `config.RunConfig`) in ``workdir``; outputs, return value and errors:
-  docs/DESIGN.md § Training outputs. ``hooks``: callables ``hook(step,
-  metrics)`` run on the host once each step's metrics are read back."""
-  # The one conversion of the run's ConfigDict; every module below takes the
-  # typed sections.
-  if not isinstance(config, config_lib.RunConfig):
-    config = config_lib.RunConfig.from_config_dict(config)
+  """Trains (or resumes) a run of ``config`` (``defaults.base()`` fields) in
+  ``workdir``; outputs, return value and errors: docs/DESIGN.md § Training
+  outputs. ``hooks``: callables ``hook(step, metrics)`` run on the host once
+  each step's metrics are read back."""
+  # The workdir's own copies stand for what it names (a moved workdir, a
+  # deleted init_from source); then the one conversion of the run's
+  # ConfigDict: every module below takes the typed sections.
+  config = init_from_lib.settle_config(config, workdir)
+  config = config_lib.RunConfig.from_config_dict(config)
   # Before JAX picks a platform for the auto fields: bad input costs no
   # backend start-up (and prints no auto lines).
   validate(config)
@@ -292,8 +293,8 @@ class _Loop:
     start_params = None
     self.init_from = None
     if self.resumed_from is None and config.init_from:
-      pretrained.check_init_from(config)
-      start_params, self.init_from = pretrained.start_params(
+      init_from_lib.check_init_from(config)
+      start_params, self.init_from = init_from_lib.start_params(
           config, self.model, jax.random.fold_in(init_rng, 1)
       )
     self.state, tx, self.shardings = step_lib.init_state(
@@ -338,6 +339,9 @@ class _Loop:
     self.run_start = time.time() - float(self.counters['elapsed'])
     self.window_start = time.time()
     self.window_start_tokens = int(self.counters['tokens'])
+    # The first window of a process also times compiling the step: its row
+    # says so (`includes_compilation`).
+    self.window_compiles = True
     if self.lead:
       workdir_lib.truncate_outputs(workdir, self.resumed_from or 0)
       workdir_lib.write_config(workdir, config)
@@ -465,6 +469,9 @@ class _Loop:
         'tokens_per_sec': window_tokens / window_seconds,
         'elapsed': counters['elapsed'],
     }
+    if self.window_compiles:
+      row['includes_compilation'] = True
+      self.window_compiles = False
     self.write(row)
     if self.tb is not None:
       for key in ('loss', 'learning_rate', 'grad_norm', 'tokens_per_sec'):

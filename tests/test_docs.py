@@ -48,9 +48,11 @@ ABSL_FLAGS = frozenset(
     {'help', 'helpfull', 'verbosity', 'v', 'logtostderr', 'alsologtostderr'}
 )
 # Modules of other projects a command may run (`python3 -m pip ...`).
-OTHER_MODULES = frozenset({'pip', 'pytest', 'sphinx', 'pyink', 'ruff', 'mypy'})
+OTHER_MODULES = frozenset(
+    {'pip', 'pytest', 'sphinx', 'pyink', 'ruff', 'mypy', 'venv'}
+)
 # Programs outside this repository a command may run.
-OTHER_PROGRAMS = frozenset({'tensorboard', 'tfds', 'pre-commit'})
+OTHER_PROGRAMS = frozenset({'tensorboard', 'tfds', 'pre-commit', 'source'})
 # Runs a page's blocks in order in one namespace; a failure names the
 # block's page and line in its traceback.
 RUNNER = """
@@ -383,3 +385,17 @@ def test_the_command_check_refuses_unknown_flags_fields_and_programs():
   assert all(problems), problems
   good = 'python3 train.py --config configs/tiny.py --config.data.seq_len=64'
   assert check_command(commands(good)[0]) == []
+
+
+def test_the_docs_site_wraps_long_code_lines():
+  """sphinx-book-theme cuts a long command at a 1280-px window: the site adds
+  a stylesheet that wraps code blocks' lines."""
+  conf = ROOT / 'docs' / 'conf.py'
+  namespace: dict = {'__file__': str(conf)}
+  exec(conf.read_text(), namespace)
+  (static,) = namespace['html_static_path']
+  sheets = [
+      ROOT / 'docs' / static / name for name in namespace['html_css_files']
+  ]
+  css = ' '.join(sheet.read_text() for sheet in sheets)
+  assert re.search(r'div\.highlight pre[^{]*\{[^}]*white-space: pre-wrap', css)

@@ -571,3 +571,86 @@ def test_an_option_equal_to_the_configs_own_value_names_no_variant(tmp_path):
   assert os.path.basename(other['out_dir']) == (
       'step_3_window_start-first_num_windows-3'
   )
+
+
+def _eval_command(*args):
+  return subprocess.run(
+      [sys.executable, str(ROOT / 'eval.py'), *args],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      env=SUBPROCESS_ENV,
+      timeout=600,
+  )
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_evaluating(
+    tiny_run, tmp_path
+):
+  """--output naming a file, or WORKDIR/eval that cannot be created: one line,
+  exit 2, before any checkpoint is read (a workdir without checkpoints would
+  otherwise be refused for that)."""
+  no_checkpoints = tmp_path / 'empty_run'
+  no_checkpoints.mkdir()
+  taken = tmp_path / 'taken'
+  taken.write_text('not a directory')
+  proc = _eval_command(f'--workdir={no_checkpoints}', f'--output={taken}')
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [
+      f'eval.py: --output {taken} exists and is not a directory; give a'
+      ' directory path. Nothing was evaluated; give --output DIR, a directory'
+      ' that can be written.'
+  ]
+  (no_checkpoints / 'eval').write_text('a file where results would go')
+  proc = _eval_command(f'--workdir={no_checkpoints}')
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert (
+      f'the results directory {no_checkpoints}/eval exists and is not a'
+      ' directory' in proc.stderr
+  )
+  run = _copy_run(tiny_run, tmp_path)
+  proc = _eval_command(f'--workdir={run}', f'--output={taken}/out')
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert f'{taken} is a file, not a directory' in proc.stderr
+  assert not os.path.exists(os.path.join(run, 'eval'))
+
+
+def test_results_that_cannot_be_written_are_kept_elsewhere(
+    tiny_run, tmp_path, monkeypatch
+):
+  import errno
+
+  from flax_posemb import eval_report
+
+  write = eval_report.write_outputs
+  out = str(tmp_path / 'out')
+
+  def read_only(results, per_position, out_dir, **kwargs):
+    if out_dir == out:
+      raise PermissionError(errno.EACCES, 'Permission denied', out_dir)
+    return write(results, per_position, out_dir, **kwargs)
+
+  monkeypatch.setattr(eval_report, 'write_outputs', read_only)
+  with pytest.raises(PermissionError, match='the results are kept in') as e:
+    eval_workdir.evaluate_workdir(tiny_run[0], output=out)
+  kept = str(e.value).rsplit(' ', 1)[-1].rstrip('.')
+  results = json.load(open(os.path.join(kept, 'results.json')))
+  assert results['step'] == 20 and results['buckets']
+
+
+def test_eval_of_a_workdir_a_trainer_holds_names_the_step_and_the_trainer(
+    tiny_run, tmp_path
+):
+  from flax_posemb import workdir as workdir_lib
+
+  run = _copy_run(tiny_run, tmp_path)
+  with workdir_lib.Lock(run):
+    out = eval_workdir.evaluate_workdir(run, output=str(tmp_path / 'out'))
+  first = out['table'].splitlines()[0]
+  assert first.startswith(
+      'evaluated step 20, the newest checkpoint so far: a training process'
+      ' (host '
+  )
+  assert f'pid {os.getpid()}) holds {run} and writes later steps.' in first
+  out = eval_workdir.evaluate_workdir(run, output=str(tmp_path / 'out'))
+  assert 'a training process' not in out['table']

@@ -40,6 +40,8 @@ RUNNER = (
     'gallery',
     'preemption',
     'pretrained',
+    'hf_import',
+    'init_from',
 )
 RUNNER_PACKAGES = ('commands', 'experiments')
 # Third-party packages that only one module may import.

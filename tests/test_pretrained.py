@@ -8,10 +8,14 @@ The checkpoints are tiny random models built in the test with transformers
 GPT2LMHeadModel: only where torch is installed) and a BPE tokenizer trained in
 the test."""
 
+import glob
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 from flax import nnx
 from flax import traverse_util
@@ -26,8 +30,9 @@ import tokenizers
 from conftest import ROOT
 from conftest import SUBPROCESS_ENV
 from flax_posemb import checkpointing
-from flax_posemb import config as config_lib
 from flax_posemb import defaults
+from flax_posemb import hf_import
+from flax_posemb import init_from as init_from_lib
 from flax_posemb import initializers
 from flax_posemb import model as model_lib
 from flax_posemb import nnx as nnx_lib
@@ -404,7 +409,7 @@ def test_imported_models_evaluate_by_position_compare_and_fine_tune(
     workdirs.append(workdir)
   saved = json.load(open(os.path.join(workdirs[0], 'config.json')))
   assert saved['model']['num_layers'] == 1 and saved['model']['max_len'] == 16
-  assert saved['data']['hf_tokenizer'] == os.path.join(workdirs[0], 'tokenizer')
+  assert saved['data']['hf_tokenizer'] == 'tokenizer'  # Its own copy.
   proc = run_command(
       str(ROOT / 'eval.py'),
       f'--workdir={workdirs[0]}',
@@ -513,18 +518,57 @@ def test_import_config_takes_the_shape_and_the_tokenizer(tmp_path, bpe):
   config.data.seq_len = 16
   config.model.dtype = 'bfloat16'
   workdir = str(tmp_path / 'w')
-  record = pretrained.import_checkpoint(hf, workdir, config)
+  record = hf_import.import_checkpoint(hf, workdir, config)
   assert record['tokenizer']['files'] == ['tokenizer.json', 'config.json']
   params, stored, _ = checkpointing.restore_params(workdir)
   assert stored['model']['dtype'] == 'bfloat16'
-  assert stored['data']['hf_tokenizer'] == os.path.join(workdir, 'tokenizer')
+  assert stored['data']['hf_tokenizer'] == 'tokenizer'  # Its own copy.
   want = pretrained.read_checkpoint(hf).params
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), want)
   with pytest.raises(ValueError, match='not empty; nothing was changed'):
-    pretrained.import_checkpoint(hf, workdir, config)
-  config.data.seq_len = 32
-  with pytest.raises(ValueError, match='data.seq_len=32 must be in'):
-    pretrained.import_checkpoint(hf, str(tmp_path / 'w2'), config)
+    hf_import.import_checkpoint(hf, workdir, config)
+
+
+def test_import_fits_seq_len_and_buckets_to_the_checkpoint_positions(
+    tmp_path, bpe, caplog
+):
+  """configs/gpt2_pretrained.py's T=1024 and 16 buckets of 64 on a checkpoint
+  of 16 positions: T=16 in 16 buckets of 1, said in one log line."""
+  hf = write_hf_dir(tmp_path / 'hf', flax_gpt2(), 'flax', bpe)
+  config = defaults.base()
+  config.data.source = 'stdlib'
+  config.data.seq_len = 1024
+  config.eval.bucket_size = 64
+  workdir = str(tmp_path / 'w')
+  hf_import.import_checkpoint(hf, workdir, config)
+  saved = json.load(open(os.path.join(workdir, 'config.json')))
+  assert saved['data']['seq_len'] == 16 and saved['eval']['bucket_size'] == 1
+  lines = [r.getMessage() for r in caplog.records if 'seq_len' in r.message]
+  assert lines == [
+      'The checkpoint has 16 positions: data.seq_len 1024 -> 16 and'
+      ' eval.bucket_size 64 -> 1 (pass --config.data.seq_len=N with N <= 16 to'
+      ' choose).'
+  ]
+
+
+@pytest.mark.parametrize(
+    'key, value, says',
+    [
+        ('n_embd', None, 'n_embd must be a positive integer, got null.'),
+        ('n_positions', 64.5, 'n_positions must be a positive integer, got'),
+        ('n_layer', '2', 'n_layer must be a positive integer, got "2".'),
+        ('n_head', 0, 'n_head must be a positive integer, got 0.'),
+        ('n_inner', 1.5, 'n_inner must be a positive integer, got 1.5.'),
+        ('layer_norm_epsilon', None, 'layer_norm_epsilon must be a number'),
+        ('scale_attn_weights', 'yes', 'scale_attn_weights must be true or'),
+    ],
+)
+def test_hf_config_values_of_the_wrong_type_are_refused_naming_the_field(
+    tmp_path, key, value, says
+):
+  hf = write_hf_dir(tmp_path / 'hf', flax_gpt2(), 'safetensors')
+  edit_json(os.path.join(hf, 'config.json'), **{key: value})
+  assert f'{hf}/config.json: {says}' in refusal(hf)
 
 
 def test_older_hub_files_without_prefix_and_with_mask_buffers_import(tmp_path):
@@ -557,17 +601,18 @@ def test_a_run_starts_from_a_workdir_with_its_table_extended(
   config.data.source = 'stdlib'
   config.data.seq_len = 16
   source = str(tmp_path / 'w')
-  pretrained.import_checkpoint(hf, source, config)
+  hf_import.import_checkpoint(hf, source, config)
   config.init_from = source
   config.init_from_new_rows = rule
   config.model.max_len = 32
-  pretrained.apply_source(config, source)
+  init_from_lib.apply_source(config, source)
   assert config.model.max_len == 16 and config.model.num_layers == 2
   config.model.max_len = 32
-  run_config = config_lib.RunConfig.from_config_dict(config)
-  pretrained.check_init_from(run_config)
-  model = model_lib.TransformerLM(run_config.model)
-  params, record = pretrained.start_params(run_config, model, jax.random.key(0))
+  init_from_lib.check_init_from(config)
+  model = model_lib.TransformerLM(
+      model_lib.ModelConfig.from_config(config.model)
+  )
+  params, record = init_from_lib.start_params(config, model, jax.random.key(0))
   table = np.asarray(model_lib.position_table(params))
   old = np.asarray(
       pretrained.read_checkpoint(hf).params['pos_embed']['embedding']
@@ -581,4 +626,207 @@ def test_a_run_starts_from_a_workdir_with_its_table_extended(
   assert record['rows'] == 16 and record['new_rows'] == rule
   config.model.num_layers = 3
   with pytest.raises(ValueError, match='num_layers=2 .config: 3.'):
-    pretrained.check_init_from(config_lib.RunConfig.from_config_dict(config))
+    init_from_lib.check_init_from(config)
+
+
+def start_import(hf, workdir, config_file, *flags):
+  return subprocess.Popen(
+      [
+          sys.executable,
+          *IMPORT,
+          f'--hf_dir={hf}',
+          f'--workdir={workdir}',
+          f'--config={config_file}',
+          *flags,
+      ],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      cwd=ROOT,
+      env=SUBPROCESS_ENV,
+  )
+
+
+def wait_for_build(parent, name, proc, timeout=300):
+  """Waits until the import's hidden build directory holds a checkpoint being
+  written."""
+  pattern = os.path.join(parent, f'.{name}.import-*', 'checkpoints')
+  deadline = time.time() + timeout
+  while not glob.glob(pattern):
+    assert proc.poll() is None, proc.communicate()
+    assert time.time() < deadline
+    time.sleep(0.005)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum', [signal.SIGKILL, signal.SIGTERM])
+def test_an_interrupted_import_leaves_nothing_and_the_same_command_succeeds(
+    tmp_path, bpe, signum
+):
+  """kill -9 or SIGTERM while the checkpoint is written: nothing at the
+  target (SIGTERM: exit 75, the build directory removed), and the same
+  command then imports."""
+  # Wide enough that its checkpoint takes a moment to write.
+  model = flax_gpt2(n_embd=512, n_layer=6, n_positions=64)
+  hf = write_hf_dir(tmp_path / 'hf', model, 'safetensors', bpe)
+  config_file = str(ROOT / 'configs' / 'gpt2_pretrained.py')
+  flags = local_text_flags(tmp_path, tmp_path / 'data')
+  workdir = str(tmp_path / 'runs' / 'gpt2')
+  proc = start_import(hf, workdir, config_file, *flags)
+  wait_for_build(tmp_path / 'runs', 'gpt2', proc)
+  proc.send_signal(signum)
+  _, stderr = proc.communicate(timeout=120)
+  assert not os.path.exists(workdir)
+  if signum == signal.SIGTERM:
+    assert proc.returncode == 75, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == (
+        f'python -m {IMPORT[1]}: SIGTERM: the import stopped and left'
+        f' nothing in {workdir}. Re-run the same command.'
+    )
+    assert os.listdir(tmp_path / 'runs') == []
+  else:
+    assert proc.returncode == -signal.SIGKILL
+  proc = start_import(hf, workdir, config_file, *flags)
+  stdout, stderr = proc.communicate(timeout=600)
+  assert proc.returncode == 0, stderr[-3000:]
+  assert 'imported' in stdout
+  # The killed import's build directory is gone too.
+  assert os.listdir(tmp_path / 'runs') == ['gpt2']
+  assert os.path.exists(os.path.join(workdir, 'imported.json'))
+
+
+TRAIN_FLAGS = (
+    '--config.num_train_steps=2',
+    '--config.batch_size=4',
+    '--config.log_every_steps=1',
+    '--config.eval_every_steps=0',
+    '--config.checkpoint_every_steps=2',
+    '--config.optimizer.warmup_steps=1',
+)
+
+
+@pytest.mark.slow
+def test_moved_workdirs_evaluate_and_resume_with_their_sources_deleted(
+    tmp_path, bpe
+):
+  """An imported workdir and a run fine-tuned from it are moved, the Hugging
+  Face directory and the import deleted: both evaluate from their own files,
+  and the fine-tuned run resumes with the command that started it."""
+  corpus = tmp_path / 'corpus'
+  corpus.mkdir()
+  for i, text in enumerate(corpus_texts(12, seed=2)):
+    (corpus / f'doc{i}.txt').write_text(text)
+  flags = local_text_flags(corpus, tmp_path / 'data')
+  config_file = str(ROOT / 'configs' / 'gpt2_pretrained.py')
+  hf = write_hf_dir(tmp_path / 'hf', flax_gpt2(), 'safetensors', bpe)
+  source = str(tmp_path / 'gpt2')
+  proc = run_command(
+      *IMPORT,
+      f'--hf_dir={hf}',
+      f'--workdir={source}',
+      f'--config={config_file}',
+      *flags,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  run = str(tmp_path / 'fine_tune')
+  train = (str(ROOT / 'train.py'), f'--config={config_file}:{source}', *flags)
+  proc = run_command(*train, f'--workdir={run}', *TRAIN_FLAGS)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  record = json.load(open(os.path.join(run, 'init_from.json')))
+  assert record['workdir'] == source and len(record['digest']) == 64
+  saved = json.load(open(os.path.join(run, 'config.json')))
+  assert saved['data']['hf_tokenizer'] == 'tokenizer'
+  # The import moved, the Hugging Face directory gone.
+  moved = str(tmp_path / 'elsewhere' / 'gpt2')
+  os.makedirs(os.path.dirname(moved))
+  shutil.move(source, moved)
+  shutil.rmtree(hf)
+  proc = run_command(str(ROOT / 'eval.py'), f'--workdir={moved}')
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  # The fine-tuned run moved, its source deleted.
+  shutil.rmtree(moved)
+  moved_run = str(tmp_path / 'elsewhere' / 'fine_tune')
+  shutil.move(run, moved_run)
+  proc = run_command(str(ROOT / 'eval.py'), f'--workdir={moved_run}')
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert os.path.exists(
+      os.path.join(moved_run, 'eval', 'step_2', 'results.json')
+  )
+  proc = run_command(*train, f'--workdir={moved_run}', *TRAIN_FLAGS)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'Training finished at step 2' in proc.stdout
+  assert 'is gone: the run takes its shape and tokenizer from' in proc.stderr
+  # A fresh start from the deleted source is refused.
+  proc = run_command(*train, f'--workdir={tmp_path / "fresh"}', *TRAIN_FLAGS)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert f'init_from={source!r} is not a workdir' in proc.stderr
+
+
+def test_init_from_naming_the_run_itself_is_refused(tmp_path):
+  config = defaults.base()
+  workdir = str(tmp_path / 'w')
+  config.init_from = workdir
+  with pytest.raises(ValueError, match="names this run's own --workdir"):
+    init_from_lib.settle_config(config, workdir)
+
+
+@pytest.mark.slow
+def test_the_documented_import_of_a_64_position_checkpoint_works_unchanged(
+    tmp_path, bpe
+):
+  """docs/pretrained.md's commands, as written, on a GPT-2 of 64 positions:
+  the import fits T=1024 to 64 (16 buckets of 4, as 16 of 64 at 1024), and
+  the evaluation it prints gives an offset probe of several buckets."""
+  hf = write_hf_dir(tmp_path / 'hf', flax_gpt2(n_positions=64), 'flax', bpe)
+  workdir = str(tmp_path / 'gpt2')
+  proc = run_command(
+      *IMPORT,
+      f'--hf_dir={hf}',
+      f'--workdir={workdir}',
+      f'--config={ROOT / "configs" / "gpt2_pretrained.py"}',
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'data.seq_len 1024 -> 64 and eval.bucket_size 64 -> 4' in proc.stderr
+  printed = proc.stdout.strip().splitlines()[-1]
+  assert printed == (
+      f'Evaluate it: python eval.py --workdir {workdir} [--offsets 0,16'
+      ' --analyze]'
+  )
+  proc = run_command(
+      str(ROOT / 'eval.py'), f'--workdir={workdir}', '--offsets=0,16'
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = os.path.join(workdir, 'eval', 'step_0_offsets-0-16')
+  results = json.load(open(os.path.join(out, 'results.json')))
+  assert len(results['buckets']) == 16
+  (paired,) = results['offset_probe']['paired_vs_first']
+  assert len(paired['buckets']) == 12  # 48 probed positions in buckets of 4
+  assert os.path.getsize(os.path.join(out, 'offsets.png')) > 0
+
+
+def test_a_failed_import_leaves_nothing_and_says_to_re_run(
+    tmp_path, bpe, monkeypatch
+):
+  """A full disk while the import writes: nothing at the target or beside it,
+  and the message says the same command starts again (not that it
+  resumes)."""
+  import errno
+
+  from flax_posemb import workdir as workdir_lib
+
+  hf = write_hf_dir(tmp_path / 'hf', flax_gpt2(), 'flax', bpe)
+  config = defaults.base()
+  config.data.source = 'stdlib'
+  config.data.seq_len = 16
+  runs = tmp_path / 'runs'
+
+  def full_disk(source, workdir):
+    raise OSError(errno.ENOSPC, 'No space left on device')
+
+  monkeypatch.setattr(workdir_lib, 'copy_tokenizer', full_disk)
+  with pytest.raises(OSError, match='nothing was left there; free some space'):
+    hf_import.import_checkpoint(hf, str(runs / 'w'), config)
+  assert os.listdir(runs) == []
+  monkeypatch.undo()
+  hf_import.import_checkpoint(hf, str(runs / 'w'), config)
+  assert os.listdir(runs) == ['w']

@@ -31,6 +31,16 @@ def test_ci_runs_the_readme_install_and_test_commands_verbatim():
   assert 'set -euo pipefail' in ci_lines
 
 
+def test_quickstart_installs_into_an_environment_it_makes():
+  """A system Python refuses `pip install` outside a virtual environment
+  (PEP 668): the Quickstart makes and enters one before it installs, so its
+  commands work as written in a fresh shell."""
+  commands = _quickstart_commands()
+  first = commands[0].split('#')[0].strip()
+  assert first == 'python3 -m venv .venv && source .venv/bin/activate'
+  assert commands[1].startswith('python3 -m pip install')
+
+
 def test_quickstart_commands_use_files_that_exist():
   for command in _quickstart_commands():
     for path in re.findall(r'(\S+\.py)\b', command):

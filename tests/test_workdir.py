@@ -455,3 +455,65 @@ def test_a_run_saved_before_row_shuffling_resumes_only_with_stream_order():
   }
   config.data.shuffle_rows = 0  # what it ran with: stream order
   assert workdir_lib.config_changes(saved, config) == {}
+
+
+def _tokenizer_dir(path, content='{"model": "bpe"}'):
+  os.makedirs(path)
+  with open(os.path.join(path, 'tokenizer.json'), 'w') as f:
+    f.write(content)
+  return str(path)
+
+
+def _hf_config(tokenizer_dir):
+  config = tiny_config()
+  config.data.tokenizer = 'hf'
+  config.data.hf_tokenizer = tokenizer_dir
+  return config
+
+
+def test_a_workdir_copies_its_tokenizer_and_records_it_relative(tmp_path):
+  """config.json names the workdir's own copy, `tokenizer`; read back from a
+  moved workdir with the original gone, it is the copy at the new place."""
+  original = _tokenizer_dir(tmp_path / 'hf')
+  run = str(tmp_path / 'run')
+  os.makedirs(run)
+  workdir.write_config(run, _hf_config(original))
+  with open(os.path.join(run, 'config.json')) as f:
+    assert json.load(f)['data']['hf_tokenizer'] == 'tokenizer'
+  assert os.listdir(os.path.join(run, 'tokenizer')) == ['tokenizer.json']
+  moved = str(tmp_path / 'elsewhere')
+  shutil.move(run, moved)
+  shutil.rmtree(original)
+  saved = workdir.saved_config(moved)
+  assert saved['data']['hf_tokenizer'] == os.path.join(moved, 'tokenizer')
+  # A checkpoint's config recorded the old absolute path: the copy stands in.
+  stored = {'data': {'tokenizer': 'hf', 'hf_tokenizer': original}}
+  resolved = workdir.resolve_paths(stored, moved)
+  assert resolved['data']['hf_tokenizer'] == os.path.join(moved, 'tokenizer')
+  # The command line's tokenizer, gone: the copy stands in.
+  config = _hf_config(original)
+  workdir.use_own_tokenizer(config, moved)
+  assert config.data.hf_tokenizer == os.path.join(moved, 'tokenizer')
+
+
+def test_byte_identical_tokenizer_copies_compare_as_one_config(tmp_path):
+  from flax_posemb import eval_report
+
+  a = _hf_config(_tokenizer_dir(tmp_path / 'a' / 'tokenizer'))
+  b = _hf_config(_tokenizer_dir(tmp_path / 'b' / 'tokenizer'))
+  c = _hf_config(_tokenizer_dir(tmp_path / 'c' / 'tokenizer', '{"other": 1}'))
+  same = [workdir.comparable(x) for x in (a, b)]
+  assert eval_report.config_differences(['a', 'b'], same) == []
+  other = [workdir.comparable(x) for x in (a, c)]
+  (difference,) = eval_report.config_differences(['a', 'c'], other)
+  assert difference['field'] == 'data.hf_tokenizer'
+  assert a.data.hf_tokenizer == str(tmp_path / 'a' / 'tokenizer')
+
+
+def test_the_first_training_row_says_its_tokens_per_sec_include_compilation(
+    tiny_run,
+):
+  rows = [r for _, r in workdir.metric_rows(tiny_run[0]) if 'loss' in r]
+  assert len(rows) > 1
+  assert rows[0]['includes_compilation'] is True
+  assert not any('includes_compilation' in r for r in rows[1:])

@@ -1,0 +1,236 @@
+"""A run started from another workdir's parameters (config init_from): the
+source's shape and tokenizer for the config, its parameters fitted to the new
+model, and a run that resumes and evaluates from its own files once the source
+is gone (docs/pretrained.md, "Starting a run from a workdir")."""
+
+import hashlib
+import os
+from typing import Any
+
+from absl import logging
+from flax import traverse_util
+import jax
+import ml_collections
+import numpy as np
+
+from flax_posemb import checkpointing
+from flax_posemb import config as config_lib
+from flax_posemb import evaluation
+from flax_posemb import initializers
+from flax_posemb import model as model_lib
+from flax_posemb import outputs
+from flax_posemb import trees
+from flax_posemb import workdir as workdir_lib
+
+# ModelConfig fields a source's shape sets (an imported model's: the
+# checkpoint's), which the run's must match.
+SHAPE_FIELDS = (
+    'vocab_size',
+    'num_layers',
+    'num_heads',
+    'emb_dim',
+    'mlp_dim',
+    'position_embedding',
+)
+
+
+# The data fields that name a run's tokenizer (a run started from a workdir
+# takes its).
+TOKENIZER_FIELDS = ('tokenizer', 'hf_tokenizer', 'spm_model')
+
+
+def source_config(workdir: str) -> dict[str, Any]:
+  """The config of the workdir `init_from` names (its config.json, else its
+  newest checkpoint's), its paths resolved through it; ValueError if it has
+  neither."""
+  saved = workdir_lib.saved_config(workdir)
+  if saved is not None:
+    return saved
+  if not os.path.isdir(checkpointing.checkpoint_dir(workdir)):
+    raise ValueError(
+        f'init_from={workdir!r} is not a workdir (no {outputs.CONFIG_FILE},'
+        f' no {outputs.CHECKPOINTS_DIR}/); import a Hugging Face model with'
+        ' python -m flax_posemb.commands.import_hf, or name a trained run.'
+    )
+  with checkpointing.Checkpointer(
+      checkpointing.checkpoint_dir(workdir), max_to_keep=1, read_only=True
+  ) as ckpt:
+    return workdir_lib.resolve_paths(ckpt.latest_config(), workdir)
+
+
+def apply_source(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Sets `config` to start from `workdir`: init_from, the model's shape
+  (`SHAPE_FIELDS`, max_len) and its tokenizer (configs/gpt2_pretrained.py).
+
+  A `workdir` that is gone sets init_from alone: a run that started from it
+  takes the rest from its own files (`settle_config`); a fresh start refuses
+  it (`check_init_from`).
+  """
+  config.init_from = workdir
+  if not os.path.isdir(workdir):
+    return
+  source = source_config(workdir)
+  for key in SHAPE_FIELDS + ('max_len',):
+    config.model[key] = source['model'][key]
+  for key in TOKENIZER_FIELDS:
+    if key in source['data']:
+      config.data[key] = source['data'][key]
+
+
+def settle_config(
+    config: ml_collections.ConfigDict, workdir: str
+) -> ml_collections.ConfigDict:
+  """A copy of `config` as the run in `workdir` uses it: init_from may not
+  name the workdir itself; a run that started from init_from resumes from its
+  own files when the source is gone (`_from_own_files`); the workdir's copy of
+  the tokenizer stands for the one named (`workdir.use_own_tokenizer`)."""
+  config = config.copy_and_resolve_references()
+  source = config.init_from
+  if source and _same_directory(source, workdir):
+    raise ValueError(
+        f"init_from={source!r} names this run's own --workdir; a run cannot"
+        ' start from itself. Name the workdir to start from (an import or'
+        ' another run), or leave init_from empty.'
+    )
+  record = saved = None
+  if source and os.path.isdir(workdir):
+    record = workdir_lib.init_record(workdir)
+    saved = workdir_lib.saved_config(workdir)
+  if record is not None and saved is not None:
+    _from_own_files(config, workdir, record, saved)
+  elif source and not os.path.isdir(source):
+    # A fresh start from a source that is gone: refused now, naming it.
+    source_config(source)
+  workdir_lib.use_own_tokenizer(config, workdir)
+  return config
+
+
+def _from_own_files(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    record: dict[str, Any],
+    saved: dict[str, Any],
+) -> None:
+  """A run that started from init_from (its init_from.json `record`) keeps
+  its recorded init_from when the source is the same path or gone, and with
+  the source gone takes what `apply_source` could not set (shape, max_len,
+  tokenizer) from its own config.json (`saved`)."""
+  gone = not os.path.isdir(config.init_from)
+  if gone or os.path.abspath(config.init_from) == record.get('workdir'):
+    config.init_from = saved.get('init_from', config.init_from)
+  if not gone:
+    return
+  for key in SHAPE_FIELDS + ('max_len',):
+    config.model[key] = saved['model'][key]
+  for key in TOKENIZER_FIELDS:
+    if key in saved['data']:
+      config.data[key] = saved['data'][key]
+  logging.info(
+      'init_from=%s is gone: the run takes its shape and tokenizer from %s'
+      ' (it started from %s, step %s, params digest %s).',
+      config.init_from,
+      workdir,
+      record.get('workdir'),
+      record.get('step'),
+      record.get('digest'),
+  )
+
+
+def _same_directory(a: str, b: str) -> bool:
+  """Whether paths `a` and `b` name one directory."""
+  if os.path.abspath(a) == os.path.abspath(b):
+    return True
+  return os.path.isdir(a) and os.path.isdir(b) and os.path.samefile(a, b)
+
+
+def params_digest(params: Any) -> str:
+  """SHA-256 of a params tree (paths, dtypes, shapes and bytes): the identity
+  init_from.json records of the parameters a run started from."""
+  digest = hashlib.sha256()
+  flat = traverse_util.flatten_dict(params, sep='/')
+  for path in sorted(flat):
+    array = np.ascontiguousarray(np.asarray(flat[path]))
+    digest.update(f'{path} {array.dtype.str} {array.shape}'.encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
+
+
+def check_init_from(config: config_lib.RunConfig) -> None:
+  """The check of init_from before a fresh start: the source's model shape
+  must be the config's (ValueError naming the fields and the fix)."""
+  source = source_config(config.init_from)['model']
+  differ = [
+      f'{key}={source.get(key)!r} (config: {getattr(config.model, key)!r})'
+      for key in SHAPE_FIELDS
+      if source.get(key) != getattr(config.model, key)
+  ]
+  if differ:
+    raise ValueError(
+        f'init_from={config.init_from!r} holds another model:'
+        f' {", ".join(differ)}. Use its shape:'
+        f' --config configs/gpt2_pretrained.py:{config.init_from}, or set'
+        ' those model fields.'
+    )
+
+
+def start_params(
+    config: config_lib.RunConfig,
+    model: model_lib.TransformerLM,
+    key: jax.Array,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+  """``(params, record)``: the newest readable step of ``config.init_from``
+  as the params of `model` (host arrays of its param dtype), the position
+  table fitted to ``model.max_len`` by ``config.init_from_new_rows``
+  (`initializers.extend_rows`; fresh rows drawn with `key`), and the record
+  init_from.json keeps."""
+  source = config.init_from
+  params, _, info = checkpointing.restore_params(source)
+  params = jax.tree.map(np.asarray, params)
+  expected = evaluation.expected_params(model)
+  cfg = model.config
+  learned = cfg.position_embedding == 'learned'
+  fitted = expected
+  if learned:
+    rows = np.shape(model_lib.position_table(params))[0]
+    fitted = _with_table_rows(expected, rows)
+  trees.check_same_tree(
+      'params',
+      params,
+      fitted,
+      f'init_from={source!r} holds another model',
+      f'Use its shape: --config configs/gpt2_pretrained.py:{source}.',
+      where=f'step {info.step} of {source}',
+  )
+  record = {
+      'workdir': os.path.abspath(source),
+      'step': info.step,
+      'digest': params_digest(params),
+  }
+  if learned:
+    table = np.asarray(model_lib.position_table(params))
+    fresh = None
+    if config.init_from_new_rows == 'init':
+      shape = (cfg.max_len, cfg.emb_dim)
+      fresh = np.asarray(cfg.position_initializer()(key, shape))
+    extended = initializers.extend_rows(
+        table, cfg.max_len, config.init_from_new_rows, fresh
+    )
+    pos = model_lib.POSITION_TABLE_PATH
+    params[pos[0]] = dict(params[pos[0]], **{pos[1]: extended})
+    record.update(
+        rows=int(table.shape[0]),
+        max_len=cfg.max_len,
+        new_rows=config.init_from_new_rows,
+    )
+  params = jax.tree.map(
+      lambda x, want: np.asarray(x, want.dtype), params, expected
+  )
+  return params, record
+
+
+def _with_table_rows(expected: Any, rows: int) -> Any:
+  """`expected` (ShapeDtypeStructs) with a position table of `rows` rows."""
+  pos = model_lib.POSITION_TABLE_PATH
+  table = expected[pos[0]][pos[1]]
+  resized = jax.ShapeDtypeStruct((rows,) + table.shape[1:], table.dtype)
+  return dict(expected, **{pos[0]: dict(expected[pos[0]], **{pos[1]: resized})})
