@@ -55,7 +55,7 @@ def make_model(config: config_lib.RunConfig) -> model_lib.TransformerLM:
   return model_lib.TransformerLM(config.model)
 
 
-def _stored_model_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+def stored_model_fields(config: Mapping[str, Any]) -> dict[str, Any]:
   """The model section of a config read back (``config.json``, a
   checkpoint's), for its stored parameters: a ``file:`` table is not read again
   (it may have moved; the checkpoint holds the table), and cuDNN attention, a
@@ -70,16 +70,9 @@ def _stored_model_fields(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def stored_model(config: Mapping[str, Any]) -> model_lib.TransformerLM:
   """The ``TransformerLM`` of a config read back, for its stored parameters
-  (`_stored_model_fields`)."""
-  model = _stored_model_fields(config)
+  (`stored_model_fields`)."""
+  model = stored_model_fields(config)
   return model_lib.TransformerLM(model_lib.ModelConfig.from_config(model))
-
-
-def stored_run_config(config: Mapping[str, Any]) -> config_lib.RunConfig:
-  """The typed config of a config read back, its model that of
-  `stored_model`: the one conversion of a stored config (eval.py)."""
-  model = _stored_model_fields(config)
-  return config_lib.RunConfig.from_config_dict(dict(config, model=model))
 
 
 def position_statistics(
