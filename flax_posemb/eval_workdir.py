@@ -145,7 +145,11 @@ def evaluate_workdir(
       workdir, functools.partial(checkpointing.first_config, workdir)
   )
   _check_params(params, run_config, step_dir)
-  config = train_step.stored_run_config(stored_config)
+  # The one conversion of the stored config, its model that of
+  # `train_step.stored_model`.
+  config = config_lib.RunConfig.from_config_dict(
+      dict(stored_config, model=train_step.stored_model_fields(stored_config))
+  )
   if analyze and model_lib.POSITION_TABLE_PATH[0] not in params:
     raise ValueError(
         '--analyze needs a learned position table; this run uses '

@@ -17,7 +17,6 @@ from flax_posemb import config as config_lib
 from flax_posemb import data as data_lib
 from flax_posemb import sharding
 from flax_posemb import train_step
-from flax_posemb import trees
 from flax_posemb.data.pipeline import PROVENANCE_KEYS
 
 OFFSET_NOTE = (
@@ -225,66 +224,45 @@ def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
 def eval_settings(
     config: config_lib.RunConfig, overrides: dict[str, Any]
 ) -> dict[str, Any]:
-  """The ``eval`` section of ``config`` with ``overrides`` (None = keep) and the
-  probe's ``offsets``, resolved (0 = default) and checked: the one place."""
-  ev = dataclasses.asdict(config.eval)
-  s = {
-      'split': config.data.eval_split,
-      'policy': ev['position_policy'],
-      'window_len': ev['window_len'] or config.model.max_len,
-      **{
-          k: ev[k]
-          for k in (
-              'num_windows',
-              'batch_size',
-              'bucket_size',
-              'bucket_edges',
-              'seed',
-              'window_start',
-              'min_doc_len',
-              'min_start',
-          )
-      },
-  }
-  s.update({k: v for k, v in overrides.items() if v is not None})
-  if s.get('offsets'):
-    s['offsets'] = sorted({int(k) for k in s['offsets']})
-  else:
-    s['offsets'] = None
-  max_len = int(config.model.max_len)
-  window_len = int(s['window_len'])
-  for key in ('min_doc_len', 'min_start'):
-    if int(s[key]) < 0:
-      raise ValueError(
-          f'eval.{key} must be >= 0 (0 = its default), got {s[key]}.'
-      )
-  if not 1 <= window_len <= max_len:
-    raise ValueError(
-        f'evaluation window of {window_len} tokens exceeds the model'
-        f' context / position table (max_len={max_len}). Fix:'
-        f' evaluate with 1 <= window_len <= {max_len} (0 ='
-        ' max_len).'
-    )
-  offsets = s['offsets'] or [0]
-  if not 0 <= offsets[0] <= offsets[-1] < window_len:
+  """The ``eval`` section of ``config`` with ``overrides`` (eval.py's options,
+  None = keep) and the probe's ``offsets``, resolved (0 = default): changed
+  fields pass the config's own checks (`config.EvalConfig`,
+  `config.check_across_sections`); the split and the offsets are checked
+  here."""
+  given = {k: v for k, v in overrides.items() if v is not None}
+  split = given.pop('split', config.data.eval_split)
+  offsets = sorted({int(k) for k in given.pop('offsets', None) or ()})
+  if 'policy' in given:
+    given['position_policy'] = given.pop('policy')
+  ev = config.eval
+  if given:
+    ev = dataclasses.replace(ev, **given)
+    config_lib.check_across_sections(dataclasses.replace(config, eval=ev))
+  window_len = ev.window_len or config.model.max_len
+  if offsets and not 0 <= offsets[0] <= offsets[-1] < window_len:
     raise ValueError(
         f'offsets {offsets} must lie in [0, {window_len}): the probe scores '
         'the first window_len - K tokens; the largest valid '
         f'offset is {window_len - 1}.'
     )
-  if s['policy'] not in data_lib.pipeline.EVAL_POLICIES:
-    raise ValueError(
-        f"Unknown evaluation position_policy {s['policy']!r}; use one of"
-        f' {data_lib.pipeline.EVAL_POLICIES}.'
-    )
-  data_lib.pipeline.check_window_start(s['window_start'])
-  if int(s['seed']) < 0:
-    raise ValueError(f"eval.seed must be >= 0, got {s['seed']}.")
-  data_lib.pipeline.check_split(config.data, s['split'])
-  s['min_doc_len'], s['min_start'] = data_lib.pipeline.deep_limits(
-      window_len, s['min_doc_len'], s['min_start']
+  data_lib.pipeline.check_split(config.data, split)
+  min_doc_len, min_start = data_lib.pipeline.deep_limits(
+      window_len, ev.min_doc_len, ev.min_start
   )
-  return s
+  return {
+      'split': split,
+      'policy': ev.position_policy,
+      'num_windows': ev.num_windows,
+      'window_len': window_len,
+      'window_start': ev.window_start,
+      'min_doc_len': min_doc_len,
+      'min_start': min_start,
+      'seed': ev.seed,
+      'batch_size': ev.batch_size,
+      'bucket_size': ev.bucket_size,
+      'bucket_edges': ev.bucket_edges,
+      'offsets': offsets or None,
+  }
 
 
 def make_batches(
@@ -296,13 +274,13 @@ def make_batches(
       config.data,
       split=s['split'],
       policy=s['policy'],
-      num_windows=int(s['num_windows']),
-      window_len=int(s['window_len']),
+      num_windows=s['num_windows'],
+      window_len=s['window_len'],
       window_start=s['window_start'],
       min_doc_len=s['min_doc_len'],
       min_start=s['min_start'],
-      seed=int(s['seed']),
-      batch_size=int(s['batch_size']),
+      seed=s['seed'],
+      batch_size=s['batch_size'],
   )
 
 
@@ -335,19 +313,10 @@ def run_evaluation(
   """Loss by position bucket of ``model`` on held-out windows, recording
   ``step``, with the offset probe's shifts K ``offsets``; ``overrides``:
   `eval_settings` keys (None = config); ``progress``: a name, for a bar over the
-  batches of each pass on stderr ('' = none)."""
+  batches of each pass on stderr ('' = none). ``params`` must fit ``model``
+  (`expected_params`): checked once where they are restored (eval.py:
+  `checkpointing.check_model` against the run's own model)."""
   s = eval_settings(config, dict(overrides, offsets=offsets))
-  cfg = model.config
-  # A TreeMismatchError (ValueError) naming the first differing path.
-  trees.check_same_tree(
-      'params',
-      params,
-      expected_params(model),
-      'checkpoint parameters do not match the model config'
-      f' (max_len={cfg.max_len}, emb_dim={cfg.emb_dim},'
-      f' num_layers={cfg.num_layers}, vocab_size={cfg.vocab_size})',
-      'Fix: evaluate with the config saved in the checkpoint.',
-  )
   apply_fn = model_apply_fn(model)
   offsets = s['offsets']
   full_edges = buckets_lib.make_edges(

@@ -782,8 +782,8 @@ def test_train_py_sigterm_while_importing_exits_75_with_a_message(tmp_path):
 GC_CALLBACK_SCRIPT = textwrap.dedent("""
     import gc, os, runpy, signal, sys
     from flax_posemb import training
-    real = training.validate
-    def validate_after_a_sigterm_in_a_gc_callback(config):
+    real = training.check_periodic_eval
+    def check_after_a_sigterm_in_a_gc_callback(config):
       def callback(phase, info):
         if phase == 'start':
           gc.callbacks.remove(callback)
@@ -791,7 +791,7 @@ GC_CALLBACK_SCRIPT = textwrap.dedent("""
       gc.callbacks.append(callback)
       gc.collect()
       return real(config)
-    training.validate = validate_after_a_sigterm_in_a_gc_callback
+    training.check_periodic_eval = check_after_a_sigterm_in_a_gc_callback
     sys.argv = ['train.py', *sys.argv[1:]]
     runpy.run_path('train.py', run_name='__main__')
 """)

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flax_posemb import config as config_lib
 from flax_posemb import defaults
 from flax_posemb import optim
 
@@ -107,8 +108,8 @@ def test_bad_optimizer_values_are_rejected_at_startup(key, value, match):
   c = defaults.base()
   c.optimizer[key] = value
   if match is None:  # row_lr_scale needs a learned table
-    optim.validate(c)
+    config_lib.RunConfig.from_config_dict(c)
     c.model.position_embedding = 'rope'
     match = 'needs a learned position table'
   with pytest.raises(ValueError, match=match):
-    optim.validate(c)
+    config_lib.RunConfig.from_config_dict(c)

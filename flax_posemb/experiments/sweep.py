@@ -51,7 +51,7 @@ def estimate_scored_per_row(
 ) -> float:
   """Mean ``loss_mask`` sum per row of ``config``'s training pipeline
   (docs/DESIGN.md, Budget)."""
-  short_share = float(config.data.schedule_fraction)
+  short_share = config.data.schedule_fraction
   if config.data.position_policy == 'length_schedule' and 0 < short_share < 1:
 
     def phase(fraction):
@@ -63,10 +63,10 @@ def estimate_scored_per_row(
     return short_share * phase(1.0) + (1.0 - short_share) * phase(0.0)
   it = pipeline.make_train_iterator(
       config.data,
-      batch_size=int(config.batch_size),
-      seed=int(config.seed),
-      num_train_steps=int(config.num_train_steps),
-      max_len=int(config.model.max_len),
+      batch_size=config.batch_size,
+      seed=config.seed,
+      num_train_steps=config.num_train_steps,
+      max_len=config.model.max_len,
   )
   scored = [
       np.asarray(next(it)['loss_mask']).sum(1) for _ in range(num_batches)
@@ -100,7 +100,7 @@ def equalize(
   reference = budget_config.reference_arm
   if reference not in arms:
     reference = next(iter(arms))
-  base_rows = {arm: int(config.batch_size) for arm, config in arms.items()}
+  base_rows = {arm: config.batch_size for arm, config in arms.items()}
   if budget_config.equalize == 'none':
     return runs, Budget('none', reference, float('nan'), {}, base_rows)
   # Scored targets per row at seed 0, cached by run key: a resumed sweep keeps
@@ -116,10 +116,10 @@ def equalize(
       logger.info(
           'budget: arm %s: scored tokens per row over %d batches ...',
           arm,
-          int(budget_config.estimate_batches),
+          budget_config.estimate_batches,
       )
       probe_config = config_lib.RunConfig.from_config_dict(probe)
-      batches = int(budget_config.estimate_batches)
+      batches = budget_config.estimate_batches
       cache[key] = float(estimator(probe_config, batches))
     per_row[arm] = cache[key]
     if not per_row[arm] > 0:
@@ -129,7 +129,7 @@ def equalize(
       )
   if cache_path:
     write_json(cache_path, dict(sorted(cache.items())))
-  target = float(budget_config.target_tokens_per_step)
+  target = budget_config.target_tokens_per_step
   if target <= 0:
     target = base_rows[reference] * per_row[reference]
   batch = {arm: max(1, int(round(target / per_row[arm]))) for arm in arms}
