@@ -430,6 +430,7 @@ def _text_config(tmp_path, mode):
   )
   c.data.data_dir, c.data.val_percent = str(tmp_path / 'data'), 0
   c.data.seq_len, c.model.max_len, c.batch_size = 16, 16, 2
+  c.model.vocab_size = 257  # the byte tokenizer's ids
   c.data.on_decode_error = mode
   return c
 
