@@ -365,10 +365,12 @@ class RunConfig:
       config: the run's config, `defaults.base()`'s layout.
 
     Returns:
-      The typed config; each section has checked its own fields.
+      The typed config: each section has checked its own fields, then
+      `check_across_sections` the rules that join them.
 
     Raises:
-      ValueError: naming the first field that is unknown or invalid.
+      ValueError: naming the first field that is unknown or invalid, its
+        flag and the fix.
     """
     values = _to_dict(config)
     sections = {

@@ -3,13 +3,14 @@
 `flax_posemb.config`, where every field is documented."""
 
 import dataclasses
+from typing import Any
 
 import ml_collections
 
 from flax_posemb import config as config_lib
 
 
-def _config_dict(section: object) -> ml_collections.ConfigDict:
+def _config_dict(section: Any) -> ml_collections.ConfigDict:
   """A ConfigDict of a config dataclass's fields and defaults."""
   return ml_collections.ConfigDict(dataclasses.asdict(section))
 
