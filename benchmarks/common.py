@@ -61,22 +61,108 @@ GPT2_SMALL = Shape('gpt2_small', 50257, 12, 12, 768, 1024, 16, dtype='bfloat16')
 MINI = Shape('mini', 32, 1, 2, 32, 16, 4)
 
 
-def base_config() -> Any:
-  """The project's defaults, `flax_posemb.config.RunConfig()` (it needs no
-  ml_collections, so the benchmarks run on the accelerator image)."""
-  from flax_posemb import config as config_lib
+class Cfg(dict):
+  """A nested dict with attribute access: what the train step reads from a
+  config.
 
-  return config_lib.RunConfig()
+  The benchmarks build their configs with this instead of `flax_posemb.defaults`
+  (`ml_collections.ConfigDict`), so they run where only
+  jax/flax/optax/orbax/numpy are installed (the accelerator image).
+  `StepConfig` holds its data and optimizer sections."""
+
+  def __getattr__(self, k):
+    try:
+      return self[k]
+    except KeyError:
+      raise AttributeError(k) from None
+
+  def __setattr__(self, k, v):
+    if k not in self:
+      raise AttributeError(f'unknown config field {k!r}')
+    self[k] = v
+
+  def to_dict(self) -> dict:
+    return {
+        k: v.to_dict() if isinstance(v, Cfg) else v for k, v in self.items()
+    }
 
 
-def model_config(shape: Shape, **overrides) -> Any:
-  """The typed config (`flax_posemb.config.RunConfig`) of a train step for
-  `shape`; dotted `overrides` such as `model.remat=True`."""
-  from flax_posemb import config as config_lib
+# The fields of `flax_posemb.defaults.base()` that the train step reads, with
+# the same values (tests/test_benchmarks.py checks them against
+# `defaults.base()`).
+_OPTIMIZER_DEFAULTS = dict(
+    learning_rate=3e-3,
+    warmup_steps=20,
+    end_lr_ratio=0.1,
+    b1=0.9,
+    b2=0.95,
+    eps=1e-8,
+    weight_decay=0.1,
+    decay_position_table=True,
+    decay_token_table=True,
+    grad_clip_norm=1.0,
+    row_lr_scale=False,
+    row_lr_power=0.5,
+    row_lr_max=10.0,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+  """What the train step reads of a `flax_posemb.config.RunConfig`, built
+  without `flax_posemb.config`, whose checks import Grain (absent from the
+  accelerator image); frozen, so that `auto.resolve_config` replaces it."""
+
+  seed: int
+  num_train_steps: int
+  batch_size: int
+  grad_accum_steps: int
+  collect_stats: bool
+  fsdp: bool
+  data: Cfg
+  model: Any
+  optimizer: Cfg
+
+  def to_dict(self) -> dict:
+    return {
+        f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+    }
+
+
+def _plain(value: Any) -> Any:
+  """A section as a dict (`StepConfig.to_dict`)."""
+  if isinstance(value, Cfg):
+    return value.to_dict()
+  if dataclasses.is_dataclass(value):
+    return dataclasses.asdict(value)
+  return value
+
+
+def base_config() -> StepConfig:
+  """Defaults of the train step's config without ml_collections or Grain
+  (see `StepConfig`)."""
+  from flax_posemb import model as model_lib
+
+  return StepConfig(
+      seed=0,
+      num_train_steps=200,
+      batch_size=32,
+      grad_accum_steps=0,
+      collect_stats=True,
+      fsdp=False,
+      data=Cfg(seq_len=128),
+      model=model_lib.ModelConfig(),
+      optimizer=Cfg(_OPTIMIZER_DEFAULTS),
+  )
+
+
+def model_config(shape: Shape, **overrides) -> StepConfig:
+  """A train-step config (`StepConfig`) for `shape`; dotted `overrides` such
+  as `model.remat=True`."""
+  from flax_posemb import model as model_lib
 
   values = base_config().to_dict()
-  values['batch_size'] = shape.batch_size
-  values['num_train_steps'] = 1000
+  values.update(batch_size=shape.batch_size, num_train_steps=1000)
   values['data']['seq_len'] = shape.seq_len
   values['model'].update(
       vocab_size=shape.vocab_size,
@@ -95,7 +181,16 @@ def model_config(shape: Shape, **overrides) -> Any:
     if last not in node:
       raise KeyError(f'unknown config field {k!r}')
     node[last] = v
-  return config_lib.RunConfig.from_config_dict(values)
+  return StepConfig(
+      **{
+          k: v
+          for k, v in values.items()
+          if k not in ('data', 'model', 'optimizer')
+      },
+      data=Cfg(values['data']),
+      model=model_lib.ModelConfig(**values['model']),
+      optimizer=Cfg(values['optimizer']),
+  )
 
 
 def synthetic_batch(

@@ -67,25 +67,22 @@ def checkpoint_dir(workdir: str | os.PathLike[str]) -> epath.Path:
 
 
 # Integrity (Checkpoints in docs/DESIGN.md § Training outputs): a digest of
-# every array and finiteness, computed at save and checked at restore by
-# `_digests` alone.
+# every array, computed at save and checked at restore by `_digests` alone.
+# Finiteness is the loop's (a step with a non-finite loss, gradient or update
+# is never saved).
 
 
 @jax.jit
 def _device_digests(
     leaves: list[jax.Array],
-) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
-  """Per leaf, on its devices: whether it is all finite, and two exact sums
-  mod 2**32 of its 32-bit words, one position-weighted, one murmur3-mixed (so
-  they do not depend on the sharding)."""
+) -> list[tuple[jax.Array, jax.Array]]:
+  """Per leaf, on its devices: two exact sums mod 2**32 of its 32-bit words,
+  one position-weighted, one murmur3-mixed (so they do not depend on the
+  sharding)."""
   out = []
   for x in leaves:
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
       x = jax.random.key_data(x)
-    if jnp.issubdtype(x.dtype, jnp.inexact):
-      finite = jnp.isfinite(x).all()
-    else:
-      finite = jnp.bool_(True)
     if x.dtype == jnp.bool_:
       x = x.astype(jnp.uint8)
     # Words of at most 32 bits: an 8-byte element is two of them.
@@ -99,7 +96,7 @@ def _device_digests(
     mixed = (mixed ^ (mixed >> 16)) * jnp.uint32(0x85EBCA6B)
     mixed = (mixed ^ (mixed >> 13)) * jnp.uint32(0xC2B2AE35)
     mixed = (mixed ^ (mixed >> 16)).sum(dtype=jnp.uint32)
-    out.append((finite, weighted, mixed))
+    out.append((weighted, mixed))
   return out
 
 
@@ -112,43 +109,34 @@ def _blake(value: Any) -> str:
   return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def _digests(item: str, tree: Any) -> tuple[dict[str, str], list[str]]:
-  """``({path: digest}, non-finite paths)`` of one item: jax arrays hashed on
-  their devices, host arrays and JSON items with BLAKE2b."""
+def _digests(item: str, tree: Any) -> dict[str, str]:
+  """``{path: digest}`` of one item: jax arrays hashed on their devices, host
+  arrays and JSON items with BLAKE2b."""
   if item in _JSON_ITEMS:
-    return {item: _blake(tree)}, []
+    return {item: _blake(tree)}
   leaves = {}
   for key_path, leaf in jax.tree_util.tree_leaves_with_path(tree):
     name = jax.tree_util.keystr(key_path, simple=True, separator='/')
     leaves[f'{item}/{name}'] = leaf
   digests = {}
-  nonfinite = []
   on_device = [path for path, x in leaves.items() if isinstance(x, jax.Array)]
   sums = jax.device_get(_device_digests([leaves[path] for path in on_device]))
-  for path, (finite, weighted, mixed) in zip(on_device, sums):
+  for path, (weighted, mixed) in zip(on_device, sums):
     digests[path] = f'{int(weighted):08x}{int(mixed):08x}'
-    if not finite:
-      nonfinite.append(path)
   for path, leaf in leaves.items():
     if path in digests:
       continue
     # A host array (stats, counters: int64, exact).
     x = np.ascontiguousarray(leaf)
     digests[path] = _blake(f'{x.dtype.str}{x.shape}'.encode() + x.tobytes())
-    if np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all():
-      nonfinite.append(path)
-  return digests, sorted(nonfinite)
+  return digests
 
 
 def _verify(item: str, tree: Any, saved: Any) -> None:
-  """Raises CheckpointDamagedError unless a restored item is finite and has its
-  digests of save time (``saved``: None for a step saved before digests, or by
-  several hosts)."""
-  digests, nonfinite = _digests(item, tree)
-  if nonfinite:
-    raise CheckpointDamagedError(
-        f'non-finite values in {", ".join(nonfinite[:5])}'
-    )
+  """Raises CheckpointDamagedError unless a restored item has its digests of
+  save time (``saved``: None for a step saved before digests, or by several
+  hosts)."""
+  digests = _digests(item, tree)
   if saved is None:
     return
   if not isinstance(saved, dict):  # A JSON item's one digest.
@@ -227,7 +215,7 @@ def _listed(list_steps: Callable[[], Any], directory: epath.Path) -> Any:
 
 class Checkpointer:
   """The checkpoints of one run (all hosts make the same calls); ``read_only``:
-  a reader."""
+  a reader; ``max_to_keep`` >= 1 (`config.RunConfig` checks the run's)."""
 
   def __init__(
       self,
@@ -237,12 +225,6 @@ class Checkpointer:
       async_save: bool = True,
       read_only: bool = False,
   ):
-    # LatestN(0) would preserve step 0 alone: every newer step deleted.
-    if int(max_to_keep) < 1:
-      raise ValueError(
-          f'max_to_keep must be >= 1, got {max_to_keep}: the newest'
-          ' checkpoint is the one a resume needs.'
-      )
     self.directory = epath.Path(os.path.abspath(directory))
     self._read_only = read_only
     keep = ocp.checkpoint_managers
@@ -296,8 +278,8 @@ class Checkpointer:
       dataset: str | None = None,
   ) -> bool:
     """Saves the state after ``step`` updates (asynchronously); False if the
-    step exists. A non-finite ``params`` or ``opt_state`` raises
-    FloatingPointError and writes nothing (docs/failures.md: exit 3).
+    step exists. The state is trusted finite (the loop stops on a
+    non-finite step before saving it: docs/failures.md, exit 3).
     ``opt_state`` None: parameters only (an imported model, `pretrained`),
     which no run resumes. ``dataset``: the identity of the text trained on
     (`data.dataset_identity`), kept in the step's metadata."""
@@ -313,15 +295,8 @@ class Checkpointer:
     # On the devices, before Orbax's copy: the caller donates these buffers
     # next.
     integrity: dict[str, Any] = {}
-    nonfinite = []
     for item, tree in items.items():
-      integrity[item], item_nonfinite = _digests(item, tree)
-      nonfinite += item_nonfinite
-    if nonfinite:
-      raise FloatingPointError(
-          f'Non-finite {", ".join(nonfinite[:3])} after step {step}: not'
-          f' saved; the last good checkpoint is step {self.latest_step()}.'
-      )
+      integrity[item] = _digests(item, tree)
     integrity['config'] = _blake(config)
     self._refuse_without_space(step, items)
     args = {}

@@ -149,11 +149,10 @@ def evaluate_workdir(
       workdir, functools.partial(checkpointing.first_config, workdir)
   )
   _check_params(params, run_config, step_dir)
-  # The one conversion of a stored config; its model is that of
+  # The one conversion of the stored config, its model that of
   # `train_step.stored_model`.
-  model_fields = train_step.stored_model_fields(stored_config)
   config = config_lib.RunConfig.from_config_dict(
-      dict(stored_config, model=model_fields)
+      dict(stored_config, model=train_step.stored_model_fields(stored_config))
   )
   if analyze and model_lib.POSITION_TABLE_PATH[0] not in params:
     raise ValueError(

@@ -18,7 +18,6 @@ from flax_posemb import data as data_lib
 from flax_posemb import inference
 from flax_posemb import sharding
 from flax_posemb import train_step
-from flax_posemb import trees
 from flax_posemb.data.windows import PROVENANCE_KEYS
 
 OFFSET_NOTE = (
@@ -293,13 +292,17 @@ def thin_buckets(rows: Sequence[dict[str, Any]]) -> list[str]:
 def eval_settings(
     config: config_lib.RunConfig, overrides: dict[str, Any]
 ) -> dict[str, Any]:
-  """The evaluation settings, resolved and checked: the one place.
+  """The evaluation settings, resolved and checked.
+
+  Changed fields pass the config's own checks (`config.EvalConfig`,
+  `config.check_across_sections`); the split and the offsets are checked
+  here.
 
   Args:
     config: the run config (its `eval`, `data` and `model` sections).
-    overrides: `SETTINGS_KEYS`, `batch_size`, `bucket_size`,
-      `bucket_edges` or `offsets` values replacing the config's; None keeps
-      the config's.
+    overrides: eval.py's options (`SETTINGS_KEYS`, `batch_size`,
+      `bucket_size`, `bucket_edges` or `offsets`) replacing the config's;
+      None keeps the config's.
 
   Returns:
     A dict of the settings `SETTINGS_KEYS`, `batch_size`, `bucket_size`,
@@ -307,68 +310,44 @@ def eval_settings(
     (`window_len`, `min_doc_len`, `min_start`) resolved to their defaults.
 
   Raises:
-    ValueError: a window longer than `model.max_len`, offsets outside
-      `[0, window_len)`, an unknown policy, split or window start, or a
-      negative seed or limit; the message names the setting and the fix.
+    ValueError: a setting the config's checks refuse, offsets outside
+      `[0, window_len)` or an unknown split; the message names the setting
+      and the fix.
   """
-  ev = dataclasses.asdict(config.eval)
-  s = {
-      'split': config.data.eval_split,
-      'policy': ev['position_policy'],
-      'window_len': ev['window_len'] or config.model.max_len,
-      **{
-          k: ev[k]
-          for k in (
-              'num_windows',
-              'batch_size',
-              'bucket_size',
-              'bucket_edges',
-              'seed',
-              'window_start',
-              'min_doc_len',
-              'min_start',
-          )
-      },
-  }
-  s.update({k: v for k, v in overrides.items() if v is not None})
-  if s.get('offsets'):
-    s['offsets'] = sorted({int(k) for k in s['offsets']})
-  else:
-    s['offsets'] = None
-  max_len = int(config.model.max_len)
-  window_len = int(s['window_len'])
-  for key in ('min_doc_len', 'min_start'):
-    if int(s[key]) < 0:
-      raise ValueError(
-          f'eval.{key} must be >= 0 (0 = its default), got {s[key]}.'
-      )
-  if not 1 <= window_len <= max_len:
-    raise ValueError(
-        f'evaluation window of {window_len} tokens exceeds the model'
-        f' context / position table (max_len={max_len}). Fix:'
-        f' evaluate with 1 <= window_len <= {max_len} (0 ='
-        ' max_len).'
-    )
-  offsets = s['offsets'] or [0]
-  if not 0 <= offsets[0] <= offsets[-1] < window_len:
+  given = {k: v for k, v in overrides.items() if v is not None}
+  split = given.pop('split', config.data.eval_split)
+  offsets = sorted({int(k) for k in given.pop('offsets', None) or ()})
+  if 'policy' in given:
+    given['position_policy'] = given.pop('policy')
+  ev = config.eval
+  if given:
+    ev = dataclasses.replace(ev, **given)
+    config_lib.check_across_sections(dataclasses.replace(config, eval=ev))
+  window_len = ev.window_len or config.model.max_len
+  if offsets and not 0 <= offsets[0] <= offsets[-1] < window_len:
     raise ValueError(
         f'offsets {offsets} must lie in [0, {window_len}): the probe scores '
         'the first window_len - K tokens; the largest valid '
         f'offset is {window_len - 1}.'
     )
-  if s['policy'] not in data_lib.windows.EVAL_POLICIES:
-    raise ValueError(
-        f"Unknown evaluation position_policy {s['policy']!r}; use one of"
-        f' {data_lib.windows.EVAL_POLICIES}.'
-    )
-  data_lib.windows.check_window_start(s['window_start'])
-  if int(s['seed']) < 0:
-    raise ValueError(f"eval.seed must be >= 0, got {s['seed']}.")
-  data_lib.corpus.check_split(config.data, s['split'])
-  s['min_doc_len'], s['min_start'] = data_lib.windows.deep_limits(
-      window_len, s['min_doc_len'], s['min_start']
+  data_lib.corpus.check_split(config.data, split)
+  min_doc_len, min_start = data_lib.windows.deep_limits(
+      window_len, ev.min_doc_len, ev.min_start
   )
-  return s
+  return {
+      'split': split,
+      'policy': ev.position_policy,
+      'num_windows': ev.num_windows,
+      'window_len': window_len,
+      'window_start': ev.window_start,
+      'min_doc_len': min_doc_len,
+      'min_start': min_start,
+      'seed': ev.seed,
+      'batch_size': ev.batch_size,
+      'bucket_size': ev.bucket_size,
+      'bucket_edges': ev.bucket_edges,
+      'offsets': offsets or None,
+  }
 
 
 def make_batches(
@@ -389,13 +368,13 @@ def make_batches(
       config.data,
       split=s['split'],
       policy=s['policy'],
-      num_windows=int(s['num_windows']),
-      window_len=int(s['window_len']),
+      num_windows=s['num_windows'],
+      window_len=s['window_len'],
       window_start=s['window_start'],
       min_doc_len=s['min_doc_len'],
       min_start=s['min_start'],
-      seed=int(s['seed']),
-      batch_size=int(s['batch_size']),
+      seed=s['seed'],
+      batch_size=s['batch_size'],
   )
 
 
@@ -435,7 +414,9 @@ def run_evaluation(
 
   Args:
     model: a linen `model.TransformerLM`.
-    params: its parameter tree; it must fit `model.config`.
+    params: its parameter tree; it must fit `model` (`expected_params`),
+      checked once where it is restored (eval.py: `checkpointing.check_model`
+      against the run's own model).
     config: the run config (`eval`, `data` and `model` sections).
     step: the training step recorded in the results.
     offsets: the offset probe's shifts K (scored on windows of
@@ -452,22 +433,9 @@ def run_evaluation(
     (`thin_buckets`) and, with offsets, `offset_probe`.
 
   Raises:
-    trees.TreeMismatchError: `params` do not fit the model config (a
-      ValueError naming the first differing path).
     ValueError: settings `eval_settings` refuses.
   """
   s = eval_settings(config, dict(overrides, offsets=offsets))
-  cfg = model.config
-  # A TreeMismatchError (ValueError) naming the first differing path.
-  trees.check_same_tree(
-      'params',
-      params,
-      expected_params(model),
-      'checkpoint parameters do not match the model config'
-      f' (max_len={cfg.max_len}, emb_dim={cfg.emb_dim},'
-      f' num_layers={cfg.num_layers}, vocab_size={cfg.vocab_size})',
-      'Fix: evaluate with the config saved in the checkpoint.',
-  )
   apply_fn = model_apply_fn(model)
   offsets = s['offsets']
   full_edges = buckets_lib.make_edges(

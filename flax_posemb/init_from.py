@@ -3,6 +3,7 @@ source's shape and tokenizer for the config, its parameters fitted to the new
 model, and a run that resumes and evaluates from its own files once the source
 is gone (docs/pretrained.md, "Starting a run from a workdir")."""
 
+import dataclasses
 import hashlib
 import os
 from typing import Any
@@ -78,13 +79,12 @@ def apply_source(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 
 def settle_config(
-    config: ml_collections.ConfigDict, workdir: str
-) -> ml_collections.ConfigDict:
-  """A copy of `config` as the run in `workdir` uses it: init_from may not
-  name the workdir itself; a run that started from init_from resumes from its
-  own files when the source is gone (`_from_own_files`); the workdir's copy of
-  the tokenizer stands for the one named (`workdir.use_own_tokenizer`)."""
-  config = config.copy_and_resolve_references()
+    config: config_lib.RunConfig, workdir: str
+) -> config_lib.RunConfig:
+  """`config` as the run in `workdir` uses it: init_from may not name the
+  workdir itself; a run that started from init_from resumes from its own files
+  when the source is gone (`_from_own_files`); the workdir's copy of the
+  tokenizer stands for the one named (`workdir.use_own_tokenizer`)."""
   source = config.init_from
   if source and _same_directory(source, workdir):
     raise ValueError(
@@ -97,34 +97,42 @@ def settle_config(
     record = workdir_lib.init_record(workdir)
     saved = workdir_lib.saved_config(workdir)
   if record is not None and saved is not None:
-    _from_own_files(config, workdir, record, saved)
+    config = _from_own_files(config, workdir, record, saved)
   elif source and not os.path.isdir(source):
     # A fresh start from a source that is gone: refused now, naming it.
     source_config(source)
-  workdir_lib.use_own_tokenizer(config, workdir)
-  return config
+  return workdir_lib.use_own_tokenizer(config, workdir)
 
 
 def _from_own_files(
-    config: ml_collections.ConfigDict,
+    config: config_lib.RunConfig,
     workdir: str,
     record: dict[str, Any],
     saved: dict[str, Any],
-) -> None:
+) -> config_lib.RunConfig:
   """A run that started from init_from (its init_from.json `record`) keeps
   its recorded init_from when the source is the same path or gone, and with
   the source gone takes what `apply_source` could not set (shape, max_len,
   tokenizer) from its own config.json (`saved`)."""
   gone = not os.path.isdir(config.init_from)
   if gone or os.path.abspath(config.init_from) == record.get('workdir'):
-    config.init_from = saved.get('init_from', config.init_from)
+    init_from = saved.get('init_from', config.init_from)
+    config = dataclasses.replace(config, init_from=init_from)
   if not gone:
-    return
-  for key in SHAPE_FIELDS + ('max_len',):
-    config.model[key] = saved['model'][key]
-  for key in TOKENIZER_FIELDS:
-    if key in saved['data']:
-      config.data[key] = saved['data'][key]
+    return config
+  model_fields = {
+      key: saved['model'][key] for key in SHAPE_FIELDS + ('max_len',)
+  }
+  data_fields = {
+      key: saved['data'][key]
+      for key in TOKENIZER_FIELDS
+      if key in saved['data']
+  }
+  config = dataclasses.replace(
+      config,
+      model=dataclasses.replace(config.model, **model_fields),
+      data=dataclasses.replace(config.data, **data_fields),
+  )
   logging.info(
       'init_from=%s is gone: the run takes its shape and tokenizer from %s'
       ' (it started from %s, step %s, params digest %s).',
@@ -134,6 +142,7 @@ def _from_own_files(
       record.get('step'),
       record.get('digest'),
   )
+  return config
 
 
 def _same_directory(a: str, b: str) -> bool:

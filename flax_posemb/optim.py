@@ -1,11 +1,10 @@
 """AdamW with warmup + cosine decay, clipping and a decay mask (optax), and the
 position table's own optimizer options (row-sparse Adam, SGD with momentum);
-`validate` at startup."""
+the section's checks: `config.OptimizerConfig`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
@@ -14,104 +13,12 @@ import optax
 
 from flax_posemb.model import POSITION_TABLE_PATH
 
-# Type hints only: the step runs on the device image, which has no Grain or
-# TFDS (the config's data section validates through the data package).
+# Type hints only: the step runs without Grain or ml_collections (the device
+# image), which the config's checks import.
 if TYPE_CHECKING:
   from flax_posemb import config as config_lib
 
 TOKEN_TABLE_PATH = ('token_embed', 'embedding')
-# optimizer.position_optimizer: the table shares the model's Adam, or has
-# row-sparse Adam, or SGD with momentum.
-POSITION_OPTIMIZERS = ('adam', 'lazy_adam', 'sgd')
-
-
-def validate(config: config_lib.RunConfig) -> None:
-  """Checks the `optimizer` section at startup.
-
-  Args:
-    config: the run's config (its `optimizer` and `model` sections).
-
-  Raises:
-    ValueError: naming the field and the fix.
-  """
-  optimizer = config.optimizer
-  keys = [
-      'learning_rate',
-      'warmup_steps',
-      'end_lr_ratio',
-      'b1',
-      'b2',
-      'eps',
-      'weight_decay',
-      'grad_clip_norm',
-  ]
-  if optimizer.row_lr_scale:
-    keys += ['row_lr_power', 'row_lr_max']
-  if optimizer.position_optimizer == 'sgd':
-    keys += ['position_momentum', 'position_lr_scale']
-  for key in keys:
-    value = getattr(optimizer, key)
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-      raise ValueError(
-          f'optimizer.{key} must be finite (a number), got {value!r}; set '
-          f'--config.optimizer.{key}=VALUE.'
-      )
-  # Numbers from here on.
-  if not optimizer.learning_rate > 0:
-    raise _out_of_range(optimizer, 'learning_rate', '> 0')
-  warmup = optimizer.warmup_steps
-  if not (warmup >= 0 and warmup % 1 == 0):
-    raise _out_of_range(optimizer, 'warmup_steps', 'an int >= 0')
-  if not optimizer.end_lr_ratio >= 0:
-    raise _out_of_range(
-        optimizer, 'end_lr_ratio', '>= 0 (a fraction of the peak learning rate)'
-    )
-  if not 0 <= optimizer.b1 < 1:
-    raise _out_of_range(optimizer, 'b1', 'in [0, 1)')
-  if not 0 <= optimizer.b2 < 1:
-    raise _out_of_range(optimizer, 'b2', 'in [0, 1)')
-  if not optimizer.eps >= 0:
-    raise _out_of_range(optimizer, 'eps', '>= 0')
-  if not optimizer.weight_decay >= 0:
-    raise _out_of_range(optimizer, 'weight_decay', '>= 0')
-  if optimizer.row_lr_scale and not optimizer.row_lr_max > 0:
-    raise _out_of_range(optimizer, 'row_lr_max', '> 0')
-  if optimizer.row_lr_scale and config.model.position_embedding != 'learned':
-    raise ValueError(
-        'optimizer.row_lr_scale=True needs a learned position table; set '
-        'optimizer.row_lr_scale=False or model.position_embedding=learned.'
-    )
-  _validate_position_optimizer(config)
-
-
-def _validate_position_optimizer(config: config_lib.RunConfig) -> None:
-  """Raises ValueError for a bad `optimizer.position_optimizer` or its
-  SGD settings (numbers already checked finite by `validate`)."""
-  optimizer = config.optimizer
-  name = optimizer.position_optimizer
-  if name not in POSITION_OPTIMIZERS:
-    raise ValueError(
-        f'optimizer.position_optimizer must be one of'
-        f' {", ".join(POSITION_OPTIMIZERS)}, got {name!r}; set'
-        ' --config.optimizer.position_optimizer=adam.'
-    )
-  if name != 'adam' and config.model.position_embedding != 'learned':
-    raise ValueError(
-        f'optimizer.position_optimizer={name} needs a learned position table;'
-        ' set optimizer.position_optimizer=adam or'
-        ' model.position_embedding=learned.'
-    )
-  if name != 'sgd':
-    return
-  if not 0 <= optimizer.position_momentum < 1:
-    raise _out_of_range(optimizer, 'position_momentum', 'in [0, 1)')
-  if not optimizer.position_lr_scale > 0:
-    raise _out_of_range(optimizer, 'position_lr_scale', '> 0')
-
-
-def _out_of_range(optimizer: Any, key: str, want: str) -> ValueError:
-  value = getattr(optimizer, key)
-  return ValueError(f'optimizer.{key} must be {want}, got {value}.')
 
 
 def make_schedule(config: config_lib.RunConfig) -> optax.Schedule:
@@ -126,8 +33,8 @@ def make_schedule(config: config_lib.RunConfig) -> optax.Schedule:
     `num_train_steps`.
   """
   optimizer = config.optimizer
-  warmup_steps = int(optimizer.warmup_steps)
-  decay_steps = max(int(config.num_train_steps), warmup_steps + 1)
+  warmup_steps = optimizer.warmup_steps
+  decay_steps = max(config.num_train_steps, warmup_steps + 1)
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0,
       peak_value=optimizer.learning_rate,
@@ -160,9 +67,9 @@ def decay_mask(params: Any, config: config_lib.RunConfig) -> Any:
     if len(x.shape) < 2:
       return False
     if _is_path(path, POSITION_TABLE_PATH):
-      return bool(optimizer.decay_position_table)
+      return optimizer.decay_position_table
     if _is_path(path, TOKEN_TABLE_PATH):
-      return bool(optimizer.decay_token_table)
+      return optimizer.decay_token_table
     return True
 
   return jax.tree_util.tree_map_with_path(leaf, params)

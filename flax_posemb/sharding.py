@@ -65,8 +65,8 @@ def tree_shardings(tree: PyTree, mesh: Mesh, fsdp: bool) -> PyTree:
 def check_batch_layout(config: Any, mesh: Mesh) -> None:
   """ValueError unless ``batch_size`` splits over microbatches, devices and
   processes."""
-  rows = int(config.batch_size)
-  accum = int(config.grad_accum_steps)
+  rows = config.batch_size
+  accum = config.grad_accum_steps
   devices = mesh.size
   processes = jax.process_count()
   if accum < 1 or rows < 1 or rows % (accum * devices) or rows % processes:

@@ -21,8 +21,8 @@ from flax_posemb import optim
 from flax_posemb import sharding
 from flax_posemb import stats as stats_lib
 
-# Type hints only: the step runs on the device image, which has no Grain or
-# TFDS (the config's data section validates through the data package).
+# Type hints only: the step runs without Grain or ml_collections (the device
+# image), which the config's checks import.
 if TYPE_CHECKING:
   from flax_posemb import config as config_lib
 
@@ -83,7 +83,7 @@ def position_statistics(
   return stats_lib.PositionStatistics(
       model.config.max_len,
       model.config.emb_dim,
-      collect=bool(config.collect_stats),
+      collect=config.collect_stats,
       **kwargs,
   )
 
@@ -99,7 +99,7 @@ def init_state(
   ``'data'``) from PRNG key ``rng`` (or of ``params``, host arrays of the
   model's tree: config init_from), the optimizer, and the state's shardings
   (for jit and restoring)."""
-  seq = int(config.data.seq_len)
+  seq = config.data.seq_len
   dummy = jnp.zeros((1, seq), jnp.int32)
 
   def init_params(key):
@@ -191,14 +191,15 @@ def make_train_step(
   ``state_shardings``: ``init_state``'s; ``statistics``: the loop's (default
   ``position_statistics``). ``metrics``: float32 ``loss`` (mean over scored
   targets), ``grad_norm`` (before clipping), ``learning_rate``, ``tokens``,
-  ``targets`` and ``finite`` (1.0 if loss and grad norm are)."""
+  ``targets`` and ``finite`` (1.0 if the loss, the gradient norm and the
+  update are)."""
   # Training resolves 0 (auto) at startup and records it; direct callers get the
   # same rule.
   accum = auto.grad_accum_steps(
-      int(config.grad_accum_steps),
+      config.grad_accum_steps,
       platform=jax.default_backend(),
-      batch_size=int(config.batch_size),
-      seq_len=int(config.data.seq_len),
+      batch_size=config.batch_size,
+      seq_len=config.data.seq_len,
       num_devices=mesh.size,
   )
   statistics = statistics or position_statistics(model, config)
@@ -232,7 +233,7 @@ def make_train_step(
       mesh,
   )
   schedule = optim.make_schedule(config)
-  row_scale = bool(config.optimizer.row_lr_scale)
+  row_scale = config.optimizer.row_lr_scale
 
   def step_fn(state, batch, rng):
     n_targets = jnp.sum(batch['loss_mask'].astype(jnp.float32))
@@ -257,15 +258,21 @@ def make_train_step(
     )
     window = statistics.inside_step(state.stats, step_stats, *tables)
     grad_norm = optax.tree.norm(grads)
+    # Finite loss and gradients can still give a non-finite update (Adam with
+    # eps=0 on an unseen row): the loop stops on any of the three, the one
+    # owner of finiteness (nothing non-finite is ever saved).
+    update_finite = jnp.array(
+        [jnp.isfinite(u).all() for u in jax.tree.leaves(updates)]
+    ).all()
     metrics = dict(
         loss=loss,
         grad_norm=grad_norm,
         targets=n_targets,
         learning_rate=jnp.asarray(schedule(state.step), jnp.float32),
         tokens=jnp.sum((batch['segment_ids'] > 0).astype(jnp.float32)),
-        finite=(jnp.isfinite(loss) & jnp.isfinite(grad_norm)).astype(
-            jnp.float32
-        ),
+        finite=(
+            jnp.isfinite(loss) & jnp.isfinite(grad_norm) & update_finite
+        ).astype(jnp.float32),
     )
     new_state = dataclasses.replace(
         state, step=state.step + 1, params=params, opt_state=opt, stats=window

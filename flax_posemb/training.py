@@ -26,11 +26,10 @@ from flax_posemb import data as data_lib
 from flax_posemb import eval_report
 from flax_posemb import evaluation
 from flax_posemb import init_from as init_from_lib
-from flax_posemb import initializers
 from flax_posemb import model as model_lib
-from flax_posemb import optim as optim_lib
 from flax_posemb import outputs
 from flax_posemb import preemption
+from flax_posemb import resume
 from flax_posemb import sharding
 from flax_posemb import train_step as step_lib
 from flax_posemb import workdir as workdir_lib
@@ -40,88 +39,27 @@ from flax_posemb.tensorboard import TensorBoard
 Hook = Callable[[int, dict[str, float]], None]
 
 
-# The largest `seed` (a non-negative int32).
-MAX_SEED = 2**31 - 1
-
-
 class NonFiniteLossError(FloatingPointError):
   """The training loss or gradient norm became NaN/inf."""
 
 
-def validate(config: config_lib.RunConfig) -> None:
-  """Checks the config, periodic evaluation included, before anything is
-  built."""
-  for key in (
-      'num_train_steps',
-      'log_every_steps',
-      'checkpoint_every_steps',
-      'batch_size',
-      'max_to_keep',
-  ):
-    value = getattr(config, key)
-    if value < 1:
-      raise ValueError(f'{key} must be >= 1, got {value}.')
-  # Every consumer takes this range (numpy, Grain, jax.random.key).
-  if not 0 <= int(config.seed) <= MAX_SEED:
-    raise ValueError(
-        f'seed must be an int in [0, {MAX_SEED}], got {config.seed}; set'
-        ' --config.seed=0 (or another seed in range).'
-    )
-  model_config = config.model
-  data_lib.check_fits_model(config.data, max_len=model_config.max_len)
-  vocab = data_lib.vocab_size(config.data)
-  if vocab > model_config.vocab_size:
-    raise ValueError(
-        f'The data has token ids up to {vocab - 1} but model.vocab_size='
-        f'{model_config.vocab_size}. Set --config.model.vocab_size={vocab}.'
-    )
-  if not math.isfinite(float(config.divergence_loss)):
-    raise ValueError(
-        f'divergence_loss must be finite, got {config.divergence_loss}.'
-    )
-  optim_lib.validate(config)
-  if config.init_from_new_rows not in initializers.EXTEND_RULES:
-    raise ValueError(
-        f'Unknown init_from_new_rows {config.init_from_new_rows!r}; valid:'
-        f' {", ".join(initializers.EXTEND_RULES)}.'
-    )
-  position_buckets(config)
-  _validate_eval(config)
-
-
 def position_buckets(config: config_lib.RunConfig) -> np.ndarray:
   """``[nb + 1]`` edges over the position table's rows of the evaluation's
-  buckets (``eval.bucket_size`` / ``eval.bucket_edges``, the last bucket
-  extended to ``model.max_len``): the buckets of the statistics' TensorBoard
-  scalars."""
-  try:
-    return buckets_lib.make_edges(
-        int(config.model.max_len),
-        int(config.eval.bucket_size),
-        config.eval.bucket_edges,
-    )
-  except ValueError as e:
-    raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
+  buckets (``eval.bucket_size`` / ``eval.bucket_edges``, checked against the
+  window by `config.check_across_sections`; the last bucket extended to
+  ``model.max_len``): the buckets of the statistics' TensorBoard scalars."""
+  return buckets_lib.make_edges(
+      config.model.max_len, config.eval.bucket_size, config.eval.bucket_edges
+  )
 
 
-def _validate_eval(config: config_lib.RunConfig) -> None:
-  """Now, not after a checkpoint interval of training: the settings (window
-  length, deep-window limits; eval.py starts from them too), the buckets, and
-  for periodic evaluation enough documents."""
+def check_periodic_eval(config: config_lib.RunConfig) -> None:
+  """Now, not after a checkpoint interval of training: the evaluation
+  settings (the split; eval.py starts from them too) and, for periodic
+  evaluation, enough documents (the batches are kept for the
+  evaluations)."""
   settings = evaluation.eval_settings(config, {})
-  try:
-    buckets_lib.make_edges(
-        int(settings['window_len']),
-        int(settings['bucket_size']),
-        settings['bucket_edges'],
-    )
-  except ValueError as e:
-    raise ValueError(f'eval.bucket_size / eval.bucket_edges: {e}') from None
-  for key in ('num_windows', 'batch_size'):
-    if int(settings[key]) < 1:
-      raise ValueError(f'eval.{key} must be >= 1, got {settings[key]}.')
-  # Too few documents fail here; the batches are kept for the evaluations.
-  if int(config.eval_every_steps) > 0:
+  if config.eval_every_steps > 0:
     evaluation.make_batches(config, settings)
 
 
@@ -139,47 +77,14 @@ def resolve_auto(
   return config
 
 
-def check_latest_is_the_runs(
-    workdir: str, ckpt: checkpointing.Checkpointer, step: int
-) -> None:
-  """CheckpointMismatchError if the newest checkpoint does not fit the run's
-  own model (`workdir.run_config`): another model's step, not a change of
-  config (the drift check, after this, compares with the config given)."""
-  where = ckpt.directory / str(step)
-  try:
-    reference = workdir_lib.run_config(workdir, ckpt.first_config)
-    stored = ckpt.stored_tree(step, 'params')
-  except (checkpointing.CheckpointDamagedError, FileNotFoundError):
-    # Damaged (no readable step): the read that follows names it, with the
-    # step to resume from.
-    return
-  model = step_lib.stored_model(reference)
-  resume_from = 'the step before it'
-  older = [s for s in ckpt.all_steps() if s < step]
-  if older:
-    resume_from += f' ({older[-1]})'
-  checkpointing.check_model(
-      where,
-      'params',
-      stored,
-      evaluation.expected_params(model),
-      fix=(
-          f"It is not this run's ({outputs.CONFIG_FILE} / its first"
-          f' checkpoint). Nothing was changed. Move it aside (mv {where} /tmp/)'
-          f' and re-run to resume from {resume_from}, or use a fresh'
-          ' --workdir.'
-      ),
-  )
-
-
 def divergence_bound(config: config_lib.RunConfig) -> float:
   """Loss above which training stops as diverged: ``divergence_loss``, or three
   times the loss of a uniform guess over the vocabulary (a freshly initialized
   model starts near one)."""
-  bound = float(config.divergence_loss)
+  bound = config.divergence_loss
   if bound >= 0:
     return bound
-  return 3.0 * math.log(int(config.model.vocab_size))
+  return 3.0 * math.log(config.model.vocab_size)
 
 
 def train_and_evaluate(
@@ -188,18 +93,19 @@ def train_and_evaluate(
     *,
     hooks: Sequence[Hook] = (),
 ) -> dict[str, Any]:
-  """Trains (or resumes) a run of ``config`` (``defaults.base()`` fields) in
-  ``workdir``; outputs, return value and errors: docs/DESIGN.md § Training
-  outputs. ``hooks``: callables ``hook(step, metrics)`` run on the host once
-  each step's metrics are read back."""
+  """Trains (or resumes) a run of ``config`` (``defaults.base()`` fields, or
+  their `config.RunConfig`) in ``workdir``; outputs, return value and errors:
+  docs/DESIGN.md § Training outputs. ``hooks``: callables ``hook(step,
+  metrics)`` run on the host once each step's metrics are read back."""
+  # The one conversion (and check) of the run's ConfigDict, before JAX picks a
+  # platform for the auto fields: bad input costs no backend start-up (and
+  # prints no auto lines). Every module below takes the typed sections.
+  if not isinstance(config, config_lib.RunConfig):
+    config = config_lib.RunConfig.from_config_dict(config)
   # The workdir's own copies stand for what it names (a moved workdir, a
-  # deleted init_from source); then the one conversion of the run's
-  # ConfigDict: every module below takes the typed sections.
+  # deleted init_from source).
   config = init_from_lib.settle_config(config, workdir)
-  config = config_lib.RunConfig.from_config_dict(config)
-  # Before JAX picks a platform for the auto fields: bad input costs no
-  # backend start-up (and prints no auto lines).
-  validate(config)
+  check_periodic_eval(config)
   config = resolve_auto(config, workdir)
   mesh = sharding.make_mesh()
   sharding.check_batch_layout(config, mesh)
@@ -207,12 +113,12 @@ def train_and_evaluate(
   # trace in the workdir.
   data_iter = data_lib.make_train_iterator(
       config.data,
-      batch_size=int(config.batch_size),
-      seed=int(config.seed),
-      num_train_steps=int(config.num_train_steps),
+      batch_size=config.batch_size,
+      seed=config.seed,
+      num_train_steps=config.num_train_steps,
       process_index=jax.process_index(),
       process_count=jax.process_count(),
-      max_len=int(config.model.max_len),
+      max_len=config.model.max_len,
   )
   dataset = data_lib.dataset_identity(config.data)
   created = not os.path.exists(workdir)
@@ -229,7 +135,7 @@ def train_and_evaluate(
       ckpt = stack.enter_context(
           checkpointing.Checkpointer(
               checkpointing.checkpoint_dir(workdir),
-              max_to_keep=int(config.max_to_keep),
+              max_to_keep=config.max_to_keep,
           )
       )
       return _Loop(config, workdir, mesh, ckpt, data_iter, dataset, hooks).run()
@@ -267,28 +173,16 @@ class _Loop:
     self.ckpt = ckpt
     self.hooks = hooks
     self.lead = jax.process_index() == 0
-    self.progress_bar = self.lead and bool(config.progress_bar)
+    self.progress_bar = self.lead and config.progress_bar
     self.divergence = divergence_bound(config)
     # Before anything is restored or written, on every host (they read the same
     # files, so they all stop together): refuse what would lose work.
     self.resumed_from = ckpt.latest_step()
-    changes = {}
-    if self.resumed_from is None:
-      workdir_lib.check_fresh_start(workdir)
-    else:
-      workdir_lib.check_not_imported(workdir)
-      check_latest_is_the_runs(workdir, ckpt, self.resumed_from)
-      changes = workdir_lib.check_resume_config(
-          workdir,
-          config,
-          ckpt.latest_config(),
-          stored_dataset=ckpt.step_metadata(self.resumed_from).get('dataset'),
-          dataset=dataset,
-      )
-    self.model = step_lib.make_model(config)
-    init_rng, self.dropout_rng = jax.random.split(
-        jax.random.key(int(config.seed))
+    changes = resume.check_start(
+        workdir, ckpt, self.resumed_from, config, dataset
     )
+    self.model = step_lib.make_model(config)
+    init_rng, self.dropout_rng = jax.random.split(jax.random.key(config.seed))
     # A fresh start from another workdir's parameters (a resume has its own).
     start_params = None
     self.init_from = None
@@ -300,7 +194,7 @@ class _Loop:
     self.state, tx, self.shardings = step_lib.init_state(
         self.model, config, mesh, init_rng, params=start_params
     )
-    num_steps = int(config.num_train_steps)
+    num_steps = config.num_train_steps
     self.data_iter = data_iter
     self.tb = None
     stats_dir = None
@@ -313,7 +207,7 @@ class _Loop:
     self.statistics = step_lib.position_statistics(
         self.model,
         config,
-        log_every=int(config.log_every_steps),
+        log_every=config.log_every_steps,
         last_step=num_steps,
         writer=self.tb,
         directory=stats_dir,
@@ -427,12 +321,16 @@ class _Loop:
     stops the run before anything of the step is saved."""
     metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
     if not metrics['finite'] > 0:
-      self.stop_training(step, metrics, 'Non-finite')
+      what = 'Non-finite training loss'
+      if math.isfinite(metrics['loss'] + metrics['grad_norm']):
+        what = 'Non-finite parameter update (after a finite loss and gradient)'
+      self.stop_training(step, metrics, what)
     if not metrics['loss'] <= self.divergence:
       self.stop_training(
           step,
           metrics,
-          f'Diverged (above divergence_loss={self.divergence:.3g})',
+          'Diverged training loss (above'
+          f' divergence_loss={self.divergence:.3g})',
       )
     self.counters['loss_sum'] += metrics['loss']
     self.counters['loss_steps'] += 1
@@ -445,7 +343,7 @@ class _Loop:
       self, step: int, metrics: dict[str, float], what: str
   ) -> NoReturn:
     raise NonFiniteLossError(
-        f'{what} training loss at step {step} (loss={metrics["loss"]},'
+        f'{what} at step {step} (loss={metrics["loss"]},'
         f' grad_norm={metrics["grad_norm"]}). Stopped without saving; the last'
         f' good checkpoint is step {self.ckpt.latest_step()} in'
         f' {self.ckpt.directory}. Lower optimizer.learning_rate, increase'
@@ -546,7 +444,7 @@ class _Loop:
     config = self.config
     state = self.state
     start = self.resumed_from or 0
-    num_steps = int(config.num_train_steps)
+    num_steps = config.num_train_steps
     if self.resumed_from is None:
       self.snapshot(state, 0)
       self.save(state, 0)
@@ -587,7 +485,7 @@ class _Loop:
         eval_due = self.eval_due(step)
         checkpoint_due = (
             stop
-            or step % int(config.checkpoint_every_steps) == 0
+            or step % config.checkpoint_every_steps == 0
             or step == num_steps
         )
         # Log, evaluate and checkpoint after the step.

@@ -329,18 +329,22 @@ def resolve_paths(saved: dict[str, Any], workdir: str) -> dict[str, Any]:
   return dict(saved, data=resolved)
 
 
-def use_own_tokenizer(config: Any, workdir: str) -> None:
-  """Points ``config.data.hf_tokenizer`` (a command line's, relative to the
-  current directory) at the workdir's copy when it holds one and the one named
-  is unset, gone or the same (`_own_tokenizer`)."""
+def use_own_tokenizer(
+    config: config_lib.RunConfig, workdir: str
+) -> config_lib.RunConfig:
+  """`config` with ``data.hf_tokenizer`` (a command line's, relative to the
+  current directory) pointing at the workdir's copy when it holds one and the
+  one named is unset, gone or the same (`_own_tokenizer`)."""
   if config.data.tokenizer != 'hf':
-    return
+    return config
   named = config.data.hf_tokenizer
   own = os.path.join(workdir, outputs.TOKENIZER_DIR)
   if named:
-    config.data.hf_tokenizer = _own_tokenizer(os.path.abspath(named), workdir)
+    named = _own_tokenizer(os.path.abspath(named), workdir)
   elif os.path.isdir(own):
-    config.data.hf_tokenizer = os.path.abspath(own)
+    named = os.path.abspath(own)
+  data = dataclasses.replace(config.data, hf_tokenizer=named)
+  return dataclasses.replace(config, data=data)
 
 
 def comparable(config: config_lib.RunConfig) -> config_lib.RunConfig:

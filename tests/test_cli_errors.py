@@ -430,6 +430,7 @@ def _text_config(tmp_path, mode):
   )
   c.data.data_dir, c.data.val_percent = str(tmp_path / 'data'), 0
   c.data.seq_len, c.model.max_len, c.batch_size = 16, 16, 2
+  c.model.vocab_size = 257  # the byte tokenizer's ids
   c.data.on_decode_error = mode
   return c
 
@@ -780,8 +781,8 @@ def test_train_py_sigterm_while_importing_exits_75_with_a_message(tmp_path):
 GC_CALLBACK_SCRIPT = textwrap.dedent("""
     import gc, os, runpy, signal, sys
     from flax_posemb import training
-    real = training.validate
-    def validate_after_a_sigterm_in_a_gc_callback(config):
+    real = training.check_periodic_eval
+    def check_after_a_sigterm_in_a_gc_callback(config):
       def callback(phase, info):
         if phase == 'start':
           gc.callbacks.remove(callback)
@@ -789,7 +790,7 @@ GC_CALLBACK_SCRIPT = textwrap.dedent("""
       gc.callbacks.append(callback)
       gc.collect()
       return real(config)
-    training.validate = validate_after_a_sigterm_in_a_gc_callback
+    training.check_periodic_eval = check_after_a_sigterm_in_a_gc_callback
     sys.argv = ['train.py', *sys.argv[1:]]
     runpy.run_path('train.py', run_name='__main__')
 """)

@@ -213,16 +213,6 @@ def test_evaluation_settings_are_checked_once_against_the_position_table():
     evaluation.eval_settings(c, {'min_start': -1})
 
 
-def test_incompatible_checkpoint_is_a_clear_error():
-  _, params16 = _model(max_len=16)
-  c = _synthetic_config(max_len=32)
-  with pytest.raises(
-      ValueError,
-      match=r'max_len=32.*params/pos_embed/embedding has shape \(16,',
-  ):
-    evaluation.run_evaluation(TransformerLM(c.model), params16, c)
-
-
 def test_format_table_lists_every_bucket():
   acc = buckets_lib.BucketAccumulator(np.array([0, 4, 8]))
   acc.add(

@@ -29,6 +29,7 @@ PACKAGE = 'flax_posemb'
 # files and the tokenizers their files with it.
 RUNNER = (
     'training',
+    'resume',
     'checkpointing',
     'workdir',
     'eval_workdir',

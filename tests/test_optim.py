@@ -13,6 +13,7 @@ import pytest
 
 from conftest import tiny_config
 from flax_posemb import checkpointing
+from flax_posemb import config as config_lib
 from flax_posemb import defaults
 from flax_posemb import optim
 from flax_posemb import training
@@ -61,7 +62,7 @@ def test_undecayed_unseen_row_never_moves_and_decayed_one_shrinks():
   g = jax.tree.map(jnp.zeros_like, p)
   for flag, moved in [(False, False), (True, True)]:
     c.optimizer.decay_position_table = flag
-    tx = optim.make_optimizer(c, p)
+    tx = optim.make_optimizer(config_lib.RunConfig.from_config_dict(c), p)
     upd, _ = tx.update(g, tx.init(p), p)
     assert bool(jnp.any(upd['pos_embed']['embedding'] != 0)) is moved
 
@@ -86,7 +87,7 @@ def test_row_scale_acts_after_adam():
       1.0,
       10,
   )
-  tx = optim.make_optimizer(c, p)
+  tx = optim.make_optimizer(config_lib.RunConfig.from_config_dict(c), p)
   u1, state = tx.update(g, tx.init(p), p, position_counts=counts)
   ratio = np.asarray(
       u1['pos_embed']['embedding'][:3, 0] / u0['pos_embed']['embedding'][:3, 0]
@@ -115,11 +116,11 @@ def test_bad_optimizer_values_are_rejected_at_startup(key, value, match):
   c = defaults.base()
   c.optimizer[key] = value
   if match is None:  # row_lr_scale needs a learned table
-    optim.validate(c)
+    config_lib.RunConfig.from_config_dict(c)
     c.model.position_embedding = 'rope'
     match = 'needs a learned position table'
   with pytest.raises(ValueError, match=match):
-    optim.validate(c)
+    config_lib.RunConfig.from_config_dict(c)
 
 
 def _table_config(position_optimizer, **optimizer):
@@ -134,7 +135,7 @@ def _table_config(position_optimizer, **optimizer):
 def _steps(c, grads):
   """Parameters and optimizer state after one update per gradient tree."""
   p = params()
-  tx = optim.make_optimizer(c, p)
+  tx = optim.make_optimizer(config_lib.RunConfig.from_config_dict(c), p)
   state = tx.init(p)
   for g in grads:
     updates, state = tx.update(g, state, p)
@@ -249,15 +250,15 @@ def test_bad_table_optimizer_values_are_rejected_at_startup(key, value, match):
   c = _table_config('sgd')
   c.optimizer[key] = value
   with pytest.raises(ValueError, match=match):
-    optim.validate(c)
+    config_lib.RunConfig.from_config_dict(c)
 
 
 def test_a_table_optimizer_needs_a_learned_table():
   c = _table_config('lazy_adam')
-  optim.validate(c)
+  config_lib.RunConfig.from_config_dict(c)
   c.model.position_embedding = 'rope'
   with pytest.raises(ValueError, match='needs a learned position table'):
-    optim.validate(c)
+    config_lib.RunConfig.from_config_dict(c)
 
 
 @pytest.mark.parametrize('position_optimizer', ['lazy_adam', 'sgd'])

@@ -443,6 +443,31 @@ def test_cli_cpu_recipe_on_huge_pages_trains_and_evaluates_bit_identically(
       )
 
 
+def test_a_non_finite_update_after_a_finite_loss_stops_before_it_is_saved(
+    tmp_path,
+):
+  """Adam with eps=0 divides 0 by 0 on the position rows no token reached
+  (rows of 8 tokens in a table of 32): the loss and the gradient stay finite,
+  the update does not. The loop, finiteness's one owner, stops before that
+  step is saved (exit 3)."""
+  workdir = str(tmp_path / 'update')
+  c = tiny_config()
+  c.optimizer.eps = 0.0
+  c.data.position_policy = 'length_schedule'
+  c.data.schedule_seq_len = 8
+  with pytest.raises(
+      training.NonFiniteLossError,
+      match='Non-finite parameter update .* at step 1 .*last good checkpoint'
+      ' is step 0',
+  ):
+    training.train_and_evaluate(c, workdir)
+  params, _, info = checkpointing.restore_params(workdir)
+  assert info.step == 0
+  assert all(
+      np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params)
+  )
+
+
 def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
   workdir = str(tmp_path / 'nan')
   c = tiny_config()

@@ -148,14 +148,14 @@ def training_mix(config) -> dict[str, float]:
   src = corpus.make_source(data_config, data_config.train_split)
   it = pipeline.make_train_iterator(
       data_config,
-      batch_size=int(config.batch_size),
-      seed=int(config.seed),
-      num_train_steps=int(config.num_train_steps),
-      max_len=int(config.model.max_len),
+      batch_size=config.batch_size,
+      seed=config.seed,
+      num_train_steps=config.num_train_steps,
+      max_len=config.model.max_len,
       with_doc_ids=True,
   )
   tokens_per_doc: collections.Counter[int] = collections.Counter()
-  for _ in range(int(config.num_train_steps)):
+  for _ in range(config.num_train_steps):
     batch = next(it)
     docs = batch['doc_ids'][batch['segment_ids'] > 0]
     ids, counts = np.unique(docs, return_counts=True)

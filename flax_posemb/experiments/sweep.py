@@ -100,7 +100,7 @@ def equalize(
   reference = budget_config.reference_arm
   if reference not in arms:
     reference = next(iter(arms))
-  base_rows = {arm: int(config.batch_size) for arm, config in arms.items()}
+  base_rows = {arm: config.batch_size for arm, config in arms.items()}
   if budget_config.equalize == 'none':
     return runs, Budget('none', reference, float('nan'), {}, base_rows)
   # Scored targets per row at seed 0, cached by run key: a resumed sweep keeps
@@ -116,10 +116,10 @@ def equalize(
       logger.info(
           'budget: arm %s: scored tokens per row over %d batches ...',
           arm,
-          int(budget_config.estimate_batches),
+          budget_config.estimate_batches,
       )
       probe_config = config_lib.RunConfig.from_config_dict(probe)
-      batches = int(budget_config.estimate_batches)
+      batches = budget_config.estimate_batches
       cache[key] = float(estimator(probe_config, batches))
     per_row[arm] = cache[key]
     if not per_row[arm] > 0:
@@ -129,7 +129,7 @@ def equalize(
       )
   if cache_path:
     write_json(cache_path, dict(sorted(cache.items())))
-  target = float(budget_config.target_tokens_per_step)
+  target = budget_config.target_tokens_per_step
   if target <= 0:
     target = base_rows[reference] * per_row[reference]
   batch = {arm: max(1, int(round(target / per_row[arm]))) for arm in arms}
