@@ -41,12 +41,12 @@ def fit_to_positions(config: ml_collections.ConfigDict, max_len: int) -> None:
   config asks for more (configs/gpt2_pretrained.py's 1024 on a smaller
   model), and ``eval.bucket_size`` with it, so that the evaluation keeps the
   number of buckets the config meant; one log line says so."""
-  seq_len = int(config.data.seq_len)
+  seq_len = config.data.seq_len
   if seq_len <= max_len:
     return
   config.data.seq_len = max_len
   note = ''
-  bucket_size = int(config.eval.bucket_size)
+  bucket_size = config.eval.bucket_size
   if not config.eval.bucket_edges and bucket_size > 0:
     fitted = max(1, bucket_size * max_len // seq_len)
     config.eval.bucket_size = fitted

@@ -237,7 +237,7 @@ def _position_table_tx(
     parts.append(optax.trace(decay=optimizer.position_momentum))
     if decay > 0:
       parts.append(optax.add_decayed_weights(decay))
-    schedule = _scaled(schedule, float(optimizer.position_lr_scale))
+    schedule = _scaled(schedule, optimizer.position_lr_scale)
   if optimizer.row_lr_scale:
     parts.append(
         scale_position_rows(optimizer.row_lr_power, optimizer.row_lr_max)
