@@ -110,8 +110,19 @@ class Checkpoint:
 
 
 def read_hf_config(hf_dir: str) -> dict[str, Any]:
-  """``config.json`` of `hf_dir` with GPT2Config's defaults filled in; refuses
-  a model that is not a GPT-2-family causal LM this model can represent."""
+  """Reads a Hugging Face GPT-2-family ``config.json``.
+
+  Args:
+    hf_dir: a local checkpoint directory (``config.json`` and weights).
+
+  Returns:
+    The config as a dict, with GPT2Config's defaults filled in.
+
+  Raises:
+    HFCheckpointError: not a GPT-2-family causal LM this model can
+      represent, or a field that is null, fractional or of the wrong type
+      (named).
+  """
   path = os.path.join(hf_dir, HF_CONFIG)
   if not os.path.isfile(path):
     raise HFCheckpointError(
@@ -211,7 +222,15 @@ def _check_architecture(hf_config: dict[str, Any], path: str) -> None:
 
 
 def model_fields(hf_config: dict[str, Any]) -> dict[str, Any]:
-  """The ModelConfig fields of a GPT-2 config (`read_hf_config`'s)."""
+  """The `model.ModelConfig` fields of a GPT-2 config.
+
+  Args:
+    hf_config: a config as `read_hf_config` returns it.
+
+  Returns:
+    ``vocab_size``, ``num_layers``, ``num_heads``, ``emb_dim``, ``mlp_dim``,
+    ``max_len`` and the other ModelConfig fields the checkpoint fixes.
+  """
   emb_dim = int(hf_config['n_embd'])
   mlp_dim = hf_config['n_inner'] or 4 * emb_dim
   return {
@@ -226,8 +245,19 @@ def model_fields(hf_config: dict[str, Any]) -> dict[str, Any]:
 
 
 def weight_files(hf_dir: str) -> tuple[str, tuple[str, ...]]:
-  """``(layout, paths)`` of the directory's weights: model.safetensors (or its
-  shards) if present, else flax_model.msgpack."""
+  """Finds the directory's weight files.
+
+  Args:
+    hf_dir: a local checkpoint directory.
+
+  Returns:
+    ``(layout, paths)``: ``'safetensors'`` and model.safetensors (or its
+    shards) if present, else ``'flax'`` and flax_model.msgpack.
+
+  Raises:
+    HFCheckpointError: no weights this importer reads (PyTorch ``.bin``
+      files are named with the fix).
+  """
   single = os.path.join(hf_dir, SAFETENSORS)
   if os.path.isfile(single):
     return 'safetensors', (single,)
@@ -253,9 +283,17 @@ def weight_files(hf_dir: str) -> tuple[str, tuple[str, ...]]:
 
 
 def read_tensors(layout: str, paths: tuple[str, ...]) -> dict[str, np.ndarray]:
-  """``{name: array}`` of the weight files, names without GPT2LMHeadModel's
-  prefix: 'h.0.attn.c_attn.weight' (safetensors), 'h/0/attn/c_attn/kernel'
-  (flax)."""
+  """Reads every tensor of the weight files.
+
+  Args:
+    layout: ``'safetensors'`` or ``'flax'`` (`weight_files`).
+    paths: the weight files.
+
+  Returns:
+    ``{name: array}``, names without GPT2LMHeadModel's prefix:
+    ``'h.0.attn.c_attn.weight'`` (safetensors), ``'h/0/attn/c_attn/kernel'``
+    (flax); arrays as stored (e.g. ``wpe`` ``[n_positions, n_embd]``).
+  """
   prefix = _PREFIXES[layout]
   tensors = {}
   for path in paths:
@@ -305,9 +343,22 @@ def to_linen(
     hf_config: dict[str, Any],
     where: str,
 ) -> dict[str, Any]:
-  """The linen params tree of the stored `tensors`; refuses a missing,
-  unexpected, misshapen or non-finite tensor and an untied head, naming
-  `where` (the weight file)."""
+  """Maps stored GPT-2 tensors onto the linen `model.TransformerLM` tree.
+
+  Args:
+    tensors: ``{name: array}`` as `read_tensors` returns them.
+    layout: their layout, ``'safetensors'`` (Conv1D ``[in, out]`` kernels)
+      or ``'flax'``.
+    hf_config: the checkpoint's config (`read_hf_config`).
+    where: the weight file, named in refusals.
+
+  Returns:
+    The params tree, e.g. ``pos_embed/embedding`` ``[max_len, emb_dim]``.
+
+  Raises:
+    HFCheckpointError: a missing, unexpected, misshapen or non-finite
+      tensor, or an untied head.
+  """
   fields = model_fields(hf_config)
   try:
     model = model_lib.TransformerLM(model_lib.ModelConfig(**fields))
@@ -380,8 +431,18 @@ def _check_head(
 
 
 def read_checkpoint(hf_dir: str) -> Checkpoint:
-  """The GPT-2-family checkpoint in `hf_dir` (`HFCheckpointError` if it
-  cannot be represented)."""
+  """Reads a local GPT-2-family checkpoint.
+
+  Args:
+    hf_dir: the checkpoint directory (config.json and weights).
+
+  Returns:
+    The `Checkpoint`: its config, ModelConfig fields, linen params, layout
+    and files.
+
+  Raises:
+    HFCheckpointError: it cannot be represented by this model.
+  """
   hf_config = read_hf_config(hf_dir)
   layout, files = weight_files(hf_dir)
   where = files[0] if len(files) == 1 else os.path.join(hf_dir, SAFETENSORS)
@@ -396,8 +457,18 @@ def read_checkpoint(hf_dir: str) -> Checkpoint:
 
 
 def read_tokenizer(hf_dir: str) -> tokenizers_lib.HFTokenizer:
-  """The directory's tokenizer (`tokenizers_lib.HFTokenizer`), refused
-  clearly."""
+  """Loads the checkpoint's own tokenizer.
+
+  Args:
+    hf_dir: the checkpoint directory (tokenizer.json, or vocab.json and
+      merges.txt).
+
+  Returns:
+    The `tokenizers_lib.HFTokenizer`.
+
+  Raises:
+    HFCheckpointError: no tokenizer there, or one that does not load.
+  """
   if tokenizers_lib.hf_tokenizer_files(hf_dir) is None:
     raise HFCheckpointError(
         f'{hf_dir} holds no tokenizer ({tokenizers_lib.HF_TOKENIZER_FILE}, or'
