@@ -104,6 +104,9 @@ _OPTIMIZER_DEFAULTS = dict(
     row_lr_scale=False,
     row_lr_power=0.5,
     row_lr_max=10.0,
+    position_optimizer='adam',
+    position_momentum=0.9,
+    position_lr_scale=1.0,
 )
 
 
