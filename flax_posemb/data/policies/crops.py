@@ -128,12 +128,14 @@ class Crops(registry.Policy):
     seq_len = data.seq_len
     seed = setup.seed
 
-    def crop(tokens: np.ndarray, stream_position: int) -> np.ndarray:
+    def crop(
+        tokens: np.ndarray, stream_position: int
+    ) -> tuple[np.ndarray, int]:
       pairs = len(tokens) - 1
       m = min(pairs, seq_len)
       rng = np.random.default_rng([seed, stream_position, 0xC4])
       start = int(rng.integers(0, pairs - m + 1))
-      return tokens[start : start + m + 1]
+      return tokens[start : start + m + 1], start
 
     return packers.CropIterDataset(
         chunks,
@@ -179,6 +181,9 @@ class Crops(registry.Policy):
         crop=_whole_document,
     )
 
+  def recuts_stream(self, data: DataConfig) -> bool:
+    return data.crop_weighting == 'token'
+
   def short_phase(self, data: DataConfig) -> registry.ShortPhase | None:
     if data.crop_lengths != 'schedule':
       return None
@@ -211,6 +216,8 @@ class Crops(registry.Policy):
     return (pairs > 0).astype(np.float64)
 
 
-def _whole_document(tokens: np.ndarray, stream_position: int) -> np.ndarray:
+def _whole_document(
+    tokens: np.ndarray, stream_position: int
+) -> tuple[np.ndarray, int]:
   del stream_position
-  return tokens
+  return tokens, 0
