@@ -204,3 +204,38 @@ def test_the_report_states_the_rare_regime_on_all_and_full_context_rows():
   assert twin_report['policies']['crops']['last_over_first'] == 1.0
   text = report.format_report(twin_report)
   assert 'rare regime over the run' in text and 'context = position' in text
+
+
+@pytest.mark.parametrize(
+    'overrides, message',
+    [
+        (
+            [
+                '--config.data.position_policy=length_schedule',
+                '--config.data.offset_twin=True',
+            ],
+            'data.offset_twin',
+        ),
+        (['--config.data.shared_stream=True'], 'data.shared_stream needs'),
+    ],
+)
+def test_cli_refuses_a_twin_or_shared_stream_it_cannot_honour(
+    overrides, message
+):
+  out = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'flax_posemb.commands.data_report',
+          '--config',
+          'configs/tiny.py',
+          *overrides,
+      ],
+      cwd=ROOT,
+      env=dict(os.environ, JAX_PLATFORMS='cpu'),
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert out.returncode == 2
+  assert message in out.stderr and 'Traceback' not in out.stderr
