@@ -67,7 +67,12 @@ class SharedStream(registry.Policy):
           np.random.SeedSequence([setup.seed, slot]).generate_state(1)[0]
       )
       slot_setup = dataclasses.replace(
-          setup, seed=seed, substream=(slot, setup.batch_size)
+          setup,
+          seed=seed,
+          substream=(slot, setup.batch_size),
+          # A slot's chunks are document indices, cheap to make: no reader
+          # thread per slot (a batch of 512 rows would start 512).
+          read_options=grain.ReadOptions(num_threads=0),
       )
       slots.append(self.inner.rows(in_order, slot_setup))
     return packers.InterleavedIterDataset(slots)
