@@ -224,7 +224,13 @@ def test_the_report_states_the_rare_regime_on_all_and_full_context_rows():
             ],
             'data.offset_twin',
         ),
-        (['--config.data.shared_stream=True'], 'data.shared_stream needs'),
+        (
+            [
+                '--config.data.position_policy=random_offset',
+                '--config.data.shared_stream=True',
+            ],
+            'cannot recut the shared stream',
+        ),
     ],
 )
 def test_cli_refuses_a_twin_or_shared_stream_it_cannot_honour(
