@@ -18,6 +18,8 @@ from flax_posemb.data import lengths as lengths_lib
 from flax_posemb.data import sources
 from flax_posemb.data import synthetic as synthetic_lib
 from flax_posemb.data.policies import registry
+from flax_posemb.data.policies import shared_stream
+from flax_posemb.data.policies import twin
 
 SOURCES = ('synthetic', 'stdlib', 'local_text', 'tfds', 'long_text')
 TOKENIZERS = ('byte', 'sentencepiece', 'hf')
@@ -144,6 +146,15 @@ class DataConfig:
   # Batches prefetched by the Grain iterator.
   prefetch: int = 2
 
+  # Random-offset twin of the policy: its rows (tokens, segments, each token's
+  # context) with each segment moved to a uniform start in the position table
+  # (docs/data.md, "Random-offset twins").
+  offset_twin: bool = False
+  # One token stream per seed: row slot r of every batch recuts its own share
+  # of the document stream, so arms of one seed train on the same token
+  # instances (docs/data.md, "One token stream per seed").
+  shared_stream: bool = False
+
   # The synthetic corpus (source == 'synthetic').
   synthetic: SyntheticConfig = SyntheticConfig()
 
@@ -231,8 +242,15 @@ class DataConfig:
 
   @property
   def policy(self) -> registry.Policy:
-    """The position policy's object (`flax_posemb.data.policies`)."""
-    return registry.get(self.position_policy)
+    """The position policy's object (`flax_posemb.data.policies`), cut from
+    the shared stream and twinned as data.shared_stream and data.offset_twin
+    ask."""
+    policy = registry.get(self.position_policy)
+    if self.shared_stream:
+      policy = shared_stream.SharedStream(policy)
+    if self.offset_twin:
+      policy = twin.OffsetTwin(policy)
+    return policy
 
   def to_json(self) -> str:
     """The section as sorted JSON: a hashable key for caches of what it

@@ -13,6 +13,7 @@ from flax_posemb.data import lengths as lengths_lib
 from flax_posemb.data import rows as rows_lib
 
 DOC_IDS = rows_lib.DOC_IDS
+DOC_OFFSETS = rows_lib.DOC_OFFSETS
 
 
 class _DocStream:
@@ -183,11 +184,9 @@ class _PackIterator(grain.DatasetIterator):
   def __next__(self) -> dict[str, np.ndarray]:
     t = self._seq_len
     if self._chunked:
-      inputs, targets, _, docs = self._stream.pairs(t, 0)
+      inputs, targets, offsets, docs = self._stream.pairs(t, 0)
       row = rows_lib.natural_row(np.append(inputs, targets[-1:]), t)
-      in_doc = row['segment_ids'] > 0
-      row[DOC_IDS] = np.where(in_doc, docs[0], -1).astype(np.int32)
-      return row
+      return rows_lib.with_provenance(row, int(docs[0]), int(offsets[0]))
     pieces = []
     need = t
     while need:
@@ -202,6 +201,7 @@ class _PackIterator(grain.DatasetIterator):
         'inputs': joined(0),
         'targets': joined(1),
         DOC_IDS: joined(3),
+        DOC_OFFSETS: doc_pos,
         'positions': np.arange(t, dtype=np.int32),
         'segment_ids': np.ones((t,), np.int32),
         'loss_mask': np.ones((t,), np.float32),
@@ -244,7 +244,7 @@ class CropIterDataset(grain.IterDataset):
       min_tokens: int,
       seed: int,
       lengths: lengths_lib.PieceLengths | None = None,
-      crop: Callable[[np.ndarray, int], np.ndarray] | None = None,
+      crop: Callable[[np.ndarray, int], tuple[np.ndarray, int]] | None = None,
   ):
     super().__init__(parent)
     self._materialize = materialize
@@ -295,33 +295,36 @@ class _CropIterator(grain.DatasetIterator):
     return int(self._block_lengths[index % _LENGTH_BLOCK])
 
   def _read_crop(self) -> tuple[np.ndarray, ...]:
-    """(inputs, targets, document index) ``[m]`` of the next crop."""
+    """(inputs, targets, document index, in-document offset) ``[m]`` of the
+    next crop."""
     if self._crop is not None:
       tokens, doc, stream_position = self._stream.document(0)
-      tokens = self._crop(tokens, stream_position)
+      tokens, start = self._crop(tokens, stream_position)
       m = len(tokens) - 1
-      return tokens[:-1], tokens[1:], np.full(m, doc, np.int32)
+      offsets = np.arange(start, start + m, dtype=np.int32)
+      return tokens[:-1], tokens[1:], np.full(m, doc, np.int32), offsets
     parts = []
     need = self._length(self._placed)
     while need:
       parts.append(self._stream.pairs(need, 0))
       need -= len(parts[-1][0])
-    inputs, targets, _, docs = (
+    inputs, targets, offsets, docs = (
         np.concatenate([p[j] for p in parts]) for j in range(4)
     )
-    return inputs, targets, docs
+    return inputs, targets, docs, offsets
 
   def __next__(self) -> dict[str, np.ndarray]:
     t = self._seq_len
     row = rows_lib.empty_row(t)
     row[DOC_IDS] = np.full(t, -1, np.int32)
+    row[DOC_OFFSETS] = np.full(t, -1, np.int32)
     column = 0
     segment = 0
     while column < t:
       if self._pending is None:
         self._pending_state = self._stream.get_state()
         self._pending = self._read_crop()
-      inputs, targets, docs = self._pending
+      inputs, targets, docs, offsets = self._pending
       m = len(inputs)
       if column + m > t:
         break
@@ -329,6 +332,7 @@ class _CropIterator(grain.DatasetIterator):
       row['inputs'][column:end] = inputs
       row['targets'][column:end] = targets
       row[DOC_IDS][column:end] = docs
+      row[DOC_OFFSETS][column:end] = offsets
       row['positions'][column:end] = np.arange(m, dtype=np.int32)
       segment += 1
       row['segment_ids'][column:end] = segment
@@ -348,6 +352,46 @@ class _CropIterator(grain.DatasetIterator):
     self._stream.set_state(state['stream'])
     self._placed = int(state['placed'])
     self._pending = None
+
+
+class InterleavedIterDataset(grain.IterDataset):
+  """Rows of the datasets `slots` in turn: row ``i`` from slot ``i % n``
+  (data.shared_stream: slot ``r`` fills row ``r`` of every batch)."""
+
+  def __init__(self, slots: list[grain.IterDataset]):
+    super().__init__(slots)
+    self._slots = slots
+
+  def __iter__(self) -> '_InterleavedIterator':
+    return _InterleavedIterator([slot.__iter__() for slot in self._slots])
+
+  def __str__(self) -> str:
+    return f'InterleavedIterDataset({len(self._slots)} slots)'
+
+
+class _InterleavedIterator(grain.DatasetIterator):
+  """State: each slot's and the next slot."""
+
+  def __init__(self, slots: list[grain.DatasetIterator]):
+    super().__init__(slots)
+    self._slots = slots
+    self._next = 0
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    row = next(self._slots[self._next])
+    self._next = (self._next + 1) % len(self._slots)
+    return row
+
+  def get_state(self) -> dict[str, Any]:
+    return {
+        'slots': [slot.get_state() for slot in self._slots],
+        'next': self._next,
+    }
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    for slot, slot_state in zip(self._slots, state['slots']):
+      slot.set_state(slot_state)
+    self._next = int(state['next'])
 
 
 # (batch ``[b, T]``, length) -> the batch of a schedule's short phase.

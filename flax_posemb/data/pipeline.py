@@ -1,6 +1,7 @@
 """The training batches of a data config: its position policy's rows,
 batched, through Grain (docs/DESIGN.md § Batch)."""
 
+import functools
 import os
 import threading
 import time
@@ -26,6 +27,7 @@ def make_train_iterator(
     process_count: int = 1,
     max_len: int | None = None,
     with_doc_ids: bool = False,
+    with_doc_offsets: bool = False,
 ) -> grain.DatasetIterator:
   """Infinite, resumable iterator of this process's training batches.
 
@@ -39,6 +41,8 @@ def make_train_iterator(
     process_count: processes; each makes its block of every batch.
     max_len: rows of the position table, packed_reset's L (None: seq_len).
     with_doc_ids: add ``doc_ids`` ``[b, T]`` int32 (-1: padding).
+    with_doc_offsets: add ``doc_offsets`` ``[b, T]`` int32, each input
+      token's index in its document (-1: padding).
 
   Returns:
     An iterator of ``[batch_size // process_count, T]`` batches (the batch
@@ -69,8 +73,12 @@ def make_train_iterator(
     ds = packers.ScheduleIterDataset(
         ds, phase.transform, phase.length, num_short
     )
-  if not with_doc_ids:
-    ds = ds.map(_without_doc_ids)
+  kept: tuple[str, ...] = rows_lib.KEYS
+  if with_doc_ids:
+    kept += (rows_lib.DOC_IDS,)
+  if with_doc_offsets:
+    kept += (rows_lib.DOC_OFFSETS,)
+  ds = ds.map(functools.partial(_only, kept))
   if data.num_workers > 0:
     # Grain workers read absl flags: a library caller outside app.run has not
     # parsed any.
@@ -102,8 +110,10 @@ def _check_long_enough(
     )
 
 
-def _without_doc_ids(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  return {k: batch[k] for k in rows_lib.KEYS}
+def _only(
+    keys: tuple[str, ...], batch: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+  return {k: batch[k] for k in keys}
 
 
 def exit_with_parent(worker_index: int = 0, worker_count: int = 1) -> None:

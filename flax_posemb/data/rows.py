@@ -22,6 +22,11 @@ from flax_posemb.data import sources
 
 # Per-token document index (-1: padding), for the report's batch diversity.
 DOC_IDS = 'doc_ids'
+# Per-token index of its input token in its document (-1: padding): with
+# DOC_IDS, a token instance's provenance (`flax_posemb.data.streams`).
+DOC_OFFSETS = 'doc_offsets'
+# The provenance keys a row carries beside the batch contract's.
+PROVENANCE = (DOC_IDS, DOC_OFFSETS)
 # "Infinite" number of rows (Grain datasets are indexed lazily).
 _BIG = 2**62 // 64
 _PACK_CHUNK = 256  # Documents per Grain element fed to the packer.
@@ -36,6 +41,27 @@ def empty_row(seq_len: int) -> dict[str, np.ndarray]:
       k: np.zeros((seq_len,), np.float32 if k == 'loss_mask' else np.int32)
       for k in KEYS
   }
+
+
+def with_provenance(
+    row: dict[str, np.ndarray], doc: int, first_offset: int = 0
+) -> dict[str, np.ndarray]:
+  """``row`` of one document's consecutive pairs with its provenance keys.
+
+  Args:
+    row: a row whose real tokens (segment id > 0) are ``doc``'s pairs from
+      its input token ``first_offset`` on, in order.
+    doc: the document's index.
+    first_offset: in-document index of the first real input token.
+
+  Returns:
+    ``row`` with `DOC_IDS` and `DOC_OFFSETS` ``[T]`` (-1: padding).
+  """
+  in_doc = row['segment_ids'] > 0
+  offsets = np.cumsum(in_doc, dtype=np.int32) - 1 + first_offset
+  row[DOC_IDS] = np.where(in_doc, doc, -1).astype(np.int32)
+  row[DOC_OFFSETS] = np.where(in_doc, offsets, -1).astype(np.int32)
+  return row
 
 
 def natural_row(
@@ -110,6 +136,10 @@ class RowSetup:
   table: int
   # How Grain reads the rows (`read_options`).
   read_options: grain.ReadOptions
+  # data.shared_stream: (this row slot, slots) -- `document_chunks` reads the
+  # slot's share of the document stream (every ``slots``-th document); None:
+  # this process's share.
+  substream: tuple[int, int] | None = None
 
 
 def read_options(prefetch: int) -> grain.ReadOptions:
@@ -153,10 +183,7 @@ def document_rows(
     row_index += setup.process_index * per_process + i % per_process
     doc = int(setup.order.take([row_index])[0])
     tokens, start = row_tokens(doc, row_index)
-    row = natural_row(tokens, seq_len, start=start)
-    in_doc = row['segment_ids'] > 0
-    row[DOC_IDS] = np.where(in_doc, doc, -1).astype(np.int32)
-    return row
+    return with_provenance(natural_row(tokens, seq_len, start=start), doc)
 
   ds = (
       grain.MapDataset.range(_BIG)
@@ -170,12 +197,15 @@ def document_rows(
 
 def document_chunks(setup: RowSetup) -> grain.IterDataset:
   """The document stream in chunks ``{'doc': [n], 'stream_position': [n]}``:
-  this process's every ``process_count``-th document."""
+  this process's every ``process_count``-th document (with
+  ``setup.substream``: its row slot's every ``slots``-th)."""
+  share, shares = setup.process_index, setup.process_count
+  if setup.substream is not None:
+    share, shares = setup.substream
 
   def chunk(i: int) -> dict[str, np.ndarray]:
     stream_positions = (
-        np.arange(i * _PACK_CHUNK, (i + 1) * _PACK_CHUNK) * setup.process_count
-        + setup.process_index
+        np.arange(i * _PACK_CHUNK, (i + 1) * _PACK_CHUNK) * shares + share
     )
     return {
         'doc': setup.order.take(stream_positions),

@@ -104,12 +104,23 @@ class Crops(registry.Policy):
     chunks = rows_lib.document_chunks(setup)
     if data.crop_weighting == 'document':
       rows = self._document_crops(data, setup, chunks)
-    elif isinstance(setup.src, sources.SyntheticSource):
+    elif (
+        isinstance(setup.src, sources.SyntheticSource)
+        and setup.substream is None
+    ):
       rows = self._synthetic_crops(data, setup, chunks)
     else:
+      # data.shared_stream on the synthetic source: stretches of documents
+      # generated from position 0, generated again where the crops place
+      # them (`policies.shared_stream`).
+      materialize = rows_lib.tokenized(setup.src)
+      if isinstance(setup.src, sources.SyntheticSource):
+        materialize = rows_lib.generated(
+            setup.src, data.seq_len, from_zero=True
+        )
       rows = packers.CropIterDataset(
           chunks,
-          rows_lib.tokenized(setup.src),
+          materialize,
           data.seq_len,
           min_tokens=data.min_doc_len,
           seed=setup.seed,
@@ -128,12 +139,14 @@ class Crops(registry.Policy):
     seq_len = data.seq_len
     seed = setup.seed
 
-    def crop(tokens: np.ndarray, stream_position: int) -> np.ndarray:
+    def crop(
+        tokens: np.ndarray, stream_position: int
+    ) -> tuple[np.ndarray, int]:
       pairs = len(tokens) - 1
       m = min(pairs, seq_len)
       rng = np.random.default_rng([seed, stream_position, 0xC4])
       start = int(rng.integers(0, pairs - m + 1))
-      return tokens[start : start + m + 1]
+      return tokens[start : start + m + 1], start
 
     return packers.CropIterDataset(
         chunks,
@@ -179,6 +192,9 @@ class Crops(registry.Policy):
         crop=_whole_document,
     )
 
+  def recuts_stream(self, data: DataConfig) -> bool:
+    return data.crop_weighting == 'token'
+
   def short_phase(self, data: DataConfig) -> registry.ShortPhase | None:
     if data.crop_lengths != 'schedule':
       return None
@@ -211,6 +227,8 @@ class Crops(registry.Policy):
     return (pairs > 0).astype(np.float64)
 
 
-def _whole_document(tokens: np.ndarray, stream_position: int) -> np.ndarray:
+def _whole_document(
+    tokens: np.ndarray, stream_position: int
+) -> tuple[np.ndarray, int]:
   del stream_position
-  return tokens
+  return tokens, 0

@@ -38,13 +38,36 @@ class Natural(registry.Policy):
   def rows(
       self, data: DataConfig, setup: rows_lib.RowSetup
   ) -> grain.IterDataset:
+    if setup.substream is not None:
+      # data.shared_stream: every context of the slot's documents, each a
+      # row of its own from position 0 (natural_chunked's rows), so that
+      # natural draws every token of the stream the other policies recut.
+      materialize = rows_lib.tokenized(setup.src)
+      if isinstance(setup.src, sources.SyntheticSource):
+        materialize = rows_lib.generated(
+            setup.src, data.seq_len, from_zero=True
+        )
+      return packers.PackIterDataset(
+          rows_lib.document_chunks(setup),
+          materialize,
+          data.seq_len,
+          reset=False,
+          min_tokens=data.min_doc_len,
+          chunked=True,
+      )
     return rows_lib.document_rows(
         setup, self.row_tokens(data, setup), data.seq_len, data.min_doc_len
     )
 
+  def recuts_stream(self, data: DataConfig) -> bool:
+    # Its subclasses draw their own offsets or lengths per row.
+    return type(self) is Natural
+
   def exposure(
       self, data: DataConfig, corpus: CorpusLengths
   ) -> exposure_lib.Exposure:
+    if data.shared_stream:
+      return exposure_lib.exposure(corpus.used(np.inf), corpus.every_row())
     return exposure_lib.exposure(corpus.used(data.seq_len), corpus.first_rows())
 
 
@@ -77,7 +100,8 @@ class RandomOffset(Natural):
   def exposure(
       self, data: DataConfig, corpus: CorpusLengths
   ) -> exposure_lib.Exposure:
-    return exposure_lib.exposure(corpus.used(data.seq_len), None)
+    # Starts past 0: a token's context is its position only when drawn 0.
+    return exposure_lib.exposure(corpus.used(data.seq_len), None, False)
 
 
 @registry.register

@@ -9,8 +9,22 @@ import numpy as np
 import numpy.typing as npt
 
 # {'token_share': share of the corpus's pairs used, 'last_over_first': the
-# last tenth of positions' exposure over the first's (None: not modelled)}.
+# last tenth of positions' exposure over the first's, 'full_context_last_over_
+# first': the same of the tokens whose context is their position, the
+# evaluation's situation (None: not modelled)}.
 Exposure = dict[str, Any]
+# Occurrences per row under which a row is rare (`rare_regime`).
+RARE_OCCURRENCES = 100.0
+
+
+def rare_regime(
+    late: float, early: float, threshold: float = RARE_OCCURRENCES
+) -> bool:
+  """Whether a late bucket seen ``late`` times per row, against ``early``
+  (the first bucket's), is in the regime of the claim (tens of occurrences
+  against thousands): fewer than ``threshold`` and under a tenth of
+  ``early``."""
+  return late < threshold and late < 0.1 * early
 
 
 def deciles(counts: np.ndarray) -> tuple[np.ndarray, float | None]:
@@ -30,13 +44,33 @@ def deciles(counts: np.ndarray) -> tuple[np.ndarray, float | None]:
   return means, float(means[-1] / means[0])
 
 
-def exposure(token_share: float, counts: np.ndarray | None) -> Exposure:
-  """A policy's row of the table: ``counts`` ``[T]`` per position (None:
-  uniform offsets or lengths, not modelled)."""
+def exposure(
+    token_share: float, counts: np.ndarray | None, full_context: bool = True
+) -> Exposure:
+  """A policy's row of the table.
+
+  Args:
+    token_share: share of the corpus's pairs its rows use.
+    counts: ``[T]`` exposure per position (None: uniform offsets or lengths,
+      not modelled).
+    full_context: every token's context is its position (each segment starts
+      at position 0), so the full-context exposure is ``counts``; False: not
+      modelled.
+
+  Returns:
+    The row, an `Exposure`.
+  """
   last_over_first = None
   if counts is not None:
     last_over_first = deciles(counts)[1]
-  return {'token_share': token_share, 'last_over_first': last_over_first}
+  full_context_last_over_first = None
+  if full_context:
+    full_context_last_over_first = last_over_first
+  return {
+      'token_share': token_share,
+      'last_over_first': last_over_first,
+      'full_context_last_over_first': full_context_last_over_first,
+  }
 
 
 @dataclasses.dataclass(frozen=True)

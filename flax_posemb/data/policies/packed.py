@@ -45,6 +45,9 @@ class _Stream(registry.Policy):
     )
     return rows_lib.shuffled(rows, data.shuffle, data.shuffle_rows, setup.seed)
 
+  def recuts_stream(self, data: DataConfig) -> bool:
+    return True
+
   def exposure(
       self, data: DataConfig, corpus: exposure_lib.CorpusLengths
   ) -> exposure_lib.Exposure:
@@ -82,7 +85,10 @@ class Packed(_Packed):
   def exposure(
       self, data: DataConfig, corpus: exposure_lib.CorpusLengths
   ) -> exposure_lib.Exposure:
-    return {'token_share': corpus.used(np.inf), 'last_over_first': 1.0}
+    # One segment per row: every token's context is its position.
+    return exposure_lib.exposure(
+        corpus.used(np.inf), np.ones(data.seq_len), True
+    )
 
 
 @registry.register
@@ -96,6 +102,13 @@ class PackedReset(_Packed):
   def position_count(self, data: DataConfig, max_len: int) -> int:
     # In-document positions run up to the table, past the row length.
     return max_len
+
+  def exposure(
+      self, data: DataConfig, corpus: exposure_lib.CorpusLengths
+  ) -> exposure_lib.Exposure:
+    # A document continued from the row before has context below its
+    # positions: the full-context exposure is measured only.
+    return exposure_lib.exposure(corpus.used(np.inf), corpus.every_row(), False)
 
 
 @registry.register

@@ -68,6 +68,12 @@ class Policy:
     """
     raise NotImplementedError(f'{type(self).__name__}.rows')
 
+  def recuts_stream(self, data: Any) -> bool:
+    """Whether its rows can be cut, in order, from any share of the document
+    stream (`RowSetup.substream`): data.shared_stream needs it."""
+    del data
+    return False
+
   def short_phase(self, data: Any) -> ShortPhase | None:
     """The batches' short phase, if the policy has one (None: no phase)."""
     del data
