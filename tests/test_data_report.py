@@ -141,3 +141,66 @@ def test_long_text_packed_rows_in_stream_order_fill_batches_from_one_document():
   )['batch_diversity']
   assert div['all_one_doc'] > 0.3 and div['same_doc_pairs'] > 0.3, div
   assert div['random_all_one_doc'] < 0.01
+
+
+def _brute_force_contexts(segment_ids):
+  """Each token's context, walking back through its segment one column at a
+  time."""
+  contexts = np.zeros_like(segment_ids)
+  for r, row in enumerate(segment_ids):
+    for t in range(len(row)):
+      k = t
+      while k > 0 and row[k - 1] == row[t]:
+        k -= 1
+      contexts[r, t] = t - k
+  return contexts
+
+
+def test_full_context_counts_equal_a_brute_force_count_on_packed_reset():
+  from flax_posemb import data
+
+  cfg = tiny.get_config()
+  cfg.data.position_policy = 'packed_reset'
+  cfg.data.prefetch = 0
+  cfg.data.seq_len = 32
+  cfg = config_lib.RunConfig.from_config_dict(cfg)
+  rep = report.exposure(cfg, num_batches=3, num_source_docs=10)
+  it = data.make_train_iterator(
+      cfg.data,
+      batch_size=cfg.batch_size,
+      seed=cfg.seed,
+      num_train_steps=cfg.num_train_steps,
+      max_len=cfg.model.max_len,
+  )
+  expected = np.zeros(len(rep['counts']), np.int64)
+  for _ in range(3):
+    batch = next(it)
+    contexts = _brute_force_contexts(batch['segment_ids'])
+    full = (batch['segment_ids'] > 0) & (contexts == batch['positions'])
+    np.add.at(expected, batch['positions'][full], 1)
+  assert 0 < expected.sum() < sum(rep['counts'])
+  np.testing.assert_array_equal(rep['full_context_counts'], expected)
+
+
+def test_the_report_states_the_rare_regime_on_all_and_full_context_rows():
+  cfg = tiny.get_config()
+  cfg.data.prefetch = 0
+  cfg.data.position_policy = 'crops'
+  cfg.data.crop_lengths = 'skew:0.01'
+  # A run of the report's 20 batches: the last rows are seen ~20 times.
+  cfg.num_train_steps = 20
+  arm = config_lib.RunConfig.from_config_dict(cfg)
+  cfg.data.offset_twin = True
+  twin = config_lib.RunConfig.from_config_dict(cfg)
+  arm_report = report.exposure(arm, num_batches=20, num_source_docs=10)
+  twin_report = report.exposure(twin, num_batches=20, num_source_docs=10)
+  assert arm_report['rare_regime'] == {'all': True, 'full_context': True}
+  # The twin's late rows are trained as often as its first ones, at every
+  # context and at context = position.
+  assert twin_report['rare_regime'] == {'all': False, 'full_context': False}
+  first, last = twin_report['buckets'][0], twin_report['buckets'][-1]
+  assert last['run_occurrences'] > 0.9 * first['run_occurrences']
+  assert last['run_occurrences'] == last['occurrences']
+  assert twin_report['policies']['crops']['last_over_first'] == 1.0
+  text = report.format_report(twin_report)
+  assert 'rare regime over the run' in text and 'context = position' in text

@@ -83,11 +83,18 @@ def stream_overlap(
     fewer, 'a': distinct instances of ``a``, 'b': of ``b``, 'shared': in
     both}.
   """
-  kwargs = dict(
-      batch_size=batch_size, seed=seed, num_tokens=num_tokens, max_len=max_len
+  instances_a, instances_b = (
+      np.unique(
+          token_instances(
+              config,
+              batch_size=batch_size,
+              seed=seed,
+              num_tokens=num_tokens,
+              max_len=max_len,
+          )
+      )
+      for config in (a, b)
   )
-  instances_a = np.unique(token_instances(a, **kwargs))
-  instances_b = np.unique(token_instances(b, **kwargs))
   shared = len(np.intersect1d(instances_a, instances_b, assume_unique=True))
   fewer = max(min(len(instances_a), len(instances_b)), 1)
   return {

@@ -73,7 +73,7 @@ def make_train_iterator(
     ds = packers.ScheduleIterDataset(
         ds, phase.transform, phase.length, num_short
     )
-  kept = rows_lib.KEYS
+  kept: tuple[str, ...] = rows_lib.KEYS
   if with_doc_ids:
     kept += (rows_lib.DOC_IDS,)
   if with_doc_offsets:

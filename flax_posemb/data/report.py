@@ -5,6 +5,8 @@ from typing import Any
 
 import numpy as np
 
+from flax_posemb import buckets as buckets_lib
+from flax_posemb import segments
 from flax_posemb.data import config as config_lib
 from flax_posemb.data import corpus as corpus_lib
 from flax_posemb.data import long_text
@@ -57,16 +59,22 @@ def policy_shares(
     seed: the report's seed (for policies that draw lengths).
 
   Returns:
-    {policy name: {'token_share', 'last_over_first'}} (``max_len =
-    seq_len``; docs/DESIGN.md § Data policies and tokens).
+    {policy name: {'token_share', 'last_over_first',
+    'full_context_last_over_first'}} (``max_len = seq_len``; docs/DESIGN.md
+    § Data policies and tokens), data.position_policy's as ``data`` wraps it
+    (data.offset_twin, data.shared_stream).
   """
   corpus = policies.CorpusLengths.of(
       doc_pairs, data.seq_len, data.min_doc_len, seed
   )
-  return {
-      name: policies.get(name).exposure(data, corpus)
-      for name in policies.names()
-  }
+  shares = {}
+  for name in policies.names():
+    policy = policies.get(name)
+    if name == data.position_policy:
+      # The configured policy as the run uses it (twinned, shared stream).
+      policy = data.policy
+    shares[name] = policy.exposure(data, corpus)
+  return shares
 
 
 def length_stats(doc_pairs: np.ndarray, seq_len: int) -> dict[str, Any]:
@@ -123,6 +131,9 @@ def exposure(
       with_doc_ids=True,
   )
   counts = np.zeros(c.policy.position_count(c, max_len), np.int64)
+  # Real tokens whose context is their position (the evaluation's
+  # situation), per position.
+  full_context_counts = np.zeros_like(counts)
   slots = 0
   seg_lens: list[int] = []
   # Per row, its main document: the one with the most tokens (-1: none).
@@ -134,6 +145,9 @@ def exposure(
     real = batch['segment_ids'] > 0
     batch_docs.append(batch['doc_ids'][real])
     np.add.at(counts, batch['positions'][real], 1)
+    contexts = np.asarray(segments.context_lengths(batch['segment_ids']))
+    full = real & (contexts == batch['positions'])
+    np.add.at(full_context_counts, batch['positions'][full], 1)
     slots += real.size
     for seg, doc in zip(batch['segment_ids'], batch['doc_ids']):
       seg_lens += np.unique(seg[seg > 0], return_counts=True)[1].tolist()
@@ -178,6 +192,7 @@ def exposure(
       'counts': counts.tolist(),
       'deciles': deciles.tolist(),
       'last_over_first': last_over_first,
+      **by_row_and_context(counts, full_context_counts, config, num_batches),
       'segment_lengths': _hist(np.asarray(seg_lens), t),
       'doc_lengths': _hist(doc_lens, t, True),
       'doc_length_stats': length_stats(doc_lens, t),
@@ -189,6 +204,77 @@ def exposure(
       'composition': composition(c) if c.source == 'long_text' else None,
       'kind_mix': kind_mix,
       **_eval_mix_or_problem(config),
+  }
+
+
+def by_row_and_context(
+    counts: np.ndarray,
+    full_context_counts: np.ndarray,
+    config: Any,
+    num_batches: int,
+) -> dict[str, Any]:
+  """Exposure in two dimensions: per row all occurrences and those at
+  context = position (the evaluation's situation), by the evaluation's
+  position buckets, and whether the last bucket is rare on each.
+
+  Args:
+    counts: ``[P]`` real tokens per position over the report's batches.
+    full_context_counts: ``[P]`` those whose context is their position.
+    config: the run's `RunConfig` (its eval buckets and num_train_steps).
+    num_batches: the report's batches.
+
+  Returns:
+    'full_context_counts' ``[P]``, 'full_context_deciles' ``[10]``,
+    'full_context_last_over_first', 'run_scale' (the run's steps per
+    report batch) and 'buckets': per evaluation bucket the mean occurrences
+    per row over the report's batches and over the run, all and at full
+    context; 'rare_regime': {'all', 'full_context'}, the last bucket's rows
+    against the first's (`exposure.rare_regime`) over the run.
+  """
+  window_len = config.eval.window_len or config.model.max_len
+  edges = buckets_lib.make_edges(
+      window_len, config.eval.bucket_size, config.eval.bucket_edges
+  )
+  run_scale = config.num_train_steps / num_batches
+  per_row: dict[str, np.ndarray] = {}
+  for name, per_position in (
+      ('all', counts),
+      ('full_context', full_context_counts),
+  ):
+    # Rows of the evaluation window the policy never uses are never trained.
+    padded = np.zeros(window_len)
+    used = min(window_len, len(per_position))
+    padded[:used] = per_position[:used]
+    per_row[name] = np.array(
+        [padded[a:b].mean() for a, b in zip(edges[:-1], edges[1:])]
+    )
+  rows = [
+      {
+          'bucket': f'[{a},{b})',
+          'occurrences': float(per_row['all'][i]),
+          'full_context_occurrences': float(per_row['full_context'][i]),
+          'run_occurrences': float(run_scale * per_row['all'][i]),
+          'run_full_context_occurrences': float(
+              run_scale * per_row['full_context'][i]
+          ),
+      }
+      for i, (a, b) in enumerate(zip(edges[:-1], edges[1:]))
+  ]
+  deciles, last_over_first = exposure_lib.deciles(full_context_counts)
+  return {
+      'full_context_counts': full_context_counts.tolist(),
+      'full_context_deciles': deciles.tolist(),
+      'full_context_last_over_first': last_over_first,
+      'run_scale': run_scale,
+      'buckets': rows,
+      'rare_regime': {
+          name: bool(
+              exposure_lib.rare_regime(
+                  run_scale * values[-1], run_scale * values[0]
+              )
+          )
+          for name, values in per_row.items()
+      },
   }
 
 
@@ -343,6 +429,7 @@ def format_report(rep: dict[str, Any]) -> str:
       f' {"#" * int(round(40 * d / top))}'
       for a, b, d in zip(edges[:-1], edges[1:], rep['deciles'])
   ]
+  lines += _bucket_lines(rep)
   for key, what in (
       ('kind_mix', 'training tokens'),
       ('eval_kind_mix', 'evaluation windows (scored tokens)'),
@@ -409,14 +496,49 @@ def format_report(rep: dict[str, Any]) -> str:
     ]
   lines.append(
       'per policy (analytic, one epoch of the sample): share of corpus tokens'
-      ' used, late/early exposure'
+      ' used, late/early exposure of all occurrences and of those at context'
+      ' = position (n/a: measured only)'
   )
   lines += [
       f"  {'*' if name == rep['policy'] else ' '} {name:16s} tokens used "
       f"{100 * v['token_share']:6.2f}%  late/early {_fmt(v['last_over_first'])}"
+      f"  full context {_fmt(v['full_context_last_over_first'])}"
       for name, v in rep['policies'].items()
   ]
   return '\n'.join(lines)
+
+
+def _bucket_lines(rep: dict[str, Any]) -> list[str]:
+  """The two-dimensional exposure by evaluation bucket and its rare
+  regime."""
+  lines = [
+      (
+          'measured late/early exposure at context = position (the'
+          " evaluation's situation):"
+          f" {_fmt(rep['full_context_last_over_first'])}"
+      ),
+      (
+          'occurrences per row by evaluation bucket, over the'
+          f" {rep['num_batches']} report batches and over the run"
+          f" (x{rep['run_scale']:g}, num_train_steps): all | at context ="
+          ' position'
+      ),
+  ]
+  lines += [
+      f"  {b['bucket']:>12s}  {b['occurrences']:10.1f}"
+      f" {b['run_occurrences']:12.1f} | {b['full_context_occurrences']:10.1f}"
+      f" {b['run_full_context_occurrences']:12.1f}"
+      for b in rep['buckets']
+  ]
+  rare = rep['rare_regime']
+  lines.append(
+      "rare regime over the run (the last bucket's rows seen fewer than"
+      f' {exposure_lib.RARE_OCCURRENCES:g} times each and under a tenth as'
+      " often as the first bucket's): all occurrences"
+      f" {'yes' if rare['all'] else 'no'}, at context = position"
+      f" {'yes' if rare['full_context'] else 'no'}"
+  )
+  return lines
 
 
 def _fmt(x) -> str:

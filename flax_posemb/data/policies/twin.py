@@ -84,7 +84,7 @@ def moved(
   out = {key: value.copy() for key, value in row.items()}
   segment_ids = row['segment_ids']
   columns = np.flatnonzero(segment_starts(segment_ids))
-  for first in columns:
+  for first in columns.tolist():
     m = int(np.argmin(np.append(segment_ids[first:], -1) == segment_ids[first]))
     new_start = int(rng.integers(0, table - m + 1))
     shift = new_start - int(row['positions'][first])
