@@ -60,8 +60,9 @@ machine reaches no network, so it cannot build it there either); and 2.5-3
 hours of device time (the tool lends 15 minutes per task). `--quick` runs its
 two quick arms at a context of 128 in 30 steps; `gpt2_scale.py:tiny` is the
 same design on a tiny corpus with byte tokens (`TINY_CORPUS`, prepared with
-`python -m flax_posemb.commands.prepare --name gpt2_scale_tiny ...`), which
-tests/test_experiment_configs.py runs on CPU with `--quick`.
+`python -m flax_posemb.commands.prepare --name gpt2_scale_tiny ...`) and 512
+scored tokens per step, which tests/test_experiment_configs.py runs on CPU with
+`--quick` (about a minute).
 """
 
 from flax_posemb.experiments import spec
@@ -169,7 +170,8 @@ def get_config(arg: str = 'accelerator'):
   )
   corpus = CORPUS if arg == 'accelerator' else TINY_CORPUS
   c.base_overrides = corpus + SHAPE
-  c.budget.target_tokens_per_step = 16_384.0
+  # 16 full rows of 1024; ':tiny' (CPU, --quick's rows of 128): 4 full rows.
+  c.budget.target_tokens_per_step = 16_384.0 if arg == 'accelerator' else 512.0
   c.seeds = (0, 1, 2)
   c.mid_bucket = MID_BUCKET
   c.offsets = (0, 128)
