@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from flax_posemb import config as config_lib
 from flax_posemb import experiments
 from flax_posemb.experiments import spec
 
@@ -50,9 +51,16 @@ def _differences(a: dict, b: dict, prefix: str = '') -> set[str]:
 
 
 @pytest.mark.parametrize('name', NEW)
-def test_new_experiment_loads_validates_and_shares_one_stream(name):
+def test_every_run_of_a_new_experiment_is_a_valid_training_config(name):
   exp = _load(name)
-  for config in _resolved(exp).values():
+  for quick in (False, True):
+    for run in spec.expand(exp, quick=quick):
+      config_lib.RunConfig.from_config_dict(run.config)
+
+
+@pytest.mark.parametrize('name', [n for n in NEW if 'synthetic' not in n])
+def test_new_text_experiment_shares_one_token_stream_per_seed(name):
+  for config in _resolved(_load(name)).values():
     assert config['data']['shared_stream'] is True
 
 
