@@ -173,13 +173,21 @@ def test_full_context_counts_equal_a_brute_force_count_on_packed_reset():
       max_len=cfg.model.max_len,
   )
   expected = np.zeros(len(rep['counts']), np.int64)
+  context_sums = np.zeros(len(rep['counts']), np.int64)
   for _ in range(3):
     batch = next(it)
     contexts = _brute_force_contexts(batch['segment_ids'])
-    full = (batch['segment_ids'] > 0) & (contexts == batch['positions'])
+    real = batch['segment_ids'] > 0
+    full = real & (contexts == batch['positions'])
     np.add.at(expected, batch['positions'][full], 1)
+    np.add.at(context_sums, batch['positions'][real], contexts[real])
   assert 0 < expected.sum() < sum(rep['counts'])
   np.testing.assert_array_equal(rep['full_context_counts'], expected)
+  first = rep['buckets'][0]
+  assert first['bucket'] == '[0,16)'
+  assert first['mean_context'] == pytest.approx(
+      context_sums[:16].sum() / np.sum(rep['counts'][:16])
+  )
 
 
 def test_the_report_states_the_rare_regime_on_all_and_full_context_rows():
@@ -204,3 +212,44 @@ def test_the_report_states_the_rare_regime_on_all_and_full_context_rows():
   assert twin_report['policies']['crops']['last_over_first'] == 1.0
   text = report.format_report(twin_report)
   assert 'rare regime over the run' in text and 'context = position' in text
+
+
+@pytest.mark.parametrize(
+    'overrides, message',
+    [
+        (
+            [
+                '--config.data.position_policy=length_schedule',
+                '--config.data.offset_twin=True',
+            ],
+            'data.offset_twin',
+        ),
+        (
+            [
+                '--config.data.position_policy=random_offset',
+                '--config.data.shared_stream=True',
+            ],
+            'cannot recut the shared stream',
+        ),
+    ],
+)
+def test_cli_refuses_a_twin_or_shared_stream_it_cannot_honour(
+    overrides, message
+):
+  out = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'flax_posemb.commands.data_report',
+          '--config',
+          'configs/tiny.py',
+          *overrides,
+      ],
+      cwd=ROOT,
+      env=dict(os.environ, JAX_PLATFORMS='cpu'),
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert out.returncode == 2
+  assert message in out.stderr and 'Traceback' not in out.stderr

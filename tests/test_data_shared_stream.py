@@ -153,9 +153,32 @@ def test_a_policy_that_draws_its_own_documents_is_refused(
     data.DataConfig(**fields, shared_stream=True, **text_corpus)
 
 
-def test_the_synthetic_source_is_refused():
-  with pytest.raises(ValueError, match='shared_stream needs a text source'):
-    data.DataConfig(position_policy='packed_reset', shared_stream=True)
+@pytest.mark.parametrize('arm', ['packed_reset', 'crops_natural', 'natural'])
+def test_synthetic_arms_share_their_documents_and_keep_the_dynamics(arm):
+  """Synthetic stretches are generated again where a policy places them:
+  shared (document, offset) instances, every target from the matrix of its
+  position."""
+  from flax_posemb.data import synthetic
+
+  fields = dict(seq_len=T, prefetch=0, shared_stream=True)
+  skew = data.DataConfig(**ARMS['crops_skew'], **fields)
+  config = data.DataConfig(**ARMS[arm], **fields)
+  measured = overlap.stream_overlap(
+      skew, config, batch_size=B, seed=0, num_tokens=RUN_TOKENS
+  )
+  assert measured['overlap'] >= 0.9, measured
+  corpus = synthetic.from_config(config)
+  it = _iterator(config)
+  nll = []
+  for _ in range(4):
+    batch = next(it)
+    m = batch['loss_mask'] > 0
+    x, y, p = batch['inputs'][m], batch['targets'][m], batch['positions'][m]
+    with np.errstate(divide='ignore'):
+      nll.append(-np.log(corpus.matrices[corpus.regime(p + 1), x, y]))
+  nll = np.concatenate(nll)
+  assert np.isfinite(nll).all()
+  assert abs(nll.mean() - corpus.bayes_loss(T).mean()) < 0.2
 
 
 def test_the_default_keeps_the_row_shuffle(text_corpus):

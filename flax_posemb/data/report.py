@@ -134,6 +134,8 @@ def exposure(
   # Real tokens whose context is their position (the evaluation's
   # situation), per position.
   full_context_counts = np.zeros_like(counts)
+  # Sum of the real tokens' contexts, per position.
+  context_sums = np.zeros_like(counts)
   slots = 0
   seg_lens: list[int] = []
   # Per row, its main document: the one with the most tokens (-1: none).
@@ -148,6 +150,7 @@ def exposure(
     contexts = np.asarray(segments.context_lengths(batch['segment_ids']))
     full = real & (contexts == batch['positions'])
     np.add.at(full_context_counts, batch['positions'][full], 1)
+    np.add.at(context_sums, batch['positions'][real], contexts[real])
     slots += real.size
     for seg, doc in zip(batch['segment_ids'], batch['doc_ids']):
       seg_lens += np.unique(seg[seg > 0], return_counts=True)[1].tolist()
@@ -192,7 +195,9 @@ def exposure(
       'counts': counts.tolist(),
       'deciles': deciles.tolist(),
       'last_over_first': last_over_first,
-      **by_row_and_context(counts, full_context_counts, config, num_batches),
+      **by_row_and_context(
+          counts, full_context_counts, context_sums, config, num_batches
+      ),
       'segment_lengths': _hist(np.asarray(seg_lens), t),
       'doc_lengths': _hist(doc_lens, t, True),
       'doc_length_stats': length_stats(doc_lens, t),
@@ -210,6 +215,7 @@ def exposure(
 def by_row_and_context(
     counts: np.ndarray,
     full_context_counts: np.ndarray,
+    context_sums: np.ndarray,
     config: Any,
     num_batches: int,
 ) -> dict[str, Any]:
@@ -220,6 +226,7 @@ def by_row_and_context(
   Args:
     counts: ``[P]`` real tokens per position over the report's batches.
     full_context_counts: ``[P]`` those whose context is their position.
+    context_sums: ``[P]`` the sum of their contexts.
     config: the run's `RunConfig` (its eval buckets and num_train_steps).
     num_batches: the report's batches.
 
@@ -228,8 +235,9 @@ def by_row_and_context(
     'full_context_last_over_first', 'run_scale' (the run's steps per
     report batch) and 'buckets': per evaluation bucket the mean occurrences
     per row over the report's batches and over the run, all and at full
-    context; 'rare_regime': {'all', 'full_context'}, the last bucket's rows
-    against the first's (`exposure.rare_regime`) over the run.
+    context, and the tokens' mean context (None: no tokens);
+    'rare_regime': {'all', 'full_context'}, the last bucket's rows against
+    the first's (`exposure.rare_regime`) over the run.
   """
   window_len = config.eval.window_len or config.model.max_len
   edges = buckets_lib.make_edges(
@@ -240,6 +248,7 @@ def by_row_and_context(
   for name, per_position in (
       ('all', counts),
       ('full_context', full_context_counts),
+      ('context_sum', context_sums),
   ):
     # Rows of the evaluation window the policy never uses are never trained.
     padded = np.zeros(window_len)
@@ -257,6 +266,7 @@ def by_row_and_context(
           'run_full_context_occurrences': float(
               run_scale * per_row['full_context'][i]
           ),
+          'mean_context': _ratio(per_row['context_sum'][i], per_row['all'][i]),
       }
       for i, (a, b) in enumerate(zip(edges[:-1], edges[1:]))
   ]
@@ -274,8 +284,16 @@ def by_row_and_context(
               )
           )
           for name, values in per_row.items()
+          if name != 'context_sum'
       },
   }
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+  """``numerator / denominator`` (None when the denominator is 0)."""
+  if not denominator:
+    return None
+  return float(numerator / denominator)
 
 
 def _eval_mix_or_problem(config) -> dict:
@@ -521,13 +539,14 @@ def _bucket_lines(rep: dict[str, Any]) -> list[str]:
           'occurrences per row by evaluation bucket, over the'
           f" {rep['num_batches']} report batches and over the run"
           f" (x{rep['run_scale']:g}, num_train_steps): all | at context ="
-          ' position'
+          ' position | mean context'
       ),
   ]
   lines += [
       f"  {b['bucket']:>12s}  {b['occurrences']:10.1f}"
       f" {b['run_occurrences']:12.1f} | {b['full_context_occurrences']:10.1f}"
-      f" {b['run_full_context_occurrences']:12.1f}"
+      f" {b['run_full_context_occurrences']:12.1f} |"
+      f" {_fmt(b['mean_context'], 1)}"
       for b in rep['buckets']
   ]
   rare = rep['rare_regime']
@@ -541,5 +560,5 @@ def _bucket_lines(rep: dict[str, Any]) -> list[str]:
   return lines
 
 
-def _fmt(x) -> str:
-  return 'n/a' if x is None else f'{x:.3f}'
+def _fmt(x, digits: int = 3) -> str:
+  return 'n/a' if x is None else f'{x:.{digits}f}'

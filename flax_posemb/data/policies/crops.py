@@ -104,12 +104,23 @@ class Crops(registry.Policy):
     chunks = rows_lib.document_chunks(setup)
     if data.crop_weighting == 'document':
       rows = self._document_crops(data, setup, chunks)
-    elif isinstance(setup.src, sources.SyntheticSource):
+    elif (
+        isinstance(setup.src, sources.SyntheticSource)
+        and setup.substream is None
+    ):
       rows = self._synthetic_crops(data, setup, chunks)
     else:
+      # data.shared_stream on the synthetic source: stretches of documents
+      # generated from position 0, generated again where the crops place
+      # them (`policies.shared_stream`).
+      materialize = rows_lib.tokenized(setup.src)
+      if isinstance(setup.src, sources.SyntheticSource):
+        materialize = rows_lib.generated(
+            setup.src, data.seq_len, from_zero=True
+        )
       rows = packers.CropIterDataset(
           chunks,
-          rows_lib.tokenized(setup.src),
+          materialize,
           data.seq_len,
           min_tokens=data.min_doc_len,
           seed=setup.seed,

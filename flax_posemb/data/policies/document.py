@@ -42,9 +42,14 @@ class Natural(registry.Policy):
       # data.shared_stream: every context of the slot's documents, each a
       # row of its own from position 0 (natural_chunked's rows), so that
       # natural draws every token of the stream the other policies recut.
+      materialize = rows_lib.tokenized(setup.src)
+      if isinstance(setup.src, sources.SyntheticSource):
+        materialize = rows_lib.generated(
+            setup.src, data.seq_len, from_zero=True
+        )
       return packers.PackIterDataset(
           rows_lib.document_chunks(setup),
-          rows_lib.tokenized(setup.src),
+          materialize,
           data.seq_len,
           reset=False,
           min_tokens=data.min_doc_len,

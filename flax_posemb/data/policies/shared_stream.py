@@ -17,9 +17,13 @@ it into the policy's rows in order; rows are not shuffled (each batch holds
 ``batch_size`` different parts of the stream, so a long document never
 fills a batch). At equal scored tokens, any two policies have consumed the
 same prefix of each slot's share, less at most a row or a crop at its end.
+On the synthetic source, whose tokens are generated for their positions,
+every stretch is generated again where the policy places it
+(`twin.in_phase`): the same documents, offsets and draws in every arm.
 """
 
 import dataclasses
+import functools
 from typing import Any
 
 import grain
@@ -27,8 +31,10 @@ import numpy as np
 
 from flax_posemb.data import packers
 from flax_posemb.data import rows as rows_lib
+from flax_posemb.data import sources
 from flax_posemb.data.policies import exposure as exposure_lib
 from flax_posemb.data.policies import registry
+from flax_posemb.data.policies import twin
 
 
 class SharedStream(registry.Policy):
@@ -41,13 +47,6 @@ class SharedStream(registry.Policy):
 
   def check(self, data: Any) -> None:
     self.inner.check(data)
-    if data.source == 'synthetic':
-      raise ValueError(
-          'data.shared_stream needs a text source: synthetic documents are'
-          ' generated for the positions they are placed at, so no two'
-          ' policies share their tokens; set data.shared_stream=False or'
-          ' data.source to a text source.'
-      )
     if not self.inner.recuts_stream(data):
       raise ValueError(
           f'data.shared_stream: {data.position_policy!r} draws its own'
@@ -67,10 +66,21 @@ class SharedStream(registry.Policy):
           np.random.SeedSequence([setup.seed, slot]).generate_state(1)[0]
       )
       slot_setup = dataclasses.replace(
-          setup, seed=seed, substream=(slot, setup.batch_size)
+          setup,
+          seed=seed,
+          substream=(slot, setup.batch_size),
+          # A slot's chunks are document indices, cheap to make: no reader
+          # thread per slot (a batch of 512 rows would start 512).
+          read_options=grain.ReadOptions(num_threads=0),
       )
       slots.append(self.inner.rows(in_order, slot_setup))
-    return packers.InterleavedIterDataset(slots)
+    rows = packers.InterleavedIterDataset(slots)
+    if isinstance(setup.src, sources.SyntheticSource):
+      # A synthetic document's stretch placed at other positions than its
+      # own (a crop from position 0) is generated again where it sits.
+      regenerate = twin.synthetic_regenerate(setup.src, data.synthetic.period)
+      rows = rows.map(functools.partial(_in_phase, regenerate))
+    return rows
 
   def short_phase(self, data: Any) -> registry.ShortPhase | None:
     return self.inner.short_phase(data)
@@ -88,3 +98,9 @@ class SharedStream(registry.Policy):
 
   def rows_per_document(self, data: Any, pairs: np.ndarray) -> np.ndarray:
     return self.inner.rows_per_document(data, pairs)
+
+
+def _in_phase(
+    regenerate: twin.Regenerate, row: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+  return twin.in_phase(row, regenerate)

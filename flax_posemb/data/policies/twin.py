@@ -94,6 +94,28 @@ def moved(
   return out
 
 
+def in_phase(
+    row: dict[str, np.ndarray], regenerate: Regenerate
+) -> dict[str, np.ndarray]:
+  """``row`` with every document run's tokens generated for the positions it
+  holds (synthetic rows cut from a stream without regard to them).
+
+  Args:
+    row: a row (dict of ``[T]`` arrays with its provenance keys).
+    regenerate: generates a document's tokens at given positions.
+
+  Returns:
+    A copy of ``row``; its tokens unchanged where they were generated for
+    their positions already.
+  """
+  out = {key: value.copy() for key, value in row.items()}
+  segment_ids = row['segment_ids']
+  for first in np.flatnonzero(segment_starts(segment_ids)).tolist():
+    m = int(np.argmin(np.append(segment_ids[first:], -1) == segment_ids[first]))
+    _regenerate_runs(out, first, first + m, regenerate)
+  return out
+
+
 def _regenerate_runs(
     row: dict[str, np.ndarray], first: int, end: int, regenerate: Regenerate
 ) -> None:
