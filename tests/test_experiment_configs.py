@@ -58,8 +58,8 @@ def test_every_run_of_a_new_experiment_is_a_valid_training_config(name):
       config_lib.RunConfig.from_config_dict(run.config)
 
 
-@pytest.mark.parametrize('name', [n for n in NEW if 'synthetic' not in n])
-def test_new_text_experiment_shares_one_token_stream_per_seed(name):
+@pytest.mark.parametrize('name', NEW)
+def test_new_experiment_shares_one_token_stream_per_seed(name):
   for config in _resolved(_load(name)).values():
     assert config['data']['shared_stream'] is True
 

@@ -12,9 +12,7 @@ experiment).
   (crops skew:0.003).
 
 Both pre-register same_as_token and sinusoidal against gpt2 with every arm's
-random-offset twin; real text's arms share one token stream per seed (the
-synthetic corpus generates its tokens for their positions, so it cannot share
-them, and `data.shared_stream` is refused there); the margins and verdict
+random-offset twin and one token stream per seed; the margins and verdict
 rules are in each file. Cost on 2 CPU cores: about 13 minutes idle (30 small
 synthetic runs of ~8 s, 12 new long_text runs of ~42 s; 6 long_text runs are
 long_text_doses'), up to 2.5x that on the shared machine.
@@ -37,11 +35,7 @@ def twin(name: str) -> str:
 
 
 def build(
-    c,
-    dose_overrides: dict,
-    late_metric: str,
-    late_margin: float,
-    shared_stream: bool = True,
+    c, dose_overrides: dict, late_metric: str, late_margin: float
 ) -> None:
   """Gives experiment config ``c`` the inits' arms (each with its twin), their
   pre-registered claims and profiles.
@@ -51,11 +45,8 @@ def build(
     dose_overrides: the rare dose's data overrides, shared by every arm.
     late_metric: the last bucket's metric of the late-row claims.
     late_margin: the equivalence margin of ``late_metric``.
-    shared_stream: one token stream per seed (text sources; the synthetic
-      corpus generates its tokens for their positions, so its arms cannot
-      share them and the data layer refuses it there).
   """
-  c.base_overrides += (('data.shared_stream', shared_stream),)
+  c.base_overrides += (('data.shared_stream', True),)
   arms = []
   for init in INITS:
     overrides = {**dose_overrides, 'model.position_init': init}

@@ -7,17 +7,16 @@ synthetic corpus with late rows rare (part of the init_rare suite).
 The exposure experiment's shape (2 layers, width 32, context 64, 500 steps, 320
 scored tokens per step; configs/experiments/exposure.py) with crops skew:0.003:
 last-bucket rows seen ~50 times against ~15,000 for the first (exposure's
-rarest dose is 0.01). Each init has its random-offset twin. The arms cannot
-share one token stream (`data.shared_stream` needs a text source: synthetic
-tokens are generated for the positions they are placed at), so paired
-differences here carry each arm's own draw of the corpus. Pre-registered:
-same_as_token and sinusoidal each reach gpt2's held-out loss within 0.02 nats
-(the README's margin) and gpt2's last-bucket excess loss over the Bayes optimum
-within 0.05 nats (exposure's margin on `excess_late`); the rows' part (arm
-minus twin, `excess_late`) is positive for gpt2 (manipulation check) and for
-each init. Verdicts: the fixed rule on the paired interval (docs/DESIGN.md §
-Intervals and verdicts), Holm over these 7 claims. Cost: 30 runs of ~8 s on 2
-idle cores (~4 minutes).
+rarest dose is 0.01). Each init has its random-offset twin; all arms of a seed
+share one token stream (`data.shared_stream`: the synthetic stretches are
+generated again where each policy places them, so every target keeps its
+position's dynamics). Pre-registered: same_as_token and sinusoidal each reach
+gpt2's held-out loss within 0.02 nats (the README's margin) and gpt2's
+last-bucket excess loss over the Bayes optimum within 0.05 nats (exposure's
+margin on `excess_late`); the rows' part (arm minus twin, `excess_late`) is
+positive for gpt2 (manipulation check) and for each init. Verdicts: the fixed
+rule on the paired interval (docs/DESIGN.md § Intervals and verdicts), Holm
+over these 7 claims. Cost: 30 runs of ~8 s on 2 idle cores (~4 minutes).
 """
 
 import os
@@ -46,9 +45,7 @@ def get_config(scale: str = 'cpu'):
   )
   c.mid_bucket = _EXPOSURE['MID_BUCKET']
   dose = {'data.position_policy': 'crops', 'data.crop_lengths': 'skew:0.003'}
-  # Synthetic tokens are generated for their positions: no shared stream
-  # (the data layer refuses it), each arm draws its own.
-  _SUITE['build'](c, dose, 'excess_late', LATE_MARGIN, shared_stream=False)
+  _SUITE['build'](c, dose, 'excess_late', LATE_MARGIN)
   c.report_scalars = (
       'excess_late',
       'excess_late_minus_mid',
