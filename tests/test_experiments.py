@@ -567,8 +567,9 @@ def test_figures_label_axes_with_units_and_split_final_loss_by_corpus(
       ],
   }
   figures.write_figures(summary, str(tmp_path))
-  ((_, profile),) = calls['experiment_profile']
+  (_, profile), (_, bucket_profile) = calls['experiment_profile']
   assert profile['ylabel'] == 'excess loss over Bayes (nats/token)'
+  assert bucket_profile['ylabel'] == 'held-out loss (nats/token)'
   assert profile['n_seeds'] == 1 and '4 steps' in profile['title']
   ((args, bars),) = calls['experiment_metric_bars']
   assert {p: list(a) for p, a in args[0].items()} == {
