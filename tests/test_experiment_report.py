@@ -6,12 +6,15 @@ intervals are over."""
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
 
 from conftest import ROOT
+from flax_posemb import experiments
 from flax_posemb import inference
+from flax_posemb.experiments import aggregate
 from flax_posemb.experiments import attribution
 from flax_posemb.experiments import markdown
 from flax_posemb.experiments import measures
@@ -393,3 +396,42 @@ def test_rerendered_summary_takes_bucket_differences_from_its_profiles():
   assert claim['buckets']['late']['difference'] == late
   assert claim['verdict'] == verdicts.SUPPORTED
   assert summary['attribution'][0]['differences'][2] == late
+
+
+def test_dose_series_reads_full_context_occurrences_of_the_late_rows():
+  def run(full_context=None):
+    vectors = {'bucket_exposure': [900.0, 50.0]}
+    if full_context is not None:
+      vectors['bucket_full_context_exposure'] = full_context
+    return {'scalars': {}, 'vectors': vectors, 'buckets': [[0, 8], [8, 16]]}
+
+  exp = spec.new('e', 'title', 'question')
+  by_arm = {
+      'control': {0: run([900.0, 40.0])},
+      'counted': {0: run([900.0, 30.0]), 1: run([900.0, 20.0])},
+      'uncounted': {0: run()},
+  }
+  judge = aggregate._Judge(exp, by_arm, {}, quick=False)
+  dose = judge.dose(spec.dose('d', ['counted', 'uncounted'], 'control'))
+  assert dose['late_exposure'] == [50.0, 50.0]
+  assert dose['late_full_context_exposure'][0] == 25.0
+  assert np.isnan(dose['late_full_context_exposure'][1])
+
+
+def test_rerendering_the_committed_suites_leaves_their_summaries_as_committed(
+    tmp_path,
+):
+  """The committed reports are current: rendering them again from their own
+  summaries (--rerender) changes nothing, the suite-wide Holm included."""
+  committed = ROOT / 'docs' / 'experiments'
+  shutil.copytree(committed, tmp_path, dirs_exist_ok=True)
+  for suite in ('all.py', 'doses.py'):
+    experiments.rerender_suite(
+        [str(ROOT / 'configs' / 'experiments' / suite)], str(tmp_path)
+    )
+  for name in REPORTS:
+    again = json.loads((tmp_path / name / 'summary.json').read_text())
+    assert again == json.loads((committed / name / 'summary.json').read_text())
+  assert (tmp_path / 'README.md').read_text() == (
+      committed / 'README.md'
+  ).read_text()
