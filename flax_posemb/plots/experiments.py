@@ -331,8 +331,15 @@ def claims_forest(
       )
   ax.axvline(0.0, color='k', lw=0.8)
   ax.set_yticks(y, [f"{c['id']} ({c['metric']})" for c in claims], fontsize=8)
+  over = {
+      inference.SEEDS_AND_DOCUMENTS: 'seeds and documents',
+      inference.SEEDS: 'seeds',
+  }
+  methods = {c['interval'].get('method', inference.SEEDS) for c in claims}
   ax.set_xlabel(
-      'arm - baseline (95% interval; green supported, red contradicted)'
+      'arm - baseline (95% interval over '
+      + ' or '.join(over.get(m, str(m)) for m in sorted(methods))
+      + ', as the report says per claim; green supported, red contradicted)'
   )
   ax.set_title(title, fontsize=9)
   return common.save(fig, path)
