@@ -435,3 +435,23 @@ def test_rerendering_the_committed_suites_leaves_their_summaries_as_committed(
   assert (tmp_path / 'README.md').read_text() == (
       committed / 'README.md'
   ).read_text()
+
+
+def test_rerendering_where_no_sweep_wrote_a_report_names_the_fix(tmp_path):
+  with pytest.raises(FileNotFoundError, match='pass the --report_dir'):
+    experiments.rerender_suite(
+        [str(ROOT / 'configs' / 'experiments' / 'scale.py')], str(tmp_path)
+    )
+
+
+def test_one_experiment_rendered_alone_has_no_stale_suite_holm(tmp_path):
+  shutil.copytree(ROOT / 'docs' / 'experiments' / 'scale', tmp_path / 'scale')
+  experiments.rerender_suite(
+      [str(ROOT / 'configs' / 'experiments' / 'scale.py')],
+      str(tmp_path / 'scale'),
+  )
+  summary = json.loads((tmp_path / 'scale' / 'summary.json').read_text())
+  assert 'suite' not in summary['multiplicity']
+  assert all('p_holm_suite' not in claim for claim in summary['claims'])
+  text = (tmp_path / 'scale' / 'REPORT.md').read_text()
+  assert 'Suite-wide Holm: n/a' in text

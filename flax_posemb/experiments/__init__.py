@@ -136,14 +136,21 @@ def finish_suite(
 def rerender_suite(config_paths: list[str], out_root: str) -> None:
   """Renders a suite's committed reports again from their ``summary.json``
   (`report.rerender`), with the suite-wide Holm and the index; trains
-  nothing.
+  nothing. A single experiment's report is ``out_root`` itself (as
+  `run_experiment` writes it), without a suite.
 
   Args:
     config_paths: the suite's config paths (e.g. configs/experiments/all.py).
     out_root: the reports' root (``out_root/NAME/summary.json``).
   """
+  paths = spec.expand_paths(config_paths)
+  if paths == list(config_paths) and len(paths) == 1:
+    # One experiment: its report is out_root itself, and it has no suite.
+    exp = spec.load(paths[0])
+    report.render(exp, report.rerender(exp, out_root), out_root)
+    return
   summaries = {}
-  for path in spec.expand_paths(config_paths):
+  for path in paths:
     exp = spec.load(path)
     summaries[exp.name] = report.rerender(exp, os.path.join(out_root, exp.name))
   finish_suite(config_paths, summaries, out_root)

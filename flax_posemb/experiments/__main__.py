@@ -81,8 +81,9 @@ def main(argv: list[str]) -> None:
       max_runs=FLAGS.max_runs,
   )
   if FLAGS.rerender:
-    experiments.rerender_suite(argv[1:], FLAGS.report_dir or FLAGS.workdir)
-    print(os.path.join(FLAGS.report_dir or FLAGS.workdir, 'README.md'))
+    out = FLAGS.report_dir or FLAGS.workdir
+    experiments.rerender_suite(argv[1:], out)
+    print(os.path.join(out, 'README.md' if len(paths) > 1 else 'REPORT.md'))
     return
   try:
     if len(paths) == 1:

@@ -94,6 +94,9 @@ def judge_claims(
   out = []
   for claim in claims:
     claim = dict(claim)
+    # A suite's Holm is redone by the suite (`verdicts.with_suite_holm`).
+    claim.pop('p_holm_suite', None)
+    claim.pop('verdict_holm_suite', None)
     claim.setdefault('interval_verdict', claim['verdict'])
     claim['about_late_rows'] = declared.get(claim['id'], False)
     buckets = contrast_buckets(claim, edges, mid, differences_of)

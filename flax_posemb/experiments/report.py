@@ -73,7 +73,14 @@ def rerender(exp: ml_collections.ConfigDict, out_dir: str) -> dict[str, Any]:
   Returns:
     The completed summary (not yet written: `render` writes it).
   """
-  summary = measures.load_json(os.path.join(out_dir, 'summary.json'))
+  path = os.path.join(out_dir, 'summary.json')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f'{path} not found: --rerender renders the reports a sweep wrote; pass'
+        ' the --report_dir that sweep wrote (e.g. docs/experiments for the'
+        ' committed suites) or run the experiment first.'
+    )
+  summary = measures.load_json(path)
   doses = summary['analyses'].get('doses', [])
   for dose in doses:
     dose.setdefault(
