@@ -303,6 +303,10 @@ def test_full_context_exposure_sums_every_windows_count():
   windows = [window(1, [4, 2, 0]), window(2, [4, 1, 1])]
   vectors = measures.position_vectors(windows, 2, {})
   np.testing.assert_array_equal(vectors['full_context_exposure'], [8, 3, 1])
+  # A window missing (its counts do not add up to the cumulative count): the
+  # sum would be short, so it is not reported.
+  vectors = measures.position_vectors(windows[1:], 2, {})
+  assert np.isnan(vectors['full_context_exposure']).all()
   del windows[0]['full_context_count']
   vectors = measures.position_vectors(windows, 2, {})
   assert np.isnan(vectors['full_context_exposure']).all()

@@ -131,8 +131,12 @@ def position_vectors(
     out.update(stats.derived(late_sums))
     late_steps = sum(int(window.get('num_steps', 1)) for window in late)
     out['exposure'] = np.asarray(windows[-1]['cumulative_count'], np.float64)
-    # The evaluation's situation; NaN unless every window counted it.
-    out['full_context_exposure'] = total(windows, 'full_context_count')
+    # The evaluation's situation; NaN unless every window of the run is here
+    # (their counts add up to the cumulative one) and counted it.
+    full_context = total(windows, 'full_context_count')
+    if not np.array_equal(total(windows, 'count'), out['exposure']):
+      full_context = np.full_like(full_context, np.nan)
+    out['full_context_exposure'] = full_context
     out['row_grad'] = np.sqrt(late_sums['row_sq'] / max(late_steps, 1))
     out['update_rss'] = np.sqrt(total(windows, 'update_sq'))
     out['scored_total'] = total(windows, 'loss_count')
