@@ -201,7 +201,8 @@ def _suite_lines(everything: dict[str, dict[str, Any]]) -> list[str]:
     ]
     lines.append(
         f'- Suite `{name}` ({", ".join(suite["experiments"])}):'
-        f' {suite["claims_tested"]} claims tested; on their own intervals'
+        f' {suite["claims_tested"]} claims tested; by the verdict rule'
+        ' (the late-rows rule included)'
         f' {_verdict_counts(claims, "verdict")}; after Holm within each'
         f' experiment {_verdict_counts(claims, "verdict_holm")}; after Holm'
         ' over the whole suite'
