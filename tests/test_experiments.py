@@ -70,8 +70,8 @@ def test_scipy_t_interval_equals_the_former_hand_written_one(
 def test_committed_reports_recompute_to_the_same_intervals_and_verdicts():
   """Every claim of docs/experiments/*/summary.json, recomputed: intervals over
   seeds from its stored per-seed differences, intervals over seeds and
-  documents from its stored stderr and degrees of freedom (to 1e-12), and the
-  same verdict."""
+  documents from its stored stderr and degrees of freedom (to 1e-12), the same
+  verdict of its interval and, after the late-rows rule, the same verdict."""
   paths = sorted((ROOT / 'docs' / 'experiments').glob('*/summary.json'))
   claims = [c for p in paths for c in json.loads(p.read_text())['claims']]
   if not claims:
@@ -94,9 +94,11 @@ def test_committed_reports_recompute_to_the_same_intervals_and_verdicts():
         atol=1e-12,
     )
     if c['verdict'] != verdicts.NOT_MEASURED:
-      assert (
-          verdicts.verdict(iv, c['direction'], c['margin']) == c['verdict']
-      ), c['id']
+      own = verdicts.verdict(iv, c['direction'], c['margin'])
+      assert own == c['interval_verdict'], c['id']
+      # The late-rows rule, on the claim's own verdict and late bucket.
+      ruled = verdicts.late_rows_rule(dict(c, verdict=own))
+      assert ruled == c['verdict'], c['id']
 
 
 def test_identical_values_give_a_point_interval():
@@ -567,8 +569,9 @@ def test_figures_label_axes_with_units_and_split_final_loss_by_corpus(
       ],
   }
   figures.write_figures(summary, str(tmp_path))
-  ((_, profile),) = calls['experiment_profile']
+  (_, profile), (_, bucket_profile) = calls['experiment_profile']
   assert profile['ylabel'] == 'excess loss over Bayes (nats/token)'
+  assert bucket_profile['ylabel'] == 'held-out loss (nats/token)'
   assert profile['n_seeds'] == 1 and '4 steps' in profile['title']
   ((args, bars),) = calls['experiment_metric_bars']
   assert {p: list(a) for p, a in args[0].items()} == {

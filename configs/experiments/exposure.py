@@ -194,6 +194,7 @@ def get_config(scale: str = 'cpu'):
           'syn/crops/skew:0.01',
           'syn/packed',
           'greater',
+          about_late_rows=True,
       ),
       spec.claim(
           'syn:packing_irrelevant',

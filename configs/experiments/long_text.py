@@ -214,6 +214,7 @@ def get_config(scale: str = 'cpu'):
           RARE,
           CONTROL,
           'greater',
+          about_late_rows=True,
       ),
       spec.claim(
           'natural_exposure_late',
@@ -223,6 +224,7 @@ def get_config(scale: str = 'cpu'):
           'crops/natural',
           CONTROL,
           'greater',
+          about_late_rows=True,
       ),
       spec.claim(
           'bert_late',
@@ -232,6 +234,7 @@ def get_config(scale: str = 'cpu'):
           'crops/bert',
           CONTROL,
           'greater',
+          about_late_rows=True,
       ),
       spec.claim(
           'rare_offset',

@@ -84,6 +84,7 @@ def get_config(scale: str = 'cpu'):
             f'crops/{d}',
             CONTROL,
             'greater',
+            about_late_rows=True,
         )
     )
     claims.append(

@@ -74,6 +74,7 @@ def get_config(scale: str = 'cpu'):
               f'{name}/{RARE}',
               f'{name}/{CONTROL}',
               'greater',
+              about_late_rows=True,
           )
       )
   c.arms = tuple(arms)

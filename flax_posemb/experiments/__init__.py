@@ -15,6 +15,7 @@ from flax_posemb.experiments import measures
 from flax_posemb.experiments import report
 from flax_posemb.experiments import spec
 from flax_posemb.experiments import sweep
+from flax_posemb.experiments import verdicts
 from flax_posemb.experiments.spec import arm
 from flax_posemb.experiments.spec import claim
 from flax_posemb.experiments.spec import expand
@@ -33,6 +34,7 @@ __all__ = [
     'load',
     'profile',
     'run_experiment',
+    'rerender_suite',
     'run_suite',
     't_interval',
     'verdict',
@@ -100,8 +102,58 @@ def run_suite(
     )
     if max_runs >= 0:
       max_runs = max(0, max_runs - (count_done() - before))
-  write_index(summaries, out_root, command)
+  finish_suite(config_paths, summaries, out_root)
   return summaries
+
+
+def suite_name(config_paths: list[str]) -> str:
+  """The name a suite run states: its config files' names."""
+  return ' + '.join(
+      os.path.basename(path.partition(':')[0]) for path in config_paths
+  )
+
+
+def finish_suite(
+    config_paths: list[str],
+    summaries: dict[str, dict[str, Any]],
+    out_root: str,
+) -> None:
+  """Holm over every claim of the suite (`verdicts.with_suite_holm`), each
+  report rewritten with it, and the index.
+
+  Args:
+    config_paths: the suite's config paths, as given.
+    summaries: name -> summary of the suite's experiments (in place).
+    out_root: the reports' root (``out_root/NAME/``).
+  """
+  verdicts.with_suite_holm(summaries, suite_name(config_paths))
+  for path in spec.expand_paths(config_paths):
+    exp = spec.load(path)
+    report.render(exp, summaries[exp.name], os.path.join(out_root, exp.name))
+  write_index(summaries, out_root, '')
+
+
+def rerender_suite(config_paths: list[str], out_root: str) -> None:
+  """Renders a suite's committed reports again from their ``summary.json``
+  (`report.rerender`), with the suite-wide Holm and the index; trains
+  nothing. A single experiment's report is ``out_root`` itself (as
+  `run_experiment` writes it), without a suite.
+
+  Args:
+    config_paths: the suite's config paths (e.g. configs/experiments/all.py).
+    out_root: the reports' root (``out_root/NAME/summary.json``).
+  """
+  paths = spec.expand_paths(config_paths)
+  if paths == list(config_paths) and len(paths) == 1:
+    # One experiment: its report is out_root itself, and it has no suite.
+    exp = spec.load(paths[0])
+    report.render(exp, report.rerender(exp, out_root), out_root)
+    return
+  summaries = {}
+  for path in paths:
+    exp = spec.load(path)
+    summaries[exp.name] = report.rerender(exp, os.path.join(out_root, exp.name))
+  finish_suite(config_paths, summaries, out_root)
 
 
 def _verdict_counts(claims: list[dict[str, Any]], key: str) -> str:
@@ -121,6 +173,53 @@ def _all_summaries(
     found[name] = measures.load_json(path)
   found.update(summaries)
   return dict(sorted(found.items()))
+
+
+def _suite_counts(summary: dict[str, Any]) -> str:
+  """The verdict counts after the suite-wide Holm of a report's suite."""
+  suite = summary['multiplicity'].get('suite')
+  if not suite:
+    return 'suite-wide Holm: n/a (not written by a suite run)'
+  counts = _verdict_counts(summary['claims'], 'verdict_holm_suite')
+  return f'after Holm over the suite `{suite["name"]}`: {counts}'
+
+
+def _suite_lines(everything: dict[str, dict[str, Any]]) -> list[str]:
+  """One line per suite run behind the reports: its experiments and its
+  claims before and after the suite-wide Holm-Bonferroni."""
+  suites = {}
+  for s in everything.values():
+    suite = s['multiplicity'].get('suite')
+    if suite:
+      suites[suite['name']] = suite
+  lines = []
+  for name, suite in suites.items():
+    claims = [
+        claim
+        for experiment in suite['experiments']
+        for claim in everything.get(experiment, {}).get('claims', [])
+    ]
+    lines.append(
+        f'- Suite `{name}` ({", ".join(suite["experiments"])}):'
+        f' {suite["claims_tested"]} claims tested; by the verdict rule'
+        ' (the late-rows rule included)'
+        f' {_verdict_counts(claims, "verdict")}; after Holm within each'
+        f' experiment {_verdict_counts(claims, "verdict_holm")}; after Holm'
+        ' over the whole suite'
+        f' {_verdict_counts(claims, "verdict_holm_suite")}.'
+    )
+  if not lines:
+    return []
+  return [
+      (
+          'Multiplicity: each report applies Holm-Bonferroni over its own'
+          ' claims and over all claims of the suite run that wrote it'
+          ' (family-wise error 5%).'
+      ),
+      '',
+      *lines,
+      '',
+  ]
 
 
 def write_index(
@@ -150,6 +249,7 @@ def write_index(
   if doses:
     title, figure = figures.dose_plot(doses, out_dir, 'every experiment')
     lines += [f'![{title}]({figure})', '']
+  lines += _suite_lines(everything)
   for name, s in everything.items():
     partial = '' if s['complete'] else ' **(partial sweep)**'
     lines += [
@@ -161,7 +261,8 @@ def write_index(
             f'Verdicts: {_verdict_counts(s["claims"], "verdict")}'
             f' ({s["multiplicity"]["claims_tested"]} claims tested; after'
             ' Holm-Bonferroni:'
-            f' {_verdict_counts(s["claims"], "verdict_holm")}). Data:'
+            f' {_verdict_counts(s["claims"], "verdict_holm")};'
+            f' {_suite_counts(s)}). Data:'
             f' [`summary.json`]({name}/summary.json). Command:'
             f' `{s.get("command", "")}`.'
         ),

@@ -39,15 +39,23 @@ flags.DEFINE_string(
     os.path.expanduser('~/.cache/flax_posemb/jax_cache'),
     "JAX persistent compilation cache ('' disables).",
 )
+flags.DEFINE_bool(
+    'rerender',
+    False,
+    'Render the reports in --report_dir again from their summary.json (new'
+    ' report sections; n/a where a summary lacks them); trains nothing.',
+)
 cli.define_debug_flag()
 FLAGS = flags.FLAGS
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) < 2 or not FLAGS.workdir:
+  rerendering = FLAGS.rerender and bool(FLAGS.report_dir)
+  if len(argv) < 2 or not (FLAGS.workdir or rerendering):
     raise cli.UserError(
         'an experiment config (e.g. configs/experiments/init_comparison.py, '
-        'or the suite all.py) and --workdir are required.'
+        'or the suite all.py) and --workdir are required (--rerender:'
+        ' --report_dir instead of --workdir).'
     )
   # Before anything is written: the process may restart.
   cli.start_on_huge_pages()
@@ -72,6 +80,11 @@ def main(argv: list[str]) -> None:
       report_dir=FLAGS.report_dir,
       max_runs=FLAGS.max_runs,
   )
+  if FLAGS.rerender:
+    out = FLAGS.report_dir or FLAGS.workdir
+    experiments.rerender_suite(argv[1:], out)
+    print(os.path.join(out, 'README.md' if len(paths) > 1 else 'REPORT.md'))
+    return
   try:
     if len(paths) == 1:
       summaries = {

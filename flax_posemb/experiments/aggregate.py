@@ -13,6 +13,7 @@ import numpy as np
 from flax_posemb import buckets
 from flax_posemb import eval_report
 from flax_posemb import inference
+from flax_posemb.experiments import attribution
 from flax_posemb.experiments import measures
 from flax_posemb.experiments import spec
 from flax_posemb.experiments import sweep
@@ -102,12 +103,7 @@ def aggregate(
     if window_measures.has_windows(row['run_dir']):
       dirs[row['arm']][_seed(row)] = row['run_dir']
   judge = _Judge(exp, by_arm, dirs, bool(sweep_out.get('quick')))
-  claims = verdicts.with_holm(
-      [judge.claim(claim) for claim in exp.claims if judge.has(claim)]
-  )
-  tested = [
-      claim for claim in claims if claim['verdict'] != verdicts.NOT_MEASURED
-  ]
+  claims = [judge.claim(claim) for claim in exp.claims if judge.has(claim)]
   analyses: dict[str, Any] = {}
   if 'cosine_convergence' in exp.analyses:
     analyses['cosine_convergence'] = _convergence(exp, rows)
@@ -121,7 +117,7 @@ def aggregate(
   if any(dose['arms'] for dose in doses):
     analyses['doses'] = doses
   overrides = {arm.name: dict(arm.overrides) for arm in exp.arms}
-  return {
+  summary = {
       'experiment': exp.name,
       'title': exp.title,
       'question': exp.question,
@@ -133,14 +129,6 @@ def aggregate(
       'budget': sweep_out['budget'],
       'arms': _arms(by_arm, rows, judge),
       'claims': claims,
-      'multiplicity': {
-          'method': 'holm',
-          'claims_tested': len(tested),
-          'alpha': 0.05,
-          'verdicts_changed': sum(
-              claim['verdict_holm'] != claim['verdict'] for claim in tested
-          ),
-      },
       'profiles': _profiles(exp, by_arm, judge),
       'analyses': analyses,
       'runs': [
@@ -154,6 +142,8 @@ def aggregate(
           for row in sweep_out['runs']
       ],
   }
+  attribution.attribute(summary, exp, judge.differences)
+  return summary
 
 
 def _seed(row: Mapping[str, Any]) -> int:
@@ -282,11 +272,28 @@ class _Judge:
         _vectors(runs, metric, shared) - _vectors(base, metric, shared)
     )
 
-  def _exposure(self, arm: str, bucket: int) -> float:
+  def differences(
+      self, metric: str, arm: str, baseline: str
+  ) -> list[dict[str, Any]] | None:
+    """`attribution.Differences`: per bucket, ``metric(arm) -
+    metric(baseline)`` (None unless both arms finished)."""
+    if not self.by_arm.get(arm) or not self.by_arm.get(baseline):
+      return None
+    return self.vector(arm, metric, baseline)
+
+  def _exposure(
+      self, arm: str, bucket: int, vector: str = 'bucket_exposure'
+  ) -> float:
     """Mean over seeds of the cumulative training occurrences per row of
-    ``bucket``."""
+    ``bucket`` (``vector``: all of them, or `bucket_full_context_exposure`;
+    NaN where no run counted them)."""
     runs = self.by_arm[arm].values()
-    per_seed = [run['vectors']['bucket_exposure'][bucket] for run in runs]
+    per_seed = [
+        run['vectors'].get(vector, [np.nan] * (abs(bucket) + 1))[bucket]
+        for run in runs
+    ]
+    if not np.isfinite(per_seed).any():
+      return float('nan')
     return float(np.nanmean(per_seed))
 
   def dose(self, dose: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -309,6 +316,10 @@ class _Judge:
         'baseline': dose.baseline,
         'arms': arms,
         'late_exposure': [self._exposure(arm, -1) for arm in arms],
+        'late_full_context_exposure': [
+            self._exposure(arm, -1, 'bucket_full_context_exposure')
+            for arm in arms
+        ],
         'early_exposure': [self._exposure(arm, 0) for arm in arms],
         'rare_exposure': float(self.exp.rare_exposure),
         'measures': differences,

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from flax_posemb.experiments import aggregate
+from flax_posemb.experiments import attribution
 from flax_posemb.experiments import measures
 from flax_posemb.experiments import window_measures
 from flax_posemb.plots import experiments as plots
@@ -73,6 +74,7 @@ def write_figures(
         ylabel=measures.label(profile['metric'], tokenizer),
     )
     made.append((profile['title'], name))
+  made.append(bucket_profile_plot(summary, out_dir, identity, n_seeds))
   doses = summary['analyses'].get('doses')
   if doses:
     made.append(dose_plot(doses, out_dir, identity))
@@ -127,6 +129,49 @@ def write_figures(
         )
     )
   return made
+
+
+def bucket_profile_plot(
+    summary: Mapping[str, Any], out_dir: str, identity: str, n_seeds: int
+) -> tuple[str, str]:
+  """Every arm's held-out loss by bucket and, right, each claimed pair's
+  paired difference (pairs without a measured one left out): (title, file
+  name).
+
+  Args:
+    summary: `aggregate.aggregate`'s summary (its ``attribution``).
+    out_dir: the report directory.
+    identity: the runs' description, the title's second line.
+    n_seeds: the most seeds of an arm.
+
+  Returns:
+    (title, file name).
+  """
+  name = 'bucket_profile.png'
+  series = {
+      arm: entry['vectors'].get(attribution.PROFILE_METRIC, [])
+      for arm, entry in summary['arms'].items()
+      if entry['seeds']
+  }
+  differences = {}
+  for pair in summary.get('attribution', []):
+    means = [x.get('mean') for x in pair['differences']]
+    if any(mean is not None and np.isfinite(mean) for mean in means):
+      differences[f'{pair["arm"]} - {pair["baseline"]}'] = pair['differences']
+  tokenizers = {
+      entry.get('tokenizer', '') for entry in summary['arms'].values()
+  }
+  tokenizer = tokenizers.pop() if len(tokenizers) == 1 else ''
+  plots.experiment_profile(
+      os.path.join(out_dir, name),
+      [f'{start}-{end}' for start, end in summary['buckets']],
+      series,
+      differences=differences,
+      n_seeds=n_seeds,
+      title=f'Per-bucket profile: held-out loss by position bucket\n{identity}',
+      ylabel=measures.label(attribution.PROFILE_METRIC, tokenizer),
+  )
+  return 'Per-bucket profile of every arm (and its paired differences)', name
 
 
 def dose_plot(

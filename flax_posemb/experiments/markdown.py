@@ -23,6 +23,7 @@ DESIGN = os.path.join(
     'DESIGN.md',
 )
 METHODS = 'intervals-and-verdicts'
+_RULE_LINK = 'docs/DESIGN.md § Intervals and verdicts'
 # Per-arm scalars of the report's arm table (all of them are in summary.json).
 TABLE_SCALARS = (
     'final_loss',
@@ -115,6 +116,7 @@ def markdown(
       + _claims_lines(summary)
       + _arms_lines(exp, summary)
   )
+  lines += _profile_lines(summary)
   lines += _mix_lines(summary) + _dose_lines(summary)
   windows = summary['analyses'].get('windows')
   if windows:
@@ -143,6 +145,64 @@ def markdown(
       '',
   ]
   return '\n'.join(lines)
+
+
+def _over_line(rows: Iterable[Iterable[Any]]) -> str:
+  """What a table's intervals are over (those of its first measured cell)."""
+  for row in rows:
+    for cell in row:
+      if isinstance(cell, dict) and _finite(cell.get('mean')):
+        return f'Intervals: 95% over {_interval_over(cell)}.'
+  return 'Intervals: none measured (n/a).'
+
+
+def _profile_lines(summary: Mapping[str, Any]) -> list[str]:
+  """Every arm's loss by bucket and each claimed pair's paired difference by
+  bucket: where a contrast's change comes from."""
+  arms = summary['arms']
+  buckets = [f'{start}-{end}' for start, end in summary['buckets']]
+  measured = [arm for arm, entry in arms.items() if entry['seeds']]
+  own = [
+      [arm, *arms[arm]['vectors'].get('bucket_loss', [{}] * len(buckets))]
+      for arm in measured
+  ]
+  lines = [
+      '## Per-bucket profile',
+      '',
+      (
+          "Each arm's held-out loss by position bucket (the attribution of"
+          ' every contrast of two buckets: which bucket moved).'
+      ),
+      '',
+      *md_table(['arm', *buckets], own),
+      '',
+      _over_line(row[1:] for row in own),
+      '',
+  ]
+  pairs = summary.get('attribution', [])
+  if not pairs:
+    return lines
+  paired = [
+      [
+          f'{pair["arm"]} - {pair["baseline"]}',
+          *(pair['differences'] or [{}] * len(buckets)),
+      ]
+      for pair in pairs
+  ]
+  lines += [
+      (
+          'Paired difference in held-out loss, arm - baseline, by bucket, for'
+          ' every pair a claim or a dose series compares (n/a: the summary'
+          ' holds no paired difference of that pair, e.g. a report written'
+          ' before attribution existed).'
+      ),
+      '',
+      *md_table(['arm - baseline', *buckets], paired),
+      '',
+      _over_line(row[1:] for row in paired),
+      '',
+  ]
+  return lines
 
 
 def _mix_lines(summary: Mapping[str, Any]) -> list[str]:
@@ -189,17 +249,20 @@ def _dose_lines(summary: Mapping[str, Any]) -> list[str]:
   ]
   for dose in doses:
     metrics = list(dose['measures'])
+    full = dose.get('late_full_context_exposure', [])
     rows = []
     for i, arm in enumerate(dose['arms']):
       late = dose['late_exposure'][i]
       early = dose['early_exposure'][i]
-      rare = _rare(late, early, dose['rare_exposure'])
+      late_full = full[i] if i < len(full) else float('nan')
       rows.append(
           [
               arm,
               fmt(late, 1),
+              fmt(late_full, 1),
               fmt(early, 1),
-              'yes' if rare else 'no',
+              _rare_cell(late, early, dose['rare_exposure']),
+              _rare_cell(late_full, early, dose['rare_exposure']),
               *(dose['measures'][metric][i] for metric in metrics),
           ]
       )
@@ -207,10 +270,12 @@ def _dose_lines(summary: Mapping[str, Any]) -> list[str]:
     lines += md_table(
         [
             'arm',
-            'late-row occurrences',
+            'late-row occurrences (all)',
+            'late-row occurrences (context = position)',
             'first-bucket occurrences',
-            'rare regime',
-            *(f'`{metric}`' for metric in metrics),
+            'rare regime (all)',
+            'rare regime (context = position)',
+            *(f'`{metric}` [95% CI]' for metric in metrics),
         ],
         rows,
     )
@@ -219,12 +284,24 @@ def _dose_lines(summary: Mapping[str, Any]) -> list[str]:
         (
             f"*Rare regime*: the last bucket's rows were seen fewer than"
             f' {fmt(dose["rare_exposure"], 0)} times each and less than a tenth'
-            " as often as the first bucket's. Where no arm reaches it, this"
-            ' experiment says nothing about rare rows.'
+            " as often as the first bucket's (all occurrences), counted over"
+            ' all occurrences and over those whose context equals their'
+            " position (the evaluation's situation; n/a: runs that did not"
+            ' count it). Where no arm reaches it, this experiment says nothing'
+            ' about rare rows.'
         ),
+        '',
+        _over_line(row[6:] for row in rows),
         '',
     ]
   return lines
+
+
+def _rare_cell(late: float, early: float, threshold: float) -> str:
+  """'yes' / 'no' of `_rare`; 'n/a' where ``late`` was not counted."""
+  if not _finite(late):
+    return 'n/a'
+  return 'yes' if _rare(late, early, threshold) else 'no'
 
 
 def _rare(late: float, early: float, threshold: float) -> bool:
@@ -355,6 +432,30 @@ def _count(n: int, noun: str) -> str:
   return f'{n} {noun}' if n == 1 else f'{n} {noun}s'
 
 
+def _bucket_cell(claim: Mapping[str, Any], which: str) -> str:
+  """A contrast's bucket ``which`` ('late' or 'other'): its rows and its own
+  paired difference; blank for a claim on no contrast."""
+  buckets = claim.get('buckets')
+  if not buckets:
+    return ''
+  bucket = buckets[which]
+  rows = '-'.join(str(x) for x in bucket['rows'])
+  return f"{rows}: {fmt_interval(bucket['difference'], 3)}"
+
+
+def _suite_sentence(multiplicity: Mapping[str, Any]) -> str:
+  """The suite-wide Holm's sentence ('' outside a suite)."""
+  suite = multiplicity.get('suite')
+  if not suite:
+    return ' Suite-wide Holm: n/a (this report was not written by a suite run).'
+  return (
+      f' Suite-wide: Holm over all {suite["claims_tested"]} tested claims of'
+      f' the suite `{suite["name"]}` ({", ".join(suite["experiments"])});'
+      f' `p (Holm, suite)` and the verdict after it, where it differs'
+      f' ({suite["verdicts_changed"]} of the suite\'s claims do).'
+  )
+
+
 def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
   multiplicity = summary['multiplicity']
   lines = [
@@ -368,8 +469,19 @@ def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
           ' Holm-Bonferroni over all tested claims of this experiment'
           ' (family-wise error 5%); `p` is the smallest alpha at which the'
           " claim's interval is decisive, `p (Holm)` its adjusted value, and"
-          ' the last column gives the verdict after the correction where it'
-          f' differs ({multiplicity["verdicts_changed"]} do).'
+          ' the column after it gives the verdict after the correction where'
+          f' it differs ({multiplicity["verdicts_changed"]} do).'
+          + _suite_sentence(multiplicity)
+      ),
+      '',
+      (
+          'Attribution by bucket: a claim on a contrast of two buckets lists'
+          " each bucket's own paired difference (arm - baseline, 95% interval"
+          ' over the same seeds and documents as the claim; n/a where the'
+          ' summary holds none). A claim declared about late rows (†) is'
+          ' supported only if its late bucket moves too (the late-rows rule,'
+          f' {_RULE_LINK}); it changed'
+          f' {multiplicity.get("late_rule_changed", 0)} verdict(s) here.'
       ),
       '',
   ]
@@ -381,10 +493,11 @@ def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
       predicted = '> 0'
     else:
       predicted = '< 0'
-    if claim['verdict_holm'] == claim['verdict']:
-      after_holm = ''
-    else:
-      after_holm = claim['verdict_holm']
+    verdict = f'**{claim["verdict"]}**'
+    if claim.get('about_late_rows'):
+      verdict += ' †'
+    if claim['verdict'] != claim.get('interval_verdict', claim['verdict']):
+      verdict += f' (interval alone: {claim["interval_verdict"]})'
     rows.append(
         [
             claim['text'],
@@ -393,10 +506,14 @@ def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
             predicted,
             fmt_interval(claim['interval']),
             _interval_over(claim['interval']),
-            f'**{claim["verdict"]}**',
+            _bucket_cell(claim, 'late'),
+            _bucket_cell(claim, 'other'),
+            verdict,
             fmt(claim['p_value'], 3),
             fmt(claim['p_holm'], 3),
-            after_holm,
+            _if_changed(claim, 'verdict_holm'),
+            fmt(claim.get('p_holm_suite'), 3),
+            _if_changed(claim, 'verdict_holm_suite'),
         ]
     )
   return lines + md_table(
@@ -407,13 +524,25 @@ def _claims_lines(summary: Mapping[str, Any]) -> list[str]:
           'predicted',
           'difference [95% CI]',
           'over',
+          'late bucket: arm - baseline',
+          'other bucket: arm - baseline',
           'verdict',
           'p',
           'p (Holm)',
-          'verdict after Holm (if different)',
+          'after Holm (if different)',
+          'p (Holm, suite)',
+          'after suite Holm (if different)',
       ],
       rows,
   )
+
+
+def _if_changed(claim: Mapping[str, Any], key: str) -> str:
+  """The claim's verdict ``key`` where it differs from its verdict."""
+  after = claim.get(key)
+  if after is None:
+    return 'n/a'
+  return '' if after == claim['verdict'] else after
 
 
 def _arms_lines(
@@ -428,7 +557,9 @@ def _arms_lines(
           ' (compilation included; runs of a shape already compiled load it'
           ' from the persistent cache), `step_seconds` the steady-state seconds'
           ' per step (logging windows after the first). Both are wall-clock on'
-          ' the machine that ran the sweep.'
+          ' the machine that ran the sweep. Intervals: 95%, over seeds and'
+          ' documents for measures of the evaluation windows (loss, excess,'
+          ' recovered, offset penalty), over seeds for the others.'
       ),
       '',
   ]
@@ -450,7 +581,7 @@ def _arms_lines(
       rows.append([f'{arm} - {profile["baseline"]}', *differences])
     lines += [f'### {profile["title"]} (per position bucket)', '']
     lines += md_table(['arm', *buckets], rows)
-    lines += ['']
+    lines += ['', _over_line(row[1:] for row in rows), '']
   convergence = summary['analyses'].get('cosine_convergence')
   if convergence:
     lines += [

@@ -20,6 +20,7 @@ from flax_posemb.data import pipeline
 # Bucket vector -> the per-position vector it averages (``position_vectors``).
 _SOURCES = {
     'bucket_exposure': 'exposure',
+    'bucket_full_context_exposure': 'full_context_exposure',
     'bucket_row_grad': 'row_grad',
     'bucket_occ_signal': 'signal_per_occurrence',
     'bucket_downstream_signal': 'signal_per_downstream',
@@ -59,6 +60,9 @@ LABELS = {
         'share of the position value recovered (0 = content only, 1 = Bayes)'
     ),
     'bucket_exposure': 'training tokens seen per row (cumulative)',
+    'bucket_full_context_exposure': (
+        'training tokens seen per row with context = position (cumulative)'
+    ),
     'bucket_row_grad': 'table-gradient row norm (RMS per step, 2nd half)',
     'bucket_occ_signal': 'gradient norm per occurrence (2nd half)',
     'bucket_downstream_signal': (
@@ -127,6 +131,12 @@ def position_vectors(
     out.update(stats.derived(late_sums))
     late_steps = sum(int(window.get('num_steps', 1)) for window in late)
     out['exposure'] = np.asarray(windows[-1]['cumulative_count'], np.float64)
+    # The evaluation's situation; NaN unless every window of the run is here
+    # (their counts add up to the cumulative one) and counted it.
+    full_context = total(windows, 'full_context_count')
+    if not np.array_equal(total(windows, 'count'), out['exposure']):
+      full_context = np.full_like(full_context, np.nan)
+    out['full_context_exposure'] = full_context
     out['row_grad'] = np.sqrt(late_sums['row_sq'] / max(late_steps, 1))
     out['update_rss'] = np.sqrt(total(windows, 'update_sq'))
     out['scored_total'] = total(windows, 'loss_count')

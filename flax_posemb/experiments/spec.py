@@ -180,9 +180,12 @@ def claim(
     baseline: str,
     direction: str,
     margin: float = 0.0,
+    about_late_rows: bool = False,
 ) -> ml_collections.ConfigDict:
   """A claim on per-seed ``metric(arm) - metric(baseline)`` (baseline '': 0),
-  `verdicts.verdict`."""
+  `verdicts.verdict`; ``about_late_rows``: a claim about the late rows
+  themselves, on a contrast of the last bucket with another
+  (`verdicts.late_rows_rule`)."""
   return ml_collections.ConfigDict(
       {
           'id': claim_id,
@@ -192,6 +195,7 @@ def claim(
           'baseline': baseline,
           'direction': direction,
           'margin': float(margin),
+          'about_late_rows': bool(about_late_rows),
       }
   )
 
@@ -316,6 +320,16 @@ def validate(exp: ml_collections.ConfigDict) -> None:
       problems.append(
           f'claim {claim.id!r} on {claim.metric} needs mid_bucket, a bucket'
           ' past the first, fixed before the run'
+      )
+    if claim.get('about_late_rows', False) and (
+        verdicts.bucket_contrast(claim.metric) is None
+        or claim.direction == 'equivalent'
+    ):
+      problems.append(
+          f'claim {claim.id!r}: about_late_rows needs a "greater" or "less"'
+          ' claim on a contrast of the last bucket with another (loss_ or'
+          f' excess_late_minus_mid/_early), got {claim.metric}'
+          f' ({claim.direction})'
       )
   # (who names it, arm name) of every arm a claim, profile or dose names.
   named = []

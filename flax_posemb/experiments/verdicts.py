@@ -184,3 +184,86 @@ def judge_estimate(
           margin,
       ),
   }
+
+
+# Contrasts of the last bucket with another: metric -> (the bucket vector both
+# buckets come from, the other bucket: 'mid' or 'early').
+CONTRASTS = {
+    f'{kind}_late_minus_{other}': (f'bucket_{kind}', other)
+    for kind in ('loss', 'excess')
+    for other in ('mid', 'early')
+}
+
+
+def bucket_contrast(metric: str) -> tuple[str, str] | None:
+  """(bucket vector, 'mid' or 'early') of a late-minus-other ``metric``; None
+  for a metric that is not such a contrast."""
+  return CONTRASTS.get(metric)
+
+
+def late_rows_rule(claim: Mapping[str, Any]) -> str:
+  """The verdict of a claim declared about late rows (``about_late_rows``).
+
+  A late-minus-other contrast can move because the *other* bucket moved (a
+  model that gets better at short context scores late minus mid worse with
+  unchanged late rows). So a claim about late rows is supported only if the
+  late bucket's own paired difference ``arm - baseline`` is decisive in the
+  predicted direction too: its interval excludes 0 on the predicted side. An
+  unmeasured late-bucket difference (n/a) cannot show that either.
+
+  Args:
+    claim: the claim's record: ``verdict`` (of its own interval),
+      ``direction``, ``about_late_rows`` and ``buckets['late']['difference']``
+      (the late bucket's paired interval).
+
+  Returns:
+    The verdict: `INCONCLUSIVE` where the rule fails a `SUPPORTED` verdict,
+    else the claim's own verdict.
+  """
+  if not claim.get('about_late_rows') or claim['verdict'] != SUPPORTED:
+    return claim['verdict']
+  late = claim.get('buckets', {}).get('late', {}).get('difference', {})
+  low = late.get('low')
+  high = late.get('high')
+  if (
+      low is None
+      or high is None
+      or not (math.isfinite(low) and math.isfinite(high))
+  ):
+    return INCONCLUSIVE
+  if claim['direction'] == 'greater' and low > 0:
+    return SUPPORTED
+  if claim['direction'] == 'less' and high < 0:
+    return SUPPORTED
+  return INCONCLUSIVE
+
+
+def with_suite_holm(
+    summaries: Mapping[str, dict], suite: str, alpha: float = 0.05
+) -> None:
+  """Holm-Bonferroni over every measured claim of a suite's experiments, in
+  place: each claim gets ``p_holm_suite`` and ``verdict_holm_suite``, each
+  summary's ``multiplicity`` a ``suite`` record.
+
+  Args:
+    summaries: experiment name -> summary (`aggregate.aggregate`'s), the
+      experiments of one suite run.
+    suite: the suite's name (its config file).
+    alpha: the family-wise error rate.
+  """
+  claims = [claim for s in summaries.values() for claim in s['claims']]
+  adjusted = with_holm(claims, alpha)
+  for claim, judged in zip(claims, adjusted):
+    claim['p_holm_suite'] = judged['p_holm']
+    claim['verdict_holm_suite'] = judged['verdict_holm']
+  tested = [claim for claim in claims if claim['verdict'] != NOT_MEASURED]
+  record = {
+      'name': suite,
+      'experiments': list(summaries),
+      'claims_tested': len(tested),
+      'verdicts_changed': sum(
+          claim['verdict_holm_suite'] != claim['verdict'] for claim in tested
+      ),
+  }
+  for s in summaries.values():
+    s['multiplicity']['suite'] = record

@@ -2,6 +2,7 @@
 curves, dose-response and the claims' intervals."""
 
 from collections.abc import Sequence
+import re
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -62,8 +63,8 @@ def experiment_profile(
     panels.append(
         (
             differences,
-            f'difference: arm - {baseline}',
-            f'paired difference vs {baseline}',
+            f'difference: arm - {baseline or "its baseline"}',
+            f'paired difference vs {baseline or "each baseline"}',
         )
     )
   handles: dict[str, Any] = {}
@@ -177,6 +178,49 @@ def experiment_curve(
   return common.save(fig, path)
 
 
+def arm_kind(arm: str) -> tuple[str, str]:
+  """(kind, dose) of a dose arm's name: 'crops/skew:0.01' -> ('crops/skew',
+  '0.01'); an arm without a ':' value is a kind of its own, dose ''."""
+  kind = re.sub(r':[^/]*', '', arm)
+  doses = re.findall(r':([^/]*)', arm)
+  return kind, ','.join(doses)
+
+
+def _has_data(panel: dict[str, Any], measure: str) -> bool:
+  """Whether ``panel`` has a finite mean of ``measure``."""
+  intervals = panel['measures'].get(measure) or []
+  return bool(np.isfinite(common.column(intervals, 'mean')).any())
+
+
+def _dose_series(ax, x, arms, intervals, style) -> None:
+  """One series per arm kind (`arm_kind`; ``style``: kind -> its style),
+  joined only within the kind and in order of exposure; each point of a
+  multi-point kind labelled by its dose."""
+  kinds = list(dict.fromkeys(arm_kind(arm)[0] for arm in arms))
+  for kind in kinds:
+    members = [i for i, arm in enumerate(arms) if arm_kind(arm)[0] == kind]
+    members.sort(key=lambda i: x[i])
+    line = {**style[kind], 'ls': '-' if len(members) > 1 else 'none'}
+    common.errorbars(
+        ax, x[members], [intervals[i] for i in members], line, kind
+    )
+    if len(members) < 2:
+      continue
+    for j, i in enumerate(members):
+      mean = intervals[i].get('mean')
+      if mean is None or not np.isfinite(mean):
+        continue
+      # Alternate above and below: neighbouring doses do not overlap.
+      ax.annotate(
+          arm_kind(arms[i])[1],
+          (x[i], mean),
+          textcoords='offset points',
+          xytext=(5, 7 if j % 2 == 0 else -12),
+          fontsize=7,
+          color=style[kind].get('color'),
+      )
+
+
 def dose_response(
     path: str,
     panels: dict[str, dict[str, Any]],
@@ -187,12 +231,16 @@ def dose_response(
 ) -> str:
   """Paired differences against the exposure of the late rows, log x.
 
+  Each kind of arm (`arm_kind`: 'crops/skew' at its doses, 'packed', ...) is
+  its own series, in the legend; a line joins doses of one kind only. A
+  measure no panel has is left out; a panel without a measure another has is
+  left blank with a note saying so.
+
   Args:
     path: the PNG.
     panels: one row of panels each, ``{'x': [n] occurrences per late row,
       'arms': [n] names, 'baseline': name, 'measures': {measure: [n]
-      intervals}}``; a measure a panel lacks, or whose means are all
-      missing, is drawn as n/a.
+      intervals}}``.
     ylabels: measure -> its axis label (one column each).
     title: the figure's title.
     xlabel: the x axis' label.
@@ -200,45 +248,54 @@ def dose_response(
   Returns:
     ``path``.
   """
-  measures = list(ylabels)
+  measures = [
+      m for m in ylabels if any(_has_data(p, m) for p in panels.values())
+  ]
+  left_out = [m for m in ylabels if m not in measures]
+  # One style per kind in every panel.
+  style = common.arm_styles(
+      list(
+          dict.fromkeys(
+              arm_kind(arm)[0] for p in panels.values() for arm in p['arms']
+          )
+      )
+  )
   rows = max(len(panels), 1)
   fig, axes = plt.subplots(
       rows,
-      len(measures),
-      figsize=(4.6 * len(measures), 3.6 * rows),
+      max(len(measures), 1),
+      figsize=(5.2 * max(len(measures), 1), 3.8 * rows),
       squeeze=False,
   )
   for row, (name, panel) in enumerate(panels.items()):
-    # Joined in order of exposure, not of the arms' listing.
-    order = np.argsort(np.asarray(panel['x'], np.float64))
-    x = np.asarray(panel['x'], np.float64)[order]
-    arms = [panel['arms'][i] for i in order]
+    x = np.asarray(panel['x'], np.float64)
     for col, measure in enumerate(measures):
       ax = axes[row, col]
-      ax.set_title(f'{name}: arm - {panel["baseline"]}', fontsize=9)
-      measured = panel['measures'].get(measure)
-      intervals = []
-      if measured is not None:
-        intervals = [measured[i] for i in order]
-      if not np.isfinite(common.column(intervals, 'mean')).any():
-        # A panel without the measure, or whose baseline was not probed: no
-        # difference to draw.
-        ax.text(0.5, 0.5, 'n/a', ha='center', transform=ax.transAxes)
-        ax.set(xlabel=xlabel, ylabel=ylabels[measure])
-        continue
-      common.errorbars(
-          ax, x, intervals, {'color': 'C0', 'marker': 'o', 'ls': '-'}, ''
-      )
-      for xi, arm, iv in zip(x, arms, intervals):
-        ax.annotate(
-            arm,
-            (xi, iv.get('mean') or 0.0),
-            textcoords='offset points',
-            xytext=(4, 4),
-            fontsize=7,
+      if not _has_data(panel, measure):
+        ax.axis('off')
+        ax.text(
+            0.5,
+            0.5,
+            f'{name}:\nno {ylabels[measure]}\n(not measured in this'
+            ' experiment)',
+            ha='center',
+            va='center',
+            fontsize=8,
+            transform=ax.transAxes,
         )
+        continue
+      ax.set_title(f'{name}: arm - {panel["baseline"]}', fontsize=9)
+      _dose_series(ax, x, panel['arms'], panel['measures'][measure], style)
       ax.axhline(0.0, color='k', lw=0.8)
       ax.set(xscale='log', xlabel=xlabel, ylabel=ylabels[measure])
+      ax.legend(fontsize=7, loc='best')
+  if left_out:
+    fig.text(
+        0.01,
+        0.005,
+        'Left out (no experiment measured them): ' + ', '.join(left_out),
+        fontsize=7,
+    )
   fig.suptitle(title, fontsize=10)
   return common.save(fig, path)
 
@@ -274,8 +331,15 @@ def claims_forest(
       )
   ax.axvline(0.0, color='k', lw=0.8)
   ax.set_yticks(y, [f"{c['id']} ({c['metric']})" for c in claims], fontsize=8)
+  over = {
+      inference.SEEDS_AND_DOCUMENTS: 'seeds and documents',
+      inference.SEEDS: 'seeds',
+  }
+  methods = {c['interval'].get('method', inference.SEEDS) for c in claims}
   ax.set_xlabel(
-      'arm - baseline (95% interval; green supported, red contradicted)'
+      'arm - baseline (95% interval over '
+      + ' or '.join(over.get(m, str(m)) for m in sorted(methods))
+      + ', as the report says per claim; green supported, red contradicted)'
   )
   ax.set_title(title, fontsize=9)
   return common.save(fig, path)
