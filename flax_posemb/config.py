@@ -338,7 +338,7 @@ class RunConfig:
 def check_across_sections(config: RunConfig) -> None:
   """The rules that join sections, in order (each section has checked its own
   fields): the data against the model (`data.check_fits_model`: seq_len <=
-  max_len, ...; the vocabulary), the optimizer's per-row scale against the
+  max_len, ...), the optimizer's per-row scale against the
   position embedding, the evaluation window against the position table and
   the buckets against the window.
 
@@ -347,12 +347,6 @@ def check_across_sections(config: RunConfig) -> None:
   """
   model = config.model
   data_lib.check_fits_model(config.data, max_len=model.max_len)
-  vocab = data_lib.vocab_size(config.data)
-  if vocab > model.vocab_size:
-    raise ValueError(
-        f'The data has token ids up to {vocab - 1} but model.vocab_size='
-        f'{model.vocab_size}. Set --config.model.vocab_size={vocab}.'
-    )
   learned = model.position_embedding == 'learned'
   position_optimizer = config.optimizer.position_optimizer
   if position_optimizer != 'adam' and not learned:

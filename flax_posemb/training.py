@@ -54,10 +54,18 @@ def position_buckets(config: config_lib.RunConfig) -> np.ndarray:
 
 
 def check_periodic_eval(config: config_lib.RunConfig) -> None:
-  """Now, not after a checkpoint interval of training: the evaluation
-  settings (the split; eval.py starts from them too) and, for periodic
-  evaluation, enough documents (the batches are kept for the
+  """Now, not after a checkpoint interval of training: the data's token ids
+  fit the model's vocabulary (the one check that reads the data, so not the
+  config's: a config names a dataset that may be prepared later), the
+  evaluation settings (the split; eval.py starts from them too) and, for
+  periodic evaluation, enough documents (the batches are kept for the
   evaluations)."""
+  vocab = data_lib.vocab_size(config.data)
+  if vocab > config.model.vocab_size:
+    raise ValueError(
+        f'The data has token ids up to {vocab - 1} but model.vocab_size='
+        f'{config.model.vocab_size}. Set --config.model.vocab_size={vocab}.'
+    )
   settings = evaluation.eval_settings(config, {})
   if config.eval_every_steps > 0:
     evaluation.make_batches(config, settings)
