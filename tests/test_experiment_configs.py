@@ -151,12 +151,14 @@ def test_rarest_dose_runs_are_shared_by_the_doses_mechanism_and_init_rare():
     assert key(init_rare, f'gpt2{suffix}') == rare
 
 
-def test_new_experiments_are_in_the_doses_suite_not_in_all():
-  doses = spec.expand_paths([str(EXPERIMENTS / 'doses.py')])
-  everything = spec.expand_paths([str(EXPERIMENTS / 'all.py')])
+def test_new_experiments_are_in_the_rows_suite_not_in_all_or_doses():
+  rows = spec.expand_paths([str(EXPERIMENTS / 'rows.py')])
+  elsewhere = spec.expand_paths(
+      [str(EXPERIMENTS / 'all.py'), str(EXPERIMENTS / 'doses.py')]
+  )
   for name in ('mechanism', 'init_rare_synthetic', 'init_rare_text'):
-    assert str(EXPERIMENTS / f'{name}.py') in doses
-    assert str(EXPERIMENTS / f'{name}.py') not in everything
+    assert str(EXPERIMENTS / f'{name}.py') in rows
+    assert str(EXPERIMENTS / f'{name}.py') not in elsewhere
   suite = spec.expand_paths([str(EXPERIMENTS / 'init_rare.py')])
   assert [os.path.basename(path) for path in suite] == [
       'init_rare_synthetic.py',
