@@ -29,16 +29,16 @@ def stated_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
   optimizer = config.optimizer
   return {
       'token_init': model.token_init,
-      'token_init_std': float(model.token_init_std),
-      'beta2': float(optimizer.b2),
-      'weight_decay': float(optimizer.weight_decay),
-      'decay_position_table': bool(optimizer.decay_position_table),
+      'token_init_std': model.token_init_std,
+      'beta2': optimizer.b2,
+      'weight_decay': optimizer.weight_decay,
+      'decay_position_table': optimizer.decay_position_table,
       'corpus': data.source if data.source != 'tfds' else f'tfds:{data.name}',
       'tokenizer': (
           data.tokenizer if data.source != 'synthetic' else 'synthetic'
       ),
-      'seq_len': int(data.seq_len),
-      'num_train_steps': int(config.num_train_steps),
+      'seq_len': data.seq_len,
+      'num_train_steps': config.num_train_steps,
       'model': (
           f'{model.num_layers} layers, {model.num_heads} heads, width'
           f' {model.emb_dim}, table {model.max_len} rows'
