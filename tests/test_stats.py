@@ -753,11 +753,14 @@ def _user_setup(config):
   trainer's)."""
   import optax
 
+  from flax_posemb import config as config_lib
   from flax_posemb import data
   from flax_posemb import model as model_lib
   from flax_posemb import optim
 
-  mcfg = model_lib.ModelConfig.from_config(config.model)
+  # A user's loop converts the ConfigDict once, as train.py does.
+  config = config_lib.RunConfig.from_config_dict(config)
+  mcfg = config.model
   model = model_lib.TransformerLM(mcfg)
   seq = jnp.zeros((1, config.data.seq_len), jnp.int32)
   key = jax.random.split(jax.random.key(config.seed))[0]

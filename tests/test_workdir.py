@@ -468,7 +468,7 @@ def _hf_config(tokenizer_dir):
   config = tiny_config()
   config.data.tokenizer = 'hf'
   config.data.hf_tokenizer = tokenizer_dir
-  return config
+  return config_lib.RunConfig.from_config_dict(config)
 
 
 def test_a_workdir_copies_its_tokenizer_and_records_it_relative(tmp_path):
@@ -491,8 +491,7 @@ def test_a_workdir_copies_its_tokenizer_and_records_it_relative(tmp_path):
   resolved = workdir.resolve_paths(stored, moved)
   assert resolved['data']['hf_tokenizer'] == os.path.join(moved, 'tokenizer')
   # The command line's tokenizer, gone: the copy stands in.
-  config = _hf_config(original)
-  workdir.use_own_tokenizer(config, moved)
+  config = workdir.use_own_tokenizer(_hf_config(original), moved)
   assert config.data.hf_tokenizer == os.path.join(moved, 'tokenizer')
 
 
