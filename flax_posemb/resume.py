@@ -1,6 +1,7 @@
 """What a run checks before it starts or continues a workdir (Resume in
-docs/DESIGN.md § Training outputs): a fresh start on a workdir without trained outputs, a resume on a
-run of this model and config; the loop (`training`) restores after these."""
+docs/DESIGN.md § Training outputs): a fresh start on a workdir without trained
+outputs, a resume on a run of this model and config; the loop (`training`)
+restores after these."""
 
 from typing import Any
 
