@@ -740,6 +740,40 @@ def test_sigterm_during_prepare_exits_75_and_leaves_nothing(tmp_path):
   assert not ddir.exists()
 
 
+def test_sigterm_while_the_command_loads_jax_exits_75(tmp_path):
+  """SIGTERM half a second in, while the command still imports its modules
+  (JAX among them, seconds on a busy machine): the package loads no JAX
+  before the command's first line holds the signal, so it exits 75 through
+  the one handler, not -15."""
+  notes = _notes(tmp_path)
+  ddir = tmp_path / 'tfds'
+  args = [
+      sys.executable,
+      '-m',
+      'flax_posemb.commands.prepare',
+      '--name',
+      'notes',
+      '--input',
+      str(notes / '*.txt'),
+      '--data_dir',
+      str(ddir),
+  ]
+  p = subprocess.Popen(
+      args,
+      cwd=ROOT,
+      env=SUBPROCESS_ENV,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
+  time.sleep(0.5)
+  p.send_signal(signal.SIGTERM)
+  _, stderr = p.communicate(timeout=120)
+  assert p.returncode == 75, stderr[-2000:]
+  assert 'Traceback' not in stderr
+  assert not ddir.exists()
+
+
 def test_sigterm_in_a_library_call_leaves_nothing(tmp_path, monkeypatch):
   """The one handler's `Preempted` unwinds `prepare_dataset`: no dataset, no
   build directory, no lock file, and a data directory it found stays."""
