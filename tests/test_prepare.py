@@ -702,6 +702,29 @@ def test_a_split_that_leaves_train_empty_is_refused_with_one_line(tmp_path):
   assert not (tmp_path / 'tfds').exists()
 
 
+def _start_prepare(name, input_glob, ddir):
+  """The prepare command on `input_glob` into `ddir`, started, not awaited."""
+  args = [
+      sys.executable,
+      '-m',
+      'flax_posemb.commands.prepare',
+      '--name',
+      name,
+      '--input',
+      str(input_glob),
+      '--data_dir',
+      str(ddir),
+  ]
+  return subprocess.Popen(
+      args,
+      cwd=ROOT,
+      env=SUBPROCESS_ENV,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
+
+
 def test_sigterm_during_prepare_exits_75_and_leaves_nothing(tmp_path):
   """SIGTERM while the dataset is being built: exit 75 through the one
   handler, one line, and nothing in the data directory (it created it: gone
@@ -711,25 +734,7 @@ def test_sigterm_during_prepare_exits_75_and_leaves_nothing(tmp_path):
   for i in range(1500):
     (d / f'doc{i}.txt').write_text(f'document {i} ' + 'words ' * 500)
   ddir = tmp_path / 'tfds'
-  args = [
-      sys.executable,
-      '-m',
-      'flax_posemb.commands.prepare',
-      '--name',
-      'many',
-      '--input',
-      str(d / '*.txt'),
-      '--data_dir',
-      str(ddir),
-  ]
-  p = subprocess.Popen(
-      args,
-      cwd=ROOT,
-      env=SUBPROCESS_ENV,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-  )
+  p = _start_prepare('many', d / '*.txt', ddir)
   while not list(ddir.glob('.many.build-*')) and p.poll() is None:
     time.sleep(0.005)
   p.send_signal(signal.SIGTERM)
@@ -747,25 +752,7 @@ def test_sigterm_while_the_command_loads_jax_exits_75(tmp_path):
   the one handler, not -15."""
   notes = _notes(tmp_path)
   ddir = tmp_path / 'tfds'
-  args = [
-      sys.executable,
-      '-m',
-      'flax_posemb.commands.prepare',
-      '--name',
-      'notes',
-      '--input',
-      str(notes / '*.txt'),
-      '--data_dir',
-      str(ddir),
-  ]
-  p = subprocess.Popen(
-      args,
-      cwd=ROOT,
-      env=SUBPROCESS_ENV,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-  )
+  p = _start_prepare('notes', notes / '*.txt', ddir)
   time.sleep(0.5)
   p.send_signal(signal.SIGTERM)
   _, stderr = p.communicate(timeout=120)
