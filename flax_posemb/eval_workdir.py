@@ -17,6 +17,7 @@ from flax_posemb import eval_report
 from flax_posemb import evaluation
 from flax_posemb import model as model_lib
 from flax_posemb import outputs
+from flax_posemb import own_tokenizer
 from flax_posemb import sharding
 from flax_posemb import train_step
 from flax_posemb import workdir as workdir_lib
@@ -140,7 +141,7 @@ def evaluate_workdir(
   params, stored_config, info = checkpointing.restore_params(
       workdir, step, sharding=sharding.replicated(mesh)
   )
-  stored_config = workdir_lib.resolve_paths(stored_config, workdir)
+  stored_config = own_tokenizer.resolve_paths(stored_config, workdir)
   step = info.step
   step_dir = os.path.join(checkpointing.checkpoint_dir(workdir), str(step))
   # The run whose checkpoint this must be (without config.json: its oldest
@@ -324,6 +325,6 @@ def evaluate_and_compare(
       [run['results'] for _, run in runs],
       out_dir,
       per_window=[run['per_window'] for _, run in runs],
-      configs=[workdir_lib.comparable(run['config']) for _, run in runs],
+      configs=[own_tokenizer.comparable(run['config']) for _, run in runs],
   )
   return runs, dict(comparison, out_dir=out_dir)

@@ -28,6 +28,7 @@ from flax_posemb import checkpointing
 from flax_posemb import config as config_lib
 from flax_posemb import data as data_lib
 from flax_posemb import outputs
+from flax_posemb import own_tokenizer
 from flax_posemb import preemption
 from flax_posemb import pretrained
 from flax_posemb import workdir as workdir_lib
@@ -123,7 +124,7 @@ def import_checkpoint(
       'model': checkpoint.model,
       'parameters': int(sum(x.size for x in jax.tree.leaves(params))),
       'tokenizer': {
-          'files': list(workdir_lib.tokenizer_files(hf_dir)),
+          'files': list(own_tokenizer.tokenizer_files(hf_dir)),
           'vocab_size': tokenizer.vocab_size,
           'separator_id': tokenizer.sep_id,
       },
@@ -161,7 +162,9 @@ def _write(
     record: dict[str, Any],
 ) -> None:
   """The import's files in `build_dir`; imported.json last."""
-  workdir_lib.copy_tokenizer(hf_dir, build_dir)
+  own_tokenizer.copy_tokenizer(
+      hf_dir, os.path.join(build_dir, outputs.TOKENIZER_DIR)
+  )
   with checkpointing.Checkpointer(
       checkpointing.checkpoint_dir(build_dir), max_to_keep=1
   ) as ckpt:

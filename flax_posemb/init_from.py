@@ -12,6 +12,7 @@ from absl import logging
 from flax import traverse_util
 import jax
 import ml_collections
+from ml_collections import config_dict
 import numpy as np
 
 from flax_posemb import checkpointing
@@ -20,6 +21,7 @@ from flax_posemb import evaluation
 from flax_posemb import initializers
 from flax_posemb import model as model_lib
 from flax_posemb import outputs
+from flax_posemb import own_tokenizer
 from flax_posemb import trees
 from flax_posemb import workdir as workdir_lib
 
@@ -38,6 +40,12 @@ SHAPE_FIELDS = (
 # The data fields that name a run's tokenizer (a run started from a workdir
 # takes its).
 TOKENIZER_FIELDS = ('tokenizer', 'hf_tokenizer', 'spm_model')
+# (section, field) of the config that a run started from a workdir takes from
+# it: the shape, max_len and the tokenizer.
+SOURCE_FIELDS = tuple(
+    [('model', key) for key in SHAPE_FIELDS + ('max_len',)]
+    + [('data', key) for key in TOKENIZER_FIELDS]
+)
 
 
 def source_config(workdir: str) -> dict[str, Any]:
@@ -56,35 +64,84 @@ def source_config(workdir: str) -> dict[str, Any]:
   with checkpointing.Checkpointer(
       checkpointing.checkpoint_dir(workdir), max_to_keep=1, read_only=True
   ) as ckpt:
-    return workdir_lib.resolve_paths(ckpt.latest_config(), workdir)
+    return own_tokenizer.resolve_paths(ckpt.latest_config(), workdir)
 
 
 def apply_source(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Sets `config` to start from `workdir`: init_from, the model's shape
-  (`SHAPE_FIELDS`, max_len) and its tokenizer (configs/gpt2_pretrained.py).
+  (`SOURCE_FIELDS`) and its tokenizer (configs/gpt2_pretrained.py).
 
-  A `workdir` that is gone sets init_from alone: a run that started from it
-  takes the rest from its own files (`settle_config`); a fresh start refuses
-  it (`check_init_from`).
+  A `workdir` that is gone sets init_from and leaves those fields unset
+  (placeholders a command line may set): a run that started from it takes
+  them from its own files (`fill_from_own_files`); a fresh start refuses it.
   """
   config.init_from = workdir
   if not os.path.isdir(workdir):
+    for section, key in SOURCE_FIELDS:
+      value_type = type(config[section][key])
+      config[section][key] = config_dict.placeholder(value_type)
     return
   source = source_config(workdir)
-  for key in SHAPE_FIELDS + ('max_len',):
-    config.model[key] = source['model'][key]
-  for key in TOKENIZER_FIELDS:
-    if key in source['data']:
-      config.data[key] = source['data'][key]
+  for section, key in SOURCE_FIELDS:
+    if key in source[section]:
+      config[section][key] = source[section][key]
+
+
+def fill_from_own_files(
+    config: ml_collections.ConfigDict, workdir: str
+) -> ml_collections.ConfigDict:
+  """`config` (a copy) with the fields `apply_source` left unset, its source
+  gone, taken from the run in `workdir` that started from it (its
+  init_from.json and config.json); a field the command line set stays, so
+  that a change of it is a config change. Without such a run, they are the
+  source's, and a source still gone is refused (ValueError naming it)."""
+  unset = [
+      (section, key)
+      for section, key in SOURCE_FIELDS
+      if key in config[section] and config[section][key] is None
+  ]
+  if not unset:
+    return config
+  own_files = _own_files(workdir)
+  if own_files is None:
+    # A fresh start: refused, naming the source, while it is gone.
+    values = source_config(config.init_from)
+  else:
+    record, values = own_files
+    logging.info(
+        'init_from=%s is gone: the run takes its shape and tokenizer from %s'
+        ' (it started from %s, step %s, params digest %s).',
+        config.init_from,
+        workdir,
+        record.get('workdir'),
+        record.get('step'),
+        record.get('digest'),
+    )
+  config = config.copy_and_resolve_references()
+  for section, key in unset:
+    config[section][key] = values[section][key]
+  return config
+
+
+def _own_files(workdir: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+  """``(init_from.json, config.json)`` of a run in `workdir` that started
+  from init_from, or None (no such run)."""
+  if not os.path.isdir(workdir):
+    return None
+  record = workdir_lib.init_record(workdir)
+  saved = workdir_lib.saved_config(workdir)
+  if record is None or saved is None:
+    return None
+  return record, saved
 
 
 def settle_config(
     config: config_lib.RunConfig, workdir: str
 ) -> config_lib.RunConfig:
   """`config` as the run in `workdir` uses it: init_from may not name the
-  workdir itself; a run that started from init_from resumes from its own files
-  when the source is gone (`_from_own_files`); the workdir's copy of the
-  tokenizer stands for the one named (`workdir.use_own_tokenizer`)."""
+  workdir itself; a run that started from init_from keeps its recorded
+  init_from when the source is the same path or gone; the workdir's copy of
+  the tokenizer stands for the one named (`own_tokenizer.use_own_tokenizer`)."""
   source = config.init_from
   if source and _same_directory(source, workdir):
     raise ValueError(
@@ -92,57 +149,17 @@ def settle_config(
         ' start from itself. Name the workdir to start from (an import or'
         ' another run), or leave init_from empty.'
     )
-  record = saved = None
-  if source and os.path.isdir(workdir):
-    record = workdir_lib.init_record(workdir)
-    saved = workdir_lib.saved_config(workdir)
-  if record is not None and saved is not None:
-    config = _from_own_files(config, workdir, record, saved)
+  own_files = _own_files(workdir) if source else None
+  if own_files is not None:
+    record, saved = own_files
+    same = os.path.abspath(source) == record.get('workdir')
+    if same or not os.path.isdir(source):
+      init_from = saved.get('init_from', source)
+      config = dataclasses.replace(config, init_from=init_from)
   elif source and not os.path.isdir(source):
     # A fresh start from a source that is gone: refused now, naming it.
     source_config(source)
-  return workdir_lib.use_own_tokenizer(config, workdir)
-
-
-def _from_own_files(
-    config: config_lib.RunConfig,
-    workdir: str,
-    record: dict[str, Any],
-    saved: dict[str, Any],
-) -> config_lib.RunConfig:
-  """A run that started from init_from (its init_from.json `record`) keeps
-  its recorded init_from when the source is the same path or gone, and with
-  the source gone takes what `apply_source` could not set (shape, max_len,
-  tokenizer) from its own config.json (`saved`)."""
-  gone = not os.path.isdir(config.init_from)
-  if gone or os.path.abspath(config.init_from) == record.get('workdir'):
-    init_from = saved.get('init_from', config.init_from)
-    config = dataclasses.replace(config, init_from=init_from)
-  if not gone:
-    return config
-  model_fields = {
-      key: saved['model'][key] for key in SHAPE_FIELDS + ('max_len',)
-  }
-  data_fields = {
-      key: saved['data'][key]
-      for key in TOKENIZER_FIELDS
-      if key in saved['data']
-  }
-  config = dataclasses.replace(
-      config,
-      model=dataclasses.replace(config.model, **model_fields),
-      data=dataclasses.replace(config.data, **data_fields),
-  )
-  logging.info(
-      'init_from=%s is gone: the run takes its shape and tokenizer from %s'
-      ' (it started from %s, step %s, params digest %s).',
-      config.init_from,
-      workdir,
-      record.get('workdir'),
-      record.get('step'),
-      record.get('digest'),
-  )
-  return config
+  return own_tokenizer.use_own_tokenizer(config, workdir)
 
 
 def _same_directory(a: str, b: str) -> bool:

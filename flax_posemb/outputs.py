@@ -28,9 +28,12 @@ EVAL_DIR = 'eval'
 # The table analysis inside an evaluation's directory (eval.py --analyze).
 ANALYSIS_DIR = 'analysis'
 # An imported Hugging Face checkpoint (`pretrained`): where it came from, and a
-# copy of its tokenizer files (data.hf_tokenizer names it).
+# copy of its tokenizer files (data.hf_tokenizer names it; any run reading a
+# Hugging Face tokenizer has one: `own_tokenizer`).
 IMPORT_FILE = 'imported.json'
 TOKENIZER_DIR = 'tokenizer'
+# A copy of the SentencePiece model file the run reads (data.spm_model).
+SPM_MODEL_FILE = 'tokenizer.model'
 # A run started from another workdir's parameters (config init_from): which,
 # and the rows its position table had.
 INIT_FROM_FILE = 'init_from.json'

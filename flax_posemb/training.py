@@ -109,6 +109,7 @@ def train_and_evaluate(
   # platform for the auto fields: bad input costs no backend start-up (and
   # prints no auto lines). Every module below takes the typed sections.
   if not isinstance(config, config_lib.RunConfig):
+    config = init_from_lib.fill_from_own_files(config, workdir)
     config = config_lib.RunConfig.from_config_dict(config)
   # The workdir's own copies stand for what it names (a moved workdir, a
   # deleted init_from source).

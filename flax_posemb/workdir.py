@@ -2,17 +2,15 @@
 outputs a resume truncates, the paths it records (docs/DESIGN.md § Training
 outputs).
 
-A workdir is self-contained: the tokenizer a run reads (``data.tokenizer='hf'``)
-is copied into ``WORKDIR/tokenizer`` and recorded relative to the workdir, and a
-config read from the workdir resolves it through the workdir, so that a moved
-workdir trains and evaluates as before.
+A workdir is self-contained: the tokenizer a run reads is copied into it and
+recorded relative to it, and a config read from the workdir resolves it through
+the workdir (`own_tokenizer`), so that a moved workdir trains and evaluates as
+before.
 """
 
 from collections.abc import Callable
-import dataclasses
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import socket
@@ -23,7 +21,7 @@ from flax import traverse_util
 from flax_posemb import config as config_lib
 from flax_posemb import defaults
 from flax_posemb import outputs
-from flax_posemb.data import tokenizers as tokenizers_lib
+from flax_posemb import own_tokenizer
 
 
 class WorkdirError(ValueError):
@@ -154,7 +152,7 @@ def saved_config(workdir: str) -> dict[str, Any] | None:
           f'{path} is not the config of a training run (no {section!r}'
           f' section). {fix}'
       )
-  return resolve_paths(saved, workdir)
+  return own_tokenizer.resolve_paths(saved, workdir)
 
 
 def run_config(
@@ -216,7 +214,9 @@ def check_resume_config(
   saved = saved_config(workdir)
   if saved is not None:
     changes.update(config_changes(saved, config))
-  changes.update(config_changes(resolve_paths(stored, workdir), config))
+  changes.update(
+      config_changes(own_tokenizer.resolve_paths(stored, workdir), config)
+  )
   if stored_dataset is not None and stored_dataset != dataset:
     changes[DATASET_CHANGE] = [stored_dataset, dataset]
   if changes and not config.allow_config_change:
@@ -243,123 +243,14 @@ DATASET_CHANGE = 'dataset'
 
 
 def write_config(workdir: str, config: config_lib.RunConfig) -> None:
-  """Writes `config.json`, the resolved config of the run, whole; a Hugging
-  Face tokenizer outside the workdir is copied in first (`copy_tokenizer`) and
-  recorded as ``tokenizer``, relative to the workdir."""
+  """Writes `config.json`, the resolved config of the run, whole; a tokenizer
+  outside the workdir is copied in first and recorded relative to the workdir
+  (`own_tokenizer.record`)."""
   saved = config.to_dict()
-  data = saved.get('data', {})
-  named = data.get('hf_tokenizer')
-  if data.get('tokenizer') == 'hf' and named:
-    own = os.path.join(workdir, outputs.TOKENIZER_DIR)
-    if not os.path.isdir(own):
-      copy_tokenizer(named, workdir)
-    if _same_tokenizer(named, own):
-      data['hf_tokenizer'] = outputs.TOKENIZER_DIR
+  saved['data'] = own_tokenizer.record(saved['data'], workdir)
   path = os.path.join(workdir, outputs.CONFIG_FILE)
   with outputs.atomic_write(path, 'w') as f:
     json.dump(saved, f, indent=2, sort_keys=True)
-
-
-def tokenizer_files(directory: str) -> tuple[str, ...]:
-  """A Hugging Face tokenizer's files in `directory` and those naming its
-  special tokens (config.json included: its bos/eos ids)."""
-  files = tokenizers_lib.hf_tokenizer_files(directory) or ()
-  extra = tokenizers_lib.HF_SPECIAL_FILES + (tokenizers_lib.HF_MODEL_CONFIG,)
-  present = tuple(
-      n for n in extra if os.path.isfile(os.path.join(directory, n))
-  )
-  return files + present
-
-
-def copy_tokenizer(source: str, workdir: str) -> None:
-  """Copies the tokenizer in `source` (`tokenizer_files`) into
-  ``WORKDIR/tokenizer``, each file whole."""
-  target = os.path.join(workdir, outputs.TOKENIZER_DIR)
-  os.makedirs(target, exist_ok=True)
-  for name in tokenizer_files(source):
-    with open(os.path.join(source, name), 'rb') as f:
-      content = f.read()
-    with outputs.atomic_write(os.path.join(target, name)) as f:
-      f.write(content)
-
-
-def tokenizer_digest(directory: str) -> str:
-  """SHA-256 of a Hugging Face tokenizer's files (names and bytes): two
-  byte-identical copies have one digest, wherever they are."""
-  digest = hashlib.sha256()
-  for name in sorted(tokenizer_files(directory)):
-    digest.update(name.encode() + b'\0')
-    with open(os.path.join(directory, name), 'rb') as f:
-      digest.update(f.read())
-  return digest.hexdigest()
-
-
-def _same_tokenizer(a: str, b: str) -> bool:
-  """Whether directories `a` and `b` hold the same tokenizer files."""
-  if not (os.path.isdir(a) and os.path.isdir(b)):
-    return False
-  return tokenizer_digest(a) == tokenizer_digest(b)
-
-
-def _own_tokenizer(named: str, workdir: str) -> str:
-  """The tokenizer a workdir's config means by `named`: a relative path is
-  the workdir's own (``tokenizer``); an absolute one that is gone (the workdir
-  was moved, the run's source deleted) or holds the same files is the
-  workdir's copy, if it has one; otherwise `named` itself."""
-  own = os.path.abspath(os.path.join(workdir, outputs.TOKENIZER_DIR))
-  if not os.path.isabs(named):
-    return os.path.abspath(os.path.join(workdir, named))
-  if not os.path.isdir(own):
-    return named
-  if not os.path.isdir(named) or _same_tokenizer(named, own):
-    return own
-  return named
-
-
-def resolve_paths(saved: dict[str, Any], workdir: str) -> dict[str, Any]:
-  """A config the workdir recorded (config.json, a checkpoint's) with its
-  tokenizer resolved through the workdir (`_own_tokenizer`)."""
-  data = saved.get('data')
-  if not isinstance(data, dict) or data.get('tokenizer') != 'hf':
-    return saved
-  named = data.get('hf_tokenizer')
-  if not named:
-    return saved
-  resolved = dict(data, hf_tokenizer=_own_tokenizer(named, workdir))
-  return dict(saved, data=resolved)
-
-
-def use_own_tokenizer(
-    config: config_lib.RunConfig, workdir: str
-) -> config_lib.RunConfig:
-  """`config` with ``data.hf_tokenizer`` (a command line's, relative to the
-  current directory) pointing at the workdir's copy when it holds one and the
-  one named is unset, gone or the same (`_own_tokenizer`)."""
-  if config.data.tokenizer != 'hf':
-    return config
-  named = config.data.hf_tokenizer
-  own = os.path.join(workdir, outputs.TOKENIZER_DIR)
-  if named:
-    named = _own_tokenizer(os.path.abspath(named), workdir)
-  elif os.path.isdir(own):
-    named = os.path.abspath(own)
-  data = dataclasses.replace(config.data, hf_tokenizer=named)
-  return dataclasses.replace(config, data=data)
-
-
-def comparable(config: config_lib.RunConfig) -> config_lib.RunConfig:
-  """`config` with its Hugging Face tokenizer named by its digest
-  (`tokenizer_digest`), for comparing runs: copies of one tokenizer in two
-  workdirs are the same tokenizer."""
-  named = config.data.hf_tokenizer
-  if config.data.tokenizer != 'hf' or not named:
-    return config
-  if not os.path.isdir(named):
-    return config
-  data = dataclasses.replace(
-      config.data, hf_tokenizer=f'sha256:{tokenizer_digest(named)}'
-  )
-  return dataclasses.replace(config, data=data)
 
 
 def held_by(workdir: str) -> str | None:

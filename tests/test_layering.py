@@ -32,6 +32,7 @@ RUNNER = (
     'resume',
     'checkpointing',
     'workdir',
+    'own_tokenizer',
     'eval_workdir',
     'eval_report',
     'analysis_report',

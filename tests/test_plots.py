@@ -156,3 +156,29 @@ def test_position_curve_images_redraw_each_window_over_every_position():
   assert ax.get_xlim() == (0.0, 15.0)
   assert ax.get_xlabel() == 'position (steps 6-10)'
   assert ax.get_ylim()[0] < 1.0 < ax.get_ylim()[1]
+
+
+def test_the_data_exposure_figure_draws_full_context_tokens_beside_all(
+    monkeypatch,
+):
+  """The exposure panel has both series the report prints: every token per
+  position, and those whose context is their position."""
+  figs = []
+  monkeypatch.setattr(
+      common, 'save', lambda fig, path: figs.append(fig) or path
+  )
+  report = {
+      'source': 'local_text',
+      'policy': 'packed_reset',
+      'counts': [8, 6, 4, 2],
+      'full_context_counts': [8, 3, 1, 0],
+      'doc_lengths': [dict(bucket='1-4', token_share=1.0)],
+  }
+  table_plots.data_exposure(report, 'unused.png')
+  (fig,) = figs
+  lines = fig.axes[0].get_lines()
+  assert [line.get_label() for line in lines] == [
+      'all tokens',
+      'context = position',
+  ]
+  np.testing.assert_array_equal(lines[1].get_ydata(), [8, 3, 1, 0])

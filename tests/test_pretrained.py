@@ -711,7 +711,8 @@ def test_moved_workdirs_evaluate_and_resume_with_their_sources_deleted(
 ):
   """An imported workdir and a run fine-tuned from it are moved, the Hugging
   Face directory and the import deleted: both evaluate from their own files,
-  and the fine-tuned run resumes with the command that started it."""
+  the fine-tuned run resumes with the command that started it, and a resume
+  changing its max_len is refused as a config change."""
   corpus = tmp_path / 'corpus'
   corpus.mkdir()
   for i, text in enumerate(corpus_texts(12, seed=2)):
@@ -756,10 +757,78 @@ def test_moved_workdirs_evaluate_and_resume_with_their_sources_deleted(
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'Training finished at step 2' in proc.stdout
   assert 'is gone: the run takes its shape and tokenizer from' in proc.stderr
+  # The source gone, a command line's max_len is still the run's: a change.
+  max_len = saved['model']['max_len']
+  proc = run_command(
+      *train,
+      f'--workdir={moved_run}',
+      *TRAIN_FLAGS,
+      f'--config.model.max_len={2 * max_len}',
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert (
+      f'holds a run with another config (model.max_len: {max_len} ->'
+      f' {2 * max_len})' in proc.stderr
+  )
   # A fresh start from the deleted source is refused.
   proc = run_command(*train, f'--workdir={tmp_path / "fresh"}', *TRAIN_FLAGS)
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert f'init_from={source!r} is not a workdir' in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_moved_workdir_with_a_given_sentencepiece_model_needs_no_original(
+    tmp_path,
+):
+  """A run trained with data.spm_model is moved and the model file deleted:
+  it evaluates and resumes from its own copy, with the command that started
+  it."""
+  import sentencepiece
+
+  corpus = tmp_path / 'corpus'
+  corpus.mkdir()
+  texts = corpus_texts(20, seed=3)
+  for i, text in enumerate(texts):
+    (corpus / f'doc{i}.txt').write_text(text)
+  model_file = tmp_path / 'spm' / 'words.model'
+  model_file.parent.mkdir()
+  with open(model_file, 'wb') as f:
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_writer=f,
+        vocab_size=64,
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+  train = (
+      str(ROOT / 'train.py'),
+      f'--config={ROOT / "configs" / "tiny.py"}',
+      *local_text_flags(corpus, tmp_path / 'data'),
+      '--config.data.tokenizer=sentencepiece',
+      f'--config.data.spm_model={model_file}',
+      '--config.model.vocab_size=64',
+      '--config.model.max_len=16',
+      '--config.data.position_policy=packed',
+      *TRAIN_FLAGS,
+  )
+  run = str(tmp_path / 'run')
+  proc = run_command(*train, f'--workdir={run}')
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  saved = json.load(open(os.path.join(run, 'config.json')))
+  assert saved['data']['spm_model'] == 'tokenizer.model'
+  moved = str(tmp_path / 'elsewhere' / 'run')
+  os.makedirs(os.path.dirname(moved))
+  shutil.move(run, moved)
+  shutil.rmtree(model_file.parent)
+  proc = run_command(str(ROOT / 'eval.py'), f'--workdir={moved}')
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert os.path.exists(os.path.join(moved, 'eval', 'step_2', 'results.json'))
+  proc = run_command(*train, f'--workdir={moved}')
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'Training finished at step 2' in proc.stdout
 
 
 def test_init_from_naming_the_run_itself_is_refused(tmp_path):
@@ -812,7 +881,7 @@ def test_a_failed_import_leaves_nothing_and_says_to_re_run(
   resumes)."""
   import errno
 
-  from flax_posemb import workdir as workdir_lib
+  from flax_posemb import own_tokenizer
 
   hf = write_hf_dir(tmp_path / 'hf', flax_gpt2(), 'flax', bpe)
   config = defaults.base()
@@ -820,10 +889,10 @@ def test_a_failed_import_leaves_nothing_and_says_to_re_run(
   config.data.seq_len = 16
   runs = tmp_path / 'runs'
 
-  def full_disk(source, workdir):
+  def full_disk(source, target):
     raise OSError(errno.ENOSPC, 'No space left on device')
 
-  monkeypatch.setattr(workdir_lib, 'copy_tokenizer', full_disk)
+  monkeypatch.setattr(own_tokenizer, 'copy_tokenizer', full_disk)
   with pytest.raises(OSError, match='nothing was left there; free some space'):
     hf_import.import_checkpoint(hf, str(runs / 'w'), config)
   assert os.listdir(runs) == []

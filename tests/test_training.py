@@ -387,6 +387,48 @@ def test_cpu_recipe_preempted_and_resumed_equals_uninterrupted_run(tmp_path):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+def test_a_twin_over_a_shared_stream_preempted_and_resumed_equals_uninterrupted(
+    tmp_path,
+):
+  """data.offset_twin over data.shared_stream (the experiments' twins): a
+  run stopped by SIGTERM and resumed trains the batches of an uninterrupted
+  run, to the bit."""
+
+  def twin_config():
+    c = tiny_config()
+    c.eval_every_steps = 0
+    c.data.position_policy = 'crops'
+    c.data.crop_lengths = 'skew:0.1'
+    c.data.offset_twin = True
+    c.data.shared_stream = True
+    return c
+
+  ref_dir = str(tmp_path / 'ref')
+  training.train_and_evaluate(twin_config(), ref_dir)
+  workdir = str(tmp_path / 'term')
+
+  def hook(step, metrics):
+    if step == 7:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  first = training.train_and_evaluate(twin_config(), workdir, hooks=[hook])
+  assert first['preempted'] and first['step'] < 20
+  result = training.train_and_evaluate(twin_config(), workdir)
+  assert result['resumed_from'] == first['step'] and result['step'] == 20
+  a, b = read_metrics(ref_dir), read_metrics(workdir)
+  assert [r.get('loss') for r in a] == [r.get('loss') for r in b]
+  pa, _, _ = checkpointing.restore_params(ref_dir, step=20)
+  pb, _, _ = checkpointing.restore_params(workdir, step=20)
+  for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  with (
+      np.load(os.path.join(ref_dir, 'stats', 'window_20.npz')) as za,
+      np.load(os.path.join(workdir, 'stats', 'window_20.npz')) as zb,
+  ):
+    for k in stats.FIELDS + ('cumulative_count',):
+      np.testing.assert_array_equal(za[k], zb[k], err_msg=k)
+
+
 def test_cli_cpu_recipe_on_huge_pages_trains_and_evaluates_bit_identically(
     tmp_path,
 ):

@@ -22,6 +22,7 @@ from conftest import tiny_config
 from flax_posemb import checkpointing
 from flax_posemb import config as config_lib
 from flax_posemb import outputs
+from flax_posemb import own_tokenizer
 from flax_posemb import training
 from flax_posemb import workdir
 
@@ -488,11 +489,52 @@ def test_a_workdir_copies_its_tokenizer_and_records_it_relative(tmp_path):
   assert saved['data']['hf_tokenizer'] == os.path.join(moved, 'tokenizer')
   # A checkpoint's config recorded the old absolute path: the copy stands in.
   stored = {'data': {'tokenizer': 'hf', 'hf_tokenizer': original}}
-  resolved = workdir.resolve_paths(stored, moved)
+  resolved = own_tokenizer.resolve_paths(stored, moved)
   assert resolved['data']['hf_tokenizer'] == os.path.join(moved, 'tokenizer')
   # The command line's tokenizer, gone: the copy stands in.
-  config = workdir.use_own_tokenizer(_hf_config(original), moved)
+  config = own_tokenizer.use_own_tokenizer(_hf_config(original), moved)
   assert config.data.hf_tokenizer == os.path.join(moved, 'tokenizer')
+
+
+def test_a_workdir_copies_its_sentencepiece_model_and_records_it_relative(
+    tmp_path,
+):
+  """data.spm_model is copied to WORKDIR/tokenizer.model and recorded as
+  'tokenizer.model'; with the workdir moved and the original deleted, the
+  recorded, the checkpoint's and the command line's paths are the copy."""
+  original = str(tmp_path / 'spm' / 'm.model')
+  os.makedirs(os.path.dirname(original))
+  with open(original, 'wb') as f:
+    f.write(b'model bytes')
+  config = tiny_config()
+  config.data.tokenizer = 'sentencepiece'
+  config.data.spm_model = original
+  config = config_lib.RunConfig.from_config_dict(config)
+  run = str(tmp_path / 'run')
+  os.makedirs(run)
+  workdir.write_config(run, config)
+  with open(os.path.join(run, 'config.json')) as f:
+    assert json.load(f)['data']['spm_model'] == 'tokenizer.model'
+  with open(os.path.join(run, 'tokenizer.model'), 'rb') as f:
+    assert f.read() == b'model bytes'
+  moved = str(tmp_path / 'elsewhere')
+  shutil.move(run, moved)
+  shutil.rmtree(os.path.dirname(original))
+  own = os.path.join(moved, 'tokenizer.model')
+  assert workdir.saved_config(moved)['data']['spm_model'] == own
+  stored = {'data': {'tokenizer': 'sentencepiece', 'spm_model': original}}
+  resolved = own_tokenizer.resolve_paths(stored, moved)
+  assert resolved['data']['spm_model'] == own
+  assert own_tokenizer.use_own_tokenizer(config, moved).data.spm_model == own
+  # A model trained on the corpus (spm_model='') is the data's, not copied.
+  trained = dataclasses.replace(
+      config, data=dataclasses.replace(config.data, spm_model='')
+  )
+  fresh = str(tmp_path / 'fresh')
+  os.makedirs(fresh)
+  workdir.write_config(fresh, trained)
+  assert not os.path.exists(os.path.join(fresh, 'tokenizer.model'))
+  assert own_tokenizer.use_own_tokenizer(trained, moved).data.spm_model == ''
 
 
 def test_byte_identical_tokenizer_copies_compare_as_one_config(tmp_path):
@@ -501,9 +543,9 @@ def test_byte_identical_tokenizer_copies_compare_as_one_config(tmp_path):
   a = _hf_config(_tokenizer_dir(tmp_path / 'a' / 'tokenizer'))
   b = _hf_config(_tokenizer_dir(tmp_path / 'b' / 'tokenizer'))
   c = _hf_config(_tokenizer_dir(tmp_path / 'c' / 'tokenizer', '{"other": 1}'))
-  same = [workdir.comparable(x) for x in (a, b)]
+  same = [own_tokenizer.comparable(x) for x in (a, b)]
   assert eval_report.config_differences(['a', 'b'], same) == []
-  other = [workdir.comparable(x) for x in (a, c)]
+  other = [own_tokenizer.comparable(x) for x in (a, c)]
   (difference,) = eval_report.config_differences(['a', 'c'], other)
   assert difference['field'] == 'data.hf_tokenizer'
   assert a.data.hf_tokenizer == str(tmp_path / 'a' / 'tokenizer')

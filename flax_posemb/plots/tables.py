@@ -191,17 +191,22 @@ def exposure_relation(
 
 
 def data_exposure(report: dict[str, Any], path: str) -> str:
-  """Real tokens per position and document-length shares
-  (``data.report.exposure``)."""
+  """Real tokens per position, all and those whose context is their position
+  (the evaluation's situation), and document-length shares
+    (``data.report.exposure``)."""
   counts = np.asarray(report['counts'], np.float64)
+  full_context = np.asarray(report['full_context_counts'], np.float64)
+  positions = np.arange(len(counts))
   fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-  a.plot(np.arange(len(counts)), counts, lw=1)
+  a.plot(positions, counts, lw=1, label='all tokens')
+  a.plot(positions, full_context, lw=1, label='context = position')
   a.set(
       xlabel='position id',
       ylabel='real tokens seen',
       ylim=(0, None),
       title=f"{report['source']} / {report['policy']}: exposure per position",
   )
+  a.legend(fontsize=8)
   hist = report['doc_lengths']
   b.bar([h['bucket'] for h in hist], [100 * h['token_share'] for h in hist])
   b.set(
