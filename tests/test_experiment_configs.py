@@ -59,12 +59,6 @@ def test_every_run_of_a_new_experiment_is_a_valid_training_config(name):
 
 
 @pytest.mark.parametrize('name', NEW)
-def test_new_experiment_shares_one_token_stream_per_seed(name):
-  for config in _resolved(_load(name)).values():
-    assert config['data']['shared_stream'] is True
-
-
-@pytest.mark.parametrize('name', NEW)
 def test_every_twin_differs_from_its_arm_in_the_offset_only(name):
   exp = _load(name)
   configs = _resolved(exp)

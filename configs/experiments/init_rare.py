@@ -12,8 +12,9 @@ experiment).
   (crops skew:0.003).
 
 Both pre-register same_as_token and sinusoidal against gpt2 with every arm's
-random-offset twin and one token stream per seed; the margins and verdict
-rules are in each file. Cost on 2 CPU cores: about 13 minutes idle (30 small
+random-offset twin (the arms of a seed share one data config, so they train
+on the same token instances; a twin moves its arm's rows); the margins and
+verdict rules are in each file. Cost on 2 CPU cores: about 13 minutes idle (30 small
 synthetic runs of ~8 s, 12 new long_text runs of ~42 s; 6 long_text runs are
 long_text_doses'), up to 2.5x that on the shared machine.
 """
@@ -46,7 +47,6 @@ def build(
     late_metric: the last bucket's metric of the late-row claims.
     late_margin: the equivalence margin of ``late_metric``.
   """
-  c.base_overrides += (('data.shared_stream', True),)
   arms = []
   for init in INITS:
     overrides = {**dose_overrides, 'model.position_init': init}

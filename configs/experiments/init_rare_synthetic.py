@@ -8,8 +8,8 @@ The exposure experiment's shape (2 layers, width 32, context 64, 500 steps, 320
 scored tokens per step; configs/experiments/exposure.py) with crops skew:0.003:
 last-bucket rows seen ~50 times against ~15,000 for the first (exposure's
 rarest dose is 0.01). Each init has its random-offset twin; all arms of a seed
-share one token stream (`data.shared_stream`: the synthetic stretches are
-generated again where each policy places them, so every target keeps its
+train on the same token instances (one data config; the twin generates each
+synthetic stretch again where it places it, so every target keeps its
 position's dynamics). Pre-registered: same_as_token and sinusoidal each reach
 gpt2's held-out loss within 0.02 nats (the README's margin) and gpt2's
 last-bucket excess loss over the Bayes optimum within 0.05 nats (exposure's

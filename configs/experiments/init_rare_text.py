@@ -7,7 +7,8 @@ at the rarest dose (part of the init_rare suite).
 long_text_doses' rarest arm (crops skew:0.003 on the long_text corpus, context
 512, 400 steps of 2048 scored bytes; last-bucket rows seen ~44 times against
 ~8,200), at three inits, each with its random-offset twin; all arms of a seed
-share one token stream, so `gpt2` and its twin are long_text_doses' runs
+train on the same token instances (one data config), and `gpt2` and its twin
+are long_text_doses' runs
 `crops/skew:0.003` and `crops/skew:0.003/twin` (shared run store).
 Pre-registered: same_as_token and sinusoidal each reach gpt2's held-out loss
 within 0.02 nats (the README's margin) and gpt2's last-bucket loss (rows

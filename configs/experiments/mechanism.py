@@ -12,8 +12,9 @@ configs/experiments/long_text.py), last-bucket rows seen ~44 times against
 the same rows, tokens and contexts with positions shifted by a random offset
 per row, so its late rows are not rare while every token keeps its context. An
 arm minus its twin is therefore the rows' own part of the late-row penalty, at
-equal tokens; all arms of a seed draw their tokens from one stream
-(`data.shared_stream`), so the pairs differ in positions and optimizer only.
+equal tokens; all arms of a seed train on the same token instances (one data
+config; a twin moves its arm's rows), so the pairs differ in positions and
+optimizer only.
 
 The arms (every one but the optimizer change is long_text_doses'
 `crops/skew:0.003`, whose runs `adam_b2_0.95` and its twin are):
@@ -108,7 +109,6 @@ def get_config(scale: str = 'cpu'):
       scale,
   )
   _LONG_TEXT['settings'](c, scale)
-  c.base_overrides += (('data.shared_stream', True),)
   c.seeds = (0, 1, 2)
   crops = _LONG_TEXT['crops']
   optimizers = {BASELINE: {}, **MITIGATIONS}
