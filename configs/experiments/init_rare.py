@@ -14,9 +14,9 @@ experiment).
 Both pre-register same_as_token and sinusoidal against gpt2 with every arm's
 random-offset twin (the arms of a seed share one data config, so they train
 on the same token instances; a twin moves its arm's rows); the margins and
-verdict rules are in each file. Cost on 2 CPU cores: about 13 minutes idle (30 small
-synthetic runs of ~8 s, 12 new long_text runs of ~42 s; 6 long_text runs are
-long_text_doses'), up to 2.5x that on the shared machine.
+verdict rules are in each file. Cost on 2 CPU cores: about 13 minutes idle
+(30 small synthetic runs of ~8 s, 12 new long_text runs of ~42 s; 6 long_text
+runs are long_text_doses'), up to 2.5x that on the shared machine.
 """
 
 from flax_posemb.experiments import spec
