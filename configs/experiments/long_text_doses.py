@@ -23,10 +23,11 @@ make contexts shorter than positions). An arm and its twin train on the same
 token instances (the twin moves the arm's rows), so the `rows:X` claims carry
 no content noise; the control and the arms of other policies draw their own
 seed-random ~5% of the corpus, so `context:X` and `late:X` do. One token stream
-per seed (`data.shared_stream`) would match them, but on this corpus it trains
-each run on the openings of a few long documents per row slot (measured: the
-control's final loss 2.521 [2.410, 2.633] against 2.441 [2.392, 2.489] with
-independent rows, and every interval 2-3x wider; docs/data.md), so it is off.
+per seed (`data.shared_stream`) would match them, but on this corpus a long
+work fills a row slot for many steps (a run trains on 432 documents, the
+largest four 27% of its tokens, against 959 and 6%; the control's final loss
+2.521 [2.410, 2.633] against 2.441 [2.392, 2.489], every interval 2-3x wider;
+docs/data.md), so it is off.
 The arm names of the previous report are unchanged (its claims `late:X` and
 `offset:X` too).
 
