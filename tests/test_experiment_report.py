@@ -284,6 +284,13 @@ def test_dose_table_shows_full_context_occurrences_and_both_rare_regimes():
   assert rows[1].startswith(
       '| crops/skew:0.003 | 44.0 | 40.0 | 8200.0 | yes | yes |'
   )
+  # The baseline's own row: its late rows at full context, no difference.
+  counted['baseline_exposure'] = dict(
+      late=1500.0, late_full_context=170.0, early=1750.0
+  )
+  lines = markdown._dose_lines({'analyses': {'doses': [counted]}})
+  (row,) = [line for line in lines if line.startswith('| control')]
+  assert row == '| control (baseline) | 1500.0 | 170.0 | 1750.0 | no | no |  |'
   # A summary written before the count existed: n/a, not a guess.
   lines = markdown._dose_lines({'analyses': {'doses': [_dose({})]}})
   row = next(line for line in lines if line.startswith('| packed'))
@@ -420,6 +427,9 @@ def test_dose_series_reads_full_context_occurrences_of_the_late_rows():
   assert dose['late_exposure'] == [50.0, 50.0]
   assert dose['late_full_context_exposure'][0] == 25.0
   assert np.isnan(dose['late_full_context_exposure'][1])
+  assert dose['baseline_exposure'] == dict(
+      late=50.0, late_full_context=40.0, early=900.0
+  )
 
 
 def test_rerendering_the_committed_suites_leaves_their_summaries_as_committed(

@@ -296,6 +296,20 @@ class _Judge:
       return float('nan')
     return float(np.nanmean(per_seed))
 
+  def _baseline_exposure(self, baseline: str) -> dict[str, float] | None:
+    """A dose series' baseline's own exposure (None: not in the sweep): a
+    control whose rows are cut inside documents sees its late rows at full
+    context less often than at all."""
+    if not self.by_arm.get(baseline):
+      return None
+    return {
+        'late': self._exposure(baseline, -1),
+        'late_full_context': self._exposure(
+            baseline, -1, 'bucket_full_context_exposure'
+        ),
+        'early': self._exposure(baseline, 0),
+    }
+
   def dose(self, dose: ml_collections.ConfigDict) -> dict[str, Any]:
     """A dose-response series: per arm its late rows' exposure and its paired
     differences to the series' baseline."""
@@ -321,6 +335,7 @@ class _Judge:
             for arm in arms
         ],
         'early_exposure': [self._exposure(arm, 0) for arm in arms],
+        'baseline_exposure': self._baseline_exposure(dose.baseline),
         'rare_exposure': float(self.exp.rare_exposure),
         'measures': differences,
     }

@@ -266,6 +266,21 @@ def _dose_lines(summary: Mapping[str, Any]) -> list[str]:
               *(dose['measures'][metric][i] for metric in metrics),
           ]
       )
+    table_rows = rows
+    base = dose.get('baseline_exposure')
+    if base:
+      baseline_row = [
+          f'{dose["baseline"]} (baseline)',
+          fmt(base['late'], 1),
+          fmt(base['late_full_context'], 1),
+          fmt(base['early'], 1),
+          _rare_cell(base['late'], base['early'], dose['rare_exposure']),
+          _rare_cell(
+              base['late_full_context'], base['early'], dose['rare_exposure']
+          ),
+          *('' for _ in metrics),
+      ]
+      table_rows = [baseline_row] + rows
     lines += [f'### {dose["name"]}: arm - {dose["baseline"]}', '']
     lines += md_table(
         [
@@ -277,7 +292,7 @@ def _dose_lines(summary: Mapping[str, Any]) -> list[str]:
             'rare regime (context = position)',
             *(f'`{metric}` [95% CI]' for metric in metrics),
         ],
-        rows,
+        table_rows,
     )
     lines += [
         '',
