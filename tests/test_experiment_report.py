@@ -469,3 +469,13 @@ def test_one_experiment_rendered_alone_has_no_stale_suite_holm(tmp_path):
   assert all('p_holm_suite' not in claim for claim in summary['claims'])
   text = (tmp_path / 'scale' / 'REPORT.md').read_text()
   assert 'Suite-wide Holm: n/a' in text
+
+
+def test_a_pipe_inside_a_cell_does_not_split_the_table_row():
+  """An equivalence claim's predicted cell, |d| < m, stays one cell."""
+  header, row = markdown.md_table(
+      ['claim', 'predicted'], [['a', '|d| < 0.02']]
+  )[::2]
+  cells = re.split(r'(?<!\\)\|', row)[1:-1]
+  assert len(cells) == len(re.split(r'(?<!\\)\|', header)[1:-1]) == 2
+  assert cells[1].strip() == r'\|d\| < 0.02'

@@ -65,14 +65,16 @@ def fmt_interval(iv: Mapping[str, Any], nd: int = 4) -> str:
 
 def md_table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
   """Markdown table lines; a dict cell is an interval (``fmt_interval(cell,
-  3)``)."""
+  3)``); a "|" inside a cell is escaped (an equivalence's ``|d| < m`` would
+  otherwise split its cell)."""
   lines = []
   for row in [header, ['---'] * len(header), *rows]:
     cells = [
         fmt_interval(cell, 3) if isinstance(cell, dict) else str(cell)
         for cell in row
     ]
-    lines.append('| ' + ' | '.join(cells) + ' |')
+    escaped = [cell.replace('|', '\\|') for cell in cells]
+    lines.append('| ' + ' | '.join(escaped) + ' |')
   return lines
 
 
