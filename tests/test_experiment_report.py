@@ -479,3 +479,28 @@ def test_a_pipe_inside_a_cell_does_not_split_the_table_row():
   cells = re.split(r'(?<!\\)\|', row)[1:-1]
   assert len(cells) == len(re.split(r'(?<!\\)\|', header)[1:-1]) == 2
   assert cells[1].strip() == r'\|d\| < 0.02'
+
+
+def test_the_index_marks_a_suite_stale_when_a_member_was_rendered_alone(
+    tmp_path,
+):
+  """One experiment of a suite run again alone: the index says the suite's
+  Holm is out of date instead of failing on the verdicts the member lacks."""
+  committed = ROOT / 'docs' / 'experiments'
+  for name in ('long_text_doses', 'scale'):
+    shutil.copytree(committed / name, tmp_path / name)
+  experiments.rerender_suite(
+      [str(ROOT / 'configs' / 'experiments' / 'doses.py')], str(tmp_path)
+  )
+  experiments.rerender_suite(
+      [str(ROOT / 'configs' / 'experiments' / 'long_text_doses.py')],
+      str(tmp_path / 'long_text_doses'),
+  )
+  summaries = {
+      name: json.loads((tmp_path / name / 'summary.json').read_text())
+      for name in ('long_text_doses', 'scale')
+  }
+  experiments.write_index({}, str(tmp_path), '')
+  index = (tmp_path / 'README.md').read_text()
+  assert 'suite-wide Holm is out of date (long_text_doses rendered' in index
+  assert 'suite' in summaries['scale']['multiplicity']

@@ -194,6 +194,21 @@ def _suite_lines(everything: dict[str, dict[str, Any]]) -> list[str]:
       suites[suite['name']] = suite
   lines = []
   for name, suite in suites.items():
+    # A member rendered since without this suite (run alone, or by another
+    # suite) holds no verdicts of this suite's Holm.
+    stale = [
+        experiment
+        for experiment in suite['experiments']
+        if everything.get(experiment, {}).get('multiplicity', {}).get('suite')
+        != suite
+    ]
+    if stale:
+      lines.append(
+          f'- Suite `{name}` ({", ".join(suite["experiments"])}): its'
+          f' suite-wide Holm is out of date ({", ".join(stale)} rendered'
+          ' since without it); run the suite again, or --rerender it.'
+      )
+      continue
     claims = [
         claim
         for experiment in suite['experiments']
