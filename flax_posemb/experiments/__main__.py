@@ -91,7 +91,7 @@ def main(argv: list[str]) -> None:
           '': experiments.run_experiment(paths[0], FLAGS.workdir, **kwargs)
       }
     else:
-      summaries = experiments.run_suite(paths, FLAGS.workdir, **kwargs)
+      summaries = experiments.run_suite(argv[1:], FLAGS.workdir, **kwargs)
   except preemption.Preempted as e:
     cli.fail(PROG, str(e), cli.EXIT_PREEMPTED)
   out = FLAGS.report_dir or FLAGS.workdir
