@@ -192,8 +192,8 @@ def exposure_relation(
 
 def data_exposure(report: dict[str, Any], path: str) -> str:
   """Real tokens per position, all and those whose context is their position
-  (the evaluation's situation), and document-length shares
-    (``data.report.exposure``)."""
+  (the evaluation's situation), and document-length shares; ``report`` is
+  `data.report.exposure`'s."""
   counts = np.asarray(report['counts'], np.float64)
   full_context = np.asarray(report['full_context_counts'], np.float64)
   positions = np.arange(len(counts))
