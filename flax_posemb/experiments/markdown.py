@@ -254,32 +254,26 @@ def _dose_lines(summary: Mapping[str, Any]) -> list[str]:
     full = dose.get('late_full_context_exposure', [])
     rows = []
     for i, arm in enumerate(dose['arms']):
-      late = dose['late_exposure'][i]
-      early = dose['early_exposure'][i]
       late_full = full[i] if i < len(full) else float('nan')
+      exposure = (
+          dose['late_exposure'][i],
+          late_full,
+          dose['early_exposure'][i],
+      )
       rows.append(
           [
               arm,
-              fmt(late, 1),
-              fmt(late_full, 1),
-              fmt(early, 1),
-              _rare_cell(late, early, dose['rare_exposure']),
-              _rare_cell(late_full, early, dose['rare_exposure']),
+              *_exposure_cells(*exposure, dose['rare_exposure']),
               *(dose['measures'][metric][i] for metric in metrics),
           ]
       )
     table_rows = rows
     base = dose.get('baseline_exposure')
     if base:
+      exposure = (base['late'], base['late_full_context'], base['early'])
       baseline_row = [
           f'{dose["baseline"]} (baseline)',
-          fmt(base['late'], 1),
-          fmt(base['late_full_context'], 1),
-          fmt(base['early'], 1),
-          _rare_cell(base['late'], base['early'], dose['rare_exposure']),
-          _rare_cell(
-              base['late_full_context'], base['early'], dose['rare_exposure']
-          ),
+          *_exposure_cells(*exposure, dose['rare_exposure']),
           *('' for _ in metrics),
       ]
       table_rows = [baseline_row] + rows
@@ -312,6 +306,20 @@ def _dose_lines(summary: Mapping[str, Any]) -> list[str]:
         '',
     ]
   return lines
+
+
+def _exposure_cells(
+    late: float, late_full: float, early: float, threshold: float
+) -> list[str]:
+  """A dose row's exposure cells: late-row occurrences (all, at context =
+  position), first-bucket occurrences, and the rare regime on both counts."""
+  return [
+      fmt(late, 1),
+      fmt(late_full, 1),
+      fmt(early, 1),
+      _rare_cell(late, early, threshold),
+      _rare_cell(late_full, early, threshold),
+  ]
 
 
 def _rare_cell(late: float, early: float, threshold: float) -> str:
